@@ -1,0 +1,98 @@
+"""A small client for RabbitMQ's management HTTP API (httpx, imported lazily).
+
+Used where a protocol does not say which node a connection landed on (AMQP
+0.9.1, MQTT), for federation, and by the test bed.  The password is kept out
+of ``repr`` and of every error message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from ._errors import ConfigurationError, SmartClientError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["ManagementClient", "ManagementError"]
+
+
+class ManagementError(SmartClientError):
+    """The management API answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ManagementClient:
+    """Blocking client for one node's management API, e.g. ``http://127.0.0.1:15672``."""
+
+    def __init__(self, base_url: str, username: str, password: str, timeout: float = 10.0) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"management URL {base_url!r} must start with http:// or https://")
+        try:
+            import httpx
+        except ImportError as exc:  # pragma: no cover - depends on the extras installed
+            raise ConfigurationError(
+                "the management API needs httpx: pip install 'smartclient[amqp]'"
+            ) from exc
+        self.base_url = base_url.rstrip("/")
+        self.username = username
+        self._client = httpx.Client(base_url=self.base_url, auth=(username, password), timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"ManagementClient({self.base_url!r}, username={self.username!r}, password='***')"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ManagementClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        import httpx
+
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ManagementError(f"{method} {self.base_url}{path} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise ManagementError(
+                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:300]}",
+                status=response.status_code,
+            )
+        return response
+
+    def get(self, path: str) -> Any:
+        return self._request("GET", path).json()
+
+    def put(self, path: str, body: Any) -> None:
+        self._request("PUT", path, json=body)
+
+    def delete(self, path: str, headers: dict[str, str] | None = None) -> None:
+        self._request("DELETE", path, headers=headers)
+
+    # -- the few resources smartclient reads -------------------------------------------
+    def overview(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.get("/api/overview")
+        return result
+
+    def nodes(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get("/api/nodes")
+        return result
+
+    def connections(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get("/api/connections")
+        return result
+
+    def close_connection(self, name: str, reason: str = "closed by smartclient") -> None:
+        self.delete(f"/api/connections/{quote(name, safe='')}", headers={"X-Reason": reason})
+
+    def queue(self, vhost: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.get(f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}")
+        return result

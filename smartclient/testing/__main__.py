@@ -1,0 +1,53 @@
+"""``python -m smartclient.testing up|down|status|brokers N``: drive the test bed from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .._errors import SmartClientError
+from .local import LocalTestBed
+from .testbed import from_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m smartclient.testing", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="provision and start everything (idempotent), then print the status table")
+    down = sub.add_parser("down", help="stop everything the local test bed started")
+    down.add_argument("--wipe", action="store_true", help="also delete node data")
+    sub.add_parser("status", help="print the status table")
+    brokers = sub.add_parser("brokers", help="start N extra independent single-node brokers")
+    brokers.add_argument("count", type=int)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+
+    try:
+        bed = from_env()
+        if args.command == "up":
+            if isinstance(bed, LocalTestBed):
+                report = bed.up()
+                state = "; ".join(report.actions) or "reused the healthy running test bed"
+                print(f"test bed up in {report.total:.1f}s (provision {report.provision:.1f}s, cluster "
+                      f"{report.cluster:.1f}s, LB {report.lb:.1f}s, DNS {report.dns:.1f}s): {state}\n")
+            print(bed.status_table())
+        elif args.command == "down":
+            if isinstance(bed, LocalTestBed):
+                bed.down(wipe=args.wipe)
+            print("test bed stopped")
+        elif args.command == "status":
+            print(bed.status_table())
+        elif args.command == "brokers":
+            for node in bed.start_brokers(args.count):
+                print(f"{node.name}: amqp {node.amqp_port}, stream {node.stream_port}, "
+                      f"management {node.management_port}")
+    except SmartClientError as exc:
+        print(f"smartclient test bed: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""One RabbitMQ node of the test bed, running from the chroot: config, start, kill, ctl."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .._errors import TestBedError
+from .chroot import RabbitChroot
+from .layout import BrokerSpec, Layout
+from .processes import find_pids_with_env, kill_pid, pid_alive, port_accepts, read_pid, wait_until
+
+__all__ = ["PLUGINS", "BrokerProcess", "render_rabbitmq_conf"]
+
+log = logging.getLogger(__name__)
+
+PLUGINS = (
+    "rabbitmq_stream",
+    "rabbitmq_stream_management",
+    "rabbitmq_management",
+    "rabbitmq_mqtt",
+    "rabbitmq_federation",
+    "rabbitmq_federation_management",
+)
+COOKIE = "SMARTCLIENT-TESTBED-COOKIE"
+# Idle schedulers must not spin: several nodes share two cores with the tests.
+ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
+
+
+def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = ()) -> str:
+    """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot."""
+    lines = [
+        f"listeners.tcp.default = 127.0.0.1:{spec.amqp_port}",
+        f"stream.listeners.tcp.default = 127.0.0.1:{spec.stream_port}",
+        f"mqtt.listeners.tcp.default = 127.0.0.1:{spec.mqtt_port}",
+        "management.tcp.ip = 127.0.0.1",
+        f"management.tcp.port = {spec.management_port}",
+        "loopback_users = none",
+        "disk_free_limit.absolute = 50MB",
+        "log.console = false",
+        "log.file.level = info",
+        *extra_lines,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class BrokerProcess:
+    """Controls one node: files under ``run_dir/<short name>``, the process through its PID file."""
+
+    def __init__(self, spec: BrokerSpec, layout: Layout, chroot: RabbitChroot) -> None:
+        self.spec = spec
+        self.layout = layout
+        self.chroot = chroot
+        self.extra_conf: list[str] = []
+
+    # -- paths (host view and chroot view) ---------------------------------------------
+    @property
+    def host_dir(self) -> Path:
+        return self.layout.run_dir / self.spec.short
+
+    @property
+    def inner_dir(self) -> Path:
+        return self.layout.inner_base_dir / self.spec.short
+
+    @property
+    def pid_file(self) -> Path:
+        return self.host_dir / "pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.host_dir / "log" / f"{self.spec.name}.log"
+
+    @property
+    def fresh(self) -> bool:
+        """True when the node has no data yet (never booted, or wiped)."""
+        return not (self.host_dir / "mnesia").exists() or not any((self.host_dir / "mnesia").iterdir())
+
+    def env(self) -> dict[str, str]:
+        inner = self.inner_dir
+        return {
+            "HOME": str(self.layout.inner_base_dir),
+            "ERL_EPMD_PORT": str(self.layout.epmd_port),
+            "RABBITMQ_NODENAME": self.spec.name,
+            "RABBITMQ_DIST_PORT": str(self.spec.dist_port),
+            "RABBITMQ_CONFIG_FILE": str(inner / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(inner / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(inner / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(inner / "log"),
+            "RABBITMQ_PID_FILE": str(inner / "pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": ERL_ARGS,
+        }
+
+    # -- process -----------------------------------------------------------------------
+    def pid(self) -> int | None:
+        """The PID of the node's beam process: from its PID file, or found in /proc if that is gone.
+
+        The beam's command line does not carry the node name (RabbitMQ names the node at
+        run time), so a process is recognised by ``RABBITMQ_PID_FILE`` in its environment,
+        which is unique to this node of this test bed (port base included).
+        """
+        identity = f"RABBITMQ_PID_FILE={self.inner_dir / 'pid'}"
+        pid = read_pid(self.pid_file)
+        if pid_alive(pid, must_contain="beam", env_entry=identity):
+            return pid
+        found = find_pids_with_env(identity, must_contain="beam")
+        return found[0] if found else None
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def listening(self) -> bool:
+        return all(
+            port_accepts(p)
+            for p in (self.spec.amqp_port, self.spec.stream_port, self.spec.mqtt_port, self.spec.management_port)
+        )
+
+    def write_files(self) -> None:
+        for sub in ("mnesia", "log"):
+            (self.host_dir / sub).mkdir(parents=True, exist_ok=True)
+        cookie = self.layout.run_dir / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(COOKIE)
+            cookie.chmod(0o400)
+        (self.host_dir / "rabbitmq.conf").write_text(render_rabbitmq_conf(self.spec, self.extra_conf))
+        (self.host_dir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
+
+    def start(self) -> None:
+        """Start the node in the background (the Debian wrapper's ``-detached`` does not come up)."""
+        if self.running():
+            return
+        self.write_files()
+        self.pid_file.unlink(missing_ok=True)
+        out = (self.host_dir / "log" / "console.out").open("ab")
+        with out:
+            subprocess.Popen(
+                self.chroot.command("rabbitmq-server", []),
+                env=self.chroot.env(self.env()),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        def ready() -> bool:
+            return self.running() and self.listening()
+
+        try:
+            wait_until(ready, timeout, f"{self.spec.name} to listen on all its ports", interval=0.2)
+        except TestBedError as exc:
+            raise TestBedError(f"{exc}; see {self.log_file} and {self.host_dir / 'log/console.out'}") from None
+
+    def kill(self) -> int:
+        """``kill -9`` the node by its PID; return that PID."""
+        pid = self.pid()
+        if pid is None:
+            raise TestBedError(f"{self.spec.name} is not running: no live PID in {self.pid_file}")
+        kill_pid(pid)
+        return pid
+
+    def stop(self) -> None:
+        """Stop gracefully, falling back to ``kill -9`` by PID."""
+        pid = self.pid()
+        if pid is None:
+            return
+        try:
+            self.ctl(["stop"], timeout=60)
+            wait_until(lambda: not pid_alive(pid), 30, f"{self.spec.name} to stop")
+        except TestBedError:
+            kill_pid(pid)
+
+    def wipe(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.host_dir)
+
+    # -- tools -------------------------------------------------------------------------
+    def ctl(self, args: Sequence[str], timeout: float = 60.0) -> str:
+        return self.tool("rabbitmqctl", args, timeout)
+
+    def tool(self, tool: str, args: Sequence[str], timeout: float = 60.0) -> str:
+        env = {"HOME": str(self.layout.inner_base_dir), "ERL_EPMD_PORT": str(self.layout.epmd_port)}
+        return self.chroot.run_tool(tool, ["-n", self.spec.name, *args], env, timeout).stdout

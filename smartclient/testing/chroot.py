@@ -1,0 +1,128 @@
+"""RabbitMQ 4.0 from Debian trixie, installed once into a cached chroot.
+
+Debian bookworm ships RabbitMQ 3.10, which lacks single active consumer,
+super-stream creation, the local random exchange and native MQTT, so the test
+bed runs trixie's ``rabbitmq-server`` (4.0.x, Erlang 27) from a chroot made by
+``debootstrap --variant=minbase``.  The chroot is built in a temporary
+directory and renamed into place, so a half-built one is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .._errors import PrerequisiteMissing, TestBedError
+
+__all__ = ["RabbitChroot", "debian_mirror"]
+
+log = logging.getLogger(__name__)
+
+MARKER = ".smartclient-provisioned"
+RABBITMQ_BIN = "/usr/lib/rabbitmq/bin"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror this machine's apt uses (deb822 ``URIs:`` or one-line ``deb``)."""
+    candidates = [sources_dir / "sources.list", *sorted((sources_dir / "sources.list.d").glob("*"))]
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            text = path.read_text()
+            for match in re.finditer(r"^\s*(?:URIs:\s*|deb\s+(?:\[[^\]]*\]\s+)?)(\S+)", text, re.M):
+                uri = match.group(1)
+                if "debian" in uri and "security" not in uri:
+                    return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+class RabbitChroot:
+    """The cached chroot: provision it, mount ``/proc`` in it, run RabbitMQ's tools in it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def provisioned(self) -> bool:
+        return (self.root / MARKER).exists()
+
+    def rabbitmq_version(self) -> str:
+        marker = self.root / MARKER
+        return marker.read_text().strip() if marker.exists() else "?"
+
+    def provision(self) -> float:
+        """Build the chroot if it is not cached; return the seconds it took (0.0 when cached)."""
+        if self.provisioned:
+            return 0.0
+        if shutil.which("debootstrap") is None:
+            raise PrerequisiteMissing(
+                "debootstrap is not installed, and the test bed needs it to install RabbitMQ 4.0: "
+                "run `apt-get install -y debootstrap` (or ./dev, which does it)."
+            )
+        started = time.monotonic()
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.root.with_name(self.root.name + ".staging")
+        if staging.exists():
+            self._unmount_proc(staging)
+            shutil.rmtree(staging)
+        mirror = debian_mirror()
+        log.info("debootstrap trixie with rabbitmq-server from %s into %s", mirror, staging)
+        proc = subprocess.run(
+            ["debootstrap", "--variant=minbase", "--include=rabbitmq-server", "trixie", str(staging), mirror],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+            raise TestBedError(f"debootstrap of Debian trixie failed (exit {proc.returncode}):\n{tail}")
+        version = self._read_version(staging)
+        (staging / MARKER).write_text(version + "\n")
+        self._unmount_proc(staging)
+        os.replace(staging, self.root)
+        return time.monotonic() - started
+
+    @staticmethod
+    def _read_version(root: Path) -> str:
+        libs = sorted((root / "usr/lib/rabbitmq/lib").glob("rabbitmq_server-*"))
+        if not libs:
+            raise TestBedError(f"no rabbitmq_server in {root}: the trixie package layout changed")
+        return libs[-1].name.split("-", 1)[1]
+
+    def ensure_proc(self) -> None:
+        proc = self.root / "proc"
+        if not os.path.ismount(proc):
+            proc.mkdir(exist_ok=True)
+            subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+
+    @staticmethod
+    def _unmount_proc(root: Path) -> None:
+        if os.path.ismount(root / "proc"):
+            subprocess.run(["umount", "-l", str(root / "proc")], check=False)
+
+    def env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        """A clean environment for RabbitMQ inside the chroot (nothing of the caller's leaks in)."""
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **extra}
+
+    def command(self, tool: str, args: Sequence[str]) -> list[str]:
+        return ["chroot", str(self.root), f"{RABBITMQ_BIN}/{tool}", *args]
+
+    def run_tool(
+        self, tool: str, args: Sequence[str], env: Mapping[str, str], timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``rabbitmqctl``/``rabbitmq-streams``/... inside the chroot; raise with its output on failure."""
+        cmd = self.command(tool, args)
+        try:
+            proc = subprocess.run(cmd, env=self.env(env), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise TestBedError(f"{tool} {' '.join(args)} did not finish in {timeout:.0f}s") from exc
+        if proc.returncode != 0:
+            out = (proc.stdout + proc.stderr).strip()
+            raise TestBedError(f"{tool} {' '.join(args)} failed (exit {proc.returncode}): {out[-600:]}")
+        return proc

@@ -1,0 +1,172 @@
+"""Where everything of the test bed lives: node names, ports and directories.
+
+Pure arithmetic, no I/O.  Every port is ``base + slot * 100 + offset``:
+
+* slot 0 holds the round-robin load-balancer listeners, the DNS server and epmd;
+* slots 1..3 are the cluster nodes ``rabbit-1..3@localhost``;
+* slots 11..16 are the extra independent brokers ``broker-1..6@localhost``;
+* slots 20 and 21 hold the extra LB listeners (``random`` and ``source`` balance).
+
+With the default base 35000, rabbit-2's stream port is 35252 and the
+round-robin LB's stream port is 35052.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import ConfigurationError
+
+__all__ = [
+    "BALANCE_SLOTS",
+    "DEFAULT_PORT_BASE",
+    "PROTOCOL_OFFSETS",
+    "BrokerSpec",
+    "Layout",
+]
+
+DEFAULT_PORT_BASE = 35000
+CLUSTER_SIZE = 3
+MAX_EXTRA_BROKERS = 6
+
+#: offset of each listener inside a slot of 100 ports
+PROTOCOL_OFFSETS: dict[str, int] = {
+    "stream": 52,
+    "stream_tls": 51,
+    "amqp": 72,
+    "mqtt": 83,
+    "management": 15,
+    "dist": 25,
+}
+#: LB balance algorithm -> slot of its listeners
+BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21}
+LB_PROTOCOLS = ("stream", "amqp", "mqtt")
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    """One RabbitMQ node of the test bed: its Erlang node name and its ports on 127.0.0.1."""
+
+    name: str  # e.g. "rabbit-1@localhost"
+    slot: int
+    base: int
+    clustered: bool
+
+    def port(self, protocol: str) -> int:
+        return self.base + self.slot * 100 + PROTOCOL_OFFSETS[protocol]
+
+    @property
+    def short(self) -> str:
+        """``rabbit-1`` for ``rabbit-1@localhost``: the HAProxy server name and the data directory."""
+        return self.name.split("@", 1)[0]
+
+    @property
+    def stream_port(self) -> int:
+        return self.port("stream")
+
+    @property
+    def amqp_port(self) -> int:
+        return self.port("amqp")
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.port("mqtt")
+
+    @property
+    def management_port(self) -> int:
+        return self.port("management")
+
+    @property
+    def dist_port(self) -> int:
+        return self.port("dist")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The whole plan: port base, cache directory of the chroot, runtime directory."""
+
+    base: int = DEFAULT_PORT_BASE
+    cache_dir: Path = Path("/var/cache/smartclient")
+
+    def __post_init__(self) -> None:
+        if not 1024 <= self.base <= 65535 - 2200:
+            raise ConfigurationError(
+                f"port base {self.base} is out of range: it must leave room for 2200 ports "
+                f"between 1024 and 65535"
+            )
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Layout:
+        """Read ``SMARTCLIENT_TESTBED_PORT_BASE`` and ``SMARTCLIENT_TESTBED_CACHE``."""
+        env = os.environ if environ is None else environ
+        raw_base = env.get("SMARTCLIENT_TESTBED_PORT_BASE", str(DEFAULT_PORT_BASE))
+        try:
+            base = int(raw_base)
+        except ValueError:
+            raise ConfigurationError(
+                f"SMARTCLIENT_TESTBED_PORT_BASE={raw_base!r} is not a whole number"
+            ) from None
+        cache = Path(env.get("SMARTCLIENT_TESTBED_CACHE", "/var/cache/smartclient"))
+        return cls(base=base, cache_dir=cache)
+
+    # -- the chroot and where the nodes keep their data -------------------------------
+    @property
+    def chroot(self) -> Path:
+        return self.cache_dir / "rabbitmq-4.0-trixie"
+
+    #: runtime directory, as seen from inside the chroot
+    inner_run_dir = Path("/srv/smartclient-testbed")
+
+    @property
+    def run_dir(self) -> Path:
+        """The runtime directory as seen from the host (inside the chroot)."""
+        return self.chroot / str(self.inner_run_dir).lstrip("/") / str(self.base)
+
+    @property
+    def inner_base_dir(self) -> Path:
+        return self.inner_run_dir / str(self.base)
+
+    # -- brokers -----------------------------------------------------------------------
+    @property
+    def nodes(self) -> tuple[BrokerSpec, ...]:
+        return tuple(
+            BrokerSpec(f"rabbit-{i}@localhost", slot=i, base=self.base, clustered=True)
+            for i in range(1, CLUSTER_SIZE + 1)
+        )
+
+    def extra_broker(self, index: int) -> BrokerSpec:
+        if not 1 <= index <= MAX_EXTRA_BROKERS:
+            raise ConfigurationError(
+                f"extra broker index {index} is out of range 1..{MAX_EXTRA_BROKERS}"
+            )
+        return BrokerSpec(f"broker-{index}@localhost", slot=10 + index, base=self.base, clustered=False)
+
+    def node(self, name: str) -> BrokerSpec:
+        """Find a cluster node or extra broker by ``rabbit-2``, ``rabbit-2@localhost`` or ``broker-1``."""
+        wanted = name if "@" in name else f"{name}@localhost"
+        candidates = list(self.nodes) + [self.extra_broker(i) for i in range(1, MAX_EXTRA_BROKERS + 1)]
+        for spec in candidates:
+            if spec.name == wanted:
+                return spec
+        known = ", ".join(s.short for s in candidates)
+        raise ConfigurationError(f"unknown test-bed node {name!r}; known nodes: {known}")
+
+    # -- shared services ---------------------------------------------------------------
+    @property
+    def epmd_port(self) -> int:
+        return self.base + 43
+
+    @property
+    def dns_port(self) -> int:
+        return self.base + 53
+
+    def lb_port(self, protocol: str, balance: str = "roundrobin") -> int:
+        if protocol not in LB_PROTOCOLS:
+            raise ConfigurationError(f"no LB listener for protocol {protocol!r}; use one of {LB_PROTOCOLS}")
+        if balance not in BALANCE_SLOTS:
+            raise ConfigurationError(
+                f"unsupported LB balance {balance!r}; use one of {tuple(BALANCE_SLOTS)}"
+            )
+        return self.base + BALANCE_SLOTS[balance] * 100 + PROTOCOL_OFFSETS[protocol]

@@ -1,0 +1,199 @@
+"""HAProxy in TCP mode in front of the cluster's stream, AMQP and MQTT ports.
+
+Each listener is named ``<protocol>_<balance>`` (``stream_roundrobin``,
+``amqp_roundrobin``, ``stream_source``...) and has one server per node, named
+after the node (``rabbit-1``).  Faults go through the admin socket
+(``disable server``, ``set server ... state maint``), and the sessions each
+listener opened are read from ``show stat``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import resource
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from .._errors import PrerequisiteMissing, TestBedError
+from .layout import LB_PROTOCOLS, BrokerSpec, Layout
+from .processes import kill_pid, pid_alive, port_accepts, read_pid, wait_until
+
+__all__ = ["HAProxy", "render_haproxy_config"]
+
+DEFAULT_LISTENERS = frozenset((protocol, "roundrobin") for protocol in LB_PROTOCOLS)
+
+
+def render_haproxy_config(
+    layout: Layout,
+    nodes: Iterable[BrokerSpec],
+    listeners: Iterable[tuple[str, str]],
+    admin_socket: Path,
+    maxconn: int = 9000,
+) -> str:
+    nodes = list(nodes)
+    out = [
+        "global",
+        f"    stats socket {admin_socket} mode 600 level admin",
+        f"    maxconn {maxconn}",
+        "    nbthread 1",  # one thread keeps round-robin strictly in order
+        "",
+        "defaults",
+        "    mode tcp",
+        "    timeout connect 2s",
+        "    timeout client 1h",
+        "    timeout server 1h",
+        "    timeout check 1s",
+        "",
+    ]
+    for protocol, balance in sorted(listeners):
+        out += [
+            f"listen {protocol}_{balance}",
+            f"    bind 127.0.0.1:{layout.lb_port(protocol, balance)}",
+            f"    balance {balance}",
+        ]
+        out += [
+            f"    server {node.short} 127.0.0.1:{node.port(protocol)} check inter 1s fall 2 rise 2"
+            for node in nodes
+        ]
+        out.append("")
+    return "\n".join(out)
+
+
+class HAProxy:
+    """Start, reload and drive the test bed's HAProxy through its admin socket."""
+
+    def __init__(self, layout: Layout, nodes: Iterable[BrokerSpec]) -> None:
+        self.layout = layout
+        self.nodes = list(nodes)
+        self.dir = layout.run_dir / "haproxy"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.dir / "admin.sock"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "haproxy.pid"
+
+    @property
+    def config_file(self) -> Path:
+        return self.dir / "haproxy.cfg"
+
+    def listeners(self) -> set[tuple[str, str]]:
+        path = self.dir / "listeners.json"
+        if not path.exists():
+            return set(DEFAULT_LISTENERS)
+        return {(p, b) for p, b in json.loads(path.read_text())}
+
+    def pid(self) -> int | None:
+        pid = read_pid(self.pid_file)
+        return pid if pid_alive(pid, must_contain="haproxy") else None
+
+    def running(self) -> bool:
+        return self.pid() is not None and self.admin_socket.exists()
+
+    def _render(self, listeners: set[tuple[str, str]]) -> str:
+        # HAProxy needs two descriptors per proxied connection and refuses to start if
+        # maxconn asks for more than the hard limit allows.
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        maxconn = 30000 if hard == resource.RLIM_INFINITY else max(256, min(30000, (hard - 200) // 2))
+        return render_haproxy_config(self.layout, self.nodes, listeners, self.admin_socket, maxconn)
+
+    def ensure(self, listeners: Iterable[tuple[str, str]] = ()) -> None:
+        """Run HAProxy with at least the default listeners plus ``listeners``; reload if they changed."""
+        if shutil.which("haproxy") is None:
+            raise PrerequisiteMissing(
+                "HAProxy is not installed, and the test bed puts it in front of the cluster: "
+                "run `apt-get install -y haproxy` (or ./dev, which does it)."
+            )
+        wanted = self.listeners() | set(listeners)
+        config = self._render(wanted)
+        if self.running() and self.config_file.exists() and self.config_file.read_text() == config:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(config)
+        (self.dir / "listeners.json").write_text(json.dumps(sorted(wanted)))
+        old = self.pid()
+        cmd = ["haproxy", "-f", str(self.config_file), "-D", "-p", str(self.pid_file)]
+        if old is not None:
+            cmd += ["-sf", str(old)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TestBedError(f"haproxy failed to start (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+        wait_until(
+            lambda: all(port_accepts(self.layout.lb_port(p, b)) for p, b in wanted),
+            10,
+            "HAProxy to listen",
+        )
+        wait_until(lambda: self.pid() not in (None, old), 10, "the new HAProxy process")
+
+    def add_listener(self, protocol: str, balance: str) -> int:
+        """Start a further listener with another balance algorithm (``random``, ``source``); return its port."""
+        port = self.layout.lb_port(protocol, balance)
+        self.ensure({(protocol, balance)})
+        return port
+
+    def stop(self) -> None:
+        pid = self.pid()
+        if pid is not None:
+            kill_pid(pid, sig=15)
+
+    # -- admin socket ------------------------------------------------------------------
+    def command(self, line: str) -> str:
+        if not self.admin_socket.exists():
+            raise TestBedError(f"HAProxy admin socket {self.admin_socket} does not exist: is HAProxy running?")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self.admin_socket))
+            sock.sendall(line.encode() + b"\n")
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def _server_command(self, template: str, node: str, listener: str | None) -> None:
+        short = node.split("@", 1)[0]
+        targets = [listener] if listener else [f"{p}_{b}" for p, b in sorted(self.listeners())]
+        for target in targets:
+            line = template.format(server=f"{target}/{short}")
+            answer = self.command(line).strip()
+            if answer:
+                raise TestBedError(f"HAProxy refused `{line}`: {answer}")
+
+    def disable_server(self, node: str, listener: str | None = None) -> None:
+        """Take ``node`` out of one listener, or of every listener when ``listener`` is None."""
+        self._server_command("disable server {server}", node, listener)
+
+    def enable_server(self, node: str, listener: str | None = None) -> None:
+        self._server_command("enable server {server}", node, listener)
+
+    def set_maint(self, node: str, listener: str | None = None) -> None:
+        self._server_command("set server {server} state maint", node, listener)
+
+    def set_ready(self, node: str, listener: str | None = None) -> None:
+        self._server_command("set server {server} state ready", node, listener)
+
+    def stats(self) -> list[dict[str, str]]:
+        """Rows of ``show stat`` (one per frontend, backend and server)."""
+        text = self.command("show stat").lstrip("# ")
+        return list(csv.DictReader(io.StringIO(text)))
+
+    def sessions(self, listener: str) -> int:
+        """Total sessions the listener's frontend accepted so far (``stot``)."""
+        for row in self.stats():
+            if row["pxname"] == listener and row["svname"] == "FRONTEND":
+                return int(row["stot"] or 0)
+        raise TestBedError(f"HAProxy has no listener named {listener!r}")
+
+    def server_states(self) -> dict[str, dict[str, str]]:
+        """``{listener: {server: status}}``, status as HAProxy says it (UP, DOWN, MAINT...)."""
+        states: dict[str, dict[str, str]] = {}
+        for row in self.stats():
+            if row["svname"] not in ("FRONTEND", "BACKEND"):
+                states.setdefault(row["pxname"], {})[row["svname"]] = row["status"]
+        return states

@@ -1,0 +1,363 @@
+"""The local test bed: a 3-node RabbitMQ 4.0 cluster, HAProxy and a DNS server on loopback.
+
+``up()`` is idempotent: a healthy running test bed is reused as it is, a
+node that died is restarted with its data, and a cluster that cannot be
+healed is wiped and formed again.  Every fault has its undo, and
+:meth:`LocalTestBed.heal` applies all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import PrerequisiteMissing, TestBedError
+from .broker import BrokerProcess
+from .chroot import RabbitChroot
+from .layout import BrokerSpec, Layout
+from .loadbalancer import HAProxy
+from .nameserver import ZONE, DnsServer
+from .processes import port_is_free, wait_until
+from .testbed import Node, TestBed
+
+__all__ = ["LocalTestBed", "UpReport"]
+
+log = logging.getLogger(__name__)
+
+USERNAME = "guest"
+PASSWORD = "guest"  # the loopback-only default user of a throwaway broker
+
+
+@dataclass
+class UpReport:
+    """What ``up()`` did and how long each step took, in seconds."""
+
+    provision: float = 0.0
+    cluster: float = 0.0
+    lb: float = 0.0
+    dns: float = 0.0
+    total: float = 0.0
+    reused: bool = False
+    actions: list[str] = field(default_factory=list)
+
+
+def _node(spec: BrokerSpec) -> Node:
+    return Node(spec.name, "127.0.0.1", spec.stream_port, spec.amqp_port, spec.mqtt_port,
+                spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port)
+
+
+class LocalTestBed(TestBed):
+    kind = "local"
+
+    def __init__(self, layout: Layout) -> None:
+        super().__init__(tuple(_node(s) for s in layout.nodes), USERNAME, PASSWORD)
+        self.layout = layout
+        self.chroot = RabbitChroot(layout.chroot)
+        self.brokers = [BrokerProcess(s, layout, self.chroot) for s in layout.nodes]
+        self.haproxy = HAProxy(layout, layout.nodes)
+        self.dns = DnsServer(layout, layout.nodes)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LocalTestBed:
+        return cls(Layout.from_env(environ))
+
+    def broker(self, name: str) -> BrokerProcess:
+        spec = self.layout.node(name)
+        for b in self.brokers:
+            if b.spec == spec:
+                return b
+        return BrokerProcess(spec, self.layout, self.chroot)
+
+    # -- prerequisites -----------------------------------------------------------------
+    def check_prerequisites(self) -> None:
+        """Raise :class:`PrerequisiteMissing` with one sentence for the first thing missing."""
+        if os.geteuid() != 0:
+            raise PrerequisiteMissing(
+                "the local test bed must run as root (it builds a chroot with debootstrap, mounts /proc "
+                "in it and runs RabbitMQ there): run as root, or attach to your own cluster with "
+                "SMARTCLIENT_TESTBED_EXTERNAL"
+            )
+        for tool, package in (("haproxy", "haproxy"), ("chroot", "coreutils"), ("mount", "mount")):
+            if shutil.which(tool) is None:
+                raise PrerequisiteMissing(f"`{tool}` is not installed: run `apt-get install -y {package}`")
+        if not self.chroot.provisioned and shutil.which("debootstrap") is None:
+            raise PrerequisiteMissing(
+                "debootstrap is not installed, and the test bed needs it to install RabbitMQ 4.0: "
+                "run `apt-get install -y debootstrap` (or ./dev, which does it)"
+            )
+        self._check_ports()
+
+    def _check_ports(self) -> None:
+        wanted: list[tuple[int, str]] = []
+        for broker in self.brokers:
+            if not broker.running():
+                for protocol in ("amqp", "stream", "mqtt", "management", "dist"):
+                    wanted.append((broker.spec.port(protocol), f"the {protocol} port of {broker.spec.name}"))
+        if not self.haproxy.running():
+            for protocol, balance in sorted(self.haproxy.listeners()):
+                wanted.append((self.layout.lb_port(protocol, balance), f"the {protocol} {balance} LB listener"))
+        if not self.dns.running():
+            wanted.append((self.layout.dns_port, "the DNS server"))
+        for port, what in wanted:
+            if not port_is_free(port):
+                raise PrerequisiteMissing(
+                    f"port {port} ({what}) is taken by another process: free it, or move the test bed with "
+                    f"SMARTCLIENT_TESTBED_PORT_BASE (now {self.layout.base})"
+                )
+
+    # -- up / down ---------------------------------------------------------------------
+    def up(self) -> UpReport:
+        report = UpReport()
+        started = time.monotonic()
+        self.check_prerequisites()
+        report.provision = self.chroot.provision()
+        if report.provision:
+            report.actions.append(f"provisioned RabbitMQ {self.chroot.rabbitmq_version()} in {self.chroot.root}")
+        self.chroot.ensure_proc()
+        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+
+        t = time.monotonic()
+        report.reused = self._ensure_cluster(report.actions)
+        report.cluster = time.monotonic() - t
+
+        t = time.monotonic()
+        was_running = self.haproxy.running()
+        self.haproxy.ensure()
+        if not was_running:
+            report.actions.append("started HAProxy")
+        report.lb = time.monotonic() - t
+
+        t = time.monotonic()
+        if not self.dns.running():
+            self.dns.start()
+            report.actions.append("started the DNS server")
+        report.dns = time.monotonic() - t
+        self._wait_lb_backends_up()
+        report.total = time.monotonic() - started
+        return report
+
+    def _cluster_members(self) -> set[str]:
+        """Running nodes of the cluster as rabbit-1 sees it (empty if it does not answer)."""
+        try:
+            out = self.brokers[0].ctl(["cluster_status", "--formatter", "json"], timeout=30)
+            return set(json.loads(out).get("running_nodes", []))
+        except (TestBedError, ValueError):
+            return set()
+
+    def clustered(self) -> bool:
+        return self._cluster_members() == {b.spec.name for b in self.brokers}
+
+    def _ensure_cluster(self, actions: list[str]) -> bool:
+        """Make the 3-node cluster run; return True if it was already healthy."""
+        if all(b.running() and b.listening() for b in self.brokers) and self.clustered():
+            return True
+        try:
+            self._start_and_join(actions)
+            return False
+        except TestBedError as exc:
+            log.warning("cluster could not be healed (%s); wiping and forming it again", exc)
+            actions.append(f"reset the cluster ({exc})")
+        for b in self.brokers:
+            if b.running():
+                b.kill()
+            b.wipe()
+        self._start_and_join(actions)
+        return False
+
+    def _start_and_join(self, actions: list[str]) -> None:
+        fresh = {b.spec.name for b in self.brokers if b.fresh}
+        for b in self.brokers:
+            if not b.running():
+                b.start()
+                actions.append(f"started {b.spec.name}" + (" (fresh)" if b.spec.name in fresh else ""))
+        for b in self.brokers:
+            b.wait_ready()
+        seed = self.brokers[0]
+        for b in self.brokers[1:]:
+            if b.spec.name in fresh:
+                b.ctl(["stop_app"])
+                b.ctl(["join_cluster", seed.spec.name])
+                b.ctl(["start_app"])
+                actions.append(f"joined {b.spec.name} to {seed.spec.name}")
+        wait_until(self.clustered, 60, "all three nodes to run in one cluster", interval=1.0)
+
+    def _wait_lb_backends_up(self, timeout: float = 30.0) -> None:
+        def all_up() -> bool:
+            states = self.haproxy.server_states()
+            return bool(states) and all(s == "UP" for servers in states.values() for s in servers.values())
+
+        wait_until(all_up, timeout, "every HAProxy backend to be UP", interval=0.25)
+
+    def down(self, wipe: bool = False) -> None:
+        """Stop everything this test bed started (and delete node data with ``wipe``)."""
+        self.dns.stop()
+        self.haproxy.stop()
+        extra = [self.broker(f"broker-{i}") for i in range(1, 7)]
+        for b in [*self.brokers, *extra]:
+            if b.running():
+                b.kill()
+            if wipe:
+                b.wipe()
+        self._stop_epmd()
+        if wipe:
+            shutil.rmtree(self.layout.run_dir, ignore_errors=True)
+
+    def _stop_epmd(self) -> None:
+        env = {"ERL_EPMD_PORT": str(self.layout.epmd_port)}
+        erts = sorted((self.chroot.root / "usr/lib/erlang").glob("erts-*/bin/epmd"))
+        if erts:
+            inner = "/" + str(erts[-1].relative_to(self.chroot.root))
+            subprocess.run(["chroot", str(self.chroot.root), inner, "-kill"], env=self.chroot.env(env),
+                           capture_output=True, check=False)
+
+    # -- addresses ---------------------------------------------------------------------
+    def lb(self, protocol: str = "stream", balance: str = "roundrobin") -> tuple[str, int]:
+        if (protocol, balance) not in self.haproxy.listeners():
+            self.haproxy.add_listener(protocol, balance)
+            self._wait_lb_backends_up()
+        return ("127.0.0.1", self.layout.lb_port(protocol, balance))
+
+    @property
+    def dns_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.layout.dns_port)
+
+    # -- status ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        nodes = []
+        for b in [*self.brokers, *(self.broker(f"broker-{i}") for i in range(1, 7))]:
+            pid = b.pid()
+            if not b.spec.clustered and pid is None:
+                continue
+            state = "down" if pid is None else ("running" if b.listening() else "app-stopped")
+            nodes.append({
+                "name": b.spec.name, "pid": pid, "state": state, "amqp": b.spec.amqp_port,
+                "stream": b.spec.stream_port, "mqtt": b.spec.mqtt_port, "management": b.spec.management_port,
+                "advertised": f"localhost:{b.spec.stream_port}",
+            })
+        members = self._cluster_members() if self.brokers[0].running() else set()
+        lb = []
+        if self.haproxy.running():
+            states = self.haproxy.server_states()
+            for protocol, balance in sorted(self.haproxy.listeners()):
+                name = f"{protocol}_{balance}"
+                lb.append({"name": name, "address": f"127.0.0.1:{self.layout.lb_port(protocol, balance)}",
+                           "backends": states.get(name, {})})
+        dns = {"address": f"127.0.0.1:{self.layout.dns_port}",
+               "state": "running" if self.dns.running() else "stopped",
+               "zone": ZONE, "records": len(self.dns.records())}
+        return {
+            "kind": f"local (port base {self.layout.base}, chroot {self.chroot.root})",
+            "versions": self._versions(),
+            "nodes": nodes,
+            "cluster": f"{len(members)} running: {', '.join(sorted(members))}" if members else "not running",
+            "lb": lb,
+            "dns": dns,
+        }
+
+    def _versions(self) -> str:
+        parts = [f"RabbitMQ {self.chroot.rabbitmq_version()}"]
+        try:
+            with self.management() as api:
+                parts.append(f"Erlang {api.overview().get('erlang_version', '?')}")
+        except Exception:
+            pass
+        try:
+            out = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split()
+            parts.append(f"HAProxy {out[2]}")
+        except (OSError, IndexError):
+            pass
+        return ", ".join(parts)
+
+    # -- faults ------------------------------------------------------------------------
+    def kill_node(self, name: str) -> int:
+        """``kill -9`` the node's beam process by its PID; return the PID."""
+        return self.broker(name).kill()
+
+    def restart_node(self, name: str) -> None:
+        broker = self.broker(name)
+        broker.start()
+        broker.wait_ready()
+        if broker.spec.clustered:
+            wait_until(self.clustered, 60, f"{broker.spec.name} to rejoin the cluster", interval=0.5)
+
+    def stop_app(self, name: str) -> None:
+        self.broker(name).ctl(["stop_app"])
+
+    def start_app(self, name: str) -> None:
+        broker = self.broker(name)
+        broker.ctl(["start_app"])
+        broker.wait_ready()
+
+    def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
+        """Restart the stream with ``to_node`` as preferred leader; return the new leader once it moved."""
+        target = self.layout.node(to_node).name
+        deadline = time.monotonic() + 60
+        while True:
+            self.brokers[0].tool(
+                "rabbitmq-streams",
+                ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
+            )
+            try:
+                wait_until(lambda: self.stream_leader(stream, vhost) == target, 10,
+                           f"the leader of {stream} to move to {target}", interval=0.25)
+                return target
+            except TestBedError:
+                if time.monotonic() > deadline:
+                    raise
+
+    def disable_lb_backend(self, node: str, listener: str | None = None) -> None:
+        self.haproxy.disable_server(node, listener)
+
+    def enable_lb_backend(self, node: str, listener: str | None = None) -> None:
+        self.haproxy.enable_server(node, listener)
+
+    def stop_dns(self) -> None:
+        self.dns.stop()
+
+    def start_dns(self) -> None:
+        self.dns.start()
+
+    def add_dns_record(self, name: str, type: str, value: str, ttl: int = 30) -> None:
+        self.dns.add_record(name, type, value, ttl)
+
+    def start_brokers(self, count: int) -> tuple[Node, ...]:
+        """Start ``count`` independent single-node brokers (for federation); return them."""
+        brokers = [self.broker(f"broker-{i}") for i in range(1, count + 1)]
+        for b in brokers:
+            b.start()
+        for b in brokers:
+            b.wait_ready()
+        return tuple(_node(b.spec) for b in brokers)
+
+    def stop_brokers(self) -> None:
+        for i in range(1, 7):
+            b = self.broker(f"broker-{i}")
+            if b.running():
+                b.stop()
+
+    def heal(self) -> None:
+        for b in self.brokers:
+            if not b.running():
+                b.start()
+        for b in self.brokers:
+            if b.running() and not b.listening():
+                try:
+                    b.ctl(["start_app"])
+                except TestBedError as exc:  # still booting after a restart: wait below
+                    log.info("start_app on %s: %s", b.spec.name, exc)
+            b.wait_ready()
+        wait_until(self.clustered, 60, "the cluster to heal", interval=0.5)
+        self.haproxy.ensure()
+        for protocol, balance in self.haproxy.listeners():
+            for b in self.brokers:
+                self.haproxy.set_ready(b.spec.name, f"{protocol}_{balance}")
+        if not self.dns.running():
+            self.dns.start()
+        self.dns.reset_records()
+        self._wait_lb_backends_up()

@@ -1,0 +1,59 @@
+"""pytest fixtures for tests against a real RabbitMQ cluster, load balancer and DNS server.
+
+Registered through the ``pytest11`` entry point, so any project that
+installs ``smartclient[testbed]`` gets them:
+
+* ``testbed`` (session): the local test bed, brought up once (idempotent), or
+  the external cluster named by ``SMARTCLIENT_TESTBED_EXTERNAL``;
+* ``faulty_testbed``: the same, healed after the test, for tests that inject faults;
+* ``unique_name``: a stream/queue name unique to the test.
+
+A fault the test bed cannot inject (``FaultUnavailable``) skips the test and
+says why; a missing prerequisite fails with one sentence, not a stack trace.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .._errors import FaultUnavailable, PrerequisiteMissing
+from .testbed import TestBed
+
+
+@pytest.fixture(scope="session")
+def testbed() -> TestBed:
+    from .local import LocalTestBed
+    from .testbed import from_env
+
+    try:
+        bed = from_env()
+        if isinstance(bed, LocalTestBed):
+            bed.up()
+    except PrerequisiteMissing as exc:
+        pytest.fail(f"the smartclient test bed cannot start: {exc}", pytrace=False)
+    return bed
+
+
+@pytest.fixture
+def faulty_testbed(testbed: TestBed) -> Iterator[TestBed]:
+    yield testbed
+    testbed.heal()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]
+    return f"sc-{base}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
+    try:
+        return (yield)
+    except FaultUnavailable as exc:
+        pytest.skip(str(exc))

@@ -1,0 +1,196 @@
+"""What every test bed offers: nodes, LB and DNS addresses, a status table, and faults.
+
+Two kinds implement it: :class:`~smartclient.testing.local.LocalTestBed`
+(the cluster, HAProxy and DNS server this machine runs) and
+:class:`~smartclient.testing.external.ExternalTestBed` (a cluster the user
+already has, described by ``SMARTCLIENT_TESTBED_EXTERNAL``).  A fault an
+external test bed cannot inject raises :class:`FaultUnavailable`, which the
+pytest plugin turns into a skip that says why.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import FaultUnavailable
+from ..management import ManagementClient
+
+__all__ = ["Node", "TestBed", "from_env"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """A broker as clients see it: where to dial each protocol, and what its stream listener advertises."""
+
+    name: str
+    host: str
+    stream_port: int
+    amqp_port: int
+    mqtt_port: int
+    management_port: int
+    advertised_host: str
+    advertised_port: int
+
+    @property
+    def short(self) -> str:
+        return self.name.split("@", 1)[0]
+
+    def port(self, protocol: str) -> int:
+        ports = {"stream": self.stream_port, "amqp": self.amqp_port, "mqtt": self.mqtt_port,
+                 "management": self.management_port}
+        return ports[protocol]
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host, self.advertised_port)
+
+    @property
+    def management_url(self) -> str:
+        return f"http://{self.host}:{self.management_port}"
+
+
+class TestBed:
+    """Base class: addresses and read-only queries; every fault raises :class:`FaultUnavailable`."""
+
+    __test__ = False
+    kind = "abstract"
+
+    def __init__(self, nodes: tuple[Node, ...], username: str, password: str) -> None:
+        self.nodes = nodes
+        self.username = username
+        self._password = password
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(nodes={[n.name for n in self.nodes]}, username={self.username!r})"
+
+    @property
+    def password(self) -> str:
+        return self._password
+
+    # -- addresses ---------------------------------------------------------------------
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if name in (node.name, node.short):
+                return node
+        raise KeyError(f"no node {name!r} in this test bed; nodes: {[n.short for n in self.nodes]}")
+
+    def node_by_advertised(self, host: str, port: int) -> Node:
+        for node in self.nodes:
+            if node.advertised == (host, int(port)):
+                return node
+        raise KeyError(f"no node advertises {host}:{port}")
+
+    def lb(self, protocol: str = "stream", balance: str = "roundrobin") -> tuple[str, int]:
+        raise FaultUnavailable(f"this {self.kind} test bed has no {balance} load balancer for {protocol}")
+
+    @property
+    def dns_address(self) -> tuple[str, int]:
+        raise FaultUnavailable(f"this {self.kind} test bed has no DNS server")
+
+    def stream_uri(self, host: str, port: int, vhost: str = "/") -> str:
+        """A ``rabbitmq-stream://`` URI with this test bed's credentials (keep it out of logs)."""
+        from urllib.parse import quote
+
+        return (f"rabbitmq-stream://{quote(self.username, safe='')}:{quote(self._password, safe='')}"
+                f"@{host}:{port}/{quote(vhost, safe='')}")
+
+    def management(self, node: str | None = None) -> ManagementClient:
+        target = self.node(node) if node else self.nodes[0]
+        return ManagementClient(target.management_url, self.username, self._password)
+
+    def stream_leader(self, stream: str, vhost: str = "/") -> str:
+        """The node name hosting the stream's leader, as the management API reports it."""
+        with self.management() as api:
+            leader: str = api.queue(vhost, stream)["leader"]
+        return leader
+
+    def close_connection(self, name: str) -> None:
+        """Close a client connection by its name through the management API."""
+        with self.management() as api:
+            api.close_connection(name, reason="closed by the smartclient test bed")
+
+    # -- status ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def status_table(self) -> str:
+        return render_status(self.status())
+
+    # -- faults (a local test bed overrides them) ---------------------------------------
+    def _unavailable(self, what: str) -> FaultUnavailable:
+        return FaultUnavailable(f"the {self.kind} test bed cannot {what}")
+
+    def kill_node(self, name: str) -> int:
+        raise self._unavailable(f"kill -9 {name}")
+
+    def restart_node(self, name: str) -> None:
+        raise self._unavailable(f"restart {name}")
+
+    def stop_app(self, name: str) -> None:
+        raise self._unavailable(f"stop_app on {name}")
+
+    def start_app(self, name: str) -> None:
+        raise self._unavailable(f"start_app on {name}")
+
+    def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
+        raise self._unavailable(f"move the leader of {stream}")
+
+    def disable_lb_backend(self, node: str, listener: str | None = None) -> None:
+        raise self._unavailable(f"disable the LB backend {node}")
+
+    def enable_lb_backend(self, node: str, listener: str | None = None) -> None:
+        raise self._unavailable(f"enable the LB backend {node}")
+
+    def stop_dns(self) -> None:
+        raise self._unavailable("stop the DNS server")
+
+    def start_dns(self) -> None:
+        raise self._unavailable("start the DNS server")
+
+    def add_dns_record(self, name: str, type: str, value: str, ttl: int = 30) -> None:
+        raise self._unavailable("add DNS records")
+
+    def start_brokers(self, count: int) -> tuple[Node, ...]:
+        raise self._unavailable("start extra independent brokers")
+
+    def heal(self) -> None:
+        """Undo every fault: nodes back, apps started, LB backends up, DNS answering."""
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The status table printed by ``python -m smartclient.testing status``."""
+    lines = [f"smartclient test bed: {status['kind']}   {status.get('versions', '')}"]
+    header = f"{'NODE':<22}{'PID':>8}  {'STATE':<10}{'AMQP':>7}{'STREAM':>8}{'MQTT':>7}{'MGMT':>7}  ADVERTISED"
+    lines += ["", header]
+    for n in status["nodes"]:
+        lines.append(
+            f"{n['name']:<22}{n.get('pid') or '-':>8}  {n['state']:<10}{n['amqp']:>7}{n['stream']:>8}"
+            f"{n['mqtt']:>7}{n['management']:>7}  {n['advertised']}"
+        )
+    if status.get("cluster"):
+        lines.append(f"cluster: {status['cluster']}")
+    if status.get("lb"):
+        lines += ["", f"{'LB LISTENER':<22}{'ADDRESS':<18}BACKENDS"]
+        for listener in status["lb"]:
+            backends = ", ".join(f"{k} {v}" for k, v in listener["backends"].items())
+            lines.append(f"{listener['name']:<22}{listener['address']:<18}{backends}")
+    if status.get("dns"):
+        dns = status["dns"]
+        lines += ["", f"DNS {dns['address']}  {dns['state']}  zone {dns['zone']}  {dns['records']} records"]
+    if status.get("brokers"):
+        lines += ["", "extra brokers: " + ", ".join(status["brokers"])]
+    return "\n".join(lines)
+
+
+def from_env(environ: dict[str, str] | None = None) -> TestBed:
+    """The external test bed if ``SMARTCLIENT_TESTBED_EXTERNAL`` is set, else the local one."""
+    env = dict(os.environ if environ is None else environ)
+    if env.get("SMARTCLIENT_TESTBED_EXTERNAL"):
+        from .external import ExternalTestBed
+
+        return ExternalTestBed.from_config(env["SMARTCLIENT_TESTBED_EXTERNAL"])
+    from .local import LocalTestBed
+
+    return LocalTestBed.from_env(env)
