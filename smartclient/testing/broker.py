@@ -118,6 +118,9 @@ class BrokerProcess:
             for p in (self.spec.amqp_port, self.spec.stream_port, self.spec.mqtt_port, self.spec.management_port)
         )
 
+    def listening_any(self) -> bool:
+        return any(port_accepts(p, timeout=0.2) for p in (self.spec.amqp_port, self.spec.stream_port))
+
     def write_files(self) -> None:
         for sub in ("mnesia", "log"):
             (self.host_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -160,6 +163,9 @@ class BrokerProcess:
         if pid is None:
             raise TestBedError(f"{self.spec.name} is not running: no live PID in {self.pid_file}")
         kill_pid(pid)
+        # The thread-group leader turns zombie before the last thread has released the
+        # shared file table, so the listeners can outlive the PID by a few milliseconds.
+        wait_until(lambda: not self.listening_any(), 10, f"the listeners of {self.spec.name} to close")
         return pid
 
     def stop(self) -> None:

@@ -7,8 +7,10 @@ Pure arithmetic, no I/O.  Every port is ``base + slot * 100 + offset``:
 * slots 11..16 are the extra independent brokers ``broker-1..6@localhost``;
 * slots 20 and 21 hold the extra LB listeners (``random`` and ``source`` balance).
 
-With the default base 35000, rabbit-2's stream port is 35252 and the
-round-robin LB's stream port is 35052.
+With the default base 20000, rabbit-2's stream port is 20252 and the
+round-robin LB's stream port is 20052.  The default stays below Linux's
+ephemeral range (32768-60999): a listener whose port lies inside it can find
+that port taken by the source port of some outgoing connection.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ __all__ = [
     "Layout",
 ]
 
-DEFAULT_PORT_BASE = 35000
+DEFAULT_PORT_BASE = 20000
+#: every port of the test bed lies in [base, base + PORT_SPAN)
+PORT_SPAN = 2200
 CLUSTER_SIZE = 3
 MAX_EXTRA_BROKERS = 6
 
@@ -91,9 +95,9 @@ class Layout:
     cache_dir: Path = Path("/var/cache/smartclient")
 
     def __post_init__(self) -> None:
-        if not 1024 <= self.base <= 65535 - 2200:
+        if not 1024 <= self.base <= 65535 - PORT_SPAN:
             raise ConfigurationError(
-                f"port base {self.base} is out of range: it must leave room for 2200 ports "
+                f"port base {self.base} is out of range: it must leave room for {PORT_SPAN} ports "
                 f"between 1024 and 65535"
             )
 
@@ -110,6 +114,10 @@ class Layout:
             ) from None
         cache = Path(env.get("SMARTCLIENT_TESTBED_CACHE", "/var/cache/smartclient"))
         return cls(base=base, cache_dir=cache)
+
+    def overlaps(self, low: int, high: int) -> bool:
+        """True if any port of the plan may fall in ``[low, high]``."""
+        return self.base <= high and low < self.base + PORT_SPAN
 
     # -- the chroot and where the nodes keep their data -------------------------------
     @property

@@ -20,10 +20,10 @@ from typing import Any
 from .._errors import PrerequisiteMissing, TestBedError
 from .broker import BrokerProcess
 from .chroot import RabbitChroot
-from .layout import BrokerSpec, Layout
+from .layout import PORT_SPAN, BrokerSpec, Layout
 from .loadbalancer import HAProxy
 from .nameserver import ZONE, DnsServer
-from .processes import port_is_free, wait_until
+from .processes import ephemeral_port_range, port_is_free, wait_until
 from .testbed import Node, TestBed
 
 __all__ = ["LocalTestBed", "UpReport"]
@@ -94,6 +94,13 @@ class LocalTestBed(TestBed):
         self._check_ports()
 
     def _check_ports(self) -> None:
+        low, high = ephemeral_port_range()
+        if self.layout.overlaps(low, high):
+            raise PrerequisiteMissing(
+                f"port base {self.layout.base} puts the test bed's ports inside the kernel's ephemeral range "
+                f"{low}-{high}, where outgoing connections can take them before a listener binds: set "
+                f"SMARTCLIENT_TESTBED_PORT_BASE below {low - PORT_SPAN}"
+            )
         wanted: list[tuple[int, str]] = []
         for broker in self.brokers:
             if not broker.running():

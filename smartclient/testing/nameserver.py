@@ -38,7 +38,7 @@ def default_records(layout: Layout, nodes: Iterable[BrokerSpec], ttl: int = 30) 
         records.append(
             DnsRecord(f"{service}.lb.{ZONE}", "SRV", f"0 10 {layout.lb_port(protocol)} lb.{ZONE}.", ttl)
         )
-    return records
+    return [r.normalised() for r in records]
 
 
 class DnsServer:

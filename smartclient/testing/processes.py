@@ -13,6 +13,7 @@ from pathlib import Path
 from .._errors import TestBedError
 
 __all__ = [
+    "ephemeral_port_range",
     "find_pids_with_env",
     "kill_pid",
     "pid_alive",
@@ -76,6 +77,15 @@ def port_accepts(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bo
             return True
     except OSError:
         return False
+
+
+def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux default 32768-60999)."""
+    try:
+        low, high = path.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

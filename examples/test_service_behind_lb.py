@@ -1,0 +1,39 @@
+"""How a user tests their own service behind a load balancer with smartclient's fixtures.
+
+``pip install 'smartclient[testbed]'`` registers the fixtures; this file is a
+plain pytest module that CI runs against the same test bed as smartclient's
+own tests.  It asks: does every node behind the round-robin LB serve my
+stream clients, and does my client survive one node being taken out of it?
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rstream.client import Client
+
+from smartclient.testing import TestBed
+
+
+async def _node_reached(bed: TestBed, host: str, port: int) -> str:
+    client = Client(host=host, port=port, frame_max=1048576, heartbeat=60)
+    await client.start()
+    try:
+        await client.authenticate(vhost="/", username=bed.username, password=bed.password)
+        props = client.server_properties or {}
+        return bed.node_by_advertised(props["advertised_host"], int(props["advertised_port"])).short
+    finally:
+        await client.close()
+
+
+async def test_lb_spreads_my_connections(testbed: TestBed) -> None:
+    host, port = testbed.lb("stream")
+    seen = Counter([await _node_reached(testbed, host, port) for _ in range(6)])
+    assert set(seen) == {n.short for n in testbed.nodes}
+
+
+async def test_my_client_still_connects_with_a_backend_out(faulty_testbed: TestBed) -> None:
+    faulty_testbed.disable_lb_backend(faulty_testbed.nodes[0].name)  # healed after the test
+    host, port = faulty_testbed.lb("stream")
+    seen = {await _node_reached(faulty_testbed, host, port) for _ in range(4)}
+    assert faulty_testbed.nodes[0].short not in seen

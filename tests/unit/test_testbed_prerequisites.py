@@ -1,0 +1,116 @@
+"""Missing prerequisites fail with one sentence naming the problem and the fix."""
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from smartclient import FaultUnavailable, PrerequisiteMissing
+from smartclient.testing import chroot as chroot_module
+from smartclient.testing.chroot import RabbitChroot, debian_mirror
+from smartclient.testing.layout import Layout
+from smartclient.testing.local import LocalTestBed
+from smartclient.testing.prerequisites import require_java
+
+
+def _bed(tmp_path: Path, base: int = 25000) -> LocalTestBed:
+    return LocalTestBed(Layout(base=base, cache_dir=tmp_path))
+
+
+def test_not_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PrerequisiteMissing, match="must run as root") as info:
+        _bed(tmp_path).check_prerequisites()
+    assert "\n" not in str(info.value)
+    assert "SMARTCLIENT_TESTBED_EXTERNAL" in str(info.value)
+
+
+def test_no_debootstrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    real_which = chroot_module.shutil.which
+    monkeypatch.setattr(chroot_module.shutil, "which", lambda t: None if t == "debootstrap" else real_which(t))
+    with pytest.raises(PrerequisiteMissing, match="apt-get install -y debootstrap"):
+        _bed(tmp_path).check_prerequisites()
+    with pytest.raises(PrerequisiteMissing, match="debootstrap is not installed"):
+        RabbitChroot(tmp_path / "root").provision()
+
+
+def test_port_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    bed = _bed(tmp_path, base=26000)
+    (tmp_path / "rabbitmq-4.0-trixie").mkdir()
+    (tmp_path / "rabbitmq-4.0-trixie" / ".smartclient-provisioned").write_text("4.0.5")
+    taken = bed.layout.nodes[1].amqp_port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", taken))
+        sock.listen()
+        with pytest.raises(PrerequisiteMissing) as info:
+            bed.check_prerequisites()
+    message = str(info.value)
+    assert f"port {taken} (the amqp port of rabbit-2@localhost) is taken" in message
+    assert "SMARTCLIENT_TESTBED_PORT_BASE (now 26000)" in message
+
+
+def _fake_java(tmp_path: Path, version_line: str) -> None:
+    script = tmp_path / "bin" / "java"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def test_no_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PrerequisiteMissing, match="no `java` on PATH"):
+        require_java()
+
+
+def test_old_java(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_java(tmp_path, 'openjdk version "1.8.0_392"')
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(PrerequisiteMissing, match="version 8, and PySpark needs Java 17"):
+        require_java()
+
+
+def test_java_17_is_enough(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15')
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert require_java() == 17
+
+
+def test_debian_mirror_from_deb822_and_one_line(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\n")
+    assert debian_mirror(tmp_path) == "http://mirror.example/debian"
+    (tmp_path / "sources.list").write_text(
+        "deb [arch=amd64] http://other.example/debian bookworm main\n"
+        "deb http://security.example/debian-security bookworm-security main\n")
+    assert debian_mirror(tmp_path) == "http://other.example/debian"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert debian_mirror(empty) == "http://deb.debian.org/debian"
+
+
+def test_base_test_bed_faults_are_unavailable() -> None:
+    from smartclient.testing.external import ExternalTestBed
+
+    bed = ExternalTestBed.from_config('{"nodes": [{"host": "h1"}]}')
+    for fault in (lambda: bed.kill_node("h1"), bed.stop_dns, lambda: bed.disable_lb_backend("h1"),
+                  lambda: bed.move_leader("s", "h1"), lambda: bed.start_brokers(2)):
+        with pytest.raises(FaultUnavailable, match="the external test bed cannot"):
+            fault()
+
+
+def test_ports_inside_the_ephemeral_range_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    (tmp_path / "rabbitmq-4.0-trixie").mkdir()
+    (tmp_path / "rabbitmq-4.0-trixie" / ".smartclient-provisioned").write_text("4.0.5")
+    from smartclient.testing import local
+
+    monkeypatch.setattr(local, "ephemeral_port_range", lambda: (32768, 60999))
+    with pytest.raises(PrerequisiteMissing, match=r"inside the kernel's ephemeral range 32768-60999.*below 30568"):
+        _bed(tmp_path, base=31000).check_prerequisites()
+    assert Layout(base=20000).overlaps(32768, 60999) is False
+    assert Layout(base=30600).overlaps(32768, 60999) is True
