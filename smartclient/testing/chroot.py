@@ -85,6 +85,9 @@ class RabbitChroot:
         version = self._read_version(staging)
         (staging / MARKER).write_text(version + "\n")
         self._unmount_proc(staging)
+        if self.root.exists():  # the remains of an unfinished or interrupted chroot
+            self._unmount_proc(self.root)
+            shutil.rmtree(self.root)
         os.replace(staging, self.root)
         return time.monotonic() - started
 
@@ -100,6 +103,10 @@ class RabbitChroot:
         if not os.path.ismount(proc):
             proc.mkdir(exist_ok=True)
             subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+
+    def release(self) -> None:
+        """Unmount ``/proc`` from the chroot (``down`` calls it; ``up`` mounts it again)."""
+        self._unmount_proc(self.root)
 
     @staticmethod
     def _unmount_proc(root: Path) -> None:

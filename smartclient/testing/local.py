@@ -212,6 +212,7 @@ class LocalTestBed(TestBed):
             if wipe:
                 b.wipe()
         self._stop_epmd()
+        self.chroot.release()
         if wipe:
             shutil.rmtree(self.layout.run_dir, ignore_errors=True)
 
