@@ -9,20 +9,61 @@ imported lazily, so importing :mod:`smartclient` costs nothing.
 from __future__ import annotations
 
 from ._errors import (
+    AddressNotAllowed,
+    AuthenticationFailed,
     ConfigurationError,
+    ConnectionFailed,
     FaultUnavailable,
+    NoCandidateNode,
+    NodeUnreachable,
+    PlacementError,
     PrerequisiteMissing,
+    ResolutionError,
+    ResolutionTimeout,
     SmartClientError,
+    StreamNotFound,
     TestBedError,
+    TopologyError,
 )
+from .address import Address
+from .environment import Environment, PlacementRecord
+from .landing import Attempt
+from .retry import RetryPolicy
+from .settings import Credentials, PoolLimits, parse_stream_uri
+from .stream import Consumer, Producer
+from .topology import Candidates, PlacementPolicy, Role, StreamTopology
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Address",
+    "AddressNotAllowed",
+    "Attempt",
+    "AuthenticationFailed",
+    "Candidates",
     "ConfigurationError",
+    "ConnectionFailed",
+    "Consumer",
+    "Credentials",
+    "Environment",
     "FaultUnavailable",
+    "NoCandidateNode",
+    "NodeUnreachable",
+    "PlacementError",
+    "PlacementPolicy",
+    "PlacementRecord",
+    "PoolLimits",
     "PrerequisiteMissing",
+    "Producer",
+    "ResolutionError",
+    "ResolutionTimeout",
+    "RetryPolicy",
+    "Role",
     "SmartClientError",
+    "StreamNotFound",
+    "StreamTopology",
     "TestBedError",
+    "TopologyError",
     "__version__",
+    "parse_stream_uri",
 ]

@@ -7,6 +7,16 @@ onto this tree in one place per backend, with ``raise ... from exc``.
 
     SmartClientError
     ├── ConfigurationError          bad input, found before any I/O (also a ValueError)
+    ├── ResolutionError             a resolver could not turn an address into a dialable one
+    │   ├── AddressNotAllowed       the resolved address is outside the allow-list
+    │   └── ResolutionTimeout       the DNS server did not answer in time
+    ├── PlacementError              no connection to an acceptable node within the retry policy
+    │   ├── NoCandidateNode         the topology has no node for this role (e.g. no replica)
+    │   └── NodeUnreachable         attempts kept landing on other nodes (a sticky LB)
+    ├── TopologyError               the broker could not describe the stream (no leader yet...)
+    │   └── StreamNotFound          the stream does not exist
+    ├── ConnectionFailed            a connection could not be opened or kept
+    │   └── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
     └── TestBedError                the local test bed could not do what was asked
         ├── PrerequisiteMissing     not root, no debootstrap, port taken, no Java...
         └── FaultUnavailable        this test bed (e.g. an external one) cannot inject that fault
@@ -15,11 +25,21 @@ onto this tree in one place per backend, with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "AddressNotAllowed",
+    "AuthenticationFailed",
     "ConfigurationError",
+    "ConnectionFailed",
     "FaultUnavailable",
+    "NoCandidateNode",
+    "NodeUnreachable",
+    "PlacementError",
     "PrerequisiteMissing",
+    "ResolutionError",
+    "ResolutionTimeout",
     "SmartClientError",
+    "StreamNotFound",
     "TestBedError",
+    "TopologyError",
 ]
 
 
@@ -29,6 +49,53 @@ class SmartClientError(Exception):
 
 class ConfigurationError(SmartClientError, ValueError):
     """A value given to smartclient is malformed or out of range; nothing was sent."""
+
+
+class ResolutionError(SmartClientError):
+    """A resolver could not turn an address into a dialable one; the message names the address."""
+
+
+class AddressNotAllowed(ResolutionError):
+    """The address to dial is outside the allow-list (a metadata answer pointed somewhere unexpected)."""
+
+
+class ResolutionTimeout(ResolutionError):
+    """The name server did not answer in time."""
+
+
+class PlacementError(SmartClientError):
+    """No connection to an acceptable node could be made within the retry policy.
+
+    ``attempts`` lists every attempt: what was dialled, which node answered, and why it was rejected.
+    """
+
+    def __init__(self, message: str, attempts: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class NoCandidateNode(PlacementError):
+    """The stream's topology offers no node for this role (for example no replica, with replicas forced)."""
+
+
+class NodeUnreachable(PlacementError):
+    """Connections kept landing on other nodes: the load balancer does not reach the needed node."""
+
+
+class TopologyError(SmartClientError):
+    """The broker could not describe the stream (it does not exist, or has no leader yet)."""
+
+
+class StreamNotFound(TopologyError):
+    """The stream does not exist on the broker."""
+
+
+class ConnectionFailed(SmartClientError):
+    """A connection could not be opened, authenticated or kept."""
+
+
+class AuthenticationFailed(ConnectionFailed):
+    """The broker refused the credentials or the vhost; retrying would only repeat it."""
 
 
 class TestBedError(SmartClientError):

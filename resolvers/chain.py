@@ -1,0 +1,25 @@
+"""``Chain``: apply several resolvers in order, each to the previous one's answer."""
+
+from __future__ import annotations
+
+from smartclient.address import Address
+
+from .base import ResolverLike, as_async
+
+__all__ = ["Chain"]
+
+
+class Chain:
+    """``Chain(StaticMap(...), DnsResolver(...))``: remap names, then resolve them."""
+
+    def __init__(self, *resolvers: ResolverLike) -> None:
+        self.resolvers = resolvers
+        self._steps = [as_async(r) for r in resolvers]
+
+    async def resolve(self, address: Address) -> Address:
+        for step in self._steps:
+            address = await step(address)
+        return address
+
+    def __repr__(self) -> str:
+        return "Chain(" + ", ".join(map(repr, self.resolvers)) + ")"

@@ -1,0 +1,19 @@
+"""``Identity``: dial the advertised address as it is (the default)."""
+
+from __future__ import annotations
+
+from smartclient.address import Address
+
+__all__ = ["Identity"]
+
+
+class Identity:
+    """Return the address unchanged: right when the nodes advertise names the client can resolve."""
+
+    blocking = False
+
+    def resolve(self, address: Address) -> Address:
+        return address
+
+    def __repr__(self) -> str:
+        return "Identity()"

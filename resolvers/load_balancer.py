@@ -1,0 +1,23 @@
+"""``LoadBalancer``: always dial the load balancer; the connector then checks which node it reached."""
+
+from __future__ import annotations
+
+from smartclient.address import Address
+
+__all__ = ["LoadBalancer"]
+
+
+class LoadBalancer:
+    """Map every address to the LB's.  Placement still holds: each connection's reported node is checked
+    against the candidates, wrong landings are kept for other placements, and attempts are capped."""
+
+    blocking = False
+
+    def __init__(self, address: str | Address) -> None:
+        self.address = address if isinstance(address, Address) else Address.parse(address)
+
+    def resolve(self, address: Address) -> Address:
+        return self.address
+
+    def __repr__(self) -> str:
+        return f"LoadBalancer({str(self.address)!r})"

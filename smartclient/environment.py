@@ -1,0 +1,448 @@
+"""``Environment``: the entry point of the stream API.  Topology cache, placement, shared connections.
+
+One Environment holds:
+
+* one *locator* connection (metadata queries) to an entry point;
+* a topology cache per stream, invalidated by MetadataUpdate frames, by the loss of a connection to a
+  member node, and by a node mismatch, with concurrent lookups of one stream sharing one request;
+* the :class:`~smartclient.connector.StreamConnector`, the one seam where addresses are resolved,
+  allow-listed, dialled and checked;
+* the rstream Producers and Consumers that carry the producers and consumers the application asked for.
+  Producers of different streams share one rstream Producer, and so its connections per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigurationError, ConnectionFailed, SmartClientError, TopologyError
+from .address import Address
+from .connector import Connection, ConnectSettings, StreamConnector
+from .retry import RetryPolicy
+from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
+from .stream_errors import map_stream_errors
+from .topology import Candidates, PlacementPolicy, Role, StreamTopology
+
+if TYPE_CHECKING:
+    from rstream import Consumer as RConsumer
+    from rstream import Producer as RProducer
+    from rstream.client import Client
+
+    from resolvers import AllowList, ResolverLike, SrvDiscovery
+
+    from .stream import Consumer, Producer
+    from .stream_pool import PlacedClientPool
+
+    EntryPoints = str | Address | Sequence[str | Address] | SrvDiscovery
+
+__all__ = ["Environment", "PlacementRecord"]
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """Where one producer or consumer landed: for the placement table and for the tests."""
+
+    role: Role
+    stream: str
+    name: str | None
+    node: Address
+    dialled: Address
+    connection: str
+
+    def row(self) -> str:
+        return (f"{self.role.value:<9} {self.stream:<28} {self.name or '-':<16} node {self.node!s:<22} "
+                f"via {self.dialled!s:<22} {self.connection}")
+
+
+class Environment:
+    """Connections to a RabbitMQ cluster's streams, each placed on the right node.
+
+    :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
+        ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
+    :param username: / :param password: override the URI's credentials (default guest/guest).
+    :param vhost: override the URI's vhost (default ``/``).
+    :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
+    :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).
+    :param placement: producers on the leader, consumers on replicas (see :class:`PlacementPolicy`).
+    :param retry: caps and back-off of each placement (see :class:`RetryPolicy`).
+    :param allow: an :class:`resolvers.AllowList` checked on every address before it is dialled.
+    :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
+    :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
+
+    Use it as ``async with Environment(...) as env:``.
+
+    :raises ConfigurationError: bad arguments, before any I/O.
+    """
+
+    def __init__(
+        self,
+        entry_points: EntryPoints,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        vhost: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        resolver: ResolverLike | None = None,
+        placement: PlacementPolicy = PlacementPolicy(),
+        retry: RetryPolicy = RetryPolicy(),
+        allow: AllowList | None = None,
+        pool: PoolLimits = PoolLimits(),
+        topology_max_age: float = 60.0,
+        connection_name: str = "smartclient",
+        frame_max: int = 1024 * 1024,
+        heartbeat: int = 60,
+    ) -> None:
+        from resolvers import Identity, SrvDiscovery
+        from resolvers.base import as_async
+
+        self._srv: SrvDiscovery | None = None
+        uris: list[StreamURI] = []
+        if isinstance(entry_points, SrvDiscovery):
+            self._srv = entry_points
+        else:
+            items = [entry_points] if isinstance(entry_points, str | Address) else list(entry_points)
+            if not items:
+                raise ConfigurationError("no entry point given")
+            for item in items:
+                if isinstance(item, Address):
+                    uris.append(StreamURI(item, False, None, None))
+                elif "://" in item:
+                    uris.append(parse_stream_uri(item))
+                else:
+                    uris.append(StreamURI(Address.parse(item, default_port=5552), False, None, None))
+        creds = {u.credentials for u in uris if u.credentials}
+        vhosts = {u.vhost for u in uris if u.vhost is not None}
+        if len(creds) > 1 and username is None:
+            raise ConfigurationError("the entry-point URIs carry different credentials; pass username/password")
+        if len(vhosts) > 1 and vhost is None:
+            raise ConfigurationError(f"the entry-point URIs name different vhosts {sorted(vhosts)}; pass vhost=")
+        base = next(iter(creds), Credentials())
+        credentials = Credentials(username if username is not None else base.username,
+                                  password if password is not None else base.password)
+        if any(u.tls for u in uris) and tls is None:
+            tls = ssl.create_default_context()
+        if topology_max_age <= 0:
+            raise ConfigurationError(f"topology_max_age must be positive, not {topology_max_age}")
+        self.entry_points = tuple(u.address for u in uris)
+        self.settings = ConnectSettings(credentials, vhost if vhost is not None else next(iter(vhosts), "/"),
+                                        tls, frame_max, heartbeat)
+        self.resolver = resolver if resolver is not None else Identity()
+        self.placement = placement
+        self.retry = retry
+        self.connection_name = connection_name
+        self.topology_max_age = topology_max_age
+        self.connector = StreamConnector(
+            self.settings, as_async(self.resolver), allow=allow, retry=retry, limits=pool,
+            on_closed=self._on_connection_closed, on_mismatch=self._on_mismatch,
+        )
+        self._topologies: dict[str, StreamTopology] = {}
+        self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
+        self._locator: Client | None = None
+        self._locator_lock = asyncio.Lock()
+        self._records: dict[tuple[int, str], PlacementRecord] = {}
+        self._rproducers: list[tuple[RProducer, set[str]]] = []
+        self._rconsumers: list[tuple[RConsumer, set[str]]] = []
+        self._handles: list[Producer | Consumer] = []
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"Environment(entry_points={[str(a) for a in self.entry_points]}, "
+                f"user={self.settings.credentials.username!r}, resolver={self.resolver!r})")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def __aenter__(self) -> Environment:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open the locator connection to the first entry point that answers.
+
+        :raises ConnectionFailed: no entry point could be reached (each one's error is listed).
+        :raises AuthenticationFailed: the credentials or vhost were refused.
+        """
+        await self._locator_client()
+
+    async def close(self) -> None:
+        """Close every producer, consumer and connection of this Environment."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._handles):
+            try:
+                await handle.close()
+            except SmartClientError as exc:
+                log.debug("closing %r: %s", handle, exc)
+        for rproducer, _ in self._rproducers:
+            await rproducer.close()
+        for rconsumer, _ in self._rconsumers:
+            await rconsumer.close()
+        if self._locator is not None:
+            from .stream_pool import LocatorClient
+
+            if isinstance(self._locator, LocatorClient):
+                await self._locator.shutdown()
+        await self.connector.close()
+
+    async def _entry_points(self) -> tuple[Address, ...]:
+        if self._srv is not None:
+            return tuple(await self._srv.discover())
+        return self.entry_points
+
+    async def _locator_client(self) -> Client:
+        async with self._locator_lock:
+            if self._locator is not None and self._locator.is_connection_alive():
+                return self._locator
+            from .stream_pool import LocatorClient
+
+            errors = []
+            for entry in await self._entry_points():
+                try:
+                    conn = await self.connector.dial(entry, f"{self.connection_name}-locator", LocatorClient)
+                except ConnectionFailed as exc:
+                    errors.append(f"{entry}: {exc}")
+                    continue
+                self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
+                self._locator = conn.client
+                return conn.client
+            raise ConnectionFailed("no entry point could be reached: " + "; ".join(errors))
+
+    # -- topology ------------------------------------------------------------------------------
+    async def topology(self, stream: str) -> StreamTopology:
+        """The stream's leader and replicas (advertised addresses), from the cache or the broker.
+
+        :raises StreamNotFound: the stream does not exist.
+        :raises TopologyError: it has no leader within a few seconds.
+        """
+        cached = self._topologies.get(stream)
+        if cached is not None and time.monotonic() - cached.read_at < self.topology_max_age:
+            return cached
+        task = self._inflight.get(stream)
+        if task is None:
+            task = asyncio.create_task(self._query_topology(stream))
+            self._inflight[stream] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(stream, None))
+        return await asyncio.shield(task)
+
+    async def _query_topology(self, stream: str) -> StreamTopology:
+        from rstream.exceptions import LeaderNotAvailable
+
+        deadline = time.monotonic() + 5.0
+        while True:
+            locator = await self._locator_client()
+            try:
+                with map_stream_errors(f"reading the topology of {stream!r}"):
+                    try:
+                        leader, replicas = await locator.query_leader_and_replicas(stream)
+                    except LeaderNotAvailable:
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.1)
+                        continue
+            except ConnectionFailed:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+                continue
+            topo = StreamTopology(stream, Address(leader.host, leader.port),
+                                  tuple(Address(r.host, r.port) for r in replicas))
+            self._topologies[stream] = topo
+            return topo
+
+    def invalidate(self, stream: str | None = None, node: Address | None = None) -> None:
+        """Forget cached topologies: one stream's, those with a member on ``node``, or all."""
+        for name, topo in list(self._topologies.items()):
+            if (stream is None and node is None) or name == stream or (node is not None and node in topo.members):
+                del self._topologies[name]
+
+    async def _on_metadata_update(self, frame: Any) -> None:
+        stream = frame.metadata_info.stream
+        log.info("MetadataUpdate for %s: topology invalidated", stream)
+        self.invalidate(stream=stream)
+
+    async def _on_connection_closed(self, conn: Connection, info: Any) -> None:
+        log.info("connection %s to %s closed: topologies with that node invalidated", conn.name, conn.node)
+        self.invalidate(node=conn.node)
+        for key, record in list(self._records.items()):
+            if record.connection == conn.name:
+                del self._records[key]
+
+    def _on_mismatch(self, target: Address, reached: Address, candidates: Candidates) -> None:
+        self.invalidate(node=target)
+        self.invalidate(stream=candidates.stream)
+
+    # -- placement -------------------------------------------------------------------------------
+    async def candidates(self, stream: str, role: Role) -> Candidates:
+        """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`)."""
+        topo = await self.topology(stream)
+        if role is Role.CONSUMER and not topo.replicas:
+            # A new stream's replicas come up a moment after its leader: look again before falling back.
+            deadline = time.monotonic() + (self.retry.max_time if self.placement.force_replica_for_consumers else 1.0)
+            while not topo.replicas and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                self.invalidate(stream=stream)
+                topo = await self.topology(stream)
+        return topo.candidates(role, self.placement, self._consumer_load(stream))
+
+    def _consumer_load(self, stream: str) -> Counter[Address]:
+        return Counter(r.node for r in self._records.values() if r.role is Role.CONSUMER and r.stream == stream)
+
+    async def _place(self, pool: PlacedClientPool, stream: str, closed_handler: Any) -> Connection:
+        from rstream import schema
+
+        role = pool.role
+        candidates = await self.candidates(stream, role)
+        conn = None
+        for placed in pool.placed:  # share this pool's connection to a tier-0 node
+            client: Any = placed.client
+            if placed.alive() and placed.node in candidates.tiers[0] and await client.get_count_available_ids() > 0:
+                conn = placed
+                break
+        if conn is None:
+            conn = await self.connector.acquire(candidates, f"{self.connection_name}-{role.value}")
+            conn.forward = closed_handler
+            conn.client.add_handler(schema.MetadataUpdate, self._on_metadata_update, name="smartclient-topology")
+            pool.placed.append(conn)
+        conn.client.add_stream(stream)
+        name = pool.names.get(stream)
+        self._records[(id(pool), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled, conn.name)
+        return conn
+
+    def placement_of(self, pool: PlacedClientPool, stream: str) -> PlacementRecord | None:
+        return self._records.get((id(pool), stream))
+
+    def placements(self) -> list[PlacementRecord]:
+        """Where every live producer and consumer sits: role, stream, node reported, address dialled."""
+        return sorted(self._records.values(), key=lambda r: (r.role.value, r.stream, r.connection))
+
+    # -- producers and consumers -------------------------------------------------------------------
+    def _rstream_kwargs(self) -> dict[str, Any]:
+        entry = self.entry_points[0] if self.entry_points else Address("srv-discovered", 5552)
+        creds = self.settings.credentials
+        return dict(host=entry.host, port=entry.port, username=creds.username, password=creds.password,
+                    vhost=self.settings.vhost, ssl_context=self.settings.tls, frame_max=self.settings.frame_max,
+                    heartbeat=self.settings.heartbeat)
+
+    def _carrier(self, role: Role, stream: str) -> Any:
+        """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed)."""
+        from rstream import Consumer as RConsumer
+        from rstream import Producer as RProducer
+
+        from .stream_pool import PlacedClientPool
+
+        carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
+        for carrier, streams in carriers:
+            if stream not in streams:
+                streams.add(stream)
+                return carrier
+        kwargs = self._rstream_kwargs()
+        if role is Role.PRODUCER:
+            carrier = RProducer(**kwargs, connection_name=f"{self.connection_name}-producer",
+                                max_publishers_by_connection=self.connector.limits.max_streams_per_connection)
+        else:
+            carrier = RConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
+                                max_subscribers_by_connection=self.connector.limits.max_streams_per_connection)
+        carrier._pool = PlacedClientPool(self, role)
+        carriers.append((carrier, {stream}))
+        return carrier
+
+    def _release(self, role: Role, carrier: Any, stream: str) -> None:
+        carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
+        for other, streams in carriers:
+            if other is carrier:
+                streams.discard(stream)
+        self._records.pop((id(carrier._pool), stream), None)
+
+    async def producer(self, stream: str, *, name: str | None = None) -> Producer:
+        """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
+
+        :param name: producer name, for deduplication (unique per stream).
+        :raises StreamNotFound: the stream does not exist.
+        :raises PlacementError: the leader could not be reached within the retry policy.
+        """
+        from .stream import Producer
+
+        self._check_open()
+        carrier = self._carrier(Role.PRODUCER, stream)
+        carrier._pool.names[stream] = name
+        handle = Producer(self, carrier, stream, name)
+        try:
+            await handle._place()
+        except BaseException:
+            self._release(Role.PRODUCER, carrier, stream)
+            raise
+        self._handles.append(handle)
+        return handle
+
+    async def consumer(
+        self,
+        stream: str,
+        callback: Callable[[Any, Any], Awaitable[None] | None],
+        *,
+        offset: str | int = "next",
+        name: str | None = None,
+    ) -> Consumer:
+        """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
+
+        :param callback: called with each message and its context.
+        :param offset: ``"first"``, ``"last"``, ``"next"`` or an absolute offset.
+        :raises NoCandidateNode: replicas are forced and the stream has none.
+        :raises PlacementError: no acceptable node could be reached within the retry policy.
+        """
+        from .stream import Consumer
+
+        self._check_open()
+        carrier = self._carrier(Role.CONSUMER, stream)
+        carrier._pool.names[stream] = name
+        handle = Consumer(self, carrier, stream, name)
+        try:
+            await handle._subscribe(callback, offset)
+        except BaseException:
+            self._release(Role.CONSUMER, carrier, stream)
+            raise
+        self._handles.append(handle)
+        return handle
+
+    def _forget(self, handle: Producer | Consumer) -> None:
+        if handle in self._handles:
+            self._handles.remove(handle)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionFailed("this Environment is closed")
+
+    # -- stream management (basic; arguments are validated by the caller) --------------------------
+    async def create_stream(self, stream: str, arguments: dict[str, Any] | None = None,
+                            exists_ok: bool = False) -> None:
+        from rstream.exceptions import StreamAlreadyExists
+
+        locator = await self._locator_client()
+        with map_stream_errors(f"creating stream {stream!r}"):
+            try:
+                await locator.create_stream(stream, arguments or {})
+            except StreamAlreadyExists:
+                if not exists_ok:
+                    raise TopologyError(f"stream {stream!r} already exists") from None
+
+    async def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
+        from ._errors import StreamNotFound
+
+        locator = await self._locator_client()
+        try:
+            with map_stream_errors(f"deleting stream {stream!r}"):
+                await locator.delete_stream(stream)
+        except StreamNotFound:
+            if not missing_ok:
+                raise
+        self.invalidate(stream=stream)
+

@@ -1,0 +1,44 @@
+"""The one place where rstream's and the socket layer's errors become smartclient's."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ._errors import (
+    AuthenticationFailed,
+    ConnectionFailed,
+    SmartClientError,
+    StreamNotFound,
+    TopologyError,
+)
+
+__all__ = ["map_stream_errors"]
+
+
+@contextmanager
+def map_stream_errors(context: str) -> Iterator[None]:
+    """Re-raise errors from rstream and sockets as :class:`SmartClientError` subclasses, naming ``context``."""
+    from rstream import exceptions as rx
+
+    try:
+        yield
+    except SmartClientError:
+        raise
+    except (rx.AuthenticationFailure, rx.SASLError, rx.SASLAuthenticationFailureLoopback,
+            rx.SASLMechanismNotSupported) as exc:
+        raise AuthenticationFailed(f"{context}: the broker refused the credentials ({type(exc).__name__})") from exc
+    except rx.VirtualHostAccessFailure as exc:
+        raise AuthenticationFailed(f"{context}: no access to the vhost, or it does not exist") from exc
+    except rx.StreamDoesNotExist as exc:
+        raise StreamNotFound(f"{context}: the stream does not exist") from exc
+    except (rx.LeaderNotAvailable, rx.StreamNotAvailable) as exc:
+        raise TopologyError(f"{context}: the stream has no leader available yet") from exc
+    except ssl.SSLError as exc:
+        raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
+    except (OSError, asyncio.TimeoutError, EOFError, asyncio.IncompleteReadError) as exc:
+        raise ConnectionFailed(f"{context}: {type(exc).__name__}: {exc}") from exc
+    except rx.ServerError as exc:
+        raise ConnectionFailed(f"{context}: the broker answered {type(exc).__name__}: {exc}") from exc
