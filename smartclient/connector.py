@@ -174,7 +174,8 @@ class StreamConnector:
         )
         self.opened += 1
         try:
-            with map_stream_errors(f"connecting to {dialled} (for {target})"):
+            context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
+            with map_stream_errors(context):
                 await client.start()
                 await client.authenticate(
                     vhost=self.settings.vhost,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from ._errors import (
     AuthenticationFailed,
     ConnectionFailed,
+    ResolutionError,
     SmartClientError,
     StreamNotFound,
     TopologyError,
@@ -36,6 +38,9 @@ def map_stream_errors(context: str) -> Iterator[None]:
         raise StreamNotFound(f"{context}: the stream does not exist") from exc
     except (rx.LeaderNotAvailable, rx.StreamNotAvailable) as exc:
         raise TopologyError(f"{context}: the stream has no leader available yet") from exc
+    except socket.gaierror as exc:
+        raise ResolutionError(f"{context}: the host name could not be resolved ({exc}); "
+                              f"a resolver (StaticMap, DnsResolver) can map it") from exc
     except ssl.SSLError as exc:
         raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
     except (OSError, asyncio.TimeoutError, EOFError, asyncio.IncompleteReadError) as exc:

@@ -31,8 +31,23 @@ COOKIE = "SMARTCLIENT-TESTBED-COOKIE"
 ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
-def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = ()) -> str:
-    """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot."""
+def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_dir: Path | None = None) -> str:
+    """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot.
+
+    With ``tls_dir`` (as seen inside the chroot) the stream TLS listener is on too.  It does not set
+    ``stream.advertised_tls_host``: RabbitMQ 4.0.5 puts ``advertised_host`` (not the TLS host) with the
+    TLS port into Metadata responses, while Open responses carry the TLS host, so setting only the TLS
+    host gives one node two identities.  (See :meth:`LocalTestBed.advertise_hostnames` for the
+    container case.)
+    """
+    tls = [
+        f"stream.listeners.ssl.default = 127.0.0.1:{spec.stream_tls_port}",
+        f"ssl_options.cacertfile = {tls_dir}/ca.pem",
+        f"ssl_options.certfile = {tls_dir}/{spec.short}.pem",
+        f"ssl_options.keyfile = {tls_dir}/{spec.short}.key",
+        "ssl_options.verify = verify_none",
+        "ssl_options.fail_if_no_peer_cert = false",
+    ] if tls_dir is not None else []
     lines = [
         f"listeners.tcp.default = 127.0.0.1:{spec.amqp_port}",
         f"stream.listeners.tcp.default = 127.0.0.1:{spec.stream_port}",
@@ -43,6 +58,7 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = ()) -> s
         "disk_free_limit.absolute = 50MB",
         "log.console = false",
         "log.file.level = info",
+        *tls,
         *extra_lines,
     ]
     return "\n".join(lines) + "\n"
@@ -121,6 +137,14 @@ class BrokerProcess:
     def listening_any(self) -> bool:
         return any(port_accepts(p, timeout=0.2) for p in (self.spec.amqp_port, self.spec.stream_port))
 
+    def render_conf(self) -> str:
+        return render_rabbitmq_conf(self.spec, self.extra_conf, tls_dir=self.layout.inner_base_dir / "tls")
+
+    def config_current(self) -> bool:
+        """True if the node's config file is what this version of the test bed renders."""
+        path = self.host_dir / "rabbitmq.conf"
+        return path.exists() and path.read_text() == self.render_conf()
+
     def write_files(self) -> None:
         for sub in ("mnesia", "log"):
             (self.host_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -128,7 +152,7 @@ class BrokerProcess:
         if not cookie.exists():
             cookie.write_text(COOKIE)
             cookie.chmod(0o400)
-        (self.host_dir / "rabbitmq.conf").write_text(render_rabbitmq_conf(self.spec, self.extra_conf))
+        (self.host_dir / "rabbitmq.conf").write_text(self.render_conf())
         (self.host_dir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
 
     def start(self) -> None:

@@ -46,7 +46,7 @@ PROTOCOL_OFFSETS: dict[str, int] = {
 }
 #: LB balance algorithm -> slot of its listeners
 BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21}
-LB_PROTOCOLS = ("stream", "amqp", "mqtt")
+LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,15 @@ class BrokerSpec:
     @property
     def stream_port(self) -> int:
         return self.port("stream")
+
+    @property
+    def stream_tls_port(self) -> int:
+        return self.port("stream_tls")
+
+    @property
+    def tls_name(self) -> str:
+        """What the TLS listener advertises: a name only the test bed's DNS server knows, as in a container."""
+        return f"{self.short}.smartclient.test"
 
     @property
     def amqp_port(self) -> int:

@@ -88,7 +88,7 @@ class HAProxy:
         path = self.dir / "listeners.json"
         if not path.exists():
             return set(DEFAULT_LISTENERS)
-        return {(p, b) for p, b in json.loads(path.read_text())}
+        return set(DEFAULT_LISTENERS) | {(p, b) for p, b in json.loads(path.read_text())}
 
     def pid(self) -> int | None:
         pid = read_pid(self.pid_file)

@@ -8,6 +8,7 @@ healed is wiped and formed again.  Every fault has its undo, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,10 +16,12 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._errors import PrerequisiteMissing, TestBedError
 from .broker import BrokerProcess
+from .certificates import ensure_certificates
 from .chroot import RabbitChroot
 from .layout import PORT_SPAN, BrokerSpec, Layout
 from .loadbalancer import HAProxy
@@ -49,7 +52,8 @@ class UpReport:
 
 def _node(spec: BrokerSpec) -> Node:
     return Node(spec.name, "127.0.0.1", spec.stream_port, spec.amqp_port, spec.mqtt_port,
-                spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port)
+                spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port,
+                stream_tls_port=spec.stream_tls_port, advertised_tls_host="localhost")
 
 
 class LocalTestBed(TestBed):
@@ -128,6 +132,8 @@ class LocalTestBed(TestBed):
             report.actions.append(f"provisioned RabbitMQ {self.chroot.rabbitmq_version()} in {self.chroot.root}")
         self.chroot.ensure_proc()
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        all_specs = [*self.layout.nodes, *(self.layout.extra_broker(i) for i in range(1, 7))]
+        ensure_certificates(self.layout.run_dir / "tls", all_specs)
 
         t = time.monotonic()
         report.reused = self._ensure_cluster(report.actions)
@@ -162,7 +168,8 @@ class LocalTestBed(TestBed):
 
     def _ensure_cluster(self, actions: list[str]) -> bool:
         """Make the 3-node cluster run; return True if it was already healthy."""
-        if all(b.running() and b.listening() for b in self.brokers) and self.clustered():
+        if (all(b.running() and b.listening() and b.config_current() for b in self.brokers)
+                and self.clustered()):
             return True
         try:
             self._start_and_join(actions)
@@ -178,6 +185,12 @@ class LocalTestBed(TestBed):
         return False
 
     def _start_and_join(self, actions: list[str]) -> None:
+        for b in self.brokers:  # a config this version renders differently: rolling restart, one at a time
+            if b.running() and not b.config_current():
+                b.stop()
+                b.start()
+                b.wait_ready()
+                actions.append(f"restarted {b.spec.name} with a new config")
         fresh = {b.spec.name for b in self.brokers if b.fresh}
         for b in self.brokers:
             if not b.running():
@@ -235,6 +248,10 @@ class LocalTestBed(TestBed):
     def dns_address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.layout.dns_port)
 
+    @property
+    def ca_file(self) -> Path:
+        return self.layout.run_dir / "tls" / "ca.pem"
+
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         nodes = []
@@ -246,7 +263,8 @@ class LocalTestBed(TestBed):
             nodes.append({
                 "name": b.spec.name, "pid": pid, "state": state, "amqp": b.spec.amqp_port,
                 "stream": b.spec.stream_port, "mqtt": b.spec.mqtt_port, "management": b.spec.management_port,
-                "advertised": f"localhost:{b.spec.stream_port}",
+                "stream_tls": b.spec.stream_tls_port,
+                "advertised": f"{self._advertised_host(b)}:{b.spec.stream_port}; TLS port {b.spec.stream_tls_port}",
             })
         members = self._cluster_members() if self.brokers[0].running() else set()
         lb = []
@@ -319,6 +337,29 @@ class LocalTestBed(TestBed):
                 if time.monotonic() > deadline:
                     raise
 
+    def advertise_hostnames(self, enabled: bool = True) -> None:
+        """The container case: each node advertises ``rabbit-N.smartclient.test``, a name only the test
+        bed's DNS server knows, in Metadata and Open responses (``stream.advertised_host``, set at run
+        time, so no restart).  ``heal()`` and ``advertise_hostnames(False)`` restore ``localhost``."""
+        for b in self.brokers:
+            if enabled:
+                expr = f'application:set_env(rabbitmq_stream, advertised_host, <<"{b.spec.tls_name}">>).'
+            else:
+                expr = "application:unset_env(rabbitmq_stream, advertised_host)."
+            b.ctl(["eval", expr])
+        self.nodes = tuple(
+            dataclasses.replace(n, advertised_host=b.spec.tls_name if enabled else "localhost",
+                                advertised_tls_host=b.spec.tls_name if enabled else "localhost")
+            for n, b in zip(self.nodes, self.brokers, strict=True)
+        )
+
+    def _advertised_host(self, broker: BrokerProcess) -> str:
+        try:
+            out = broker.ctl(["eval", "rabbit_stream:host()."], timeout=15).strip()
+            return out.strip('<>"')
+        except TestBedError:
+            return "?"
+
     def disable_lb_backend(self, node: str, listener: str | None = None) -> None:
         self.haproxy.disable_server(node, listener)
 
@@ -368,4 +409,6 @@ class LocalTestBed(TestBed):
         if not self.dns.running():
             self.dns.start()
         self.dns.reset_records()
+        if any(n.advertised_host != "localhost" for n in self.nodes):
+            self.advertise_hostnames(False)
         self._wait_lb_backends_up()

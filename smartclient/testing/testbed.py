@@ -11,7 +11,9 @@ pytest plugin turns into a skip that says why.
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .._errors import FaultUnavailable
@@ -32,6 +34,8 @@ class Node:
     management_port: int
     advertised_host: str
     advertised_port: int
+    stream_tls_port: int = 0  # 0: no TLS listener
+    advertised_tls_host: str = ""
 
     @property
     def short(self) -> str:
@@ -45,6 +49,10 @@ class Node:
     @property
     def advertised(self) -> tuple[str, int]:
         return (self.advertised_host, self.advertised_port)
+
+    @property
+    def advertised_tls(self) -> tuple[str, int]:
+        return (self.advertised_tls_host, self.stream_tls_port)
 
     @property
     def management_url(self) -> str:
@@ -78,7 +86,7 @@ class TestBed:
 
     def node_by_advertised(self, host: str, port: int) -> Node:
         for node in self.nodes:
-            if node.advertised == (host, int(port)):
+            if (host, int(port)) in (node.advertised, node.advertised_tls):
                 return node
         raise KeyError(f"no node advertises {host}:{port}")
 
@@ -88,6 +96,14 @@ class TestBed:
     @property
     def dns_address(self) -> tuple[str, int]:
         raise FaultUnavailable(f"this {self.kind} test bed has no DNS server")
+
+    @property
+    def ca_file(self) -> Path:
+        raise FaultUnavailable(f"this {self.kind} test bed has no TLS listeners of its own")
+
+    def tls_context(self) -> ssl.SSLContext:
+        """A client context that trusts the test bed's CA, with hostname checks on."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     def stream_uri(self, host: str, port: int, vhost: str = "/") -> str:
         """A ``rabbitmq-stream://`` URI with this test bed's credentials (keep it out of logs)."""
@@ -137,6 +153,9 @@ class TestBed:
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
         raise self._unavailable(f"move the leader of {stream}")
 
+    def advertise_hostnames(self, enabled: bool = True) -> None:
+        raise self._unavailable("make the nodes advertise container-style host names")
+
     def disable_lb_backend(self, node: str, listener: str | None = None) -> None:
         raise self._unavailable(f"disable the LB backend {node}")
 
@@ -162,12 +181,13 @@ class TestBed:
 def render_status(status: dict[str, Any]) -> str:
     """The status table printed by ``python -m smartclient.testing status``."""
     lines = [f"smartclient test bed: {status['kind']}   {status.get('versions', '')}"]
-    header = f"{'NODE':<22}{'PID':>8}  {'STATE':<10}{'AMQP':>7}{'STREAM':>8}{'MQTT':>7}{'MGMT':>7}  ADVERTISED"
+    header = (f"{'NODE':<22}{'PID':>8}  {'STATE':<10}{'AMQP':>7}{'STREAM':>8}{'TLS':>7}{'MQTT':>7}{'MGMT':>7}"
+              f"  ADVERTISED (stream; TLS)")
     lines += ["", header]
     for n in status["nodes"]:
         lines.append(
             f"{n['name']:<22}{n.get('pid') or '-':>8}  {n['state']:<10}{n['amqp']:>7}{n['stream']:>8}"
-            f"{n['mqtt']:>7}{n['management']:>7}  {n['advertised']}"
+            f"{n.get('stream_tls') or '-':>7}{n['mqtt']:>7}{n['management']:>7}  {n['advertised']}"
         )
     if status.get("cluster"):
         lines.append(f"cluster: {status['cluster']}")
