@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +70,10 @@ class Producer(_Handle):
             with map_stream_errors(f"closing the producer on {self.stream!r}"):
                 await self._carrier._publish_buffered_messages(self.stream)  # flush what send() queued
                 await self._carrier.clean_up_publishers(self.stream)
-                try:
+                # rstream's own restart task (started by a MetadataUpdate, e.g. the stream was deleted) may
+                # drop the entry between rstream's membership check and its `del`: nothing is left to do then.
+                with contextlib.suppress(KeyError):
                     await self._carrier._remove_stream_from_client(self.stream)
-                except KeyError:
-                    # rstream's own restart task (started by a MetadataUpdate, e.g. the stream was deleted)
-                    # dropped the entry between rstream's membership check and its `del`: nothing left to do.
-                    pass
         finally:
             self.env._release(self.role, self._carrier, self.stream)
             self.env._forget(self)

@@ -27,7 +27,9 @@ def ensure_certificates(directory: Path, specs: Iterable[BrokerSpec]) -> Path:
     try:
         import trustme
     except ImportError as exc:
-        raise PrerequisiteMissing("the test bed's TLS listeners need trustme: pip install 'smartclient[testbed]'") from exc
+        raise PrerequisiteMissing(
+            "the test bed's TLS listeners need trustme: pip install 'smartclient[testbed]'"
+        ) from exc
     directory.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA(organization_name="smartclient test bed")
     for spec in specs:

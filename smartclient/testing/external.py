@@ -65,7 +65,9 @@ class ExternalTestBed(TestBed):
                 raise ConfigurationError(f"SMARTCLIENT_TESTBED_EXTERNAL nodes[{i}] has no 'host'")
             ports = {k: int(item.get(k, v)) for k, v in DEFAULT_PORTS.items()}
             nodes.append(Node(
-                name=item.get("name", f"rabbit@{item['host']}"), host=item["host"], **ports,
+                name=item.get("name", f"rabbit@{item['host']}"), host=item["host"],
+                stream_port=ports["stream_port"], amqp_port=ports["amqp_port"], mqtt_port=ports["mqtt_port"],
+                management_port=ports["management_port"],
                 advertised_host=item.get("advertised_host", item["host"]),
                 advertised_port=int(item.get("advertised_port", ports["stream_port"])),
             ))
