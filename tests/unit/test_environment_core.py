@@ -1,0 +1,82 @@
+"""The Environment's pure parts: argument checks, the parking lot, shared topology lookups. No broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from smartclient import Address, ConfigurationError, Environment, PoolLimits, StreamTopology
+from smartclient.connector import Connection, ParkingLot
+
+
+def test_entry_points_and_credentials() -> None:
+    env = Environment(["rabbitmq-stream://app:pw@n1:5552/prod", "n2:5553", Address("n3", 5554)])
+    assert env.entry_points == (Address("n1", 5552), Address("n2", 5553), Address("n3", 5554))
+    assert env.settings.vhost == "prod" and env.settings.credentials.username == "app"
+    assert "pw" not in repr(env) and "pw" not in repr(env.settings)
+    assert Environment("rabbitmq-stream+tls://h").settings.tls is not None
+
+
+@pytest.mark.parametrize("entry, kwargs, message", [
+    ([], {}, "no entry point"),
+    (["rabbitmq-stream://a:1@h/x", "rabbitmq-stream://b:2@h/x"], {}, "different credentials"),
+    (["rabbitmq-stream://h/a", "rabbitmq-stream://h/b"], {}, "different vhosts"),
+    ("h:5552", {"topology_max_age": 0}, "topology_max_age must be positive"),
+    ("stomp://h", {}, "unsupported URI scheme"),
+])
+def test_bad_arguments(entry: object, kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Environment(entry, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
+    env = Environment("h:5552")
+    calls = []
+
+    async def query(stream: str) -> StreamTopology:
+        calls.append(stream)
+        await asyncio.sleep(0.05)
+        topo = StreamTopology(stream, Address("n1", 1), ())
+        env._topologies[stream] = topo
+        return topo
+
+    env._query_topology = query  # type: ignore[method-assign]
+    results = await asyncio.gather(*(env.topology("s") for _ in range(10)), env.topology("t"))
+    assert calls == ["s", "t"]
+    assert len({id(r) for r in results[:10]}) == 1
+    await env.topology("s")
+    assert calls == ["s", "t"]  # cached
+    env.invalidate(node=Address("n1", 1))
+    await env.topology("s")
+    assert calls == ["s", "t", "s"]
+
+
+class _FakeClient:
+    def __init__(self) -> None:
+        self.open = True
+
+    def is_connection_alive(self) -> bool:
+        return self.open
+
+
+def _conn(node: Address) -> Connection:
+    return Connection(_FakeClient(), node, node, "c")  # type: ignore[arg-type]
+
+
+def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
+    now = [0.0]
+    lot = ParkingLot(PoolLimits(idle_timeout=5, max_parked_per_node=2), clock=lambda: now[0])
+    a, b, c = (_conn(Address("n1", 1)) for _ in range(3))
+    assert lot.put(a) is None and lot.put(b) is None
+    assert lot.put(c) is a  # over the per-node limit: the oldest leaves
+    assert lot.take((Address("n2", 1),)) is None
+    assert lot.take((Address("n2", 1), Address("n1", 1))) is c
+    b.client.open = False  # type: ignore[attr-defined]
+    assert lot.take((Address("n1", 1),)) is None  # a dead connection is never handed out
+    d = _conn(Address("n3", 1))
+    lot.put(d)
+    now[0] = 4.9
+    assert lot.expired() == []
+    now[0] = 5.0
+    assert lot.expired() == [d] and len(lot) == 0

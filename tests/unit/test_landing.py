@@ -1,0 +1,117 @@
+"""The connect / check / keep-or-retry state machine, driven by simulated load balancers."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from smartclient import Address, ConfigurationError, NodeUnreachable, PlacementError, RetryPolicy, StreamTopology
+from smartclient.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.topology import PlacementPolicy
+
+N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
+LB = Address("lb", 5552)
+TOPO = StreamTopology("s", N1, (N2, N3))
+
+
+def drive(landing: Landing, lb: Iterator[Address]) -> tuple[Address, int]:
+    """Run the machine against a simulated LB until it accepts; return the node and connections used."""
+    while True:
+        target = landing.next_target()
+        node = next(lb)
+        if landing.landed(target, LB, node) is Decision.ACCEPT:
+            return node, len(landing.attempts)
+        step = landing.next_step()
+        if isinstance(step, UseFallback):
+            return step.node, len(landing.attempts)
+        if isinstance(step, GiveUp):
+            raise step.error
+        assert isinstance(step, Wait) and step.seconds == 0  # wrong landings never sleep
+
+
+def test_round_robin_reaches_the_leader_within_one_cycle() -> None:
+    for start in range(3):
+        rr = itertools.islice(itertools.cycle([N1, N2, N3]), start, None)
+        node, used = drive(Landing(TOPO.producer_candidates(), RetryPolicy()), rr)
+        assert node == N1 and used <= 3
+
+
+def test_consumer_accepts_any_least_loaded_replica_but_not_the_leader_first() -> None:
+    node, used = drive(Landing(TOPO.consumer_candidates(), RetryPolicy()), iter([N1, N3, N2]))
+    assert node == N3 and used == 2
+
+
+def test_random_lb_places_within_the_caps() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        lb = iter(lambda: rng.choice([N1, N2, N3]), None)
+        node, _ = drive(Landing(TOPO.producer_candidates(), RetryPolicy()), lb)
+        assert node == N1
+
+
+def test_sticky_lb_fails_fast_with_every_attempt_listed() -> None:
+    landing = Landing(TOPO.producer_candidates(), RetryPolicy(sticky_window=5))
+    with pytest.raises(NodeUnreachable) as info:
+        drive(landing, itertools.repeat(N2))
+    message = str(info.value)
+    assert "reached only n2:5552" in message and "{n1:5552}" in message
+    assert len(info.value.attempts) == 6  # the first landing is a new node; then 5 with nothing new
+    assert all("not a candidate" in str(a) for a in info.value.attempts)
+
+
+def test_sticky_lb_on_the_leader_gives_consumers_the_fallback() -> None:
+    node, used = drive(Landing(TOPO.consumer_candidates(), RetryPolicy(sticky_window=4)), itertools.repeat(N1))
+    assert node == N1 and used == 5
+
+
+def test_forced_replicas_never_fall_back_to_the_leader() -> None:
+    cands = TOPO.consumer_candidates(PlacementPolicy(force_replica_for_consumers=True))
+    with pytest.raises(NodeUnreachable):
+        drive(Landing(cands, RetryPolicy(sticky_window=3)), itertools.repeat(N1))
+
+
+def test_direct_mode_moves_to_the_next_tier_once_the_first_failed() -> None:
+    landing = Landing(StreamTopology("s", N1, (N2,)).consumer_candidates(), RetryPolicy())
+    assert landing.next_target() == N2
+    landing.failed(N2, N2, ConnectionRefusedError("down"))
+    assert isinstance(landing.next_step(), Wait)
+    assert landing.next_target() == N1  # the leader is the fallback
+    assert landing.landed(N1, N1, N1) is Decision.ACCEPT
+
+
+def test_failures_back_off_and_are_capped_by_attempts() -> None:
+    landing = Landing(TOPO.producer_candidates(), RetryPolicy(max_attempts=3, backoff_initial=0.1))
+    delays = []
+    for _ in range(3):
+        landing.failed(landing.next_target(), None, ConnectionRefusedError("refused"))
+        step = landing.next_step()
+        if isinstance(step, Wait):
+            delays.append(step.seconds)
+    assert delays == [0.1, 0.2]
+    assert isinstance(step, GiveUp) and type(step.error) is PlacementError
+    assert "ConnectionRefusedError" in str(step.error)
+
+
+def test_total_time_is_capped() -> None:
+    now = [0.0]
+    clock: Callable[[], float] = lambda: now[0]  # noqa: E731
+    landing = Landing(TOPO.producer_candidates(), RetryPolicy(max_time=2.0), clock=clock)
+    landing.landed(landing.next_target(), LB, N2)
+    now[0] = 2.5
+    assert isinstance(landing.next_step(), GiveUp)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_attempts": 0}, {"max_time": 0}, {"sticky_window": 1}, {"backoff_initial": 2, "backoff_max": 1},
+])
+def test_retry_policy_validation(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError, match="RetryPolicy"):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_backoff_grows_and_caps() -> None:
+    policy = RetryPolicy(backoff_initial=0.05, backoff_max=0.3)
+    assert [policy.backoff(n) for n in range(5)] == [0.0, 0.05, 0.1, 0.2, 0.3]

@@ -1,0 +1,85 @@
+"""The resolvers package: the contract, each resolver, the allow-list. No network."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from resolvers import AllowList, Chain, DnsResolver, Identity, LoadBalancer, StaticMap, as_async
+from smartclient import Address, AddressNotAllowed, ConfigurationError, ResolutionError
+
+A = Address("rabbit-1", 5552)
+
+
+async def test_identity_and_load_balancer() -> None:
+    assert await as_async(Identity())(A) == A
+    assert await as_async(LoadBalancer("lb:6000"))(A) == Address("lb", 6000)
+
+
+async def test_static_map_exact_host_and_strict() -> None:
+    m = StaticMap({"rabbit-1:5552": "10.0.0.1:30001", "rabbit-2": "10.0.0.2", "[::1]:5552": "[::2]:1"})
+    assert m.resolve(A) == Address("10.0.0.1", 30001)
+    assert m.resolve(Address("RABBIT-2", 5553)) == Address("10.0.0.2", 5553)
+    assert m.resolve(Address("::1", 5552)) == Address("::2", 1)
+    assert m.resolve(Address("other", 1)) == Address("other", 1)
+    with pytest.raises(ResolutionError, match="no entry for other:1"):
+        StaticMap({}, strict=True).resolve(Address("other", 1))
+    with pytest.raises(ConfigurationError):
+        StaticMap({"": "x"})
+
+
+async def test_plain_callables_sync_and_async() -> None:
+    threads = []
+
+    def sync(address: Address) -> str:
+        threads.append(threading.current_thread())
+        return f"{address.host}.internal:{address.port + 1}"
+
+    async def coro(address: Address) -> tuple[str, int]:
+        await asyncio.sleep(0)
+        return ("x", address.port)
+
+    assert await as_async(sync)(A) == Address("rabbit-1.internal", 5553)
+    assert threads[0] is not threading.main_thread()  # a blocking callable never runs on the loop
+    assert await as_async(coro)(A) == Address("x", 5552)
+    assert await Chain(sync, coro, StaticMap({"x": "y"})).resolve(A) == Address("y", 5553)
+
+
+@pytest.mark.parametrize("resolver, message", [
+    (lambda a: 42, "returned 42 .int.; a resolver must return"),
+    (lambda a: "no-port", "not a usable address"),
+    (lambda a: 1 / 0, "failed on rabbit-1:5552: ZeroDivisionError"),
+])
+async def test_garbage_and_errors_become_resolution_errors(resolver: object, message: str) -> None:
+    with pytest.raises(ResolutionError, match=message):
+        await as_async(resolver)(A)  # type: ignore[arg-type]
+
+
+def test_not_a_resolver() -> None:
+    with pytest.raises(ResolutionError, match="is not a resolver"):
+        as_async(42)  # type: ignore[arg-type]
+
+
+def test_allow_list() -> None:
+    allow = AllowList(["127.0.0.0/8", "::1", "lb.example", "*.internal"])
+    for ok in ("127.0.0.5", "::1", "LB.example", "rabbit-1.internal"):
+        assert allow.allows(Address(ok, 1)), ok
+    for bad in ("10.0.0.1", "evil.example", "internal", "localhost"):
+        assert not allow.allows(Address(bad, 1)), bad
+    with pytest.raises(AddressNotAllowed, match=r"evil.example:1 \(resolved from x:1\) is outside the allow-list"):
+        allow.check(Address("evil.example", 1), why="resolved from x:1")
+    with pytest.raises(ConfigurationError, match="not a valid network"):
+        AllowList(["10.0.0.0/99"])
+    with pytest.raises(ConfigurationError, match="empty"):
+        AllowList([])
+
+
+async def test_dns_resolver_passes_ip_literals_and_validates() -> None:
+    resolver = DnsResolver(["127.0.0.1"], port=1)
+    assert await resolver.resolve(Address("10.1.2.3", 5552)) == Address("10.1.2.3", 5552)
+    with pytest.raises(ConfigurationError, match="at least one name server"):
+        DnsResolver([])
+    with pytest.raises(ConfigurationError, match="timeout must be positive"):
+        DnsResolver(["127.0.0.1"], timeout=0)

@@ -1,0 +1,47 @@
+"""smartclient places rstream's connections through a seam in rstream's private API.
+
+These tests fail loudly when a new rstream moves that seam; pyproject pins rstream>=1.1.1,<1.2.
+"""
+
+import inspect
+
+import rstream
+from rstream import Consumer, Producer
+from rstream.client import Client, ClientPool
+from rstream.constants import MAX_ITEM_ALLOWED
+
+from smartclient.settings import PoolLimits
+from smartclient.stream_pool import MAX_ITEM_ALLOWED as OURS
+
+
+def test_client_pool_get_signature() -> None:
+    params = list(inspect.signature(ClientPool.get).parameters)
+    assert params == ["self", "connection_name", "addr", "connection_closed_handler", "stream",
+                      "sasl_configuration_mechanism", "max_clients_by_connections", "locator_request"]
+    assert [p for p in inspect.signature(ClientPool.close).parameters] == ["self"]
+
+
+def test_producer_and_consumer_hold_their_pool_in_pool_attribute() -> None:
+    for cls in (Producer, Consumer):
+        carrier = cls("127.0.0.1", 1, username="u", password="p")
+        assert isinstance(carrier._pool, ClientPool), cls
+        source = inspect.getsource(cls._get_or_create_client)
+        assert "self._pool.get(" in source and "addr=Addr(" in source and "stream=stream" in source, cls
+
+
+def test_private_methods_smartclient_calls_exist() -> None:
+    for name in ("_get_or_create_publisher", "_publish_buffered_messages", "_remove_stream_from_client",
+                 "clean_up_publishers", "_find_producer_by_stream"):
+        assert callable(getattr(Producer, name)), name
+    assert "publisher_name" in inspect.signature(Producer._get_or_create_publisher).parameters
+    for name in ("subscribe", "unsubscribe"):
+        assert callable(getattr(Consumer, name)), name
+    for name in ("query_leader_and_replicas", "add_stream", "get_count_available_ids", "add_handler",
+                 "is_connection_alive", "server_properties"):
+        assert hasattr(Client, name) or name == "server_properties", name
+
+
+def test_limits_match_rstream() -> None:
+    assert OURS == MAX_ITEM_ALLOWED
+    assert PoolLimits().max_streams_per_connection <= MAX_ITEM_ALLOWED
+    assert rstream.__name__ == "rstream"

@@ -1,0 +1,43 @@
+"""Who may serve each role: the pure placement rules."""
+
+import pytest
+
+from smartclient import Address, ConfigurationError, NoCandidateNode, PlacementPolicy, Role, StreamTopology
+from smartclient.topology import Candidates
+
+L, R1, R2 = Address("n1", 5552), Address("n2", 5552), Address("n3", 5552)
+TOPO = StreamTopology("s", L, (R1, R2))
+
+
+def test_producers_go_to_the_leader_only_by_default() -> None:
+    assert TOPO.producer_candidates().tiers == ((L,),)
+    relaxed = TOPO.producer_candidates(PlacementPolicy(force_leader_for_producers=False))
+    assert relaxed.tiers == ((L,), (R1, R2))
+
+
+def test_consumers_prefer_replicas_then_the_leader() -> None:
+    assert TOPO.consumer_candidates().tiers == ((R1, R2), (L,))
+    forced = TOPO.consumer_candidates(PlacementPolicy(force_replica_for_consumers=True))
+    assert forced.tiers == ((R1, R2),)
+
+
+def test_consumers_spread_over_the_least_loaded_replicas() -> None:
+    assert TOPO.consumer_candidates(load={R1: 1}).tiers == ((R2,), (R1,), (L,))
+    assert TOPO.consumer_candidates(load={R1: 1, R2: 1}).tiers == ((R1, R2), (L,))
+
+
+def test_no_replica() -> None:
+    lonely = StreamTopology("s", L, ())
+    assert lonely.consumer_candidates().tiers == ((L,),)
+    with pytest.raises(NoCandidateNode, match="no replica online and replicas are forced"):
+        lonely.consumer_candidates(PlacementPolicy(force_replica_for_consumers=True))
+
+
+def test_candidates_helpers() -> None:
+    c = TOPO.candidates(Role.CONSUMER)
+    assert c.all == (R1, R2, L) and c.tier_of(L) == 1 and c.tier_of(Address("x", 1)) is None
+    assert str(c) == "{n2:5552, n3:5552} > {n1:5552}"
+    with pytest.raises(ConfigurationError, match="empty tier"):
+        Candidates("s", Role.PRODUCER, ((),))
+    with pytest.raises(ConfigurationError, match="also listed as a replica"):
+        StreamTopology("s", L, (L,))
