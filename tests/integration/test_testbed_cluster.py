@@ -27,7 +27,7 @@ async def test_stream_of_cluster_size_3_has_leader_and_two_replicas(
 ) -> None:
     node = testbed.nodes[0]
     async with open_stream_client(node.host, node.stream_port) as client:
-        await client.create_stream(unique_name, {"x-initial-cluster-size": 3})
+        await client.create_stream(unique_name, {"initial-cluster-size": 3})
         try:
             leader, replicas = None, []
             for _ in range(100):  # the leader, then the replicas, come up asynchronously

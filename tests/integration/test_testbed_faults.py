@@ -42,7 +42,7 @@ async def test_kill_9_by_pid_then_restart(faulty_testbed: TestBed, unique_name: 
     bed = faulty_testbed
     victim, survivor = bed.nodes[2], bed.nodes[0]
     async with open_stream_client(victim.host, victim.stream_port) as client:  # client-local: leader on victim
-        await client.create_stream(unique_name, {"x-initial-cluster-size": 3})
+        await client.create_stream(unique_name, {"initial-cluster-size": 3})
         leader, _ = await _members(client, unique_name)
     assert bed.node_by_advertised(leader.host, leader.port) == victim
 
@@ -75,7 +75,7 @@ async def test_move_leader(faulty_testbed: TestBed, unique_name: str, open_strea
     bed = faulty_testbed
     first = bed.nodes[0]
     async with open_stream_client(first.host, first.stream_port) as client:
-        await client.create_stream(unique_name, {"x-initial-cluster-size": 3})
+        await client.create_stream(unique_name, {"initial-cluster-size": 3})
         await _members(client, unique_name)
         assert bed.stream_leader(unique_name) == first.name
         assert bed.move_leader(unique_name, "rabbit-2") == "rabbit-2@localhost"

@@ -1,0 +1,271 @@
+"""Placement against the real cluster: direct, through HAProxy (round-robin, random, sticky), containers,
+allow-list, cluster size 2 on 3 nodes, and a leader move."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from resolvers import AllowList, DnsResolver, Identity, LoadBalancer, StaticMap
+from smartclient import (
+    Address,
+    AddressNotAllowed,
+    Environment,
+    NodeUnreachable,
+    ResolutionError,
+    RetryPolicy,
+    Role,
+    StreamNotFound,
+)
+from smartclient.testing import TestBed
+
+from .conftest import stream_client
+
+
+async def create_with_leader_on(bed: TestBed, stream: str, node_index: int, size: int = 3) -> None:
+    """Create ``stream`` through a raw connection to one node: the leader is client-local."""
+    node = bed.nodes[node_index]
+    async with stream_client(bed, node.host, node.stream_port) as client:
+        await client.create_stream(stream, {"initial-cluster-size": size})
+        for _ in range(100):  # wait until every member is up
+            try:
+                _, replicas = await client.query_leader_and_replicas(stream)
+                if len(replicas) == size - 1:
+                    return
+            except Exception:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{stream} never had {size - 1} replicas")
+
+
+async def delete(bed: TestBed, *streams: str) -> None:
+    node = bed.nodes[0]
+    async with stream_client(bed, node.host, node.stream_port) as client:
+        for stream in streams:
+            try:
+                await client.delete_stream(stream)
+            except Exception:
+                pass
+
+
+def _direct(bed: TestBed) -> str:
+    return bed.stream_uri(bed.nodes[0].host, bed.nodes[0].stream_port)
+
+
+def members_of(bed: TestBed, stream: str) -> tuple[Address, set[Address]]:
+    with bed.management() as api:
+        info = api.queue("/", stream)
+    by_name = {n.name: Address(*n.advertised) for n in bed.nodes}
+    leader = by_name[info["leader"]]
+    return leader, {by_name[m] for m in info["members"]} - {leader}
+
+
+@asynccontextmanager
+async def environment(bed: TestBed, **kwargs: Any) -> AsyncIterator[Environment]:
+    uri = kwargs.pop("uri", None) or _direct(bed)
+    async with Environment(uri, **kwargs) as env:
+        yield env
+
+
+@pytest.fixture
+async def three_streams(testbed: TestBed, unique_name: str) -> AsyncIterator[list[str]]:
+    streams = [f"{unique_name}-{i}" for i in range(3)]
+    for i, stream in enumerate(streams):
+        await create_with_leader_on(testbed, stream, i)
+    yield streams
+    await delete(testbed, *streams)
+
+
+async def check_placement(bed: TestBed, env: Environment, streams: list[str]) -> None:
+    noop: Callable[[Any, Any], None] = lambda m, c: None  # noqa: E731
+    for stream in streams:
+        leader, replicas = members_of(bed, stream)
+        producer = await env.producer(stream)
+        c1 = await env.consumer(stream, noop)
+        c2 = await env.consumer(stream, noop)
+        assert producer.node == leader, stream
+        assert {c1.node, c2.node} == replicas, f"{stream}: consumers spread over both replicas"
+
+
+async def test_direct_placement_for_streams_led_by_each_node(testbed: TestBed, three_streams: list[str]) -> None:
+    async with environment(testbed) as env:
+        await check_placement(testbed, env, three_streams)
+        leaders = {(await env.topology(s)).leader for s in three_streams}
+        assert len(leaders) == 3  # the leaders really are on three different nodes
+        producers = [r for r in env.placements() if r.role is Role.PRODUCER]
+        assert {r.dialled for r in producers} == {r.node for r in producers}  # direct: dialled = node
+
+
+@pytest.mark.parametrize("balance", ["roundrobin", "random"])
+async def test_placement_through_the_load_balancer(testbed: TestBed, three_streams: list[str], balance: str) -> None:
+    lb = Address(*testbed.lb("stream", balance))
+    async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+        await check_placement(testbed, env, three_streams)
+        assert {r.dialled for r in env.placements()} == {lb}
+        if balance == "roundrobin":  # each node is reached within one cycle, and wrong landings get reused
+            assert env.connector.opened <= 12, env.connector.opened
+
+
+async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(testbed: TestBed, unique_name: str) -> None:
+    lb = Address(*testbed.lb("stream", "source"))
+    async with stream_client(testbed, lb.host, lb.port) as probe:
+        props = probe.server_properties
+        sticky = testbed.node_by_advertised(props["advertised_host"], int(props["advertised_port"]))
+    index = testbed.nodes.index(sticky)
+    reachable, unreachable = f"{unique_name}-ok", f"{unique_name}-no"
+    await create_with_leader_on(testbed, reachable, index)
+    await create_with_leader_on(testbed, unreachable, (index + 1) % 3)
+    try:
+        async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+            producer = await env.producer(reachable)
+            assert producer.node == Address(*sticky.advertised)
+            started = time.monotonic()
+            with pytest.raises(NodeUnreachable) as info:
+                await env.producer(unreachable)
+            assert time.monotonic() - started < 5
+            assert f"reached only {sticky.advertised[0]}:{sticky.advertised[1]}" in str(info.value)
+            assert len(info.value.attempts) <= RetryPolicy().sticky_window + 1
+    finally:
+        await delete(testbed, reachable, unreachable)
+
+
+async def test_cluster_size_2_consumers_never_on_the_node_without_a_member(
+    testbed: TestBed, unique_name: str
+) -> None:
+    await create_with_leader_on(testbed, unique_name, 0, size=2)
+    lb = Address(*testbed.lb("stream"))
+    try:
+        leader, replicas = members_of(testbed, unique_name)
+        assert len(replicas) == 1
+        async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+            consumers = [await env.consumer(unique_name, lambda m, c: None) for _ in range(4)]
+            assert {c.node for c in consumers} <= {leader, *replicas}
+            assert consumers[0].node in replicas  # replicas first
+    finally:
+        await delete(testbed, unique_name)
+
+
+@pytest.mark.parametrize("kind", ["dns", "static"])
+async def test_containers_with_unresolvable_advertised_names(
+    faulty_testbed: TestBed, unique_name: str, kind: str
+) -> None:
+    bed = faulty_testbed
+    await create_with_leader_on(bed, unique_name, 1)
+    bed.advertise_hostnames(True)
+    try:
+        resolver = (DnsResolver([bed.dns_address[0]], port=bed.dns_address[1]) if kind == "dns"
+                    else StaticMap({f"{n.short}.smartclient.test": n.host for n in bed.nodes}))
+        async with environment(bed, resolver=resolver) as env:
+            topo = await env.topology(unique_name)
+            assert topo.leader == Address("rabbit-2.smartclient.test", bed.nodes[1].stream_port)
+            producer = await env.producer(unique_name)
+            consumer = await env.consumer(unique_name, lambda m, c: None)
+            assert producer.node == topo.leader and consumer.node in topo.replicas
+            assert producer.placement is not None and producer.placement.dialled == Address("127.0.0.1", topo.leader.port)
+    finally:
+        await delete(bed, unique_name)
+
+
+async def test_containers_identity_names_the_host_it_could_not_resolve(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    await create_with_leader_on(faulty_testbed, unique_name, 2)
+    faulty_testbed.advertise_hostnames(True)
+    try:
+        async with environment(faulty_testbed, resolver=Identity()) as env:
+            with pytest.raises(ResolutionError, match=r"rabbit-3\.smartclient\.test.*could not be resolved"):
+                await env.producer(unique_name)
+    finally:
+        await delete(faulty_testbed, unique_name)
+
+
+async def test_allow_list_refuses_a_metadata_answer_outside_it(testbed: TestBed, unique_name: str) -> None:
+    await create_with_leader_on(testbed, unique_name, 0)
+    try:
+        async with environment(testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
+            with pytest.raises(AddressNotAllowed, match=r"localhost:\d+ .*outside the allow-list"):
+                await env.producer(unique_name)
+        async with environment(testbed, allow=AllowList(["127.0.0.1", "localhost"])) as env:
+            assert (await env.producer(unique_name)).node is not None
+    finally:
+        await delete(testbed, unique_name)
+
+
+async def test_unknown_stream(testbed: TestBed, unique_name: str) -> None:
+    async with environment(testbed) as env:
+        with pytest.raises(StreamNotFound):
+            await env.topology(unique_name)
+        with pytest.raises(StreamNotFound):
+            await env.producer(unique_name)
+        assert (await env.create_stream(f"{unique_name}-ok")) is None  # the Environment still works
+        await env.delete_stream(f"{unique_name}-ok")
+
+
+async def test_leader_move_invalidates_the_cache_and_new_producers_follow(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    await create_with_leader_on(bed, unique_name, 0)
+    try:
+        async with environment(bed) as env:
+            first = await env.producer(unique_name, name="before")
+            assert first.node == Address(*bed.nodes[0].advertised)
+            bed.move_leader(unique_name, "rabbit-3")
+            deadline = time.monotonic() + 10
+            while unique_name in env._topologies and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # the MetadataUpdate frame invalidates it
+            assert unique_name not in env._topologies
+            assert (await env.topology(unique_name)).leader == Address(*bed.nodes[2].advertised)
+            second = await env.producer(unique_name, name="after")
+            assert second.node == Address(*bed.nodes[2].advertised)
+    finally:
+        await delete(bed, unique_name)
+
+
+async def test_connection_loss_invalidates_the_topology_of_that_node(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    await create_with_leader_on(bed, unique_name, 1)
+    try:
+        async with environment(bed) as env:
+            producer = await env.producer(unique_name)
+            assert unique_name in env._topologies
+            record = producer.placement
+            assert record is not None
+
+            def server_side_name() -> str | None:
+                with bed.management() as api:
+                    for conn in api.connections():
+                        if conn.get("client_properties", {}).get("connection_name") == record.connection:
+                            return str(conn["name"])
+                return None
+
+            deadline = time.monotonic() + 30
+            while server_side_name() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            bed.close_connection(str(server_side_name()))
+            deadline = time.monotonic() + 10
+            while unique_name in env._topologies and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert unique_name not in env._topologies
+    finally:
+        await delete(bed, unique_name)
+
+
+async def test_producers_of_streams_led_by_one_node_share_a_connection(testbed: TestBed, unique_name: str) -> None:
+    streams = [f"{unique_name}-{i}" for i in range(3)]
+    for stream in streams:
+        await create_with_leader_on(testbed, stream, 1)
+    try:
+        async with environment(testbed) as env:
+            producers = [await env.producer(s) for s in streams]
+            assert len({p.placement.connection for p in producers if p.placement}) == 1
+            assert env.connector.opened == 2  # the locator and one data connection
+    finally:
+        await delete(testbed, *streams)
