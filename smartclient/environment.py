@@ -309,7 +309,7 @@ class Environment:
                 conn = placed
                 break
         if conn is None:
-            conn = await self.connector.acquire(candidates, f"{self.connection_name}-{role.value}")
+            conn = await self.connector.acquire(candidates, self.connection_name)
             conn.forward = closed_handler
             conn.client.add_handler(schema.MetadataUpdate, self._on_metadata_update, name="smartclient-topology")
             pool.placed.append(conn)

@@ -23,46 +23,14 @@ from smartclient import (
     StreamNotFound,
 )
 from smartclient.testing import TestBed
-
-from .conftest import stream_client
-
-
-async def create_with_leader_on(bed: TestBed, stream: str, node_index: int, size: int = 3) -> None:
-    """Create ``stream`` through a raw connection to one node: the leader is client-local."""
-    node = bed.nodes[node_index]
-    async with stream_client(bed, node.host, node.stream_port) as client:
-        await client.create_stream(stream, {"initial-cluster-size": size})
-        for _ in range(100):  # wait until every member is up
-            try:
-                _, replicas = await client.query_leader_and_replicas(stream)
-                if len(replicas) == size - 1:
-                    return
-            except Exception:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{stream} never had {size - 1} replicas")
-
-
-async def delete(bed: TestBed, *streams: str) -> None:
-    node = bed.nodes[0]
-    async with stream_client(bed, node.host, node.stream_port) as client:
-        for stream in streams:
-            try:
-                await client.delete_stream(stream)
-            except Exception:
-                pass
+from smartclient.testing.streams import create_stream_led_by as create_with_leader_on
+from smartclient.testing.streams import delete_streams as delete
+from smartclient.testing.streams import raw_stream_client as stream_client
+from smartclient.testing.streams import stream_members as members_of
 
 
 def _direct(bed: TestBed) -> str:
     return bed.stream_uri(bed.nodes[0].host, bed.nodes[0].stream_port)
-
-
-def members_of(bed: TestBed, stream: str) -> tuple[Address, set[Address]]:
-    with bed.management() as api:
-        info = api.queue("/", stream)
-    by_name = {n.name: Address(*n.advertised) for n in bed.nodes}
-    leader = by_name[info["leader"]]
-    return leader, {by_name[m] for m in info["members"]} - {leader}
 
 
 @asynccontextmanager
@@ -166,7 +134,8 @@ async def test_containers_with_unresolvable_advertised_names(
             producer = await env.producer(unique_name)
             consumer = await env.consumer(unique_name, lambda m, c: None)
             assert producer.node == topo.leader and consumer.node in topo.replicas
-            assert producer.placement is not None and producer.placement.dialled == Address("127.0.0.1", topo.leader.port)
+            assert producer.placement is not None
+            assert producer.placement.dialled == Address("127.0.0.1", topo.leader.port)
     finally:
         await delete(bed, unique_name)
 

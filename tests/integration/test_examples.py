@@ -1,0 +1,22 @@
+"""Every runnable example runs against the test bed and exits 0."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from smartclient.testing import TestBed
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_places_through_the_lb(testbed: TestBed) -> None:
+    host, port = testbed.lb("stream")
+    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port)}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "placement OK" in proc.stdout
+    assert proc.stdout.count(f"127.0.0.1:{port}") >= 3  # every connection dialled the LB
