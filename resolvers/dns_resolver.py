@@ -37,7 +37,8 @@ class DnsResolver:
 
     Answers are cached for their TTL, so a name server that goes away is not noticed until the cached
     answer expires; then :class:`ResolutionTimeout` (no answer) or :class:`ResolutionError` (NXDOMAIN,
-    no address) names the host.  IP literals pass through untouched.
+    no address) names the host.  IP literals pass through untouched, and ``localhost`` names are loopback
+    without a query (RFC 6761).
 
     :param nameservers: IPs of the name servers; None uses the system's.
     :param port: their port (the test bed's runs on a high loopback port).
@@ -59,6 +60,8 @@ class DnsResolver:
             return address
         except ValueError:
             pass
+        if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+            return Address("127.0.0.1", address.port)  # RFC 6761 6.3: never sent to a name server
         cached = self._cache.get(host.lower())
         if cached and cached[1] > self._clock():
             return Address(cached[0], address.port)

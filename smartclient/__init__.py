@@ -31,7 +31,7 @@ from .landing import Attempt
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, parse_stream_uri
 from .stream import Consumer, Producer
-from .topology import Candidates, PlacementPolicy, Role, StreamTopology
+from .topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
 
 __version__ = "0.1.0"
 
@@ -64,6 +64,7 @@ __all__ = [
     "StreamTopology",
     "TestBedError",
     "TopologyError",
+    "TopologyNode",
     "__version__",
     "parse_stream_uri",
 ]

@@ -254,8 +254,14 @@ class Environment:
                     raise
                 await asyncio.sleep(0.1)
                 continue
-            topo = StreamTopology(stream, Address(leader.host, leader.port),
-                                  tuple(Address(r.host, r.port) for r in replicas))
+            members = [Address(leader.host, leader.port), *(Address(r.host, r.port) for r in replicas)]
+            dial: dict[Address, Address | str] = {}
+            for member in members:
+                try:
+                    dial[member] = await self.connector.resolve(member)
+                except SmartClientError as exc:  # reported per node; placement raises it if it needs the node
+                    dial[member] = f"{type(exc).__name__}: {exc}"
+            topo = StreamTopology(stream, members[0], tuple(members[1:]), dial=dial)
             self._topologies[stream] = topo
             return topo
 

@@ -15,7 +15,7 @@ from enum import Enum
 from ._errors import ConfigurationError, NoCandidateNode
 from .address import Address
 
-__all__ = ["Candidates", "PlacementPolicy", "Role", "StreamTopology"]
+__all__ = ["Candidates", "PlacementPolicy", "Role", "StreamTopology", "TopologyNode"]
 
 
 class Role(str, Enum):
@@ -37,13 +37,38 @@ class PlacementPolicy:
 
 
 @dataclass(frozen=True)
+class TopologyNode:
+    """One member of a stream: the address it advertises, and the address the resolver dials for it
+    (``dial`` is None, with ``error`` saying why, if resolution failed)."""
+
+    role: str  # "leader" or "replica"
+    advertised: Address
+    dial: Address | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StreamTopology:
-    """Leader and replicas of one stream, by advertised address, with when they were read."""
+    """Leader and replicas of one stream, by advertised address, with when they were read.
+
+    ``dial`` maps each member to its resolved, dialable address, when the Environment resolved them.
+    """
 
     stream: str
     leader: Address
     replicas: tuple[Address, ...]
     read_at: float = field(default_factory=time.monotonic, compare=False)
+    dial: Mapping[Address, Address | str] = field(default_factory=dict, compare=False)
+
+    @property
+    def nodes(self) -> tuple[TopologyNode, ...]:
+        """Every member with its advertised and dialable address."""
+        out = []
+        for role, address in [("leader", self.leader), *(("replica", r) for r in self.replicas)]:
+            resolved = self.dial.get(address)
+            out.append(TopologyNode(role, address, resolved if isinstance(resolved, Address) else None,
+                                    resolved if isinstance(resolved, str) else None))
+        return tuple(out)
 
     def __post_init__(self) -> None:
         if self.leader in self.replicas:

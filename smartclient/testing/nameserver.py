@@ -92,9 +92,10 @@ class DnsServer:
             return bool(sock.recv(4096))
 
     def stop(self) -> None:
+        """Stop the server at once (SIGKILL): an outage, not a polite shutdown."""
         pid = self.pid()
         if pid is not None:
-            kill_pid(pid, sig=15)
+            kill_pid(pid)
 
     def reset_records(self) -> None:
         self.zone.write(default_records(self.layout, self.nodes))

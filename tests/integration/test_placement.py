@@ -238,3 +238,54 @@ async def test_producers_of_streams_led_by_one_node_share_a_connection(testbed: 
             assert env.connector.opened == 2  # the locator and one data connection
     finally:
         await delete(testbed, *streams)
+
+
+async def test_topology_gives_advertised_and_dialable_addresses(faulty_testbed: TestBed, unique_name: str) -> None:
+    bed = faulty_testbed
+    await create_with_leader_on(bed, unique_name, 0)
+    bed.advertise_hostnames(True)
+    try:
+        async with environment(bed, resolver=DnsResolver([bed.dns_address[0]], port=bed.dns_address[1])) as env:
+            nodes = (await env.topology(unique_name)).nodes
+            assert [n.role for n in nodes] == ["leader", "replica", "replica"]
+            for node in nodes:
+                assert node.advertised.host.endswith(".smartclient.test")
+                assert node.dial == Address("127.0.0.1", node.advertised.port) and node.error is None
+        async with environment(bed, resolver=Identity(), allow=AllowList(["127.0.0.1"])) as env:
+            node = (await env.topology(unique_name)).nodes[0]
+            assert node.dial is None and node.error is not None and "outside the allow-list" in node.error
+    finally:
+        await delete(bed, unique_name)
+
+
+async def test_entry_points_from_dns_srv(testbed: TestBed, unique_name: str) -> None:
+    from resolvers import SrvDiscovery
+
+    host, port = testbed.dns_address
+    srv = SrvDiscovery("_rabbitmq-stream._tcp.smartclient.test", [host], port=port)
+    entries = await srv.discover()
+    assert sorted(a.port for a in entries) == sorted(n.stream_port for n in testbed.nodes)
+    await create_with_leader_on(testbed, unique_name, 2)
+    try:
+        # the SRV targets are rabbit-N.smartclient.test: dialled through the DNS resolver, like any address
+        async with Environment(srv, username=testbed.username, password=testbed.password,
+                               resolver=DnsResolver([host], port=port)) as env:
+            producer = await env.producer(unique_name)
+            assert producer.node == Address(*testbed.nodes[2].advertised)
+    finally:
+        await delete(testbed, unique_name)
+
+
+async def test_dns_resolver_caches_for_the_ttl_then_fails_typed(faulty_testbed: TestBed) -> None:
+    from smartclient import ResolutionTimeout
+
+    bed = faulty_testbed
+    bed.add_dns_record("short-lived.smartclient.test", "A", "127.0.0.7", ttl=2)
+    resolver = DnsResolver([bed.dns_address[0]], port=bed.dns_address[1], timeout=0.5)
+    name = Address("short-lived.smartclient.test", 5552)
+    assert await resolver.resolve(name) == Address("127.0.0.7", 5552)
+    bed.stop_dns()
+    assert await resolver.resolve(name) == Address("127.0.0.7", 5552)  # cached while the TTL runs
+    await asyncio.sleep(2.1)
+    with pytest.raises(ResolutionTimeout, match=r"short-lived\.smartclient\.test"):
+        await resolver.resolve(name)

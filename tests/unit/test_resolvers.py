@@ -79,6 +79,8 @@ def test_allow_list() -> None:
 async def test_dns_resolver_passes_ip_literals_and_validates() -> None:
     resolver = DnsResolver(["127.0.0.1"], port=1)
     assert await resolver.resolve(Address("10.1.2.3", 5552)) == Address("10.1.2.3", 5552)
+    assert await resolver.resolve(Address("LocalHost", 1)) == Address("127.0.0.1", 1)  # RFC 6761, no query
+    assert await resolver.resolve(Address("a.localhost.", 2)) == Address("127.0.0.1", 2)
     with pytest.raises(ConfigurationError, match="at least one name server"):
         DnsResolver([])
     with pytest.raises(ConfigurationError, match="timeout must be positive"):
