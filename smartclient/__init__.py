@@ -18,6 +18,7 @@ from ._errors import (
     NodeUnreachable,
     PlacementError,
     PrerequisiteMissing,
+    PublishingIdNotIncreasing,
     ResolutionError,
     ResolutionTimeout,
     SmartClientError,
@@ -28,9 +29,12 @@ from ._errors import (
 from .address import Address
 from .environment import Environment, PlacementRecord
 from .landing import Attempt
+from .offsets import OffsetSpec
 from .retry import RetryPolicy
+from .routing import hash_partition
 from .settings import Credentials, PoolLimits, parse_stream_uri
 from .stream import Consumer, Producer
+from .stream_arguments import StreamArguments
 from .topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
 
 __version__ = "0.1.0"
@@ -49,22 +53,26 @@ __all__ = [
     "FaultUnavailable",
     "NoCandidateNode",
     "NodeUnreachable",
+    "OffsetSpec",
     "PlacementError",
     "PlacementPolicy",
     "PlacementRecord",
     "PoolLimits",
     "PrerequisiteMissing",
     "Producer",
+    "PublishingIdNotIncreasing",
     "ResolutionError",
     "ResolutionTimeout",
     "RetryPolicy",
     "Role",
     "SmartClientError",
+    "StreamArguments",
     "StreamNotFound",
     "StreamTopology",
     "TestBedError",
     "TopologyError",
     "TopologyNode",
     "__version__",
+    "hash_partition",
     "parse_stream_uri",
 ]

@@ -7,6 +7,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
 
     SmartClientError
     ├── ConfigurationError          bad input, found before any I/O (also a ValueError)
+    │   └── PublishingIdNotIncreasing  a publishing id the broker would silently drop
     ├── ResolutionError             a resolver could not turn an address into a dialable one
     │   ├── AddressNotAllowed       the resolved address is outside the allow-list
     │   └── ResolutionTimeout       the DNS server did not answer in time
@@ -34,6 +35,7 @@ __all__ = [
     "NodeUnreachable",
     "PlacementError",
     "PrerequisiteMissing",
+    "PublishingIdNotIncreasing",
     "ResolutionError",
     "ResolutionTimeout",
     "SmartClientError",
@@ -49,6 +51,10 @@ class SmartClientError(Exception):
 
 class ConfigurationError(SmartClientError, ValueError):
     """A value given to smartclient is malformed or out of range; nothing was sent."""
+
+
+class PublishingIdNotIncreasing(ConfigurationError):
+    """A publishing id not above the last one this producer sent: the broker would confirm it and drop it."""
 
 
 class ResolutionError(SmartClientError):

@@ -14,19 +14,22 @@ One Environment holds:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError, ConnectionFailed, SmartClientError, TopologyError
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
+from .offsets import OffsetSpec
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
+from .stream_arguments import StreamArguments, validate_stream_name
 from .stream_errors import map_stream_errors
 from .topology import Candidates, PlacementPolicy, Role, StreamTopology
 
@@ -395,24 +398,26 @@ class Environment:
         stream: str,
         callback: Callable[[Any, Any], Awaitable[None] | None],
         *,
-        offset: str | int = "next",
+        offset: OffsetSpec | str | int | datetime.datetime = "next",
         name: str | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
 
         :param callback: called with each message and its context.
-        :param offset: ``"first"``, ``"last"``, ``"next"`` or an absolute offset.
+        :param offset: an :class:`OffsetSpec`, or ``"first"``, ``"last"``, ``"next"``, an absolute offset,
+            a ``datetime`` or an interval such as ``"1h"``.
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
         from .stream import Consumer
 
         self._check_open()
+        spec = OffsetSpec.parse(offset)  # bad offsets fail here, before any I/O
         carrier = self._carrier(Role.CONSUMER, stream)
         carrier._pool.names[stream] = name
         handle = Consumer(self, carrier, stream, name)
         try:
-            await handle._subscribe(callback, offset)
+            await handle._subscribe(callback, spec)
         except BaseException:
             self._release(Role.CONSUMER, carrier, stream)
             raise
@@ -428,14 +433,22 @@ class Environment:
             raise ConnectionFailed("this Environment is closed")
 
     # -- stream management (basic; arguments are validated by the caller) --------------------------
-    async def create_stream(self, stream: str, arguments: dict[str, Any] | None = None,
+    async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:
+        """Create a stream.  Arguments are validated first (:class:`StreamArguments`); unknown keys, which
+        the broker would silently ignore, are refused.
+
+        :raises ConfigurationError: a bad name or argument; nothing was sent.
+        :raises TopologyError: the stream exists and ``exists_ok`` is False.
+        """
         from rstream.exceptions import StreamAlreadyExists
 
+        validate_stream_name(stream)
+        wire = StreamArguments.coerce(arguments).to_stream_protocol()
         locator = await self._locator_client()
         with map_stream_errors(f"creating stream {stream!r}"):
             try:
-                await locator.create_stream(stream, arguments or {})
+                await locator.create_stream(stream, wire)
             except StreamAlreadyExists:
                 if not exists_ok:
                     raise TopologyError(f"stream {stream!r} already exists") from None

@@ -6,8 +6,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, PublishingIdNotIncreasing
 from .address import Address
+from .offsets import OffsetSpec
 from .stream_errors import map_stream_errors
 from .topology import Role
 
@@ -42,25 +43,67 @@ class _Handle:
 
 
 class Producer(_Handle):
-    """Publishes to one stream from the node that hosts its leader."""
+    """Publishes to one stream from the node that hosts its leader.
+
+    A *named* producer deduplicates: on start it reads the last publishing id the broker stored for
+    its name (:attr:`last_publishing_id`), then every message carries a publishing id, given or
+    assigned.  Ids must increase: an id not above the highest one this producer has sent raises
+    :class:`PublishingIdNotIncreasing` before the broker can confirm-and-drop it.  Ids up to
+    :attr:`last_publishing_id` may be sent again after a restart (the broker filters and confirms them).
+    """
 
     role = Role.PRODUCER
+    last_publishing_id: int = 0  # for a named producer: what the broker had stored when it started
+    _highest_sent: int | None = None
 
     async def _place(self) -> None:
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
-            await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
+            publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
+            if self.name:
+                self.last_publishing_id = await publisher.client.query_publisher_sequence(self.stream, self.name)
 
-    async def send(self, body: bytes | Any) -> None:
-        """Queue one message; it is batched and confirmed in the background."""
+    def _message(self, body: Any, publishing_id: int | None) -> Any:
+        from rstream import RawMessage
+
+        if self.name is None:
+            if publishing_id is not None:
+                raise ConfigurationError(
+                    f"publishing id {publishing_id} given to an unnamed producer on {self.stream!r}: "
+                    f"deduplication needs a producer name"
+                )
+            return body
+        if publishing_id is None:
+            publishing_id = max(self.last_publishing_id, self._highest_sent or 0) + 1
+        elif isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
+            raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
+        elif self._highest_sent is not None and publishing_id <= self._highest_sent:
+            raise PublishingIdNotIncreasing(
+                f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater than "
+                f"{self._highest_sent}, the highest it sent: the broker would confirm it and drop it"
+            )
+        self._highest_sent = publishing_id
+        if isinstance(body, bytes | bytearray | memoryview):
+            return RawMessage(bytes(body), publishing_id=publishing_id)
+        body.publishing_id = publishing_id
+        return body
+
+    async def send(self, body: bytes | Any, *, publishing_id: int | None = None,
+                   on_confirm: Callable[[Any], Awaitable[None] | None] | None = None) -> None:
+        """Queue one message; it is batched and confirmed in the background (``on_confirm`` per message).
+
+        :raises PublishingIdNotIncreasing: a named producer was given an id not above its last one.
+        """
+        message = self._message(body, publishing_id)
         with map_stream_errors(f"publishing to {self.stream!r}"):
-            await self._carrier.send(self.stream, body, publisher_name=self.name)
+            await self._carrier.send(self.stream, message, publisher_name=self.name, on_publish_confirm=on_confirm)
 
-    async def send_wait(self, body: bytes | Any) -> None:
+    async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> None:
         """Send one message and wait for the broker's confirm."""
+        message = self._message(body, publishing_id)
         with map_stream_errors(f"publishing to {self.stream!r}"):
-            await self._carrier.send_wait(self.stream, body, publisher_name=self.name)
+            await self._carrier.send_wait(self.stream, message, publisher_name=self.name)
 
     async def close(self) -> None:
         if self.closed:
@@ -85,23 +128,11 @@ class Consumer(_Handle):
     role = Role.CONSUMER
     subscription_id: int | None = None
 
-    async def _subscribe(self, callback: Callable[[Any, Any], Awaitable[None] | None], offset: str | int) -> None:
-        from rstream import ConsumerOffsetSpecification, OffsetType
-
-        kinds = {"first": OffsetType.FIRST, "last": OffsetType.LAST, "next": OffsetType.NEXT}
-        if isinstance(offset, bool) or not isinstance(offset, str | int):
-            raise ConfigurationError(f"offset {offset!r} must be 'first', 'last', 'next' or a non-negative int")
-        if isinstance(offset, int):
-            if offset < 0:
-                raise ConfigurationError(f"offset {offset} is negative")
-            spec = ConsumerOffsetSpecification(OffsetType.OFFSET, offset)
-        elif offset in kinds:
-            spec = ConsumerOffsetSpecification(kinds[offset], None)
-        else:
-            raise ConfigurationError(f"offset {offset!r} must be 'first', 'last', 'next' or a non-negative int")
+    async def _subscribe(self, callback: Callable[[Any, Any], Awaitable[None] | None], offset: OffsetSpec) -> None:
+        self.offset = offset
         with map_stream_errors(f"subscribing to {self.stream!r}"):
             self.subscription_id = await self._carrier.subscribe(
-                self.stream, callback, offset_specification=spec, subscriber_name=self.name
+                self.stream, callback, offset_specification=offset.to_rstream(), subscriber_name=self.name
             )
 
     async def close(self) -> None:
