@@ -29,7 +29,7 @@ from ._errors import (
 from .address import Address
 from .environment import Environment, PlacementRecord
 from .landing import Attempt
-from .offsets import OffsetSpec
+from .offsets import OffsetSpec, OffsetTracking
 from .retry import RetryPolicy
 from .routing import hash_partition
 from .settings import Credentials, PoolLimits, parse_stream_uri
@@ -54,6 +54,7 @@ __all__ = [
     "NoCandidateNode",
     "NodeUnreachable",
     "OffsetSpec",
+    "OffsetTracking",
     "PlacementError",
     "PlacementPolicy",
     "PlacementRecord",

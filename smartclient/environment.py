@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import ConfigurationError, ConnectionFailed, SmartClientError, TopologyError
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
-from .offsets import OffsetSpec
+from .offsets import OffsetSpec, OffsetTracking
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
 from .stream_arguments import StreamArguments, validate_stream_name
@@ -400,24 +400,39 @@ class Environment:
         *,
         offset: OffsetSpec | str | int | datetime.datetime = "next",
         name: str | None = None,
+        single_active: bool = False,
+        on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
+        tracking: OffsetTracking | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
 
         :param callback: called with each message and its context.
         :param offset: an :class:`OffsetSpec`, or ``"first"``, ``"last"``, ``"next"``, an absolute offset,
             a ``datetime`` or an interval such as ``"1h"``.
+        :param name: consumer name: needed for offset tracking and single active consumer.
+        :param single_active: one instance of ``name`` receives at a time; another takes over on failure.
+        :param on_update: for a single active consumer, called with ``(is_active, consumer)`` when it
+            becomes active (or not); returns where to resume.  Default: after the stored offset, else
+            ``offset``.
+        :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
+        :raises ConfigurationError: a bad offset, or tracking or single active without a name.
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
         from .stream import Consumer
 
         self._check_open()
-        spec = OffsetSpec.parse(offset)  # bad offsets fail here, before any I/O
+        spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
+        if (single_active or tracking is not None) and not name:
+            raise ConfigurationError(
+                f"a consumer on {stream!r} with single_active or offset tracking needs a name"
+            )
         carrier = self._carrier(Role.CONSUMER, stream)
         carrier._pool.names[stream] = name
         handle = Consumer(self, carrier, stream, name)
         try:
-            await handle._subscribe(callback, spec)
+            await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
+                                    tracking=tracking)
         except BaseException:
             self._release(Role.CONSUMER, carrier, stream)
             raise

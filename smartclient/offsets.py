@@ -10,7 +10,7 @@ from typing import Any
 from ._errors import ConfigurationError
 from .stream_arguments import parse_duration
 
-__all__ = ["OffsetSpec"]
+__all__ = ["OffsetSpec", "OffsetTracking"]
 
 _KINDS = ("first", "last", "next", "offset", "timestamp", "interval")
 
@@ -103,6 +103,15 @@ class OffsetSpec:
             return ConsumerOffsetSpecification(OffsetType.OFFSET, int(self.value))  # type: ignore[arg-type]
         return ConsumerOffsetSpecification(OffsetType.TIMESTAMP, self.timestamp_ms())
 
+    def to_protocol(self) -> Any:
+        """rstream's ``schema.OffsetSpecification`` (what a consumer-update answer carries)."""
+        from rstream.constants import OffsetType
+        from rstream.schema import OffsetSpecification
+
+        spec = self.to_rstream()
+        value = spec.offset if spec.offset is not None else 0
+        return OffsetSpecification(offset_type=int(OffsetType(spec.offset_type)), offset=value)
+
     def to_amqp(self) -> Any:
         """The ``x-stream-offset`` consumer argument for AMQP 0.9.1 (timestamps in seconds there)."""
         if self.kind in ("first", "last", "next"):
@@ -115,3 +124,25 @@ class OffsetSpec:
 
     def __str__(self) -> str:
         return self.kind if self.value is None else f"{self.kind} {self.value}"
+
+
+@dataclass(frozen=True)
+class OffsetTracking:
+    """Store a named consumer's offset on the server automatically: after every ``every`` messages,
+    and ``interval`` seconds after the last store if more arrived since; and once more on close.
+
+    :param every: messages between stores (None: not by count).
+    :param interval: seconds between stores while messages arrive (None: not by time).
+    """
+
+    every: int | None = 1000
+    interval: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        if self.every is None and self.interval is None:
+            raise ConfigurationError("OffsetTracking needs every= or interval= (or both)")
+        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
+                                       or self.every < 1):
+            raise ConfigurationError(f"OffsetTracking.every must be a positive int, not {self.every!r}")
+        if self.interval is not None and not self.interval > 0:
+            raise ConfigurationError(f"OffsetTracking.interval must be positive, not {self.interval!r}")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, PublishingIdNotIncreasing
+from ._errors import ConfigurationError, ConnectionFailed, PublishingIdNotIncreasing, SmartClientError
 from .address import Address
-from .offsets import OffsetSpec
+from .offsets import OffsetSpec, OffsetTracking
 from .stream_errors import map_stream_errors
 from .topology import Role
 
@@ -16,6 +20,8 @@ if TYPE_CHECKING:
     from .environment import Environment, PlacementRecord
 
 __all__ = ["Consumer", "Producer"]
+
+log = logging.getLogger(__name__)
 
 
 class _Handle:
@@ -123,32 +129,128 @@ class Producer(_Handle):
 
 
 class Consumer(_Handle):
-    """Reads one stream from a node that hosts a replica (or the leader, as the fallback)."""
+    """Reads one stream from a node that hosts a replica (or the leader, as the fallback).
+
+    A *named* consumer can store its offset on the server (:meth:`store_offset`, or automatically with
+    :class:`OffsetTracking`) and can be one of a group of *single active* consumers: one instance of
+    the name receives at a time, and when it goes away another takes over, resuming where the
+    consumer-update handler says (by default: after the last stored offset).
+    """
 
     role = Role.CONSUMER
     subscription_id: int | None = None
+    last_offset: int | None = None  # offset of the last message handed to the callback
+    active: bool | None = None  # for a single active consumer: whether this instance receives now
 
-    async def _subscribe(self, callback: Callable[[Any, Any], Awaitable[None] | None], offset: OffsetSpec) -> None:
+    async def _subscribe(
+        self,
+        callback: Callable[[Any, Any], Awaitable[None] | None],
+        offset: OffsetSpec,
+        *,
+        single_active: bool = False,
+        on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
+        tracking: OffsetTracking | None = None,
+    ) -> None:
         self.offset = offset
+        self._tracking = tracking
+        self._stored: int | None = None
+        self._since_store = 0
+        self._last_store_at = time.monotonic()
+        self._tracker: asyncio.Task[None] | None = None
+        properties: dict[str, str] | None = None
+        listener = None
+        if single_active:
+            properties = {"single-active-consumer": "true", "name": str(self.name)}
+            self.active = False
+
+            async def consumer_update(is_active: bool, context: Any) -> Any:
+                self.active = is_active
+                if on_update is not None:
+                    chosen = on_update(is_active, self)
+                    spec = await chosen if inspect.isawaitable(chosen) else chosen
+                else:
+                    spec = await self._resume_point() if is_active else OffsetSpec.next()
+                return OffsetSpec.parse(spec).to_protocol()
+
+            listener = consumer_update
+
+        async def deliver(message: Any, context: Any) -> None:
+            result = callback(message, context)
+            if inspect.isawaitable(result):
+                await result
+            self.last_offset = context.offset
+            if self._tracking is not None:
+                self._since_store += 1
+                every = self._tracking.every
+                if every is not None and self._since_store >= every:
+                    await self._auto_store()
+
         with map_stream_errors(f"subscribing to {self.stream!r}"):
             self.subscription_id = await self._carrier.subscribe(
-                self.stream, callback, offset_specification=offset.to_rstream(), subscriber_name=self.name
+                self.stream, deliver, offset_specification=offset.to_rstream(), subscriber_name=self.name,
+                properties=properties, consumer_update_listener=listener,
             )
+        if tracking is not None and tracking.interval is not None:
+            self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
+
+    async def _resume_point(self) -> OffsetSpec:
+        stored = await self.stored_offset()
+        return OffsetSpec.at(stored + 1) if stored is not None else self.offset
+
+    async def _track_by_time(self, interval: float) -> None:
+        while not self.closed:
+            await asyncio.sleep(interval / 4)
+            if self._since_store and time.monotonic() - self._last_store_at >= interval:
+                await self._auto_store()
+
+    async def _auto_store(self) -> None:
+        if self.last_offset is None or self.last_offset == self._stored:
+            return
+        try:
+            await self.store_offset(self.last_offset)
+        except SmartClientError as exc:  # a later store (or the one on close) will catch up
+            log.warning("automatic offset store for %s on %s failed: %s", self.name, self.stream, exc)
+
+    async def store_offset(self, offset: int | None = None) -> None:
+        """Store ``offset`` (default: the last one delivered) on the server under this consumer's name."""
+        if not self.name:
+            raise ConfigurationError(f"storing an offset on {self.stream!r} needs a named consumer")
+        value = self.last_offset if offset is None else offset
+        if value is None:
+            raise ConfigurationError(f"consumer {self.name!r} on {self.stream!r} has no offset to store yet")
+        with map_stream_errors(f"storing the offset of {self.name!r} on {self.stream!r}"):
+            await self._carrier.store_offset(self.stream, self.name, value)
+        self._stored = value
+        self._since_store = 0
+        self._last_store_at = time.monotonic()
+
+    async def stored_offset(self) -> int | None:
+        """The offset stored on the server for this consumer's name, or None if there is none."""
+        from rstream.exceptions import OffsetNotFound
+
+        if not self.name:
+            raise ConfigurationError(f"querying a stored offset on {self.stream!r} needs a named consumer")
+        try:
+            with map_stream_errors(f"querying the offset of {self.name!r} on {self.stream!r}"):
+                return int(await self._carrier.query_offset(self.stream, self.name))
+        except ConnectionFailed as exc:
+            if isinstance(exc.__cause__, OffsetNotFound):
+                return None
+            raise
 
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        if self.subscription_id is not None and self.subscription_id in self._carrier._subscribers:
-            try:
+        if self._tracker is not None:
+            self._tracker.cancel()
+        if getattr(self, "_tracking", None) is not None and self._since_store:
+            await self._auto_store()
+        try:
+            if self.subscription_id is not None and self.subscription_id in self._carrier._subscribers:
                 with map_stream_errors(f"closing the consumer on {self.stream!r}"):
                     await self._carrier.unsubscribe(self.subscription_id)
-            except Exception:
-                self._carrier._subscribers.pop(self.subscription_id, None)
-                raise
-            finally:
-                self.env._release(self.role, self._carrier, self.stream)
-                self.env._forget(self)
-        else:  # rstream already dropped it (its stream was deleted)
+        finally:  # rstream drops the subscriber itself when its stream is deleted
+            self._carrier._subscribers.pop(self.subscription_id, None)
             self.env._release(self.role, self._carrier, self.stream)
             self.env._forget(self)

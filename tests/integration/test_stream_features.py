@@ -203,3 +203,120 @@ async def test_named_producer_assigns_ids_and_unnamed_refuses_them(env: Environm
             await unnamed.send_wait(b"z", publishing_id=7)
     finally:
         await env.delete_stream(unique_name)
+
+
+# -- offset tracking -----------------------------------------------------------------------------------
+async def _publish(env: Environment, stream: str, bodies: list[bytes]) -> None:
+    producer = await env.producer(stream)
+    for body in bodies:
+        await producer.send_wait(body)
+    await producer.close()
+
+
+async def _wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+async def test_manual_offset_tracking_and_resume(env: Environment, unique_name: str) -> None:
+    from smartclient import OffsetTracking
+
+    await env.create_stream(unique_name)
+    try:
+        await _publish(env, unique_name, [b"m%d" % i for i in range(10)])
+        got: list[int] = []
+        consumer = await env.consumer(unique_name, lambda m, c: got.append(c.offset), offset="first", name="app")
+        assert await consumer.stored_offset() is None
+        await _wait_for(lambda: len(got) == 10)
+        await consumer.store_offset()
+        assert await consumer.stored_offset() == 9
+        await consumer.close()
+        await _publish(env, unique_name, [b"n%d" % i for i in range(3)])
+        resumed: list[bytes] = []
+        again = await env.consumer(unique_name, lambda m, c: resumed.append(bytes(m)), name="app",
+                                   offset=OffsetSpec.at(9 + 1))
+        await _wait_for(lambda: len(resumed) == 3)
+        assert resumed == [b"n0", b"n1", b"n2"]
+        await again.close()
+        with pytest.raises(ConfigurationError, match="needs a name"):
+            await env.consumer(unique_name, lambda m, c: None, tracking=OffsetTracking())
+    finally:
+        await env.delete_stream(unique_name)
+
+
+async def test_auto_store_by_count_by_time_and_on_close(env: Environment, unique_name: str) -> None:
+    from smartclient import OffsetTracking
+
+    await env.create_stream(unique_name)
+    try:
+        await _publish(env, unique_name, [b"m%d" % i for i in range(12)])
+        got: list[int] = []
+        by_count = await env.consumer(unique_name, lambda m, c: got.append(c.offset), offset="first",
+                                      name="count", tracking=OffsetTracking(every=5, interval=None))
+        await _wait_for(lambda: len(got) == 12)
+        assert await by_count.stored_offset() == 9  # stored after the 5th and the 10th
+        await by_count.close()
+        assert await by_count.stored_offset() == 11  # and on close
+        seen: list[int] = []
+        by_time = await env.consumer(unique_name, lambda m, c: seen.append(c.offset), offset="first",
+                                     name="time", tracking=OffsetTracking(every=None, interval=0.3))
+        await _wait_for(lambda: len(seen) == 12)
+        await asyncio.sleep(0.6)
+        assert await by_time.stored_offset() == 11
+        await by_time.close()
+    finally:
+        await env.delete_stream(unique_name)
+
+
+# -- single active consumer --------------------------------------------------------------------------------
+async def test_single_active_consumer_fails_over_and_resumes_after_the_stored_offset(
+    env: Environment, unique_name: str
+) -> None:
+    from smartclient import OffsetTracking
+
+    await env.create_stream(unique_name)
+    try:
+        received: dict[str, list[bytes]] = {"a": [], "b": []}
+        tracking = OffsetTracking(every=1, interval=None)
+        a = await env.consumer(unique_name, lambda m, c: received["a"].append(bytes(m)), offset="first",
+                               name="sac", single_active=True, tracking=tracking)
+        b = await env.consumer(unique_name, lambda m, c: received["b"].append(bytes(m)), offset="first",
+                               name="sac", single_active=True, tracking=tracking)
+        await _wait_for(lambda: a.active is not None and b.active is not None)
+        await _publish(env, unique_name, [b"m%d" % i for i in range(10)])
+        await _wait_for(lambda: len(received["a"]) + len(received["b"]) == 10)
+        active, standby = (a, b) if received["a"] else (b, a)
+        assert active.active is True and standby.active is False
+        assert received["b" if standby is b else "a"] == []  # one instance at a time
+        await active.close()  # the active instance goes away: the other takes over
+        await _wait_for(lambda: standby.active is True)
+        await _publish(env, unique_name, [b"n%d" % i for i in range(5)])
+        key = "b" if standby is b else "a"
+        await _wait_for(lambda: len(received[key]) == 5)
+        assert received[key] == [b"n%d" % i for i in range(5)]  # no gap, no duplicate
+        await standby.close()
+    finally:
+        await env.delete_stream(unique_name)
+
+
+async def test_consumer_update_handler_chooses_where_to_resume(env: Environment, unique_name: str) -> None:
+    await env.create_stream(unique_name)
+    try:
+        await _publish(env, unique_name, [b"m%d" % i for i in range(4)])
+        calls: list[bool] = []
+
+        def from_first(is_active: bool, consumer: Any) -> OffsetSpec:
+            calls.append(is_active)
+            return OffsetSpec.first()
+
+        got: list[bytes] = []
+        consumer = await env.consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="next",
+                                      name="handler", single_active=True, on_update=from_first)
+        await _wait_for(lambda: len(got) == 4)
+        assert calls == [True] and got[0] == b"m0"  # the handler's "first" won over offset="next"
+        await consumer.close()
+    finally:
+        await env.delete_stream(unique_name)
