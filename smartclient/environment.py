@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import ConfigurationError, ConnectionFailed, SmartClientError, TopologyError
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
+from .management import ManagementClient, ManagementError
 from .offsets import OffsetSpec, OffsetTracking
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
     from .stream import Consumer, Producer
     from .stream_pool import PlacedClientPool
+    from .super_stream import SuperStreamConsumer, SuperStreamProducer
 
     EntryPoints = str | Address | Sequence[str | Address] | SrvDiscovery
 
@@ -403,6 +405,7 @@ class Environment:
         single_active: bool = False,
         on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
         tracking: OffsetTracking | None = None,
+        _super_stream: str | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
 
@@ -432,7 +435,7 @@ class Environment:
         handle = Consumer(self, carrier, stream, name)
         try:
             await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
-                                    tracking=tracking)
+                                    tracking=tracking, super_stream=_super_stream)
         except BaseException:
             self._release(Role.CONSUMER, carrier, stream)
             raise
@@ -467,6 +470,139 @@ class Environment:
             except StreamAlreadyExists:
                 if not exists_ok:
                     raise TopologyError(f"stream {stream!r} already exists") from None
+
+    # -- super streams ------------------------------------------------------------------------------
+    async def create_super_stream(
+        self,
+        super_stream: str,
+        *,
+        partitions: int | None = None,
+        binding_keys: Sequence[str] | None = None,
+        arguments: StreamArguments | Mapping[str, Any] | None = None,
+        exists_ok: bool = False,
+        management: ManagementClient | None = None,
+    ) -> list[str]:
+        """Create a super stream of ``partitions`` numbered partitions, or one per binding key; return the
+        partition names.  Uses the CreateSuperStream command; with ``management`` (a client of the
+        management API) it builds the AMQP topology instead, for brokers without that command.
+
+        :raises ConfigurationError: bad names, counts or arguments; nothing was sent.
+        :raises TopologyError: it exists and ``exists_ok`` is False.
+        """
+        from rstream.exceptions import StreamAlreadyExists
+
+        from .super_stream import partition_names
+
+        validate_stream_name(super_stream)
+        names, keys = partition_names(super_stream, partitions, binding_keys)
+        for name in names:
+            validate_stream_name(name)
+        args = StreamArguments.coerce(arguments)
+        if management is not None:
+            self._create_super_stream_over_http(management, super_stream, names, keys, args, exists_ok)
+            return names
+        locator = await self._locator_client()
+        with map_stream_errors(f"creating super stream {super_stream!r}"):
+            try:
+                await locator.create_super_stream(super_stream, names, keys, args.to_stream_protocol())
+            except StreamAlreadyExists:
+                if not exists_ok:
+                    raise TopologyError(f"super stream {super_stream!r} already exists") from None
+        return names
+
+    def _create_super_stream_over_http(self, api: ManagementClient, super_stream: str, names: list[str],
+                                       keys: list[str], args: StreamArguments, exists_ok: bool) -> None:
+        from urllib.parse import quote
+
+        vhost = quote(self.settings.vhost, safe="")
+        try:
+            api.get(f"/api/exchanges/{vhost}/{quote(super_stream, safe='')}")
+            if not exists_ok:
+                raise TopologyError(f"super stream {super_stream!r} already exists")
+        except ManagementError as exc:
+            if exc.status != 404:
+                raise
+        api.put(f"/api/exchanges/{vhost}/{quote(super_stream, safe='')}",
+                {"type": "direct", "durable": True, "arguments": {"x-super-stream": True}})
+        for order, (name, key) in enumerate(zip(names, keys, strict=True)):
+            api.put(f"/api/queues/{vhost}/{quote(name, safe='')}", {"durable": True, "arguments": args.to_amqp()})
+            api.post(f"/api/bindings/{vhost}/e/{quote(super_stream, safe='')}/q/{quote(name, safe='')}",
+                     {"routing_key": key, "arguments": {"x-stream-partition-order": order}})
+
+    async def delete_super_stream(self, super_stream: str, missing_ok: bool = False) -> None:
+        from ._errors import StreamNotFound
+
+        locator = await self._locator_client()
+        try:
+            with map_stream_errors(f"deleting super stream {super_stream!r}"):
+                await locator.delete_super_stream(super_stream)
+        except StreamNotFound:
+            if not missing_ok:
+                raise
+
+    async def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of ``super_stream``, in routing order.
+
+        :raises StreamNotFound: there is no such super stream.
+        """
+        from ._errors import StreamNotFound
+
+        locator = await self._locator_client()
+        with map_stream_errors(f"listing the partitions of {super_stream!r}"):
+            names = list(await locator.partitions(super_stream))
+        if not names:
+            raise StreamNotFound(f"super stream {super_stream!r} does not exist or has no partitions")
+        return names
+
+    async def route(self, super_stream: str, routing_key: str) -> list[str]:
+        """The partitions the broker's bindings give for ``routing_key`` (the Route command)."""
+        locator = await self._locator_client()
+        with map_stream_errors(f"routing {routing_key!r} in {super_stream!r}"):
+            return list(await locator.route(routing_key, super_stream))
+
+    async def super_stream_producer(
+        self, super_stream: str, *, routing: str = "hash", key: Callable[[Any], str] | None = None,
+        name: str | None = None,
+    ) -> SuperStreamProducer:
+        """A producer on every partition of ``super_stream``, each on its partition's leader.
+
+        :param routing: ``"hash"`` (murmur3, compatible with the Java/Go/JS clients) or ``"key"`` (the
+            broker's bindings, through the Route command).
+        :param key: extracts the routing key from a message (or pass ``key=`` to ``send``).
+        :param name: producer name for deduplication (the same name on every partition).
+        """
+        from .super_stream import SuperStreamProducer
+
+        handle = SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key, name)
+        try:
+            await handle._open()
+        except BaseException:
+            await handle.close()
+            raise
+        return handle
+
+    async def super_stream_consumer(
+        self,
+        super_stream: str,
+        callback: Callable[[Any, Any], Awaitable[None] | None],
+        *,
+        offset: OffsetSpec | str | int | datetime.datetime = "next",
+        name: str | None = None,
+        single_active: bool = False,
+        tracking: OffsetTracking | None = None,
+    ) -> SuperStreamConsumer:
+        """A consumer on every partition.  With ``name`` and ``single_active``, the broker keeps one
+        active consumer per partition across every instance of the name (and fails over between them)."""
+        from .super_stream import SuperStreamConsumer
+
+        spec = OffsetSpec.parse(offset)
+        handle = SuperStreamConsumer(self, super_stream, await self.partitions(super_stream))
+        try:
+            await handle._open(callback, spec, name, single_active, tracking)
+        except BaseException:
+            await handle.close()
+            raise
+        return handle
 
     async def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
         from ._errors import StreamNotFound

@@ -74,6 +74,9 @@ class ManagementClient:
     def put(self, path: str, body: Any) -> None:
         self._request("PUT", path, json=body)
 
+    def post(self, path: str, body: Any) -> None:
+        self._request("POST", path, json=body)
+
     def delete(self, path: str, headers: dict[str, str] | None = None) -> None:
         self._request("DELETE", path, headers=headers)
 

@@ -150,6 +150,7 @@ class Consumer(_Handle):
         single_active: bool = False,
         on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
         tracking: OffsetTracking | None = None,
+        super_stream: str | None = None,
     ) -> None:
         self.offset = offset
         self._tracking = tracking
@@ -161,6 +162,8 @@ class Consumer(_Handle):
         listener = None
         if single_active:
             properties = {"single-active-consumer": "true", "name": str(self.name)}
+            if super_stream is not None:  # one active consumer per partition across the group
+                properties["super-stream"] = super_stream
             self.active = False
 
             async def consumer_update(is_active: bool, context: Any) -> Any:
