@@ -14,6 +14,7 @@ from ._errors import (
     ConfigurationError,
     ConnectionFailed,
     FaultUnavailable,
+    FeatureNotSupported,
     NoCandidateNode,
     NodeUnreachable,
     PlacementError,
@@ -28,6 +29,7 @@ from ._errors import (
 )
 from .address import Address
 from .environment import Environment, PlacementRecord
+from .filters import StreamFilter
 from .landing import Attempt
 from .offsets import OffsetSpec, OffsetTracking
 from .retry import RetryPolicy
@@ -51,6 +53,7 @@ __all__ = [
     "Credentials",
     "Environment",
     "FaultUnavailable",
+    "FeatureNotSupported",
     "NoCandidateNode",
     "NodeUnreachable",
     "OffsetSpec",
@@ -68,6 +71,7 @@ __all__ = [
     "Role",
     "SmartClientError",
     "StreamArguments",
+    "StreamFilter",
     "StreamNotFound",
     "StreamTopology",
     "TestBedError",

@@ -16,6 +16,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   └── NodeUnreachable         attempts kept landing on other nodes (a sticky LB)
     ├── TopologyError               the broker could not describe the stream (no leader yet...)
     │   └── StreamNotFound          the stream does not exist
+    ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── ConnectionFailed            a connection could not be opened or kept
     │   └── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
     └── TestBedError                the local test bed could not do what was asked
@@ -31,6 +32,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionFailed",
     "FaultUnavailable",
+    "FeatureNotSupported",
     "NoCandidateNode",
     "NodeUnreachable",
     "PlacementError",
@@ -94,6 +96,10 @@ class TopologyError(SmartClientError):
 
 class StreamNotFound(TopologyError):
     """The stream does not exist on the broker."""
+
+
+class FeatureNotSupported(SmartClientError):
+    """The broker does not support a feature that was asked for; the message names it and the version needed."""
 
 
 class ConnectionFailed(SmartClientError):

@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, ConnectionFailed, SmartClientError, TopologyError
+from ._errors import ConfigurationError, ConnectionFailed, FeatureNotSupported, SmartClientError, TopologyError
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
+from .filters import StreamFilter
 from .management import ManagementClient, ManagementError
 from .offsets import OffsetSpec, OffsetTracking
 from .retry import RetryPolicy
@@ -344,8 +345,9 @@ class Environment:
                     vhost=self.settings.vhost, ssl_context=self.settings.tls, frame_max=self.settings.frame_max,
                     heartbeat=self.settings.heartbeat)
 
-    def _carrier(self, role: Role, stream: str) -> Any:
-        """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed)."""
+    def _carrier(self, role: Role, stream: str, filter_value: Callable[[Any], str] | None = None) -> Any:
+        """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed).
+        A producer with a filter-value extractor gets a carrier of its own (rstream sets it per Producer)."""
         from rstream import Consumer as RConsumer
         from rstream import Producer as RProducer
 
@@ -353,13 +355,23 @@ class Environment:
 
         carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
         for carrier, streams in carriers:
-            if stream not in streams:
+            shared = getattr(carrier, "_filter_value_extractor", None) is None  # consumers have none
+            if stream not in streams and filter_value is None and shared:
                 streams.add(stream)
                 return carrier
         kwargs = self._rstream_kwargs()
         if role is Role.PRODUCER:
+            extractor = None
+            if filter_value is not None:
+                user = filter_value
+
+                async def extractor(message: Any) -> str:
+                    body = message.data if type(message).__name__ == "RawMessage" else message
+                    return str(user(body))
+
             carrier = RProducer(**kwargs, connection_name=f"{self.connection_name}-producer",
-                                max_publishers_by_connection=self.connector.limits.max_streams_per_connection)
+                                max_publishers_by_connection=self.connector.limits.max_streams_per_connection,
+                                filter_value_extractor=extractor)
         else:
             carrier = RConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
                                 max_subscribers_by_connection=self.connector.limits.max_streams_per_connection)
@@ -374,17 +386,23 @@ class Environment:
                 streams.discard(stream)
         self._records.pop((id(carrier._pool), stream), None)
 
-    async def producer(self, stream: str, *, name: str | None = None) -> Producer:
+    async def producer(self, stream: str, *, name: str | None = None,
+                       filter_value: Callable[[Any], str] | None = None) -> Producer:
         """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
 
         :param name: producer name, for deduplication (unique per stream).
+        :param filter_value: returns the filter value of a message (its body, as given to ``send``),
+            for consumers with a :class:`StreamFilter`.
+        :raises FeatureNotSupported: ``filter_value`` on a broker without filtering.
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
         from .stream import Producer
 
         self._check_open()
-        carrier = self._carrier(Role.PRODUCER, stream)
+        if filter_value is not None:
+            await self.require_filtering()
+        carrier = self._carrier(Role.PRODUCER, stream, filter_value)
         carrier._pool.names[stream] = name
         handle = Producer(self, carrier, stream, name)
         try:
@@ -405,6 +423,7 @@ class Environment:
         single_active: bool = False,
         on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
         tracking: OffsetTracking | None = None,
+        filter: StreamFilter | None = None,
         _super_stream: str | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
@@ -418,6 +437,8 @@ class Environment:
             becomes active (or not); returns where to resume.  Default: after the stored offset, else
             ``offset``.
         :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
+        :param filter: only messages with these filter values (see :class:`StreamFilter`).
+        :raises FeatureNotSupported: ``filter`` on a broker without filtering.
         :raises ConfigurationError: a bad offset, or tracking or single active without a name.
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
@@ -430,17 +451,35 @@ class Environment:
             raise ConfigurationError(
                 f"a consumer on {stream!r} with single_active or offset tracking needs a name"
             )
+        if filter is not None:
+            await self.require_filtering()
         carrier = self._carrier(Role.CONSUMER, stream)
         carrier._pool.names[stream] = name
         handle = Consumer(self, carrier, stream, name)
         try:
             await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
-                                    tracking=tracking, super_stream=_super_stream)
+                                    tracking=tracking, super_stream=_super_stream, stream_filter=filter)
         except BaseException:
             self._release(Role.CONSUMER, carrier, stream)
             raise
         self._handles.append(handle)
         return handle
+
+    async def require_filtering(self) -> None:
+        """:raises FeatureNotSupported: the broker has no filtering (Publish v2, RabbitMQ 3.13+)."""
+        from rstream.constants import Key
+        from rstream.schema import FrameHandlerInfo
+
+        if getattr(self, "_filtering", None) is None:
+            locator = await self._locator_client()
+            with map_stream_errors("asking the broker which command versions it supports"):
+                info = await locator.exchange_command_version(FrameHandlerInfo(Key.Publish.value, 1, 2))
+            self._filtering = info.max_version >= 2
+        if not self._filtering:
+            raise FeatureNotSupported(
+                "the broker does not support stream filtering (Publish v2): it needs RabbitMQ 3.13+ with the "
+                "stream_filtering feature flag enabled"
+            )
 
     def _forget(self, handle: Producer | Consumer) -> None:
         if handle in self._handles:

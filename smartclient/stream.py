@@ -7,11 +7,12 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigurationError, ConnectionFailed, PublishingIdNotIncreasing, SmartClientError
 from .address import Address
+from .filters import StreamFilter
 from .offsets import OffsetSpec, OffsetTracking
 from .stream_errors import map_stream_errors
 from .topology import Role
@@ -105,6 +106,17 @@ class Producer(_Handle):
         with map_stream_errors(f"publishing to {self.stream!r}"):
             await self._carrier.send(self.stream, message, publisher_name=self.name, on_publish_confirm=on_confirm)
 
+    async def send_batch(self, bodies: Sequence[bytes | Any]) -> None:
+        """Send several messages in one frame and wait for every confirm (named producers number them).
+
+        :raises ConfigurationError: an empty batch.
+        """
+        if not bodies:
+            raise ConfigurationError(f"empty batch for {self.stream!r}: nothing to send")
+        messages = [self._message(body, None) for body in bodies]
+        with map_stream_errors(f"publishing to {self.stream!r}"):
+            await self._carrier._send_batch(self.stream, messages, publisher_name=self.name, sync=True)
+
     async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> None:
         """Send one message and wait for the broker's confirm."""
         message = self._message(body, publishing_id)
@@ -151,6 +163,7 @@ class Consumer(_Handle):
         on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
         tracking: OffsetTracking | None = None,
         super_stream: str | None = None,
+        stream_filter: StreamFilter | None = None,
     ) -> None:
         self.offset = offset
         self._tracking = tracking
@@ -192,6 +205,7 @@ class Consumer(_Handle):
             self.subscription_id = await self._carrier.subscribe(
                 self.stream, deliver, offset_specification=offset.to_rstream(), subscriber_name=self.name,
                 properties=properties, consumer_update_listener=listener,
+                filter_input=stream_filter.to_rstream() if stream_filter is not None else None,
             )
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))

@@ -320,3 +320,38 @@ async def test_consumer_update_handler_chooses_where_to_resume(env: Environment,
         await consumer.close()
     finally:
         await env.delete_stream(unique_name)
+
+
+# -- filtering ----------------------------------------------------------------------------------------------
+async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_messages(
+    env: Environment, unique_name: str
+) -> None:
+    from smartclient import StreamFilter
+
+    await env.create_stream(unique_name, StreamArguments(filter_size_bytes=32))
+    try:
+        producer = await env.producer(unique_name, filter_value=lambda body: body.decode().split(":")[0])
+        for value in ("a", "b", "c"):
+            for i in range(3):
+                await producer.send_wait(f"{value}:{i}".encode())  # confirmed one by one: a chunk each
+        await producer.send_batch([b"a:mixed", b"b:mixed"])  # one chunk, both values
+        exact = await read_all(env, unique_name, "first", expect=4)
+        assert exact  # sanity: the stream is readable
+        got: list[bytes] = []
+        precise = await env.consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="first",
+                                     filter=StreamFilter(["b"], post_filter=lambda m: bytes(m).startswith(b"b:")))
+        await _wait_for(lambda: len(got) >= 4)
+        await asyncio.sleep(0.3)
+        assert got == [b"b:0", b"b:1", b"b:2", b"b:mixed"]
+        await precise.close()
+        chunks: list[bytes] = []
+        coarse = await env.consumer(unique_name, lambda m, c: chunks.append(bytes(m)), offset="first",
+                                    filter=StreamFilter(["b"]))
+        await _wait_for(lambda: len(chunks) >= 5)
+        await asyncio.sleep(0.3)
+        assert b"a:mixed" in chunks and b"a:0" not in chunks and not any(m.startswith(b"c:") for m in chunks)
+        await coarse.close()
+        with pytest.raises(ConfigurationError, match="non-empty list of filter values"):
+            StreamFilter("b")
+    finally:
+        await env.delete_stream(unique_name)

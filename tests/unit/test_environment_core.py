@@ -80,3 +80,24 @@ def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
     assert lot.expired() == []
     now[0] = 5.0
     assert lot.expired() == [d] and len(lot) == 0
+
+
+async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
+    from types import SimpleNamespace
+
+    from smartclient import FeatureNotSupported
+
+    env = Environment("h:5552")
+
+    class OldBroker:
+        async def exchange_command_version(self, info: object) -> object:
+            return SimpleNamespace(max_version=1)
+
+    async def locator() -> OldBroker:
+        return OldBroker()
+
+    env._locator_client = locator  # type: ignore[method-assign,assignment]
+    with pytest.raises(FeatureNotSupported, match="RabbitMQ 3.13"):
+        await env.require_filtering()
+    with pytest.raises(FeatureNotSupported):
+        await env.producer("s", filter_value=lambda body: "x")
