@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
