@@ -174,7 +174,7 @@ async def test_dedup_misuse_is_refused_client_side(testbed: TestBed, unique_name
             for i in (1, 2, 3, 10):
                 await producer.send_wait(b"message %d" % i, publishing_id=i)
             # the guide's misuse: message 4 after message 10. smartclient refuses it before sending ...
-            with pytest.raises(PublishingIdNotIncreasing, match="4 .* not greater than 10"):
+            with pytest.raises(PublishingIdNotIncreasing, match=r"4 .* not greater than 10"):
                 await producer.send_wait(b"message 4", publishing_id=4)
             await producer.send_wait(b"message 11", publishing_id=11)  # ... and the producer goes on
         # ... whereas raw rstream sends it, the broker confirms it, and it is silently dropped

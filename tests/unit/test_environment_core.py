@@ -97,7 +97,7 @@ async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
         return OldBroker()
 
     env._locator_client = locator  # type: ignore[method-assign,assignment]
-    with pytest.raises(FeatureNotSupported, match="RabbitMQ 3.13"):
+    with pytest.raises(FeatureNotSupported, match=r"RabbitMQ 3\.13"):
         await env.require_filtering()
     with pytest.raises(FeatureNotSupported):
         await env.producer("s", filter_value=lambda body: "x")
