@@ -15,10 +15,12 @@ from ._errors import (
     ConnectionFailed,
     FaultUnavailable,
     FeatureNotSupported,
+    MessageTooLarge,
     NoCandidateNode,
     NodeUnreachable,
     PlacementError,
     PrerequisiteMissing,
+    PublishFailed,
     PublishingIdNotIncreasing,
     ResolutionError,
     ResolutionTimeout,
@@ -32,6 +34,7 @@ from .environment import Environment, PlacementRecord
 from .filters import StreamFilter
 from .landing import Attempt
 from .offsets import OffsetSpec, OffsetTracking
+from .publishing import BatchingPolicy, Confirmation
 from .retry import RetryPolicy
 from .routing import hash_partition
 from .settings import Credentials, PoolLimits, parse_stream_uri
@@ -46,14 +49,17 @@ __all__ = [
     "AddressNotAllowed",
     "Attempt",
     "AuthenticationFailed",
+    "BatchingPolicy",
     "Candidates",
     "ConfigurationError",
+    "Confirmation",
     "ConnectionFailed",
     "Consumer",
     "Credentials",
     "Environment",
     "FaultUnavailable",
     "FeatureNotSupported",
+    "MessageTooLarge",
     "NoCandidateNode",
     "NodeUnreachable",
     "OffsetSpec",
@@ -64,6 +70,7 @@ __all__ = [
     "PoolLimits",
     "PrerequisiteMissing",
     "Producer",
+    "PublishFailed",
     "PublishingIdNotIncreasing",
     "ResolutionError",
     "ResolutionTimeout",

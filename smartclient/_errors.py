@@ -7,7 +7,8 @@ onto this tree in one place per backend, with ``raise ... from exc``.
 
     SmartClientError
     ├── ConfigurationError          bad input, found before any I/O (also a ValueError)
-    │   └── PublishingIdNotIncreasing  a publishing id the broker would silently drop
+    │   ├── PublishingIdNotIncreasing  a publishing id the broker would silently drop
+    │   └── MessageTooLarge         a message that does not fit the negotiated frame max
     ├── ResolutionError             a resolver could not turn an address into a dialable one
     │   ├── AddressNotAllowed       the resolved address is outside the allow-list
     │   └── ResolutionTimeout       the DNS server did not answer in time
@@ -17,6 +18,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     ├── TopologyError               the broker could not describe the stream (no leader yet...)
     │   └── StreamNotFound          the stream does not exist
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
+    ├── PublishFailed               the broker answered a message with an error instead of a confirm
     ├── ConnectionFailed            a connection could not be opened or kept
     │   └── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
     └── TestBedError                the local test bed could not do what was asked
@@ -33,10 +35,12 @@ __all__ = [
     "ConnectionFailed",
     "FaultUnavailable",
     "FeatureNotSupported",
+    "MessageTooLarge",
     "NoCandidateNode",
     "NodeUnreachable",
     "PlacementError",
     "PrerequisiteMissing",
+    "PublishFailed",
     "PublishingIdNotIncreasing",
     "ResolutionError",
     "ResolutionTimeout",
@@ -57,6 +61,18 @@ class ConfigurationError(SmartClientError, ValueError):
 
 class PublishingIdNotIncreasing(ConfigurationError):
     """A publishing id not above the last one this producer sent: the broker would confirm it and drop it."""
+
+
+class MessageTooLarge(ConfigurationError):
+    """A message larger than the frame max negotiated with the broker: it was not sent."""
+
+
+class PublishFailed(SmartClientError):
+    """The broker answered a message with an error; ``confirmation`` carries its publishing id and code."""
+
+    def __init__(self, message: str, confirmation: object = None) -> None:
+        super().__init__(message)
+        self.confirmation = confirmation
 
 
 class ResolutionError(SmartClientError):

@@ -29,6 +29,7 @@ from .connector import Connection, ConnectSettings, StreamConnector
 from .filters import StreamFilter
 from .management import ManagementClient, ManagementError
 from .offsets import OffsetSpec, OffsetTracking
+from .publishing import BatchingPolicy
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
 from .stream_arguments import StreamArguments, validate_stream_name
@@ -82,6 +83,7 @@ class Environment:
     :param allow: an :class:`resolvers.AllowList` checked on every address before it is dialled.
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
+    :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
 
     Use it as ``async with Environment(...) as env:``.
 
@@ -105,6 +107,7 @@ class Environment:
         connection_name: str = "smartclient",
         frame_max: int = 1024 * 1024,
         heartbeat: int = 60,
+        batching: BatchingPolicy = BatchingPolicy(),
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from resolvers.base import as_async
@@ -143,6 +146,7 @@ class Environment:
         self.resolver = resolver if resolver is not None else Identity()
         self.placement = placement
         self.retry = retry
+        self.batching = batching
         self.connection_name = connection_name
         self.topology_max_age = topology_max_age
         self.connector = StreamConnector(
@@ -345,9 +349,8 @@ class Environment:
                     vhost=self.settings.vhost, ssl_context=self.settings.tls, frame_max=self.settings.frame_max,
                     heartbeat=self.settings.heartbeat)
 
-    def _carrier(self, role: Role, stream: str, filter_value: Callable[[Any], str] | None = None) -> Any:
-        """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed).
-        A producer with a filter-value extractor gets a carrier of its own (rstream sets it per Producer)."""
+    def _carrier(self, role: Role, stream: str) -> Any:
+        """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed)."""
         from rstream import Consumer as RConsumer
         from rstream import Producer as RProducer
 
@@ -355,23 +358,13 @@ class Environment:
 
         carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
         for carrier, streams in carriers:
-            shared = getattr(carrier, "_filter_value_extractor", None) is None  # consumers have none
-            if stream not in streams and filter_value is None and shared:
+            if stream not in streams:
                 streams.add(stream)
                 return carrier
         kwargs = self._rstream_kwargs()
         if role is Role.PRODUCER:
-            extractor = None
-            if filter_value is not None:
-                user = filter_value
-
-                async def extractor(message: Any) -> str:
-                    body = message.data if type(message).__name__ == "RawMessage" else message
-                    return str(user(body))
-
             carrier = RProducer(**kwargs, connection_name=f"{self.connection_name}-producer",
-                                max_publishers_by_connection=self.connector.limits.max_streams_per_connection,
-                                filter_value_extractor=extractor)
+                                max_publishers_by_connection=self.connector.limits.max_streams_per_connection)
         else:
             carrier = RConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
                                 max_subscribers_by_connection=self.connector.limits.max_streams_per_connection)
@@ -387,12 +380,14 @@ class Environment:
         self._records.pop((id(carrier._pool), stream), None)
 
     async def producer(self, stream: str, *, name: str | None = None,
-                       filter_value: Callable[[Any], str] | None = None) -> Producer:
+                       filter_value: Callable[[Any], str] | None = None,
+                       batching: BatchingPolicy | None = None) -> Producer:
         """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
 
         :param name: producer name, for deduplication (unique per stream).
         :param filter_value: returns the filter value of a message (its body, as given to ``send``),
             for consumers with a :class:`StreamFilter`.
+        :param batching: how ``send()`` batches (default: the Environment's :class:`BatchingPolicy`).
         :raises FeatureNotSupported: ``filter_value`` on a broker without filtering.
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
@@ -402,11 +397,11 @@ class Environment:
         self._check_open()
         if filter_value is not None:
             await self.require_filtering()
-        carrier = self._carrier(Role.PRODUCER, stream, filter_value)
+        carrier = self._carrier(Role.PRODUCER, stream)
         carrier._pool.names[stream] = name
         handle = Producer(self, carrier, stream, name)
         try:
-            await handle._place()
+            await handle._place(batching or self.batching, filter_value)
         except BaseException:
             self._release(Role.PRODUCER, carrier, stream)
             raise

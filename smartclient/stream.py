@@ -14,6 +14,7 @@ from ._errors import ConfigurationError, ConnectionFailed, PublishingIdNotIncrea
 from .address import Address
 from .filters import StreamFilter
 from .offsets import OffsetSpec, OffsetTracking
+from .publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
 from .stream_errors import map_stream_errors
 from .topology import Role
 
@@ -62,66 +63,75 @@ class Producer(_Handle):
     role = Role.PRODUCER
     last_publishing_id: int = 0  # for a named producer: what the broker had stored when it started
     _highest_sent: int | None = None
+    _buffer: PublishBuffer
 
-    async def _place(self) -> None:
+    async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
         # rstream creates its publisher lazily, on the first send; create it now so that placement
-        # (and any placement error) happens here.
+        # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
             if self.name:
                 self.last_publishing_id = await publisher.client.query_publisher_sequence(self.stream, self.name)
+        self._buffer = PublishBuffer(publisher.client, publisher.id, self.stream, batching, filter_value)
 
-    def _message(self, body: Any, publishing_id: int | None) -> Any:
-        from rstream import RawMessage
-
+    def _next_id(self, publishing_id: int | None) -> int:
         if self.name is None:
             if publishing_id is not None:
                 raise ConfigurationError(
                     f"publishing id {publishing_id} given to an unnamed producer on {self.stream!r}: "
                     f"deduplication needs a producer name"
                 )
-            return body
-        if publishing_id is None:
-            publishing_id = max(self.last_publishing_id, self._highest_sent or 0) + 1
-        elif isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
-            raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
-        elif self._highest_sent is not None and publishing_id <= self._highest_sent:
-            raise PublishingIdNotIncreasing(
-                f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater than "
-                f"{self._highest_sent}, the highest it sent: the broker would confirm it and drop it"
-            )
-        self._highest_sent = publishing_id
-        if isinstance(body, bytes | bytearray | memoryview):
-            return RawMessage(bytes(body), publishing_id=publishing_id)
-        body.publishing_id = publishing_id
-        return body
+        elif publishing_id is not None:
+            if isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
+                raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
+            if self._highest_sent is not None and publishing_id <= self._highest_sent:
+                raise PublishingIdNotIncreasing(
+                    f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater "
+                    f"than {self._highest_sent}, the highest it sent: the broker would confirm it and drop it"
+                )
+            self._highest_sent = publishing_id
+            return publishing_id
+        value = max(self.last_publishing_id, self._highest_sent or 0) + 1
+        self._highest_sent = value
+        return value
 
     async def send(self, body: bytes | Any, *, publishing_id: int | None = None,
-                   on_confirm: Callable[[Any], Awaitable[None] | None] | None = None) -> None:
-        """Queue one message; it is batched and confirmed in the background (``on_confirm`` per message).
+                   on_confirm: ConfirmCallback | None = None) -> None:
+        """Queue one message: it is batched, and ``on_confirm`` (if given) gets its :class:`Confirmation`.
 
+        Waits only when the producer has ``max_in_flight`` unconfirmed messages (back-pressure).
+
+        :raises MessageTooLarge: the message cannot fit the negotiated frame max; nothing was sent.
         :raises PublishingIdNotIncreasing: a named producer was given an id not above its last one.
         """
-        message = self._message(body, publishing_id)
-        with map_stream_errors(f"publishing to {self.stream!r}"):
-            await self._carrier.send(self.stream, message, publisher_name=self.name, on_publish_confirm=on_confirm)
+        await self._buffer.add(self._next_id(publishing_id), body, on_confirm)
 
-    async def send_batch(self, bodies: Sequence[bytes | Any]) -> None:
-        """Send several messages in one frame and wait for every confirm (named producers number them).
+    async def submit(self, body: bytes | Any, *, publishing_id: int | None = None) -> asyncio.Future[Confirmation]:
+        """Queue one message and return a future of its :class:`Confirmation` (``PublishFailed`` if refused)."""
+        future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
+        await self._buffer.add(self._next_id(publishing_id), body, future)
+        return future
+
+    async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> Confirmation:
+        """Send one message now and wait for its confirm."""
+        future = await self.submit(body, publishing_id=publishing_id)
+        self._buffer._flush()
+        return await future
+
+    async def send_batch(self, bodies: Sequence[bytes | Any]) -> list[Confirmation]:
+        """Send several messages and wait for all their confirms (named producers number them in order).
 
         :raises ConfigurationError: an empty batch.
         """
         if not bodies:
             raise ConfigurationError(f"empty batch for {self.stream!r}: nothing to send")
-        messages = [self._message(body, None) for body in bodies]
-        with map_stream_errors(f"publishing to {self.stream!r}"):
-            await self._carrier._send_batch(self.stream, messages, publisher_name=self.name, sync=True)
+        futures = [await self.submit(body) for body in bodies]
+        self._buffer._flush()
+        return list(await asyncio.gather(*futures))
 
-    async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> None:
-        """Send one message and wait for the broker's confirm."""
-        message = self._message(body, publishing_id)
-        with map_stream_errors(f"publishing to {self.stream!r}"):
-            await self._carrier.send_wait(self.stream, message, publisher_name=self.name)
+    async def flush(self) -> None:
+        """Send what is buffered and wait until every message sent so far is confirmed."""
+        await self._buffer.flush()
 
     async def close(self) -> None:
         if self.closed:
@@ -129,7 +139,8 @@ class Producer(_Handle):
         self.closed = True
         try:
             with map_stream_errors(f"closing the producer on {self.stream!r}"):
-                await self._carrier._publish_buffered_messages(self.stream)  # flush what send() queued
+                if hasattr(self, "_buffer") and self._buffer.client.is_connection_alive():
+                    await asyncio.wait_for(self._buffer.flush(), 30)  # what send() queued goes out first
                 await self._carrier.clean_up_publishers(self.stream)
                 # rstream's own restart task (started by a MetadataUpdate, e.g. the stream was deleted) may
                 # drop the entry between rstream's membership check and its `del`: nothing is left to do then.
