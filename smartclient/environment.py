@@ -505,6 +505,24 @@ class Environment:
                 if not exists_ok:
                     raise TopologyError(f"stream {stream!r} already exists") from None
 
+    async def stream_stats(self, stream: str) -> dict[str, int]:
+        """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``
+        and, on newer brokers, more.  Uses a short connection of its own, placed on a stream member.
+
+        :raises StreamNotFound: the stream does not exist.
+        :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).
+        """
+        from .stream_stats import query_stream_stats
+
+        topo = await self.topology(stream)
+        candidates = topo.candidates(Role.LOCATOR)
+        conn = await self.connector.acquire(candidates, f"{self.connection_name}-stats")
+        try:
+            with map_stream_errors(f"reading the statistics of {stream!r}"):
+                return await query_stream_stats(conn.client, stream)
+        finally:
+            await self.connector.close_connection(conn)
+
     # -- super streams ------------------------------------------------------------------------------
     async def create_super_stream(
         self,

@@ -182,6 +182,7 @@ class Consumer(_Handle):
         self._since_store = 0
         self._last_store_at = time.monotonic()
         self._tracker: asyncio.Task[None] | None = None
+        self._storing: asyncio.Future[None] | None = None
         properties: dict[str, str] | None = None
         listener = None
         if single_active:
@@ -201,16 +202,32 @@ class Consumer(_Handle):
 
             listener = consumer_update
 
-        async def deliver(message: Any, context: Any) -> None:
-            result = callback(message, context)
-            if inspect.isawaitable(result):
-                await result
+        tracked = tracking is not None
+        every = tracking.every if tracking is not None else None
+
+        def after(context: Any) -> None:
             self.last_offset = context.offset
-            if self._tracking is not None:
+            if tracked:
                 self._since_store += 1
-                every = self._tracking.every
-                if every is not None and self._since_store >= every:
-                    await self._auto_store()
+                if every is not None and self._since_store >= every and self._storing is None:
+                    self._storing = asyncio.ensure_future(self._auto_store())
+                    self._storing.add_done_callback(lambda _: setattr(self, "_storing", None))
+
+        deliver: Callable[[Any, Any], Any]
+        if inspect.iscoroutinefunction(callback):
+            async def deliver_async(message: Any, context: Any) -> None:
+                await callback(message, context)
+                after(context)
+
+            deliver = deliver_async
+        else:
+            # a plain callback gets a plain wrapper: no coroutine per message on the hot path
+            def deliver_sync(message: Any, context: Any) -> Any:
+                result = callback(message, context)
+                after(context)
+                return result  # a callable object may still return an awaitable; rstream awaits it
+
+            deliver = deliver_sync
 
         with map_stream_errors(f"subscribing to {self.stream!r}"):
             self.subscription_id = await self._carrier.subscribe(

@@ -88,3 +88,19 @@ def test_offset_specs() -> None:
 def test_bad_offsets(value: object, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         OffsetSpec.parse(value)
+
+
+def test_stream_stats_frames() -> None:
+    import struct
+
+    from smartclient import StreamNotFound
+    from smartclient.stream_stats import decode_stream_stats, encode_stream_stats
+
+    request = encode_stream_stats(7, "s1")
+    assert request == struct.pack(">IHHIh", 12, 0x1C, 1, 7, 2) + b"s1"
+    body = struct.pack(">HHIHi", 0x801C, 1, 7, 1, 2)
+    for name, value in (("first_chunk_id", 0), ("committed_chunk_id", 42)):
+        body += struct.pack(">h", len(name)) + name.encode() + struct.pack(">q", value)
+    assert decode_stream_stats(body, "s1") == {"first_chunk_id": 0, "committed_chunk_id": 42}
+    with pytest.raises(StreamNotFound):
+        decode_stream_stats(struct.pack(">HHIHi", 0x801C, 1, 7, 2, 0), "s1")

@@ -1,0 +1,108 @@
+"""bench/consume.py: consuming throughput, a smartclient consumer beside a raw rstream consumer.
+
+A 3-node stream is filled with 100-byte messages; then, alternating, a raw rstream Consumer and a
+smartclient consumer (placed on a replica) read it from the first offset, and the time until the
+last message arrives is measured.  The median of the rounds is reported.
+
+Target (issue 4): smartclient at least 0.95x raw rstream.
+Run from the repository root with the test bed up (./dev demo): python bench/consume.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+from smartclient import Environment
+from smartclient.testing.local import LocalTestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+MESSAGES = 200_000
+ROUNDS = 3
+TARGET = 0.95
+
+
+async def fill(bed: LocalTestBed, stream: str) -> None:
+    node = bed.nodes[0]
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        producer = await env.producer(stream)
+        for _ in range(MESSAGES):
+            await producer.send(b"x" * 100)
+        await producer.flush()
+
+
+async def rstream_consume(bed: LocalTestBed, stream: str) -> float:
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
+
+    node = bed.nodes[1]  # a replica, like smartclient's placement
+    count = 0
+    done = asyncio.Event()
+
+    def on_message(message: Any, context: Any) -> None:
+        nonlocal count
+        count += 1
+        if count == MESSAGES:
+            done.set()
+
+    async with Consumer(node.host, node.stream_port, username=bed.username, password=bed.password) as consumer:
+        started = time.perf_counter()
+        await consumer.subscribe(stream, on_message,
+                                 offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST))
+        await done.wait()
+        return MESSAGES / (time.perf_counter() - started)
+
+
+async def smartclient_consume(bed: LocalTestBed, stream: str) -> float:
+    node = bed.nodes[0]
+    count = 0
+    done = asyncio.Event()
+
+    def on_message(message: Any, context: Any) -> None:
+        nonlocal count
+        count += 1
+        if count == MESSAGES:
+            done.set()
+
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        await env.topology(stream)
+        started = time.perf_counter()
+        consumer = await env.consumer(stream, on_message, offset="first")
+        await done.wait()
+        rate = MESSAGES / (time.perf_counter() - started)
+        assert consumer.node != (await env.topology(stream)).leader  # on a replica
+        return rate
+
+
+async def main() -> int:
+    bed = LocalTestBed.from_env()
+    bed.up()
+    stream = f"bench-consume-{uuid.uuid4().hex[:8]}"
+    await create_stream_led_by(bed, stream, 0)
+    rates: dict[str, list[float]] = {"rstream": [], "smartclient": []}
+    try:
+        await fill(bed, stream)
+        for round_no in range(ROUNDS):
+            order = [("rstream", rstream_consume), ("smartclient", smartclient_consume)]
+            if round_no % 2:
+                order.reverse()
+            for name, run in order:
+                rate = await run(bed, stream)
+                rates[name].append(rate)
+                print(f"round {round_no + 1}: {name:<12} {rate / 1000:7.1f}k msg/s")
+    finally:
+        await delete_streams(bed, stream)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    for name, value in medians.items():
+        print(f"median {name:<12} {value / 1000:7.1f}k msg/s")
+    ratio = medians["smartclient"] / medians["rstream"]
+    verdict = "PASS" if ratio >= TARGET else "MISS"
+    print(f"consume: consumer_ratio={ratio:.2f} target >= {TARGET} {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
