@@ -162,8 +162,23 @@ class Consumer(_Handle):
 
     role = Role.CONSUMER
     subscription_id: int | None = None
-    last_offset: int | None = None  # offset of the last message handed to the callback
     active: bool | None = None  # for a single active consumer: whether this instance receives now
+    _untracked = False
+    _last_offset: int | None = None
+
+    @property
+    def last_offset(self) -> int | None:
+        """Offset of the last message handed to the callback (without tracking or single active
+        consumer, it is read from rstream per chunk, so the hot path pays nothing for it)."""
+        if self._untracked and self.subscription_id is not None:
+            subscriber = self._carrier._subscribers.get(self.subscription_id)
+            if subscriber is not None and subscriber.offset > 0:
+                return int(subscriber.offset) - 1
+        return self._last_offset
+
+    @last_offset.setter
+    def last_offset(self, value: int | None) -> None:
+        self._last_offset = value
 
     async def _subscribe(
         self,
@@ -214,7 +229,10 @@ class Consumer(_Handle):
                     self._storing.add_done_callback(lambda _: setattr(self, "_storing", None))
 
         deliver: Callable[[Any, Any], Any]
-        if inspect.iscoroutinefunction(callback):
+        if not tracked and not single_active:
+            deliver = callback  # nothing to do per message: rstream calls the application directly
+            self._untracked = True
+        elif inspect.iscoroutinefunction(callback):
             async def deliver_async(message: Any, context: Any) -> None:
                 await callback(message, context)
                 after(context)
