@@ -84,6 +84,8 @@ class Environment:
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
     :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
+    :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
+        cannot do (creating a super stream without the CreateSuperStream command).
 
     Use it as ``async with Environment(...) as env:``.
 
@@ -108,6 +110,7 @@ class Environment:
         frame_max: int = 1024 * 1024,
         heartbeat: int = 60,
         batching: BatchingPolicy = BatchingPolicy(),
+        management: ManagementClient | None = None,
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from resolvers.base import as_async
@@ -161,6 +164,8 @@ class Environment:
         self._rproducers: list[tuple[RProducer, set[str]]] = []
         self._rconsumers: list[tuple[RConsumer, set[str]]] = []
         self._handles: list[Producer | Consumer] = []
+        self._commands: dict[int, tuple[int, int]] | None = None
+        self.management = management
         self._closed = False
 
     def __repr__(self) -> str:
@@ -460,17 +465,24 @@ class Environment:
         self._handles.append(handle)
         return handle
 
+    async def command_versions(self) -> dict[int, tuple[int, int]]:
+        """The broker's stream commands: ``{key: (min_version, max_version)}`` (asked once, then cached)."""
+        from rstream import schema
+
+        if self._commands is None:
+            locator = await self._locator_client()
+            ours = [schema.FrameHandlerInfo(2, 1, 2)]  # what we speak is not what matters here
+            with map_stream_errors("asking the broker which commands it supports"):
+                response = await locator.sync_request(
+                    schema.ExchangeCommandVersionRequest(locator._corr_id_seq.next(), command_versions=ours),
+                    resp_schema=schema.ExchangeCommandVersionResponse, raise_exception=False,
+                )
+            self._commands = {c.key_command: (c.min_version, c.max_version) for c in response.command_versions}
+        return self._commands
+
     async def require_filtering(self) -> None:
         """:raises FeatureNotSupported: the broker has no filtering (Publish v2, RabbitMQ 3.13+)."""
-        from rstream.constants import Key
-        from rstream.schema import FrameHandlerInfo
-
-        if getattr(self, "_filtering", None) is None:
-            locator = await self._locator_client()
-            with map_stream_errors("asking the broker which command versions it supports"):
-                info = await locator.exchange_command_version(FrameHandlerInfo(Key.Publish.value, 1, 2))
-            self._filtering = info.max_version >= 2
-        if not self._filtering:
+        if (await self.command_versions()).get(2, (1, 1))[1] < 2:
             raise FeatureNotSupported(
                 "the broker does not support stream filtering (Publish v2): it needs RabbitMQ 3.13+ with the "
                 "stream_filtering feature flag enabled"
@@ -535,11 +547,13 @@ class Environment:
         management: ManagementClient | None = None,
     ) -> list[str]:
         """Create a super stream of ``partitions`` numbered partitions, or one per binding key; return the
-        partition names.  Uses the CreateSuperStream command; with ``management`` (a client of the
-        management API) it builds the AMQP topology instead, for brokers without that command.
+        partition names.  Uses the CreateSuperStream command where the broker has it (3.13+), and the AMQP
+        topology (exchange, partition streams, bindings) through the management API otherwise, or when
+        ``management`` is given here.
 
         :raises ConfigurationError: bad names, counts or arguments; nothing was sent.
         :raises TopologyError: it exists and ``exists_ok`` is False.
+        :raises FeatureNotSupported: no CreateSuperStream command and no management client.
         """
         from rstream.exceptions import StreamAlreadyExists
 
@@ -550,6 +564,13 @@ class Environment:
         for name in names:
             validate_stream_name(name)
         args = StreamArguments.coerce(arguments)
+        if management is None and 29 not in await self.command_versions():  # CreateSuperStream
+            management = self.management
+            if management is None:
+                raise FeatureNotSupported(
+                    "the broker has no CreateSuperStream command (RabbitMQ < 3.13): give the Environment a "
+                    "ManagementClient (management=...) to build the super stream's AMQP topology instead"
+                )
         if management is not None:
             self._create_super_stream_over_http(management, super_stream, names, keys, args, exists_ok)
             return names

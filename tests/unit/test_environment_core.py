@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -82,22 +83,63 @@ def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
     assert lot.expired() == [d] and len(lot) == 0
 
 
-async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
-    from types import SimpleNamespace
+class _OldBroker:
+    """A locator of a broker that knows neither Publish v2 nor CreateSuperStream."""
 
+    def __init__(self) -> None:
+        from itertools import count
+
+        self._corr_id_seq = SimpleNamespace(next=count(1).__next__)
+
+    async def sync_request(self, frame: object, resp_schema: object, raise_exception: bool = True) -> object:
+        infos = [SimpleNamespace(key_command=2, min_version=1, max_version=1)]
+        return SimpleNamespace(command_versions=infos)
+
+
+async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
     from smartclient import FeatureNotSupported
 
     env = Environment("h:5552")
+    old = _OldBroker()
 
-    class OldBroker:
-        async def exchange_command_version(self, info: object) -> object:
-            return SimpleNamespace(max_version=1)
-
-    async def locator() -> OldBroker:
-        return OldBroker()
+    async def locator() -> _OldBroker:
+        return old
 
     env._locator_client = locator  # type: ignore[method-assign,assignment]
     with pytest.raises(FeatureNotSupported, match=r"RabbitMQ 3\.13"):
         await env.require_filtering()
     with pytest.raises(FeatureNotSupported):
         await env.producer("s", filter_value=lambda body: "x")
+
+
+async def test_super_stream_falls_back_to_the_management_api_without_the_command() -> None:
+    from smartclient import FeatureNotSupported
+
+    calls: list[tuple[str, str]] = []
+
+    class FakeManagement:
+        def get(self, path: str) -> object:
+            from smartclient.management import ManagementError
+
+            raise ManagementError("not found", status=404)
+
+        def put(self, path: str, body: object) -> None:
+            calls.append(("PUT", path))
+
+        def post(self, path: str, body: object) -> None:
+            calls.append(("POST", path))
+
+    old = _OldBroker()
+
+    async def locator() -> _OldBroker:
+        return old
+
+    env = Environment("h:5552")
+    env._locator_client = locator  # type: ignore[method-assign,assignment]
+    with pytest.raises(FeatureNotSupported, match="ManagementClient"):
+        await env.create_super_stream("inv", partitions=2)
+    env.management = FakeManagement()  # type: ignore[assignment]
+    assert await env.create_super_stream("inv", partitions=2) == ["inv-0", "inv-1"]
+    assert calls == [("PUT", "/api/exchanges/%2F/inv"), ("PUT", "/api/queues/%2F/inv-0"),
+                     ("POST", "/api/bindings/%2F/e/inv/q/inv-0"), ("PUT", "/api/queues/%2F/inv-1"),
+                     ("POST", "/api/bindings/%2F/e/inv/q/inv-1")]
