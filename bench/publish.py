@@ -28,12 +28,10 @@ ROUNDS = 3
 TARGET = 1.0
 
 
-async def rstream_send(bed: LocalTestBed, stream: str) -> float:
-    from rstream import Producer
-
-    node = bed.nodes[0]
-    confirmed = 0
+def confirm_counter() -> tuple[Callable[[object], Awaitable[None]], asyncio.Event]:
+    """rstream's confirm callback, counting, and an event set once every message is confirmed."""
     done = asyncio.Event()
+    confirmed = 0
 
     async def on_confirm(status: object) -> None:
         nonlocal confirmed
@@ -41,6 +39,14 @@ async def rstream_send(bed: LocalTestBed, stream: str) -> float:
         if confirmed == MESSAGES:
             done.set()
 
+    return on_confirm, done
+
+
+async def rstream_send(bed: LocalTestBed, stream: str) -> float:
+    from rstream import Producer
+
+    node = bed.nodes[0]
+    on_confirm, done = confirm_counter()
     async with Producer(node.host, node.stream_port, username=bed.username, password=bed.password) as producer:
         await producer.send_wait(stream, b"warm-up")
         started = time.perf_counter()
@@ -54,15 +60,7 @@ async def rstream_send_batch(bed: LocalTestBed, stream: str) -> float:
     from rstream import Producer
 
     node = bed.nodes[0]
-    confirmed = 0
-    done = asyncio.Event()
-
-    async def on_confirm(status: object) -> None:
-        nonlocal confirmed
-        confirmed += 1
-        if confirmed == MESSAGES:
-            done.set()
-
+    on_confirm, done = confirm_counter()
     batch = [BODY] * 1000
     async with Producer(node.host, node.stream_port, username=bed.username, password=bed.password) as producer:
         await producer.send_wait(stream, b"warm-up")
