@@ -45,6 +45,31 @@ def faulty_testbed(testbed: TestBed) -> Iterator[TestBed]:
     testbed.heal()
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
+    to 4 times), with the Python of this interpreter on the executors."""
+    import os
+    import sys
+
+    from .prerequisites import require_java
+
+    try:
+        require_java(17)
+        from pyspark.sql import SparkSession
+    except PrerequisiteMissing as exc:
+        pytest.fail(f"Spark cannot start: {exc}", pytrace=False)
+    except ImportError:
+        pytest.fail("Spark cannot start: pyspark is not installed (pip install 'smartclient[spark]')",
+                    pytrace=False)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (SparkSession.builder.master("local[2,4]").appName("smartclient-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .config("spark.driver.memory", "1g").getOrCreate())
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def unique_name(request: pytest.FixtureRequest) -> str:
     base = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]

@@ -1,0 +1,40 @@
+"""``StreamConnection``: how executors reach the cluster; small, frozen and picklable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..settings import parse_stream_uri
+
+if TYPE_CHECKING:
+    from ..environment import Environment
+
+__all__ = ["StreamConnection"]
+
+
+@dataclass(frozen=True)
+class StreamConnection:
+    """What an executor needs to open an Environment: an entry-point URI (credentials may be in it or
+    given apart) and a picklable resolver (``LoadBalancer``, ``StaticMap``, ``Identity`` or your own).
+
+    The password never appears in ``repr``.  The object crosses to executors with the Spark job.
+    """
+
+    uri: str = field(repr=False)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    resolver: Any = None
+
+    def __post_init__(self) -> None:
+        parse_stream_uri(self.uri)  # a bad URI fails on the driver, not on every executor
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.uri, self.username, self.password, repr(self.resolver))
+
+    def environment(self) -> Environment:
+        from ..environment import Environment
+
+        return Environment(self.uri, username=self.username, password=self.password, resolver=self.resolver,
+                           connection_name="smartclient-spark")

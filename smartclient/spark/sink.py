@@ -1,0 +1,173 @@
+"""``ExactlyOnceSink``: a ``writeStream.foreachBatch`` sink to a stream or a super stream, exactly once.
+
+Spark's foreachBatch is at-least-once: a batch (or one of its tasks) may run again.  This sink makes
+every publishing id a pure function of the batch, so a replay publishes the same ids and the
+broker's deduplication drops them:
+
+1. each row gets a *slot* in ``0..slots-1`` from a deterministic hash of its key columns (never the
+   task partition id, which Spark does not keep across replays); for a super stream the slot is the
+   partition the Java-compatible hash of the key gives, so every row lands where the other clients
+   would put it;
+2. rows are repartitioned by slot and sorted within partitions by slot then ``order_columns``, which
+   together must be a total order;
+3. one producer per slot, named ``{app_id}-{slot}``, placed on its stream's leader through the
+   Environment and its resolver (so the sink works behind a load balancer);
+4. publishing id = ``(batch_id << 32) | position of the row within its slot in this batch``;
+5. the task waits for every confirm before it ends.
+
+A new checkpoint needs a new ``app_id``: batch ids restart at 0 with a new checkpoint, and the
+broker would drop them as duplicates of the old run's.  ``spark.speculation`` must stay off: a
+speculative task copy would be a second live producer with the same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ConfigurationError
+from .config import StreamConnection
+from .runtime import run_with_environment
+
+__all__ = ["ExactlyOnceSink", "row_to_message"]
+
+SLOT_COLUMN = "__smartclient_slot"
+MAX_ROWS_PER_SLOT = 1 << 32
+
+
+def row_to_message(row: Any, body_column: str, property_columns: Sequence[str]) -> Any:
+    """A row as a message: ``body_column`` (binary or string) as the body; with ``property_columns``,
+    an AMQP 1.0 message whose application properties are those columns."""
+    body = row[body_column]
+    if body is None:
+        raise ConfigurationError(f"row has a null body column {body_column!r}")
+    data = body.encode() if isinstance(body, str) else bytes(body)
+    if not property_columns:
+        return data
+    from rstream import AMQPMessage
+
+    properties = {name: _amqp_value(row[name]) for name in property_columns}
+    return AMQPMessage(body=data, application_properties=properties)
+
+
+def _amqp_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ExactlyOnceSink:
+    """Call it as ``df.writeStream.foreachBatch(ExactlyOnceSink(...))``.
+
+    :param connection: how executors reach the cluster (:class:`StreamConnection`).
+    :param app_id: names the producers (``{app_id}-{slot}``); a new checkpoint needs a new app_id.
+    :param stream: the target stream, or
+    :param super_stream: the target super stream (then ``slots`` is its partition count).
+    :param key_columns: the columns whose hash picks the slot.
+    :param order_columns: the columns that, with the slot, totally order the rows of a batch.
+    :param slots: number of slots (producers) for a plain stream.
+    :param body_column: the message body (binary or string); other ``property_columns`` become
+        application properties.  Or give ``to_message(row) -> bytes | AMQPMessage``.
+    """
+
+    connection: StreamConnection
+    app_id: str
+    key_columns: Sequence[str]
+    order_columns: Sequence[str]
+    stream: str | None = None
+    super_stream: str | None = None
+    slots: int = 4
+    body_column: str = "body"
+    property_columns: Sequence[str] = ()
+    to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.stream is None) == (self.super_stream is None):
+            raise ConfigurationError("give ExactlyOnceSink either stream= or super_stream=")
+        if not self.app_id:
+            raise ConfigurationError("app_id must not be empty: it names the producers")
+        if not self.key_columns or not self.order_columns:
+            raise ConfigurationError("ExactlyOnceSink needs key_columns and order_columns (a total order)")
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or not 1 <= self.slots <= 200:
+            raise ConfigurationError(f"slots must be between 1 and 200, not {self.slots!r}")
+
+    # -- driver side ----------------------------------------------------------------------------
+    def __call__(self, df: Any, batch_id: int) -> None:
+        spark = df.sparkSession
+        if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
+            raise ConfigurationError(
+                "spark.speculation is on: a speculative task copy would be a second live producer with the same "
+                "name, which breaks deduplication; turn it off for this query"
+            )
+        if not 0 <= batch_id < (1 << 31):
+            raise ConfigurationError(f"batch id {batch_id} does not fit the publishing-id layout")
+        targets = self._targets()
+        slotted = self._with_slots(df, len(targets))
+        ordered = slotted.repartition(len(targets), SLOT_COLUMN).sortWithinPartitions(
+            SLOT_COLUMN, *self.order_columns)
+        sink = self
+
+        def write(rows: Iterator[Any]) -> None:
+            sink._write_partition(rows, batch_id, targets)
+
+        ordered.foreachPartition(write)
+
+    def _targets(self) -> list[str]:
+        """The stream of each slot: the stream itself, or the super stream's partitions in order."""
+        if self.stream is not None:
+            return [self.stream] * self.slots
+        super_stream = self.super_stream
+        assert super_stream is not None
+
+        async def partitions(env: Any) -> list[str]:
+            return list(await env.partitions(super_stream))
+
+        return run_with_environment(self.connection, partitions)
+
+    def _with_slots(self, df: Any, count: int) -> Any:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import IntegerType
+
+        if self.stream is not None:
+            return df.withColumn(SLOT_COLUMN, F.pmod(F.xxhash64(*[F.col(c) for c in self.key_columns]),
+                                                     F.lit(count)).cast("int"))
+        from ..routing import murmur3_32
+
+        def java_slot(key: str) -> int:
+            return murmur3_32(key.encode("utf-8")) % count
+
+        key = (F.col(self.key_columns[0]).cast("string") if len(self.key_columns) == 1
+               else F.concat_ws("|", *[F.col(c).cast("string") for c in self.key_columns]))
+        return df.withColumn(SLOT_COLUMN, F.udf(java_slot, IntegerType())(key))
+
+    # -- executor side --------------------------------------------------------------------------
+    def _write_partition(self, rows: Iterator[Any], batch_id: int, targets: list[str]) -> None:
+        convert = self.to_message or (lambda row: row_to_message(row, self.body_column, self.property_columns))
+
+        async def publish(env: Any) -> None:
+            producer = None
+            slot = -1
+            position = 0
+            try:
+                for row in rows:
+                    row_slot = row[SLOT_COLUMN]
+                    if row_slot != slot:
+                        if producer is not None:
+                            await producer.flush()
+                            await producer.close()
+                        slot, position = row_slot, 0
+                        producer = await env.producer(targets[slot], name=f"{self.app_id}-{slot}")
+                    if position >= MAX_ROWS_PER_SLOT:
+                        raise ConfigurationError(f"more than 2**32 rows in slot {slot} of batch {batch_id}")
+                    assert producer is not None
+                    await producer.send(convert(row), publishing_id=(batch_id << 32) | position)
+                    position += 1
+                if producer is not None:
+                    await producer.flush()  # every confirm before the task ends
+            finally:
+                if producer is not None:
+                    await producer.close()
+
+        run_with_environment(self.connection, publish)

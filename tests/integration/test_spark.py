@@ -1,0 +1,116 @@
+"""Spark against the real cluster: the exactly-once sink (idempotence, an injected task failure, a
+super stream).  One local[2,4] session for all of them (the ``spark`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import Address, Environment, hash_partition
+from smartclient.spark import ExactlyOnceSink, StreamConnection
+from smartclient.testing import TestBed
+
+pytestmark = pytest.mark.spark
+
+
+def connection_via_lb(bed: TestBed) -> StreamConnection:
+    host, port = bed.lb("stream")
+    return StreamConnection(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)))
+
+
+async def read_stream(bed: TestBed, stream: str, expect: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+    node = bed.nodes[0]
+    got: list[dict[str, Any]] = []
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        consumer = await env.consumer(stream, lambda m, c: got.append(json.loads(bytes(m))), offset="first")
+        deadline = time.monotonic() + timeout
+        while len(got) < expect and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # duplicates would arrive now
+        await consumer.close()
+    return got
+
+
+def rows(spark: Any, start: int, count: int) -> Any:
+    data = [(i, f"user-{i % 7}", json.dumps({"id": i, "user": f"user-{i % 7}"})) for i in range(start, start + count)]
+    return spark.createDataFrame(data, "id long, user string, body string")
+
+
+async def test_sink_is_idempotent_for_a_batch_id(spark: Any, testbed: TestBed, unique_name: str) -> None:
+    async with Environment(testbed.stream_uri(testbed.nodes[0].host, testbed.nodes[0].stream_port)) as env:
+        await env.create_stream(unique_name)
+    sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, stream=unique_name,
+                           key_columns=["user"], order_columns=["id"], slots=3)
+    df = rows(spark, 0, 200)
+    await asyncio.to_thread(sink, df, 7)
+    await asyncio.to_thread(sink, df, 7)  # the same batch again: nothing new
+    got = await read_stream(testbed, unique_name, expect=200)
+    assert sorted(m["id"] for m in got) == list(range(200))
+
+
+async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
+    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+) -> None:
+    async with Environment(testbed.stream_uri(testbed.nodes[0].host, testbed.nodes[0].stream_port)) as env:
+        await env.create_stream(unique_name)
+    source = tmp_path / "in"
+    source.mkdir()
+    for part in range(3):  # three files, one batch each
+        lines = [json.dumps({"id": i, "user": f"user-{i % 7}", "body": json.dumps({"id": i, "user": f"user-{i % 7}"})})
+                 for i in range(part * 300, part * 300 + 300)]
+        (source / f"part-{part}.json").write_text("\n".join(lines) + "\n")
+    marker = tmp_path / "failed-once"
+
+    def to_message(row: Any) -> bytes:
+        if row["id"] == 450 and not marker.exists():  # half-way through a slot of the second batch
+            marker.write_text("x")
+            raise RuntimeError("injected task failure")
+        return row["body"].encode()
+
+    sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, stream=unique_name,
+                           key_columns=["user"], order_columns=["id"], slots=3, to_message=to_message)
+    query = (spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)
+             .json(str(source)).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
+    try:
+        await asyncio.to_thread(query.processAllAvailable)
+    finally:
+        query.stop()
+    assert marker.exists()  # the failure did happen, and Spark retried the task
+    got = await read_stream(testbed, unique_name, expect=900)
+    ids = [m["id"] for m in got]
+    assert len(ids) == 900 and sorted(ids) == list(range(900))  # 0 missing, 0 duplicated
+    by_user: dict[str, list[int]] = defaultdict(list)
+    for m in got:
+        by_user[m["user"]].append(m["id"])
+    for user, seq in by_user.items():
+        assert seq == sorted(seq), user  # the order within each slot is kept
+
+
+async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
+    spark: Any, testbed: TestBed, unique_name: str
+) -> None:
+    node = testbed.nodes[0]
+    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
+        partitions = await env.create_super_stream(unique_name, partitions=3)
+    try:
+        sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, super_stream=unique_name,
+                               key_columns=["user"], order_columns=["id"])
+        await asyncio.to_thread(sink, rows(spark, 0, 140), 0)
+        total = 0
+        for partition in partitions:
+            got = await read_stream(testbed, partition, expect=1, timeout=5)
+            total += len(got)
+            for m in got:
+                assert hash_partition(m["user"], partitions) == partition, m
+        assert total == 140
+    finally:
+        async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
+            await env.delete_super_stream(unique_name)
