@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -61,14 +62,10 @@ def _shutdown() -> None:
 
     async def close_all() -> None:
         for env in list(_envs.values()):
-            try:
+            with contextlib.suppress(Exception):  # the worker is exiting: nothing left to report to
                 await env.close()
-            except Exception:  # the worker is exiting: nothing left to report to
-                pass
         _envs.clear()
 
-    try:
+    with contextlib.suppress(Exception):
         asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=10)
-    except Exception:
-        pass
     loop.call_soon_threadsafe(loop.stop)
