@@ -3,7 +3,17 @@ stream source for the Python Data Source API (PySpark 4.0+).  pyspark is importe
 
 from __future__ import annotations
 
+from typing import Any
+
 from .config import StreamConnection
 from .sink import ExactlyOnceSink, row_to_message
 
-__all__ = ["ExactlyOnceSink", "StreamConnection", "row_to_message"]
+__all__ = ["ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "next_offsets", "row_to_message"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RabbitStreamDataSource", "next_offsets"):  # needs pyspark: imported on first use
+        from . import source
+
+        return getattr(source, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

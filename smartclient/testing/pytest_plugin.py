@@ -63,7 +63,9 @@ def spark() -> Iterator[Any]:
         pytest.fail("Spark cannot start: pyspark is not installed (pip install 'smartclient[spark]')",
                     pytrace=False)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep every Spark socket on loopback
     session = (SparkSession.builder.master("local[2,4]").appName("smartclient-tests")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
                .config("spark.driver.memory", "1g").getOrCreate())
     yield session

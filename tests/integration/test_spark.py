@@ -114,3 +114,83 @@ async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
     finally:
         async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
             await env.delete_super_stream(unique_name)
+
+
+async def fill(bed: TestBed, stream: str, start: int, count: int) -> None:
+    node = bed.nodes[0]
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        await env.create_stream(stream, exists_ok=True)
+        producer = await env.producer(stream)
+        await producer.send_batch([json.dumps({"id": i}).encode() for i in range(start, start + count)])
+        await producer.close()
+
+
+def source(spark: Any, bed: TestBed, stream: str, streaming: bool = False) -> Any:
+    from smartclient.spark import RabbitStreamDataSource
+
+    spark.dataSource.register(RabbitStreamDataSource)
+    host, port = bed.lb("stream")
+    reader = spark.readStream if streaming else spark.read
+    return (reader.format("rabbitmq_stream").option("uri", bed.stream_uri(host, port))
+            .option("loadBalancer", f"{host}:{port}").option("streams", stream))
+
+
+async def test_batch_read_returns_exactly_an_offset_range(spark: Any, testbed: TestBed, unique_name: str) -> None:
+    await fill(testbed, unique_name, 0, 100)
+    df = (source(spark, testbed, unique_name).option("startingOffsets", json.dumps({unique_name: 10}))
+          .option("endingOffsets", json.dumps({unique_name: 60})).option("maxRecordsPerPartition", "20").load())
+    from smartclient.spark.source import OffsetRange, _BatchReader, _options
+
+    host, port = testbed.lb("stream")
+    reader = _BatchReader(_options({"uri": testbed.stream_uri(host, port), "streams": unique_name,
+                                    "startingOffsets": json.dumps({unique_name: 10}),
+                                    "endingOffsets": json.dumps({unique_name: 60}), "maxRecordsPerPartition": "20"}))
+    assert list(reader.partitions()) == [OffsetRange(unique_name, 10, 30), OffsetRange(unique_name, 30, 50),
+                                         OffsetRange(unique_name, 50, 60)]
+    got = await asyncio.to_thread(df.collect)
+    assert sorted(r.offset for r in got) == list(range(10, 60))
+    assert all(json.loads(bytes(r.body))["id"] == r.offset and r.stream == unique_name for r in got)
+    everything = await asyncio.to_thread(source(spark, testbed, unique_name).load().count)
+    assert everything == 100  # earliest to latest by default
+
+
+async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
+    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+) -> None:
+    await fill(testbed, unique_name, 0, 30)
+    seen: list[int] = []
+    batches: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen.extend(r.offset for r in df.collect())
+        batches.append(batch_id)
+
+    def run() -> None:
+        query = (source(spark, testbed, unique_name, streaming=True).option("maxRecordsPerPartition", "10").load()
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    await asyncio.to_thread(run)
+    assert sorted(seen) == list(range(30)) and batches
+    await fill(testbed, unique_name, 30, 20)
+    seen.clear()
+    await asyncio.to_thread(run)  # a restart from the same checkpoint
+    assert sorted(seen) == list(range(30, 50))  # exactly the new messages: no gap, no replay
+
+
+def _pyspark_has_admission_control() -> bool:
+    from smartclient.spark.source import admission_control_supported
+
+    return admission_control_supported()
+
+
+@pytest.mark.skipif(_pyspark_has_admission_control(), reason="this PySpark offers admission control")
+def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
+    from smartclient import ConfigurationError
+    from smartclient.spark.source import _StreamReader
+
+    with pytest.raises(ConfigurationError, match="maxRecordsPerTrigger needs admission control"):
+        _StreamReader({"uri": "rabbitmq-stream://h", "streams": "s", "maxrecordspertrigger": "10"})

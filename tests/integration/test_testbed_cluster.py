@@ -11,6 +11,7 @@ from typing import Any
 import dns.resolver
 import pytest
 
+from smartclient import FaultUnavailable
 from smartclient.testing import TestBed
 
 
@@ -105,7 +106,7 @@ def test_up_is_idempotent_and_reuses_a_healthy_test_bed(testbed: TestBed) -> Non
     from smartclient.testing.local import LocalTestBed
 
     if not isinstance(testbed, LocalTestBed):
-        pytest.skip("up() is the local test bed's")
+        raise FaultUnavailable("up() belongs to the local test bed")
     pids = [b.pid() for b in testbed.brokers]
     report = testbed.up()
     assert report.reused and report.actions == []

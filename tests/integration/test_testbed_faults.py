@@ -12,6 +12,7 @@ import dns.exception
 import dns.resolver
 import pytest
 
+from smartclient import FaultUnavailable
 from smartclient.management import ManagementClient
 from smartclient.testing import TestBed
 from smartclient.testing.external import ExternalTestBed
@@ -127,7 +128,7 @@ def test_lb_backend_in_maintenance_is_healed(faulty_testbed: TestBed) -> None:
     from smartclient.testing.local import LocalTestBed
 
     if not isinstance(faulty_testbed, LocalTestBed):
-        pytest.skip("the HAProxy admin socket is the local test bed's")
+        raise FaultUnavailable("the HAProxy admin socket belongs to the local test bed")
     faulty_testbed.haproxy.set_maint("rabbit-2")  # every listener
     states = faulty_testbed.haproxy.server_states()
     assert {listener: servers["rabbit-2"] for listener, servers in states.items()} == {

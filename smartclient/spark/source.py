@@ -1,0 +1,230 @@
+"""``RabbitStreamDataSource``: streams as a Spark source, through the Python Data Source API (PySpark 4.0+).
+
+    spark.dataSource.register(RabbitStreamDataSource)
+    df = (spark.read.format("rabbitmq_stream")            # or spark.readStream
+          .option("uri", "rabbitmq-stream://user:pw@lb:5552/").option("loadBalancer", "lb:5552")
+          .option("streams", "orders,payments").load())
+
+Rows: ``stream`` string, ``offset`` long, ``timestamp`` long (the chunk's, in ms), ``body`` binary.
+Offsets are ``{stream: next offset}``.  Options:
+
+* ``uri`` (required), ``loadBalancer`` (``host:port``: dial only the LB, placement still checked);
+* ``streams``: comma-separated;
+* batch: ``startingOffsets`` / ``endingOffsets``: ``earliest``/``latest`` or JSON ``{"stream": offset}``;
+* ``maxRecordsPerPartition`` (default 50000): a range is split into partitions of at most that many;
+* streaming: ``startingOffsets`` (``earliest``, default, or ``latest``).  ``maxRecordsPerTrigger`` is
+  refused with a clear error on PySpark 4.0, whose Python stream readers get no admission-control
+  hook (their ``latestOffset()`` receives neither the start nor a limit).
+
+Readers run on the executors and are placed on replicas like any smartclient consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+
+from .._errors import ConfigurationError
+from ..address import Address
+from .config import StreamConnection
+from .runtime import run_with_environment
+
+__all__ = ["RabbitStreamDataSource", "next_offsets"]
+
+SCHEMA = "stream string, offset long, timestamp long, body binary"
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    stream: str
+    start: int
+    end: int  # exclusive
+
+
+def _options(raw: Any) -> dict[str, str]:
+    """Spark passes data-source options with lower-cased keys: look every name up lower-cased."""
+    return {str(k).lower(): str(v) for k, v in dict(raw).items()}
+
+
+def _connection(options: dict[str, str]) -> StreamConnection:
+    uri = options.get("uri")
+    if not uri:
+        raise ConfigurationError("the rabbitmq_stream source needs option('uri', 'rabbitmq-stream://...')")
+    resolver = None
+    if options.get("loadbalancer"):
+        from resolvers import LoadBalancer
+
+        resolver = LoadBalancer(Address.parse(options["loadbalancer"]))
+    return StreamConnection(uri, resolver=resolver)
+
+
+def _streams(options: dict[str, str]) -> list[str]:
+    streams = [s.strip() for s in options.get("streams", "").split(",") if s.strip()]
+    if not streams:
+        raise ConfigurationError("the rabbitmq_stream source needs option('streams', 'a,b')")
+    return streams
+
+
+def _int_option(options: dict[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"option {name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise ConfigurationError(f"option {name}={value} must be positive")
+    return value
+
+
+async def _next_offset(env: Any, stream: str, wait: float = 2.0) -> int:
+    """The offset the next message of ``stream`` will get: read the last chunk and see where it ends."""
+    consumer = await env.consumer(stream, lambda message, context: None, offset="last")
+    try:
+        deadline = time.monotonic() + wait
+        while consumer.last_offset is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        last = consumer.last_offset
+    finally:
+        await consumer.close()
+    return 0 if last is None else last + 1  # nothing delivered within the wait: the stream is empty
+
+
+def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[str, int]:
+    """``{stream: next offset}`` for each stream: where each stream ends now."""
+
+    async def work(env: Any) -> dict[str, int]:
+        return {stream: await _next_offset(env, stream) for stream in streams}
+
+    return run_with_environment(connection, work)
+
+
+def _resolve(spec: str | None, default: str, streams: list[str], connection: StreamConnection) -> dict[str, int]:
+    value = (spec or default).strip()
+    if value == "earliest":
+        return {s: 0 for s in streams}
+    if value == "latest":
+        return next_offsets(connection, streams)
+    try:
+        given = json.loads(value)
+    except ValueError:
+        raise ConfigurationError(f"offsets {value!r} must be 'earliest', 'latest' or JSON {{\"stream\": n}}") from None
+    missing = [s for s in streams if s not in given]
+    if missing or not all(isinstance(v, int) and v >= 0 for v in given.values()):
+        raise ConfigurationError(f"offsets {value!r} must give a non-negative offset for every stream {streams}")
+    return {s: int(given[s]) for s in streams}
+
+
+def admission_control_supported() -> bool:
+    """Whether this PySpark lets a Python stream reader cap a micro-batch (latestOffset(start, limit))."""
+    import inspect
+
+    return len(inspect.signature(DataSourceStreamReader.latestOffset).parameters) > 1
+
+
+def _split(start: dict[str, int], end: dict[str, int], size: int) -> list[OffsetRange]:
+    parts = []
+    for stream, first in start.items():
+        last = end.get(stream, first)
+        for lo in range(first, last, size):
+            parts.append(OffsetRange(stream, lo, min(lo + size, last)))
+    return parts
+
+
+def _read(connection: StreamConnection, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
+    if not isinstance(partition, OffsetRange):
+        raise ConfigurationError(f"unexpected partition {partition!r} for the rabbitmq_stream source")
+    part = partition
+    if part.end <= part.start:
+        return iter(())
+
+    async def work(env: Any) -> list[tuple[str, int, int, bytes]]:
+        from ..offsets import OffsetSpec
+
+        rows: list[tuple[str, int, int, bytes]] = []
+        done = asyncio.Event()
+
+        def on_message(message: Any, context: Any) -> None:
+            if part.start <= context.offset < part.end:
+                rows.append((part.stream, context.offset, context.timestamp, bytes(message)))
+            if context.offset >= part.end - 1:
+                done.set()
+
+        consumer = await env.consumer(part.stream, on_message, offset=OffsetSpec.at(part.start))
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+        finally:
+            await consumer.close()
+        return rows
+
+    return iter(run_with_environment(connection, work))
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.connection = _connection(options)
+        streams = _streams(options)
+        self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
+        self.start = _resolve(options.get("startingoffsets"), "earliest", streams, self.connection)
+        self.end = _resolve(options.get("endingoffsets"), "latest", streams, self.connection)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _split(self.start, self.end, self.size)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
+        return _read(self.connection, partition)
+
+
+class _StreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.connection = _connection(options)
+        self.streams = _streams(options)
+        self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
+        if "maxrecordspertrigger" in options and not admission_control_supported():
+            import pyspark
+
+            raise ConfigurationError(
+                f"maxRecordsPerTrigger needs admission control for Python data sources, which PySpark "
+                f"{pyspark.__version__} does not offer (its latestOffset() gets no start and no limit); "
+                f"split the work with maxRecordsPerPartition instead"
+            )
+        self.starting = options.get("startingoffsets", "earliest")
+
+    def initialOffset(self) -> dict[str, int]:
+        return _resolve(self.starting, "earliest", self.streams, self.connection)
+
+    def latestOffset(self) -> dict[str, int]:
+        return next_offsets(self.connection, self.streams)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return _split(start, end, self.size)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
+        return _read(self.connection, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None  # nothing to release: offsets live in Spark's checkpoint
+
+
+class RabbitStreamDataSource(DataSource):
+    """Register with ``spark.dataSource.register(RabbitStreamDataSource)``; format ``rabbitmq_stream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rabbitmq_stream"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _BatchReader(_options(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return _StreamReader(_options(self.options))
