@@ -194,3 +194,26 @@ def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
 
     with pytest.raises(ConfigurationError, match="maxRecordsPerTrigger needs admission control"):
         _StreamReader({"uri": "rabbitmq-stream://h", "streams": "s", "maxrecordspertrigger": "10"})
+
+
+async def test_end_to_end_source_transform_sink_through_the_lb(
+    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline.py"
+    spec = importlib.util.spec_from_file_location("spark_pipeline", path)
+    assert spec is not None and spec.loader is not None
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    host, port = testbed.lb("stream")
+    uri = testbed.stream_uri(host, port)
+    source, target = f"{unique_name}-in", f"{unique_name}-out"
+    await pipeline.publish_orders(uri, source, 500)
+    await asyncio.to_thread(pipeline.run, spark, uri, source, target, unique_name, str(tmp_path / "cp"))
+    out = await pipeline.read_all(uri, target, expect=500)
+    assert sorted(m["id"] for m in out) == list(range(500))
+    assert all(m["with_tax"] == round(m["id"] * 1.5 * 1.2, 2) for m in out)
+    # running the same query again from its checkpoint adds nothing
+    await asyncio.to_thread(pipeline.run, spark, uri, source, target, unique_name, str(tmp_path / "cp"))
+    assert len(await pipeline.read_all(uri, target, expect=501, timeout=3)) == 500
