@@ -22,6 +22,7 @@ speculative task copy would be a second live producer with the same name.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from .runtime import run_with_environment
 __all__ = ["ExactlyOnceSink", "row_to_message"]
 
 SLOT_COLUMN = "__smartclient_slot"
+PART_COLUMN = "__smartclient_partition_key"
 MAX_ROWS_PER_SLOT = 1 << 32
 
 
@@ -55,6 +57,25 @@ def _amqp_value(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str | bytes):
         return value
     return str(value)
+
+
+def _partition_keys(spark: Any, count: int) -> Any:
+    """A map column ``slot -> key`` where Spark's hash partitioning sends ``key`` to partition ``slot``.
+
+    Repartitioning by the slot itself hashes the values 0..count-1 into ``count`` partitions, and they
+    collide (4 slots once filled only 2 of 4 partitions, one task carrying 70% of the rows).  The keys
+    are found with the very expression Spark's HashPartitioning uses: pmod(hash(key), count).
+    """
+    from pyspark.sql import functions as F
+
+    rows = spark.range(count * 64).select(
+        F.col("id"), F.pmod(F.hash(F.col("id")), F.lit(count)).alias("p")).collect()
+    keys: dict[int, int] = {}
+    for row in rows:
+        keys.setdefault(int(row["p"]), int(row["id"]))
+    if len(keys) < count:  # practically impossible; a plain repartition still works, only less evenly
+        keys = {slot: slot for slot in range(count)}
+    return F.create_map(*[F.lit(v) for slot in range(count) for v in (slot, keys[slot])])
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,8 @@ class ExactlyOnceSink:
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
         spark = df.sparkSession
         if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
             raise ConfigurationError(
@@ -105,14 +128,19 @@ class ExactlyOnceSink:
             raise ConfigurationError(f"batch id {batch_id} does not fit the publishing-id layout")
         targets = self._targets()
         slotted = self._with_slots(df, len(targets))
-        ordered = slotted.repartition(len(targets), SLOT_COLUMN).sortWithinPartitions(
-            SLOT_COLUMN, *self.order_columns)
+        ordered = (slotted.withColumn(PART_COLUMN, _partition_keys(spark, len(targets))[F.col(SLOT_COLUMN)])
+                   .repartition(len(targets), PART_COLUMN).sortWithinPartitions(SLOT_COLUMN, *self.order_columns))
         sink = self
 
-        def write(rows: Iterator[Any]) -> None:
-            sink._write_partition(rows, batch_id, targets)
+        def write(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
 
-        ordered.foreachPartition(write)
+            written = sink._write_partition(batches, batch_id, targets)
+            yield pa.RecordBatch.from_pydict({"written": [written]})
+
+        # Arrow batches, not Row objects: handing Python one pickled Row per row would cost far more
+        # than publishing it.
+        ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
 
     def _targets(self) -> list[str]:
         """The stream of each slot: the stream itself, or the super stream's partitions in order."""
@@ -143,31 +171,52 @@ class ExactlyOnceSink:
         return df.withColumn(SLOT_COLUMN, F.udf(java_slot, IntegerType())(key))
 
     # -- executor side --------------------------------------------------------------------------
-    def _write_partition(self, rows: Iterator[Any], batch_id: int, targets: list[str]) -> None:
-        convert = self.to_message or (lambda row: row_to_message(row, self.body_column, self.property_columns))
+    def _write_partition(self, batches: Iterator[Any], batch_id: int, targets: list[str]) -> int:
+        """Publish one Spark partition (Arrow record batches, sorted by slot then order); return the rows."""
+        convert = self.to_message
+        if convert is None and self.property_columns:
+            def convert(row: Any) -> Any:
+                return row_to_message(row, self.body_column, self.property_columns)
+        # One producer per slot met in this task, all kept open until the end of the task; then every
+        # confirm is awaited at once (slots are distinct producer names, so they may be live together).
+        producers: dict[int, Any] = {}
+        positions: dict[int, int] = {}
+        state = {"written": 0}
 
-        async def publish(env: Any) -> None:
-            producer = None
-            slot = -1
-            position = 0
+        async def publish(env: Any, slots: list[int], bodies: list[Any]) -> None:
+            for slot, body in zip(slots, bodies, strict=True):
+                producer = producers.get(slot)
+                if producer is None:
+                    producer = producers[slot] = await env.producer(targets[slot], name=f"{self.app_id}-{slot}")
+                position = positions.get(slot, 0)
+                if position >= MAX_ROWS_PER_SLOT:
+                    raise ConfigurationError(f"more than 2**32 rows in slot {slot} of batch {batch_id}")
+                await producer.send(body, publishing_id=(batch_id << 32) | position)
+                positions[slot] = position + 1
+            state["written"] += len(bodies)
+
+        async def finish(env: Any) -> None:
             try:
-                for row in rows:
-                    row_slot = row[SLOT_COLUMN]
-                    if row_slot != slot:
-                        if producer is not None:
-                            await producer.flush()
-                            await producer.close()
-                        slot, position = row_slot, 0
-                        producer = await env.producer(targets[slot], name=f"{self.app_id}-{slot}")
-                    if position >= MAX_ROWS_PER_SLOT:
-                        raise ConfigurationError(f"more than 2**32 rows in slot {slot} of batch {batch_id}")
-                    assert producer is not None
-                    await producer.send(convert(row), publishing_id=(batch_id << 32) | position)
-                    position += 1
-                if producer is not None:
-                    await producer.flush()  # every confirm before the task ends
+                await asyncio.gather(*(p.flush() for p in producers.values()))  # every confirm, before the end
             finally:
-                if producer is not None:
+                for producer in producers.values():
                     await producer.close()
 
-        run_with_environment(self.connection, publish)
+        try:
+            for batch in batches:
+                slots = batch.column(SLOT_COLUMN).to_pylist()
+                if convert is not None:
+                    bodies = [convert(row) for row in batch.to_pylist()]
+                else:
+                    bodies = [b.encode() if isinstance(b, str) else b
+                              for b in batch.column(self.body_column).to_pylist()]
+                    if any(b is None for b in bodies):
+                        raise ConfigurationError(f"a row has a null body column {self.body_column!r}")
+
+                async def chunk(env: Any, slots: list[int] = slots, bodies: list[Any] = bodies) -> None:
+                    await publish(env, slots, bodies)
+
+                run_with_environment(self.connection, chunk)
+        finally:
+            run_with_environment(self.connection, finish)
+        return int(state["written"])
