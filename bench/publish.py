@@ -28,7 +28,7 @@ ROUNDS = 3
 TARGET = 1.0
 
 
-def confirm_counter() -> tuple[Callable[[object], Awaitable[None]], asyncio.Event]:
+def confirm_counter(messages: int = MESSAGES) -> tuple[Callable[[object], Awaitable[None]], asyncio.Event]:
     """rstream's confirm callback, counting, and an event set once every message is confirmed."""
     done = asyncio.Event()
     confirmed = 0
@@ -36,7 +36,7 @@ def confirm_counter() -> tuple[Callable[[object], Awaitable[None]], asyncio.Even
     async def on_confirm(status: object) -> None:
         nonlocal confirmed
         confirmed += 1
-        if confirmed == MESSAGES:
+        if confirmed == messages:
             done.set()
 
     return on_confirm, done
@@ -56,19 +56,20 @@ async def rstream_send(bed: LocalTestBed, stream: str) -> float:
         return MESSAGES / (time.perf_counter() - started)
 
 
-async def rstream_send_batch(bed: LocalTestBed, stream: str) -> float:
+async def rstream_send_batch(bed: LocalTestBed, stream: str, messages: int = MESSAGES) -> float:
+    """The anchor: rstream's send_batch in batches of 1000, every confirm awaited; messages per second."""
     from rstream import Producer
 
     node = bed.nodes[0]
-    on_confirm, done = confirm_counter()
+    on_confirm, done = confirm_counter(messages)
     batch = [BODY] * 1000
     async with Producer(node.host, node.stream_port, username=bed.username, password=bed.password) as producer:
         await producer.send_wait(stream, b"warm-up")
         started = time.perf_counter()
-        for _ in range(MESSAGES // 1000):
+        for _ in range(messages // 1000):
             await producer.send_batch(stream, batch, on_publish_confirm=on_confirm)
         await done.wait()
-        return MESSAGES / (time.perf_counter() - started)
+        return messages / (time.perf_counter() - started)
 
 
 async def smartclient_send(bed: LocalTestBed, stream: str) -> float:

@@ -28,25 +28,9 @@ TARGET = 0.5
 
 
 async def raw_rate(bed: LocalTestBed, stream: str) -> float:
-    from rstream import Producer
+    from publish import rstream_send_batch  # bench/ is on sys.path when run as python bench/spark_sink.py
 
-    node = bed.nodes[0]
-    done = asyncio.Event()
-    confirmed = 0
-
-    async def on_confirm(status: object) -> None:
-        nonlocal confirmed
-        confirmed += 1
-        if confirmed == ROWS:
-            done.set()
-
-    batch = [b"x" * 100] * 1000
-    async with Producer(node.host, node.stream_port, username=bed.username, password=bed.password) as producer:
-        started = time.perf_counter()
-        for _ in range(ROWS // 1000):
-            await producer.send_batch(stream, batch, on_publish_confirm=on_confirm)
-        await done.wait()
-        return ROWS / (time.perf_counter() - started)
+    return await rstream_send_batch(bed, stream, ROWS)
 
 
 def sink_rate(bed: LocalTestBed, stream: str) -> float:
@@ -56,7 +40,8 @@ def sink_rate(bed: LocalTestBed, stream: str) -> float:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(f"local[{CORES}]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         df = spark.range(ROWS).select(F.col("id"), (F.col("id") % 97).alias("key"),

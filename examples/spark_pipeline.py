@@ -88,7 +88,8 @@ def main() -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         asyncio.run(publish_orders(uri, source, 1000))

@@ -15,5 +15,11 @@ class Identity:
     def resolve(self, address: Address) -> Address:
         return address
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity)
+
+    def __hash__(self) -> int:
+        return hash(Identity)
+
     def __repr__(self) -> str:
         return "Identity()"

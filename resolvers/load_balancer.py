@@ -19,5 +19,11 @@ class LoadBalancer:
     def resolve(self, address: Address) -> Address:
         return self.address
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LoadBalancer) and other.address == self.address
+
+    def __hash__(self) -> int:
+        return hash((LoadBalancer, self.address))
+
     def __repr__(self) -> str:
         return f"LoadBalancer({str(self.address)!r})"

@@ -52,6 +52,13 @@ class StaticMap:
         host, port = target
         return Address(host, port if port is not None else address.port)
 
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, StaticMap) and other.strict == self.strict and other._exact == self._exact
+                and other._hosts == self._hosts)
+
+    def __hash__(self) -> int:
+        return hash((StaticMap, self.strict, frozenset(self._exact.items()), frozenset(self._hosts.items())))
+
     def __repr__(self) -> str:
         return f"StaticMap({len(self._exact) + len(self._hosts)} entries, strict={self.strict})"
 

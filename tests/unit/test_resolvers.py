@@ -85,3 +85,12 @@ async def test_dns_resolver_passes_ip_literals_and_validates() -> None:
         DnsResolver([])
     with pytest.raises(ConfigurationError, match="timeout must be positive"):
         DnsResolver(["127.0.0.1"], timeout=0)
+
+
+def test_built_in_resolvers_are_values() -> None:
+    import pickle
+
+    for resolver in (Identity(), LoadBalancer("lb:1"), StaticMap({"a": "b:2", "c:1": "d"})):
+        assert pickle.loads(pickle.dumps(resolver)) == resolver
+        assert hash(pickle.loads(pickle.dumps(resolver))) == hash(resolver)
+    assert LoadBalancer("lb:1") != LoadBalancer("lb:2") and StaticMap({"a": "b"}) != StaticMap({"a": "c"})

@@ -1,0 +1,44 @@
+"""The Spark sink's checks that need no Spark: configuration and the speculation refusal."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import ConfigurationError
+from smartclient.spark import ExactlyOnceSink, StreamConnection
+
+CONN = StreamConnection("rabbitmq-stream://u:secret@lb:5552/", resolver=LoadBalancer("lb:5552"))
+
+
+def test_connection_crosses_to_executors_and_hides_the_password() -> None:
+    copy = pickle.loads(pickle.dumps(CONN))
+    assert copy == CONN and "secret" not in repr(copy)
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])
+    assert pickle.loads(pickle.dumps(sink)) == sink
+    with pytest.raises(ConfigurationError, match="unsupported URI scheme"):
+        StreamConnection("amqp://lb")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"stream": "s", "super_stream": "t"}, "either stream= or super_stream="),
+    ({}, "either stream= or super_stream="),
+    ({"stream": "s", "app_id": ""}, "app_id must not be empty"),
+    ({"stream": "s", "key_columns": []}, "key_columns and order_columns"),
+    ({"stream": "s", "slots": 0}, "between 1 and 200"),
+])
+def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None:
+    base: dict[str, object] = {"app_id": "a", "key_columns": ["k"], "order_columns": ["o"], **kwargs}
+    with pytest.raises(ConfigurationError, match=message):
+        ExactlyOnceSink(CONN, **base)  # type: ignore[arg-type]
+
+
+def test_speculation_is_refused() -> None:
+    conf = SimpleNamespace(get=lambda key, default=None: "true" if key == "spark.speculation" else default)
+    df = SimpleNamespace(sparkSession=SimpleNamespace(conf=conf))
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])
+    with pytest.raises(ConfigurationError, match=r"spark\.speculation is on"):
+        sink(df, 0)
