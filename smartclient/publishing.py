@@ -135,6 +135,47 @@ class PublishBuffer:
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
+    async def add_many(self, first_id: int, bodies: list[bytes]) -> None:
+        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters):
+        the same checks as :meth:`add`, in one loop, without a coroutine per message."""
+        if self._version != 1 or self.filter_value is not None:
+            for offset, body in enumerate(bodies):
+                await self.add(first_id + offset, body)
+            return
+        if self._error is not None:
+            raise self._error
+        pack = _ENTRY.pack
+        limit = self.frame_max - _FRAME_OVERHEAD
+        batch_size = self.policy.batch_size
+        pid = first_id
+        for body in bodies:
+            data = body if type(body) is bytes else bytes(body)
+            entry = pack(pid, len(data)) + data
+            size = len(entry)
+            if size > limit:
+                raise MessageTooLarge(
+                    f"a message of {len(data)} bytes for {self.stream!r} does not fit the negotiated frame max "
+                    f"of {self.frame_max} bytes"
+                )
+            if self.in_flight >= self.policy.max_in_flight:
+                self._space.clear()
+                self._flush()
+                await self._space.wait()
+            if self._bytes + size > self.frame_max:
+                self._flush()
+            self._ids.append(pid)
+            self._parts.append(entry)
+            self._bytes += size
+            self.in_flight += 1
+            pid += 1
+            if len(self._ids) >= batch_size:
+                self._flush()
+                if self.client._conn._writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+                    await self.client._conn._writer.drain()
+        self._idle.clear()
+        if self._ids and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

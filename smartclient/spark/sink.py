@@ -128,6 +128,8 @@ class ExactlyOnceSink:
             raise ConfigurationError(f"batch id {batch_id} does not fit the publishing-id layout")
         targets = self._targets()
         slotted = self._with_slots(df, len(targets))
+        if self.to_message is None and not self.property_columns:  # bodies reach Python as bytes already
+            slotted = slotted.withColumn(self.body_column, F.col(self.body_column).cast("binary"))
         ordered = (slotted.withColumn(PART_COLUMN, _partition_keys(spark, len(targets))[F.col(SLOT_COLUMN)])
                    .repartition(len(targets), PART_COLUMN).sortWithinPartitions(SLOT_COLUMN, *self.order_columns))
         sink = self
@@ -184,15 +186,21 @@ class ExactlyOnceSink:
         state = {"written": 0}
 
         async def publish(env: Any, slots: list[int], bodies: list[Any]) -> None:
-            for slot, body in zip(slots, bodies, strict=True):
+            start = 0
+            while start < len(slots):  # one run of equal slots at a time: the rows are sorted by slot
+                slot = slots[start]
+                end = start
+                while end < len(slots) and slots[end] == slot:
+                    end += 1
                 producer = producers.get(slot)
                 if producer is None:
                     producer = producers[slot] = await env.producer(targets[slot], name=f"{self.app_id}-{slot}")
                 position = positions.get(slot, 0)
-                if position >= MAX_ROWS_PER_SLOT:
+                if position + (end - start) > MAX_ROWS_PER_SLOT:
                     raise ConfigurationError(f"more than 2**32 rows in slot {slot} of batch {batch_id}")
-                await producer.send(body, publishing_id=(batch_id << 32) | position)
-                positions[slot] = position + 1
+                await producer.send_many(bodies[start:end], first_publishing_id=(batch_id << 32) | position)
+                positions[slot] = position + (end - start)
+                start = end
             state["written"] += len(bodies)
 
         async def finish(env: Any) -> None:

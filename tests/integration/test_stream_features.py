@@ -404,3 +404,26 @@ async def test_producer_confirms_backpressure_and_frame_max(env: Environment, un
         assert len(stored) == 1004
     finally:
         await env.delete_stream(unique_name)
+
+
+async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environment, unique_name: str) -> None:
+    from smartclient import MessageTooLarge
+
+    await env.create_stream(unique_name)
+    try:
+        producer = await env.producer(unique_name, name="many")
+        await producer.send_many([b"a", b"b", b"c"], first_publishing_id=10)
+        await producer.send_many([b"d", b"e"])  # continues at 13
+        with pytest.raises(PublishingIdNotIncreasing):
+            await producer.send_many([b"x"], first_publishing_id=14)
+        with pytest.raises(MessageTooLarge):
+            await producer.send_many([b"y" * (2 * 1024 * 1024)])
+        await producer.flush()
+        assert producer._highest_sent == 15  # the refused message still took its id: never reused
+        stored = [body for _, body in await read_all(env, unique_name, "first", expect=5)]
+        assert stored == [b"a", b"b", b"c", b"d", b"e"]
+        await producer.close()
+        again = await env.producer(unique_name, name="many")
+        assert again.last_publishing_id == 14
+    finally:
+        await env.delete_stream(unique_name)
