@@ -23,7 +23,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, ConnectionFailed, FeatureNotSupported, SmartClientError, TopologyError
+from ._errors import (
+    AuthenticationFailed,
+    ConfigurationError,
+    ConnectionFailed,
+    FeatureNotSupported,
+    SmartClientError,
+    TopologyError,
+)
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
 from .filters import StreamFilter
@@ -224,6 +231,8 @@ class Environment:
             for entry in await self._entry_points():
                 try:
                     conn = await self.connector.dial(entry, f"{self.connection_name}-locator", LocatorClient)
+                except AuthenticationFailed:
+                    raise  # the same credentials would fail on every entry point: say so, typed
                 except ConnectionFailed as exc:
                     errors.append(f"{entry}: {exc}")
                     continue

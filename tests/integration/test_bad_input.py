@@ -1,0 +1,327 @@
+"""The bad-input catalogue: every case gets a typed error whose message names the problem; a message
+published just before it is still there exactly once, and the same Environment still works after it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import ssl
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from resolvers import AllowList, DnsResolver, LoadBalancer
+from smartclient import (
+    Address,
+    AddressNotAllowed,
+    AuthenticationFailed,
+    ConfigurationError,
+    ConnectionFailed,
+    Environment,
+    MessageTooLarge,
+    NodeUnreachable,
+    OffsetTracking,
+    PublishingIdNotIncreasing,
+    ResolutionError,
+    ResolutionTimeout,
+    SmartClientError,
+    StreamArguments,
+    StreamFilter,
+    StreamNotFound,
+)
+from smartclient.testing import TestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client
+
+
+@dataclass
+class Ctx:
+    bed: TestBed
+    env: Environment
+    ok: str  # a stream that exists
+    missing: str  # a stream that does not
+
+
+Case = Callable[[Ctx], Awaitable[Any]]
+CASES: list[tuple[str, type[SmartClientError], str, Case]] = []
+
+
+def case(name: str, error: type[SmartClientError], message: str) -> Callable[[Case], Case]:
+    def register(fn: Case) -> Case:
+        CASES.append((name, error, message, fn))
+        return fn
+
+    return register
+
+
+def _direct(ctx: Ctx, **kwargs: Any) -> Environment:
+    node = ctx.bed.nodes[0]
+    return Environment(ctx.bed.stream_uri(node.host, node.stream_port), **kwargs)
+
+
+# -- URIs and credentials ----------------------------------------------------------------------------
+@case("malformed URI", ConfigurationError, "malformed stream URI")
+async def _(ctx: Ctx) -> None:
+    Environment("rabbitmq-stream://host:notaport/")
+
+
+@case("unsupported scheme", ConfigurationError, "unsupported URI scheme 'amqps'")
+async def _(ctx: Ctx) -> None:
+    Environment("amqps://lb:5671/")
+
+
+@case("user without password", ConfigurationError, "names user 'app' without a password")
+async def _(ctx: Ctx) -> None:
+    Environment("rabbitmq-stream://app@lb:5552/")
+
+
+@case("URI path with more than a vhost", ConfigurationError, "more than a vhost")
+async def _(ctx: Ctx) -> None:
+    Environment("rabbitmq-stream://lb:5552/a/b")
+
+
+@case("unknown vhost", AuthenticationFailed, "vhost")
+async def _(ctx: Ctx) -> None:
+    async with _direct(ctx, vhost=f"no-such-vhost-{uuid.uuid4().hex[:4]}"):
+        pass
+
+
+@case("wrong credentials", AuthenticationFailed, "refused the credentials")
+async def _(ctx: Ctx) -> None:
+    async with _direct(ctx, username="guest", password="not-the-password"):
+        pass
+
+
+@case("no entry point reachable", ConnectionFailed, "no entry point could be reached")
+async def _(ctx: Ctx) -> None:
+    async with Environment("rabbitmq-stream://guest:guest@127.0.0.1:1/"):
+        pass
+
+
+# -- streams and their arguments ------------------------------------------------------------------------
+@case("unknown stream: topology", StreamNotFound, "does not exist")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.topology(ctx.missing)
+
+
+@case("unknown stream: producer", StreamNotFound, "does not exist")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.producer(ctx.missing)
+
+
+@case("unknown stream: consumer", StreamNotFound, "does not exist")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.missing, lambda m, c: None)
+
+
+@case("unknown super stream", StreamNotFound, "does not exist")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.partitions(ctx.missing)
+
+
+@case("empty stream name", ConfigurationError, "non-empty string")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream("")
+
+
+@case("max_age without a unit", ConfigurationError, "one of Y M D h m s")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.missing, {"max-age": "7"})
+
+
+@case("filter size over 255", ConfigurationError, "between 16 and 255")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.missing, StreamArguments(filter_size_bytes=300))
+
+
+@case("segment size over 3 GB", ConfigurationError, "max_segment_size_bytes must be between")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.missing, StreamArguments(max_segment_size_bytes=4_000_000_000))
+
+
+@case("unknown argument key", ConfigurationError, "unknown stream argument 'x-queue-mode'")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.missing, {"x-queue-mode": "lazy"})
+
+
+@case("initial cluster size 0", ConfigurationError, "initial_cluster_size must be at least 1")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.missing, StreamArguments(initial_cluster_size=0))
+
+
+@case("super stream with both partitions and keys", ConfigurationError, "either partitions=N or binding_keys")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_super_stream(ctx.missing, partitions=2, binding_keys=["a", "b"])
+
+
+# -- offsets and consumers --------------------------------------------------------------------------------
+@case("offset word not known", ConfigurationError, "one of Y M D h m s")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda m, c: None, offset="beginning")
+
+
+@case("negative offset", ConfigurationError, "non-negative")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda m, c: None, offset=-5)
+
+
+@case("offset of a wrong type", ConfigurationError, "must be 'first', 'last', 'next'")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda m, c: None, offset=dt.date(2026, 1, 1))
+
+
+@case("offset tracking without a name", ConfigurationError, "needs a name")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda m, c: None, tracking=OffsetTracking())
+
+
+@case("filter given as a str", ConfigurationError, "not a str")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda m, c: None, filter=StreamFilter("eu"))
+
+
+# -- publishing --------------------------------------------------------------------------------------------
+@case("non-increasing publishing id", PublishingIdNotIncreasing, "not greater than")
+async def _(ctx: Ctx) -> None:
+    producer = await ctx.env.producer(ctx.ok, name=f"dedup-{uuid.uuid4().hex[:6]}")
+    try:
+        await producer.send_wait(b"five", publishing_id=5)
+        await producer.send_wait(b"three", publishing_id=3)
+    finally:
+        await producer.close()
+
+
+@case("publishing id on an unnamed producer", ConfigurationError, "deduplication needs a producer name")
+async def _(ctx: Ctx) -> None:
+    producer = await ctx.env.producer(ctx.ok)
+    try:
+        await producer.send_wait(b"x", publishing_id=1)
+    finally:
+        await producer.close()
+
+
+@case("message over the frame max", MessageTooLarge, "does not fit the negotiated frame max")
+async def _(ctx: Ctx) -> None:
+    producer = await ctx.env.producer(ctx.ok)
+    try:
+        await producer.send(b"x" * (2 * 1024 * 1024))
+    finally:
+        await producer.close()
+
+
+@case("empty batch", ConfigurationError, "empty batch")
+async def _(ctx: Ctx) -> None:
+    producer = await ctx.env.producer(ctx.ok)
+    try:
+        await producer.send_batch([])
+    finally:
+        await producer.close()
+
+
+# -- resolution and the network ------------------------------------------------------------------------------
+@case("DNS NXDOMAIN", ResolutionError, r"nowhere\.smartclient\.test does not exist")
+async def _(ctx: Ctx) -> None:
+    host, port = ctx.bed.dns_address
+    await DnsResolver([host], port=port).resolve(Address("nowhere.smartclient.test", 5552))
+
+
+@case("DNS timeout", ResolutionTimeout, r"no answer for silent-\w+\.smartclient\.test")
+async def _(ctx: Ctx) -> None:
+    name = f"silent-{uuid.uuid4().hex[:6]}.smartclient.test"
+    ctx.bed.add_dns_record(name, "DROP", "-")
+    host, port = ctx.bed.dns_address
+    await DnsResolver([host], port=port, timeout=0.5).resolve(Address(name, 5552))
+
+
+@case("resolver that raises", ResolutionError, r"resolver broken failed on [\w.]+:\d+: KeyError")
+async def _(ctx: Ctx) -> None:
+    def broken(address: Address) -> Address:
+        raise KeyError(address.host)
+
+    async with _direct(ctx, resolver=broken) as env:
+        await env.producer(ctx.ok)
+
+
+@case("resolver that returns garbage", ResolutionError, "a resolver must return an Address")
+async def _(ctx: Ctx) -> None:
+    async with _direct(ctx, resolver=lambda address: 12345) as env:
+        await env.producer(ctx.ok)
+
+
+@case("address outside the allow-list", AddressNotAllowed, "outside the allow-list")
+async def _(ctx: Ctx) -> None:
+    async with _direct(ctx, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
+        await env.producer(ctx.ok)
+
+
+@case("LB that never reaches the needed node", NodeUnreachable, "reached only")
+async def _(ctx: Ctx) -> None:
+    host, port = ctx.bed.lb("stream", "source")
+    async with raw_stream_client(ctx.bed, host, port) as probe:
+        props = probe.server_properties
+        sticky = ctx.bed.node_by_advertised(props["advertised_host"], int(props["advertised_port"]))
+    other = f"{ctx.missing}-other"
+    await create_stream_led_by(ctx.bed, other, (ctx.bed.nodes.index(sticky) + 1) % 3)
+    try:
+        async with Environment(ctx.bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+            await env.producer(other)
+    finally:
+        await delete_streams(ctx.bed, other)
+
+
+@case("TLS without verification material", ConnectionFailed, "certificate verify failed")
+async def _(ctx: Ctx) -> None:
+    node = ctx.bed.nodes[0]
+    uri = ctx.bed.stream_uri(node.host, node.stream_tls_port).replace("rabbitmq-stream://", "rabbitmq-stream+tls://")
+    async with Environment(uri, tls=ssl.create_default_context()):  # the system CAs do not know the test CA
+        pass
+
+
+# -- the runner ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ok_stream(testbed: TestBed) -> Iterator[str]:
+    name = f"bad-input-ok-{uuid.uuid4().hex[:6]}"
+    asyncio.run(create_stream_led_by(testbed, name, 0))
+    yield name
+    asyncio.run(delete_streams(testbed, name))
+
+
+async def _messages(env: Environment, stream: str, expect: set[bytes], timeout: float = 10.0) -> list[bytes]:
+    got: list[bytes] = []
+    consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first")
+    deadline = time.monotonic() + timeout
+    while not expect <= set(got) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    await consumer.close()
+    return got
+
+
+def test_the_catalogue_has_at_least_30_cases() -> None:
+    assert len(CASES) >= 30
+    assert len({name for name, *_ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name, error, message, run", CASES, ids=[c[0] for c in CASES])
+async def test_bad_input(testbed: TestBed, ok_stream: str, name: str, error: type[SmartClientError],
+                         message: str, run: Case) -> None:
+    node = testbed.nodes[0]
+    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
+        tag = uuid.uuid4().hex[:8]
+        before, after = json.dumps({"case": name, "at": "before", "tag": tag}).encode(), json.dumps(
+            {"case": name, "at": "after", "tag": tag}).encode()
+        producer = await env.producer(ok_stream)
+        await producer.send_wait(before)
+        ctx = Ctx(testbed, env, ok_stream, f"missing-{tag}")
+        with pytest.raises(error, match=message) as info:
+            await run(ctx)
+        assert "guest:guest" not in str(info.value) and "not-the-password" not in str(info.value)
+        # the Environment still works, and nothing was lost
+        await producer.send_wait(after)
+        got = await _messages(env, ok_stream, {before, after})
+        assert got.count(before) == 1 and got.count(after) == 1
+        await producer.close()
