@@ -122,6 +122,10 @@ class Environment:
         from resolvers import Identity, SrvDiscovery
         from resolvers.base import as_async
 
+        from .redaction import install_log_redaction
+
+        install_log_redaction()
+
         self._srv: SrvDiscovery | None = None
         uris: list[StreamURI] = []
         if isinstance(entry_points, SrvDiscovery):
