@@ -21,5 +21,14 @@ class Chain:
             address = await step(address)
         return address
 
+    def tls_name(self, address: Address) -> str | None:
+        """The name of the last step that names one (a LoadBalancer before a DnsResolver, say)."""
+        name = None
+        for resolver in self.resolvers:
+            named = getattr(resolver, "tls_name", None)
+            if callable(named):
+                name = named(address) or name
+        return name
+
     def __repr__(self) -> str:
         return "Chain(" + ", ".join(map(repr, self.resolvers)) + ")"

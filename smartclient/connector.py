@@ -48,6 +48,7 @@ class ConnectSettings:
     tls: ssl.SSLContext | None
     frame_max: int = 1024 * 1024
     heartbeat: int = 60
+    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.tls)
 
 
 @dataclass(eq=False)
@@ -129,9 +130,11 @@ class StreamConnector:
         limits: PoolLimits = PoolLimits(),
         on_closed: Callable[[Connection, Any], Awaitable[None]] | None = None,
         on_mismatch: Callable[[Address, Address, Candidates], None] | None = None,
+        resolver: Any = None,
     ) -> None:
         self.settings = settings
         self._resolve = resolve
+        self.resolver = resolver  # the resolver object, for the name a TLS connection must verify
         self.allow = allow
         self.retry = retry
         self.limits = limits
@@ -151,7 +154,7 @@ class StreamConnector:
 
     async def dial(self, target: Address, name: str, client_class: type[Client] | None = None) -> Connection:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports."""
-        from rstream.client import Client
+        from .tls import NamedClient, tls_server_name
 
         dialled = await self.resolve(target)
         holder: dict[str, Connection] = {}
@@ -161,7 +164,7 @@ class StreamConnector:
             if conn is not None:
                 await self._closed(conn, info)
 
-        cls = client_class or Client
+        cls = client_class or NamedClient
         client = cls(
             host=dialled.host,
             port=dialled.port,
@@ -172,6 +175,8 @@ class StreamConnector:
             connection_closed_handler=closed,
             max_clients_by_connections=self.limits.max_streams_per_connection,
         )
+        if self.settings.tls is not None and isinstance(client, NamedClient):
+            client.server_hostname = tls_server_name(target, dialled, self.resolver, self.settings.tls_server_name)
         self.opened += 1
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")

@@ -91,6 +91,8 @@ class Environment:
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
     :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
+    :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
+        the one smartclient works out (the LB's name, or the advertised node name; see smartclient.tls).
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
         cannot do (creating a super stream without the CreateSuperStream command).
 
@@ -118,6 +120,7 @@ class Environment:
         heartbeat: int = 60,
         batching: BatchingPolicy = BatchingPolicy(),
         management: ManagementClient | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from resolvers.base import as_async
@@ -156,7 +159,7 @@ class Environment:
             raise ConfigurationError(f"topology_max_age must be positive, not {topology_max_age}")
         self.entry_points = tuple(u.address for u in uris)
         self.settings = ConnectSettings(credentials, vhost if vhost is not None else next(iter(vhosts), "/"),
-                                        tls, frame_max, heartbeat)
+                                        tls, frame_max, heartbeat, tls_server_name)
         self.resolver = resolver if resolver is not None else Identity()
         self.placement = placement
         self.retry = retry
@@ -165,7 +168,7 @@ class Environment:
         self.topology_max_age = topology_max_age
         self.connector = StreamConnector(
             self.settings, as_async(self.resolver), allow=allow, retry=retry, limits=pool,
-            on_closed=self._on_connection_closed, on_mismatch=self._on_mismatch,
+            on_closed=self._on_connection_closed, on_mismatch=self._on_mismatch, resolver=self.resolver,
         )
         self._topologies: dict[str, StreamTopology] = {}
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}

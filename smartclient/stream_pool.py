@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rstream.client import Addr, Client, ClientPool
 from rstream.constants import SlasMechanism
 
+from .tls import NamedClient
 from .topology import Role
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ __all__ = ["LocatorClient", "PlacedClientPool"]
 MAX_ITEM_ALLOWED = 200  # rstream.constants.MAX_ITEM_ALLOWED; the seam test checks it
 
 
-class LocatorClient(Client):
+class LocatorClient(NamedClient):
     """The Environment's shared metadata connection.  rstream closes its locator after each lookup;
     this one stays open until the Environment closes it with :meth:`shutdown`."""
 
