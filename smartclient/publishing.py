@@ -106,10 +106,38 @@ class PublishBuffer:
             encoded = value.encode() if value is not None else b""
             entry = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
                      + len(data).to_bytes(4, "big") + data)
+        if waiter is not None:  # before queueing: a flush inside may await, and the confirm may come then
+            self._waiters[publishing_id] = waiter
+        try:
+            await self._queue(publishing_id, entry, len(data))
+        except BaseException:
+            self._waiters.pop(publishing_id, None)
+            raise
+        self._idle.clear()
+        if self._ids and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
+    async def add_many(self, first_id: int, bodies: list[bytes]) -> None:
+        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters):
+        the same checks as :meth:`add`, in one loop, without packing a frame object per message."""
+        if self._version != 1:
+            for offset, body in enumerate(bodies):
+                await self.add(first_id + offset, body)
+            return
+        pack = _ENTRY.pack
+        for pid, body in enumerate(bodies, first_id):
+            data = body if type(body) is bytes else bytes(body)
+            await self._queue(pid, pack(pid, len(data)) + data, len(data))
+        self._idle.clear()
+        if self._ids and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
+    async def _queue(self, publishing_id: int, entry: bytes, body_size: int) -> None:
+        """The checks and the bookkeeping of one message: frame max, errors, back-pressure, batching."""
         size = len(entry)
         if size + _FRAME_OVERHEAD > self.frame_max:
             raise MessageTooLarge(
-                f"a message of {len(data)} bytes for {self.stream!r} does not fit the negotiated frame max of "
+                f"a message of {body_size} bytes for {self.stream!r} does not fit the negotiated frame max of "
                 f"{self.frame_max} bytes"
             )
         if self._error is not None:
@@ -124,57 +152,10 @@ class PublishBuffer:
         self._parts.append(entry)
         self._bytes += size
         self.in_flight += 1
-        self._idle.clear()
-        if waiter is not None:
-            self._waiters[publishing_id] = waiter
         if len(self._ids) >= self.policy.batch_size:
             self._flush()
-            transport = self.client._conn._writer.transport
-            if transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+            if self.client._conn._writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
                 await self.client._conn._writer.drain()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
-
-    async def add_many(self, first_id: int, bodies: list[bytes]) -> None:
-        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters):
-        the same checks as :meth:`add`, in one loop, without a coroutine per message."""
-        if self._version != 1 or self.filter_value is not None:
-            for offset, body in enumerate(bodies):
-                await self.add(first_id + offset, body)
-            return
-        if self._error is not None:
-            raise self._error
-        pack = _ENTRY.pack
-        limit = self.frame_max - _FRAME_OVERHEAD
-        batch_size = self.policy.batch_size
-        pid = first_id
-        for body in bodies:
-            data = body if type(body) is bytes else bytes(body)
-            entry = pack(pid, len(data)) + data
-            size = len(entry)
-            if size > limit:
-                raise MessageTooLarge(
-                    f"a message of {len(data)} bytes for {self.stream!r} does not fit the negotiated frame max "
-                    f"of {self.frame_max} bytes"
-                )
-            if self.in_flight >= self.policy.max_in_flight:
-                self._space.clear()
-                self._flush()
-                await self._space.wait()
-            if self._bytes + size > self.frame_max:
-                self._flush()
-            self._ids.append(pid)
-            self._parts.append(entry)
-            self._bytes += size
-            self.in_flight += 1
-            pid += 1
-            if len(self._ids) >= batch_size:
-                self._flush()
-                if self.client._conn._writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-                    await self.client._conn._writer.drain()
-        self._idle.clear()
-        if self._ids and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
     def _flush(self) -> None:
         if self._timer is not None:
