@@ -106,13 +106,17 @@ class PublishBuffer:
             encoded = value.encode() if value is not None else b""
             entry = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
                      + len(data).to_bytes(4, "big") + data)
-        if waiter is not None:  # before queueing: a flush inside may await, and the confirm may come then
+        if waiter is not None:  # before queueing: a flush may be followed by an await, and the confirm by it
             self._waiters[publishing_id] = waiter
         try:
-            await self._queue(publishing_id, entry, len(data))
+            if self.in_flight >= self.policy.max_in_flight:
+                await self._wait_for_room()
+            drain = self._append(publishing_id, entry, len(data))
         except BaseException:
             self._waiters.pop(publishing_id, None)
             raise
+        if drain:
+            await self.client._conn._writer.drain()
         self._idle.clear()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
@@ -125,15 +129,24 @@ class PublishBuffer:
                 await self.add(first_id + offset, body)
             return
         pack = _ENTRY.pack
+        cap = self.policy.max_in_flight
         for pid, body in enumerate(bodies, first_id):
             data = body if type(body) is bytes else bytes(body)
-            await self._queue(pid, pack(pid, len(data)) + data, len(data))
+            if self.in_flight >= cap:
+                await self._wait_for_room()
+            if self._append(pid, pack(pid, len(data)) + data, len(data)):
+                await self.client._conn._writer.drain()
         self._idle.clear()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
-    async def _queue(self, publishing_id: int, entry: bytes, body_size: int) -> None:
-        """The checks and the bookkeeping of one message: frame max, errors, back-pressure, batching."""
+    async def _wait_for_room(self) -> None:
+        self._space.clear()
+        self._flush()
+        await self._space.wait()
+
+    def _append(self, publishing_id: int, entry: bytes, body_size: int) -> bool:
+        """The checks and bookkeeping of one message (no await); True if the socket should be drained."""
         size = len(entry)
         if size + _FRAME_OVERHEAD > self.frame_max:
             raise MessageTooLarge(
@@ -142,10 +155,6 @@ class PublishBuffer:
             )
         if self._error is not None:
             raise self._error
-        if self.in_flight >= self.policy.max_in_flight:
-            self._space.clear()
-            self._flush()
-            await self._space.wait()
         if self._bytes + size > self.frame_max:
             self._flush()
         self._ids.append(publishing_id)
@@ -154,8 +163,8 @@ class PublishBuffer:
         self.in_flight += 1
         if len(self._ids) >= self.policy.batch_size:
             self._flush()
-            if self.client._conn._writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-                await self.client._conn._writer.drain()
+            return bool(self.client._conn._writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER)
+        return False
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -223,13 +232,3 @@ class PublishBuffer:
             self._space.set()
         if self.in_flight <= 0:
             self._idle.set()
-
-    def fail_all(self, error: BaseException) -> None:
-        """The connection is gone: every waiting message fails with ``error`` (recovery resends them)."""
-        self._error = error
-        for waiter in self._waiters.values():
-            if isinstance(waiter, asyncio.Future) and not waiter.done():
-                waiter.set_exception(error)
-        self._waiters.clear()
-        self._space.set()
-        self._idle.set()

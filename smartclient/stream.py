@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, ConnectionFailed, PublishingIdNotIncreasing, SmartClientError
+from ._errors import ConfigurationError, PublishingIdNotIncreasing, SmartClientError
 from .address import Address
 from .filters import StreamFilter
 from .offsets import OffsetSpec, OffsetTracking
@@ -302,13 +302,11 @@ class Consumer(_Handle):
 
         if not self.name:
             raise ConfigurationError(f"querying a stored offset on {self.stream!r} needs a named consumer")
-        try:
-            with map_stream_errors(f"querying the offset of {self.name!r} on {self.stream!r}"):
+        with map_stream_errors(f"querying the offset of {self.name!r} on {self.stream!r}"):
+            try:
                 return int(await self._carrier.query_offset(self.stream, self.name))
-        except ConnectionFailed as exc:
-            if isinstance(exc.__cause__, OffsetNotFound):
+            except OffsetNotFound:  # nothing stored yet: an answer, not an error
                 return None
-            raise
 
     async def close(self) -> None:
         if self.closed:

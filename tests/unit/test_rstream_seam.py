@@ -30,9 +30,10 @@ def test_producer_and_consumer_hold_their_pool_in_pool_attribute() -> None:
 
 
 def test_private_methods_smartclient_calls_exist() -> None:
-    for name in ("_get_or_create_publisher", "_publish_buffered_messages", "_remove_stream_from_client",
-                 "clean_up_publishers", "_find_producer_by_stream"):
+    for name in ("_get_or_create_publisher", "_remove_stream_from_client", "clean_up_publishers"):
         assert callable(getattr(Producer, name)), name
+    carrier = Consumer("127.0.0.1", 1, username="u", password="p")
+    assert isinstance(carrier._subscribers, dict)  # read on close and for last_offset
     assert "publisher_name" in inspect.signature(Producer._get_or_create_publisher).parameters
     for name in ("subscribe", "unsubscribe"):
         assert callable(getattr(Consumer, name)), name
