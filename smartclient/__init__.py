@@ -18,12 +18,14 @@ from ._errors import (
     MessageTooLarge,
     NoCandidateNode,
     NodeUnreachable,
+    NoRpcServer,
     PlacementError,
     PrerequisiteMissing,
     PublishFailed,
     PublishingIdNotIncreasing,
     ResolutionError,
     ResolutionTimeout,
+    RpcTimeout,
     SmartClientError,
     StreamNotFound,
     TestBedError,
@@ -34,7 +36,8 @@ from .environment import Environment, PlacementRecord
 from .filters import StreamFilter
 from .landing import Attempt
 from .offsets import OffsetSpec, OffsetTracking
-from .publishing import BatchingPolicy, Confirmation
+from .publishing import CONNECTION_LOST, BatchingPolicy, Confirmation
+from .recovery import RecoveryPolicy
 from .retry import RetryPolicy
 from .routing import hash_partition
 from .settings import Credentials, PoolLimits, parse_stream_uri
@@ -45,6 +48,7 @@ from .topology import Candidates, PlacementPolicy, Role, StreamTopology, Topolog
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONNECTION_LOST",
     "Address",
     "AddressNotAllowed",
     "Attempt",
@@ -61,6 +65,7 @@ __all__ = [
     "FeatureNotSupported",
     "MessageTooLarge",
     "NoCandidateNode",
+    "NoRpcServer",
     "NodeUnreachable",
     "OffsetSpec",
     "OffsetTracking",
@@ -72,10 +77,12 @@ __all__ = [
     "Producer",
     "PublishFailed",
     "PublishingIdNotIncreasing",
+    "RecoveryPolicy",
     "ResolutionError",
     "ResolutionTimeout",
     "RetryPolicy",
     "Role",
+    "RpcTimeout",
     "SmartClientError",
     "StreamArguments",
     "StreamFilter",

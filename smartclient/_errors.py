@@ -37,6 +37,7 @@ __all__ = [
     "FeatureNotSupported",
     "MessageTooLarge",
     "NoCandidateNode",
+    "NoRpcServer",
     "NodeUnreachable",
     "PlacementError",
     "PrerequisiteMissing",
@@ -44,6 +45,7 @@ __all__ = [
     "PublishingIdNotIncreasing",
     "ResolutionError",
     "ResolutionTimeout",
+    "RpcTimeout",
     "SmartClientError",
     "StreamNotFound",
     "TestBedError",
@@ -104,6 +106,18 @@ class NoCandidateNode(PlacementError):
 
 class NodeUnreachable(PlacementError):
     """Connections kept landing on other nodes: the load balancer does not reach the needed node."""
+
+
+class NoRpcServer(PlacementError):
+    """No RPC server is bound to the local random exchange on the node where the request was published."""
+
+    def __init__(self, message: str, node: str) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+class RpcTimeout(SmartClientError):
+    """An RPC request got no reply within its timeout."""
 
 
 class TopologyError(SmartClientError):

@@ -203,7 +203,7 @@ class StreamConnector:
         self.connections.add(conn)
         return conn
 
-    async def acquire(self, candidates: Candidates, name: str) -> Connection:
+    async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None) -> Connection:
         """A connection to a node of ``candidates``: a parked one, or new ones until one lands right.
 
         :raises PlacementError: the retry policy ran out (``NodeUnreachable`` when attempts kept landing
@@ -215,7 +215,7 @@ class StreamConnector:
         if parked is not None:
             log.debug("placement of %s reuses a parked connection to %s", candidates.stream, parked.node)
             return parked
-        landing = Landing(candidates, self.retry)
+        landing = Landing(candidates, retry or self.retry)
         while True:
             target = landing.next_target()
             try:

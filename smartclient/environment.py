@@ -37,6 +37,7 @@ from .filters import StreamFilter
 from .management import ManagementClient, ManagementError
 from .offsets import OffsetSpec, OffsetTracking
 from .publishing import BatchingPolicy
+from .recovery import RecoveryPolicy
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits, StreamURI, parse_stream_uri
 from .stream_arguments import StreamArguments, validate_stream_name
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
     from resolvers import AllowList, ResolverLike, SrvDiscovery
 
+    from .amqp_placement import AmqpPlacer, PlacedConnection
     from .stream import Consumer, Producer
     from .stream_pool import PlacedClientPool
     from .super_stream import SuperStreamConsumer, SuperStreamProducer
@@ -91,6 +93,8 @@ class Environment:
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
     :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
+    :param recovery: how producers and consumers recover from a lost connection or a leader move
+        (see :class:`RecoveryPolicy`).
     :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
         the one smartclient works out (the LB's name, or the advertised node name; see smartclient.tls).
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
@@ -119,6 +123,7 @@ class Environment:
         frame_max: int = 1024 * 1024,
         heartbeat: int = 60,
         batching: BatchingPolicy = BatchingPolicy(),
+        recovery: RecoveryPolicy = RecoveryPolicy(),
         management: ManagementClient | None = None,
         tls_server_name: str | None = None,
     ) -> None:
@@ -164,6 +169,14 @@ class Environment:
         self.placement = placement
         self.retry = retry
         self.batching = batching
+        self.recovery = recovery
+        # one placement attempt during a recovery: short, so that a stale leader is looked up again soon
+        self._recovery_retry = RetryPolicy(
+            max_attempts=retry.max_attempts, max_time=min(retry.max_time, recovery.attempt_time),
+            sticky_window=retry.sticky_window, backoff_initial=retry.backoff_initial,
+            backoff_max=min(retry.backoff_max, recovery.attempt_time), backoff_factor=retry.backoff_factor,
+        )
+        self._recovering: set[tuple[Role, str]] = set()
         self.connection_name = connection_name
         self.topology_max_age = topology_max_age
         self.connector = StreamConnector(
@@ -180,6 +193,8 @@ class Environment:
         self._handles: list[Producer | Consumer] = []
         self._commands: dict[int, tuple[int, int]] | None = None
         self.management = management
+        self._amqp_placers: dict[str, AmqpPlacer] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -346,7 +361,8 @@ class Environment:
                 conn = placed
                 break
         if conn is None:
-            conn = await self.connector.acquire(candidates, self.connection_name)
+            retry = self._recovery_retry if (role, stream) in self._recovering else None
+            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
             conn.forward = closed_handler
             conn.client.add_handler(schema.MetadataUpdate, self._on_metadata_update, name="smartclient-topology")
             pool.placed.append(conn)
@@ -372,10 +388,7 @@ class Environment:
 
     def _carrier(self, role: Role, stream: str) -> Any:
         """An rstream Producer/Consumer with no publisher/subscriber on ``stream`` yet (made if needed)."""
-        from rstream import Consumer as RConsumer
-        from rstream import Producer as RProducer
-
-        from .stream_pool import PlacedClientPool
+        from .stream_pool import PlacedClientPool, PlacedConsumer, PlacedProducer
 
         carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
         for carrier, streams in carriers:
@@ -384,14 +397,31 @@ class Environment:
                 return carrier
         kwargs = self._rstream_kwargs()
         if role is Role.PRODUCER:
-            carrier = RProducer(**kwargs, connection_name=f"{self.connection_name}-producer",
+            carrier = PlacedProducer(**kwargs, connection_name=f"{self.connection_name}-producer",
                                 max_publishers_by_connection=self.connector.limits.max_streams_per_connection)
         else:
-            carrier = RConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
+            carrier = PlacedConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
                                 max_subscribers_by_connection=self.connector.limits.max_streams_per_connection)
         carrier._pool = PlacedClientPool(self, role)
+        carrier.smartclient_env = self
         carriers.append((carrier, {stream}))
         return carrier
+
+    def _lost(self, role: Role, carrier: Any, stream: str, reason: str) -> None:
+        """rstream says the publisher or subscriber of ``stream`` on ``carrier`` is gone: hand it over."""
+        for handle in self._handles:
+            if handle.role is role and handle._carrier is carrier and handle.stream == stream:
+                handle._lost(reason)
+                return
+        # nobody to hand it to (closed meanwhile): still clear rstream's state, or the next producer or
+        # consumer of this stream on this carrier would get the dead connection
+        from .stream_pool import forget_publisher, forget_subscriber
+
+        log.debug("%s of %s lost (%s), but it is not open any more", role.value, stream, reason)
+        forget = forget_publisher if role is Role.PRODUCER else forget_subscriber
+        task = asyncio.ensure_future(forget(carrier, stream, dead_only=True))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _release(self, role: Role, carrier: Any, stream: str) -> None:
         carriers: list[Any] = self._rproducers if role is Role.PRODUCER else self._rconsumers
@@ -421,12 +451,13 @@ class Environment:
         carrier = self._carrier(Role.PRODUCER, stream)
         carrier._pool.names[stream] = name
         handle = Producer(self, carrier, stream, name)
+        self._handles.append(handle)  # from now on, a loss is handed to it (see _lost)
         try:
             await handle._place(batching or self.batching, filter_value)
         except BaseException:
+            self._forget(handle)
             self._release(Role.PRODUCER, carrier, stream)
             raise
-        self._handles.append(handle)
         return handle
 
     async def consumer(
@@ -472,13 +503,14 @@ class Environment:
         carrier = self._carrier(Role.CONSUMER, stream)
         carrier._pool.names[stream] = name
         handle = Consumer(self, carrier, stream, name)
+        self._handles.append(handle)
         try:
             await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
                                     tracking=tracking, super_stream=_super_stream, stream_filter=filter)
         except BaseException:
+            self._forget(handle)
             self._release(Role.CONSUMER, carrier, stream)
             raise
-        self._handles.append(handle)
         return handle
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:
@@ -511,6 +543,47 @@ class Environment:
     def _check_open(self) -> None:
         if self._closed:
             raise ConnectionFailed("this Environment is closed")
+
+    # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
+    def amqp_placer(self, *, via: str | Address | None = None) -> AmqpPlacer:
+        """An :class:`AmqpPlacer` with this Environment's credentials, vhost, resolver, allow-list and retry
+        policy.  ``via``: a load balancer's AMQP address (connections go through it and are checked).
+
+        :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
+            resolver is a stream load balancer and ``via`` is missing.
+        """
+        from resolvers import LoadBalancer
+
+        from .amqp_placement import AmqpPlacer
+
+        if self.management is None:
+            raise ConfigurationError(
+                "AMQP placement needs the management API (it lists the nodes' AMQP listeners and says which node "
+                "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
+            )
+        if via is None and isinstance(self.resolver, LoadBalancer):
+            raise ConfigurationError(
+                f"the resolver sends every address to the stream load balancer {self.resolver.address}; "
+                f"pass via= the load balancer's AMQP address"
+            )
+        key = str(via)
+        placer = self._amqp_placers.get(key)
+        if placer is None:
+            placer = AmqpPlacer(
+                self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
+                resolver=self.resolver, allow=self.connector.allow, retry=self.retry, tls=self.settings.tls,
+                connection_name=self.connection_name, via=via,
+            )
+            self._amqp_placers[key] = placer
+        return placer
+
+    def amqp_connection(self, node: str | None = None, *, via: str | Address | None = None) -> PlacedConnection:
+        """A pika ``BlockingConnection`` on ``node`` (full name or short name; any node if None), directly
+        through the resolver or through the load balancer ``via``, checked with the management API.
+
+        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
+        """
+        return self.amqp_placer(via=via).connect(node)
 
     # -- stream management (basic; arguments are validated by the caller) --------------------------
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,

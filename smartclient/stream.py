@@ -10,7 +10,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigurationError, PublishingIdNotIncreasing, SmartClientError
+from ._errors import (
+    AuthenticationFailed,
+    ConfigurationError,
+    PublishFailed,
+    PublishingIdNotIncreasing,
+    SmartClientError,
+    StreamNotFound,
+)
 from .address import Address
 from .filters import StreamFilter
 from .offsets import OffsetSpec, OffsetTracking
@@ -27,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class _Handle:
+    """What producers and consumers share: placement, and recovery after a loss (see RecoveryPolicy)."""
+
     role: Role
 
     def __init__(self, env: Environment, carrier: Any, stream: str, name: str | None) -> None:
@@ -35,6 +44,94 @@ class _Handle:
         self.stream = stream
         self.name = name
         self.closed = False
+        self.recoveries = 0  # completed recoveries
+        self.failure: str | None = None  # why recovery gave up, if it did
+        self._losses = 0
+        self._ready = False
+        self._recovery: asyncio.Task[None] | None = None
+
+    @property
+    def recovering(self) -> bool:
+        return self._recovery is not None and not self._recovery.done()
+
+    def _lost(self, reason: str) -> None:
+        """The connection, the publisher or the subscription is gone (rstream or the broker said so)."""
+        if self.closed or self.failure is not None:
+            return
+        self._losses += 1
+        self._suspend()
+        if self._ready and not self.recovering:
+            self._recovery = asyncio.get_running_loop().create_task(
+                self._recover(reason), name=f"smartclient-recover-{self.role.value}-{self.stream}")
+
+    def _setup_done(self) -> None:
+        self._ready = True
+        if self._losses:  # lost while it was being placed
+            self._losses -= 1
+            self._lost("lost while it was being placed")
+
+    def _suspend(self) -> None:
+        pass
+
+    async def _reattach(self) -> str:
+        """One recovery attempt; returns what it did, for the log."""
+        raise NotImplementedError
+
+    def _give_up(self, reason: str) -> None:
+        self.failure = reason
+        log.error("%r stopped: %s", self, reason)
+
+    async def _recover(self, reason: str) -> None:
+        policy = self.env.recovery
+        key = (self.role, self.stream)
+        started = time.monotonic()
+        attempts = 0
+        log.warning("%r lost (%s): recovering", self, reason)
+        if not policy.enabled:
+            self._give_up(f"lost ({reason}) and recovery is disabled")
+            return
+        self.env._recovering.add(key)
+        try:
+            while not self.closed:
+                seen = self._losses
+                attempts += 1
+                self.env.invalidate(stream=self.stream)
+                authentication = False
+                try:
+                    done = await self._reattach()
+                except StreamNotFound as exc:
+                    self._give_up(str(exc))
+                    return
+                except AuthenticationFailed as exc:
+                    last: BaseException = exc
+                    authentication = True
+                except Exception as exc:  # any other failure of one attempt is retried, within the policy
+                    last = exc
+                else:
+                    if self._losses == seen:
+                        self.recoveries += 1
+                        log.warning("%r recovered after %d attempt(s) in %.2f s: %s", self, attempts,
+                                    time.monotonic() - started, done)
+                        return
+                    last = SmartClientError("lost again while recovering")
+                elapsed = time.monotonic() - started
+                delay = policy.next_delay(attempts, elapsed, authentication=authentication)
+                if delay is None:
+                    self._give_up(f"recovery gave up after {attempts} attempt(s) in {elapsed:.1f} s: "
+                                  f"{type(last).__name__}: {last}")
+                    return
+                log.info("%r: recovery attempt %d failed (%s: %s); next in %.2f s", self, attempts,
+                         type(last).__name__, last, delay)
+                await asyncio.sleep(delay)
+        finally:
+            self.env._recovering.discard(key)
+
+    async def _stop_recovery(self) -> None:
+        task = self._recovery
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @property
     def placement(self) -> PlacementRecord | None:
@@ -53,14 +150,21 @@ class _Handle:
 class Producer(_Handle):
     """Publishes to one stream from the node that hosts its leader.
 
-    A *named* producer deduplicates: on start it reads the last publishing id the broker stored for
-    its name (:attr:`last_publishing_id`), then every message carries a publishing id, given or
-    assigned.  Ids must increase: an id not above the highest one this producer has sent raises
-    :class:`PublishingIdNotIncreasing` before the broker can confirm-and-drop it.  Ids up to
-    :attr:`last_publishing_id` may be sent again after a restart (the broker filters and confirms them).
+    Every message ends confirmed, or failed with a reason.  When the connection is lost or the leader
+    moves, the producer places a new publisher on the (new) leader and sends every unconfirmed message
+    again, in order, before any later one (see :class:`RecoveryPolicy`); ``send()`` keeps queueing
+    meanwhile, up to ``max_in_flight``.
+
+    A *named* producer deduplicates: on start it reads the last publishing id the broker stored for its
+    name (:attr:`last_publishing_id`), then every message carries a publishing id, given or assigned, so
+    the messages sent again after a recovery are stored once. Ids must increase: an id not above the
+    highest one this producer has sent raises :class:`PublishingIdNotIncreasing` before the broker can
+    confirm-and-drop it. Ids up to :attr:`last_publishing_id` may be sent again after a restart (the
+    broker filters and confirms them).
     """
 
     role = Role.PRODUCER
+    _closing = False
     last_publishing_id: int = 0  # for a named producer: what the broker had stored when it started
     _highest_sent: int | None = None
     _buffer: PublishBuffer
@@ -72,7 +176,26 @@ class Producer(_Handle):
             publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
             if self.name:
                 self.last_publishing_id = await publisher.client.query_publisher_sequence(self.stream, self.name)
-        self._buffer = PublishBuffer(publisher.client, publisher.id, self.stream, batching, filter_value)
+        self._buffer = PublishBuffer(publisher.client, publisher.id, self.stream, batching, filter_value,
+                                     on_lost=self._lost)
+        self._setup_done()
+
+    def _suspend(self) -> None:
+        if hasattr(self, "_buffer"):
+            self._buffer.suspend()
+
+    async def _reattach(self) -> str:
+        from .stream_pool import forget_publisher
+
+        await forget_publisher(self._carrier, self.stream)
+        with map_stream_errors(f"recovering the producer on {self.stream!r}"):
+            publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
+        resent = self._buffer.resume(publisher.client, publisher.id)
+        return f"{resent} unconfirmed message(s) sent again"
+
+    def _give_up(self, reason: str) -> None:
+        super()._give_up(reason)
+        self._buffer.fail_all(reason)
 
     def _next_id(self, publishing_id: int | None) -> int:
         if self.name is None:
@@ -143,14 +266,26 @@ class Producer(_Handle):
         await self._buffer.flush()
 
     async def close(self) -> None:
-        if self.closed:
+        if self.closed or self._closing:
             return
-        self.closed = True
+        self._closing = True
         try:
+            if hasattr(self, "_buffer"):
+                if self._buffer.in_flight and (self.recovering or not self._buffer.suspended):
+                    with contextlib.suppress(asyncio.TimeoutError, PublishFailed):  # each waiter got its answer
+                        await asyncio.wait_for(self._buffer.flush(), 30)  # what send() queued goes out first
+                self.closed = True
+                await self._stop_recovery()
+                if self._buffer.in_flight:
+                    self._buffer.fail_all("the producer was closed before they were confirmed")
+            self.closed = True
             with map_stream_errors(f"closing the producer on {self.stream!r}"):
                 if hasattr(self, "_buffer") and self._buffer.client.is_connection_alive():
-                    await asyncio.wait_for(self._buffer.flush(), 30)  # what send() queued goes out first
-                await self._carrier.clean_up_publishers(self.stream)
+                    await self._carrier.clean_up_publishers(self.stream)
+                else:
+                    from .stream_pool import forget_publisher
+
+                    await forget_publisher(self._carrier, self.stream)
                 # rstream's own restart task (started by a MetadataUpdate, e.g. the stream was deleted) may
                 # drop the entry between rstream's membership check and its `del`: nothing is left to do then.
                 with contextlib.suppress(KeyError):
@@ -167,6 +302,11 @@ class Consumer(_Handle):
     :class:`OffsetTracking`) and can be one of a group of *single active* consumers: one instance of
     the name receives at a time, and when it goes away another takes over, resuming where the
     consumer-update handler says (by default: after the last stored offset).
+
+    When its connection is lost or the stream's members change, the consumer subscribes again, on
+    another member if need be, from the offset after the last message it handed to the callback:
+    no gap, and with tracking or single active consumer (where that offset is known per message) no
+    duplicate.  Without either, it resumes after the last whole chunk delivered.
     """
 
     role = Role.CONSUMER
@@ -174,14 +314,17 @@ class Consumer(_Handle):
     active: bool | None = None  # for a single active consumer: whether this instance receives now
     _untracked = False
     _last_offset: int | None = None
+    skipped = 0  # messages at or below the last offset delivered, not handed over again (tracked consumers)
+    _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
+    _initial_position: int = 0
 
     @property
     def last_offset(self) -> int | None:
         """Offset of the last message handed to the callback (without tracking or single active
         consumer, it is read from rstream per chunk, so the hot path pays nothing for it)."""
-        if self._untracked and self.subscription_id is not None:
-            subscriber = self._carrier._subscribers.get(self.subscription_id)
-            if subscriber is not None and subscriber.offset > 0:
+        if self._untracked:
+            subscriber = self._subscriber
+            if subscriber is not None and subscriber.offset != self._initial_position:
                 return int(subscriber.offset) - 1
         return self._last_offset
 
@@ -220,6 +363,7 @@ class Consumer(_Handle):
                 if on_update is not None:
                     chosen = on_update(is_active, self)
                     spec = await chosen if inspect.isawaitable(chosen) else chosen
+                    self._last_offset = None  # the application chose where to resume, maybe earlier
                 else:
                     spec = await self._resume_point() if is_active else OffsetSpec.next()
                 return OffsetSpec.parse(spec).to_protocol()
@@ -243,6 +387,10 @@ class Consumer(_Handle):
             self._untracked = True
         elif inspect.iscoroutinefunction(callback):
             async def deliver_async(message: Any, context: Any) -> None:
+                last = self._last_offset
+                if last is not None and context.offset <= last:  # delivered already: never twice
+                    self.skipped += 1
+                    return
                 await callback(message, context)
                 after(context)
 
@@ -250,24 +398,53 @@ class Consumer(_Handle):
         else:
             # a plain callback gets a plain wrapper: no coroutine per message on the hot path
             def deliver_sync(message: Any, context: Any) -> Any:
+                last = self._last_offset
+                if last is not None and context.offset <= last:  # delivered already: never twice
+                    self.skipped += 1
+                    return None
                 result = callback(message, context)
                 after(context)
                 return result  # a callable object may still return an awaitable; rstream awaits it
 
             deliver = deliver_sync
 
+        self._how: dict[str, Any] = dict(
+            subscriber_name=self.name, properties=properties, consumer_update_listener=listener,
+            filter_input=stream_filter.to_rstream() if stream_filter is not None else None,
+        )
+        self._deliver = deliver
         with map_stream_errors(f"subscribing to {self.stream!r}"):
-            self.subscription_id = await self._carrier.subscribe(
-                self.stream, deliver, offset_specification=offset.to_rstream(), subscriber_name=self.name,
-                properties=properties, consumer_update_listener=listener,
-                filter_input=stream_filter.to_rstream() if stream_filter is not None else None,
-            )
+            await self._subscribe_at(offset)
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
+        self._setup_done()
+
+    async def _subscribe_at(self, offset: OffsetSpec) -> None:
+        how = dict(self._how)
+        if how["properties"] is not None:
+            how["properties"] = dict(how["properties"])  # rstream adds the filter keys to it
+        self.subscription_id = await self._carrier.subscribe(
+            self.stream, self._deliver, offset_specification=offset.to_rstream(), **how)
+        self._subscriber = self._carrier._subscribers.get(self.subscription_id)
+        self._initial_position = self._subscriber.offset if self._subscriber is not None else 0
+
+    async def _reattach(self) -> str:
+        from .stream_pool import forget_subscriber
+
+        await forget_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
+        self._last_offset = self.last_offset
+        self._subscriber = None
+        resume = OffsetSpec.at(self._last_offset + 1) if self._last_offset is not None else self.offset
+        with map_stream_errors(f"recovering the consumer on {self.stream!r}"):
+            await self._subscribe_at(resume)
+        return f"subscribed again from {resume} (subscription {self.subscription_id})"
 
     async def _resume_point(self) -> OffsetSpec:
+        """Where a single active consumer starts when it becomes active: after the stored offset, or
+        after its own last message if that is further (it was active before a recovery)."""
         stored = await self.stored_offset()
-        return OffsetSpec.at(stored + 1) if stored is not None else self.offset
+        after = [value + 1 for value in (stored, self._last_offset) if value is not None]
+        return OffsetSpec.at(max(after)) if after else self.offset
 
     async def _track_by_time(self, interval: float) -> None:
         while not self.closed:
@@ -312,6 +489,7 @@ class Consumer(_Handle):
         if self.closed:
             return
         self.closed = True
+        await self._stop_recovery()
         if self._tracker is not None:
             self._tracker.cancel()
         if getattr(self, "_tracking", None) is not None and self._since_store:

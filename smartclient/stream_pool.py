@@ -8,12 +8,24 @@ gets the Environment's one shared locator connection, and a stream request
 gets a connection placed by smartclient's candidates and node check, whatever
 address rstream chose.  ``tests/unit/test_rstream_seam.py`` fails loudly if
 rstream moves this seam; the version range is pinned in ``pyproject.toml``.
+
+Recovery is taken over too.  rstream reacts to a lost connection or a MetadataUpdate with
+``maybe_restart_producer`` / ``maybe_restart_subscriber``: it drops its bookkeeping, then waits 2-9 s
+(producers) or does nothing (consumers, whose recovery is off by default), and never resends
+unconfirmed messages.  :class:`PlacedProducer` and :class:`PlacedConsumer` replace those two methods
+with a hand-over to the smartclient handle, which recovers under its :class:`RecoveryPolicy`, with
+:func:`forget_publisher` / :func:`forget_subscriber` clearing rstream's state first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
+from rstream import Consumer as RConsumer
+from rstream import Producer as RProducer
+from rstream import schema
 from rstream.client import Addr, Client, ClientPool
 from rstream.constants import SlasMechanism
 
@@ -24,7 +36,10 @@ if TYPE_CHECKING:
     from .connector import Connection
     from .environment import Environment
 
-__all__ = ["LocatorClient", "PlacedClientPool"]
+__all__ = ["LocatorClient", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "forget_publisher",
+           "forget_subscriber"]
+
+log = logging.getLogger(__name__)
 
 MAX_ITEM_ALLOWED = 200  # rstream.constants.MAX_ITEM_ALLOWED; the seam test checks it
 
@@ -74,3 +89,71 @@ class PlacedClientPool(ClientPool):
             await self.env.connector.close_connection(conn)
         self.placed.clear()
         self._clients.clear()
+
+
+class PlacedProducer(RProducer):
+    """rstream's Producer, whose recovery is handed to the smartclient Producer of the stream."""
+
+    smartclient_env: Environment
+
+    async def maybe_restart_producer(self, reason: str, stream: str) -> None:
+        self.smartclient_env._lost(Role.PRODUCER, self, stream, reason)
+
+
+class PlacedConsumer(RConsumer):
+    """rstream's Consumer, whose recovery is handed to the smartclient Consumer of the stream."""
+
+    smartclient_env: Environment
+
+    async def maybe_restart_subscriber(self, reason: str, stream: str) -> None:
+        self.smartclient_env._lost(Role.CONSUMER, self, stream, reason)
+
+
+async def forget_publisher(carrier: RProducer, stream: str, dead_only: bool = False) -> None:
+    """Drop rstream's (lost) publisher on ``stream`` and its client entry, without talking to the broker
+    (which has already dropped it, or is gone).  ``dead_only``: only if its connection is closed (a loss
+    reported after its producer closed must not touch a newer producer of the same stream)."""
+    async with carrier._lock:
+        for pid, publisher in list(carrier._publishers.items()):
+            if publisher.stream == stream and not (dead_only and publisher.client.is_connection_alive()):
+                for frame in (schema.PublishConfirm, schema.PublishError, schema.MetadataUpdate):
+                    publisher.client._handlers.get(frame, {}).pop(str(pid), None)
+                del carrier._publishers[pid]
+        await _drop_client(carrier, stream, dead_only)
+
+
+async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = False) -> Any:
+    """Drop rstream's (lost) subscriber on ``stream``: stop its delivery task (frames still queued are
+    discarded: the consumer resumes after the last message it handed over), its handlers and its client
+    entry.  Returns the rstream subscriber, or None."""
+    found = None
+    async with carrier._lock:
+        for sid, subscriber in list(carrier._subscribers.items()):
+            if subscriber.stream == stream and not (dead_only and subscriber.client.is_connection_alive()):
+                found = subscriber
+                client = subscriber.client
+                await client.stop_queue_listener_task(subscriber_id=sid)
+                for frame in (schema.Deliver, schema.MetadataUpdate, schema.ConsumerUpdateResponse):
+                    client._handlers.get(frame, {}).pop(str(sid), None)
+                del carrier._subscribers[sid]
+        await _drop_client(carrier, stream, dead_only)
+    return found
+
+
+async def _drop_client(carrier: RProducer | RConsumer, stream: str, dead_only: bool = False) -> None:
+    client: Any = carrier._clients.get(stream)
+    if client is None or (dead_only and client.is_connection_alive()):
+        return
+    del carrier._clients[stream]
+    try:
+        await client.remove_stream(stream)
+        await client.free_available_id()
+        if client.is_connection_alive() and await client.get_stream_count() == 0:
+            task = asyncio.ensure_future(client.close())  # in the background: close() sleeps 0.2 s
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
+    except Exception as exc:  # a broken connection: nothing left to tidy
+        log.debug("dropping %s from its connection: %s", stream, exc)
+
+
+_closing: set[asyncio.Future[None]] = set()

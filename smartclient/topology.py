@@ -22,6 +22,7 @@ class Role(str, Enum):
     PRODUCER = "producer"
     CONSUMER = "consumer"
     LOCATOR = "locator"
+    CONNECTION = "connection"  # an AMQP or MQTT connection placed on a node
 
 
 @dataclass(frozen=True)

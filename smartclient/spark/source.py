@@ -84,9 +84,23 @@ def _int_option(options: dict[str, str], name: str, default: int | None) -> int 
     return value
 
 
-async def _next_offset(env: Any, stream: str, wait: float = 2.0) -> int:
-    """The offset the next message of ``stream`` will get: read the last chunk and see where it ends."""
-    consumer = await env.consumer(stream, lambda message, context: None, offset="last")
+async def _next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
+    """The offset the next message of ``stream`` will get.
+
+    StreamStats says whether the stream holds anything (``committed_chunk_id`` is -1 when it is empty)
+    and where its last committed chunk starts; reading from there shows where that chunk ends.  A
+    replica that lags only delays the answer: it is never mistaken for an empty stream.
+
+    :raises TopologyError: the last chunk could not be read within ``wait`` seconds.
+    """
+    from .._errors import TopologyError
+    from ..offsets import OffsetSpec
+
+    stats = await env.stream_stats(stream)
+    last_chunk = int(stats.get("committed_chunk_id", -1))
+    if last_chunk < 0:
+        return 0  # empty
+    consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
     try:
         deadline = time.monotonic() + wait
         while consumer.last_offset is None and time.monotonic() < deadline:
@@ -94,7 +108,9 @@ async def _next_offset(env: Any, stream: str, wait: float = 2.0) -> int:
         last = consumer.last_offset
     finally:
         await consumer.close()
-    return 0 if last is None else last + 1  # nothing delivered within the wait: the stream is empty
+    if last is None:
+        raise TopologyError(f"the last chunk of {stream!r} (offset {last_chunk}) could not be read within {wait} s")
+    return int(last) + 1
 
 
 def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[str, int]:

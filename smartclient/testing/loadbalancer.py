@@ -172,6 +172,10 @@ class HAProxy:
     def enable_server(self, node: str, listener: str | None = None) -> None:
         self._server_command("enable server {server}", node, listener)
 
+    def shutdown_sessions(self, node: str, listener: str | None = None) -> None:
+        """Cut every session HAProxy holds to ``node`` (in one listener, or all)."""
+        self._server_command("shutdown sessions server {server}", node, listener)
+
     def set_maint(self, node: str, listener: str | None = None) -> None:
         self._server_command("set server {server} state maint", node, listener)
 

@@ -366,6 +366,18 @@ class LocalTestBed(TestBed):
     def enable_lb_backend(self, node: str, listener: str | None = None) -> None:
         self.haproxy.enable_server(node, listener)
 
+    def shutdown_lb_sessions(self, node: str, listener: str | None = None) -> None:
+        self.haproxy.shutdown_sessions(node, listener)
+
+    def restart_lb(self) -> None:
+        """Stop HAProxy (every session through it drops) and start it again with the same listeners."""
+        pid = self.haproxy.pid()
+        self.haproxy.stop()
+        if pid is not None:
+            wait_until(lambda: not Path(f"/proc/{pid}").exists(), 10, "HAProxy to stop", interval=0.05)
+        self.haproxy.ensure()
+        self._wait_lb_backends_up()
+
     def stop_dns(self) -> None:
         self.dns.stop()
 

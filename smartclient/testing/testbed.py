@@ -162,6 +162,12 @@ class TestBed:
     def enable_lb_backend(self, node: str, listener: str | None = None) -> None:
         raise self._unavailable(f"enable the LB backend {node}")
 
+    def shutdown_lb_sessions(self, node: str, listener: str | None = None) -> None:
+        raise self._unavailable(f"cut the LB sessions to {node}")
+
+    def restart_lb(self) -> None:
+        raise self._unavailable("restart the load balancer")
+
     def stop_dns(self) -> None:
         raise self._unavailable("stop the DNS server")
 

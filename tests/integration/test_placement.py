@@ -17,6 +17,7 @@ from smartclient import (
     AddressNotAllowed,
     Environment,
     NodeUnreachable,
+    RecoveryPolicy,
     ResolutionError,
     RetryPolicy,
     Role,
@@ -175,7 +176,7 @@ async def test_unknown_stream(testbed: TestBed, unique_name: str) -> None:
         await env.delete_stream(f"{unique_name}-ok")
 
 
-async def test_leader_move_invalidates_the_cache_and_new_producers_follow(
+async def test_leader_move_invalidates_the_cache_and_producers_follow(
     faulty_testbed: TestBed, unique_name: str
 ) -> None:
     bed = faulty_testbed
@@ -185,13 +186,15 @@ async def test_leader_move_invalidates_the_cache_and_new_producers_follow(
             first = await env.producer(unique_name, name="before")
             assert first.node == Address(*bed.nodes[0].advertised)
             bed.move_leader(unique_name, "rabbit-3")
+            new_leader = Address(*bed.nodes[2].advertised)
             deadline = time.monotonic() + 10
-            while unique_name in env._topologies and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # the MetadataUpdate frame invalidates it
-            assert unique_name not in env._topologies
-            assert (await env.topology(unique_name)).leader == Address(*bed.nodes[2].advertised)
+            while first.node != new_leader and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # MetadataUpdate: the cache is dropped and the producer recovers
+            assert first.node == new_leader and first.recoveries == 1
+            assert (await env.topology(unique_name)).leader == new_leader
             second = await env.producer(unique_name, name="after")
-            assert second.node == Address(*bed.nodes[2].advertised)
+            assert second.node == new_leader
+            await first.send_wait(b"after the move")
     finally:
         await delete(bed, unique_name)
 
@@ -202,7 +205,7 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
     bed = faulty_testbed
     await create_with_leader_on(bed, unique_name, 1)
     try:
-        async with environment(bed) as env:
+        async with environment(bed, recovery=RecoveryPolicy(enabled=False)) as env:
             producer = await env.producer(unique_name)
             assert unique_name in env._topologies
             record = producer.placement
@@ -222,7 +225,8 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
             deadline = time.monotonic() + 10
             while unique_name in env._topologies and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            assert unique_name not in env._topologies
+            assert unique_name not in env._topologies  # (with recovery on, the producer reads it again)
+            assert producer.failure is not None and "recovery is disabled" in producer.failure
     finally:
         await delete(bed, unique_name)
 

@@ -1,0 +1,221 @@
+"""AMQP 0.9.1 against the test bed: node-placed connections (direct and through HAProxy), RPC over the
+local random exchange, and streams over AMQP."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import Address, ConfigurationError, Environment, NoCandidateNode, NoRpcServer
+from smartclient.amqp_placement import AmqpPlacer
+from smartclient.amqp_streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
+from smartclient.rpc import RpcClient, RpcServer, coverage
+from smartclient.testing import TestBed
+
+
+@pytest.fixture
+def placer(testbed: TestBed) -> Iterator[AmqpPlacer]:
+    with testbed.management() as api:
+        yield AmqpPlacer(api)
+
+
+@pytest.fixture
+def lb_placer(testbed: TestBed) -> Iterator[AmqpPlacer]:
+    host, port = testbed.lb("amqp")
+    with testbed.management() as api:
+        yield AmqpPlacer(api, via=Address(host, port))
+
+
+def node_names(bed: TestBed) -> list[str]:
+    return [n.name for n in bed.nodes]
+
+
+def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(testbed: TestBed, placer: AmqpPlacer) -> None:
+    nodes = placer.nodes()
+    assert [n.name for n in nodes] == sorted(node_names(testbed))
+    for node in testbed.nodes:
+        listed = next(n for n in nodes if n.name == node.name)
+        assert listed.address("amqp").port == node.port("amqp")
+
+
+@pytest.mark.parametrize("mode", ["direct", "load balancer"])
+def test_a_placed_connection_sits_on_the_node_it_was_asked_for(
+    testbed: TestBed, placer: AmqpPlacer, lb_placer: AmqpPlacer, mode: str
+) -> None:
+    chosen = lb_placer if mode == "load balancer" else placer
+    for node in testbed.nodes:
+        with chosen.connect(node.short) as placed:
+            assert placed.node == node.name
+            # the truth, independently: the management API's view of this very connection
+            assert placer.node_of(placed.name) == node.name
+            assert placed.connection.is_open
+            if mode == "load balancer":
+                assert placed.dialled == Address(*testbed.lb("amqp"))
+
+
+def test_unknown_node_is_a_typed_error(placer: AmqpPlacer) -> None:
+    with pytest.raises(NoCandidateNode, match="no node named 'rabbit-9'"):
+        placer.connect("rabbit-9")
+
+
+async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(testbed: TestBed) -> None:
+    host, port = testbed.lb()
+    with testbed.management() as api:
+        async with Environment(testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
+                               management=api) as env:
+            with pytest.raises(ConfigurationError, match="via="):
+                env.amqp_connection(testbed.nodes[1].short)
+            amqp_host, amqp_port = testbed.lb("amqp")
+            with env.amqp_connection(testbed.nodes[1].short, via=f"{amqp_host}:{amqp_port}") as placed:
+                assert placed.node == testbed.nodes[1].name
+    async with Environment(testbed.stream_uri(host, port)) as env:
+        with pytest.raises(ConfigurationError, match="management API"):
+            env.amqp_connection()
+
+
+def echo(body: bytes, properties: Any) -> bytes:
+    return b"echo:" + body
+
+
+def test_rpc_with_servers_on_every_node_answers_from_the_callers_node(
+    testbed: TestBed, lb_placer: AmqpPlacer, unique_name: str
+) -> None:
+    exchange = f"{unique_name}-rpc"
+    with RpcServer(lb_placer, exchange, echo, require_full_coverage=True) as server:
+        report = server.start()
+        assert report.complete and set(report.servers) == set(node_names(testbed))
+        for node in testbed.nodes:
+            with lb_placer.connect(node.short) as placed:
+                client = RpcClient(placed, exchange)
+                for i in range(5):
+                    reply = client.call(b"%d" % i)
+                    assert reply.body == b"echo:%d" % i
+                    assert reply.node == node.name  # x-local-random: the server on the caller's node
+        assert server.handled == 15
+    _delete_exchange(testbed, exchange)
+
+
+def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
+    testbed: TestBed, placer: AmqpPlacer, unique_name: str
+) -> None:
+    exchange = f"{unique_name}-rpc"
+    covered = [n.name for n in testbed.nodes[:2]]
+    bare = testbed.nodes[2]
+    with RpcServer(placer, exchange, echo, nodes=covered) as server:
+        report = server.start()
+        assert report.without == (bare.name,) and not report.complete
+        with placer.connect(bare.short) as placed:
+            client = RpcClient(placed, exchange, timeout=30)
+            started = time.monotonic()
+            with pytest.raises(NoRpcServer, match=bare.name) as caught:
+                client.call(b"anyone?")
+            assert caught.value.node == bare.name
+            assert time.monotonic() - started < 10  # the return, not the timeout
+        with pytest.raises(NoRpcServer):
+            RpcServer(placer, exchange, echo, nodes=covered, require_full_coverage=True).start()
+    assert coverage(placer.management, exchange).servers == {}  # exclusive queues went with the servers
+    _delete_exchange(testbed, exchange)
+
+
+def _delete_exchange(bed: TestBed, exchange: str) -> None:
+    with bed.management() as api:
+        api.delete(f"/api/exchanges/%2F/{exchange}")
+
+
+# -- streams over AMQP ----------------------------------------------------------------------------
+@pytest.fixture
+def amqp_stream(testbed: TestBed, placer: AmqpPlacer, unique_name: str) -> Iterator[str]:
+    import pika
+
+    with placer.connect(testbed.nodes[0].short) as placed:
+        channel = placed.channel()
+        declare_stream(channel, unique_name, {"max_age": "1D", "initial_cluster_size": 3})
+        channel.confirm_delivery()
+        for i in range(30):
+            channel.basic_publish("", unique_name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    yield unique_name
+    with testbed.management() as api:
+        api.delete(f"/api/queues/%2F/{unique_name}")
+
+
+def read(placer: AmqpPlacer, stream: str, offset: Any, expect: int, prefetch: int = 5) -> tuple[list[int], str]:
+    got: list[StreamDelivery] = []
+    with AmqpStreamConsumer(placer, stream, got.append, offset=offset, prefetch=prefetch) as consumer:
+        deadline = time.monotonic() + 10
+        while len(got) < expect and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        consumer.poll(0.3)  # nothing more should come
+        assert all(d.acked for d in got)
+        return [int(d.body) for d in got], consumer.node
+
+
+def test_stream_declared_over_amqp_has_its_arguments(testbed: TestBed, amqp_stream: str) -> None:
+    with testbed.management() as api:
+        info = api.queue("/", amqp_stream)
+    assert info["type"] == "stream" and info["arguments"]["x-max-age"] == "1D"
+    assert len(info["members"]) == 3
+
+
+@pytest.mark.parametrize("offset, expected", [
+    ("first", list(range(30))),
+    (10, list(range(10, 30))),
+    ("last", None),  # the last chunk: a suffix of the stream
+    ("next", []),
+    ("1h", list(range(30))),
+])
+def test_every_x_stream_offset_form(placer: AmqpPlacer, amqp_stream: str, offset: Any, expected: Any) -> None:
+    bodies, node = read(placer, amqp_stream, offset, expect=len(expected) if expected is not None else 1)
+    _leader, replicas = stream_members(placer, amqp_stream)
+    assert node in replicas  # consumers read from a replica
+    if expected is None:
+        assert bodies and bodies == list(range(30))[-len(bodies):]
+    else:
+        assert bodies == expected
+
+
+def test_timestamp_offsets_in_seconds(placer: AmqpPlacer, amqp_stream: str) -> None:
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    assert read(placer, amqp_stream, past, expect=30)[0] == list(range(30))
+    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
+    assert read(placer, amqp_stream, future, expect=0)[0] == []
+
+
+def test_global_qos_is_refused_before_the_broker_closes_the_channel(placer: AmqpPlacer, amqp_stream: str) -> None:
+    with pytest.raises(ConfigurationError, match="global QoS"):
+        AmqpStreamConsumer(placer, amqp_stream, lambda d: None, global_qos=True)
+    with pytest.raises(ConfigurationError, match="prefetch"):
+        AmqpStreamConsumer(placer, amqp_stream, lambda d: None, prefetch=0)
+    with placer.connect() as placed:
+        channel = placed.channel()
+        with pytest.raises(ConfigurationError, match="global QoS"):
+            stream_qos(channel, 10, global_qos=True)
+        assert channel.is_open  # refused here, so the channel survives
+
+
+def test_bad_stream_arguments_are_refused_before_declaring(placer: AmqpPlacer, unique_name: str) -> None:
+    with placer.connect() as placed:
+        channel = placed.channel()
+        with pytest.raises(ConfigurationError, match="max_age"):
+            declare_stream(channel, unique_name, {"x-max-age": "seven days"})
+        with pytest.raises(ConfigurationError, match="unknown stream argument"):
+            declare_stream(channel, unique_name, {"x-max-lenght-bytes": 10})
+        assert channel.is_open
+
+
+def test_nodes_discovered_from_dns_srv_are_identified_and_placed(testbed: TestBed) -> None:
+    from resolvers import DnsResolver, SrvDiscovery
+
+    host, port = testbed.dns_address
+    with testbed.management() as api:
+        placer = AmqpPlacer(api, entry_points=SrvDiscovery("_amqp._tcp.smartclient.test", [host], port=port),
+                            resolver=DnsResolver([host], port=port))
+        nodes = placer.nodes()
+        assert [n.name for n in nodes] == sorted(node_names(testbed))
+        assert all(n.address("amqp").host.endswith(".smartclient.test") for n in nodes)
+        with placer.connect(testbed.nodes[2].short) as placed:
+            assert placed.node == testbed.nodes[2].name == placer.node_of(placed.name)

@@ -1,0 +1,325 @@
+"""The fault suite: real faults on the test bed, each checked against an invariant.
+
+* every message given to a producer ends confirmed or failed with a reason, and with a named producer
+  every confirmed message is in the stream exactly once, in order (Kafka's and Jepsen's lost = dup = 0);
+* consumers resume on another member with no gap (and with tracking, no duplicate);
+* producers and consumers make progress again within seconds, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from resolvers import DnsResolver, LoadBalancer
+from smartclient import (
+    Address,
+    Confirmation,
+    Consumer,
+    Environment,
+    OffsetTracking,
+    Producer,
+    RecoveryPolicy,
+    ResolutionError,
+)
+from smartclient.testing import TestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+pytestmark = pytest.mark.faults
+
+
+def all_nodes(bed: TestBed) -> list[str]:
+    return [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
+
+
+def node_index(bed: TestBed, address: Address | None) -> int:
+    assert address is not None
+    return [Address(*n.advertised) for n in bed.nodes].index(address)
+
+
+class Publisher:
+    """Publishes numbered messages until stopped, and keeps the fate of each one."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self.sent = 0
+        self.confirmed: list[int] = []
+        self.failed: list[Confirmation] = []
+        self.confirm_times: list[float] = []
+        self._stop = False
+        self._task: asyncio.Task[None] | None = None
+
+    def _on_confirm(self, confirmation: Confirmation) -> None:
+        if confirmation.confirmed:
+            self.confirmed.append(confirmation.publishing_id)
+            self.confirm_times.append(time.monotonic())
+        else:
+            self.failed.append(confirmation)
+
+    async def _run(self) -> None:
+        while not self._stop:
+            await self.producer.send(b"%d" % self.sent, on_confirm=self._on_confirm)
+            self.sent += 1
+            if self.sent % 50 == 0:
+                await asyncio.sleep(0.002)  # a steady stream, not a flood
+
+    def start(self) -> Publisher:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def confirmed_after(self, moment: float, count: int = 1, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(1 for t in self.confirm_times if t > moment) < count:
+            assert time.monotonic() < deadline, f"no progress {timeout} s after the fault"
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self._stop = True
+        assert self._task is not None
+        await asyncio.wait_for(self._task, 30)
+        await asyncio.wait_for(self.producer.flush(), 60)  # nothing hangs
+        assert not self.failed, self.failed[:3]
+        assert len(self.confirmed) == self.sent  # every message ended confirmed
+
+
+class Collector:
+    """A consumer callback keeping (offset, body) in order of arrival."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int]] = []
+
+    def __call__(self, message: Any, context: Any) -> None:
+        self.items.append((context.offset, int(bytes(message))))
+
+    def bodies(self) -> list[int]:
+        return [body for _, body in self.items]
+
+    async def wait_for(self, count: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.items) < count:
+            assert time.monotonic() < deadline, f"{len(self.items)} of {count} messages after {timeout} s"
+            await asyncio.sleep(0.05)
+
+    def assert_no_gap(self, sent: int, *, no_duplicate: bool = True) -> None:
+        bodies = self.bodies()
+        offsets = [offset for offset, _ in self.items]
+        repeated_offsets = len(offsets) - len(set(offsets))
+        repeated_bodies = len(bodies) - len(set(bodies))
+        where = [i for i in range(1, len(offsets)) if offsets[i] <= offsets[i - 1]][:5]
+        detail = (f"{len(bodies)} received for {sent} sent; offsets delivered twice {repeated_offsets}, "
+                  f"bodies stored twice {repeated_bodies - repeated_offsets}; offset went back at {where} "
+                  f"{[self.items[i - 1:i + 1] for i in where]}")
+        assert set(bodies) == set(range(sent)), f"a gap: {detail}"
+        if no_duplicate:
+            assert bodies == list(range(sent)), f"a duplicate or a reordering: {detail}"
+            assert offsets == sorted(set(offsets))
+
+
+async def read_all(bed: TestBed, stream: str, expected: int) -> list[int]:
+    collector = Collector()
+    async with Environment(all_nodes(bed)) as env:
+        await env.consumer(stream, collector, offset="first")
+        await collector.wait_for(expected)
+        await asyncio.sleep(0.3)  # anything beyond `expected` (a duplicate) arrives too
+    return collector.bodies()
+
+
+@asynccontextmanager
+async def stream_led_by(bed: TestBed, name: str, node: int) -> AsyncIterator[str]:
+    await create_stream_led_by(bed, name, node)
+    try:
+        yield name
+    finally:
+        bed.heal()
+        await delete_streams(bed, name)
+
+
+async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    async with stream_led_by(bed, unique_name, 1) as stream, Environment(all_nodes(bed)) as env:
+        producer = await env.producer(stream, name="kill-9")
+        publisher = Publisher(producer).start()
+        await publisher.confirmed_after(0, count=2000)
+        killed_at = time.monotonic()
+        bed.kill_node("rabbit-2")  # the leader, by PID
+        await publisher.confirmed_after(killed_at, count=2000)  # publishing resumes
+        await publisher.stop()
+        assert producer.recoveries >= 1 and producer.node != Address(*bed.nodes[1].advertised)
+        bodies = await read_all(bed, stream, publisher.sent)
+        assert bodies == list(range(publisher.sent))  # exactly once, in order
+
+
+async def test_stop_app_then_start_app_producer_and_consumer_progress(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+        collector = Collector()
+        consumer = await env.consumer(stream, collector, offset="first", name="c", tracking=OffsetTracking(every=500))
+        producer = await env.producer(stream, name="p")
+        publisher = Publisher(producer).start()
+        await publisher.confirmed_after(0, count=500)
+        for victim in (node_index(bed, consumer.node), 0):  # the consumer's node, then the leader's
+            stopped_at = time.monotonic()
+            name = bed.nodes[victim].name
+            bed.stop_app(name)
+            await publisher.confirmed_after(stopped_at, count=500)
+            seen = len(collector.items)
+            await collector.wait_for(seen + 200)
+            bed.start_app(name)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)  # tracked: no duplicate either
+        assert producer.recoveries >= 1 and consumer.recoveries >= 1
+
+
+async def test_leader_move_producer_and_consumer_progress(faulty_testbed: TestBed, unique_name: str) -> None:
+    bed = faulty_testbed
+    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+        collector = Collector()
+        await env.consumer(stream, collector, offset="first")
+        producer = await env.producer(stream, name="p")
+        publisher = Publisher(producer).start()
+        await publisher.confirmed_after(0, count=500)
+        moved_at = time.monotonic()
+        bed.move_leader(stream, "rabbit-3")
+        await publisher.confirmed_after(moved_at, count=500)
+        await publisher.stop()
+        assert producer.node == Address(*bed.nodes[2].advertised)
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)
+
+
+async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_duplicate(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+        collector = Collector()
+        consumer: Consumer = await env.consumer(stream, collector, offset="first", name="tracked",
+                                                tracking=OffsetTracking(every=100))
+        victim = node_index(bed, consumer.node)
+        assert victim != 0  # on a replica
+        publisher = Publisher(await env.producer(stream)).start()
+        await collector.wait_for(1000)
+        bed.kill_node(bed.nodes[victim].name)
+        await asyncio.sleep(1.0)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)
+        assert consumer.recoveries == 1 and node_index(bed, consumer.node) != victim
+        await consumer.store_offset()
+        assert await consumer.stored_offset() == collector.items[-1][0]
+
+
+async def test_untracked_consumer_connection_closed_by_management_api_recovers_without_gap(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    async with stream_led_by(bed, unique_name, 2) as stream, Environment(all_nodes(bed)) as env:
+        collector = Collector()
+        consumer = await env.consumer(stream, collector, offset="first")
+        producer = await env.producer(stream, name="p")
+        publisher = Publisher(producer).start()
+        await collector.wait_for(500)
+        for handle in (consumer, producer):
+            record = handle.placement
+            assert record is not None
+            bed.close_connection(server_side_name(bed, record.connection))
+            closed_at = time.monotonic()
+            await publisher.confirmed_after(closed_at, count=300)
+            await collector.wait_for(len(collector.items) + 300)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)
+        assert consumer.recoveries == 1 and producer.recoveries == 1
+
+
+def server_side_name(bed: TestBed, client_name: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with bed.management() as api:
+            for conn in api.connections():
+                if conn.get("client_properties", {}).get("connection_name") == client_name:
+                    return str(conn["name"])
+        time.sleep(0.2)
+    raise AssertionError(f"the management API never listed {client_name}")
+
+
+async def test_lb_backend_disabled_and_sessions_cut_then_lb_restarted(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    host, port = bed.lb()
+    async with stream_led_by(bed, unique_name, 1) as stream, Environment(
+        bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))
+    ) as env:
+        collector = Collector()
+        consumer = await env.consumer(stream, collector, offset="first", name="c", tracking=OffsetTracking(every=200))
+        producer = await env.producer(stream, name="p")
+        publisher = Publisher(producer).start()
+        await collector.wait_for(300)
+        # the consumer's node leaves the LB, and its sessions are cut: the consumer lands elsewhere
+        victim = bed.nodes[node_index(bed, consumer.node)].name
+        bed.disable_lb_backend(victim)
+        bed.shutdown_lb_sessions(victim)
+        await collector.wait_for(len(collector.items) + 300)
+        assert consumer.node != Address(*bed.node(victim).advertised)
+        bed.enable_lb_backend(victim)
+        # the LB itself restarts: every session drops, everything comes back through it
+        restarted_at = time.monotonic()
+        bed.restart_lb()
+        await publisher.confirmed_after(restarted_at, count=300)
+        await collector.wait_for(len(collector.items) + 300)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)
+        assert producer.recoveries >= 1 and consumer.recoveries >= 2
+        assert producer.node == Address(*bed.nodes[1].advertised)  # still the leader, through the LB
+
+
+TTL = 6
+
+
+async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_typed_error(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    bed = faulty_testbed
+    host, port = bed.dns_address
+    for i, node in enumerate(bed.nodes):  # short-lived names for this test's nodes
+        bed.add_dns_record(f"n{i}-{unique_name}.smartclient.test", "A", node.host, ttl=TTL)
+    names = {Address(*node.advertised): Address(f"n{i}-{unique_name}.smartclient.test", node.stream_port)
+             for i, node in enumerate(bed.nodes)}
+
+    class Renamed(DnsResolver):  # advertised localhost:port -> a DNS name -> its A record
+        async def resolve(self, address: Address) -> Address:
+            return await super().resolve(names.get(address, address))
+
+    resolver = Renamed([host], port=port, timeout=0.5)
+    policy = RecoveryPolicy(max_time=3.0, initial_delay=0.2)
+    async with stream_led_by(bed, unique_name, 0) as stream, Environment(
+        all_nodes(bed), resolver=resolver, recovery=policy
+    ) as env:
+        producer = await env.producer(stream, name="p")
+        resolved_at = time.monotonic()
+        await producer.send_wait(b"0")
+        connection = server_side_name(bed, producer.placement.connection)  # type: ignore[union-attr]
+        bed.stop_dns()
+        bed.close_connection(connection)
+        await producer.send_wait(b"1")  # recovered with the cached answer
+        assert producer.recoveries == 1 and time.monotonic() - resolved_at < TTL
+        await asyncio.sleep(resolved_at + TTL + 0.2 - time.monotonic())  # the TTL runs out
+        with pytest.raises(ResolutionError, match=r"smartclient\.test"):
+            await env.producer(f"{stream}", name="another")
+        bed.close_connection(server_side_name(bed, producer.placement.connection))  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while producer.failure is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert producer.failure is not None and "ResolutionTimeout" in producer.failure

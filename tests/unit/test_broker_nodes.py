@@ -1,0 +1,77 @@
+"""Nodes and listeners from the management API's overview (pure parsing), and the AMQP/RPC input checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from smartclient import Address, ConfigurationError, NoCandidateNode
+from smartclient.amqp_streams import stream_qos
+from smartclient.broker_nodes import BrokerNode, node_host, nodes_from_overview, pick_node
+from smartclient.rpc import Coverage
+
+OVERVIEW = {"listeners": [
+    {"node": "rabbit-2@host-b", "protocol": "amqp", "ip_address": "::", "port": 5672},
+    {"node": "rabbit-1@host-a", "protocol": "amqp", "ip_address": "0.0.0.0", "port": 5672},
+    {"node": "rabbit-1@host-a", "protocol": "stream", "ip_address": "10.0.0.1", "port": 5552},
+    {"node": "rabbit-1@host-a", "protocol": "mqtt", "ip_address": "::", "port": 1883},
+]}
+
+
+def test_listeners_bound_to_any_address_are_advertised_with_the_node_host() -> None:
+    nodes = nodes_from_overview(OVERVIEW)
+    assert [n.name for n in nodes] == ["rabbit-1@host-a", "rabbit-2@host-b"]
+    first = nodes[0]
+    assert first.address("amqp") == Address("host-a", 5672)
+    assert first.address("stream") == Address("10.0.0.1", 5552)  # bound to one IP: that IP
+    assert nodes[1].address("amqp") == Address("host-b", 5672)
+
+
+def test_a_missing_listener_or_node_is_a_typed_error_naming_it() -> None:
+    nodes = nodes_from_overview(OVERVIEW)
+    with pytest.raises(NoCandidateNode, match="rabbit-2@host-b has no mqtt listener"):
+        nodes[1].address("mqtt")
+    assert pick_node(nodes, "rabbit-2").name == "rabbit-2@host-b"
+    assert pick_node(nodes, "rabbit-1@host-a") is nodes[0]
+    with pytest.raises(NoCandidateNode, match="no node named 'rabbit-3'"):
+        pick_node(nodes, "rabbit-3")
+
+
+def test_node_names_need_a_host() -> None:
+    assert node_host("rabbit@db-1.example") == "db-1.example"
+    with pytest.raises(ConfigurationError):
+        node_host("rabbit")
+
+
+def test_empty_overview_gives_no_nodes() -> None:
+    assert nodes_from_overview({}) == []
+    assert BrokerNode("a@b").short == "a"
+
+
+class RecordingChannel:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+
+    def basic_qos(self, **kwargs: object) -> None:
+        self.calls.append(kwargs)
+
+
+@pytest.mark.parametrize("prefetch", [0, -1, True, 1.5, "10"])
+def test_stream_consumers_need_a_positive_per_consumer_prefetch(prefetch: object) -> None:
+    channel = RecordingChannel()
+    with pytest.raises(ConfigurationError, match="prefetch"):
+        stream_qos(channel, prefetch)  # type: ignore[arg-type]
+    assert channel.calls == []
+
+
+def test_global_qos_is_refused_and_never_sent() -> None:
+    channel = RecordingChannel()
+    with pytest.raises(ConfigurationError, match="global QoS"):
+        stream_qos(channel, 10, global_qos=True)
+    stream_qos(channel, 10)
+    assert channel.calls == [{"prefetch_count": 10, "global_qos": False}]
+
+
+def test_coverage_report_names_the_nodes_without_servers() -> None:
+    report = Coverage("rpc", {"rabbit-1@a": 2}, ("rabbit-2@b",))
+    assert not report.complete
+    assert "rabbit-1@a (2)" in str(report) and "without a server: rabbit-2@b" in str(report)

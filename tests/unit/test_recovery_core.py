@@ -1,0 +1,177 @@
+"""The pure parts of recovery: the back-off schedule, and PublishBuffer's suspend / resend / fail."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from smartclient import CONNECTION_LOST, ConfigurationError, PublishFailed, RecoveryPolicy
+from smartclient.publishing import BatchingPolicy, Confirmation, PublishBuffer
+
+
+# -- RecoveryPolicy -------------------------------------------------------------------------------
+def test_first_delays_grow_from_initial_to_max_without_jitter() -> None:
+    policy = RecoveryPolicy(initial_delay=0.1, factor=2, max_delay=1.0, jitter=0)
+    assert [policy.next_delay(n, 0) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+def test_jitter_stays_within_its_fraction() -> None:
+    policy = RecoveryPolicy(initial_delay=1.0, max_delay=1.0, jitter=0.2)
+    rng = random.Random(7)
+    delays = [policy.next_delay(1, 0, rng=rng) for _ in range(500)]
+    assert all(d is not None and 0.8 <= d <= 1.2 for d in delays)
+    assert len({round(d or 0, 3) for d in delays}) > 50  # spread, not lock step
+
+
+def test_every_recovery_is_bounded_by_attempts_and_by_time() -> None:
+    policy = RecoveryPolicy(max_attempts=5, max_time=10.0, jitter=0)
+    assert policy.next_delay(4, 1.0) is not None
+    assert policy.next_delay(5, 1.0) is None
+    assert policy.next_delay(1, 10.0) is None
+    assert policy.next_delay(1, 9.99) == pytest.approx(0.01)  # never sleeps past max_time
+
+
+def test_authentication_failures_stop_at_once_or_wait_the_longest_delay() -> None:
+    assert RecoveryPolicy().next_delay(1, 0, authentication=True) is None
+    slow = RecoveryPolicy(retry_authentication=True, max_delay=4.0, jitter=0)
+    assert slow.next_delay(1, 0, authentication=True) == 4.0  # never a tight loop
+
+
+def test_disabled_gives_up_at_once() -> None:
+    assert RecoveryPolicy(enabled=False).next_delay(1, 0) is None
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(initial_delay=-1), dict(initial_delay=10, max_delay=1), dict(factor=0.5), dict(jitter=1.0),
+    dict(max_attempts=0), dict(max_time=0), dict(attempt_time=0),
+])
+def test_bad_policies_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError):
+        RecoveryPolicy(**kwargs)
+
+
+# -- PublishBuffer --------------------------------------------------------------------------------
+class FakeClient:
+    """What PublishBuffer uses of an rstream client: frame max, handlers, and the socket writer."""
+
+    def __init__(self) -> None:
+        self._frame_max = 1024 * 1024
+        self._handlers: dict[Any, dict[str, Any]] = {}
+        self.frames: list[bytes] = []
+        transport = SimpleNamespace(get_write_buffer_size=lambda: 0)
+        self._conn = SimpleNamespace(_writer=SimpleNamespace(write=self.frames.append, transport=transport))
+
+    def add_handler(self, frame: Any, handler: Any, name: str) -> None:
+        self._handlers.setdefault(frame, {})[name] = handler
+
+    def ids_written(self) -> list[int]:
+        ids = []
+        for frame in self.frames:
+            count = struct.unpack_from(">I", frame, 9)[0]
+            pos = 13
+            for _ in range(count):
+                pid, size = struct.unpack_from(">QI", frame, pos)
+                ids.append(pid)
+                pos += 12 + size
+        return ids
+
+
+def confirm(buffer: PublishBuffer, *ids: int) -> None:
+    buffer._on_confirm(SimpleNamespace(publisher_id=buffer.publisher_id, publishing_ids=list(ids)))
+
+
+def error(buffer: PublishBuffer, code: int, *ids: int) -> None:
+    errors = [SimpleNamespace(publishing_id=i, response_code=code) for i in ids]
+    buffer._on_error(SimpleNamespace(publisher_id=buffer.publisher_id, errors=errors))
+
+
+def make(client: FakeClient, lost: list[str] | None = None) -> PublishBuffer:
+    return PublishBuffer(client, 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=10),
+                         on_lost=(lost.append if lost is not None else None))
+
+
+async def test_resume_writes_every_unconfirmed_message_again_in_order_before_later_ones() -> None:
+    old, new = FakeClient(), FakeClient()
+    buffer = make(old)
+    futures = []
+    for pid in range(1, 6):
+        future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
+        await buffer.add(pid, b"x%d" % pid, future)
+        futures.append(future)
+    buffer._flush()
+    confirm(buffer, 1, 2)
+    assert old.ids_written() == [1, 2, 3, 4, 5] and buffer.in_flight == 3
+    buffer.suspend()
+    await buffer.add(6, b"x6")  # queued while suspended: nothing written anywhere
+    buffer._flush()
+    assert old.ids_written() == [1, 2, 3, 4, 5] and new.frames == []
+    assert buffer.resume(new, 7) == 4
+    await buffer.add(7, b"x7")
+    buffer._flush()
+    assert new.ids_written() == [3, 4, 5, 6, 7]
+    assert not old._handlers[next(iter(old._handlers))]  # the old connection's handlers are gone
+    confirm(buffer, 1)  # a late duplicate confirm changes nothing
+    confirm(buffer, 3, 4, 5, 6, 7)
+    await asyncio.wait_for(buffer.flush(), 1)
+    assert [f.result().publishing_id for f in futures] == [1, 2, 3, 4, 5]
+    assert buffer.confirmed == 7 and buffer.in_flight == 0 and buffer.resent == 4
+
+
+async def test_fail_all_settles_every_pending_message_with_the_reason_and_refuses_later_sends() -> None:
+    buffer = make(FakeClient())
+    outcomes: list[Confirmation] = []
+    future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
+    await buffer.add(1, b"a", future)
+    await buffer.add(2, b"b", outcomes.append)
+    buffer.fail_all("gave up after 3 attempts")
+    with pytest.raises(PublishFailed, match="gave up after 3 attempts"):
+        await future
+    assert outcomes == [Confirmation(2, False, CONNECTION_LOST, "gave up after 3 attempts")]
+    with pytest.raises(PublishFailed, match="stopped: gave up"):
+        await buffer.add(3, b"c")
+    with pytest.raises(PublishFailed):
+        await buffer.flush()
+    assert buffer.in_flight == 0 and buffer.failed == 2
+
+
+async def test_publisher_gone_keeps_messages_pending_and_reports_the_loss() -> None:
+    lost: list[str] = []
+    buffer = make(FakeClient(), lost)
+    await buffer.add(1, b"a")
+    await buffer.add(2, b"b")
+    error(buffer, 18, 1, 2)  # publisher does not exist: not the message's fault
+    assert buffer.in_flight == 2 and buffer.failed == 0 and buffer.suspended
+    assert lost == ["the broker answered 'publisher does not exist'"]
+    error(buffer, 17, 1)  # a real refusal (precondition failed) settles it
+    assert buffer.in_flight == 1 and buffer.failed == 1
+
+
+async def test_sends_wait_for_room_while_suspended_and_nothing_is_dropped() -> None:
+    new = FakeClient()
+    buffer = make(FakeClient())
+    for pid in range(1, 11):
+        await buffer.add(pid, b"m")
+    buffer.suspend()
+    blocked = asyncio.create_task(buffer.add(11, b"m"))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()  # back-pressure: max_in_flight reached
+    buffer.resume(new, 1)
+    confirm(buffer, *range(1, 11))
+    await asyncio.wait_for(blocked, 1)
+    buffer._flush()
+    assert new.ids_written() == list(range(1, 12))
+
+
+async def test_a_write_on_a_closed_connection_suspends_instead_of_raising() -> None:
+    lost: list[str] = []
+    client = FakeClient()
+    buffer = make(client, lost)
+    client._conn = None  # rstream sets it to None when it closes
+    await buffer.add(1, b"a")
+    await buffer.add(2, b"b")  # a full batch: written, fails, suspends
+    assert buffer.suspended and buffer.in_flight == 2 and lost
