@@ -21,7 +21,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._errors import AuthenticationFailed, ConfigurationError, ConnectionFailed, ResolutionError
+from ._errors import AuthenticationFailed, ConnectionFailed, ResolutionError
 from .address import Address
 from .broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from .landing import Decision, GiveUp, Landing, UseFallback, Wait
@@ -165,9 +165,6 @@ class AmqpPlacer:
             time.sleep(delay)
             delay = min(0.5, delay * 1.5)
 
-    def _advertised(self, node: BrokerNode, protocol: str) -> Address:
-        return node.address(protocol)
-
     # -- connecting --------------------------------------------------------------------------
     def connect(self, node: str | None = None, *, protocol: str = "amqp") -> PlacedConnection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
@@ -177,10 +174,10 @@ class AmqpPlacer:
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
         nodes = self.nodes()
-        by_address = {self._advertised(n, protocol): n for n in nodes if protocol in n.listeners}
+        by_address = {n.address(protocol): n for n in nodes if protocol in n.listeners}
         if node is not None:
             wanted = pick_node(nodes, node)
-            tiers: tuple[tuple[Address, ...], ...] = ((self._advertised(wanted, protocol),),)
+            tiers: tuple[tuple[Address, ...], ...] = ((wanted.address(protocol),),)
         else:
             tiers = (tuple(by_address),)
         candidates = Candidates(f"{protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
@@ -196,7 +193,7 @@ class AmqpPlacer:
                 except ConnectionFailed as exc:
                     landing.failed(target, self.via or target, exc)
                 else:
-                    reported = self._advertised(pick_node(nodes, placed.node), protocol)
+                    reported = pick_node(nodes, placed.node).address(protocol)
                     if landing.landed(target, placed.dialled, reported) is Decision.ACCEPT:
                         placed.attempts = len(landing.attempts)
                         return placed
@@ -204,7 +201,7 @@ class AmqpPlacer:
                 step = landing.next_step()
                 if isinstance(step, UseFallback):
                     for placed in kept:
-                        if self._advertised(pick_node(nodes, placed.node), protocol) == step.node:
+                        if pick_node(nodes, placed.node).address(protocol) == step.node:
                             kept.remove(placed)
                             return placed
                     landing.forget_fallback()
@@ -290,7 +287,3 @@ def _close_quietly(connection: Any) -> None:
     except Exception as exc:
         log.debug("closing an unidentified connection: %s", exc)
 
-
-def check_via(via: object) -> None:
-    if via is not None and not isinstance(via, str | Address):
-        raise ConfigurationError(f"via must be 'host:port' or an Address, not {via!r}")
