@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike, SrvDiscovery
 
     from .amqp_placement import AmqpPlacer, PlacedConnection
+    from .mqtt_fleet import MqttFleet
+    from .mqtt_placement import MqttOptions, MqttPlacer, PlacedMqttClient
     from .stream import Consumer, Producer
     from .stream_pool import PlacedClientPool
     from .super_stream import SuperStreamConsumer, SuperStreamProducer
@@ -584,6 +586,75 @@ class Environment:
         :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
         """
         return self.amqp_placer(via=via).connect(node)
+
+    # -- MQTT (paho-mqtt) --------------------------------------------------------------------------
+    def mqtt_placer(
+        self,
+        *,
+        via: str | Address | None = None,
+        entry_points: Any = None,
+        options: MqttOptions | None = None,
+        tls: ssl.SSLContext | bool | None = None,
+    ) -> MqttPlacer:
+        """An :class:`MqttPlacer` with this Environment's credentials, vhost, resolver, allow-list, retry
+        policy and TLS name rules.
+
+        :param via: a load balancer's MQTT address; every client goes through it (checked with the
+            management API when a node is asked for, and by fleets).
+        :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``) or a
+            :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.<domain>``), instead of the management API's list.
+        :param tls: None: TLS if this Environment uses TLS (the nodes' ``mqtt/ssl`` listeners); False: no
+            TLS; or an ``ssl.SSLContext``.
+        :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no
+            ``via``), or the resolver is a stream load balancer and ``via`` is missing.
+        """
+        from resolvers import LoadBalancer
+
+        from .mqtt_placement import MqttOptions, MqttPlacer
+
+        if via is None and isinstance(self.resolver, LoadBalancer):
+            raise ConfigurationError(
+                f"the resolver sends every address to the stream load balancer {self.resolver.address}; "
+                f"pass via= the load balancer's MQTT address"
+            )
+        context = self.settings.tls if tls is None or tls is True else (tls or None)
+        if tls is True and context is None:
+            context = ssl.create_default_context()
+        return MqttPlacer(
+            self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
+            resolver=self.resolver, allow=self.connector.allow, retry=self.retry, tls=context,
+            tls_server_name=self.settings.tls_server_name, via=via, entry_points=entry_points,
+            options=options if options is not None else MqttOptions(),
+        )
+
+    def mqtt_client(
+        self,
+        client_id: str | None = None,
+        node: str | None = None,
+        *,
+        via: str | Address | None = None,
+        entry_points: Any = None,
+        options: MqttOptions | None = None,
+        subscriptions: Sequence[tuple[str, int]] = (),
+        setup: Callable[[PlacedMqttClient], None] | None = None,
+        start: bool = True,
+    ) -> PlacedMqttClient:
+        """A connected paho client (:class:`PlacedMqttClient`) on ``node`` (any node if None), that fails
+        over to the next node when its connection drops.  See :meth:`mqtt_placer` and
+        :meth:`MqttPlacer.connect`.
+
+        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
+        :raises AuthenticationFailed: refused credentials.  :raises ConnectionFailed: no node answered.
+        """
+        placer = self.mqtt_placer(via=via, entry_points=entry_points, options=options)
+        return placer.connect(client_id, node, subscriptions=subscriptions, setup=setup, start=start)
+
+    def mqtt_fleet(self, size: int, *, via: str | Address | None = None, entry_points: Any = None,
+                   options: MqttOptions | None = None, **fleet: Any) -> MqttFleet:
+        """An unstarted :class:`MqttFleet` of ``size`` connections (``with env.mqtt_fleet(1000) as fleet:``)."""
+        from .mqtt_fleet import MqttFleet
+
+        return MqttFleet(self.mqtt_placer(via=via, entry_points=entry_points, options=options), size, **fleet)
 
     # -- stream management (basic; arguments are validated by the caller) --------------------------
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,

@@ -8,6 +8,11 @@
 Rows: ``stream`` string, ``offset`` long, ``timestamp`` long (the chunk's, in ms), ``body`` binary.
 Offsets are ``{stream: next offset}``.  Options:
 
+* ``decode``: ``none`` (default: ``body`` is the message as stored) or ``amqp``: each message is an AMQP
+  1.0 message (what RabbitMQ stores for MQTT and AMQP 0.9.1 publishers, and for rstream's
+  ``AMQPMessage``), decoded by rstream; ``body`` is its body, and a ``routing_key`` string column holds
+  the ``x-routing-key`` annotation (for MQTT: the topic, ``/`` turned into ``.``);
+
 * ``uri`` (required), ``loadBalancer`` (``host:port``: dial only the LB, placement still checked);
 * ``streams``: comma-separated;
 * batch: ``startingOffsets`` / ``endingOffsets``: ``earliest``/``latest`` or JSON ``{"stream": offset}``;
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,12 +38,24 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 
 from .._errors import ConfigurationError
 from ..address import Address
+from ..message_codec import decode_amqp
 from .config import StreamConnection
 from .runtime import run_with_environment
 
 __all__ = ["RabbitStreamDataSource", "next_offsets"]
 
+log = logging.getLogger(__name__)
+
 SCHEMA = "stream string, offset long, timestamp long, body binary"
+AMQP_SCHEMA = SCHEMA + ", routing_key string"
+Row = tuple[Any, ...]
+
+
+def _decode_option(options: dict[str, str]) -> bool:
+    value = options.get("decode", "none").strip().lower()
+    if value not in ("none", "amqp"):
+        raise ConfigurationError(f"option decode={value!r}: use 'none' or 'amqp'")
+    return value == "amqp"
 
 
 @dataclass(frozen=True)
@@ -100,17 +118,30 @@ async def _next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
     last_chunk = int(stats.get("committed_chunk_id", -1))
     if last_chunk < 0:
         return 0  # empty
-    consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
-    try:
-        deadline = time.monotonic() + wait
-        while consumer.last_offset is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        last = consumer.last_offset
-    finally:
-        await consumer.close()
-    if last is None:
-        raise TopologyError(f"the last chunk of {stream!r} (offset {last_chunk}) could not be read within {wait} s")
-    return int(last) + 1
+    # A read that shows nothing for a while is tried again on a fresh placement: a subscription that
+    # never delivers was seen (rarely) in Spark's long-lived source process, and waiting longer did not help.
+    deadline = time.monotonic() + wait
+    tried: list[str] = []
+    while True:
+        consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
+        try:
+            until = min(deadline, time.monotonic() + 5.0)
+            while consumer.last_offset is None and time.monotonic() < until:
+                await asyncio.sleep(0.01)
+            last = consumer.last_offset
+            tried.append(str(consumer.node))
+        finally:
+            await consumer.close()
+        if last is not None:
+            return int(last) + 1
+        if time.monotonic() >= deadline:
+            raise TopologyError(
+                f"the last chunk of {stream!r} (offset {last_chunk}) could not be read within {wait} s "
+                f"(tried on {', '.join(tried)})"
+            )
+        log.warning("reading the last chunk of %r at %d on %s showed nothing in 5 s: trying again",
+                    stream, last_chunk, tried[-1])
+        env.invalidate(stream)
 
 
 def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[str, int]:
@@ -154,22 +185,26 @@ def _split(start: dict[str, int], end: dict[str, int], size: int) -> list[Offset
     return parts
 
 
-def _read(connection: StreamConnection, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
+def _read(connection: StreamConnection, partition: InputPartition, decode: bool = False) -> Iterator[Row]:
     if not isinstance(partition, OffsetRange):
         raise ConfigurationError(f"unexpected partition {partition!r} for the rabbitmq_stream source")
     part = partition
     if part.end <= part.start:
         return iter(())
 
-    async def work(env: Any) -> list[tuple[str, int, int, bytes]]:
+    async def work(env: Any) -> list[Row]:
         from ..offsets import OffsetSpec
 
-        rows: list[tuple[str, int, int, bytes]] = []
+        rows: list[Row] = []
         done = asyncio.Event()
 
         def on_message(message: Any, context: Any) -> None:
             if part.start <= context.offset < part.end:
-                rows.append((part.stream, context.offset, context.timestamp, bytes(message)))
+                if decode:
+                    body, key = decode_amqp(bytes(message), f"offset {context.offset} of stream {part.stream!r}")
+                    rows.append((part.stream, context.offset, context.timestamp, body, key))
+                else:
+                    rows.append((part.stream, context.offset, context.timestamp, bytes(message)))
             if context.offset >= part.end - 1:
                 done.set()
 
@@ -190,12 +225,13 @@ class _BatchReader(DataSourceReader):
         self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
         self.start = _resolve(options.get("startingoffsets"), "earliest", streams, self.connection)
         self.end = _resolve(options.get("endingoffsets"), "latest", streams, self.connection)
+        self.decode = _decode_option(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         return _split(self.start, self.end, self.size)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
-        return _read(self.connection, partition)
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        return _read(self.connection, partition, self.decode)
 
 
 class _StreamReader(DataSourceStreamReader):
@@ -212,6 +248,7 @@ class _StreamReader(DataSourceStreamReader):
                 f"split the work with maxRecordsPerPartition instead"
             )
         self.starting = options.get("startingoffsets", "earliest")
+        self.decode = _decode_option(options)
 
     def initialOffset(self) -> dict[str, int]:
         return _resolve(self.starting, "earliest", self.streams, self.connection)
@@ -222,8 +259,8 @@ class _StreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return _split(start, end, self.size)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, bytes]]:
-        return _read(self.connection, partition)
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        return _read(self.connection, partition, self.decode)
 
     def commit(self, end: dict[str, int]) -> None:
         return None  # nothing to release: offsets live in Spark's checkpoint
@@ -237,7 +274,7 @@ class RabbitStreamDataSource(DataSource):
         return "rabbitmq_stream"
 
     def schema(self) -> str:
-        return SCHEMA
+        return AMQP_SCHEMA if _decode_option(_options(self.options)) else SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
         return _BatchReader(_options(self.options))

@@ -34,7 +34,7 @@ ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_dir: Path | None = None) -> str:
     """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot.
 
-    With ``tls_dir`` (as seen inside the chroot) the stream TLS listener is on too.  It does not set
+    With ``tls_dir`` (as seen inside the chroot) the stream and MQTT TLS listeners are on too.  It does not set
     ``stream.advertised_tls_host``: RabbitMQ 4.0.5 puts ``advertised_host`` (not the TLS host) with the
     TLS port into Metadata responses, while Open responses carry the TLS host, so setting only the TLS
     host gives one node two identities.  (See :meth:`LocalTestBed.advertise_hostnames` for the
@@ -42,6 +42,7 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
     """
     tls = [
         f"stream.listeners.ssl.default = 127.0.0.1:{spec.stream_tls_port}",
+        f"mqtt.listeners.ssl.default = 127.0.0.1:{spec.mqtt_tls_port}",
         f"ssl_options.cacertfile = {tls_dir}/ca.pem",
         f"ssl_options.certfile = {tls_dir}/{spec.short}.pem",
         f"ssl_options.keyfile = {tls_dir}/{spec.short}.key",
@@ -52,6 +53,10 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
         f"listeners.tcp.default = 127.0.0.1:{spec.amqp_port}",
         f"stream.listeners.tcp.default = 127.0.0.1:{spec.stream_port}",
         f"mqtt.listeners.tcp.default = 127.0.0.1:{spec.mqtt_port}",
+        # persistent MQTT sessions in quorum queues: a QoS 1 subscription survives the loss of its node
+        "mqtt.durable_queue_type = quorum",
+        # a fleet connects thousands of clients at once
+        "mqtt.tcp_listen_options.backlog = 4096",
         "management.tcp.ip = 127.0.0.1",
         f"management.tcp.port = {spec.management_port}",
         "loopback_users = none",

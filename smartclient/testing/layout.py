@@ -22,6 +22,7 @@ from pathlib import Path
 from .._errors import ConfigurationError
 
 __all__ = [
+    "BALANCE_EXPRESSIONS",
     "BALANCE_SLOTS",
     "DEFAULT_PORT_BASE",
     "PROTOCOL_OFFSETS",
@@ -31,7 +32,7 @@ __all__ = [
 
 DEFAULT_PORT_BASE = 20000
 #: every port of the test bed lies in [base, base + PORT_SPAN)
-PORT_SPAN = 2200
+PORT_SPAN = 2300
 CLUSTER_SIZE = 3
 MAX_EXTRA_BROKERS = 6
 
@@ -41,11 +42,15 @@ PROTOCOL_OFFSETS: dict[str, int] = {
     "stream_tls": 51,
     "amqp": 72,
     "mqtt": 83,
+    "mqtt_tls": 82,
     "management": 15,
     "dist": 25,
 }
 #: LB balance algorithm -> slot of its listeners
-BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21}
+BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21, "random1": 22}
+#: HAProxy's ``balance`` line for a balance name (``random`` alone is power-of-two-choices, nearly even;
+#: ``random1`` draws once, so it spreads unevenly, as a plain random load balancer does)
+BALANCE_EXPRESSIONS: dict[str, str] = {"random1": "random(1)"}
 LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt")
 
 
@@ -86,6 +91,10 @@ class BrokerSpec:
     @property
     def mqtt_port(self) -> int:
         return self.port("mqtt")
+
+    @property
+    def mqtt_tls_port(self) -> int:
+        return self.port("mqtt_tls")
 
     @property
     def management_port(self) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._errors import PrerequisiteMissing, TestBedError
-from .layout import LB_PROTOCOLS, BrokerSpec, Layout
+from .layout import BALANCE_EXPRESSIONS, LB_PROTOCOLS, BrokerSpec, Layout
 from .processes import kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
 __all__ = ["HAProxy", "render_haproxy_config"]
@@ -54,7 +54,7 @@ def render_haproxy_config(
         out += [
             f"listen {protocol}_{balance}",
             f"    bind 127.0.0.1:{layout.lb_port(protocol, balance)}",
-            f"    balance {balance}",
+            f"    balance {BALANCE_EXPRESSIONS.get(balance, balance)}",
         ]
         out += [
             f"    server {node.short} 127.0.0.1:{node.port(protocol)} check inter 1s fall 2 rise 2"

@@ -53,7 +53,8 @@ class UpReport:
 def _node(spec: BrokerSpec) -> Node:
     return Node(spec.name, "127.0.0.1", spec.stream_port, spec.amqp_port, spec.mqtt_port,
                 spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port,
-                stream_tls_port=spec.stream_tls_port, advertised_tls_host="localhost")
+                stream_tls_port=spec.stream_tls_port, advertised_tls_host="localhost",
+                mqtt_tls_port=spec.mqtt_tls_port)
 
 
 class LocalTestBed(TestBed):

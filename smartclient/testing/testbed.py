@@ -36,6 +36,7 @@ class Node:
     advertised_port: int
     stream_tls_port: int = 0  # 0: no TLS listener
     advertised_tls_host: str = ""
+    mqtt_tls_port: int = 0  # 0: no TLS listener
 
     @property
     def short(self) -> str:
@@ -43,7 +44,8 @@ class Node:
 
     def port(self, protocol: str) -> int:
         ports = {"stream": self.stream_port, "amqp": self.amqp_port, "mqtt": self.mqtt_port,
-                 "management": self.management_port}
+                 "management": self.management_port, "stream_tls": self.stream_tls_port,
+                 "mqtt_tls": self.mqtt_tls_port}
         return ports[protocol]
 
     @property

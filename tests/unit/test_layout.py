@@ -85,3 +85,11 @@ def test_haproxy_config_has_one_listener_per_protocol_and_balance() -> None:
     assert cfg.count("server rabbit-2 127.0.0.1:20252 check") == 2
     assert "stats socket /x/admin.sock mode 600 level admin" in cfg
     assert "maxconn 1234" in cfg and "nbthread 1" in cfg
+
+
+def test_random1_is_haproxy_random_with_one_draw() -> None:
+    layout = Layout()
+    cfg = render_haproxy_config(layout, layout.nodes, [("mqtt", "random1")], Path("/x/admin.sock"), maxconn=10)
+    assert "listen mqtt_random1" in cfg and "balance random(1)" in cfg
+    assert f"bind 127.0.0.1:{layout.lb_port('mqtt', 'random1')}" in cfg
+    assert layout.lb_port("mqtt", "random1") < layout.base + 2300

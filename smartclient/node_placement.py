@@ -1,0 +1,328 @@
+"""Connections of protocols that do not say which node they reached (AMQP 0.9.1, MQTT), placed on a node.
+
+Neither handshake names the node.  Each connection smartclient opens carries a name of its own (AMQP's
+client-provided ``connection_name``, MQTT's client id); the management API lists connections with it
+and their node, so a connection through a load balancer is checked, and kept or closed and retried, by
+the same :class:`~smartclient.landing.Landing` state machine as stream connections.  Directly, the
+node's listener (from ``/api/overview``, from given entry points, or from DNS SRV) goes through the
+resolver and the allow-list, like any address.
+
+:class:`NodePlacer` is the protocol-free part; :class:`~smartclient.amqp_placement.AmqpPlacer` and
+:class:`~smartclient.mqtt_placement.MqttPlacer` say how to dial, close and name a connection.
+
+Sync, like pika's ``BlockingConnection`` and paho's ``Client``; an async resolver is run to completion
+for each address (on a worker thread if an event loop is running in this thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from ._errors import AuthenticationFailed, ConnectionFailed, ResolutionError
+from .address import Address
+from .broker_nodes import BrokerNode, nodes_from_overview, pick_node
+from .landing import Decision, GiveUp, Landing, UseFallback, Wait
+from .retry import RetryPolicy
+from .settings import Credentials
+from .topology import Candidates, Role
+
+if TYPE_CHECKING:
+    from resolvers import AllowList, ResolverLike
+
+    from .management import ManagementClient
+
+__all__ = ["Landed", "NodePlacer", "run_sync"]
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Landed(Generic[C]):
+    """A connection and where it sits."""
+
+    connection: C
+    node: str | None  # None: no management API to ask, and no need
+    dialled: Address
+    name: str
+    attempts: int = 1
+    listed_at: int = -1  # the management API's connected_at, when it was asked
+
+
+class NodePlacer(Generic[C]):
+    """Opens connections of one protocol on chosen nodes.  Subclasses set :attr:`protocol`,
+    :attr:`default_port`, :attr:`name_column` and implement :meth:`_dial` and :meth:`_close`.
+
+    :param management: the management API, for the nodes' listeners and to find a connection's node.
+    :param via: a load balancer's address for this protocol: every connection goes through it, and is
+        checked.
+    :param identify_timeout: seconds to wait for the management API to list a new connection (it lists
+        connections after its next statistics round, up to 5 s by default).
+    :param entry_points: where the nodes' listeners are, instead of the management API's overview:
+        ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.  Each one
+        is connected to once and identified with the management API.
+    """
+
+    protocol: str  #: the listener protocol, as /api/overview names it ("amqp", "mqtt", "mqtt/ssl")
+    default_port: ClassVar[int]
+    #: the ``/api/connections`` column holding the name smartclient gave the connection
+    name_column: ClassVar[str]
+    #: keep a connection that reached the wrong node while trying others (False where a second
+    #: connection with the same name would take the first one over, as MQTT client ids do)
+    keep_fallbacks: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        management: ManagementClient | None,
+        *,
+        credentials: Credentials | None = None,
+        vhost: str = "/",
+        resolver: ResolverLike | None = None,
+        allow: AllowList | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        tls: ssl.SSLContext | None = None,
+        via: str | Address | None = None,
+        identify_timeout: float = 10.0,
+        entry_points: Any = None,
+    ) -> None:
+        from resolvers import Identity
+        from resolvers.base import as_async
+
+        self.management = management
+        self.credentials = credentials if credentials is not None else Credentials()
+        self.vhost = vhost
+        self.resolver = resolver if resolver is not None else Identity()
+        self._resolve = as_async(self.resolver)
+        self.allow = allow
+        self.retry = retry
+        self.tls = tls
+        self.via = Address.parse(via, default_port=self.default_port) if isinstance(via, str) else via
+        self.identify_timeout = identify_timeout
+        self.entry_points = entry_points
+        self._nodes: list[BrokerNode] | None = None
+        self.opened = 0
+
+    # -- to implement ------------------------------------------------------------------------
+    def _dial(self, target: Address, dialled: Address, name: str) -> C:
+        """Open a connection to ``dialled`` (aimed at the node address ``target``) named ``name``.
+
+        :raises AuthenticationFailed: refused credentials or vhost.  :raises ConnectionFailed: anything else.
+        """
+        raise NotImplementedError
+
+    def _close(self, connection: C) -> None:
+        raise NotImplementedError
+
+    def _new_name(self, purpose: str) -> str:
+        raise NotImplementedError
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _api(self) -> ManagementClient:
+        if self.management is None:
+            from ._errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"finding which node a {self.protocol} connection reached needs the management API "
+                f"(management=ManagementClient(url, user, password))"
+            )
+        return self.management
+
+    def nodes(self, refresh: bool = False) -> list[BrokerNode]:
+        """The cluster's nodes and their listeners (read once)."""
+        if self._nodes is None or refresh:
+            if self.entry_points is None:
+                self._nodes = nodes_from_overview(self._api().overview())
+            else:
+                self._nodes = self._identify_entry_points()
+        return self._nodes
+
+    def entry_addresses(self) -> list[Address]:
+        """The entry points as addresses (a :class:`resolvers.SrvDiscovery` is asked now)."""
+        if hasattr(self.entry_points, "discover"):
+            return list(run_sync(self.entry_points.discover()))
+        items = [self.entry_points] if isinstance(self.entry_points, str | Address) else self.entry_points
+        return [a if isinstance(a, Address) else Address.parse(a, default_port=self.default_port) for a in items]
+
+    def _identify_entry_points(self) -> list[BrokerNode]:
+        """Connect once to each entry point (through the resolver) and ask the management API its node."""
+        found: dict[str, dict[str, Address]] = {}
+        for address in self.entry_addresses():
+            dialled = self.resolve(address)
+            name = self._new_name("discover")
+            connection = self._dial(address, dialled, name)
+            try:
+                found.setdefault(self.node_of(name), {})[self.protocol] = address
+            finally:
+                self._close(connection)
+        return [BrokerNode(node, listeners) for node, listeners in sorted(found.items())]
+
+    def listings(self, names: Iterable[str], newer_than: Mapping[str, int] | None = None) -> dict[str, tuple[str, int]]:
+        """``name -> (node, connected_at)`` for each connection named in ``names`` that the management API
+        lists now: the newest one, if it is newer than ``newer_than[name]`` (a ``connected_at`` seen before,
+        in the broker's milliseconds).  The newest wins because an MQTT client id, reused, takes the older
+        connection over; the threshold keeps a connection that is going away from passing for its successor."""
+        wanted = set(names)
+        floor = newer_than or {}
+        best: dict[str, tuple[str, int]] = {}
+        columns = f"node,connected_at,{self.name_column}"
+        for row in self._api().get(f"/api/connections?columns={columns}"):
+            name = _column(row, self.name_column)
+            if name not in wanted:
+                continue
+            at = int(row.get("connected_at") or 0)
+            if at > floor.get(name, -1) and at >= best.get(name, ("", -1))[1]:
+                best[name] = (str(row["node"]), at)
+        return best
+
+    def nodes_of(self, names: Iterable[str]) -> dict[str, str]:
+        """The node of each connection named in ``names`` that the management API lists now."""
+        return {name: node for name, (node, _) in self.listings(names).items()}
+
+    def node_of(self, name: str, timeout: float | None = None, newer_than: int = -1) -> str:
+        """The node the connection named ``name`` is on, per the management API (see :meth:`listings`).
+
+        :raises ConnectionFailed: it was not listed within ``timeout`` seconds.
+        """
+        return self._listing(name, timeout, newer_than)[0]
+
+    def _listing(self, name: str, timeout: float | None, newer_than: int) -> tuple[str, int]:
+        deadline = time.monotonic() + (self.identify_timeout if timeout is None else timeout)
+        delay = 0.05
+        while True:
+            found = self.listings([name], {name: newer_than}).get(name)
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                raise ConnectionFailed(
+                    f"the management API did not list {self.protocol} connection {name!r} within the timeout"
+                )
+            time.sleep(delay)
+            delay = min(0.5, delay * 1.5)
+
+    def resolve(self, address: Address) -> Address:
+        """``address`` through the resolver, then the allow-list."""
+        dialled = run_sync(self._resolve(address))
+        if self.allow is not None:
+            self.allow.check(dialled, why=f"{self.protocol} connection for {address}")
+        return dialled
+
+    # -- connecting --------------------------------------------------------------------------
+    def place(self, node: str | None = None, name: str | None = None) -> Landed[C]:
+        """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
+
+        :raises NoCandidateNode: no such node, or it has no listener for this protocol.
+        :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
+        :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
+        """
+        if node is None and self.via is None and self.management is None and self.entry_points is not None:
+            # any node, no way (and no need) to ask which: the first entry point that answers
+            return self._first_entry_point(name)
+        nodes = self.nodes()
+        by_address = {n.address(self.protocol): n for n in nodes if self.protocol in n.listeners}
+        if node is not None:
+            tiers: tuple[tuple[Address, ...], ...] = ((pick_node(nodes, node).address(self.protocol),),)
+        else:
+            tiers = (tuple(by_address),)
+        candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
+        landing = Landing(candidates, self.retry)
+        kept: list[Landed[C]] = []
+        seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
+        try:
+            while True:
+                target = landing.next_target()
+                try:
+                    landed = self._open(target, by_address, name, seen)
+                except (AuthenticationFailed, ResolutionError):
+                    raise
+                except ConnectionFailed as exc:
+                    landing.failed(target, self.via or target, exc)
+                else:
+                    seen = max(seen, landed.listed_at)
+                    reported = pick_node(nodes, str(landed.node)).address(self.protocol)
+                    if landing.landed(target, landed.dialled, reported) is Decision.ACCEPT:
+                        landed.attempts = len(landing.attempts)
+                        return landed
+                    if self.keep_fallbacks:
+                        kept.append(landed)
+                    else:
+                        self._close(landed.connection)
+                step = landing.next_step()
+                if isinstance(step, UseFallback):
+                    for landed in kept:
+                        if pick_node(nodes, str(landed.node)).address(self.protocol) == step.node:
+                            kept.remove(landed)
+                            return landed
+                    landing.forget_fallback()
+                    step = landing.next_step()
+                if isinstance(step, GiveUp):
+                    raise step.error
+                if isinstance(step, Wait) and step.seconds:
+                    time.sleep(step.seconds)
+        finally:
+            for landed in kept:
+                self._close(landed.connection)
+
+    def _first_entry_point(self, name: str | None) -> Landed[C]:
+        errors: list[str] = []
+        for address in self.entry_addresses():
+            dialled = self.resolve(address)
+            try:
+                connection = self._dial(address, dialled, name or self._new_name(self.protocol))
+            except AuthenticationFailed:
+                raise
+            except ConnectionFailed as exc:
+                errors.append(str(exc))
+                continue
+            return Landed(connection, None, dialled, name or "", len(errors) + 1)
+        raise ConnectionFailed(f"no {self.protocol} entry point answered: " + "; ".join(errors))
+
+    def _open(self, target: Address, by_address: dict[Address, BrokerNode], name: str | None,
+              newer_than: int = -1) -> Landed[C]:
+        dialled = self.via if self.via is not None else self.resolve(target)
+        if self.via is not None and self.allow is not None:
+            self.allow.check(dialled, why=f"{self.protocol} connection for {target}")
+        name = name or self._new_name(self.protocol)
+        connection = self._dial(target, dialled, name)
+        if self.via is None:
+            return Landed(connection, by_address[target].name, dialled, name)
+        try:
+            node, listed_at = self._listing(name, None, newer_than)
+            return Landed(connection, node, dialled, name, listed_at=listed_at)
+        except BaseException:
+            self._close(connection)
+            raise
+
+
+def _column(row: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        row = (row or {}).get(part) if isinstance(row, dict) else None
+    return row
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def run_sync(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` to completion from sync code (on a worker thread if this thread runs a loop)."""
+
+    async def wrapper() -> T:
+        return await awaitable
+
+    if not _in_loop():
+        return asyncio.run(wrapper())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wrapper()).result()

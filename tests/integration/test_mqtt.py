@@ -1,0 +1,399 @@
+"""MQTT with paho against the test bed: placed clients (direct, DNS SRV, load balancer, TLS), failover
+with a persistent session, fleets spread over the nodes from one thread, and MQTT → stream ingestion."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resolvers import DnsResolver, SrvDiscovery
+from smartclient import (
+    AuthenticationFailed,
+    ConfigurationError,
+    ConnectionFailed,
+    Environment,
+    NodeUnreachable,
+    StreamNotFound,
+)
+from smartclient.management import ManagementClient
+from smartclient.message_codec import decode_amqp
+from smartclient.mqtt_fleet import MqttFleet
+from smartclient.mqtt_ingest import bind_mqtt_topics, mqtt_bindings, unbind_mqtt_topics
+from smartclient.mqtt_placement import MqttOptions, MqttPlacer, PlacedMqttClient
+from smartclient.settings import Credentials
+from smartclient.testing import TestBed
+
+
+@pytest.fixture
+def api(testbed: TestBed) -> Iterator[ManagementClient]:
+    with testbed.management() as client:
+        yield client
+
+
+def lb(bed: TestBed, balance: str = "roundrobin") -> str:
+    host, port = bed.lb("mqtt", balance)
+    return f"{host}:{port}"
+
+
+def dns(bed: TestBed) -> DnsResolver:
+    return DnsResolver([bed.dns_address[0]], port=bed.dns_address[1])
+
+
+def close(*clients: PlacedMqttClient) -> None:
+    for client in clients:
+        client.disconnect()
+        client.loop_stop()
+
+
+def collector(into: list[Any]) -> Callable[[PlacedMqttClient], None]:
+    def setup(client: PlacedMqttClient) -> None:
+        client.on_message = lambda c, u, message: into.append(message.payload)
+
+    return setup
+
+
+def until_routed(publisher: PlacedMqttClient, topic: str, got: list[int], timeout: float = 10.0) -> None:
+    """Publish probes (-1) until the subscriber gets one, then forget them.  RabbitMQ 4.0.5 acknowledges a
+    SUBSCRIBE some tens of milliseconds before publishes from other connections are routed to it (they
+    get PUBACK reason code 16, no matching subscribers): a test must not count on that window."""
+    deadline = time.monotonic() + timeout
+    while -1 not in got and time.monotonic() < deadline:
+        publisher.publish(topic, b"-1", qos=1).wait_for_publish(5)
+        time.sleep(0.02)
+    assert -1 in got, f"no subscription to {topic} became routable within {timeout} s"
+    time.sleep(0.1)
+    got[:] = [g for g in got if g != -1]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+# -- placed clients -------------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", [5, "3.1.1"])
+def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
+    testbed: TestBed, api: ManagementClient, protocol: int | str
+) -> None:
+    options = MqttOptions(protocol=protocol)
+    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, via=lb(testbed), options=options)
+    for placer in (direct, via_lb):
+        for node in (testbed.nodes[0], testbed.nodes[2]):
+            client_id = f"placed-{uuid.uuid4().hex[:8]}"
+            client = placer.connect(client_id, node.short)
+            try:
+                assert client.node == node.name
+                # the truth, independently: the management API's view of this very client
+                assert direct.node_of(client_id) == node.name
+                if placer is via_lb:
+                    assert str(client.dialled) == lb(testbed)
+                else:
+                    assert client.dialled.port == node.port("mqtt")
+            finally:
+                close(client)
+
+
+def test_a_client_finds_the_cluster_through_dns_srv(testbed: TestBed, api: ManagementClient) -> None:
+    srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[testbed.dns_address[0]], port=testbed.dns_address[1])
+    # without the management API: the first SRV target that answers
+    anywhere = MqttPlacer(entry_points=srv, resolver=dns(testbed)).connect()
+    try:
+        assert anywhere.is_connected() and anywhere.node is None
+        assert anywhere.target.host.endswith(".smartclient.test") and anywhere.dialled.host == "127.0.0.1"
+    finally:
+        close(anywhere)
+    # with it: every SRV target identified, and the client placed on the one asked for
+    placer = MqttPlacer(api, entry_points=srv, resolver=dns(testbed))
+    assert sorted(n.name for n in placer.nodes()) == sorted(n.name for n in testbed.nodes)
+    client = placer.connect(f"srv-{uuid.uuid4().hex[:6]}", testbed.nodes[1].short)
+    try:
+        assert client.node == testbed.nodes[1].name == placer.node_of(client._client_id.decode())
+    finally:
+        close(client)
+
+
+def test_environment_mqtt_client_uses_the_environments_settings(testbed: TestBed, api: ManagementClient) -> None:
+    node = testbed.nodes[0]
+    got: list[bytes] = []
+    env = Environment(testbed.stream_uri(node.host, node.stream_port), management=api)
+    sub = env.mqtt_client(f"env-sub-{uuid.uuid4().hex[:6]}", testbed.nodes[2].short,
+                          subscriptions=[("env/+/x", 1)], setup=collector(got))
+    pub = env.mqtt_client(via=lb(testbed))
+    try:
+        assert sub.node == testbed.nodes[2].name
+        pub.publish("env/a/x", b"across nodes", qos=1).wait_for_publish(10)
+        assert wait_for(lambda: got == [b"across nodes"])
+    finally:
+        close(sub, pub)
+    from resolvers import LoadBalancer
+    from smartclient import Address
+
+    stream_lb = Environment("127.0.0.1:1", resolver=LoadBalancer(Address("127.0.0.1", 1)), management=api)
+    with pytest.raises(ConfigurationError, match="pass via= the load balancer's MQTT address"):
+        stream_lb.mqtt_client()
+
+
+def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
+    testbed: TestBed, api: ManagementClient
+) -> None:
+    node = testbed.nodes[1]
+    target = f"{node.short}.smartclient.test:{node.port('mqtt_tls')}"
+    placer = MqttPlacer(entry_points=[target], resolver=dns(testbed), tls=testbed.tls_context())
+    client = placer.connect()
+    try:
+        assert client.is_connected() and client.dialled.host == "127.0.0.1"
+        assert client._ssl_context.server_name == f"{node.short}.smartclient.test"  # not the IP dialled
+    finally:
+        close(client)
+    wrong = MqttPlacer(entry_points=[target], resolver=dns(testbed), tls=testbed.tls_context(),
+                       tls_server_name="rabbit-9.smartclient.test")
+    with pytest.raises(ConnectionFailed, match="certificate verify failed"):
+        wrong.connect()
+    import ssl
+
+    with pytest.raises(ConfigurationError, match="does not turn TLS verification off"):
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        MqttPlacer(entry_points=[target], tls=insecure).connect()
+
+
+def test_bad_credentials_are_a_typed_error_not_retried(testbed: TestBed, api: ManagementClient) -> None:
+    placer = MqttPlacer(api, credentials=Credentials("guest", "not-the-password"))
+    started = time.monotonic()
+    with pytest.raises(AuthenticationFailed, match="refused the client"):
+        placer.connect(f"bad-{uuid.uuid4().hex[:6]}", testbed.nodes[0].short)
+    assert placer.opened == 1 and time.monotonic() - started < 10
+
+
+def test_a_client_keeps_working_with_file_descriptors_above_1024(testbed: TestBed, api: ManagementClient) -> None:
+    """paho's own loop uses select(), which cannot watch fd >= 1024 (paho.mqtt.python#183, #819)."""
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    got: list[bytes] = []
+    try:
+        client = MqttPlacer(api).connect(f"fd-{uuid.uuid4().hex[:6]}", subscriptions=[("fd/t", 1)],
+                                         setup=collector(got))
+        try:
+            assert client.socket().fileno() >= 1024
+            client.publish("fd/t", b"seen", qos=1).wait_for_publish(10)
+            assert wait_for(lambda: got == [b"seen"])
+        finally:
+            close(client)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+# -- failover ------------------------------------------------------------------------------------------
+@pytest.mark.faults
+def test_killed_node_the_client_fails_over_and_its_persistent_qos1_subscription_keeps_receiving(
+    faulty_testbed: TestBed, api: ManagementClient
+) -> None:
+    bed = faulty_testbed
+    got: list[int] = []
+    sub_id = f"fo-{uuid.uuid4().hex[:6]}"
+    session = MqttOptions(protocol=5, clean_start=False, session_expiry=600)
+    sub = MqttPlacer(api, options=session).connect(
+        sub_id, bed.nodes[2].short, subscriptions=[(f"fo/{sub_id}", 1)],
+        setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
+    pub = MqttPlacer(api).connect(f"fo-pub-{uuid.uuid4().hex[:6]}", bed.nodes[0].short)
+    sent = 0
+
+    def publish(count: int) -> None:
+        nonlocal sent
+        for _ in range(count):
+            pub.publish(f"fo/{sub_id}", str(sent), qos=1).wait_for_publish(10)
+            sent += 1
+
+    try:
+        until_routed(pub, f"fo/{sub_id}", got)
+        publish(100)
+        assert wait_for(lambda: len(got) >= 100)
+        bed.kill_node(bed.nodes[2].name)
+        publish(200)  # while the subscriber is down or moving: its quorum queue keeps them
+        assert wait_for(lambda: len(set(got)) >= sent, 30), f"{len(set(got))} of {sent}"
+        assert sorted(set(got)) == list(range(sent))
+        assert sub.failovers >= 1 and sub.node in (bed.nodes[0].name, bed.nodes[1].name)
+        assert sub.last_connack == (True, 0)  # the session was resumed, not recreated
+        assert api.get(f"/api/queues/%2F/mqtt-subscription-{sub_id}qos1")["type"] == "quorum"
+    finally:
+        close(sub, pub)
+        forget_session(api, sub_id)
+
+
+def forget_session(api: ManagementClient, client_id: str) -> None:
+    """Connect once more with a clean start, so the persistent session (and its queue) goes."""
+    close(MqttPlacer(api, options=MqttOptions(clean_start=True)).connect(client_id))
+
+
+@pytest.mark.faults
+def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
+    faulty_testbed: TestBed, api: ManagementClient
+) -> None:
+    bed = faulty_testbed
+    got: list[int] = []
+    sub_id = f"fo311-{uuid.uuid4().hex[:6]}"
+    placer = MqttPlacer(api, via=lb(bed), options=MqttOptions(protocol="3.1.1", clean_start=False))
+    sub = placer.connect(sub_id, bed.nodes[1].short, subscriptions=[(f"fo311/{sub_id}", 1)],
+                         setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
+    pub = MqttPlacer(api).connect(f"fo311-pub-{uuid.uuid4().hex[:6]}", bed.nodes[0].short)
+    try:
+        until_routed(pub, f"fo311/{sub_id}", got)
+        for i in range(50):
+            pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
+        assert wait_for(lambda: len(got) >= 50)
+        bed.stop_app(bed.nodes[1].name)
+        for i in range(50, 150):
+            pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
+        assert wait_for(lambda: set(got) >= set(range(150)), 30), f"{len(set(got))} of 150"
+        assert sub.failovers >= 1 and str(sub.dialled) == lb(bed)
+    finally:
+        bed.start_app(bed.nodes[1].name)
+        close(sub, pub)
+        forget_session(api, sub_id)
+
+
+# -- fleets ---------------------------------------------------------------------------------------------
+def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos1(
+    testbed: TestBed, api: ManagementClient
+) -> None:
+    received: list[tuple[int, bytes, int]] = []
+    threads_before = threading.active_count()
+    placer = MqttPlacer(api)
+    fleet = MqttFleet(placer, 1000, client_id_prefix=f"f-{uuid.uuid4().hex[:6]}",
+                      on_message=lambda i, m: received.append((i, m.payload, m.qos)))
+    with fleet:  # connects them all
+        counts = fleet.per_node()
+        assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
+        assert threading.active_count() - threads_before == 1  # one loop thread, not one per client
+        # the truth, independently (the management API lists connections after its next statistics round)
+        ids = [c._client_id.decode() for c in fleet]
+        truth: dict[str, str] = {}
+        assert wait_for(lambda: len(truth.update(placer.nodes_of(ids)) or truth) == 1000, 15)
+        assert all(truth[m.client._client_id.decode()] == m.node for m in fleet.members)
+        fleet.subscribe(10, "fleet/q1", qos=1)
+        fleet.subscribe(20, "fleet/q0", qos=0)
+        time.sleep(0.5)
+        infos = [fleet.publish(i, "fleet/q1", f"{i}".encode(), qos=1) for i in range(500, 520)]
+        for info in infos:
+            info.wait_for_publish(10)
+        fleet.publish(900, "fleet/q0", b"zero", qos=0)
+        assert wait_for(lambda: len(received) >= 21)
+        assert sorted(int(p) for i, p, q in received if i == 10) == list(range(500, 520))
+        assert all(q == 1 for i, _, q in received if i == 10)
+        assert (20, b"zero", 0) in received
+        with pytest.raises(ConfigurationError, match="QoS 0 or 1"):
+            fleet.publish(1, "fleet/q1", b"x", qos=2)
+
+
+def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(testbed: TestBed, api: ManagementClient) -> None:
+    placer = MqttPlacer(api, via=lb(testbed, "random1"))  # random(1): lands unevenly
+    with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
+        counts = fleet.per_node()
+        assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
+        truth = placer.nodes_of([c._client_id.decode() for c in fleet])
+        assert len(truth) == 1000
+        assert all(truth[m.client._client_id.decode()] == m.node for m in fleet.members)
+
+
+def test_a_fleet_behind_a_sticky_lb_says_so(testbed: TestBed, api: ManagementClient) -> None:
+    placer = MqttPlacer(api, via=lb(testbed, "source"))  # every connection from 127.0.0.1 to one node
+    fleet = MqttFleet(placer, 30, client_id_prefix=f"fst-{uuid.uuid4().hex[:6]}")
+    with pytest.raises(NodeUnreachable, match="looks sticky"):
+        fleet.start()
+    assert fleet.connected == 0  # closed on the way out
+
+
+@pytest.mark.faults
+def test_a_fleet_moves_off_a_killed_node(faulty_testbed: TestBed, api: ManagementClient) -> None:
+    bed = faulty_testbed
+    with MqttFleet(MqttPlacer(api), 300, client_id_prefix=f"fk-{uuid.uuid4().hex[:6]}") as fleet:
+        bed.kill_node(bed.nodes[1].name)
+        assert wait_for(lambda: fleet.disconnects >= 100, 20)
+        assert wait_for(lambda: fleet.connected == 300, 30), f"{fleet.connected} of 300"
+        counts = fleet.per_node()
+        assert bed.nodes[1].name not in counts and sum(counts.values()) == 300
+
+
+# -- ingestion ------------------------------------------------------------------------------------------
+async def test_devices_publishing_over_mqtt_land_in_a_stream_exactly_once(
+    testbed: TestBed, api: ManagementClient, unique_name: str
+) -> None:
+    node = testbed.nodes[0]
+    async with Environment(testbed.stream_uri(node.host, node.stream_port), management=api) as env:
+        await env.create_stream(unique_name)
+        try:
+            assert bind_mqtt_topics(api, unique_name, ["ingest/+/temp"]) == ["ingest.*.temp"]
+            assert bind_mqtt_topics(api, unique_name, "ingest/+/temp") == ["ingest.*.temp"]  # again: no-op
+            assert mqtt_bindings(api, unique_name) == {"ingest.*.temp"}
+            with MqttFleet(MqttPlacer(api), 30, client_id_prefix=f"dev-{uuid.uuid4().hex[:6]}") as devices:
+                infos = [devices.publish(d, f"ingest/d{d}/temp", json.dumps({"d": d, "n": n}), qos=1)
+                         for n in range(20) for d in range(30)]
+                devices.publish(0, "ingest/d0/humidity", b"not bound", qos=1).wait_for_publish(10)
+                await asyncio.to_thread(lambda: [i.wait_for_publish(10) for i in infos])
+            got: list[tuple[bytes, str | None]] = []
+            consumer = await env.consumer(unique_name, lambda m, c: got.append(decode_amqp(bytes(m))),
+                                          offset="first")
+            deadline = time.monotonic() + 20
+            while len(got) < 600 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            assert consumer.node != (await env.topology(unique_name)).leader  # read from a replica
+            await consumer.close()
+            keys = [(json.loads(b)["d"], json.loads(b)["n"]) for b, _ in got]
+            assert len(keys) == 600 and set(keys) == {(d, n) for d in range(30) for n in range(20)}
+            assert {k for _, k in got} == {f"ingest.d{d}.temp" for d in range(30)}
+            unbind_mqtt_topics(api, unique_name, ["ingest/+/temp"])
+            assert mqtt_bindings(api, unique_name) == set()
+        finally:
+            await env.delete_stream(unique_name)
+
+
+def test_binding_input_is_checked(testbed: TestBed, api: ManagementClient) -> None:
+    with pytest.raises(StreamNotFound, match="create it before binding"):
+        bind_mqtt_topics(api, f"no-such-{uuid.uuid4().hex[:6]}", ["a/b"])
+    with pytest.raises(ConfigurationError, match="'#' must be the whole last level"):
+        bind_mqtt_topics(api, "whatever", ["a/#/b"])
+
+
+@pytest.mark.spark
+async def test_iot_example_devices_to_stream_to_spark_to_stream(
+    spark: Any, testbed: TestBed, api: ManagementClient, unique_name: str, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "iot_ingest.py"
+    spec = importlib.util.spec_from_file_location("iot_ingest", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    host, port = testbed.lb("stream")
+    uri = testbed.stream_uri(host, port)
+    readings, averages = f"{unique_name}-r", f"{unique_name}-a"
+    await example.setup(uri, api, readings, averages)
+    try:
+        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(testbed), unique_name, 30, 10)
+        assert sorted(per_node.values()) == [10, 10, 10]
+        await asyncio.to_thread(example.aggregate, spark, uri, readings, averages, unique_name, str(tmp_path / "cp"))
+        got = await example.read_stream(uri, api, readings, 300, amqp=True)
+        sums = await example.read_stream(uri, api, averages, 30, amqp=False)
+        assert example.check(got, sums, 30, 10)
+        assert {s["device"] for s in sums} == {f"{unique_name}-{d}" for d in range(30)}
+        # the same query again from its checkpoint writes nothing more
+        await asyncio.to_thread(example.aggregate, spark, uri, readings, averages, unique_name, str(tmp_path / "cp"))
+        assert len(await example.read_stream(uri, api, averages, 31, amqp=False, timeout=3)) == 30
+    finally:
+        async with Environment(uri, management=api) as env:
+            for stream in (readings, averages):
+                await env.delete_stream(stream)
