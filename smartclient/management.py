@@ -74,8 +74,10 @@ class ManagementClient:
     def put(self, path: str, body: Any) -> None:
         self._request("PUT", path, json=body)
 
-    def post(self, path: str, body: Any) -> None:
-        self._request("POST", path, json=body)
+    def post(self, path: str, body: Any) -> Any:
+        """POST ``body``; the answer's JSON, if it has one (``.../get`` and ``.../publish`` do)."""
+        response = self._request("POST", path, json=body)
+        return response.json() if response.content else None
 
     def delete(self, path: str, headers: dict[str, str] | None = None) -> None:
         self._request("DELETE", path, headers=headers)

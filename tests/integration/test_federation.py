@@ -1,0 +1,262 @@
+"""Federation against the test bed's independent brokers: each topology delivers every message exactly
+once to every broker it reaches, a wrong max_hops shows (so the check can fail), link status follows a
+stopped broker, applying twice changes nothing, and bad input is a typed error."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from urllib.parse import quote
+
+import pytest
+
+from smartclient import AuthenticationFailed, ConfigurationError, ConnectionFailed
+from smartclient.federation import apply, remove, status, wait_running
+from smartclient.federation_topology import (
+    FederatedBroker,
+    FederationTopology,
+    UpstreamOptions,
+    complete,
+    fan_out,
+    graph,
+    pair,
+    ring,
+)
+from smartclient.management import ManagementClient
+from smartclient.testing import TestBed
+
+pytestmark = pytest.mark.federation
+
+
+@pytest.fixture(scope="module")
+def brokers(testbed: TestBed) -> Iterator[list[FederatedBroker]]:
+    start_brokers = getattr(testbed, "start_brokers", None)
+    if start_brokers is None:
+        pytest.skip("federation needs the local test bed's independent brokers")
+    nodes = start_brokers(4)
+    yield [FederatedBroker(n.short, n.management_url, f"amqp://guest:guest@{n.host}:{n.amqp_port}") for n in nodes]
+
+
+def _api(broker: FederatedBroker) -> ManagementClient:
+    return ManagementClient(broker.management_url, broker.username, broker.password)
+
+
+class Delivery:
+    """A queue bound to the federated exchange on every broker; publish and collect via the management API."""
+
+    def __init__(self, topology: FederationTopology) -> None:
+        self.topology = topology
+        self.queue = f"fed-{uuid.uuid4().hex[:8]}"
+        self.apis = {b.name: _api(b) for b in topology.brokers}
+        for api in self.apis.values():
+            api.put(f"/api/queues/%2F/{self.queue}", {"durable": False, "auto_delete": False})
+            api.post(f"/api/bindings/%2F/e/{quote(topology.exchange)}/q/{self.queue}", {"routing_key": "#"})
+
+    def publish(self, origin: str, payload: str) -> None:
+        self.apis[origin].post(f"/api/exchanges/%2F/{quote(self.topology.exchange)}/publish",
+                               {"properties": {}, "routing_key": "fed.test", "payload": payload,
+                                "payload_encoding": "string"})
+
+    def take(self, broker: str) -> list[str]:
+        got = self.apis[broker].post(f"/api/queues/%2F/{self.queue}/get",
+                                     {"count": 10_000, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        return [str(m["payload"]) for m in got]
+
+    def settle_bindings(self, timeout: float = 30.0) -> None:
+        """Federation sends bindings upstream asynchronously: probe until every broker hears every origin
+        that reaches it, then drop the probes."""
+        deadline = time.monotonic() + timeout
+        heard: dict[str, set[str]] = {b.name: set() for b in self.topology.brokers}
+        want = {b.name: {o.name for o in self.topology.brokers if b.name in self.topology.reachable(o.name)}
+                for b in self.topology.brokers}
+        while any(not want[b] <= heard[b] for b in heard):
+            assert time.monotonic() < deadline, f"bindings did not reach every upstream: heard {heard}, want {want}"
+            for origin in self.apis:
+                self.publish(origin, f"probe:{origin}")
+            time.sleep(0.3)
+            for b in heard:
+                heard[b] |= {p.split(":", 1)[1] for p in self.take(b) if p.startswith("probe:")}
+        time.sleep(1.0)
+        for b in heard:
+            self.take(b)
+
+    def round(self, settle: float = 1.5) -> dict[str, Counter[str]]:
+        """One message from every broker; what each broker's queue got (after things settle)."""
+        tag = uuid.uuid4().hex[:6]
+        for origin in self.apis:
+            self.publish(origin, f"m:{tag}:{origin}")
+        expected = {b.name: {o.name for o in self.topology.brokers
+                             if o.name == b.name or b.name in self.topology.reachable(o.name)}
+                    for b in self.topology.brokers}
+        got: dict[str, Counter[str]] = {b: Counter() for b in self.apis}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(set(got[b]) < expected[b] for b in got):
+            time.sleep(0.2)
+            for b in got:
+                got[b].update(p.rsplit(":", 1)[1] for p in self.take(b) if p.startswith(f"m:{tag}:"))
+        time.sleep(settle)  # late duplicates
+        for b in got:
+            got[b].update(p.rsplit(":", 1)[1] for p in self.take(b) if p.startswith(f"m:{tag}:"))
+        return got
+
+    def expected(self) -> dict[str, Counter[str]]:
+        return {b.name: Counter({o.name: 1 for o in self.topology.brokers
+                                 if o.name == b.name or b.name in self.topology.reachable(o.name)})
+                for b in self.topology.brokers}
+
+    def close(self) -> None:
+        for api in self.apis.values():
+            try:
+                api.delete(f"/api/queues/%2F/{self.queue}")
+            finally:
+                api.close()
+
+
+@pytest.fixture
+def applied() -> Iterator[Callable[..., tuple[FederationTopology, Delivery]]]:
+    made: list[tuple[FederationTopology, Delivery]] = []
+
+    def make(topology: FederationTopology, verify: bool = True) -> tuple[FederationTopology, Delivery]:
+        apply(topology, verify=verify)
+        wait_running(topology, timeout=30)
+        delivery = Delivery(topology)
+        made.append((topology, delivery))
+        delivery.settle_bindings()
+        return topology, delivery
+
+    yield make
+    for topology, delivery in made:
+        delivery.close()
+        remove(topology)
+
+
+def _name() -> str:
+    return f"fed-{uuid.uuid4().hex[:6]}"
+
+
+TOPOLOGIES: dict[str, Callable[[list[FederatedBroker], str], FederationTopology]] = {
+    "pair": lambda b, x: pair(b[0], b[1], x, name=x),
+    "complete graph of 3": lambda b, x: complete(b[:3], x, name=x),
+    "fan-out tree of depth 2": lambda b, x: fan_out(b[:4], {b[0].name: [b[1].name, b[2].name],
+                                                             b[1].name: [b[3].name]}, x, name=x),
+    "ring of 4": lambda b, x: ring(b[:4], x, name=x),
+}
+
+
+@pytest.mark.parametrize("kind", list(TOPOLOGIES))
+def test_a_message_published_anywhere_reaches_every_broker_it_should_exactly_once(
+    brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]], kind: str
+) -> None:
+    topology, delivery = applied(TOPOLOGIES[kind](brokers, _name()))
+    got = delivery.round()
+    assert got == delivery.expected(), f"{kind}: got {got}"
+    if kind != "fan-out tree of depth 2":  # a one-way tree reaches the root's subtree; the rest reach all
+        assert all(len(c) == len(topology.brokers) for c in got.values())
+
+
+def test_a_ring_linked_both_ways_with_a_hand_picked_max_hops_duplicates_and_the_computed_one_does_not(
+    brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+) -> None:
+    names = [b.name for b in brokers[:4]]
+    edges = [(names[i], names[(i + 1) % 4]) for i in range(4)] + [(names[(i + 1) % 4], names[i]) for i in range(4)]
+    computed = graph(brokers[:4], edges, x := _name(), name=x)
+    by_hand = computed.with_max_hops(2)  # "the longest path is 2": what an operator would write
+    with pytest.raises(ConfigurationError, match=r"reaches .* 2 times, not once"):
+        apply(by_hand)  # refused unless asked for
+    _, wrong = applied(by_hand, verify=False)
+    got = wrong.round()
+    assert any(n == 2 for c in got.values() for n in c.values()), f"expected duplicates, got {got}"
+    apply(computed)  # the same links, per-link max_hops
+    wait_running(computed)
+    wrong.settle_bindings()
+    assert wrong.round() == wrong.expected()
+
+
+def test_a_ring_with_too_small_a_max_hops_misses_the_far_broker(
+    brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+) -> None:
+    topology = ring(brokers[:4], x := _name(), name=x).with_max_hops(2)
+    apply(topology, verify=False)
+    wait_running(topology)
+    delivery = Delivery(topology)
+    try:
+        time.sleep(3)
+        got = delivery.round(settle=2.0)
+        assert got != delivery.expected()
+        assert any(len(c) == 3 for c in got.values())  # each broker misses the one three links away
+    finally:
+        delivery.close()
+        remove(topology)
+
+
+@pytest.mark.faults
+def test_stopping_a_broker_shows_its_links_down_and_they_recover(
+    testbed: TestBed, brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+) -> None:
+    topology, delivery = applied(ring(brokers[:4], x := _name(), name=x))
+    stopped = brokers[2].name
+    testbed.stop_app(stopped)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            links = {(k.upstream, k.downstream): k for k in status(topology)}
+            down = {pair for pair, k in links.items() if not k.running}
+            if {(stopped, brokers[3].name), (brokers[1].name, stopped)} <= down:
+                break
+            assert time.monotonic() < deadline, f"links still shown up: {links}"
+            time.sleep(0.5)
+        assert links[(brokers[1].name, stopped)].status == "unknown"  # its own API is down with it
+        assert links[(stopped, brokers[3].name)].status in ("starting", "error", "shutdown")
+        assert links[(brokers[0].name, brokers[1].name)].running  # the rest of the ring is unaffected
+    finally:
+        testbed.start_app(stopped)
+    assert all(k.running for k in wait_running(topology, timeout=60))
+    delivery.settle_bindings(timeout=60)
+    assert delivery.round() == delivery.expected()
+
+
+def test_applying_twice_changes_nothing_and_options_reach_the_broker(brokers: list[FederatedBroker]) -> None:
+    options = UpstreamOptions(prefetch_count=50, reconnect_delay=2, heartbeat=10, expires=600_000, message_ttl=30_000)
+    topology = pair(brokers[0], brokers[1], x := _name(), name=x, options=options)
+    try:
+        first = apply(topology)
+        assert first.changed and len(first.changes) == 8  # 2 x (exchange, upstream, set, policy)
+        assert apply(topology).changes == []
+        with _api(brokers[1]) as api:
+            value = api.get(f"/api/parameters/federation-upstream/%2F/{x}-{brokers[0].name}")["value"]
+        assert value["prefetch-count"] == 50 and value["reconnect-delay"] == 2 and value["max-hops"] == 1
+        assert value["expires"] == 600_000 and value["message-ttl"] == 30_000 and value["uri"].endswith("?heartbeat=10")
+        wait_running(topology)
+    finally:
+        removed = remove(topology)
+    assert removed.changed and remove(topology).changes == []
+    with _api(brokers[1]) as api:
+        assert not [p for p in api.get("/api/policies/%2F") if p["name"].startswith(x)]
+
+
+def test_unreachable_brokers_and_bad_credentials_are_typed_errors_before_any_write(
+    brokers: list[FederatedBroker],
+) -> None:
+    dead = FederatedBroker("nowhere", "http://127.0.0.1:9", "amqp://guest:guest@127.0.0.1:9")
+    topology = pair(brokers[0], dead, x := _name(), name=x)
+    with pytest.raises(ConnectionFailed, match=r"broker nowhere: the management API at http://127\.0\.0\.1:9"):
+        apply(topology)
+    with _api(brokers[0]) as api:
+        assert not [p for p in api.get("/api/policies/%2F") if p["name"].startswith(x)]  # nothing written
+    wrong = FederatedBroker(brokers[1].name, brokers[1].management_url, brokers[1].amqp_uri, password="nope")
+    with pytest.raises(AuthenticationFailed, match=f"broker {brokers[1].name}: the management API refused"):
+        apply(pair(brokers[0], wrong, x, name=x))
+
+
+def test_brokers_sharing_a_cluster_name_are_refused(brokers: list[FederatedBroker]) -> None:
+    with _api(brokers[1]) as api:
+        original = api.get("/api/cluster-name")["name"]
+        with _api(brokers[0]) as first:
+            api.put("/api/cluster-name", {"name": first.get("/api/cluster-name")["name"]})
+        try:
+            with pytest.raises(ConfigurationError, match="cycle detection tells brokers apart by cluster name"):
+                apply(pair(brokers[0], brokers[1], x := _name(), name=x))
+        finally:
+            api.put("/api/cluster-name", {"name": original})
