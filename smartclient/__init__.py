@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._errors import (
     AddressNotAllowed,
     AuthenticationFailed,
+    CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
     FaultUnavailable,
@@ -55,6 +56,7 @@ __all__ = [
     "AuthenticationFailed",
     "BatchingPolicy",
     "Candidates",
+    "CertificateRejected",
     "ConfigurationError",
     "Confirmation",
     "ConnectionFailed",

@@ -31,6 +31,7 @@ from __future__ import annotations
 __all__ = [
     "AddressNotAllowed",
     "AuthenticationFailed",
+    "CertificateRejected",
     "ConfigurationError",
     "ConnectionFailed",
     "FaultUnavailable",
@@ -138,6 +139,11 @@ class ConnectionFailed(SmartClientError):
 
 class AuthenticationFailed(ConnectionFailed):
     """The broker refused the credentials or the vhost; retrying would only repeat it."""
+
+
+class CertificateRejected(ConnectionFailed):
+    """The server's TLS certificate does not verify for the name smartclient checks; retrying would only
+    repeat it (and a load balancer that picks another node would not change the name)."""
 
 
 class TestBedError(SmartClientError):

@@ -29,7 +29,13 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from ._errors import AuthenticationFailed, ConfigurationError, ConnectionFailed, SmartClientError
+from ._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    SmartClientError,
+)
 from .address import Address
 from .mqtt_topics import validate_filter
 from .node_placement import NodePlacer
@@ -364,6 +370,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self.opened += 1
         try:
             self.begin_connect(client, target, dialled)
+        except ssl.SSLCertVerificationError as exc:
+            _close_quietly(client)
+            raise CertificateRejected(f"connecting to {dialled} (MQTT over TLS): {exc.verify_message or exc}") from exc
         except OSError as exc:
             _close_quietly(client)
             raise ConnectionFailed(f"connecting to {dialled} (MQTT): {type(exc).__name__}: {exc}") from exc

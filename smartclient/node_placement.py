@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from ._errors import AuthenticationFailed, ConnectionFailed, ResolutionError
+from ._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from .address import Address
 from .broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from .landing import Decision, GiveUp, Landing, UseFallback, Wait
@@ -241,7 +241,7 @@ class NodePlacer(Generic[C]):
                 target = landing.next_target()
                 try:
                     landed = self._open(target, by_address, name, seen)
-                except (AuthenticationFailed, ResolutionError):
+                except (AuthenticationFailed, CertificateRejected, ResolutionError):
                     raise
                 except ConnectionFailed as exc:
                     landing.failed(target, self.via or target, exc)
@@ -277,7 +277,7 @@ class NodePlacer(Generic[C]):
             dialled = self.resolve(address)
             try:
                 connection = self._dial(address, dialled, name or self._new_name(self.protocol))
-            except AuthenticationFailed:
+            except (AuthenticationFailed, CertificateRejected):
                 raise
             except ConnectionFailed as exc:
                 errors.append(str(exc))

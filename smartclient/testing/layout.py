@@ -51,7 +51,7 @@ BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21, "r
 #: HAProxy's ``balance`` line for a balance name (``random`` alone is power-of-two-choices, nearly even;
 #: ``random1`` draws once, so it spreads unevenly, as a plain random load balancer does)
 BALANCE_EXPRESSIONS: dict[str, str] = {"random1": "random(1)"}
-LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt")
+LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt", "mqtt_tls")
 
 
 @dataclass(frozen=True)

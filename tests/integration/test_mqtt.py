@@ -18,8 +18,8 @@ import pytest
 from resolvers import DnsResolver, SrvDiscovery
 from smartclient import (
     AuthenticationFailed,
+    CertificateRejected,
     ConfigurationError,
-    ConnectionFailed,
     Environment,
     NodeUnreachable,
     StreamNotFound,
@@ -158,7 +158,7 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
         close(client)
     wrong = MqttPlacer(entry_points=[target], resolver=dns(testbed), tls=testbed.tls_context(),
                        tls_server_name="rabbit-9.smartclient.test")
-    with pytest.raises(ConnectionFailed, match="certificate verify failed"):
+    with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
         wrong.connect()
     import ssl
 
@@ -167,6 +167,22 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
         MqttPlacer(entry_points=[target], tls=insecure).connect()
+
+
+def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(testbed: TestBed, api: ManagementClient) -> None:
+    host, port = testbed.lb("mqtt_tls")
+    placer = MqttPlacer(api, via=f"localhost:{port}", tls=testbed.tls_context())
+    client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", testbed.nodes[2].short)
+    try:
+        assert client.node == testbed.nodes[2].name == placer.node_of(client._client_id.decode())
+        assert client._ssl_context.server_name == "localhost"  # the name dialled (the LB's), not a node's
+    finally:
+        close(client)
+    wrong = MqttPlacer(api, via=f"{host}:{port}", tls=testbed.tls_context(),
+                       tls_server_name="rabbit-9.smartclient.test")
+    with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
+        wrong.connect(f"tls-bad-{uuid.uuid4().hex[:6]}", testbed.nodes[0].short)
+    assert wrong.opened == 1  # not retried: another node would not change the name
 
 
 def test_bad_credentials_are_a_typed_error_not_retried(testbed: TestBed, api: ManagementClient) -> None:
