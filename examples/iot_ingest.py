@@ -28,7 +28,7 @@ from smartclient import Address, Environment
 from smartclient.management import ManagementClient
 from smartclient.message_codec import decode_amqp
 from smartclient.mqtt_ingest import bind_mqtt_topics
-from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamConnection
+from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamConnection, local_session
 
 # the local test bed: round-robin HAProxy for streams and MQTT, rabbit-1's management API
 STREAM_URI = os.environ.get("SMARTCLIENT_URI", "rabbitmq-stream://guest:guest@127.0.0.1:20052/")
@@ -118,8 +118,6 @@ def check(readings: list[dict[str, Any]], averages: list[dict[str, Any]], device
 
 
 def main() -> int:
-    from pyspark.sql import SparkSession
-
     suffix = uuid.uuid4().hex[:6]
     readings, averages, prefix = f"iot-readings-{suffix}", f"iot-averages-{suffix}", f"device-{suffix}"
     devices, each = 60, 20
@@ -128,12 +126,7 @@ def main() -> int:
     asyncio.run(setup(STREAM_URI, management, readings, averages))
     per_node = run_devices(STREAM_URI, management, MQTT_LB, prefix, devices, each)
     print(f"{devices} devices through the MQTT load balancer {MQTT_LB}, per node: {per_node}")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session()
     try:
         with tempfile.TemporaryDirectory() as checkpoint:
             aggregate(spark, STREAM_URI, readings, averages, f"iot-{suffix}", checkpoint)

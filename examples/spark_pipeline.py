@@ -21,7 +21,7 @@ from typing import Any
 
 from resolvers import LoadBalancer
 from smartclient import Address, Environment
-from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamConnection
+from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamConnection, local_session
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@127.0.0.1:20052/"  # the test bed's round-robin HAProxy
 
@@ -80,17 +80,10 @@ async def read_all(uri: str, stream: str, expect: int, timeout: float = 30.0) ->
 
 
 def main() -> int:
-    from pyspark.sql import SparkSession
-
     uri = os.environ.get("SMARTCLIENT_URI", DEFAULT_URI)
     suffix = uuid.uuid4().hex[:6]
     source, target = f"orders-{suffix}", f"orders-taxed-{suffix}"
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session()
     try:
         asyncio.run(publish_orders(uri, source, 1000))
         with tempfile.TemporaryDirectory() as checkpoint:

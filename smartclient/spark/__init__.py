@@ -8,10 +8,16 @@ from typing import Any
 from .config import StreamConnection
 from .sink import ExactlyOnceSink, row_to_message
 
-__all__ = ["ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "next_offsets", "row_to_message"]
+__all__ = [
+    "ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "local_session", "next_offsets", "row_to_message",
+]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "local_session":
+        from .session import local_session
+
+        return local_session
     if name in ("RabbitStreamDataSource", "next_offsets"):  # needs pyspark: imported on first use
         from . import source
 

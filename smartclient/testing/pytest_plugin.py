@@ -49,25 +49,17 @@ def faulty_testbed(testbed: TestBed) -> Iterator[TestBed]:
 def spark() -> Iterator[Any]:
     """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
     to 4 times), with the Python of this interpreter on the executors."""
-    import os
-    import sys
-
     from .prerequisites import require_java
 
     try:
         require_java(17)
-        from pyspark.sql import SparkSession
+        from ..spark.session import local_session
     except PrerequisiteMissing as exc:
         pytest.fail(f"Spark cannot start: {exc}", pytrace=False)
     except ImportError:
         pytest.fail("Spark cannot start: pyspark is not installed (pip install 'smartclient[spark]')",
                     pytrace=False)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # keep every Spark socket on loopback
-    session = (SparkSession.builder.master("local[2,4]").appName("smartclient-tests")
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-               .config("spark.driver.memory", "1g").getOrCreate())
+    session = local_session("local[2,4]", "smartclient-tests", log_level="WARN", spark_driver_memory="1g")
     yield session
     session.stop()
 

@@ -19,6 +19,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+def load_example(name: str) -> Any:
+    """``examples/<name>.py`` as a module, to drive its functions from a test."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def open_stream_client(testbed: TestBed) -> Callable[..., Any]:
     def opener(host: str, port: int, name: str = "") -> Any:

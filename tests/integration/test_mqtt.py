@@ -32,6 +32,8 @@ from smartclient.mqtt_placement import MqttOptions, MqttPlacer, PlacedMqttClient
 from smartclient.settings import Credentials
 from smartclient.testing import TestBed
 
+from .conftest import load_example
+
 
 @pytest.fixture
 def api(testbed: TestBed) -> Iterator[ManagementClient]:
@@ -387,13 +389,7 @@ def test_binding_input_is_checked(testbed: TestBed, api: ManagementClient) -> No
 async def test_iot_example_devices_to_stream_to_spark_to_stream(
     spark: Any, testbed: TestBed, api: ManagementClient, unique_name: str, tmp_path: Path
 ) -> None:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "iot_ingest.py"
-    spec = importlib.util.spec_from_file_location("iot_ingest", path)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example("iot_ingest")
     host, port = testbed.lb("stream")
     uri = testbed.stream_uri(host, port)
     readings, averages = f"{unique_name}-r", f"{unique_name}-a"

@@ -17,6 +17,8 @@ from smartclient import Address, Environment, hash_partition
 from smartclient.spark import ExactlyOnceSink, StreamConnection
 from smartclient.testing import TestBed
 
+from .conftest import load_example
+
 pytestmark = pytest.mark.spark
 
 
@@ -199,13 +201,7 @@ def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
 async def test_end_to_end_source_transform_sink_through_the_lb(
     spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
 ) -> None:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline.py"
-    spec = importlib.util.spec_from_file_location("spark_pipeline", path)
-    assert spec is not None and spec.loader is not None
-    pipeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pipeline)
+    pipeline = load_example("spark_pipeline")
     host, port = testbed.lb("stream")
     uri = testbed.stream_uri(host, port)
     source, target = f"{unique_name}-in", f"{unique_name}-out"
