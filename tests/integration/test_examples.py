@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from smartclient.testing import TestBed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,3 +22,16 @@ def test_quickstart_places_through_the_lb(testbed: TestBed) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "placement OK" in proc.stdout
     assert proc.stdout.count(f"127.0.0.1:{port}") >= 3  # every connection dialled the LB
+
+
+RUNNABLE = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("test_"))
+
+
+@pytest.mark.parametrize("example", RUNNABLE)
+def test_every_example_runs_against_the_test_bed(testbed: TestBed, example: str) -> None:
+    """Each example's own main, as a user would run it (the test bed's default addresses)."""
+    host, port = testbed.lb("stream")
+    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port)}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, f"{example} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

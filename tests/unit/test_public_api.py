@@ -4,8 +4,20 @@ import smartclient
 import smartclient.testing
 
 
+PUBLIC_MODULES = (
+    "smartclient", "smartclient.testing", "smartclient.sync", "smartclient.cli", "smartclient.node_placement",
+    "smartclient.amqp_placement", "smartclient.mqtt_placement", "smartclient.mqtt_fleet", "smartclient.mqtt_topics",
+    "smartclient.mqtt_ingest", "smartclient.message_codec", "smartclient.federation",
+    "smartclient.federation_topology", "smartclient.spark", "resolvers",
+)
+
+
 def test_all_names_exist() -> None:
-    for module in (smartclient, smartclient.testing):
+    import importlib
+
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        assert module.__all__, f"{module_name} has no __all__"
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.__all__ lists missing {name}"
 

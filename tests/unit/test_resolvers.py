@@ -94,3 +94,15 @@ def test_built_in_resolvers_are_values() -> None:
         assert pickle.loads(pickle.dumps(resolver)) == resolver
         assert hash(pickle.loads(pickle.dumps(resolver))) == hash(resolver)
     assert LoadBalancer("lb:1") != LoadBalancer("lb:2") and StaticMap({"a": "b"}) != StaticMap({"a": "c"})
+
+
+def test_the_cli_builds_its_resolver_from_the_same_settings() -> None:
+    from resolvers import Chain, DnsResolver, Identity, LoadBalancer, StaticMap
+    from smartclient.cli import _parser, _resolver
+
+    assert isinstance(_resolver(_parser().parse_args(["topology", "s", "--lb", ""])), Identity)
+    lb = _resolver(_parser().parse_args(["topology", "s", "--lb", "lb:5552"]))
+    assert isinstance(lb, LoadBalancer)
+    chain = _resolver(_parser().parse_args(["topology", "s", "--map", "rabbit-1=127.0.0.1:1", "--dns", "127.0.0.1:53",
+                                            "--lb", ""]))
+    assert isinstance(chain, Chain) and [type(r) for r in chain.resolvers] == [StaticMap, DnsResolver]

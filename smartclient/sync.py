@@ -1,0 +1,214 @@
+"""The sync facade: :class:`SyncEnvironment`, :class:`SyncProducer`, :class:`SyncConsumer`.
+
+For services that are not asyncio (Flask, Django, scripts, threads).  Like httpx's ``Client`` beside
+``AsyncClient``, the names are the async ones and the errors are the same exceptions; every call blocks
+until done.  One background event loop per :class:`SyncEnvironment` runs the async
+:class:`~smartclient.Environment`; calls from any number of threads are handed to it, so the facade is
+safe to share between threads.
+
+Consumer callbacks run on that loop's thread: keep them short, or hand the work to a queue.
+
+    with SyncEnvironment("rabbitmq-stream://guest:guest@lb:5552", resolver=LoadBalancer("lb:5552")) as env:
+        env.create_stream("orders", exists_ok=True)
+        producer = env.producer("orders", name="orders-writer")
+        producer.send_wait(b"hello")
+        env.consumer("orders", lambda message, context: print(bytes(message)), offset="first")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from ._errors import ConnectionFailed
+from .environment import Environment, PlacementRecord
+from .publishing import Confirmation
+from .stream import Consumer, Producer
+from .topology import StreamTopology
+
+__all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer"]
+
+T = TypeVar("T")
+
+
+class _Loop:
+    """An event loop on a daemon thread; ``run`` blocks the caller until a coroutine is done there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="smartclient-sync-loop", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError("a sync smartclient call from inside a callback would wait for itself: "
+                               "hand the work to another thread")
+        if self.loop.is_closed():
+            coroutine.close()
+            raise ConnectionFailed("this SyncEnvironment is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future.result(timeout)
+
+    def stop(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()
+
+
+class SyncProducer:
+    """A :class:`~smartclient.Producer` whose calls block.  Attributes (``node``, ``stream``, ``name``,
+    ``placement``, ...) are the async producer's."""
+
+    def __init__(self, loop: _Loop, producer: Producer) -> None:
+        self._loop = loop
+        self.aio = producer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.aio, name)
+
+    def __repr__(self) -> str:
+        return f"Sync{self.aio!r}"
+
+    def send(self, body: bytes | Any, *, publishing_id: int | None = None) -> None:
+        """Queue one message (returns when it is queued; see :meth:`flush`, :meth:`send_wait`)."""
+        self._loop.run(self.aio.send(body, publishing_id=publishing_id))
+
+    def send_many(self, bodies: Sequence[bytes], *, first_publishing_id: int | None = None) -> None:
+        self._loop.run(self.aio.send_many(bodies, first_publishing_id=first_publishing_id))
+
+    def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> Confirmation:
+        """Send one message and wait for its confirmation."""
+        return self._loop.run(self.aio.send_wait(body, publishing_id=publishing_id))
+
+    def send_batch(self, bodies: Sequence[bytes | Any]) -> list[Confirmation]:
+        return self._loop.run(self.aio.send_batch(bodies))
+
+    def flush(self) -> None:
+        self._loop.run(self.aio.flush())
+
+    def close(self) -> None:
+        self._loop.run(self.aio.close())
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncConsumer:
+    """A :class:`~smartclient.Consumer` whose calls block; its callback runs on the facade's loop thread."""
+
+    def __init__(self, loop: _Loop, consumer: Consumer) -> None:
+        self._loop = loop
+        self.aio = consumer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.aio, name)
+
+    def __repr__(self) -> str:
+        return f"Sync{self.aio!r}"
+
+    def store_offset(self, offset: int | None = None) -> None:
+        self._loop.run(self.aio.store_offset(offset))
+
+    def stored_offset(self) -> int | None:
+        return self._loop.run(self.aio.stored_offset())
+
+    def close(self) -> None:
+        self._loop.run(self.aio.close())
+
+    def __enter__(self) -> SyncConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncEnvironment:
+    """:class:`~smartclient.Environment` with blocking calls; the same arguments (see its documentation).
+
+    Use it as ``with SyncEnvironment(...) as env:`` or call :meth:`close`.  Methods not written out here
+    (``create_super_stream``, ``partitions``, ``route``, ``command_versions``, ...) are the async ones run
+    to completion; the sync ones (``amqp_connection``, ``mqtt_client``, ``placements``...) are passed
+    through.
+    """
+
+    def __init__(self, entry_points: Any, **settings: Any) -> None:
+        self._loop = _Loop()
+
+        async def build() -> Environment:
+            env = Environment(entry_points, **settings)
+            await env.start()
+            return env
+
+        try:
+            self.aio: Environment = self._loop.run(build())
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def __repr__(self) -> str:
+        return f"Sync{self.aio!r}"
+
+    def __enter__(self) -> SyncEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.aio, name)
+        if not asyncio.iscoroutinefunction(attribute):
+            return attribute
+
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            return self._loop.run(attribute(*args, **kwargs))
+
+        blocking.__name__ = name
+        blocking.__doc__ = attribute.__doc__
+        return blocking
+
+    def close(self) -> None:
+        """Close every producer, consumer and connection, then stop the loop thread."""
+        if self._loop.loop.is_closed():
+            return
+        try:
+            self._loop.run(self.aio.close())
+        finally:
+            self._loop.stop()
+
+    # -- the common calls, typed ------------------------------------------------------------------
+    def producer(self, stream: str, **options: Any) -> SyncProducer:
+        """See :meth:`Environment.producer <smartclient.Environment.producer>`."""
+        return SyncProducer(self._loop, self._loop.run(self.aio.producer(stream, **options)))
+
+    def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None],
+                 **options: Any) -> SyncConsumer:
+        """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` runs on the
+        facade's loop thread."""
+        return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(stream, callback, **options)))
+
+    def create_stream(self, stream: str, arguments: Any = None, exists_ok: bool = False) -> None:
+        self._loop.run(self.aio.create_stream(stream, arguments, exists_ok=exists_ok))
+
+    def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
+        self._loop.run(self.aio.delete_stream(stream, missing_ok=missing_ok))
+
+    def topology(self, stream: str) -> StreamTopology:
+        return self._loop.run(self.aio.topology(stream))
+
+    def stream_stats(self, stream: str) -> dict[str, int]:
+        return self._loop.run(self.aio.stream_stats(stream))
+
+    def placements(self) -> list[PlacementRecord]:
+        return self.aio.placements()

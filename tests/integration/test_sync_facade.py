@@ -1,0 +1,76 @@
+"""The sync facade against the test bed: the same names and errors as the async API, safe from threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import Address, ConnectionFailed, StreamNotFound
+from smartclient.sync import SyncEnvironment
+from smartclient.testing import TestBed
+
+
+def test_producers_and_consumers_without_asyncio_from_many_threads(testbed: TestBed, unique_name: str) -> None:
+    host, port = testbed.lb("stream")
+    got: list[bytes] = []
+    with SyncEnvironment(testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        env.create_stream(unique_name)
+        try:
+            producer = env.producer(unique_name, name="sync-writer")
+            consumer = env.consumer(unique_name, lambda message, context: got.append(bytes(message)),
+                                    offset="first")
+            assert producer.node == env.topology(unique_name).leader  # attributes pass through
+            assert consumer.node in env.topology(unique_name).replicas
+
+            confirmed: list[bool] = []
+
+            def write(worker: int) -> None:
+                for i in range(50):
+                    confirmed.append(producer.send_wait(b"%d-%d" % (worker, i)).confirmed)
+
+            threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert confirmed == [True] * 200
+            deadline = time.monotonic() + 15
+            while len(got) < 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sorted(got) == sorted(b"%d-%d" % (w, i) for w in range(4) for i in range(50))
+            assert env.stream_stats(unique_name)["first_chunk_id"] == 0
+            assert {r.role for r in env.placements()} >= {"producer", "consumer"}
+            with pytest.raises(StreamNotFound):  # the same errors as the async API
+                env.producer(unique_name + "-missing")
+            assert env.partitions  # other async methods are there too, blocking
+            consumer.close()
+            producer.close()
+        finally:
+            env.delete_stream(unique_name)
+    with pytest.raises(ConnectionFailed, match="closed"):
+        env.topology(unique_name)
+
+
+def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(testbed: TestBed, unique_name: str) -> None:
+    node = testbed.nodes[0]
+    errors: list[BaseException] = []
+    with SyncEnvironment(testbed.stream_uri(node.host, node.stream_port)) as env:
+        env.create_stream(unique_name)
+        try:
+            def callback(message: object, context: object) -> None:
+                try:
+                    env.topology(unique_name)
+                except RuntimeError as exc:
+                    errors.append(exc)
+
+            env.consumer(unique_name, callback, offset="first")
+            env.producer(unique_name).send_wait(b"x")
+            deadline = time.monotonic() + 10
+            while not errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert errors and "would wait for itself" in str(errors[0])
+        finally:
+            env.delete_stream(unique_name)
