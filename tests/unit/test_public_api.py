@@ -3,7 +3,6 @@
 import smartclient
 import smartclient.testing
 
-
 PUBLIC_MODULES = (
     "smartclient", "smartclient.testing", "smartclient.sync", "smartclient.cli", "smartclient.node_placement",
     "smartclient.amqp_placement", "smartclient.mqtt_placement", "smartclient.mqtt_fleet", "smartclient.mqtt_topics",
