@@ -85,7 +85,8 @@ class Environment:
 
     :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
-    :param username: / :param password: override the URI's credentials (default guest/guest).
+    :param username: overrides the URI's user name (default guest).
+    :param password: overrides the URI's password (default guest).
     :param vhost: override the URI's vhost (default ``/``).
     :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
     :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).

@@ -56,7 +56,8 @@ class FederatedBroker:
     :param management_url: its management API, e.g. ``http://host:15672``.
     :param amqp_uri: how *other brokers* reach its AMQP listener for their links
         (``amqp://user:pass@host:5672`` or ``amqps://...``).
-    :param username: / :param password: for its management API.
+    :param username: for its management API.
+    :param password: for its management API.
     :param vhost: the vhost of the federated exchange.
     """
 

@@ -30,7 +30,8 @@ class RecoveryPolicy:
     :param max_delay: ... up to this many seconds.
     :param jitter: each delay is spread by up to this fraction either way, so that many clients that lost
         the same node do not come back in lock step.
-    :param max_attempts: / :param max_time: give up after this many attempts or seconds.
+    :param max_attempts: give up after this many attempts.
+    :param max_time: give up after this many seconds.
     :param attempt_time: seconds one attempt may spend placing its connection (the
         :class:`RetryPolicy` ``max_time`` during a recovery), so a stale leader is looked up again soon.
     :param retry_authentication: keep trying (every ``max_delay``) when the broker refuses the credentials.
