@@ -64,19 +64,37 @@ class _Loop:
             self.loop.close()
 
 
-class SyncProducer:
-    """A :class:`~smartclient.Producer` whose calls block.  Attributes (``node``, ``stream``, ``name``,
-    ``placement``, ...) are the async producer's."""
+class _SyncHandle:
+    """What a blocking producer and consumer share: attributes are the async object's; close blocks."""
 
-    def __init__(self, loop: _Loop, producer: Producer) -> None:
+    aio: Producer | Consumer
+
+    def __init__(self, loop: _Loop) -> None:
         self._loop = loop
-        self.aio = producer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.aio, name)
 
     def __repr__(self) -> str:
         return f"Sync{self.aio!r}"
+
+    def close(self) -> None:
+        self._loop.run(self.aio.close())
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncProducer(_SyncHandle):
+    """A :class:`~smartclient.Producer` whose calls block.  Attributes (``node``, ``stream``, ``name``,
+    ``placement``, ...) are the async producer's."""
+
+    def __init__(self, loop: _Loop, producer: Producer) -> None:
+        super().__init__(loop)
+        self.aio: Producer = producer
 
     def send(self, body: bytes | Any, *, publishing_id: int | None = None) -> None:
         """Queue one message (returns when it is queued; see :meth:`flush`, :meth:`send_wait`)."""
@@ -95,43 +113,19 @@ class SyncProducer:
     def flush(self) -> None:
         self._loop.run(self.aio.flush())
 
-    def close(self) -> None:
-        self._loop.run(self.aio.close())
 
-    def __enter__(self) -> SyncProducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class SyncConsumer:
+class SyncConsumer(_SyncHandle):
     """A :class:`~smartclient.Consumer` whose calls block; its callback runs on the facade's loop thread."""
 
     def __init__(self, loop: _Loop, consumer: Consumer) -> None:
-        self._loop = loop
-        self.aio = consumer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.aio, name)
-
-    def __repr__(self) -> str:
-        return f"Sync{self.aio!r}"
+        super().__init__(loop)
+        self.aio: Consumer = consumer
 
     def store_offset(self, offset: int | None = None) -> None:
         self._loop.run(self.aio.store_offset(offset))
 
     def stored_offset(self) -> int | None:
         return self._loop.run(self.aio.stored_offset())
-
-    def close(self) -> None:
-        self._loop.run(self.aio.close())
-
-    def __enter__(self) -> SyncConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class SyncEnvironment:
