@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._errors import AuthenticationFailed, ConnectionFailed, ResolutionError
+from ._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from .address import Address
 from .landing import Decision, GiveUp, Landing, UseFallback, Wait
 from .retry import RetryPolicy
@@ -208,7 +208,7 @@ class StreamConnector:
 
         :raises PlacementError: the retry policy ran out (``NodeUnreachable`` when attempts kept landing
             on other nodes); the error lists every attempt.
-        :raises AuthenticationFailed: at once, without retrying.
+        :raises AuthenticationFailed: at once, without retrying (and so :class:`CertificateRejected`).
         :raises ResolutionError: the resolver failed or the allow-list refused the address.
         """
         parked = self.parking.take(candidates.tiers[0])
@@ -220,8 +220,8 @@ class StreamConnector:
             target = landing.next_target()
             try:
                 conn = await self.dial(target, name)
-            except (AuthenticationFailed, ResolutionError):
-                raise
+            except (AuthenticationFailed, CertificateRejected, ResolutionError):
+                raise  # another node, or the same one again, would repeat it
             except ConnectionFailed as exc:
                 landing.failed(target, None, exc)
             else:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     AuthenticationFailed,
+    CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
     FeatureNotSupported,
@@ -256,8 +257,8 @@ class Environment:
             for entry in await self._entry_points():
                 try:
                     conn = await self.connector.dial(entry, f"{self.connection_name}-locator", LocatorClient)
-                except AuthenticationFailed:
-                    raise  # the same credentials would fail on every entry point: say so, typed
+                except (AuthenticationFailed, CertificateRejected):
+                    raise  # the same credentials (or name) would fail on every entry point: say so, typed
                 except ConnectionFailed as exc:
                     errors.append(f"{entry}: {exc}")
                     continue

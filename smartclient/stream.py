@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     AuthenticationFailed,
+    CertificateRejected,
     ConfigurationError,
     PublishFailed,
     PublishingIdNotIncreasing,
@@ -102,7 +103,7 @@ class _Handle:
                 except StreamNotFound as exc:
                     self._give_up(str(exc))
                     return
-                except AuthenticationFailed as exc:
+                except (AuthenticationFailed, CertificateRejected) as exc:  # retrying would repeat it
                     last: BaseException = exc
                     authentication = True
                 except Exception as exc:  # any other failure of one attempt is retried, within the policy

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from ._errors import (
     AuthenticationFailed,
+    CertificateRejected,
     ConnectionFailed,
     ResolutionError,
     SmartClientError,
@@ -41,6 +42,8 @@ def map_stream_errors(context: str) -> Iterator[None]:
     except socket.gaierror as exc:
         raise ResolutionError(f"{context}: the host name could not be resolved ({exc}); "
                               f"a resolver (StaticMap, DnsResolver) can map it") from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise CertificateRejected(f"{context}: TLS certificate verify failed: {exc.verify_message or exc}") from exc
     except ssl.SSLError as exc:
         raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
     except (OSError, asyncio.TimeoutError, EOFError, asyncio.IncompleteReadError) as exc:

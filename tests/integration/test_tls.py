@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from resolvers import Chain, DnsResolver, LoadBalancer
-from smartclient import Address, ConnectionFailed, Environment
+from smartclient import Address, CertificateRejected, Environment
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -54,7 +54,7 @@ async def test_through_the_lb_tls_verifies_the_lb_name(testbed: TestBed, unique_
 
 async def test_a_certificate_that_does_not_match_fails_closed(testbed: TestBed) -> None:
     node = testbed.nodes[0]
-    with pytest.raises(ConnectionFailed, match="certificate verify failed"):
+    with pytest.raises(CertificateRejected, match="certificate verify failed"):  # typed, and not retried
         async with Environment(_tls_uri(testbed, node.host, node.stream_tls_port), tls=testbed.tls_context(),
                                tls_server_name="rabbit-9.smartclient.test"):
             pass
