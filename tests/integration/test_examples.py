@@ -31,7 +31,9 @@ RUNNABLE = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name
 def test_every_example_runs_against_the_test_bed(testbed: TestBed, example: str) -> None:
     """Each example's own main, as a user would run it (the test bed's default addresses)."""
     host, port = testbed.lb("stream")
-    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port)}
+    mqtt_host, mqtt_port = testbed.lb("mqtt")
+    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port),
+           "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}", "SMARTCLIENT_MANAGEMENT": testbed.nodes[0].management_url}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, f"{example} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
