@@ -79,8 +79,8 @@ def _resolver(args: argparse.Namespace) -> Any:
             mapping[left] = right
         parts.append(StaticMap(mapping))
     if args.dns:
-        host, port = Address.parse(args.dns, default_port=53).host, Address.parse(args.dns, default_port=53).port
-        parts.append(DnsResolver([host], port=port))
+        nameserver = Address.parse(args.dns, default_port=53)
+        parts.append(DnsResolver([nameserver.host], port=nameserver.port))
     if args.lb:
         parts.append(LoadBalancer(Address.parse(args.lb, default_port=5552)))
     if not parts:

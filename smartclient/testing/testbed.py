@@ -182,6 +182,9 @@ class TestBed:
     def start_brokers(self, count: int) -> tuple[Node, ...]:
         raise self._unavailable("start extra independent brokers")
 
+    def stop_brokers(self) -> None:
+        raise self._unavailable("stop extra independent brokers")
+
     def heal(self) -> None:
         """Undo every fault: nodes back, apps started, LB backends up, DNS answering."""
 
