@@ -105,8 +105,29 @@ class RabbitChroot:
             subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
 
     def release(self) -> None:
-        """Unmount ``/proc`` from the chroot (``down`` calls it; ``up`` mounts it again)."""
+        """Unmount ``/proc`` from the chroot (``down`` calls it; ``up`` mounts it again), unless a process
+        still runs inside it: test beds on other port bases share the cached chroot, and a node whose
+        ``/proc`` vanishes crashes its memory monitor and, with it, its management API."""
+        users = self.processes_inside()
+        if users:
+            log.info("leaving /proc mounted in %s: %d process(es) still run there (another test bed?)",
+                     self.root, len(users))
+            return
         self._unmount_proc(self.root)
+
+    def processes_inside(self, proc: Path = Path("/proc")) -> list[int]:
+        """PIDs of the processes whose root directory is this chroot."""
+        inside = []
+        root = str(self.root.resolve())
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(entry / "root") == root:
+                    inside.append(int(entry.name))
+            except OSError:
+                continue
+        return inside
 
     @staticmethod
     def _unmount_proc(root: Path) -> None:

@@ -114,3 +114,20 @@ def test_ports_inside_the_ephemeral_range_are_refused(monkeypatch: pytest.Monkey
         _bed(tmp_path, base=31000).check_prerequisites()
     assert Layout(base=20000).overlaps(32768, 60999) is False
     assert Layout(base=30500).overlaps(32768, 60999) is True
+
+
+def test_down_leaves_proc_mounted_while_another_test_bed_runs_in_the_chroot(tmp_path: Path) -> None:
+    """Test beds on other port bases share the cached chroot; unmounting its /proc under their nodes
+    crashes their memory monitors (and with them the management API)."""
+    from smartclient.testing.chroot import RabbitChroot
+
+    root = tmp_path / "chroot"
+    root.mkdir()
+    proc = tmp_path / "proc"
+    for pid, where in ((101, root), (102, tmp_path), (103, root)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "root").symlink_to(where)
+    (proc / "self").mkdir()
+    chroot = RabbitChroot.__new__(RabbitChroot)
+    chroot.root = root
+    assert sorted(chroot.processes_inside(proc)) == [101, 103]
