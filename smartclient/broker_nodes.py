@@ -10,14 +10,15 @@ resolver maps it to what can be dialled, as for streams.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigurationError, NoCandidateNode
 from .address import Address
 
-__all__ = ["BrokerNode", "node_host", "nodes_from_overview", "pick_node"]
+__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "surplus"]
 
 _ANY = {"::", "0.0.0.0", "", "[::]"}
 
@@ -67,3 +68,27 @@ def pick_node(nodes: Iterable[BrokerNode], wanted: str) -> BrokerNode:
         if wanted in (node.name, node.short):
             return node
     raise NoCandidateNode(f"no node named {wanted!r} in the cluster (nodes: {', '.join(n.name for n in nodes)})")
+
+
+def evenly_spread(counts: Mapping[str, int], nodes: Sequence[str], total: int, tolerance: float) -> bool:
+    """Are all ``total`` connections on ``nodes`` (every node with some), max/min at most ``tolerance``?"""
+    values = [counts.get(n, 0) for n in nodes]
+    if sum(values) < total or min(values) == 0:
+        return False
+    return max(values) / min(values) <= tolerance
+
+
+def surplus(landed: Sequence[tuple[int, str | None]], nodes: Sequence[str], total: int) -> list[int]:
+    """Which connections to move so that no node holds more than its share (``ceil(total / nodes)``):
+    ``landed`` is ``(id, node)`` for each connection, in order; those on no node of ``nodes`` move too."""
+    share = math.ceil(total / len(nodes))
+    moving: list[int] = []
+    seen: dict[str, int] = {}
+    for ident, node in landed:
+        if node is None or node not in nodes:
+            moving.append(ident)
+            continue
+        seen[node] = seen.get(node, 0) + 1
+        if seen[node] > share:
+            moving.append(ident)
+    return moving

@@ -201,13 +201,14 @@ def apply(topology: FederationTopology, *, verify: bool = True) -> ApplyReport:
     report = ApplyReport()
     for broker in topology.brokers:
         with _api(broker) as api:
-            for path, (kind, body) in _desired(topology, broker).items():
+            desired = _desired(topology, broker)
+            for path, (kind, body) in desired.items():
                 have = api.get(path, f"reading the {kind}")
                 if not _same(kind, have, body):
                     api.put(path, body, f"writing the {kind}")
                     report.changes.append(f"{broker.name}: {kind} {path.rsplit('/', 1)[-1]}")
             # upstreams of this topology that are no longer wanted (a link removed since the last apply)
-            wanted = {p for p, (kind, _) in _desired(topology, broker).items() if kind == "upstream"}
+            wanted = {p for p, (kind, _) in desired.items() if kind == "upstream"}
             for path in _own_upstreams(api, topology) - wanted:
                 api.delete(path, "removing an upstream")
                 report.changes.append(f"{broker.name}: removed upstream {path.rsplit('/', 1)[-1]}")

@@ -39,6 +39,7 @@ import paho.mqtt.client as paho
 
 from ._errors import ConfigurationError, ConnectionFailed, NodeUnreachable, SmartClientError
 from .address import Address
+from .broker_nodes import evenly_spread, pick_node, surplus
 from .mqtt_placement import MqttPlacer, PlacedMqttClient
 from .mqtt_topics import validate_filter, validate_topic
 
@@ -239,12 +240,17 @@ class MqttFleet:
         self._thread = None
 
     # -- placement ---------------------------------------------------------------------------
+    def _node_names(self) -> list[str]:
+        """The nodes to spread over: those asked for, or every node with a listener."""
+        nodes = self.placer.nodes()
+        if self._wanted_nodes is None:
+            return [n.name for n in nodes if self.placer.protocol in n.listeners]
+        return [pick_node(nodes, wanted).name for wanted in self._wanted_nodes]
+
     def _spread_targets(self) -> list[tuple[Address, str | None]]:
         targets = self.placer.failover_targets()
         if self._wanted_nodes is not None:
-            from .broker_nodes import pick_node
-
-            names = {pick_node(self.placer.nodes(), n).name for n in self._wanted_nodes}
+            names = set(self._node_names())
             targets = [t for t in targets if t[1] in names]
             if not targets:
                 raise ConfigurationError(f"none of {self._wanted_nodes} has an MQTT listener")
@@ -292,10 +298,7 @@ class MqttFleet:
 
     def _rebalance(self, deadline: float) -> int:
         """Through a load balancer: identify every client's node, move the surplus, until even."""
-        nodes = [n.name for n in self.placer.nodes() if self.placer.protocol in n.listeners]
-        if self._wanted_nodes is not None:
-            nodes = [n for n in nodes if any(w in (n, n.split("@")[0]) for w in self._wanted_nodes)]
-        share = math.ceil(self.size / len(nodes))
+        nodes = self._node_names()
         moved = 0
         previous: dict[int, str | None] = {}  # moved in the last round: index -> node it was moved off
         for _ in range(self.rebalance_rounds + 1):
@@ -303,7 +306,7 @@ class MqttFleet:
             self._identify(deadline)
             counts = self.per_node()
             log.info("fleet rebalance: identified in %.1f s: %s", time.monotonic() - t, dict(counts))
-            if _within(counts, nodes, self.size, self.tolerance):
+            if evenly_spread(counts, nodes, self.size, self.tolerance):
                 return moved
             if len(previous) >= 5 and all(self.members[i].node == node for i, node in previous.items()):
                 raise NodeUnreachable(
@@ -311,18 +314,15 @@ class MqttFleet:
                     f"({dict(counts)}): it looks sticky (balance source, or persistence); spread the fleet "
                     f"directly, or over a balancer that spreads"
                 )
-            surplus: list[_Member] = []
-            for node in nodes:
-                on_node = [m for m in self.members if m.up and m.node == node]
-                surplus.extend(on_node[share:])
-            surplus.extend(m for m in self.members if m.up and m.node not in nodes)
-            if not surplus:
+            batch = [self.members[i] for i in surplus([(m.index, m.node) for m in self.members if m.up], nodes,
+                                                      self.size)]
+            if not batch:
                 break
-            previous = {m.index: m.node for m in surplus}
-            for m in surplus:
+            previous = {m.index: m.node for m in batch}
+            for m in batch:
                 m.node, m.up = None, False  # before the loop thread redials: _wait must see them down
-            moved += len(surplus)
-            self._call(functools.partial(self._redial, surplus))
+            moved += len(batch)
+            self._call(functools.partial(self._redial, batch))
             self._wait(lambda: self.connected >= self.size and not self._awaiting, deadline, "rebalance")
         raise NodeUnreachable(
             f"after {self.rebalance_rounds} rounds through {self.placer.via} the fleet is still uneven: "
@@ -498,9 +498,3 @@ def _check_qos(qos: int) -> None:
     if qos not in (0, 1):
         raise ConfigurationError(f"a fleet publishes and subscribes with QoS 0 or 1, not {qos!r}")
 
-
-def _within(counts: Counter[str], nodes: list[str], size: int, tolerance: float) -> bool:
-    values = [counts.get(n, 0) for n in nodes]
-    if sum(values) < size or min(values) == 0:
-        return False
-    return max(values) / min(values) <= tolerance

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from smartclient import Address, ConfigurationError
+from smartclient.broker_nodes import evenly_spread, surplus
 from smartclient.message_codec import decode_amqp
-from smartclient.mqtt_fleet import FleetReport, MqttFleet, _within
+from smartclient.mqtt_fleet import FleetReport, MqttFleet
 from smartclient.mqtt_placement import MqttOptions, MqttPlacer, mqtt_protocol
 from smartclient.mqtt_topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
 
@@ -112,10 +113,12 @@ def test_identification_takes_the_newest_listing_and_skips_ones_seen_before() ->
 
 def test_fleet_spread_arithmetic() -> None:
     nodes = ["a", "b", "c"]
-    assert _within(Counter(a=334, b=333, c=333), nodes, 1000, 1.05)
-    assert not _within(Counter(a=346, b=375, c=279), nodes, 1000, 1.05)
-    assert not _within(Counter(a=500, b=500), nodes, 1000, 1.05)  # a node with none
-    assert not _within(Counter(a=300, b=300, c=300), nodes, 1000, 1.05)  # not all identified yet
+    assert evenly_spread(Counter(a=334, b=333, c=333), nodes, 1000, 1.05)
+    assert not evenly_spread(Counter(a=346, b=375, c=279), nodes, 1000, 1.05)
+    assert not evenly_spread(Counter(a=500, b=500), nodes, 1000, 1.05)  # a node with none
+    assert not evenly_spread(Counter(a=300, b=300, c=300), nodes, 1000, 1.05)  # not all identified yet
+    landed = [(0, "a"), (1, "a"), (2, "a"), (3, "b"), (4, "x"), (5, None), (6, "a")]
+    assert surplus(landed, nodes, 6) == [2, 4, 5, 6]  # share 2 per node; unknown nodes move too
     report = FleetReport(1000, 1000, {"a": 339, "b": 324, "c": 337}, 1.0, 5000.0)
     assert report.spread == pytest.approx(339 / 324)
 
