@@ -14,13 +14,18 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   └── ResolutionTimeout       the DNS server did not answer in time
     ├── PlacementError              no connection to an acceptable node within the retry policy
     │   ├── NoCandidateNode         the topology has no node for this role (e.g. no replica)
-    │   └── NodeUnreachable         attempts kept landing on other nodes (a sticky LB)
+    │   ├── NodeUnreachable         attempts kept landing on other nodes (a sticky LB)
+    │   └── NoRpcServer             no RPC server bound on the node the request was published on
     ├── TopologyError               the broker could not describe the stream (no leader yet...)
     │   └── StreamNotFound          the stream does not exist
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── PublishFailed               the broker answered a message with an error instead of a confirm
+    ├── RpcTimeout                  an RPC request got no reply in time
     ├── ConnectionFailed            a connection could not be opened or kept
-    │   └── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
+    │   ├── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
+    │   ├── CertificateRejected     the TLS certificate does not verify for the name checked (never retried)
+    │   └── StepTimeout             one step of a placement or recovery attempt ran out of the attempt's time
+    ├── HandleClosed                the producer, consumer or Environment was closed; nothing was sent
     └── TestBedError                the local test bed could not do what was asked
         ├── PrerequisiteMissing     not root, no debootstrap, port taken, no Java...
         └── FaultUnavailable        this test bed (e.g. an external one) cannot inject that fault
@@ -36,6 +41,7 @@ __all__ = [
     "ConnectionFailed",
     "FaultUnavailable",
     "FeatureNotSupported",
+    "HandleClosed",
     "MessageTooLarge",
     "NoCandidateNode",
     "NoRpcServer",
@@ -48,6 +54,7 @@ __all__ = [
     "ResolutionTimeout",
     "RpcTimeout",
     "SmartClientError",
+    "StepTimeout",
     "StreamNotFound",
     "TestBedError",
     "TopologyError",
@@ -144,6 +151,16 @@ class AuthenticationFailed(ConnectionFailed):
 class CertificateRejected(ConnectionFailed):
     """The server's TLS certificate does not verify for the name smartclient checks; retrying would only
     repeat it (and a load balancer that picks another node would not change the name)."""
+
+
+class StepTimeout(ConnectionFailed):
+    """One step of a placement or recovery attempt (connect, TLS, open, metadata, declare, subscribe) did not
+    finish in the time the attempt had left; the message names the step and the time it was given."""
+
+
+class HandleClosed(SmartClientError):
+    """The producer, consumer or Environment was closed before (or while) this call was made; nothing was
+    sent, and every message still pending at ``close()`` ended failed with a reason."""
 
 
 class TestBedError(SmartClientError):

@@ -16,12 +16,13 @@ import itertools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from .address import Address
+from .deadline import remaining, step
 from .landing import Decision, GiveUp, Landing, UseFallback, Wait
 from .retry import RetryPolicy
 from .settings import Credentials, PoolLimits
@@ -59,13 +60,27 @@ class Connection:
     node: Address
     dialled: Address
     name: str
-    forward: ClosedHandler | None = None  # rstream's handler, once a Producer/Consumer adopted it
+    max_ids: int = 200
+    # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
+    forwards: dict[int, ClosedHandler] = field(default_factory=dict)
+    ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
     parked_at: float | None = None
     closed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def alive(self) -> bool:
         return not self.closed and self.client.is_connection_alive()
+
+    def has_room(self) -> bool:
+        return len(self.ids) < self.max_ids
+
+    def take_id(self, taken: Collection[int] = ()) -> int:
+        """The lowest publisher/subscription id free on this connection and not in ``taken`` (the ids the
+        rstream carrier already uses, on any connection: it keys its own tables by them)."""
+        for ident in range(self.max_ids):
+            if ident not in self.ids and ident not in taken:
+                self.ids.add(ident)
+                return ident
+        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
 
 
 class ParkingLot:
@@ -181,24 +196,26 @@ class StreamConnector:
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
             with map_stream_errors(context):
-                await client.start()
-                await client.authenticate(
+                await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
+                await step(f"authenticate and open on {dialled}", client.authenticate(
                     vhost=self.settings.vhost,
                     username=self.settings.credentials.username,
                     password=self.settings.credentials.password,
-                )
+                ))
         except BaseException:
-            await _quietly_close(client)
+            await _abort(client)
             raise
         props = client.server_properties or {}
         try:
             node = Address(props["advertised_host"], int(props["advertised_port"]))
         except (KeyError, ValueError):
-            await _quietly_close(client)
+            await _abort(client)
             raise ConnectionFailed(
                 f"{dialled} did not report advertised_host/advertised_port in its Open response"
             ) from None
-        conn = Connection(client, node, dialled, str(client._client_properties["connection_name"]))
+        conn = Connection(client, node, dialled, str(client._client_properties["connection_name"]),
+                          max_ids=self.limits.max_streams_per_connection)
+        client.smartclient_conn = conn  # type: ignore[attr-defined]
         holder["conn"] = conn
         self.connections.add(conn)
         return conn
@@ -215,7 +232,9 @@ class StreamConnector:
         if parked is not None:
             log.debug("placement of %s reuses a parked connection to %s", candidates.stream, parked.node)
             return parked
-        landing = Landing(candidates, retry or self.retry)
+        policy = retry or self.retry
+        bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
+        landing = Landing(candidates, replace(policy, max_time=bounded))
         while True:
             target = landing.next_target()
             try:
@@ -268,14 +287,14 @@ class StreamConnector:
         self.connections.discard(conn)
         if self._on_closed is not None:
             await self._on_closed(conn, info)
-        if conn.forward is not None:
-            result = conn.forward(info)
+        for forward in list(conn.forwards.values()):
+            result = forward(info)
             if inspect.isawaitable(result):
                 await result
 
     async def close_connection(self, conn: Connection) -> None:
         conn.closed = True
-        conn.forward = None
+        conn.forwards.clear()
         self.parking.remove(conn)
         self.connections.discard(conn)
         await _quietly_close(conn.client)
@@ -285,6 +304,18 @@ class StreamConnector:
             self._reaper.cancel()
         for conn in list(self.connections):
             await self.close_connection(conn)
+
+
+async def _abort(client: Client) -> None:
+    """Drop a connection that failed while it was being opened, without a Close handshake (the broker may
+    be the reason it failed, and the attempt's time is spent)."""
+    for name in list(client._tasks):
+        await client.stop_task(name)
+    conn = client._conn
+    writer = getattr(conn, "_writer", None) if conn is not None else None
+    if writer is not None:
+        writer.transport.abort()
+    client._is_not_closed = False
 
 
 async def _quietly_close(client: Client) -> None:

@@ -29,11 +29,13 @@ from ._errors import (
     ConfigurationError,
     ConnectionFailed,
     FeatureNotSupported,
+    HandleClosed,
     SmartClientError,
     TopologyError,
 )
 from .address import Address
 from .connector import Connection, ConnectSettings, StreamConnector
+from .deadline import attempt, detach, remaining, step
 from .filters import StreamFilter
 from .management import ManagementClient, ManagementError
 from .offsets import OffsetSpec, OffsetTracking
@@ -64,6 +66,8 @@ if TYPE_CHECKING:
 __all__ = ["Environment", "PlacementRecord"]
 
 log = logging.getLogger(__name__)
+
+TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
 
 @dataclass(frozen=True)
 class PlacementRecord:
@@ -166,6 +170,13 @@ class Environment:
             tls = ssl.create_default_context()
         if topology_max_age <= 0:
             raise ConfigurationError(f"topology_max_age must be positive, not {topology_max_age}")
+        if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or not 0 <= heartbeat <= 3600:
+            raise ConfigurationError(
+                f"heartbeat must be a whole number of seconds from 0 (off) to 3600, not {heartbeat!r}")
+        if isinstance(frame_max, bool) or not isinstance(frame_max, int) or not 8192 <= frame_max <= 2**31 - 1:
+            raise ConfigurationError(f"frame_max must be an int from 8192 to 2**31-1 bytes, not {frame_max!r}")
+        if not isinstance(connection_name, str) or not connection_name:
+            raise ConfigurationError(f"connection_name must be a non-empty str, not {connection_name!r}")
         self.entry_points = tuple(u.address for u in uris)
         self.settings = ConnectSettings(credentials, vhost if vhost is not None else next(iter(vhosts), "/"),
                                         tls, frame_max, heartbeat, tls_server_name)
@@ -181,6 +192,7 @@ class Environment:
             backoff_max=min(retry.backoff_max, recovery.attempt_time), backoff_factor=retry.backoff_factor,
         )
         self._recovering: set[tuple[Role, str]] = set()
+        self._shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.connection_name = connection_name
         self.topology_max_age = topology_max_age
         self.connector = StreamConnector(
@@ -218,8 +230,11 @@ class Environment:
 
         :raises ConnectionFailed: no entry point could be reached (each one's error is listed).
         :raises AuthenticationFailed: the credentials or vhost were refused.
+        :raises HandleClosed: this Environment was closed.
         """
-        await self._locator_client()
+        self._check_open()
+        with attempt(self.retry.max_time, "opening the locator connection"):
+            await self._locator_client()
 
     async def close(self) -> None:
         """Close every producer, consumer and connection of this Environment."""
@@ -274,6 +289,7 @@ class Environment:
         :raises StreamNotFound: the stream does not exist.
         :raises TopologyError: it has no leader within a few seconds.
         """
+        self._check_open()
         cached = self._topologies.get(stream)
         if cached is not None and time.monotonic() - cached.read_at < self.topology_max_age:
             return cached
@@ -282,18 +298,21 @@ class Environment:
             task = asyncio.create_task(self._query_topology(stream))
             self._inflight[stream] = task
             task.add_done_callback(lambda _t: self._inflight.pop(stream, None))
-        return await asyncio.shield(task)
+        return await step(f"reading the topology of {stream!r}", asyncio.shield(task))
 
     async def _query_topology(self, stream: str) -> StreamTopology:
         from rstream.exceptions import LeaderNotAvailable
 
-        deadline = time.monotonic() + 5.0
+        # shared by every placement that asks meanwhile: bounded on its own (each asker bounds its wait)
+        detach()
+        deadline = time.monotonic() + TOPOLOGY_TIME
         while True:
             locator = await self._locator_client()
             try:
                 with map_stream_errors(f"reading the topology of {stream!r}"):
                     try:
-                        leader, replicas = await locator.query_leader_and_replicas(stream)
+                        leader, replicas = await step("metadata query", locator.query_leader_and_replicas(stream),
+                                                      default=TOPOLOGY_TIME)
                     except LeaderNotAvailable:
                         if time.monotonic() > deadline:
                             raise
@@ -317,6 +336,10 @@ class Environment:
 
     def invalidate(self, stream: str | None = None, node: Address | None = None) -> None:
         """Forget cached topologies: one stream's, those with a member on ``node``, or all."""
+        self._check_open()
+        self._drop_topologies(stream, node)
+
+    def _drop_topologies(self, stream: str | None = None, node: Address | None = None) -> None:
         for name, topo in list(self._topologies.items()):
             if (stream is None and node is None) or name == stream or (node is not None and node in topo.members):
                 del self._topologies[name]
@@ -324,29 +347,31 @@ class Environment:
     async def _on_metadata_update(self, frame: Any) -> None:
         stream = frame.metadata_info.stream
         log.info("MetadataUpdate for %s: topology invalidated", stream)
-        self.invalidate(stream=stream)
+        self._drop_topologies(stream=stream)
 
     async def _on_connection_closed(self, conn: Connection, info: Any) -> None:
         log.info("connection %s to %s closed: topologies with that node invalidated", conn.name, conn.node)
-        self.invalidate(node=conn.node)
+        self._drop_topologies(node=conn.node)
         for key, record in list(self._records.items()):
             if record.connection == conn.name:
                 del self._records[key]
 
     def _on_mismatch(self, target: Address, reached: Address, candidates: Candidates) -> None:
-        self.invalidate(node=target)
-        self.invalidate(stream=candidates.stream)
+        self._drop_topologies(node=target)
+        self._drop_topologies(stream=candidates.stream)
 
     # -- placement -------------------------------------------------------------------------------
     async def candidates(self, stream: str, role: Role) -> Candidates:
         """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`)."""
+        self._check_open()
         topo = await self.topology(stream)
         if role is Role.CONSUMER and not topo.replicas:
             # A new stream's replicas come up a moment after its leader: look again before falling back.
-            deadline = time.monotonic() + (self.retry.max_time if self.placement.force_replica_for_consumers else 1.0)
+            wait = self.retry.max_time if self.placement.force_replica_for_consumers else 1.0
+            deadline = time.monotonic() + min(wait, remaining(wait))
             while not topo.replicas and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
-                self.invalidate(stream=stream)
+                self._drop_topologies(stream=stream)
                 topo = await self.topology(stream)
         return topo.candidates(role, self.placement, self._consumer_load(stream))
 
@@ -354,32 +379,49 @@ class Environment:
         return Counter(r.node for r in self._records.values() if r.role is Role.CONSUMER and r.stream == stream)
 
     async def _place(self, pool: PlacedClientPool, stream: str, closed_handler: Any) -> Connection:
+        """A connection for ``stream`` on a node of its candidates: a shared one of this role on a tier-0 node
+        with a free id (so the connections grow with the nodes, not with the producers or consumers), or a
+        new one from the connector."""
         from rstream import schema
+
+        from .stream_pool import closed_forwarder
 
         role = pool.role
         candidates = await self.candidates(stream, role)
-        conn = None
-        for placed in pool.placed:  # share this pool's connection to a tier-0 node
-            client: Any = placed.client
-            if placed.alive() and placed.node in candidates.tiers[0] and await client.get_count_available_ids() > 0:
-                conn = placed
-                break
+        shared = self._shared[role]
+        shared[:] = [c for c in shared if c.alive()]
+        conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
         if conn is None:
             retry = self._recovery_retry if (role, stream) in self._recovering else None
             conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
-            conn.forward = closed_handler
             conn.client.add_handler(schema.MetadataUpdate, self._on_metadata_update, name="smartclient-topology")
-            pool.placed.append(conn)
+            if conn.alive() and all(c is not conn for c in shared):
+                shared.append(conn)
+        conn.forwards[id(pool.carrier)] = closed_forwarder(pool.carrier, conn.client, closed_handler)
         conn.client.add_stream(stream)
         name = pool.names.get(stream)
         self._records[(id(pool), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled, conn.name)
         return conn
 
+    async def _unused(self, conn: Connection) -> None:
+        """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it
+        closes after ``PoolLimits.idle_timeout``)."""
+        for shared in self._shared.values():
+            if conn in shared:
+                shared.remove(conn)
+        await self.connector.park(conn)
+
     def placement_of(self, pool: PlacedClientPool, stream: str) -> PlacementRecord | None:
+        """Where the producer or consumer of ``stream`` on the carrier of ``pool`` sits (see ``Producer.placement``)."""
+        self._check_open()
+        return self._placement_of(pool, stream)
+
+    def _placement_of(self, pool: PlacedClientPool, stream: str) -> PlacementRecord | None:
         return self._records.get((id(pool), stream))
 
     def placements(self) -> list[PlacementRecord]:
         """Where every live producer and consumer sits: role, stream, node reported, address dialled."""
+        self._check_open()
         return sorted(self._records.values(), key=lambda r: (r.role.value, r.stream, r.connection))
 
     # -- producers and consumers -------------------------------------------------------------------
@@ -406,7 +448,7 @@ class Environment:
         else:
             carrier = PlacedConsumer(**kwargs, connection_name=f"{self.connection_name}-consumer",
                                 max_subscribers_by_connection=self.connector.limits.max_streams_per_connection)
-        carrier._pool = PlacedClientPool(self, role)
+        carrier._pool = PlacedClientPool(self, role, carrier)
         carrier.smartclient_env = self
         carriers.append((carrier, {stream}))
         return carrier
@@ -450,6 +492,11 @@ class Environment:
         from .stream import Producer
 
         self._check_open()
+        validate_stream_name(stream)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigurationError(f"a producer name must be a non-empty str or None, not {name!r}")
+        if filter_value is not None and not callable(filter_value):
+            raise ConfigurationError(f"filter_value of a producer on {stream!r} must be callable, not {filter_value!r}")
         if filter_value is not None:
             await self.require_filtering()
         carrier = self._carrier(Role.PRODUCER, stream)
@@ -457,7 +504,9 @@ class Environment:
         handle = Producer(self, carrier, stream, name)
         self._handles.append(handle)  # from now on, a loss is handed to it (see _lost)
         try:
-            await handle._place(batching or self.batching, filter_value)
+            with attempt(self.retry.max_time, f"placing the producer of {stream!r}") as deadline:
+                await handle._place(batching or self.batching, filter_value)
+            log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
             self._forget(handle)
             self._release(Role.PRODUCER, carrier, stream)
@@ -497,6 +546,10 @@ class Environment:
         from .stream import Consumer
 
         self._check_open()
+        validate_stream_name(stream)
+        if not callable(callback):
+            raise ConfigurationError(
+                f"the callback of a consumer on {stream!r} must be callable (message, context), not {callback!r}")
         spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
         if (single_active or tracking is not None) and not name:
             raise ConfigurationError(
@@ -509,8 +562,10 @@ class Environment:
         handle = Consumer(self, carrier, stream, name)
         self._handles.append(handle)
         try:
-            await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
-                                    tracking=tracking, super_stream=_super_stream, stream_filter=filter)
+            with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:
+                await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
+                                        tracking=tracking, super_stream=_super_stream, stream_filter=filter)
+            log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
             self._forget(handle)
             self._release(Role.CONSUMER, carrier, stream)
@@ -519,6 +574,7 @@ class Environment:
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:
         """The broker's stream commands: ``{key: (min_version, max_version)}`` (asked once, then cached)."""
+        self._check_open()
         from rstream import schema
 
         if self._commands is None:
@@ -534,6 +590,7 @@ class Environment:
 
     async def require_filtering(self) -> None:
         """:raises FeatureNotSupported: the broker has no filtering (Publish v2, RabbitMQ 3.13+)."""
+        self._check_open()
         if (await self.command_versions()).get(2, (1, 1))[1] < 2:
             raise FeatureNotSupported(
                 "the broker does not support stream filtering (Publish v2): it needs RabbitMQ 3.13+ with the "
@@ -546,7 +603,7 @@ class Environment:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConnectionFailed("this Environment is closed")
+            raise HandleClosed(f"{self!r} is closed")
 
     # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
     def amqp_placer(self, *, via: str | Address | None = None) -> AmqpPlacer:
@@ -556,6 +613,7 @@ class Environment:
         :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
             resolver is a stream load balancer and ``via`` is missing.
         """
+        self._check_open()
         from resolvers import LoadBalancer
 
         from .amqp_placement import AmqpPlacer
@@ -610,6 +668,7 @@ class Environment:
         :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no
             ``via``), or the resolver is a stream load balancer and ``via`` is missing.
         """
+        self._check_open()
         from resolvers import LoadBalancer
 
         from .mqtt_placement import MqttOptions, MqttPlacer
@@ -665,19 +724,59 @@ class Environment:
         the broker would silently ignore, are refused.
 
         :raises ConfigurationError: a bad name or argument; nothing was sent.
-        :raises TopologyError: the stream exists and ``exists_ok`` is False.
+        :raises TopologyError: the stream exists and ``exists_ok`` is False; or it exists with other
+            arguments (whatever ``exists_ok`` says): the message names those that differ, when the
+            Environment has a management client to read them.
         """
-        from rstream.exceptions import StreamAlreadyExists
+        self._check_open()
+        from rstream.exceptions import PreconditionFailed, StreamAlreadyExists
 
         validate_stream_name(stream)
-        wire = StreamArguments.coerce(arguments).to_stream_protocol()
+        args = StreamArguments.coerce(arguments)
         locator = await self._locator_client()
         with map_stream_errors(f"creating stream {stream!r}"):
             try:
-                await locator.create_stream(stream, wire)
+                await locator.create_stream(stream, args.to_stream_protocol())
             except StreamAlreadyExists:
                 if not exists_ok:
                     raise TopologyError(f"stream {stream!r} already exists") from None
+            except PreconditionFailed:
+                raise TopologyError(await self._arguments_differ(stream, args)) from None
+
+    async def _arguments_differ(self, stream: str, asked: StreamArguments) -> str:
+        """Why creating ``stream`` with ``asked`` met PreconditionFailed: it exists with other arguments."""
+        from urllib.parse import quote
+
+        base = f"stream {stream!r} already exists with other arguments than {asked.to_amqp()}"
+        if self.management is None:
+            return base + " (give the Environment a ManagementClient to see which differ)"
+        path = f"/api/queues/{quote(self.settings.vhost, safe='')}/{quote(stream, safe='')}"
+        try:
+            found: dict[str, Any] = (await asyncio.to_thread(self.management.get, path)).get("arguments", {})
+        except ManagementError as exc:
+            return base + f" (reading them through the management API failed: {exc})"
+        wanted = asked.to_amqp()
+        differ = [f"{key}: asked {wanted.get(key)!r}, it has {found.get(key)!r}"
+                  for key in sorted(set(wanted) | set(found))
+                  if str(wanted.get(key)) != str(found.get(key))]
+        return f"stream {stream!r} already exists with other arguments: " + ("; ".join(differ) or "none differ")
+
+    async def stored_offset(self, stream: str, name: str) -> int | None:
+        """The offset stored on the server for consumer ``name`` on ``stream``, or None if there is none.
+
+        :raises StreamNotFound: the stream does not exist.
+        """
+        from rstream.exceptions import OffsetNotFound
+
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a consumer name must be a non-empty str, not {name!r}")
+        locator = await self._locator_client()
+        with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):
+            try:
+                return int(await step("offset query", locator.query_offset(stream, name)))
+            except OffsetNotFound:  # nothing stored yet: an answer, not an error
+                return None
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
         """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``
@@ -686,6 +785,7 @@ class Environment:
         :raises StreamNotFound: the stream does not exist.
         :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).
         """
+        self._check_open()
         from .stream_stats import query_stream_stats
 
         topo = await self.topology(stream)
@@ -717,6 +817,7 @@ class Environment:
         :raises TopologyError: it exists and ``exists_ok`` is False.
         :raises FeatureNotSupported: no CreateSuperStream command and no management client.
         """
+        self._check_open()
         from rstream.exceptions import StreamAlreadyExists
 
         from .super_stream import partition_names
@@ -765,21 +866,36 @@ class Environment:
                      {"routing_key": key, "arguments": {"x-stream-partition-order": order}})
 
     async def delete_super_stream(self, super_stream: str, missing_ok: bool = False) -> None:
+        """Delete ``super_stream`` and its partitions; this Environment's producers and consumers of them
+        close quietly first (their pending messages fail with the reason).
+
+        :raises StreamNotFound: there is no such super stream and ``missing_ok`` is False.
+        """
+        self._check_open()
         from ._errors import StreamNotFound
 
         locator = await self._locator_client()
+        try:
+            with map_stream_errors(f"listing the partitions of {super_stream!r}"):
+                partitions = set(await locator.partitions(super_stream))
+        except SmartClientError:
+            partitions = set()
+        await self._end_handles_of(partitions, f"super stream {super_stream!r} was deleted by this Environment")
         try:
             with map_stream_errors(f"deleting super stream {super_stream!r}"):
                 await locator.delete_super_stream(super_stream)
         except StreamNotFound:
             if not missing_ok:
                 raise
+        for partition in partitions:
+            self._drop_topologies(stream=partition)
 
     async def partitions(self, super_stream: str) -> list[str]:
         """The partition streams of ``super_stream``, in routing order.
 
         :raises StreamNotFound: there is no such super stream.
         """
+        self._check_open()
         from ._errors import StreamNotFound
 
         locator = await self._locator_client()
@@ -791,6 +907,7 @@ class Environment:
 
     async def route(self, super_stream: str, routing_key: str) -> list[str]:
         """The partitions the broker's bindings give for ``routing_key`` (the Route command)."""
+        self._check_open()
         locator = await self._locator_client()
         with map_stream_errors(f"routing {routing_key!r} in {super_stream!r}"):
             return list(await locator.route(routing_key, super_stream))
@@ -806,6 +923,7 @@ class Environment:
         :param key: extracts the routing key from a message (or pass ``key=`` to ``send``).
         :param name: producer name for deduplication (the same name on every partition).
         """
+        self._check_open()
         from .super_stream import SuperStreamProducer
 
         handle = SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key, name)
@@ -828,6 +946,7 @@ class Environment:
     ) -> SuperStreamConsumer:
         """A consumer on every partition.  With ``name`` and ``single_active``, the broker keeps one
         active consumer per partition across every instance of the name (and fails over between them)."""
+        self._check_open()
         from .super_stream import SuperStreamConsumer
 
         spec = OffsetSpec.parse(offset)
@@ -840,8 +959,10 @@ class Environment:
         return handle
 
     async def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
+        self._check_open()
         from ._errors import StreamNotFound
 
+        await self._end_handles_of({stream}, f"stream {stream!r} was deleted by this Environment")
         locator = await self._locator_client()
         try:
             with map_stream_errors(f"deleting stream {stream!r}"):
@@ -849,5 +970,11 @@ class Environment:
         except StreamNotFound:
             if not missing_ok:
                 raise
-        self.invalidate(stream=stream)
+        self._drop_topologies(stream=stream)
+
+    async def _end_handles_of(self, streams: set[str], reason: str) -> None:
+        """Close this Environment's producers and consumers of ``streams`` quietly, before it deletes them:
+        no recovery, and every message still pending fails with ``reason``."""
+        for handle in [h for h in self._handles if h.stream in streams]:
+            await handle._end(reason)
 

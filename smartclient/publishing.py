@@ -164,6 +164,10 @@ class PublishBuffer:
 
     def fail_all(self, reason: str) -> None:
         """Give up: every pending message fails with ``reason``, and so does every later send."""
+        self.close(reason, PublishFailed(f"producer on {self.stream!r} stopped: {reason}"))
+
+    def close(self, reason: str, error: BaseException) -> None:
+        """Stop for good: every pending message fails with ``reason``; every later send raises ``error``."""
         self._suspended = True
         self._unbind()
         self._ids = []
@@ -172,8 +176,9 @@ class PublishBuffer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._error = PublishFailed(f"producer on {self.stream!r} stopped: {reason}")
+        self._error = error
         self._settle(sorted(self._pending), False, CONNECTION_LOST, reason)
+        self._space.set()  # a send waiting for room wakes up and raises the error
 
     # -- sending --------------------------------------------------------------------------------
     async def add(self, publishing_id: int, body: Any, waiter: asyncio.Future[Confirmation] | ConfirmCallback | None

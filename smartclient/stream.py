@@ -8,18 +8,21 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConfigurationError,
+    HandleClosed,
     PublishFailed,
     PublishingIdNotIncreasing,
     SmartClientError,
     StreamNotFound,
 )
 from .address import Address
+from .deadline import attempt, detach
 from .filters import StreamFilter
 from .offsets import OffsetSpec, OffsetTracking
 from .publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
@@ -29,9 +32,22 @@ from .topology import Role
 if TYPE_CHECKING:
     from .environment import Environment, PlacementRecord
 
-__all__ = ["Consumer", "Producer"]
+__all__ = ["Consumer", "Producer", "RecoveryAttempt"]
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 10.0  # seconds Producer.close() waits for the confirms of what was sent, by default
+
+
+@dataclass(frozen=True)
+class RecoveryAttempt:
+    """One recovery attempt of a producer or consumer: how long it took, how it ended, and its steps
+    (``name ms outcome``), each bounded by the time the attempt had left (``RecoveryPolicy.attempt_time``)."""
+
+    number: int
+    seconds: float
+    outcome: str
+    steps: str
 
 
 class _Handle:
@@ -50,6 +66,24 @@ class _Handle:
         self._losses = 0
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
+        self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise HandleClosed(f"{self!r} is closed" + (f" ({self.failure})" if self.failure else ""))
+
+    async def _end(self, reason: str) -> None:
+        """Close quietly because the Environment itself ended the stream (it deleted it): no recovery."""
+        self.failure = reason
+        await self._close(flush=False)
+
+    async def close(self) -> None:
+        """Stop; calling it again does nothing.  A producer first waits (up to 10 s) for the confirms of
+        what it sent; every message still pending then ends failed with a reason."""
+        await self._close(flush=True)
+
+    async def _close(self, flush: bool) -> None:
+        raise NotImplementedError
 
     @property
     def recovering(self) -> bool:
@@ -83,6 +117,7 @@ class _Handle:
         log.error("%r stopped: %s", self, reason)
 
     async def _recover(self, reason: str) -> None:
+        detach()  # started from a connection's reader, whose context holds the deadline of an old attempt
         policy = self.env.recovery
         key = (self.role, self.stream)
         started = time.monotonic()
@@ -96,36 +131,45 @@ class _Handle:
             while not self.closed:
                 seen = self._losses
                 attempts += 1
-                self.env.invalidate(stream=self.stream)
+                self.env._drop_topologies(stream=self.stream)
                 authentication = False
-                try:
-                    done = await self._reattach()
-                except StreamNotFound as exc:
-                    self._give_up(str(exc))
-                    return
-                except (AuthenticationFailed, CertificateRejected) as exc:  # retrying would repeat it
-                    last: BaseException = exc
-                    authentication = True
-                except Exception as exc:  # any other failure of one attempt is retried, within the policy
-                    last = exc
-                else:
-                    if self._losses == seen:
-                        self.recoveries += 1
-                        log.warning("%r recovered after %d attempt(s) in %.2f s: %s", self, attempts,
-                                    time.monotonic() - started, done)
+                began = time.monotonic()
+                with attempt(policy.attempt_time, f"recovery attempt {attempts} of {self!r}") as deadline:
+                    try:
+                        done = await self._reattach()
+                    except StreamNotFound as exc:
+                        self._note_attempt(attempts, began, f"StreamNotFound: {exc}", deadline.log())
+                        self._give_up(str(exc))
                         return
-                    last = SmartClientError("lost again while recovering")
+                    except (AuthenticationFailed, CertificateRejected) as exc:  # retrying would repeat it
+                        last: BaseException = exc
+                        authentication = True
+                    except Exception as exc:  # any other failure of one attempt is retried, within the policy
+                        last = exc
+                    else:
+                        if self._losses == seen:
+                            self.recoveries += 1
+                            self._note_attempt(attempts, began, "recovered", deadline.log())
+                            log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self, attempts,
+                                        time.monotonic() - started, done, deadline.log())
+                            return
+                        last = SmartClientError("lost again while recovering")
+                self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
                 elapsed = time.monotonic() - started
                 delay = policy.next_delay(attempts, elapsed, authentication=authentication)
                 if delay is None:
                     self._give_up(f"recovery gave up after {attempts} attempt(s) in {elapsed:.1f} s: "
                                   f"{type(last).__name__}: {last}")
                     return
-                log.info("%r: recovery attempt %d failed (%s: %s); next in %.2f s", self, attempts,
-                         type(last).__name__, last, delay)
+                log.info("%r: recovery attempt %d failed after %.2f s (%s: %s; steps: %s); next in %.2f s", self,
+                         attempts, time.monotonic() - began, type(last).__name__, last, deadline.log(), delay)
                 await asyncio.sleep(delay)
         finally:
             self.env._recovering.discard(key)
+
+    def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
+        self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
+        del self.recovery_attempts[:-50]
 
     async def _stop_recovery(self) -> None:
         task = self._recovery
@@ -137,7 +181,7 @@ class _Handle:
     @property
     def placement(self) -> PlacementRecord | None:
         """Where this producer or consumer sits now (it changes if it recovers onto another node)."""
-        return self.env.placement_of(self._carrier._pool, self.stream)
+        return self.env._placement_of(self._carrier._pool, self.stream)
 
     @property
     def node(self) -> Address | None:
@@ -166,17 +210,28 @@ class Producer(_Handle):
 
     role = Role.PRODUCER
     _closing = False
-    last_publishing_id: int = 0  # for a named producer: what the broker had stored when it started
+    _stored_id: int = 0
     _highest_sent: int | None = None
     _buffer: PublishBuffer
+
+    @property
+    def last_publishing_id(self) -> int | None:
+        """For a named producer: the highest publishing id the broker had stored for its name when the
+        producer started.  ``0`` means that nothing was stored, or that the stored id was 0: the protocol
+        answers 0 for both, which is why automatically numbered ids start at 1.  ``None`` for an unnamed
+        producer, which has no stored sequence."""
+        return self._stored_id if self.name else None
 
     async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
+        from .deadline import step
+
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
             if self.name:
-                self.last_publishing_id = await publisher.client.query_publisher_sequence(self.stream, self.name)
+                self._stored_id = await step("reading the stored publishing id",
+                                             publisher.client.query_publisher_sequence(self.stream, self.name))
         self._buffer = PublishBuffer(publisher.client, publisher.id, self.stream, batching, filter_value,
                                      on_lost=self._lost)
         self._setup_done()
@@ -215,7 +270,7 @@ class Producer(_Handle):
                 )
             self._highest_sent = publishing_id
             return publishing_id
-        value = max(self.last_publishing_id, self._highest_sent or 0) + 1
+        value = max(self._stored_id, self._highest_sent or 0) + 1
         self._highest_sent = value
         return value
 
@@ -227,12 +282,16 @@ class Producer(_Handle):
 
         :raises MessageTooLarge: the message cannot fit the negotiated frame max; nothing was sent.
         :raises PublishingIdNotIncreasing: a named producer was given an id not above its last one.
+        :raises HandleClosed: the producer was closed.
         """
+        if self.closed:
+            self._check_open()
         await self._buffer.add(self._next_id(publishing_id), body, on_confirm)
 
     async def send_many(self, bodies: Sequence[bytes], *, first_publishing_id: int | None = None) -> None:
         """Queue several messages with consecutive publishing ids (from ``first_publishing_id``, or the next
         ones); the fastest way to publish a list.  Same checks and back-pressure as :meth:`send`."""
+        self._check_open()
         if not bodies:
             return
         first = self._next_id(first_publishing_id)
@@ -241,12 +300,14 @@ class Producer(_Handle):
 
     async def submit(self, body: bytes | Any, *, publishing_id: int | None = None) -> asyncio.Future[Confirmation]:
         """Queue one message and return a future of its :class:`Confirmation` (``PublishFailed`` if refused)."""
+        self._check_open()
         future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
         await self._buffer.add(self._next_id(publishing_id), body, future)
         return future
 
     async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> Confirmation:
-        """Send one message now and wait for its confirm."""
+        """Send one message now and wait for its confirm (``PublishFailed`` if refused or failed)."""
+        self._check_open()
         future = await self.submit(body, publishing_id=publishing_id)
         self._buffer._flush()
         return await future
@@ -256,6 +317,7 @@ class Producer(_Handle):
 
         :raises ConfigurationError: an empty batch.
         """
+        self._check_open()
         if not bodies:
             raise ConfigurationError(f"empty batch for {self.stream!r}: nothing to send")
         futures = [await self.submit(body) for body in bodies]
@@ -263,34 +325,28 @@ class Producer(_Handle):
         return list(await asyncio.gather(*futures))
 
     async def flush(self) -> None:
-        """Send what is buffered and wait until every message sent so far is confirmed."""
+        """Send what is buffered and wait until every message sent so far is confirmed (or failed)."""
+        self._check_open()
         await self._buffer.flush()
 
-    async def close(self) -> None:
+    async def _close(self, flush: bool, timeout: float = CLOSE_TIMEOUT) -> None:
         if self.closed or self._closing:
             return
         self._closing = True
+        from .stream_pool import close_publisher
+
+        reason = self.failure or "the producer was closed before they were confirmed"
         try:
             if hasattr(self, "_buffer"):
-                if self._buffer.in_flight and (self.recovering or not self._buffer.suspended):
+                if flush and self._buffer.in_flight and (self.recovering or not self._buffer.suspended):
                     with contextlib.suppress(asyncio.TimeoutError, PublishFailed):  # each waiter got its answer
-                        await asyncio.wait_for(self._buffer.flush(), 30)  # what send() queued goes out first
+                        await asyncio.wait_for(self._buffer.flush(), timeout)  # what send() queued goes out first
                 self.closed = True
                 await self._stop_recovery()
-                if self._buffer.in_flight:
-                    self._buffer.fail_all("the producer was closed before they were confirmed")
+                self._buffer.close(reason, HandleClosed(f"{self!r} is closed ({reason})"))
             self.closed = True
-            with map_stream_errors(f"closing the producer on {self.stream!r}"):
-                if hasattr(self, "_buffer") and self._buffer.client.is_connection_alive():
-                    await self._carrier.clean_up_publishers(self.stream)
-                else:
-                    from .stream_pool import forget_publisher
-
-                    await forget_publisher(self._carrier, self.stream)
-                # rstream's own restart task (started by a MetadataUpdate, e.g. the stream was deleted) may
-                # drop the entry between rstream's membership check and its `del`: nothing is left to do then.
-                with contextlib.suppress(KeyError):
-                    await self._carrier._remove_stream_from_client(self.stream)
+            with attempt(5.0, f"closing {self!r}"):
+                await close_publisher(self._carrier, self.stream)
         finally:
             self.env._release(self.role, self._carrier, self.stream)
             self.env._forget(self)
@@ -454,7 +510,7 @@ class Consumer(_Handle):
                 await self._auto_store()
 
     async def _auto_store(self) -> None:
-        if self.last_offset is None or self.last_offset == self._stored:
+        if self.closed or self.last_offset is None or self.last_offset == self._stored:
             return
         try:
             await self.store_offset(self.last_offset)
@@ -463,6 +519,7 @@ class Consumer(_Handle):
 
     async def store_offset(self, offset: int | None = None) -> None:
         """Store ``offset`` (default: the last one delivered) on the server under this consumer's name."""
+        self._check_open()
         if not self.name:
             raise ConfigurationError(f"storing an offset on {self.stream!r} needs a named consumer")
         value = self.last_offset if offset is None else offset
@@ -475,31 +532,29 @@ class Consumer(_Handle):
         self._last_store_at = time.monotonic()
 
     async def stored_offset(self) -> int | None:
-        """The offset stored on the server for this consumer's name, or None if there is none."""
-        from rstream.exceptions import OffsetNotFound
-
+        """The offset stored on the server for this consumer's name, or None if there is none (after
+        ``close()``, ask :meth:`Environment.stored_offset`)."""
+        self._check_open()
         if not self.name:
             raise ConfigurationError(f"querying a stored offset on {self.stream!r} needs a named consumer")
-        with map_stream_errors(f"querying the offset of {self.name!r} on {self.stream!r}"):
-            try:
-                return int(await self._carrier.query_offset(self.stream, self.name))
-            except OffsetNotFound:  # nothing stored yet: an answer, not an error
-                return None
+        return await self.env.stored_offset(self.stream, self.name)
 
-    async def close(self) -> None:
+    async def _close(self, flush: bool) -> None:
         if self.closed:
             return
-        self.closed = True
+        from .stream_pool import close_subscriber
+
         await self._stop_recovery()
-        if self._tracker is not None:
-            self._tracker.cancel()
-        if getattr(self, "_tracking", None) is not None and self._since_store:
-            await self._auto_store()
+        tracker = getattr(self, "_tracker", None)
+        if tracker is not None:
+            tracker.cancel()
+        if flush and getattr(self, "_tracking", None) is not None and self._since_store:
+            with attempt(5.0, f"storing the offset of {self!r}"):
+                await self._auto_store()
+        self.closed = True
         try:
-            if self.subscription_id is not None and self.subscription_id in self._carrier._subscribers:
-                with map_stream_errors(f"closing the consumer on {self.stream!r}"):
-                    await self._carrier.unsubscribe(self.subscription_id)
-        finally:  # rstream drops the subscriber itself when its stream is deleted
-            self._carrier._subscribers.pop(self.subscription_id, None)
+            with attempt(5.0, f"closing {self!r}"):
+                await close_subscriber(self._carrier, self.subscription_id, self.stream)
+        finally:
             self.env._release(self.role, self._carrier, self.stream)
             self.env._forget(self)

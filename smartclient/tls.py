@@ -21,9 +21,10 @@ from typing import Any
 
 from rstream import schema
 from rstream.client import Client
-from rstream.connection import CONNECT_TIMEOUT, Connection
+from rstream.connection import Connection
 
 from .address import Address
+from .deadline import remaining
 
 __all__ = ["NamedClient", "tls_server_name"]
 
@@ -64,7 +65,7 @@ class _NamedConnection(Connection):
         try:
             self._reader, self._writer = await asyncio.wait_for(
                 asyncio.open_connection(host=self.host, port=self.port, ssl=self._ssl_context, **kwargs),
-                timeout=CONNECT_TIMEOUT,
+                timeout=remaining(),  # the attempt's time left, not a fixed timeout of its own
             )
         except asyncio.TimeoutError:
             raise ConnectionError(f"Could not connect to {self.host}:{self.port}") from None

@@ -316,8 +316,9 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
         await producer.send_wait(b"1")  # recovered with the cached answer
         assert producer.recoveries == 1 and time.monotonic() - resolved_at < TTL
         await asyncio.sleep(resolved_at + TTL + 0.2 - time.monotonic())  # the TTL runs out
-        with pytest.raises(ResolutionError, match=r"smartclient\.test"):
-            await env.producer(f"{stream}", name="another")
+        with pytest.raises(ResolutionError, match=r"smartclient\.test"):  # a new connection needs DNS now
+            # (a consumer: its replica has no connection yet; a second producer would share the leader's)
+            await env.consumer(stream, lambda message, context: None)
         bed.close_connection(server_side_name(bed, producer.placement.connection))  # type: ignore[union-attr]
         deadline = time.monotonic() + 10
         while producer.failure is None and time.monotonic() < deadline:

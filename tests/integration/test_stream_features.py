@@ -261,7 +261,7 @@ async def test_auto_store_by_count_by_time_and_on_close(env: Environment, unique
         stored = await by_count.stored_offset()  # a store falls due after the 5th and the 10th message
         assert stored is not None and 4 <= stored <= 11
         await by_count.close()
-        assert await by_count.stored_offset() == 11  # and on close
+        assert await env.stored_offset(unique_name, "count") == 11  # and on close
         seen: list[int] = []
         by_time = await env.consumer(unique_name, lambda m, c: seen.append(c.offset), offset="first",
                                      name="time", tracking=OffsetTracking(every=None, interval=0.3))
