@@ -5,31 +5,13 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from smartclient._errors import ConfigurationError, ResolutionError, ResolutionTimeout
+from smartclient._errors import ResolutionError
 from smartclient.address import Address
 
+from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
+
 __all__ = ["DnsResolver", "dns_resolver_for"]
-
-
-def dns_resolver_for(nameservers: Sequence[str] | None, port: int, timeout: float) -> Any:
-    """A ``dns.asyncresolver.Resolver`` for these name servers (the system's when None)."""
-    try:
-        import dns.asyncresolver
-    except ImportError as exc:  # pragma: no cover - depends on the extras installed
-        raise ConfigurationError("DNS resolution needs dnspython: pip install 'smartclient[dns]'") from exc
-    if timeout <= 0:
-        raise ConfigurationError(f"DNS timeout must be positive, not {timeout}")
-    resolver = dns.asyncresolver.Resolver(configure=nameservers is None)
-    if nameservers is not None:
-        if not nameservers:
-            raise ConfigurationError("DnsResolver needs at least one name server")
-        resolver.nameservers = list(nameservers)
-        resolver.port = port
-    resolver.lifetime = timeout
-    resolver.timeout = timeout
-    return resolver
 
 
 class DnsResolver:
@@ -43,6 +25,9 @@ class DnsResolver:
     :param nameservers: IPs of the name servers; None uses the system's.
     :param port: their port (the test bed's runs on a high loopback port).
     :param timeout: seconds for one lookup, all retries included.
+    :raises ConfigurationError: a name server that is not an IP address (the message names it), no name
+        server, a bad port or a timeout that is not positive; dnspython's own errors never escape
+        (see ``resolvers._dnspython``).
     """
 
     def __init__(self, nameservers: Sequence[str] | None = None, port: int = 53, timeout: float = 2.0,
@@ -54,6 +39,11 @@ class DnsResolver:
         self._clock = clock
 
     async def resolve(self, address: Address) -> Address:
+        """The address with its host resolved to an IP (the port is kept).
+
+        :raises ResolutionTimeout: no name server answered within the timeout.
+        :raises ResolutionError: NXDOMAIN, no A or AAAA record, a malformed name, or every name server failed.
+        """
         host = address.host.rstrip(".")
         try:
             ipaddress.ip_address(host)
@@ -70,26 +60,13 @@ class DnsResolver:
         return Address(ip, address.port)
 
     async def _lookup(self, host: str) -> tuple[str, int]:
-        import dns.exception
-        import dns.resolver
-
-        where = f"name servers {', '.join(self.nameservers)} port {self.port}" if self.nameservers else "system DNS"
-        last: Exception | None = None
-        for rdtype in ("A", "AAAA"):
-            try:
-                answer = await self._resolver.resolve(host, rdtype)
-            except dns.resolver.NXDOMAIN:
-                raise ResolutionError(f"{host} does not exist (NXDOMAIN from {where})") from None
-            except dns.resolver.NoAnswer as exc:
-                last = exc
-                continue
-            except dns.exception.Timeout:
-                raise ResolutionTimeout(f"no answer for {host} from {where} within the timeout") from None
-            except dns.resolver.NoNameservers as exc:
-                raise ResolutionError(f"no name server answered for {host} ({where}): {exc}") from None
-            rrset = answer.rrset
-            return str(rrset[0].address), int(rrset.ttl)
-        raise ResolutionError(f"{host} has no A or AAAA record ({where}): {last}")
+        where = servers_asked(self.nameservers, self.port)
+        with dnspython_errors(host, where):
+            for rdtype in ("A", "AAAA"):
+                answer = await self._resolver.resolve(host, rdtype, raise_on_no_answer=False)
+                if answer.rrset:
+                    return str(answer.rrset[0].address), int(answer.rrset.ttl)
+        raise ResolutionError(f"{host} has no A or AAAA record ({where})")
 
     def __repr__(self) -> str:
         servers = ",".join(self.nameservers) if self.nameservers else "system"

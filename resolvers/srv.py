@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from smartclient._errors import ResolutionError, ResolutionTimeout
+from smartclient._errors import ResolutionError
 from smartclient.address import Address
 
-from .dns_resolver import dns_resolver_for
+from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
 
 __all__ = ["SrvDiscovery"]
 
@@ -17,6 +17,9 @@ class SrvDiscovery:
 
     The targets are names: the Environment dials them through its resolver like any other address
     (pair it with :class:`DnsResolver` on the same name servers when the system cannot resolve them).
+
+    :raises ConfigurationError: a name server that is not an IP address (the message names it), a bad port
+        or a timeout that is not positive.
     """
 
     def __init__(self, name: str, nameservers: Sequence[str] | None = None, port: int = 53,
@@ -27,18 +30,17 @@ class SrvDiscovery:
         self._resolver = dns_resolver_for(nameservers, port, timeout)
 
     async def discover(self) -> list[Address]:
-        import dns.exception
-        import dns.resolver
+        """The SRV targets, by priority then weight.
 
-        try:
-            answer = await self._resolver.resolve(self.name, "SRV")
-        except dns.resolver.NXDOMAIN:
-            raise ResolutionError(f"SRV name {self.name} does not exist (NXDOMAIN)") from None
-        except dns.exception.Timeout:
-            raise ResolutionTimeout(f"no answer for SRV {self.name} within the timeout") from None
-        except (dns.resolver.NoAnswer, dns.resolver.NoNameservers) as exc:
-            raise ResolutionError(f"no SRV records for {self.name}: {exc}") from None
-        records = sorted(answer, key=lambda r: (r.priority, -r.weight))
+        :raises ResolutionTimeout: no name server answered within the timeout.
+        :raises ResolutionError: the name does not exist, has no SRV record, or is malformed.
+        """
+        where = servers_asked(self.nameservers, self.port)
+        with dnspython_errors(f"SRV name {self.name}", where):
+            answer = await self._resolver.resolve(self.name, "SRV", raise_on_no_answer=False)
+        if not answer.rrset:
+            raise ResolutionError(f"no SRV records for {self.name} ({where})")
+        records = sorted(answer.rrset, key=lambda r: (r.priority, -r.weight))
         return [Address(str(r.target).rstrip("."), int(r.port)) for r in records]
 
     def __repr__(self) -> str:

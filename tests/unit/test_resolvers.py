@@ -106,3 +106,83 @@ def test_the_cli_builds_its_resolver_from_the_same_settings() -> None:
     chain = _resolver(_parser().parse_args(["topology", "s", "--map", "rabbit-1=127.0.0.1:1", "--dns", "127.0.0.1:53",
                                             "--lb", ""]))
     assert isinstance(chain, Chain) and [type(r) for r in chain.resolvers] == [StaticMap, DnsResolver]
+
+
+@pytest.mark.parametrize("nameservers, message", [
+    (["not-an-ip"], r"bad name server 'not-an-ip'"),
+    (["127.0.0.1", "1.2.3.4.5"], r"bad name server '1.2.3.4.5'"),  # the bad one, not the list
+    ([""], r"bad name server ''"),
+    ([53], r"bad name server 53"),
+    ("127.0.0.1", r"not the string '127.0.0.1'"),
+])
+def test_dns_resolver_and_srv_discovery_refuse_bad_name_servers_with_a_configuration_error(
+    nameservers: object, message: str
+) -> None:
+    from resolvers import SrvDiscovery
+
+    for build in (lambda: DnsResolver(nameservers),  # type: ignore[arg-type]
+                  lambda: SrvDiscovery("_rabbitmq-stream._tcp.example", nameservers)):  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=message) as info:
+            build()
+        assert not type(info.value).__module__.startswith("dns")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"port": 0}, "port 0 must be an int from 1 to 65535"), ({"port": "53"}, "port '53'"),
+    ({"timeout": -1}, "timeout must be positive"), ({"timeout": "2"}, "timeout must be positive"),
+])
+def test_dns_resolver_refuses_bad_ports_and_timeouts(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        DnsResolver(["127.0.0.1"], **kwargs)  # type: ignore[arg-type]
+
+
+def test_every_dnspython_error_is_mapped_in_one_place() -> None:
+    """dnspython's exceptions become smartclient's, each named, chained with ``from``."""
+    import dns.exception
+    import dns.name
+    import dns.resolver
+
+    from resolvers._dnspython import dnspython_errors
+    from smartclient import ResolutionTimeout, SmartClientError
+
+    cases: list[tuple[BaseException, type[SmartClientError], str]] = [
+        (dns.resolver.NXDOMAIN(), ResolutionError, r"^rabbit-9\.example does not exist \(NXDOMAIN from ns\)$"),
+        (dns.resolver.LifetimeTimeout(timeout=2.0, errors=[]), ResolutionTimeout,
+         r"no answer for rabbit-9\.example from ns within the timeout"),
+        (dns.resolver.NoAnswer(), ResolutionError, r"rabbit-9\.example has no record"),
+        (dns.resolver.NoNameservers(), ResolutionError, r"no name server answered for rabbit-9\.example"),
+        (dns.name.EmptyLabel(), ResolutionError, r"rabbit-9\.example could not be resolved \(ns\): EmptyLabel"),
+        (dns.resolver.NoResolverConfiguration(), ConfigurationError, r"rabbit-9\.example is unusable"),
+        (ValueError("nameserver x is not ..."), ConfigurationError, r"bad rabbit-9\.example: nameserver x"),
+        (ConnectionRefusedError(111, "refused"), ResolutionError, r"ConnectionRefusedError"),
+    ]
+    for raised, expected, message in cases:
+        with pytest.raises(expected, match=message) as info, dnspython_errors("rabbit-9.example", "ns"):
+            raise raised
+        assert info.value.__cause__ is raised
+    mine = ResolutionError("already ours")
+    with pytest.raises(ResolutionError) as info, dnspython_errors("x", "ns"):
+        raise mine
+    assert info.value is mine  # smartclient's own errors pass through untouched
+
+
+async def test_a_malformed_name_is_a_resolution_error_not_a_dnspython_one() -> None:
+    resolver = DnsResolver(["127.0.0.1"], port=1)
+    with pytest.raises(ResolutionError, match=r"a\.\.b could not be resolved .*EmptyLabel"):
+        await resolver.resolve(Address("a..b", 5552))
+    with pytest.raises(ResolutionError, match="LabelTooLong"):
+        await resolver.resolve(Address("x" * 64 + ".example", 5552))
+
+
+def test_dnspython_is_imported_in_one_module_only() -> None:
+    """The seam: no other module of the library imports dnspython."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = sorted(
+        str(path.relative_to(root))
+        for package in ("resolvers", "smartclient") for path in (root / package).rglob("*.py")
+        if "testing" not in path.parts and re.search(r"^\s*(import dns\b|from dns\b)", path.read_text(), re.M)
+    )
+    assert importers == ["resolvers/_dnspython.py"]
