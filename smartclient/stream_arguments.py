@@ -1,8 +1,10 @@
 """``StreamArguments``: a stream's declaration arguments, validated before anything reaches the broker.
 
-The broker silently ignores arguments it does not know (``x-initial-cluster-size`` sent over the
-stream protocol, whose keys have no ``x-`` prefix, is simply dropped), so smartclient refuses
-unknown keys and out-of-range values client-side, and renders the right keys for each protocol.
+The broker silently ignores arguments it does not know (``x-max-length``, which streams do not have,
+or ``x-initial-cluster-size`` sent as is over the stream protocol, whose keys have no ``x-`` prefix).
+So smartclient refuses unknown keys and out-of-range values client-side.  It accepts each known
+argument under its field name, its stream-protocol key or its ``x-`` key, and renders the right keys
+for each protocol: ``{"x-initial-cluster-size": 2}`` does create a stream of two members.
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ class StreamArguments:
 
     @classmethod
     def coerce(cls, value: StreamArguments | Mapping[str, Any] | None) -> StreamArguments:
-        """Accept a StreamArguments, or a mapping keyed by field name, stream-protocol key or ``x-`` key."""
+        """Accept a StreamArguments, or a mapping keyed by field name, stream-protocol key or ``x-`` key.
+
+        :raises ConfigurationError: a key that is none of these (the broker would ignore it), or a value
+            out of range.
+        """
         if value is None:
             return cls()
         if isinstance(value, StreamArguments):

@@ -70,6 +70,22 @@ def test_unknown_argument_keys_are_refused() -> None:
         StreamArguments.coerce({"x-queue-mode": "lazy"})
 
 
+@pytest.mark.parametrize("key", ["x-max-length", "max-age-seconds", "x-initial-cluster-sise", "initialClusterSize"])
+def test_the_unknown_keys_docs_streams_names_are_refused(key: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"unknown stream argument {key!r}"):
+        StreamArguments.coerce({key: 1})
+
+
+@pytest.mark.parametrize("key", ["initial_cluster_size", "initial-cluster-size", "x-initial-cluster-size"])
+def test_every_spelling_of_a_known_key_is_accepted_and_sent_in_each_protocols_form(key: str) -> None:
+    """docs/streams.md: ``{"x-initial-cluster-size": 2}`` is accepted, and reaches the stream protocol
+    without its ``x-`` (the broker would drop it with one)."""
+    args = StreamArguments.coerce({key: 2})
+    assert args == StreamArguments(initial_cluster_size=2)
+    assert args.to_stream_protocol() == {"initial-cluster-size": "2"}
+    assert args.to_amqp() == {"x-queue-type": "stream", "x-initial-cluster-size": 2}
+
+
 def test_offset_specs() -> None:
     assert OffsetSpec.parse("first") == OffsetSpec.first() and OffsetSpec.parse(42) == OffsetSpec.at(42)
     when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
