@@ -1,18 +1,24 @@
 """bench/lb_placement.py: placing through a round-robin load balancer, smartclient beside rstream.
 
-Scenario (issue 3): 3 streams whose leaders sit on the 3 different nodes; on each, 1 producer and 2
-consumers, all through the test bed's round-robin HAProxy.  Both clients are used the natural way:
-smartclient through one Environment with the LoadBalancer resolver; rstream with ``load_balancer_mode``,
-one Producer for the three streams and two Consumers (rstream allows one subscription per stream and
-Consumer).  For each, side by side and over several rounds:
+Two workloads, each on 3 streams whose leaders sit on the 3 different nodes, all through the test bed's
+round-robin HAProxy:
+
+* ``small``: on each stream 1 producer and 2 consumers (issue 3);
+* ``shared``: 5 producers and 20 consumers over the 3 streams (issue 15): the connections must grow with
+  the nodes, not with the producers and consumers.
+
+Both clients are used the natural way: smartclient through one Environment with the LoadBalancer resolver;
+rstream with ``load_balancer_mode``, as few Producers and Consumers as it allows (one publisher and one
+subscription per stream and object).  For each, side by side and over several rounds:
 
 * LB sessions: the stream listener's session count from HAProxy's stats, before and after;
-* the minimum: the distinct connections the final placement uses, plus one metadata connection;
+* connections: those the final placement uses;
+* the minimum: one connection per (role, node) the placements need, plus one metadata connection (for
+  rstream, which cannot share, the connections it uses plus one);
 * the time until every placement is ready;
-* whether each producer is on its leader and each consumer on a replica, and the two consumers of a
-  stream on different replicas.
+* whether each producer is on its leader and each consumer on a replica.
 
-Target: smartclient opens at most 1.2x its minimum number of sessions (worst round).
+Target: smartclient opens at most 1.2x its minimum number of sessions, on both workloads (worst round).
 Run from the repository root with the test bed up (./dev demo): python bench/lb_placement.py
 """
 
@@ -38,112 +44,135 @@ LISTENER = "stream_roundrobin"
 @dataclass
 class Result:
     sessions: int
+    connections: int
     minimum: int
     seconds: float
     producers_on_leader: int
     consumers_on_replica: int
-    streams_spread: int
 
     @property
     def ratio(self) -> float:
         return self.sessions / self.minimum
 
 
-def score(bed: LocalTestBed, streams: list[str], placed: dict[str, tuple[Address, list[Address]]]) -> tuple[int, ...]:
-    on_leader = on_replica = spread = 0
-    for stream in streams:
-        leader, replicas = stream_members(bed, stream)
-        producer, consumers = placed[stream]
-        on_leader += producer == leader
-        on_replica += sum(c in replicas for c in consumers)
-        spread += len(set(consumers)) == len(consumers) and set(consumers) <= replicas
-    return on_leader, on_replica, spread
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    producers: int  # over the 3 streams, round-robin
+    consumers: int
+
+    def per_stream(self, count: int, stream: int) -> int:
+        return count // 3 + (stream < count % 3)
 
 
-async def run_smartclient(bed: LocalTestBed, streams: list[str]) -> Result:
+WORKLOADS = (Workload("small", 3, 6), Workload("shared", 5, 20))
+
+
+def score(bed: LocalTestBed, placed: list[tuple[str, Address | None, bool]]) -> tuple[int, int]:
+    on_leader = on_replica = 0
+    members = {stream: stream_members(bed, stream) for stream, _, _ in placed}
+    for stream, node, is_producer in placed:
+        leader, replicas = members[stream]
+        if is_producer:
+            on_leader += node == leader
+        else:
+            on_replica += node in replicas
+    return on_leader, on_replica
+
+
+async def run_smartclient(bed: LocalTestBed, streams: list[str], work: Workload) -> Result:
     host, port = bed.lb("stream")
     before = bed.haproxy.sessions(LISTENER)
     started = time.monotonic()
     async with Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
-        placed: dict[str, tuple[Address, list[Address]]] = {}
-        for stream in streams:
-            producer = await env.producer(stream)
-            consumers = [await env.consumer(stream, lambda m, c: None) for _ in range(2)]
-            placed[stream] = (producer.node, [c.node for c in consumers])  # type: ignore[misc]
+        placed: list[tuple[str, Address | None, bool]] = []
+        for i in range(work.producers):
+            producer = await env.producer(streams[i % 3])
+            placed.append((producer.stream, producer.node, True))
+        for i in range(work.consumers):
+            consumer = await env.consumer(streams[i % 3], lambda m, c: None)
+            placed.append((consumer.stream, consumer.node, False))
         seconds = time.monotonic() - started
         sessions = bed.haproxy.sessions(LISTENER) - before
-        minimum = len({r.connection for r in env.placements()}) + 1
-    return Result(sessions, minimum, seconds, *score(bed, streams, placed))
+        records = env.placements()
+        connections = len({r.connection for r in records})
+        minimum = len({(r.role, r.node) for r in records}) + 1
+    return Result(sessions, connections, minimum, seconds, *score(bed, placed))
 
 
-async def run_rstream(bed: LocalTestBed, streams: list[str]) -> Result:
+async def run_rstream(bed: LocalTestBed, streams: list[str], work: Workload) -> Result:
     from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
     host, port = bed.lb("stream")
     kwargs: dict[str, Any] = dict(username=bed.username, password=bed.password, load_balancer_mode=True)
     before = bed.haproxy.sessions(LISTENER)
     started = time.monotonic()
-    producer = Producer(host, port, **kwargs)
-    consumers = [Consumer(host, port, **kwargs) for _ in range(2)]
-    placed: dict[str, tuple[Address, list[Address]]] = {}
+    producers = [Producer(host, port, **kwargs) for _ in range(work.per_stream(work.producers, 0))]
+    consumers = [Consumer(host, port, **kwargs) for _ in range(work.per_stream(work.consumers, 0))]
+    placed: list[tuple[str, Address | None, bool]] = []
+
+    def node(client: Any) -> Address:
+        props = client.server_properties
+        return Address(props["advertised_host"], int(props["advertised_port"]))
+
     try:
-        for stream in streams:
-            await producer._get_or_create_publisher(stream)  # what its first send() does
-            for consumer in consumers:
+        for index, stream in enumerate(streams):
+            for producer in producers[:work.per_stream(work.producers, index)]:
+                await producer._get_or_create_publisher(stream)  # what its first send() does
+                placed.append((stream, node(producer._clients[stream]), True))
+            for consumer in consumers[:work.per_stream(work.consumers, index)]:
                 await consumer.subscribe(stream, lambda m, c: None,
                                          offset_specification=ConsumerOffsetSpecification(OffsetType.NEXT))
-
-            def node(client: Any) -> Address:
-                props = client.server_properties
-                return Address(props["advertised_host"], int(props["advertised_port"]))
-
-            placed[stream] = (node(producer._clients[stream]), [node(c._clients[stream]) for c in consumers])
+                placed.append((stream, node(consumer._clients[stream]), False))
         seconds = time.monotonic() - started
         sessions = bed.haproxy.sessions(LISTENER) - before
-        used = {id(c) for c in producer._clients.values()}
-        for consumer in consumers:
-            used |= {id(c) for c in consumer._clients.values()}
-        minimum = len(used) + 1
+        used: set[int] = set()
+        for carrier in (*producers, *consumers):
+            used |= {id(c) for c in carrier._clients.values()}
     finally:
-        await producer.close()
-        for consumer in consumers:
-            await consumer.close()
-    return Result(sessions, minimum, seconds, *score(bed, streams, placed))
+        for carrier in (*producers, *consumers):
+            await carrier.close()
+    return Result(sessions, len(used), len(used) + 1, seconds, *score(bed, placed))
 
 
-def show(name: str, r: Result) -> None:
-    print(f"  {name:<12} sessions {r.sessions:>3}  minimum {r.minimum:>2}  ratio {r.ratio:4.2f}  "
-          f"ready in {r.seconds:5.2f}s  producers on leader {r.producers_on_leader}/3  "
-          f"consumers on replicas {r.consumers_on_replica}/6  spread {r.streams_spread}/3")
+def show(name: str, work: Workload, r: Result) -> None:
+    print(f"  {name:<12} sessions {r.sessions:>3}  connections {r.connections:>3}  minimum {r.minimum:>2}  "
+          f"ratio {r.ratio:4.2f}  ready in {r.seconds:5.2f}s  producers on leader {r.producers_on_leader}/"
+          f"{work.producers}  consumers on replicas {r.consumers_on_replica}/{work.consumers}")
 
 
 async def main() -> int:
     bed = LocalTestBed.from_env()
     bed.up()
-    worst = 0.0
-    totals: dict[str, list[Result]] = {"smartclient": [], "rstream": []}
+    worst: dict[str, float] = {}
+    totals: dict[tuple[str, str], list[Result]] = {}
     for round_no in range(1, ROUNDS + 1):
-        streams = [f"bench-lb-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
-        for i, stream in enumerate(streams):
-            await create_stream_led_by(bed, stream, i)
-        try:
-            print(f"round {round_no}:")
-            ours = await run_smartclient(bed, streams)
-            await asyncio.sleep(0.5)
-            theirs = await run_rstream(bed, streams)
-            show("smartclient", ours)
-            show("rstream", theirs)
-            totals["smartclient"].append(ours)
-            totals["rstream"].append(theirs)
-            worst = max(worst, ours.ratio)
-        finally:
-            await delete_streams(bed, *streams)
-    for name, results in totals.items():
+        for work in WORKLOADS:
+            streams = [f"bench-lb-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
+            for i, stream in enumerate(streams):
+                await create_stream_led_by(bed, stream, i)
+            try:
+                print(f"round {round_no}, workload {work.name} ({work.producers} producers, "
+                      f"{work.consumers} consumers):")
+                ours = await run_smartclient(bed, streams, work)
+                await asyncio.sleep(0.5)
+                theirs = await run_rstream(bed, streams, work)
+                show("smartclient", work, ours)
+                show("rstream", work, theirs)
+                totals.setdefault((work.name, "smartclient"), []).append(ours)
+                totals.setdefault((work.name, "rstream"), []).append(theirs)
+                worst[work.name] = max(worst.get(work.name, 0.0), ours.ratio)
+            finally:
+                await delete_streams(bed, *streams)
+    for (work_name, name), results in totals.items():
         n = len(results)
-        print(f"mean {name:<12} sessions {sum(r.sessions for r in results) / n:5.1f}  "
-              f"ratio {sum(r.ratio for r in results) / n:4.2f}  ready in {sum(r.seconds for r in results) / n:5.2f}s")
-    verdict = "PASS" if worst <= TARGET else "MISS"
-    print(f"lb_placement: session_ratio={worst:.2f} target <= {TARGET} {verdict}")
+        print(f"mean {work_name:<7} {name:<12} sessions {sum(r.sessions for r in results) / n:5.1f}  connections "
+              f"{sum(r.connections for r in results) / n:5.1f}  ratio {sum(r.ratio for r in results) / n:4.2f}  "
+              f"ready in {sum(r.seconds for r in results) / n:5.2f}s")
+    ratio = max(worst.values())
+    verdict = "PASS" if ratio <= TARGET else "MISS"
+    print("worst ratio per workload: " + ", ".join(f"{k} {v:.2f}" for k, v in worst.items()))
+    print(f"lb_placement: session_ratio={ratio:.2f} target <= {TARGET} {verdict}")
     return 0
 
 

@@ -31,7 +31,7 @@ from .address import Address
 from .retry import RetryPolicy
 from .topology import Candidates
 
-__all__ = ["Attempt", "Decision", "GiveUp", "Landing", "UseFallback", "Wait"]
+__all__ = ["Attempt", "Decision", "GiveUp", "Landing", "UseFallback", "Wait", "summarise"]
 
 
 class Decision(str, Enum):
@@ -51,6 +51,16 @@ class Attempt:
     def __str__(self) -> str:
         reached = f"reached {self.reported}" if self.reported else "reached nothing"
         return f"dialled {self.dialled or '?'} for {self.target}: {reached}, {self.outcome}"
+
+
+def summarise(attempts: list[Attempt]) -> str:
+    """The attempts, each distinct one once with its count, in the order first seen: 21 identical
+    misses through a sticky LB read as one line, not 21."""
+    counts: dict[str, int] = {}
+    for item in attempts:
+        line = str(item)
+        counts[line] = counts.get(line, 0) + 1
+    return "; ".join(f"{n}x {line}" if n > 1 else line for line, n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,7 @@ class Landing:
     def _error(self, sticky: bool, elapsed: float) -> PlacementError:
         role, stream = self.candidates.role.value, self.candidates.stream
         reached = ", ".join(sorted(map(str, self._seen))) or "none"
-        history = "; ".join(str(a) for a in self.attempts)
+        history = summarise(self.attempts)
         if sticky or (self._seen and not self._failed):
             return NodeUnreachable(
                 f"could not place the {role} of {stream!r} on {self.candidates}: {len(self.attempts)} connections "

@@ -46,7 +46,9 @@ def map_stream_errors(context: str) -> Iterator[None]:
         raise CertificateRejected(f"{context}: TLS certificate verify failed: {exc.verify_message or exc}") from exc
     except ssl.SSLError as exc:
         raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
-    except (OSError, asyncio.TimeoutError, EOFError, asyncio.IncompleteReadError) as exc:
-        raise ConnectionFailed(f"{context}: {type(exc).__name__}: {exc}") from exc
+    except asyncio.TimeoutError as exc:  # rstream's own request timeout; its message is empty
+        raise ConnectionFailed(f"{context}: the broker did not answer in time") from exc
+    except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+        raise ConnectionFailed(f"{context}: {type(exc).__name__}: {exc or 'connection closed'}") from exc
     except rx.ServerError as exc:
         raise ConnectionFailed(f"{context}: the broker answered {type(exc).__name__}: {exc}") from exc

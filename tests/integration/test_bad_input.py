@@ -33,6 +33,7 @@ from smartclient import (
     StreamArguments,
     StreamFilter,
     StreamNotFound,
+    TopologyError,
 )
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client
@@ -102,7 +103,27 @@ async def _(ctx: Ctx) -> None:
         pass
 
 
+@case("negative heartbeat", ConfigurationError, "heartbeat must be a whole number of seconds from 0")
+async def _(ctx: Ctx) -> None:
+    _direct(ctx, heartbeat=-1)
+
+
+@case("frame max too small", ConfigurationError, "frame_max must be an int from 8192")
+async def _(ctx: Ctx) -> None:
+    _direct(ctx, frame_max=100)
+
+
 # -- streams and their arguments ------------------------------------------------------------------------
+@case("consumer without a callback", ConfigurationError, "must be callable")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, None)  # type: ignore[arg-type]
+
+
+@case("existing stream, other arguments", TopologyError, r"already exists with other arguments")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.create_stream(ctx.ok, {"max-age": "1h"}, exists_ok=True)
+
+
 @case("unknown stream: topology", StreamNotFound, "does not exist")
 async def _(ctx: Ctx) -> None:
     await ctx.env.topology(ctx.missing)

@@ -324,3 +324,38 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
         while producer.failure is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert producer.failure is not None and "ResolutionTimeout" in producer.failure
+
+
+BURN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"  # bounded
+
+
+async def test_each_recovery_attempt_ends_within_attempt_time_on_a_loaded_machine(
+    faulty_testbed: TestBed, unique_name: str
+) -> None:
+    """A leader kill -9 under a named producer while two CPU burners load both cores: every recovery attempt
+    ends within RecoveryPolicy.attempt_time plus a small margin, and its log gives every step's time."""
+    import subprocess
+    import sys
+
+    bed = faulty_testbed
+    policy = RecoveryPolicy(attempt_time=2.0)
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2)]
+    try:
+        async with stream_led_by(bed, unique_name, 1) as stream, Environment(all_nodes(bed), recovery=policy) as env:
+            producer = await env.producer(stream, name="loaded")
+            publisher = Publisher(producer).start()
+            await publisher.confirmed_after(0, count=1000)
+            killed_at = time.monotonic()
+            bed.kill_node("rabbit-2")  # the leader, by PID
+            await publisher.confirmed_after(killed_at, count=1000, timeout=60)
+            await publisher.stop()
+            attempts = producer.recovery_attempts
+            for item in attempts:
+                print(f"attempt {item.number}: {item.seconds:.2f} s, {item.outcome}; steps: {item.steps}")
+            assert producer.recoveries >= 1 and attempts[-1].outcome == "recovered"
+            assert all(item.seconds <= policy.attempt_time + 0.5 for item in attempts), attempts
+            assert all(item.steps for item in attempts)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()

@@ -62,6 +62,17 @@ def test_sticky_lb_fails_fast_with_every_attempt_listed() -> None:
     assert all("not a candidate" in str(a) for a in info.value.attempts)
 
 
+def test_repeated_attempts_are_summarised_with_a_count() -> None:
+    landing = Landing(TOPO.producer_candidates(), RetryPolicy(sticky_window=20))
+    with pytest.raises(NodeUnreachable) as info:
+        drive(landing, itertools.repeat(N2))
+    message = str(info.value)
+    assert len(info.value.attempts) == 21  # every attempt is still there, for code that reads them
+    assert message.count("dialled lb:5552 for n1:5552: reached n2:5552") == 1
+    assert "21x dialled lb:5552 for n1:5552: reached n2:5552" in message
+    assert len(message) < 600, message
+
+
 def test_sticky_lb_on_the_leader_gives_consumers_the_fallback() -> None:
     node, used = drive(Landing(TOPO.consumer_candidates(), RetryPolicy(sticky_window=4)), itertools.repeat(N1))
     assert node == N1 and used == 5

@@ -30,7 +30,7 @@ def test_producer_and_consumer_hold_their_pool_in_pool_attribute() -> None:
 
 
 def test_private_methods_smartclient_calls_exist() -> None:
-    for name in ("_get_or_create_publisher", "_remove_stream_from_client", "clean_up_publishers"):
+    for name in ("_get_or_create_publisher",):
         assert callable(getattr(Producer, name)), name
     carrier = Consumer("127.0.0.1", 1, username="u", password="p")
     assert isinstance(carrier._subscribers, dict)  # read on close and for last_offset
@@ -40,6 +40,32 @@ def test_private_methods_smartclient_calls_exist() -> None:
     for name in ("query_leader_and_replicas", "add_stream", "get_count_available_ids", "add_handler",
                  "is_connection_alive", "server_properties"):
         assert hasattr(Client, name) or name == "server_properties", name
+
+
+def test_what_the_placed_carriers_override_and_call() -> None:
+    """PlacedProducer/PlacedConsumer take publisher and subscription ids per connection: they rely on where
+    rstream asks for them, and on the private tables they keep."""
+    from rstream.producer import _Publisher
+    from rstream.utils import MonotonicSeq, OnClosedErrorInfo
+
+    assert [f for f in _Publisher.__dataclass_fields__] == ["id", "reference", "stream", "sequence", "client"]
+    assert callable(MonotonicSeq) and OnClosedErrorInfo("r", ["s"]).streams == ["s"]
+    create = inspect.getsource(Consumer._create_subscriber)
+    # the consumer's id is asked for right after its client is placed (PlacedConsumer.get_available_id)
+    assert create.index("_get_or_create_client(stream)") < create.index("self.get_available_id()")
+    assert "async with self._lock" in inspect.getsource(Consumer.subscribe)
+    for cls in (Producer, Consumer):
+        carrier = cls("127.0.0.1", 1, username="u", password="p")
+        for attribute in ("_clients", "_lock", "_connection_name", "_on_connection_closed"):
+            assert hasattr(carrier, attribute), (cls, attribute)
+    producer = Producer("127.0.0.1", 1, username="u", password="p")
+    assert isinstance(producer._publishers, dict) and callable(producer._find_producer_by_stream)
+    for name in ("declare_publisher", "delete_publisher", "unsubscribe", "query_offset", "remove_stream",
+                 "free_available_id", "inc_available_id", "get_stream_count", "stop_queue_listener_task", "stop_task"):
+        assert callable(getattr(Client, name)), name
+    client = Client("127.0.0.1", 1, frame_max=1048576, heartbeat=60)
+    for attribute in ("_handlers", "_frames", "_tasks", "_conn", "_is_not_closed", "_streams"):
+        assert hasattr(client, attribute), attribute
 
 
 def test_limits_match_rstream() -> None:
