@@ -959,6 +959,11 @@ class Environment:
         return handle
 
     async def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
+        """Delete ``stream``.  This Environment's producers and consumers of it close quietly first: no
+        recovery, no warning; their ``failure`` says why and their pending messages fail with that reason.
+
+        :raises StreamNotFound: the stream does not exist and ``missing_ok`` is False.
+        """
         self._check_open()
         from ._errors import StreamNotFound
 
