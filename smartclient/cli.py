@@ -8,6 +8,9 @@
 Every subcommand reads the same settings: ``--uri`` (or ``SMARTCLIENT_URI``), a resolver from ``--lb``
 (``SMARTCLIENT_LB``), ``--dns`` (``SMARTCLIENT_DNS``, ``host:port`` of a nameserver) or ``--map
 advertised=dialled`` (repeatable), and ``--management`` (``SMARTCLIENT_MANAGEMENT``) where needed.
+Without ``--uri`` or ``SMARTCLIENT_URI``, the entry point is the address that ``--via`` (probe) or
+``--lb`` names, else ``localhost:5552``, with the default credentials guest/guest.  ``probe`` always
+dials ``--via``, with the user, password, vhost and TLS of the URI when one is given.
 Needs ``pip install 'smartclient[cli]'`` (rich).
 """
 
@@ -42,8 +45,9 @@ def _console() -> Any:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--uri", default=os.environ.get("SMARTCLIENT_URI", DEFAULT_URI),
-                        help="entry point, rabbitmq-stream[+tls]://user:pass@host:port/vhost (SMARTCLIENT_URI)")
+    common.add_argument("--uri", default=os.environ.get("SMARTCLIENT_URI") or None,
+                        help="entry point, rabbitmq-stream[+tls]://user:pass@host:port/vhost (SMARTCLIENT_URI); "
+                             "default: the --via or --lb address, else localhost:5552, as guest/guest")
     common.add_argument("--lb", default=os.environ.get("SMARTCLIENT_LB"),
                         help="dial every node through this load balancer, host:port (SMARTCLIENT_LB)")
     common.add_argument("--dns", default=os.environ.get("SMARTCLIENT_DNS"),
@@ -88,10 +92,40 @@ def _resolver(args: argparse.Namespace) -> Any:
     return parts[0] if len(parts) == 1 else Chain(*parts)
 
 
+def _entry_uri(args: argparse.Namespace) -> str:
+    """The entry point: ``--uri`` (or ``SMARTCLIENT_URI``); else the ``--via`` or ``--lb`` address as
+    guest/guest, so that ``probe --via lb:5552`` or ``topology s --lb lb:5552`` is enough on its own."""
+    if args.uri:
+        return str(args.uri)
+    for option in ("via", "lb"):
+        value = getattr(args, option, None)
+        if value:
+            address = Address.parse(value, default_port=5552)
+            return f"rabbitmq-stream://guest:guest@{address}/"
+    return DEFAULT_URI
+
+
 def _environment(args: argparse.Namespace) -> Any:
     from .environment import Environment
 
-    return Environment(args.uri, resolver=_resolver(args), connection_name="smartclient-cli")
+    return Environment(_entry_uri(args), resolver=_resolver(args), connection_name="smartclient-cli")
+
+
+def _probe_environment(args: argparse.Namespace, via: Address) -> Any:
+    """An Environment whose one entry point is the LB under test: the URI (if any) gives only the user,
+    password, vhost and TLS."""
+    from resolvers import Identity
+
+    from .environment import Environment
+    from .settings import parse_stream_uri
+
+    uri = parse_stream_uri(_entry_uri(args))
+    return Environment(
+        f"rabbitmq-stream{'+tls' if uri.tls else ''}://{via}/",
+        username=uri.credentials.username if uri.credentials else None,
+        password=uri.credentials.password if uri.credentials else None,
+        vhost=uri.vhost, resolver=Identity(), connection_name="smartclient-probe",
+    )
 
 
 async def _topology(args: argparse.Namespace, console: Any) -> int:
@@ -117,14 +151,10 @@ async def _probe(args: argparse.Namespace, console: Any) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from resolvers import Identity
-
-    from .environment import Environment
-
     via = Address.parse(args.via, default_port=5552)
     reached: Counter[Address] = Counter()
     failures: list[str] = []
-    async with Environment(args.uri, resolver=Identity(), connection_name="smartclient-probe") as env:
+    async with _probe_environment(args, via) as env:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"connecting through {via}", total=args.connections)
             for _ in range(args.connections):
@@ -186,7 +216,7 @@ def _bench(args: argparse.Namespace, console: Any) -> int:
         available = sorted(p.stem for p in Path("bench").glob("*.py"))
         console.print(f"[red]no bench/{args.name}.py here[/red] (run from the repository root; have: {available})")
         return 2
-    env = {**os.environ, "SMARTCLIENT_URI": args.uri}
+    env = {**os.environ, "SMARTCLIENT_URI": _entry_uri(args)}
     lines: list[str] = []
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=console) as progress:

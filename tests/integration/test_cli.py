@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from smartclient import FaultUnavailable
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -14,11 +15,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(bed: TestBed, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command with the test bed's URI and LB in SMARTCLIENT_URI and SMARTCLIENT_LB."""
     host, port = bed.lb("stream")
-    env = {**os.environ, "SMARTCLIENT_URI": bed.stream_uri(host, port), "COLUMNS": "140",
-           "SMARTCLIENT_LB": f"{host}:{port}"}
+    return run_bare(*args, environ={"SMARTCLIENT_URI": bed.stream_uri(host, port), "SMARTCLIENT_LB": f"{host}:{port}"})
+
+
+def run_bare(*args: str, environ: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the command as a new user would: no SMARTCLIENT_* variable but those of ``environ``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SMARTCLIENT_")} | {"COLUMNS": "140"}
     return subprocess.run([sys.executable, "-m", "smartclient.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=ROOT)
+                          env=env | (environ or {}), timeout=120, cwd=ROOT)
+
+
+def guest_only(bed: TestBed) -> None:
+    if (bed.username, bed.password) != ("guest", "guest"):
+        raise FaultUnavailable("this test bed's credentials are not guest/guest, the command's default")
 
 
 async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
@@ -51,6 +62,40 @@ def test_probe_counts_nodes_and_warns_about_a_sticky_lb(testbed: TestBed) -> Non
     shost, sport = testbed.lb("stream", "source")
     sticky = run(testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
     assert "100%" in sticky.stdout and "looks" in sticky.stdout and "sticky" in sticky.stdout
+
+
+def test_probe_via_is_enough_on_its_own(testbed: TestBed) -> None:
+    """The README's ``smartclient probe --via my-lb:5552``: no --uri, no SMARTCLIENT_URI, no SMARTCLIENT_LB;
+    the command dials the LB it was given, as guest/guest, and reports the nodes behind it."""
+    guest_only(testbed)
+    host, port = testbed.lb("stream")
+    nodes = {f"localhost:{node.stream_port}" for node in testbed.nodes}
+    seen: set[str] = set()
+    for _ in range(3):  # the LB is shared: other tests' sessions may take some round-robin turns
+        out = run_bare("probe", "--via", f"{host}:{port}", "-n", "9")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"9 connections through {host}:{port}" in out.stdout
+        assert "failed" not in out.stdout and "localhost:5552" not in out.stdout + out.stderr
+        rows = [line.split("│")[1:3] for line in out.stdout.splitlines() if line.startswith("│")]
+        assert {node.strip() for node, _ in rows} <= nodes and sum(int(n) for _, n in rows) == 9, out.stdout
+        seen |= {node.strip() for node, _ in rows}
+        if seen == nodes:
+            break
+    assert seen == nodes, out.stdout
+
+
+async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(testbed: TestBed, unique_name: str) -> None:
+    """``smartclient topology STREAM --lb LB`` with no URI anywhere: the LB is the entry point too."""
+    guest_only(testbed)
+    host, port = testbed.lb("stream")
+    await create_stream_led_by(testbed, unique_name, 0)
+    try:
+        out = run_bare("topology", unique_name, "--lb", f"{host}:{port}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        leader = next(line for line in out.stdout.splitlines() if " leader " in line)
+        assert f"localhost:{testbed.nodes[0].stream_port}" in leader and f"{host}:{port}" in leader
+    finally:
+        await delete_streams(testbed, unique_name)
 
 
 def test_errors_are_one_readable_line_and_bench_names_are_checked(testbed: TestBed) -> None:
