@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import pytest
 
-from smartclient import Address, ConfigurationError, Environment, StreamNotFound, TopologyError, hash_partition
+from smartclient import (
+    Address,
+    ConfigurationError,
+    Confirmation,
+    Environment,
+    HandleClosed,
+    StreamNotFound,
+    TopologyError,
+    hash_partition,
+)
+from smartclient.super_stream import SuperStreamProducer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import stream_members
 
@@ -142,5 +153,85 @@ async def test_super_stream_over_the_management_api(env: Environment, testbed: T
         assert (await producer.send_wait(b"x"))[0] in names
         assert all(isinstance(p.node, Address) for p in producer.producers.values())
         await producer.close()
+    finally:
+        await env.delete_super_stream(unique_name)
+
+
+async def test_the_publishing_surface_of_producer_confirms_every_message(
+    env: Environment, unique_name: str
+) -> None:
+    """submit, send with on_confirm, send_many, send_batch and flush, each routed by key, as on Producer."""
+    partitions = await env.create_super_stream(unique_name, partitions=3)
+    try:
+        producer = await env.super_stream_producer(unique_name, key=lambda body: body.decode().split(":")[0],
+                                                   name="surface")
+        fates: list[Confirmation] = []
+        sent: list[bytes] = []
+        for i in range(30):  # send + on_confirm, then flush: every callback has its answer
+            sent.append(f"k{i}:send".encode())
+            assert await producer.send(sent[-1], on_confirm=fates.append) == [
+                hash_partition(f"k{i}", partitions)]
+        await producer.flush()
+        assert len(fates) == 30 and all(f.confirmed for f in fates)
+        futures = []
+        for i in range(30):  # submit: a future of each Confirmation
+            sent.append(f"k{i}:submit".encode())
+            futures.append(await producer.submit(sent[-1]))
+        await producer.flush()
+        assert all(f.done() and f.result().confirmed for f in futures)
+        batch = [f"k{i}:batch".encode() for i in range(30)]  # send_batch: one Confirmation per message, in order
+        sent += batch
+        confirmations = await producer.send_batch(batch)
+        assert len(confirmations) == 30 and all(c.confirmed for c in confirmations)
+        per_partition: dict[str, list[int]] = defaultdict(list)
+        for body, confirmation in zip(batch, confirmations, strict=True):
+            per_partition[hash_partition(body.decode().split(":")[0], partitions)].append(confirmation.publishing_id)
+        assert all(ids == sorted(set(ids)) for ids in per_partition.values())  # each partition numbers in order
+        many = [f"k{i}:many".encode() for i in range(30)]  # send_many with ids: message i carries 1000 + i
+        sent += many
+        await producer.send_many(many, first_publishing_id=1000)
+        await producer.send_many([b"k1:same-key", b"k2:same-key"], key="fixed")  # key= routes them all
+        sent += [b"k1:same-key", b"k2:same-key"]
+        await producer.flush()
+        assert await producer.send_wait(b"k7:last") == [hash_partition("k7", partitions)]
+        sent.append(b"k7:last")
+        got = await _drain(env, partitions, expect=len(sent))
+        assert sorted(b for bodies in got.values() for b in bodies) == sorted(sent)  # each stored once
+        for partition, bodies in got.items():
+            for body in bodies:
+                key = "fixed" if body.endswith(b":same-key") else body.decode().split(":")[0]
+                assert hash_partition(key, partitions) == partition, body
+        await producer.close()
+    finally:
+        await env.delete_super_stream(unique_name)
+
+
+async def test_a_closed_super_stream_producer_or_consumer_refuses_every_call(
+    env: Environment, unique_name: str
+) -> None:
+    await env.create_super_stream(unique_name, partitions=2)
+    try:
+        producer = await env.super_stream_producer(unique_name, key=lambda body: "k")
+        pending = await producer.submit(b"before close")
+        consumer = await env.super_stream_consumer(unique_name, lambda m, c: None)
+        await producer.close()
+        assert (await pending).confirmed  # what was sent before close() was confirmed, not dropped
+        await consumer.close()
+        arguments = {"body": b"x", "bodies": [b"x"]}
+        for handle in (producer, consumer):
+            for name, method in inspect.getmembers(type(handle), inspect.isfunction):
+                if name.startswith("_") or name == "close":
+                    continue
+                required = [p.name for p in list(inspect.signature(method).parameters.values())[1:]
+                            if p.default is p.empty]
+                started = time.monotonic()
+                with pytest.raises(HandleClosed, match="is closed"):
+                    result = getattr(handle, name)(**{p: arguments[p] for p in required})
+                    if inspect.isawaitable(result):
+                        await asyncio.wait_for(result, 1.0)
+                assert time.monotonic() - started < 1.0, name
+            await handle.close()  # idempotent
+        assert {"route", "send", "send_many", "submit", "send_wait", "send_batch", "flush"} <= {
+            name for name, _ in inspect.getmembers(SuperStreamProducer, inspect.isfunction)}
     finally:
         await env.delete_super_stream(unique_name)
