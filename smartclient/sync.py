@@ -27,9 +27,10 @@ from ._errors import ConnectionFailed
 from .environment import Environment, PlacementRecord
 from .publishing import Confirmation
 from .stream import Consumer, Producer
+from .super_stream import SuperStreamConsumer, SuperStreamProducer
 from .topology import StreamTopology
 
-__all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer"]
+__all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer", "SyncSuperStreamConsumer", "SyncSuperStreamProducer"]
 
 T = TypeVar("T")
 
@@ -65,15 +66,16 @@ class _Loop:
 
 
 class _SyncHandle:
-    """What a blocking producer and consumer share: attributes are the async object's; close blocks."""
+    """What the blocking handles share: attributes are the async object's, its coroutine methods are run to
+    completion on the facade's loop; close blocks."""
 
-    aio: Producer | Consumer
+    aio: Producer | Consumer | SuperStreamProducer | SuperStreamConsumer
 
     def __init__(self, loop: _Loop) -> None:
         self._loop = loop
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.aio, name)
+        return _blocking(self._loop, name, getattr(self.aio, name))
 
     def __repr__(self) -> str:
         return f"Sync{self.aio!r}"
@@ -128,6 +130,36 @@ class SyncConsumer(_SyncHandle):
         return self._loop.run(self.aio.stored_offset())
 
 
+def _blocking(loop: _Loop, name: str, attribute: Any) -> Any:
+    """``attribute`` itself, or for a coroutine method, a function that runs it to completion on ``loop``."""
+    if not asyncio.iscoroutinefunction(attribute):
+        return attribute
+
+    def blocking(*args: Any, **kwargs: Any) -> Any:
+        return loop.run(attribute(*args, **kwargs))
+
+    blocking.__name__ = name
+    blocking.__doc__ = attribute.__doc__
+    return blocking
+
+
+class SyncSuperStreamProducer(_SyncHandle):
+    """A :class:`~smartclient.super_stream.SuperStreamProducer` whose calls (``send``, ``send_many``,
+    ``send_wait``, ``send_batch``, ``flush``, ``route``) block."""
+
+    def __init__(self, loop: _Loop, producer: SuperStreamProducer) -> None:
+        super().__init__(loop)
+        self.aio: SuperStreamProducer = producer
+
+
+class SyncSuperStreamConsumer(_SyncHandle):
+    """A :class:`~smartclient.super_stream.SuperStreamConsumer`; its callback runs on the facade's loop thread."""
+
+    def __init__(self, loop: _Loop, consumer: SuperStreamConsumer) -> None:
+        super().__init__(loop)
+        self.aio: SuperStreamConsumer = consumer
+
+
 class SyncEnvironment:
     """:class:`~smartclient.Environment` with blocking calls; the same arguments (see its documentation).
 
@@ -161,16 +193,7 @@ class SyncEnvironment:
         self.close()
 
     def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.aio, name)
-        if not asyncio.iscoroutinefunction(attribute):
-            return attribute
-
-        def blocking(*args: Any, **kwargs: Any) -> Any:
-            return self._loop.run(attribute(*args, **kwargs))
-
-        blocking.__name__ = name
-        blocking.__doc__ = attribute.__doc__
-        return blocking
+        return _blocking(self._loop, name, getattr(self.aio, name))
 
     def close(self) -> None:
         """Close every producer, consumer and connection, then stop the loop thread."""
@@ -191,6 +214,18 @@ class SyncEnvironment:
         """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` runs on the
         facade's loop thread."""
         return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(stream, callback, **options)))
+
+    def super_stream_producer(self, super_stream: str, **options: Any) -> SyncSuperStreamProducer:
+        """See :meth:`Environment.super_stream_producer <smartclient.Environment.super_stream_producer>`."""
+        handle = self._loop.run(self.aio.super_stream_producer(super_stream, **options))
+        return SyncSuperStreamProducer(self._loop, handle)
+
+    def super_stream_consumer(self, super_stream: str, callback: Callable[[Any, Any], Awaitable[None] | None],
+                              **options: Any) -> SyncSuperStreamConsumer:
+        """See :meth:`Environment.super_stream_consumer <smartclient.Environment.super_stream_consumer>`;
+        ``callback`` runs on the facade's loop thread."""
+        handle = self._loop.run(self.aio.super_stream_consumer(super_stream, callback, **options))
+        return SyncSuperStreamConsumer(self._loop, handle)
 
     def create_stream(self, stream: str, arguments: Any = None, exists_ok: bool = False) -> None:
         self._loop.run(self.aio.create_stream(stream, arguments, exists_ok=exists_ok))

@@ -74,3 +74,23 @@ def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(testbed: TestBed,
             assert errors and "would wait for itself" in str(errors[0])
         finally:
             env.delete_stream(unique_name)
+
+
+def test_super_streams_without_asyncio(testbed: TestBed, unique_name: str) -> None:
+    node = testbed.nodes[0]
+    got: list[bytes] = []
+    with SyncEnvironment(testbed.stream_uri(node.host, node.stream_port)) as env:
+        env.create_super_stream(unique_name, partitions=3)
+        try:
+            with env.super_stream_consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="first"), \
+                    env.super_stream_producer(unique_name, key=lambda body: body.decode()) as producer:
+                confirmations = producer.send_batch([b"a", b"b", b"c", b"d"])
+                assert [c.confirmed for c in confirmations] == [True] * 4
+                producer.send(b"e")
+                producer.flush()
+                deadline = time.monotonic() + 15
+                while len(got) < 5 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert sorted(got) == [b"a", b"b", b"c", b"d", b"e"]
+        finally:
+            env.delete_super_stream(unique_name)
