@@ -107,20 +107,27 @@ def _conn_of(client: Any) -> Connection | None:
     return conn
 
 
-class PlacedProducer(RProducer):
-    """rstream's Producer, placed by smartclient, with publisher ids per connection and its recovery
-    handed to the smartclient Producer of the stream."""
+class _Placed:
+    """What both placed carriers share: their connections come from the Environment's placement."""
 
     smartclient_env: Environment
-    _pool: PlacedClientPool
+    _pool: ClientPool  # a PlacedClientPool, set by the Environment
+    _clients: dict[str, Client]
+    _connection_name: str
+    _on_connection_closed: Any
 
     async def _get_or_create_client(self, stream: str) -> Client:
-        # rstream would first ask its locator for the leader: the Environment's placement already knows it
+        # rstream would first ask its locator where to go: the Environment's placement decides that
         if stream not in self._clients:
             self._clients[stream] = await self._pool.get(
                 self._connection_name, addr=_PLACED, connection_closed_handler=self._on_connection_closed,
                 stream=stream)
         return self._clients[stream]
+
+
+class PlacedProducer(_Placed, RProducer):
+    """rstream's Producer, placed by smartclient, with publisher ids per connection and its recovery
+    handed to the smartclient Producer of the stream."""
 
     async def _get_or_create_publisher(self, stream: str, publisher_name: str | None = None) -> _Publisher:
         # rstream's, with the id taken on the connection (rstream takes it per Producer, before it knows the
@@ -152,23 +159,14 @@ class PlacedProducer(RProducer):
         self.smartclient_env._lost(Role.PRODUCER, self, stream, reason)
 
 
-class PlacedConsumer(RConsumer):
+class PlacedConsumer(_Placed, RConsumer):
     """rstream's Consumer, placed by smartclient, with subscription ids per connection and its recovery
     handed to the smartclient Consumer of the stream."""
 
-    smartclient_env: Environment
-    _pool: PlacedClientPool
-
-    async def _get_or_create_client(self, stream: str) -> Client:
-        if stream not in self._clients:
-            self._clients[stream] = await self._pool.get(
-                self._connection_name, addr=_PLACED, connection_closed_handler=self._on_connection_closed,
-                stream=stream)
-        return self._clients[stream]
-
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
-        conn = self._pool.last
+        pool = self._pool
+        conn = pool.last if isinstance(pool, PlacedClientPool) else None
         if conn is None:
             return await super().get_available_id()
         return conn.take_id(self._subscribers)
