@@ -35,8 +35,8 @@ import uuid
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from smartclient.mqtt_fleet import MqttFleet, process_rss
-from smartclient.mqtt_placement import MqttOptions, MqttPlacer
+from smartclient.mqtt.fleet import MqttFleet, process_rss
+from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 from smartclient.testing.local import LocalTestBed
 
 FLEET = 10_000

@@ -22,8 +22,8 @@ import time
 import uuid
 from typing import Any
 
-from smartclient.amqp_placement import AmqpPlacer
-from smartclient.rpc import RpcClient, RpcServer
+from smartclient.amqp.placement import AmqpPlacer
+from smartclient.amqp.rpc import RpcClient, RpcServer
 from smartclient.testing.local import LocalTestBed
 
 CALLS = 2000

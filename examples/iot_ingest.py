@@ -26,9 +26,9 @@ from typing import Any
 from resolvers import LoadBalancer
 from smartclient import Address, Environment
 from smartclient.management import ManagementClient
-from smartclient.message_codec import decode_amqp
-from smartclient.mqtt_ingest import bind_mqtt_topics
+from smartclient.mqtt.ingest import bind_mqtt_topics
 from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamConnection, local_session
+from smartclient.stream.codec import decode_amqp
 
 # the local test bed: round-robin HAProxy for streams and MQTT, rabbit-1's management API
 STREAM_URI = os.environ.get("SMARTCLIENT_URI", "rabbitmq-stream://guest:guest@127.0.0.1:20052/")

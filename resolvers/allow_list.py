@@ -6,7 +6,7 @@ import ipaddress
 from collections.abc import Iterable
 
 from smartclient._errors import AddressNotAllowed, ConfigurationError
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 __all__ = ["AllowList"]
 

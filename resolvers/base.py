@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from smartclient._errors import ResolutionError, SmartClientError
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 __all__ = ["AsyncResolve", "Resolver", "ResolverLike", "as_async", "coerce_address"]
 

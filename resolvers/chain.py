@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 from .base import ResolverLike, as_async
 

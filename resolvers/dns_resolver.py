@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from smartclient._errors import ResolutionError
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
 

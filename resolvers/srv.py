@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from smartclient._errors import ResolutionError
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
 

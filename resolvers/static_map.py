@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from smartclient._errors import ConfigurationError, ResolutionError
-from smartclient.address import Address
+from smartclient.core.address import Address
 
 __all__ = ["StaticMap"]
 

@@ -8,7 +8,8 @@ imported lazily, so importing :mod:`smartclient` costs nothing.
 
 from __future__ import annotations
 
-from ._errors import (
+from smartclient import _moved
+from smartclient._errors import (
     AddressNotAllowed,
     AuthenticationFailed,
     CertificateRejected,
@@ -34,19 +35,19 @@ from ._errors import (
     TestBedError,
     TopologyError,
 )
-from .address import Address
-from .environment import Environment, PlacementRecord
-from .filters import StreamFilter
-from .landing import Attempt
-from .offsets import OffsetSpec, OffsetTracking
-from .publishing import CONNECTION_LOST, BatchingPolicy, Confirmation
-from .recovery import RecoveryPolicy
-from .retry import RetryPolicy
-from .routing import hash_partition
-from .settings import Credentials, PoolLimits, parse_stream_uri
-from .stream import Consumer, Producer
-from .stream_arguments import StreamArguments
-from .topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
+from smartclient.core.address import Address
+from smartclient.core.filters import StreamFilter
+from smartclient.core.landing import Attempt
+from smartclient.core.offsets import OffsetSpec, OffsetTracking
+from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.routing import hash_partition
+from smartclient.core.settings import Credentials, PoolLimits, parse_stream_uri
+from smartclient.core.stream_arguments import StreamArguments
+from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
+from smartclient.stream.environment import Environment, PlacementRecord
+from smartclient.stream.handles import Consumer, Producer
+from smartclient.stream.publishing import CONNECTION_LOST, BatchingPolicy, Confirmation
 
 __version__ = "0.1.0"
 
@@ -101,3 +102,5 @@ __all__ = [
     "hash_partition",
     "parse_stream_uri",
 ]
+
+_moved.install()

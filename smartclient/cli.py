@@ -27,8 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ._errors import SmartClientError
-from .address import Address
+from smartclient._errors import SmartClientError
+from smartclient.core.address import Address
 
 __all__ = ["main"]
 
@@ -106,7 +106,7 @@ def _entry_uri(args: argparse.Namespace) -> str:
 
 
 def _environment(args: argparse.Namespace) -> Any:
-    from .environment import Environment
+    from smartclient.stream.environment import Environment
 
     return Environment(_entry_uri(args), resolver=_resolver(args), connection_name="smartclient-cli")
 
@@ -115,9 +115,8 @@ def _probe_environment(args: argparse.Namespace, via: Address) -> Any:
     """An Environment whose one entry point is the LB under test: the URI (if any) gives only the user,
     password, vhost and TLS."""
     from resolvers import Identity
-
-    from .environment import Environment
-    from .settings import parse_stream_uri
+    from smartclient.core.settings import parse_stream_uri
+    from smartclient.stream.environment import Environment
 
     uri = parse_stream_uri(_entry_uri(args))
     return Environment(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from ._errors import ConfigurationError, SmartClientError
+from smartclient._errors import ConfigurationError, SmartClientError
 
 if TYPE_CHECKING:
     import httpx

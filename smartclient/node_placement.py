@@ -3,12 +3,12 @@
 Neither handshake names the node.  Each connection smartclient opens carries a name of its own (AMQP's
 client-provided ``connection_name``, MQTT's client id); the management API lists connections with it
 and their node, so a connection through a load balancer is checked, and kept or closed and retried, by
-the same :class:`~smartclient.landing.Landing` state machine as stream connections.  Directly, the
+the same :class:`~smartclient.core.landing.Landing` state machine as stream connections.  Directly, the
 node's listener (from ``/api/overview``, from given entry points, or from DNS SRV) goes through the
 resolver and the allow-list, like any address.
 
-:class:`NodePlacer` is the protocol-free part; :class:`~smartclient.amqp_placement.AmqpPlacer` and
-:class:`~smartclient.mqtt_placement.MqttPlacer` say how to dial, close and name a connection.
+:class:`NodePlacer` is the protocol-free part; :class:`~smartclient.amqp.placement.AmqpPlacer` and
+:class:`~smartclient.mqtt.placement.MqttPlacer` say how to dial, close and name a connection.
 
 Sync, like pika's ``BlockingConnection`` and paho's ``Client``; an async resolver is run to completion
 for each address (on a worker thread if an event loop is running in this thread).
@@ -25,18 +25,17 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from ._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
-from .address import Address
-from .broker_nodes import BrokerNode, nodes_from_overview, pick_node
-from .landing import Decision, GiveUp, Landing, UseFallback, Wait
-from .retry import RetryPolicy
-from .settings import Credentials
-from .topology import Candidates, Role
+from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
+from smartclient.core.address import Address
+from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
+from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.settings import Credentials
+from smartclient.core.topology import Candidates, Role
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
-
-    from .management import ManagementClient
+    from smartclient.management import ManagementClient
 
 __all__ = ["Landed", "NodePlacer", "run_sync"]
 
@@ -128,7 +127,7 @@ class NodePlacer(Generic[C]):
     # -- nodes -------------------------------------------------------------------------------
     def _api(self) -> ManagementClient:
         if self.management is None:
-            from ._errors import ConfigurationError
+            from smartclient._errors import ConfigurationError
 
             raise ConfigurationError(
                 f"finding which node a {self.protocol} connection reached needs the management API "

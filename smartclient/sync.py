@@ -23,12 +23,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from ._errors import ConnectionFailed
-from .environment import Environment, PlacementRecord
-from .publishing import Confirmation
-from .stream import Consumer, Producer
-from .super_stream import SuperStreamConsumer, SuperStreamProducer
-from .topology import StreamTopology
+from smartclient._errors import ConnectionFailed
+from smartclient.core.topology import StreamTopology
+from smartclient.stream.environment import Environment, PlacementRecord
+from smartclient.stream.handles import Consumer, Producer
+from smartclient.stream.publishing import Confirmation
+from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
 __all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer", "SyncSuperStreamConsumer", "SyncSuperStreamProducer"]
 
@@ -144,7 +144,7 @@ def _blocking(loop: _Loop, name: str, attribute: Any) -> Any:
 
 
 class SyncSuperStreamProducer(_SyncHandle):
-    """A :class:`~smartclient.super_stream.SuperStreamProducer` whose calls (``send``, ``send_many``,
+    """A :class:`~smartclient.stream.super_stream.SuperStreamProducer` whose calls (``send``, ``send_many``,
     ``send_wait``, ``send_batch``, ``flush``, ``route``) block."""
 
     def __init__(self, loop: _Loop, producer: SuperStreamProducer) -> None:
@@ -153,7 +153,7 @@ class SyncSuperStreamProducer(_SyncHandle):
 
 
 class SyncSuperStreamConsumer(_SyncHandle):
-    """A :class:`~smartclient.super_stream.SuperStreamConsumer`; its callback runs on the facade's loop thread."""
+    """A :class:`~smartclient.stream.super_stream.SuperStreamConsumer`; its callback runs on the loop thread."""
 
     def __init__(self, loop: _Loop, consumer: SuperStreamConsumer) -> None:
         super().__init__(loop)

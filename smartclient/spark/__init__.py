@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import StreamConnection
-from .sink import ExactlyOnceSink, row_to_message
+from smartclient.spark.config import StreamConnection
+from smartclient.spark.sink import ExactlyOnceSink, row_to_message
 
 __all__ = [
     "ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "local_session", "next_offsets", "row_to_message",
@@ -15,11 +15,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "local_session":
-        from .session import local_session
+        from smartclient.spark.session import local_session
 
         return local_session
     if name in ("RabbitStreamDataSource", "next_offsets"):  # needs pyspark: imported on first use
-        from . import source
+        from smartclient.spark import source
 
         return getattr(source, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..settings import parse_stream_uri
+from smartclient.core.settings import parse_stream_uri
 
 if TYPE_CHECKING:
-    from ..environment import Environment
+    from smartclient.stream.environment import Environment
 
 __all__ = ["StreamConnection"]
 
@@ -34,7 +34,7 @@ class StreamConnection:
         return (self.uri, self.username, self.password, repr(self.resolver))
 
     def environment(self) -> Environment:
-        from ..environment import Environment
+        from smartclient.stream.environment import Environment
 
         return Environment(self.uri, username=self.username, password=self.password, resolver=self.resolver,
                            connection_name="smartclient-spark")

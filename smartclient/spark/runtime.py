@@ -14,8 +14,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..environment import Environment
-from .config import StreamConnection
+from smartclient.spark.config import StreamConnection
+from smartclient.stream.environment import Environment
 
 __all__ = ["run_with_environment"]
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ConfigurationError
-from .config import StreamConnection
-from .runtime import run_with_environment
+from smartclient._errors import ConfigurationError
+from smartclient.spark.config import StreamConnection
+from smartclient.spark.runtime import run_with_environment
 
 __all__ = ["ExactlyOnceSink", "row_to_message"]
 
@@ -163,7 +163,7 @@ class ExactlyOnceSink:
         if self.stream is not None:
             return df.withColumn(SLOT_COLUMN, F.pmod(F.xxhash64(*[F.col(c) for c in self.key_columns]),
                                                      F.lit(count)).cast("int"))
-        from ..routing import murmur3_32
+        from smartclient.core.routing import murmur3_32
 
         def java_slot(key: str) -> int:
             return murmur3_32(key.encode("utf-8")) % count

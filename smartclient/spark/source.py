@@ -36,11 +36,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
-from .._errors import ConfigurationError
-from ..address import Address
-from ..message_codec import decode_amqp
-from .config import StreamConnection
-from .runtime import run_with_environment
+from smartclient._errors import ConfigurationError
+from smartclient.core.address import Address
+from smartclient.spark.config import StreamConnection
+from smartclient.spark.runtime import run_with_environment
+from smartclient.stream.codec import decode_amqp
 
 __all__ = ["RabbitStreamDataSource", "next_offsets"]
 
@@ -111,8 +111,8 @@ async def _next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
 
     :raises TopologyError: the last chunk could not be read within ``wait`` seconds.
     """
-    from .._errors import TopologyError
-    from ..offsets import OffsetSpec
+    from smartclient._errors import TopologyError
+    from smartclient.core.offsets import OffsetSpec
 
     stats = await env.stream_stats(stream)
     last_chunk = int(stats.get("committed_chunk_id", -1))
@@ -193,7 +193,7 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
         return iter(())
 
     async def work(env: Any) -> list[Row]:
-        from ..offsets import OffsetSpec
+        from smartclient.core.offsets import OffsetSpec
 
         rows: list[Row] = []
         done = asyncio.Event()

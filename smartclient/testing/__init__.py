@@ -7,7 +7,7 @@ shell: ``python -m smartclient.testing up|status|down``.
 
 from __future__ import annotations
 
-from .layout import Layout
-from .testbed import Node, TestBed, from_env
+from smartclient.testing.layout import Layout
+from smartclient.testing.testbed import Node, TestBed, from_env
 
 __all__ = ["Layout", "Node", "TestBed", "from_env"]

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from .._errors import SmartClientError
-from .local import LocalTestBed
-from .testbed import from_env
+from smartclient._errors import SmartClientError
+from smartclient.testing.local import LocalTestBed
+from smartclient.testing.testbed import from_env
 
 
 def main(argv: list[str] | None = None) -> int:

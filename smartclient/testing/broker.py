@@ -9,10 +9,10 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._errors import TestBedError
-from .chroot import RabbitChroot
-from .layout import BrokerSpec, Layout
-from .processes import find_pids_with_env, kill_pid, pid_alive, port_accepts, read_pid, wait_until
+from smartclient._errors import TestBedError
+from smartclient.testing.chroot import RabbitChroot
+from smartclient.testing.layout import BrokerSpec, Layout
+from smartclient.testing.processes import find_pids_with_env, kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
 __all__ = ["PLUGINS", "BrokerProcess", "render_rabbitmq_conf"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .._errors import PrerequisiteMissing
-from .layout import BrokerSpec
+from smartclient._errors import PrerequisiteMissing
+from smartclient.testing.layout import BrokerSpec
 
 __all__ = ["LB_TLS_NAME", "ensure_certificates"]
 

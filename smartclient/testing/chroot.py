@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .._errors import PrerequisiteMissing, TestBedError
+from smartclient._errors import PrerequisiteMissing, TestBedError
 
 __all__ = ["RabbitChroot", "debian_mirror"]
 

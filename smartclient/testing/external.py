@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigurationError
-from .testbed import Node, TestBed
+from smartclient._errors import ConfigurationError
+from smartclient.testing.testbed import Node, TestBed
 
 __all__ = ["ExternalTestBed"]
 

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import ConfigurationError
+from smartclient._errors import ConfigurationError
 
 __all__ = [
     "BALANCE_EXPRESSIONS",

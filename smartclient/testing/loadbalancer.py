@@ -19,9 +19,9 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from .._errors import PrerequisiteMissing, TestBedError
-from .layout import BALANCE_EXPRESSIONS, LB_PROTOCOLS, BrokerSpec, Layout
-from .processes import kill_pid, pid_alive, port_accepts, read_pid, wait_until
+from smartclient._errors import PrerequisiteMissing, TestBedError
+from smartclient.testing.layout import BALANCE_EXPRESSIONS, LB_PROTOCOLS, BrokerSpec, Layout
+from smartclient.testing.processes import kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
 __all__ = ["HAProxy", "render_haproxy_config"]
 

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import PrerequisiteMissing, TestBedError
-from .broker import BrokerProcess
-from .certificates import ensure_certificates
-from .chroot import RabbitChroot
-from .layout import PORT_SPAN, BrokerSpec, Layout
-from .loadbalancer import HAProxy
-from .nameserver import ZONE, DnsServer
-from .processes import ephemeral_port_range, port_is_free, wait_until
-from .testbed import Node, TestBed
+from smartclient._errors import PrerequisiteMissing, TestBedError
+from smartclient.testing.broker import BrokerProcess
+from smartclient.testing.certificates import ensure_certificates
+from smartclient.testing.chroot import RabbitChroot
+from smartclient.testing.layout import PORT_SPAN, BrokerSpec, Layout
+from smartclient.testing.loadbalancer import HAProxy
+from smartclient.testing.nameserver import ZONE, DnsServer
+from smartclient.testing.processes import ephemeral_port_range, port_is_free, wait_until
+from smartclient.testing.testbed import Node, TestBed
 
 __all__ = ["LocalTestBed", "UpReport"]
 

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from .dns_server import DnsRecord, ZoneFile
-from .layout import BrokerSpec, Layout
-from .processes import kill_pid, pid_alive, read_pid, wait_until
+from smartclient.testing.dns_server import DnsRecord, ZoneFile
+from smartclient.testing.layout import BrokerSpec, Layout
+from smartclient.testing.processes import kill_pid, pid_alive, read_pid, wait_until
 
 __all__ = ["SRV_SERVICES", "ZONE", "DnsServer", "default_records"]
 

@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-from .._errors import PrerequisiteMissing
+from smartclient._errors import PrerequisiteMissing
 
 __all__ = ["require_java"]
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .._errors import TestBedError
+from smartclient._errors import TestBedError
 
 __all__ = [
     "ephemeral_port_range",

@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from .._errors import FaultUnavailable, PrerequisiteMissing
-from .testbed import TestBed
+from smartclient._errors import FaultUnavailable, PrerequisiteMissing
+from smartclient.testing.testbed import TestBed
 
 
 @pytest.fixture(scope="session")
 def testbed() -> TestBed:
-    from .local import LocalTestBed
-    from .testbed import from_env
+    from smartclient.testing.local import LocalTestBed
+    from smartclient.testing.testbed import from_env
 
     try:
         bed = from_env()
@@ -49,11 +49,11 @@ def faulty_testbed(testbed: TestBed) -> Iterator[TestBed]:
 def spark() -> Iterator[Any]:
     """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
     to 4 times), with the Python of this interpreter on the executors."""
-    from .prerequisites import require_java
+    from smartclient.testing.prerequisites import require_java
 
     try:
         require_java(17)
-        from ..spark.session import local_session
+        from smartclient.spark.session import local_session
     except PrerequisiteMissing as exc:
         pytest.fail(f"Spark cannot start: {exc}", pytrace=False)
     except ImportError:

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .._errors import TestBedError
-from ..address import Address
-from .testbed import TestBed
+from smartclient._errors import TestBedError
+from smartclient.core.address import Address
+from smartclient.testing.testbed import TestBed
 
 __all__ = ["create_stream_led_by", "delete_streams", "raw_stream_client", "stream_members"]
 

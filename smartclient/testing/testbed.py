@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import FaultUnavailable
-from ..management import ManagementClient
+from smartclient._errors import FaultUnavailable
+from smartclient.management import ManagementClient
 
 __all__ = ["Node", "TestBed", "from_env"]
 
@@ -219,9 +219,9 @@ def from_env(environ: dict[str, str] | None = None) -> TestBed:
     """The external test bed if ``SMARTCLIENT_TESTBED_EXTERNAL`` is set, else the local one."""
     env = dict(os.environ if environ is None else environ)
     if env.get("SMARTCLIENT_TESTBED_EXTERNAL"):
-        from .external import ExternalTestBed
+        from smartclient.testing.external import ExternalTestBed
 
         return ExternalTestBed.from_config(env["SMARTCLIENT_TESTBED_EXTERNAL"])
-    from .local import LocalTestBed
+    from smartclient.testing.local import LocalTestBed
 
     return LocalTestBed.from_env(env)

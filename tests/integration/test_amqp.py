@@ -12,9 +12,9 @@ import pytest
 
 from resolvers import LoadBalancer
 from smartclient import Address, ConfigurationError, Environment, NoCandidateNode, NoRpcServer
-from smartclient.amqp_placement import AmqpPlacer
-from smartclient.amqp_streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
-from smartclient.rpc import RpcClient, RpcServer, coverage
+from smartclient.amqp.placement import AmqpPlacer
+from smartclient.amqp.rpc import RpcClient, RpcServer, coverage
+from smartclient.amqp.streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
 from smartclient.testing import TestBed
 
 

@@ -23,7 +23,7 @@ from smartclient import (
     Role,
     TopologyError,
 )
-from smartclient.super_stream import SuperStreamConsumer, SuperStreamProducer
+from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 

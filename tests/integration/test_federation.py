@@ -14,8 +14,8 @@ from urllib.parse import quote
 import pytest
 
 from smartclient import AuthenticationFailed, ConfigurationError, ConnectionFailed
-from smartclient.federation import apply, remove, status, wait_running
-from smartclient.federation_topology import (
+from smartclient.federation.apply import apply, remove, status, wait_running
+from smartclient.federation.topology import (
     FederatedBroker,
     FederationTopology,
     UpstreamOptions,

@@ -24,12 +24,12 @@ from smartclient import (
     NodeUnreachable,
     StreamNotFound,
 )
+from smartclient.core.settings import Credentials
 from smartclient.management import ManagementClient
-from smartclient.message_codec import decode_amqp
-from smartclient.mqtt_fleet import MqttFleet
-from smartclient.mqtt_ingest import bind_mqtt_topics, mqtt_bindings, unbind_mqtt_topics
-from smartclient.mqtt_placement import MqttOptions, MqttPlacer, PlacedMqttClient
-from smartclient.settings import Credentials
+from smartclient.mqtt.fleet import MqttFleet
+from smartclient.mqtt.ingest import bind_mqtt_topics, mqtt_bindings, unbind_mqtt_topics
+from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
+from smartclient.stream.codec import decode_amqp
 from smartclient.testing import TestBed
 
 from .conftest import load_example

@@ -20,7 +20,7 @@ from smartclient import (
     TopologyError,
     hash_partition,
 )
-from smartclient.super_stream import SuperStreamProducer
+from smartclient.stream.super_stream import SuperStreamProducer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import stream_members
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from smartclient import Address, ConfigurationError, NoCandidateNode
-from smartclient.amqp_streams import stream_qos
-from smartclient.broker_nodes import BrokerNode, node_host, nodes_from_overview, pick_node
-from smartclient.rpc import Coverage
+from smartclient.amqp.rpc import Coverage
+from smartclient.amqp.streams import stream_qos
+from smartclient.core.broker_nodes import BrokerNode, node_host, nodes_from_overview, pick_node
 
 OVERVIEW = {"listeners": [
     {"node": "rabbit-2@host-b", "protocol": "amqp", "ip_address": "::", "port": 5672},

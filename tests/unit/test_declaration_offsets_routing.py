@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from smartclient import ConfigurationError, OffsetSpec, StreamArguments, hash_partition
-from smartclient.routing import _murmur3_32_py, murmur3_32
+from smartclient.core.routing import _murmur3_32_py, murmur3_32
 
 # From the other clients' own tests: rabbitmq-stream-java-client HashRoutingStrategyTest and
 # rabbitmq-stream-go-client super_stream_producer_test.go ("Partitioning using Murmur3"), 3 partitions.
@@ -110,7 +110,7 @@ def test_stream_stats_frames() -> None:
     import struct
 
     from smartclient import StreamNotFound
-    from smartclient.stream_stats import decode_stream_stats, encode_stream_stats
+    from smartclient.stream.stats import decode_stream_stats, encode_stream_stats
 
     request = encode_stream_stats(7, "s1")
     assert request == struct.pack(">IHHIh", 12, 0x1C, 1, 7, 2) + b"s1"

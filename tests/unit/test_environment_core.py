@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from smartclient import Address, ConfigurationError, Environment, PoolLimits, StreamTopology
-from smartclient.connector import Connection, ParkingLot
+from smartclient.stream.connector import Connection, ParkingLot
 
 
 def test_entry_points_and_credentials() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from smartclient import ConfigurationError
-from smartclient.federation_topology import (
+from smartclient.federation.topology import (
     FederatedBroker,
     UpstreamOptions,
     complete,

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from smartclient import Address, ConfigurationError, NodeUnreachable, PlacementError, RetryPolicy, StreamTopology
-from smartclient.landing import Decision, GiveUp, Landing, UseFallback, Wait
-from smartclient.topology import PlacementPolicy
+from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.core.topology import PlacementPolicy
 
 N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
 LB = Address("lb", 5552)

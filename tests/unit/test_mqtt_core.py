@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from smartclient import Address, ConfigurationError
-from smartclient.broker_nodes import evenly_spread, surplus
-from smartclient.message_codec import decode_amqp
-from smartclient.mqtt_fleet import FleetReport, MqttFleet
-from smartclient.mqtt_placement import MqttOptions, MqttPlacer, mqtt_protocol
-from smartclient.mqtt_topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
+from smartclient.core.broker_nodes import evenly_spread, surplus
+from smartclient.mqtt.fleet import FleetReport, MqttFleet
+from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
+from smartclient.mqtt.topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
+from smartclient.stream.codec import decode_amqp
 
 # what RabbitMQ 4.0.5 stored in a stream for an MQTT QoS 1 publish to iot/dev-1/temp (captured)
 MQTT_IN_STREAM = (b'\x00Sp\xc0\x06\x05A@@AC\x00Sr\xc17\x04\xa3\nx-exchange\xa1\tamq.topic\xa3\rx-routing-key'

@@ -5,9 +5,9 @@ import smartclient.testing
 
 PUBLIC_MODULES = (
     "smartclient", "smartclient.testing", "smartclient.sync", "smartclient.cli", "smartclient.node_placement",
-    "smartclient.amqp_placement", "smartclient.mqtt_placement", "smartclient.mqtt_fleet", "smartclient.mqtt_topics",
-    "smartclient.mqtt_ingest", "smartclient.message_codec", "smartclient.federation",
-    "smartclient.federation_topology", "smartclient.spark", "resolvers",
+    "smartclient.amqp.placement", "smartclient.mqtt.placement", "smartclient.mqtt.fleet", "smartclient.mqtt.topics",
+    "smartclient.mqtt.ingest", "smartclient.stream.codec", "smartclient.federation.apply",
+    "smartclient.federation.topology", "smartclient.spark", "resolvers",
 )
 
 
@@ -37,3 +37,24 @@ def test_importing_smartclient_imports_no_backend() -> None:
             "print(sorted(m for m in ('rstream','pika','paho','pyspark','dns','httpx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_moved_modules_keep_their_old_import_paths() -> None:
+    import importlib
+    import warnings
+
+    from smartclient._moved import MOVED
+
+    for old, new in MOVED.items():
+        if new.startswith(("smartclient.amqp.", "smartclient.mqtt.")) or old == "smartclient.stream_pool":
+            continue  # these import their backend (pika, paho, rstream), checked where it is installed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__name__ == new and module.__spec__.name == new
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught) or \
+            old in __import__("sys").modules, old
+    from smartclient.stream import Consumer, Producer  # the old module smartclient.stream exported these
+
+    assert Producer is smartclient.Producer and Consumer is smartclient.Consumer

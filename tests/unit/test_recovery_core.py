@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from smartclient import CONNECTION_LOST, ConfigurationError, PublishFailed, RecoveryPolicy
-from smartclient.publishing import BatchingPolicy, Confirmation, PublishBuffer
+from smartclient.stream.publishing import BatchingPolicy, Confirmation, PublishBuffer
 
 
 # -- RecoveryPolicy -------------------------------------------------------------------------------

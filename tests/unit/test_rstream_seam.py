@@ -10,8 +10,8 @@ from rstream import Consumer, Producer
 from rstream.client import Client, ClientPool
 from rstream.constants import MAX_ITEM_ALLOWED
 
-from smartclient.settings import PoolLimits
-from smartclient.stream_pool import MAX_ITEM_ALLOWED as OURS
+from smartclient.core.settings import PoolLimits
+from smartclient.stream._rstream import MAX_ITEM_ALLOWED as OURS
 
 
 def test_client_pool_get_signature() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from smartclient import ConfigurationError, Confirmation, HandleClosed, PublishFailed
-from smartclient.super_stream import SuperStreamProducer
+from smartclient.stream.super_stream import SuperStreamProducer
 
 ROUTES = {"a": ["ss-a"], "b": ["ss-b"], "both": ["ss-a", "ss-b"]}
 

@@ -7,7 +7,7 @@ from rstream.client import Client
 
 from resolvers import Chain, DnsResolver, Identity, LoadBalancer, StaticMap
 from smartclient import Address
-from smartclient.tls import tls_server_name
+from smartclient.stream.tls import tls_server_name
 
 NODE = Address("rabbit-2.internal", 5551)
 IP = Address("10.0.0.2", 5551)
@@ -32,4 +32,4 @@ def test_named_client_start_mirrors_rstream() -> None:
     for line in ("self._conn = Connection(self.host, self.port, self._ssl_context)", "await self._conn.open()",
                  'self.start_task("listener", self._listener())', "self.add_handler(schema.Heartbeat",
                  "self.add_handler(schema.Close"):
-        assert line in source, f"rstream's Client.start changed: {line!r} is gone; update smartclient.tls"
+        assert line in source, f"rstream's Client.start changed: {line!r} is gone; update smartclient.stream.tls"

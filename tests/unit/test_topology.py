@@ -3,7 +3,7 @@
 import pytest
 
 from smartclient import Address, ConfigurationError, NoCandidateNode, PlacementPolicy, Role, StreamTopology
-from smartclient.topology import Candidates
+from smartclient.core.topology import Candidates
 
 L, R1, R2 = Address("n1", 5552), Address("n2", 5552), Address("n3", 5552)
 TOPO = StreamTopology("s", L, (R1, R2))

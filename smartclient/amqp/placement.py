@@ -1,0 +1,141 @@
+"""AMQP 0.9.1 connections (pika) placed on a chosen node, directly or through a load balancer.
+
+Each connection carries a unique client-provided ``connection_name``, by which the management API says
+its node (see :mod:`smartclient.node_placement` for how placing and checking work).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import AuthenticationFailed, ConnectionFailed
+from smartclient.core.address import Address
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.settings import Credentials
+from smartclient.node_placement import NodePlacer
+
+if TYPE_CHECKING:
+    import pika
+
+    from resolvers import AllowList, ResolverLike
+    from smartclient.management import ManagementClient
+
+__all__ = ["AmqpPlacer", "PlacedConnection"]
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class PlacedConnection:
+    """A pika ``BlockingConnection`` and where it sits."""
+
+    connection: pika.BlockingConnection
+    node: str
+    dialled: Address
+    name: str
+    attempts: int = 1
+
+    def channel(self) -> Any:
+        return self.connection.channel()
+
+    def close(self) -> None:
+        _close_quietly(self.connection)
+
+    def __enter__(self) -> PlacedConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PlacedConnection(node={self.node!r}, dialled={self.dialled}, name={self.name!r})"
+
+
+class AmqpPlacer(NodePlacer["pika.BlockingConnection"]):
+    """Opens AMQP connections on chosen nodes.
+
+    :param management: the management API, for the nodes' listeners and to find a connection's node.
+    :param via: a load balancer's AMQP address: every connection goes through it, and is checked.
+    :param identify_timeout: seconds to wait for the management API to list a new connection.
+    :param entry_points: where the nodes' AMQP listeners are, instead of the management API's overview:
+        ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery` (e.g.
+        ``_amqp._tcp.example``).  Each one is connected to once and identified with the management API.
+    """
+
+    protocol = "amqp"
+    default_port = 5672
+    name_column = "client_properties.connection_name"
+
+    def __init__(
+        self,
+        management: ManagementClient,
+        *,
+        credentials: Credentials | None = None,
+        vhost: str = "/",
+        resolver: ResolverLike | None = None,
+        allow: AllowList | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        tls: ssl.SSLContext | None = None,
+        heartbeat: int = 60,
+        connection_name: str = "smartclient",
+        via: str | Address | None = None,
+        identify_timeout: float = 10.0,
+        entry_points: Any = None,
+    ) -> None:
+        super().__init__(management, credentials=credentials, vhost=vhost, resolver=resolver, allow=allow,
+                         retry=retry, tls=tls, via=via, identify_timeout=identify_timeout,
+                         entry_points=entry_points)
+        self.management: ManagementClient = management
+        self.heartbeat = heartbeat
+        self.connection_name = connection_name
+
+    def connect(self, node: str | None = None) -> PlacedConnection:
+        """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
+
+        :raises NoCandidateNode: no such node, or it has no AMQP listener.
+        :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
+        :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
+        """
+        landed = self.place(node)
+        return PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
+
+    def _new_name(self, purpose: str) -> str:
+        return f"{self.connection_name}-{purpose}-{uuid.uuid4().hex[:8]}-{next(_ids)}"
+
+    def _close(self, connection: pika.BlockingConnection) -> None:
+        _close_quietly(connection)
+
+    def _dial(self, target: Address, dialled: Address, name: str) -> pika.BlockingConnection:
+        import pika
+        import pika.exceptions as px
+
+        params = pika.ConnectionParameters(
+            host=dialled.host, port=dialled.port, virtual_host=self.vhost,
+            credentials=pika.PlainCredentials(self.credentials.username, self.credentials.password),
+            heartbeat=self.heartbeat, client_properties={"connection_name": name},
+            ssl_options=pika.SSLOptions(self.tls, dialled.host) if self.tls is not None else None,
+            connection_attempts=1, socket_timeout=5, blocked_connection_timeout=30,
+        )
+        self.opened += 1
+        try:
+            return pika.BlockingConnection(params)
+        except px.ProbableAuthenticationError as exc:
+            raise AuthenticationFailed(f"connecting to {dialled}: the broker refused the credentials") from exc
+        except px.ProbableAccessDeniedError as exc:
+            raise AuthenticationFailed(f"connecting to {dialled}: no access to vhost {self.vhost!r}") from exc
+        except (px.AMQPError, OSError) as exc:
+            raise ConnectionFailed(f"connecting to {dialled}: {type(exc).__name__}: {exc}") from exc
+
+
+def _close_quietly(connection: Any) -> None:
+    try:
+        if connection.is_open:
+            connection.close()
+    except Exception as exc:  # already broken: nothing to close
+        log.debug("closing an AMQP connection: %s", exc)

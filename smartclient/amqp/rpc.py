@@ -1,0 +1,255 @@
+"""Request/reply over the local random exchange (``x-local-random``, RabbitMQ 4.0+), with pika.
+
+The exchange delivers a message only to queues on the node where it was published, so an RPC server
+must sit on *every* node that clients publish on.  :class:`RpcServer` puts one (or more) there, each on
+its own node-placed connection with an exclusive queue bound to the exchange; :func:`coverage` says,
+from the management API, which nodes have a server and which have none.  :class:`RpcClient` publishes
+with ``mandatory`` and publisher confirms, so a node without a server is a typed
+:class:`NoRpcServer` naming that node at once, not a timeout; replies come over direct reply-to.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from smartclient._errors import ConfigurationError, ConnectionFailed, NoRpcServer, RpcTimeout
+
+if TYPE_CHECKING:
+    from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
+    from smartclient.management import ManagementClient
+
+__all__ = ["Coverage", "RpcClient", "RpcServer", "coverage", "declare_local_random_exchange"]
+
+log = logging.getLogger(__name__)
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+Handler = Callable[[bytes, Any], bytes]
+
+
+def declare_local_random_exchange(channel: Any, exchange: str) -> None:
+    """Declare ``exchange`` as ``x-local-random`` (durable; idempotent)."""
+    if not exchange:
+        raise ConfigurationError("the RPC exchange needs a name (the default exchange cannot be x-local-random)")
+    channel.exchange_declare(exchange, exchange_type="x-local-random", durable=True)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which nodes have at least one RPC server queue bound to the exchange."""
+
+    exchange: str
+    servers: dict[str, int] = field(default_factory=dict)  # node -> queues bound there
+    without: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.without
+
+    def __str__(self) -> str:
+        have = ", ".join(f"{node} ({count})" for node, count in sorted(self.servers.items())) or "none"
+        missing = ", ".join(self.without) or "none"
+        return f"RPC servers on {self.exchange!r}: {have}; nodes without a server: {missing}"
+
+
+def coverage(management: ManagementClient, exchange: str, vhost: str = "/") -> Coverage:
+    """Read the exchange's bindings and each bound queue's node from the management API."""
+    v = quote(vhost, safe="")
+    nodes = sorted(str(n["name"]) for n in management.nodes())
+    bindings = management.get(f"/api/exchanges/{v}/{quote(exchange, safe='')}/bindings/source")
+    servers: dict[str, int] = {}
+    for binding in bindings:
+        if binding.get("destination_type") != "queue":
+            continue
+        queue = management.queue(vhost, str(binding["destination"]))
+        node = str(queue.get("node") or queue.get("leader") or "")
+        if node:
+            servers[node] = servers.get(node, 0) + 1
+    return Coverage(exchange, servers, tuple(n for n in nodes if n not in servers))
+
+
+class _NodeServer(threading.Thread):
+    """One server: its own connection on one node, an exclusive queue, and a consume loop."""
+
+    def __init__(self, placed: PlacedConnection, exchange: str, handler: Handler, prefetch: int) -> None:
+        super().__init__(name=f"smartclient-rpc-{placed.node}", daemon=True)
+        self.placed = placed
+        self.exchange = exchange
+        self.handler = handler
+        self.prefetch = prefetch
+        self.queue = ""
+        self.handled = 0
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self._stopping = False
+
+    def run(self) -> None:
+        try:
+            channel = self.placed.channel()
+            declare_local_random_exchange(channel, self.exchange)
+            self.queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+            channel.queue_bind(self.queue, self.exchange, routing_key="")
+            channel.basic_qos(prefetch_count=self.prefetch)
+            channel.basic_consume(self.queue, self._on_request)
+            self.ready.set()
+            while not self._stopping:
+                self.placed.connection.process_data_events(time_limit=0.2)
+        except BaseException as exc:  # reported by RpcServer.start / stop
+            self.error = exc
+            self.ready.set()
+        finally:
+            self.placed.close()
+
+    def _on_request(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        import pika
+
+        try:
+            reply = self.handler(body, properties)
+        except Exception as exc:  # the client gets the error as the reply, flagged in a header
+            log.warning("RPC handler on %s failed: %s", self.placed.node, exc)
+            reply, headers = str(exc).encode(), {"x-rpc-error": type(exc).__name__}
+        else:
+            headers = {}
+        if properties.reply_to:
+            channel.basic_publish(
+                "", properties.reply_to, reply,
+                pika.BasicProperties(correlation_id=properties.correlation_id,
+                                     headers={"x-rpc-node": self.placed.node, **headers}),
+            )
+        channel.basic_ack(method.delivery_tag)
+        self.handled += 1
+
+    def stop(self) -> None:
+        self._stopping = True
+
+
+class RpcServer:
+    """RPC servers on every node (or on ``nodes``), ``per_node`` each, serving ``handler``.
+
+    :param handler: ``(body, properties) -> reply body``.
+    :param require_full_coverage: :meth:`start` raises :class:`NoRpcServer` when a node of the cluster
+        is left without a server (otherwise it logs a warning).
+    """
+
+    def __init__(self, placer: AmqpPlacer, exchange: str, handler: Handler, *,
+                 nodes: Sequence[str] | None = None, per_node: int = 1, prefetch: int = 10,
+                 require_full_coverage: bool = False) -> None:
+        if per_node < 1:
+            raise ConfigurationError(f"per_node must be at least 1, not {per_node}")
+        if not exchange:
+            raise ConfigurationError("the RPC exchange needs a name")
+        self.placer = placer
+        self.exchange = exchange
+        self.handler = handler
+        self.nodes = list(nodes) if nodes is not None else None
+        self.per_node = per_node
+        self.prefetch = prefetch
+        self.require_full_coverage = require_full_coverage
+        self.servers: list[_NodeServer] = []
+
+    def start(self, timeout: float = 30.0) -> Coverage:
+        """Place and start the servers; return the coverage report."""
+        names = self.nodes if self.nodes is not None else [n.name for n in self.placer.nodes()]
+        for node in names:
+            for _ in range(self.per_node):
+                server = _NodeServer(self.placer.connect(node), self.exchange, self.handler, self.prefetch)
+                server.start()
+                self.servers.append(server)
+        for server in self.servers:
+            if not server.ready.wait(timeout) or server.error is not None:
+                self.stop()
+                raise ConnectionFailed(f"the RPC server on {server.placed.node} did not start: {server.error}")
+        report = self.coverage()
+        if not report.complete:
+            if self.require_full_coverage:
+                self.stop()
+                raise NoRpcServer(f"{report}: clients on those nodes would get no answer", report.without[0])
+            log.warning("%s: clients publishing there get NoRpcServer", report)
+        return report
+
+    def coverage(self) -> Coverage:
+        """What the management API says now (servers of other processes count too)."""
+        deadline = time.monotonic() + 5
+        while True:  # a queue just bound may take a moment to show in the API
+            report = coverage(self.placer.management, self.exchange, self.placer.vhost)
+            mine = {s.placed.node for s in self.servers}
+            if mine <= set(report.servers) or time.monotonic() > deadline:
+                return report
+            time.sleep(0.1)
+
+    @property
+    def handled(self) -> int:
+        return sum(s.handled for s in self.servers)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        for server in self.servers:
+            server.join(5)
+        self.servers.clear()
+
+    def __enter__(self) -> RpcServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class Reply:
+    body: bytes
+    node: str  # the node of the server that answered
+    properties: Any
+
+
+class RpcClient:
+    """Calls over ``exchange`` from one placed connection (its node decides which servers can answer).
+
+    :raises NoRpcServer: from :meth:`call`, when no server queue on the connection's node is bound.
+    :raises RpcTimeout: from :meth:`call`, when no reply came within the timeout.
+    """
+
+    def __init__(self, placed: PlacedConnection, exchange: str, timeout: float = 5.0) -> None:
+        self.placed = placed
+        self.exchange = exchange
+        self.timeout = timeout
+        self.channel = placed.channel()
+        self.channel.confirm_delivery()  # so that basic.return surfaces as UnroutableError on publish
+        self._replies: dict[str, Reply] = {}
+        self.channel.basic_consume(REPLY_TO, self._on_reply, auto_ack=True)
+
+    def _on_reply(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        node = str((properties.headers or {}).get("x-rpc-node", ""))
+        self._replies[str(properties.correlation_id)] = Reply(body, node, properties)
+
+    def call(self, body: bytes, timeout: float | None = None) -> Reply:
+        import pika
+        import pika.exceptions as px
+
+        correlation_id = uuid.uuid4().hex
+        try:
+            self.channel.basic_publish(
+                self.exchange, "", body,
+                pika.BasicProperties(reply_to=REPLY_TO, correlation_id=correlation_id), mandatory=True,
+            )
+        except px.UnroutableError:
+            raise NoRpcServer(
+                f"no RPC server is bound to {self.exchange!r} on node {self.placed.node}: the local random "
+                f"exchange only delivers on the node the request was published on", self.placed.node,
+            ) from None
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while correlation_id not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RpcTimeout(f"no reply on {self.exchange!r} from node {self.placed.node} within the timeout")
+            self.placed.connection.process_data_events(time_limit=min(left, 0.5))
+        reply = self._replies.pop(correlation_id)
+        if reply.properties.headers and "x-rpc-error" in reply.properties.headers:
+            raise ConnectionFailed(f"the RPC server on {reply.node} failed: {reply.body.decode(errors='replace')}")
+        return reply

@@ -1,0 +1,143 @@
+"""Streams over AMQP 0.9.1 (pika): declaration, ``x-stream-offset`` consumers on a replica, QoS, acks.
+
+A stream read over AMQP needs a per-consumer prefetch (``basic.qos`` with ``global=false``); with a
+global one the broker closes the channel.  :func:`stream_qos` refuses it first, with a clear error.
+Messages must be acknowledged (there is no auto-ack on a stream); :class:`AmqpStreamConsumer` acks each
+one after the callback returns (at-least-once), unless the callback acked it already.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient.core.offsets import OffsetSpec
+from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
+
+if TYPE_CHECKING:
+    from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
+
+__all__ = ["AmqpStreamConsumer", "StreamDelivery", "declare_stream", "stream_members", "stream_qos"]
+
+
+def declare_stream(channel: Any, stream: str,
+                   arguments: StreamArguments | Mapping[str, Any] | None = None) -> None:
+    """Declare a stream (durable, ``x-queue-type: stream``) with validated arguments.
+
+    :raises ConfigurationError: a bad name or argument, before anything is sent.
+    """
+    validate_stream_name(stream)
+    channel.queue_declare(stream, durable=True, arguments=StreamArguments.coerce(arguments).to_amqp())
+
+
+def stream_qos(channel: Any, prefetch: int, *, global_qos: bool = False) -> None:
+    """Set the per-consumer prefetch a stream consumer needs.
+
+    :raises ConfigurationError: ``global_qos=True`` (the broker would close the channel), or a prefetch
+        that is not a positive int.
+    """
+    if global_qos:
+        raise ConfigurationError(
+            "global QoS is not allowed on a stream consumer: RabbitMQ closes the channel "
+            "(PRECONDITION_FAILED); use a per-consumer prefetch (global_qos=False)"
+        )
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+        raise ConfigurationError(f"a stream consumer needs a prefetch of at least 1, not {prefetch!r}")
+    channel.basic_qos(prefetch_count=prefetch, global_qos=False)
+
+
+def stream_members(placer: AmqpPlacer, stream: str) -> tuple[str, tuple[str, ...]]:
+    """``(leader, replicas)`` of a stream, as node names, from the management API."""
+    info = placer.management.queue(placer.vhost, stream)
+    leader = str(info.get("leader") or info.get("node") or "")
+    members = [str(m) for m in info.get("members") or [] if str(m) != leader]
+    if not leader:
+        raise NoCandidateNode(f"the management API reports no leader for stream {stream!r}")
+    return leader, tuple(sorted(members))
+
+
+@dataclass
+class StreamDelivery:
+    """One message read from a stream over AMQP."""
+
+    body: bytes
+    offset: int
+    properties: Any
+    _channel: Any
+    _tag: int
+    acked: bool = False
+
+    def ack(self) -> None:
+        if not self.acked:
+            self._channel.basic_ack(self._tag)
+            self.acked = True
+
+
+class AmqpStreamConsumer:
+    """Reads a stream over AMQP from a replica node (the leader if it has none).
+
+    :param offset: where to start: ``"first"``, ``"last"``, ``"next"``, an offset, a ``datetime``
+        (sent as an AMQP timestamp, in seconds) or an interval such as ``"1h"``; see :class:`OffsetSpec`.
+    :param prefetch: per-consumer prefetch (required: streams need it).
+    """
+
+    def __init__(self, placer: AmqpPlacer, stream: str, callback: Callable[[StreamDelivery], None], *,
+                 offset: OffsetSpec | str | int | dt.datetime = "next", prefetch: int = 100,
+                 node: str | None = None, global_qos: bool = False) -> None:
+        validate_stream_name(stream)
+        self.spec = OffsetSpec.parse(offset)
+        stream_qos(_NoChannel(), prefetch, global_qos=global_qos)  # bad input fails before any I/O
+        self.placer = placer
+        self.stream = stream
+        self.callback = callback
+        self.prefetch = prefetch
+        if node is None:
+            leader, replicas = stream_members(placer, stream)
+            node = random.choice(replicas) if replicas else leader
+        self.placed: PlacedConnection = placer.connect(node)
+        self.channel = self.placed.channel()
+        stream_qos(self.channel, prefetch)
+        self.tag = self.channel.basic_consume(
+            stream, self._on_message, auto_ack=False, arguments={"x-stream-offset": self.spec.to_amqp()},
+        )
+        self.delivered = 0
+
+    @property
+    def node(self) -> str:
+        return self.placed.node
+
+    def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        offset = int((properties.headers or {}).get("x-stream-offset", -1))
+        delivery = StreamDelivery(body, offset, properties, channel, method.delivery_tag)
+        self.callback(delivery)
+        delivery.ack()
+        self.delivered += 1
+
+    def poll(self, seconds: float) -> None:
+        """Deliver what arrives for ``seconds`` (call it from the thread that created the consumer)."""
+        self.placed.connection.process_data_events(time_limit=seconds)
+
+    def run(self) -> None:
+        """Deliver until :meth:`stop` is called from the callback."""
+        self.channel.start_consuming()
+
+    def stop(self) -> None:
+        self.channel.stop_consuming()
+
+    def close(self) -> None:
+        self.placed.close()
+
+    def __enter__(self) -> AmqpStreamConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NoChannel:
+    def basic_qos(self, **_: Any) -> None:
+        return None

@@ -1,0 +1,94 @@
+"""The nodes of a cluster and their listeners, as the management API describes them.  No I/O.
+
+AMQP 0.9.1 and MQTT do not say which node a connection reached, and their ports are not in the stream
+protocol's metadata.  The management API's ``/api/overview`` lists every listener of every node
+(``{"node": "rabbit-1@host", "protocol": "amqp", "ip_address": "::", "port": 5672}``); this module
+turns that into :class:`BrokerNode` values, whose *advertised* address for a protocol is the node's
+host name (or the listener's own IP when it is bound to one) with the listener's port.  The
+resolver maps it to what can be dialled, as for streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient.core.address import Address
+
+__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "surplus"]
+
+_ANY = {"::", "0.0.0.0", "", "[::]"}
+
+
+def node_host(node: str) -> str:
+    """The host part of an Erlang node name: ``rabbit-1@localhost`` -> ``localhost``."""
+    if "@" not in node:
+        raise ConfigurationError(f"{node!r} is not a RabbitMQ node name (name@host)")
+    return node.split("@", 1)[1]
+
+
+@dataclass(frozen=True)
+class BrokerNode:
+    """One node: its Erlang name and its listeners (protocol -> advertised address)."""
+
+    name: str
+    listeners: Mapping[str, Address] = field(default_factory=dict)
+
+    def address(self, protocol: str) -> Address:
+        try:
+            return self.listeners[protocol]
+        except KeyError:
+            raise NoCandidateNode(
+                f"node {self.name} has no {protocol} listener (it has: {', '.join(sorted(self.listeners)) or 'none'})"
+            ) from None
+
+    @property
+    def short(self) -> str:
+        return self.name.split("@", 1)[0]
+
+
+def nodes_from_overview(overview: Mapping[str, Any]) -> list[BrokerNode]:
+    """Every node with a listener in ``/api/overview``, sorted by name."""
+    listeners: dict[str, dict[str, Address]] = {}
+    for item in overview.get("listeners", []):
+        node = str(item["node"])
+        ip = str(item.get("ip_address", ""))
+        host = node_host(node) if ip in _ANY else ip
+        listeners.setdefault(node, {})[str(item["protocol"])] = Address(host, int(item["port"]))
+    return [BrokerNode(name, listeners[name]) for name in sorted(listeners)]
+
+
+def pick_node(nodes: Iterable[BrokerNode], wanted: str) -> BrokerNode:
+    """The node called ``wanted`` (full name, or the part before ``@``)."""
+    nodes = list(nodes)
+    for node in nodes:
+        if wanted in (node.name, node.short):
+            return node
+    raise NoCandidateNode(f"no node named {wanted!r} in the cluster (nodes: {', '.join(n.name for n in nodes)})")
+
+
+def evenly_spread(counts: Mapping[str, int], nodes: Sequence[str], total: int, tolerance: float) -> bool:
+    """Are all ``total`` connections on ``nodes`` (every node with some), max/min at most ``tolerance``?"""
+    values = [counts.get(n, 0) for n in nodes]
+    if sum(values) < total or min(values) == 0:
+        return False
+    return max(values) / min(values) <= tolerance
+
+
+def surplus(landed: Sequence[tuple[int, str | None]], nodes: Sequence[str], total: int) -> list[int]:
+    """Which connections to move so that no node holds more than its share (``ceil(total / nodes)``):
+    ``landed`` is ``(id, node)`` for each connection, in order; those on no node of ``nodes`` move too."""
+    share = math.ceil(total / len(nodes))
+    moving: list[int] = []
+    seen: dict[str, int] = {}
+    for ident, node in landed:
+        if node is None or node not in nodes:
+            moving.append(ident)
+            continue
+        seen[node] = seen.get(node, 0) + 1
+        if seen[node] > share:
+            moving.append(ident)
+    return moving

@@ -1,0 +1,111 @@
+"""One deadline per placement or recovery attempt, shared by every step inside it.
+
+A placement (``env.producer()``, ``env.consumer()``) or one recovery attempt opens a :class:`Deadline`
+with :func:`attempt`.  Every step inside it (connect and TLS, authenticate and open, a metadata
+query, declaring a publisher, subscribing) runs through :func:`step`, which gives the step the time
+the attempt has left, never a fixed timeout of its own, and records how long it took.  A step that
+runs out raises :class:`StepTimeout`, which names the step, the time it was given and the attempt.
+
+The deadline travels in a :mod:`contextvars` variable, so code several calls down (the connector,
+the rstream seam) reads it without threading it through every signature, and tasks created inside
+the attempt inherit it.  Outside any attempt, a step gets ``default`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from smartclient._errors import StepTimeout
+
+__all__ = ["DEFAULT_STEP_TIME", "Deadline", "attempt", "current", "detach", "remaining", "step"]
+
+T = TypeVar("T")
+
+DEFAULT_STEP_TIME = 10.0
+"""Seconds one step may take when no attempt bounds it (for example the Environment's first locator)."""
+
+_current: ContextVar[Deadline | None] = ContextVar("smartclient_deadline", default=None)
+
+
+@dataclass
+class Deadline:
+    """The time one attempt may take, and the log of its steps (``name ms outcome``)."""
+
+    what: str
+    seconds: float
+    at: float
+    steps: list[str] = field(default_factory=list)
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def log(self) -> str:
+        return ", ".join(self.steps) or "no step"
+
+
+def current() -> Deadline | None:
+    """The deadline of the attempt this code runs in, if any."""
+    return _current.get()
+
+
+def detach() -> None:
+    """Run the rest of this task outside any attempt.  A task inherits the context it was created in, so
+    one that outlives the attempt that started it (a recovery, a topology query shared by several
+    placements, anything started from a connection's reader) calls this first."""
+    _current.set(None)
+
+
+def remaining(default: float = DEFAULT_STEP_TIME) -> float:
+    """Seconds the current attempt has left (``default`` outside any attempt)."""
+    deadline = _current.get()
+    return deadline.remaining() if deadline is not None else default
+
+
+@contextmanager
+def attempt(seconds: float, what: str) -> Iterator[Deadline]:
+    """Open a deadline of ``seconds`` for ``what``; an enclosing attempt's earlier deadline still wins."""
+    outer = _current.get()
+    at = time.monotonic() + seconds
+    if outer is not None:
+        at = min(at, outer.at)
+    deadline = Deadline(what, seconds, at)
+    token = _current.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _current.reset(token)
+        if outer is not None:
+            outer.steps.extend(deadline.steps)
+
+
+async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP_TIME) -> T:
+    """Await ``awaitable`` within the time the current attempt has left.
+
+    :raises StepTimeout: it did not finish in time (it is cancelled).
+    """
+    deadline = _current.get()
+    limit = deadline.remaining() if deadline is not None else default
+    started = time.monotonic()
+    outcome = "ok"
+    try:
+        if limit <= 0:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise asyncio.TimeoutError
+        return await asyncio.wait_for(awaitable, limit)
+    except asyncio.TimeoutError:
+        outcome = "timeout"
+        within = f"{deadline.what} ({deadline.seconds:.1f} s)" if deadline is not None else "its default bound"
+        raise StepTimeout(f"{name}: no answer within {limit:.2f} s, the time left of {within}") from None
+    except BaseException as exc:
+        outcome = type(exc).__name__
+        raise
+    finally:
+        if deadline is not None:
+            deadline.steps.append(f"{name} {1000 * (time.monotonic() - started):.0f} ms {outcome}")

@@ -1,0 +1,40 @@
+"""``StreamFilter``: which messages a consumer wants, by the filter values producers attach.
+
+The broker keeps a Bloom filter per chunk and sends only the chunks that may hold a wanted value;
+a chunk can still hold other messages, so the client applies ``post_filter`` to each message too
+(without one, whole chunks are delivered).  Needs RabbitMQ 3.13+ (Publish v2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartclient._errors import ConfigurationError
+
+__all__ = ["StreamFilter"]
+
+
+@dataclass(frozen=True)
+class StreamFilter:
+    """:param values: filter values wanted (at least one).
+    :param post_filter: client-side check of each message of a delivered chunk (the Bloom filter only
+        selects chunks); receives the message as the consumer's callback would.
+    :param match_unfiltered: also deliver messages published without a filter value.
+    """
+
+    values: Sequence[str]
+    post_filter: Callable[[Any], bool] | None = field(default=None, compare=False)
+    match_unfiltered: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.values, str) or not self.values:
+            raise ConfigurationError("a StreamFilter needs a non-empty list of filter values (not a str)")
+        if not all(isinstance(v, str) and v for v in self.values):
+            raise ConfigurationError(f"filter values {list(self.values)!r} must be non-empty strings")
+
+    def to_rstream(self) -> Any:
+        from rstream import FilterConfiguration
+
+        return FilterConfiguration(list(self.values), self.post_filter, self.match_unfiltered)

@@ -1,0 +1,175 @@
+"""The "connect, check the node the connection reports, keep or retry" state machine. No I/O.
+
+The async stream shell (and later the sync AMQP and MQTT shells) drive it::
+
+    landing = Landing(candidates, policy)
+    while True:
+        target = landing.next_target()          # advertised node to aim at (the resolver maps it)
+        ... dial, then either
+        decision = landing.landed(target, dialled, reported)   # ACCEPT, or KEEP it for another use
+        ... or landing.failed(target, dialled, error)
+        step = landing.next_step()              # Wait(seconds) | UseFallback(node) | GiveUp(error)
+
+Which landings are acceptable:
+
+* a node in tier 0 of the candidates: at once;
+* a node in a later tier: at once if every node of the earlier tiers has already failed to connect
+  (direct mode: the replica is down, use the leader); otherwise it is kept, and used if tier 0 turns out
+  to be out of reach (a load balancer that never routes there);
+* any other node: a mismatch, kept for another placement that needs that node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from smartclient._errors import NodeUnreachable, PlacementError
+from smartclient.core.address import Address
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.topology import Candidates
+
+__all__ = ["Attempt", "Decision", "GiveUp", "Landing", "UseFallback", "Wait", "summarise"]
+
+
+class Decision(str, Enum):
+    ACCEPT = "accept"
+    KEEP = "keep"  # a good connection to the wrong node: park it for another placement
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One connection of a placement: what was aimed at, dialled, and reported, and what became of it."""
+
+    target: Address
+    dialled: Address | None
+    reported: Address | None
+    outcome: str
+
+    def __str__(self) -> str:
+        reached = f"reached {self.reported}" if self.reported else "reached nothing"
+        return f"dialled {self.dialled or '?'} for {self.target}: {reached}, {self.outcome}"
+
+
+def summarise(attempts: list[Attempt]) -> str:
+    """The attempts, each distinct one once with its count, in the order first seen: 21 identical
+    misses through a sticky LB read as one line, not 21."""
+    counts: dict[str, int] = {}
+    for item in attempts:
+        line = str(item)
+        counts[line] = counts.get(line, 0) + 1
+    return "; ".join(f"{n}x {line}" if n > 1 else line for line, n in counts.items())
+
+
+@dataclass(frozen=True)
+class Wait:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class UseFallback:
+    node: Address
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    error: PlacementError
+
+
+Step = Wait | UseFallback | GiveUp
+
+
+class Landing:
+    """State of one placement. Call :meth:`next_step` after every :meth:`landed` or :meth:`failed`."""
+
+    def __init__(
+        self, candidates: Candidates, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.candidates = candidates
+        self.policy = policy
+        self._clock = clock
+        self._started = clock()
+        self.attempts: list[Attempt] = []
+        self._targets = candidates.all
+        self._failed: set[Address] = set()  # candidates that could not be connected to
+        self._seen: set[Address] = set()  # nodes reached
+        self._since_new_node = 0  # consecutive wrong landings that reached no new node
+        self._consecutive_failures = 0
+        self._fallback: tuple[int, Address] | None = None  # (tier, node) of the best kept landing
+        self.accepted: Address | None = None
+
+    # -- what to do next -------------------------------------------------------------------
+    def next_target(self) -> Address:
+        """The candidate to aim at: tier by tier, skipping those that failed since the last full round."""
+        untried = [a for a in self._targets if a not in self._failed]
+        if not untried:  # every candidate failed once: start another round
+            self._failed.clear()
+            untried = list(self._targets)
+        return untried[0]
+
+    def landed(self, target: Address, dialled: Address, reported: Address) -> Decision:
+        self._consecutive_failures = 0
+        new_node = reported not in self._seen
+        self._seen.add(reported)
+        tier = self.candidates.tier_of(reported)
+        if tier == 0 or (tier is not None and self._earlier_tiers_failed(tier)):
+            self.accepted = reported
+            self.attempts.append(Attempt(target, dialled, reported, f"accepted (tier {tier})"))
+            return Decision.ACCEPT
+        if tier is not None:
+            if self._fallback is None or tier < self._fallback[0]:
+                self._fallback = (tier, reported)
+            outcome = f"kept: tier {tier}, used only if tier 0 {self._tier0()} stays out of reach"
+        else:
+            outcome = f"kept for another placement: not a candidate ({self.candidates})"
+        self.attempts.append(Attempt(target, dialled, reported, outcome))
+        self._since_new_node = 0 if new_node else self._since_new_node + 1
+        return Decision.KEEP
+
+    def failed(self, target: Address, dialled: Address | None, error: BaseException) -> None:
+        self._failed.add(target)
+        self._consecutive_failures += 1
+        self.attempts.append(Attempt(target, dialled, None, f"failed: {type(error).__name__}: {error}"))
+
+    def next_step(self) -> Step:
+        """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up."""
+        elapsed = self._clock() - self._started
+        exhausted = len(self.attempts) >= self.policy.max_attempts or elapsed >= self.policy.max_time
+        sticky = self._since_new_node >= self.policy.sticky_window
+        if exhausted or sticky:
+            if self._fallback is not None:
+                return UseFallback(self._fallback[1])
+            return GiveUp(self._error(sticky, elapsed))
+        delay = self.policy.backoff(self._consecutive_failures)
+        return Wait(min(delay, max(0.0, self.policy.max_time - elapsed)))
+
+    def forget_fallback(self) -> None:
+        """The kept fallback connection is gone (closed meanwhile)."""
+        self._fallback = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _earlier_tiers_failed(self, tier: int) -> bool:
+        earlier = [a for t in self.candidates.tiers[:tier] for a in t]
+        return all(a in self._failed for a in earlier)
+
+    def _tier0(self) -> str:
+        return "{" + ", ".join(map(str, self.candidates.tiers[0])) + "}"
+
+    def _error(self, sticky: bool, elapsed: float) -> PlacementError:
+        role, stream = self.candidates.role.value, self.candidates.stream
+        reached = ", ".join(sorted(map(str, self._seen))) or "none"
+        history = summarise(self.attempts)
+        if sticky or (self._seen and not self._failed):
+            return NodeUnreachable(
+                f"could not place the {role} of {stream!r} on {self.candidates}: {len(self.attempts)} connections "
+                f"in {elapsed:.1f}s reached only {reached}; the load balancer (or resolver) never routes to a "
+                f"candidate. Attempts: {history}",
+                tuple(self.attempts),
+            )
+        return PlacementError(
+            f"could not place the {role} of {stream!r} on {self.candidates} within {len(self.attempts)} attempts "
+            f"and {elapsed:.1f}s; nodes reached: {reached}. Attempts: {history}",
+            tuple(self.attempts),
+        )

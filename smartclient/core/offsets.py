@@ -1,0 +1,148 @@
+"""``OffsetSpec``: where a consumer starts: first, last, next, an offset, a timestamp or an interval."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from smartclient._errors import ConfigurationError
+from smartclient.core.stream_arguments import parse_duration
+
+__all__ = ["OffsetSpec", "OffsetTracking"]
+
+_KINDS = ("first", "last", "next", "offset", "timestamp", "interval")
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """One starting point.  Build it with the class methods, or :meth:`parse` a friendly value:
+
+    ``"first"``, ``"last"``, ``"next"``, an ``int`` offset, a ``datetime`` (aware, or naive UTC) or
+    an interval string such as ``"1h"`` (now minus one hour; units Y M D h m s).  An interval is
+    resolved to a timestamp when the consumer subscribes, not when the spec is made.
+    """
+
+    kind: str
+    value: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ConfigurationError(f"offset kind {self.kind!r} must be one of {_KINDS}")
+        if self.kind == "offset" and (isinstance(self.value, bool) or not isinstance(self.value, int)
+                                      or self.value < 0):
+            raise ConfigurationError(f"an absolute offset must be a non-negative int, not {self.value!r}")
+        if self.kind == "timestamp" and (not isinstance(self.value, int) or self.value < 0):
+            raise ConfigurationError(f"a timestamp must be non-negative milliseconds, not {self.value!r}")
+        if self.kind == "interval":
+            parse_duration(str(self.value), "offset interval")
+
+    @classmethod
+    def first(cls) -> OffsetSpec:
+        return cls("first")
+
+    @classmethod
+    def last(cls) -> OffsetSpec:
+        return cls("last")
+
+    @classmethod
+    def next(cls) -> OffsetSpec:
+        return cls("next")
+
+    @classmethod
+    def at(cls, offset: int) -> OffsetSpec:
+        return cls("offset", offset)
+
+    @classmethod
+    def timestamp(cls, when: dt.datetime) -> OffsetSpec:
+        if not isinstance(when, dt.datetime):
+            raise ConfigurationError(f"a timestamp offset needs a datetime, not {when!r}")
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        return cls("timestamp", int(when.timestamp() * 1000))
+
+    @classmethod
+    def interval(cls, text: str) -> OffsetSpec:
+        return cls("interval", text)
+
+    @classmethod
+    def parse(cls, value: Any) -> OffsetSpec:
+        if isinstance(value, OffsetSpec):
+            return value
+        if isinstance(value, bool):
+            raise ConfigurationError(f"offset {value!r} is a bool, not an offset")
+        if isinstance(value, int):
+            return cls.at(value)
+        if isinstance(value, dt.datetime):
+            return cls.timestamp(value)
+        if isinstance(value, str):
+            if value in ("first", "last", "next"):
+                return cls(value)
+            return cls.interval(value)
+        raise ConfigurationError(
+            f"offset {value!r} must be 'first', 'last', 'next', an int, a datetime or an interval like '1h'"
+        )
+
+    def timestamp_ms(self, now: float | None = None) -> int | None:
+        """The timestamp this spec starts from, in ms (for an interval, counted back from ``now``)."""
+        if self.kind == "timestamp":
+            return int(self.value)  # type: ignore[arg-type]
+        if self.kind == "interval":
+            current = time.time() if now is None else now
+            return int((current - parse_duration(str(self.value))) * 1000)
+        return None
+
+    def to_rstream(self) -> Any:
+        from rstream import ConsumerOffsetSpecification, OffsetType
+
+        simple = {"first": OffsetType.FIRST, "last": OffsetType.LAST, "next": OffsetType.NEXT}
+        if self.kind in simple:
+            return ConsumerOffsetSpecification(simple[self.kind], None)
+        if self.kind == "offset":
+            return ConsumerOffsetSpecification(OffsetType.OFFSET, int(self.value))  # type: ignore[arg-type]
+        return ConsumerOffsetSpecification(OffsetType.TIMESTAMP, self.timestamp_ms())
+
+    def to_protocol(self) -> Any:
+        """rstream's ``schema.OffsetSpecification`` (what a consumer-update answer carries)."""
+        from rstream.constants import OffsetType
+        from rstream.schema import OffsetSpecification
+
+        spec = self.to_rstream()
+        value = spec.offset if spec.offset is not None else 0
+        return OffsetSpecification(offset_type=int(OffsetType(spec.offset_type)), offset=value)
+
+    def to_amqp(self) -> Any:
+        """The ``x-stream-offset`` consumer argument for AMQP 0.9.1 (timestamps in seconds there)."""
+        if self.kind in ("first", "last", "next"):
+            return self.kind
+        if self.kind == "offset":
+            return self.value
+        if self.kind == "interval":
+            return self.value
+        return dt.datetime.fromtimestamp(int(self.value) / 1000, tz=dt.timezone.utc)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind} {self.value}"
+
+
+@dataclass(frozen=True)
+class OffsetTracking:
+    """Store a named consumer's offset on the server automatically: after every ``every`` messages,
+    and ``interval`` seconds after the last store if more arrived since; and once more on close.
+
+    :param every: messages between stores (None: not by count).
+    :param interval: seconds between stores while messages arrive (None: not by time).
+    """
+
+    every: int | None = 1000
+    interval: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        if self.every is None and self.interval is None:
+            raise ConfigurationError("OffsetTracking needs every= or interval= (or both)")
+        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
+                                       or self.every < 1):
+            raise ConfigurationError(f"OffsetTracking.every must be a positive int, not {self.every!r}")
+        if self.interval is not None and not self.interval > 0:
+            raise ConfigurationError(f"OffsetTracking.interval must be positive, not {self.interval!r}")

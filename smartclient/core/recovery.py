@@ -1,0 +1,73 @@
+"""``RecoveryPolicy``: how producers and consumers come back after a connection loss or a leader move.
+
+Pure: the policy is a frozen value and :meth:`RecoveryPolicy.next_delay` a function of the attempt
+number and the time spent, so the schedule is unit-tested without a broker.  The shell that uses it
+is ``Producer._recover`` / ``Consumer._recover`` in :mod:`smartclient.stream.handles`.
+
+Every recovery is bounded twice, by attempts and by time; when either runs out, a producer fails its
+pending messages with the reason and a consumer reports it (nothing loops forever).  Authentication
+failures end a recovery at once by default: the same credentials will not start working in a tight
+loop.  With ``retry_authentication=True`` they are retried, but only every ``max_delay`` seconds.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from smartclient._errors import ConfigurationError
+
+__all__ = ["RecoveryPolicy"]
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """Back-off of one producer's or consumer's recovery.
+
+    :param enabled: recover at all (off: a lost producer fails its pending messages at once).
+    :param initial_delay: seconds before the second attempt (the first is immediate).
+    :param factor: each delay is this times the previous one ...
+    :param max_delay: ... up to this many seconds.
+    :param jitter: each delay is spread by up to this fraction either way, so that many clients that lost
+        the same node do not come back in lock step.
+    :param max_attempts: give up after this many attempts.
+    :param max_time: give up after this many seconds.
+    :param attempt_time: seconds one attempt may spend placing its connection (the
+        :class:`RetryPolicy` ``max_time`` during a recovery), so a stale leader is looked up again soon.
+    :param retry_authentication: keep trying (every ``max_delay``) when the broker refuses the credentials.
+    """
+
+    enabled: bool = True
+    initial_delay: float = 0.1
+    factor: float = 1.6
+    max_delay: float = 5.0
+    jitter: float = 0.2
+    max_attempts: int = 200
+    max_time: float = 300.0
+    attempt_time: float = 3.0
+    retry_authentication: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.initial_delay <= self.max_delay:
+            raise ConfigurationError("RecoveryPolicy needs 0 <= initial_delay <= max_delay")
+        if self.factor < 1:
+            raise ConfigurationError(f"RecoveryPolicy.factor must be at least 1, not {self.factor}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigurationError(f"RecoveryPolicy.jitter must be in [0, 1), not {self.jitter}")
+        if self.max_attempts < 1 or self.max_time <= 0 or self.attempt_time <= 0:
+            raise ConfigurationError("RecoveryPolicy needs max_attempts >= 1, max_time > 0 and attempt_time > 0")
+
+    def next_delay(self, attempts: int, elapsed: float, *, authentication: bool = False,
+                   rng: random.Random | None = None) -> float | None:
+        """Seconds to wait after ``attempts`` failed attempts and ``elapsed`` seconds, or None: give up."""
+        if not self.enabled or attempts >= self.max_attempts or elapsed >= self.max_time:
+            return None
+        if authentication:
+            if not self.retry_authentication:
+                return None
+            base = self.max_delay
+        else:
+            base = min(self.max_delay, self.initial_delay * self.factor ** (attempts - 1))
+        spread = (rng or random).uniform(-self.jitter, self.jitter) if self.jitter else 0.0
+        delay = base * (1 + spread)
+        return max(0.0, min(delay, self.max_time - elapsed))

@@ -1,0 +1,55 @@
+"""``RetryPolicy``: how hard a placement tries, as one small frozen value.
+
+Unlike the Java client, every loop is capped twice: by attempts and by total
+time.  A load balancer that keeps returning the same nodes is detected after
+``sticky_window`` consecutive wrong landings that reach no node not seen
+before, long before either cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smartclient._errors import ConfigurationError
+
+__all__ = ["RetryPolicy"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Caps and back-off of one placement.
+
+    :param max_attempts: connections opened for one placement, at most.
+    :param max_time: seconds one placement may take, at most.
+    :param sticky_window: consecutive wrong landings, with no new node among them, after which the
+        load balancer is taken to be sticky (``NodeUnreachable``).  With a random LB and one acceptable
+        node out of three, 20 misses in a row happen with probability (2/3)**20, about 3 in 10,000.
+    :param backoff_initial: first delay after a failed connection, in seconds (wrong landings do not wait:
+        a round-robin LB gives the next node to the very next connection).
+    :param backoff_max: longest delay.
+    """
+
+    max_attempts: int = 40
+    max_time: float = 15.0
+    sticky_window: int = 20
+    backoff_initial: float = 0.05
+    backoff_max: float = 1.0
+    backoff_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
+        if self.max_time <= 0:
+            raise ConfigurationError(f"RetryPolicy.max_time must be positive, not {self.max_time}")
+        if self.sticky_window < 2:
+            raise ConfigurationError(f"RetryPolicy.sticky_window must be at least 2, not {self.sticky_window}")
+        if self.backoff_initial < 0 or self.backoff_max < self.backoff_initial or self.backoff_factor < 1:
+            raise ConfigurationError(
+                "RetryPolicy back-off needs 0 <= backoff_initial <= backoff_max and backoff_factor >= 1"
+            )
+
+    def backoff(self, consecutive_failures: int) -> float:
+        """Delay before the next attempt after ``consecutive_failures`` failed connections in a row."""
+        if consecutive_failures <= 0:
+            return 0.0
+        return min(self.backoff_max, self.backoff_initial * self.backoff_factor ** (consecutive_failures - 1))

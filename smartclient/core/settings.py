@@ -1,0 +1,121 @@
+"""Small frozen settings: credentials, entry-point URIs, pool limits.  Validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from smartclient._errors import ConfigurationError
+from smartclient.core.address import Address
+
+__all__ = ["Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
+
+STREAM_PORT = 5552
+STREAM_TLS_PORT = 5551
+SCHEMES = {"rabbitmq-stream": False, "rabbitmq-stream+tls": True}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """User and password; the password never appears in ``repr`` or ``str``."""
+
+    username: str = "guest"
+    password: str = field(default="guest", repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.username:
+            raise ConfigurationError("the username is empty")
+
+    def __str__(self) -> str:
+        return f"{self.username}:***"
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """How connections are shared and kept.
+
+    :param max_streams_per_connection: publishers (or subscriptions) on one connection, at most.  An
+        Environment's producers share one connection per node, and so do its consumers, up to this many
+        each; then another connection to that node is opened.
+    :param idle_timeout: seconds a connection that landed on an unwanted node is kept for another
+        placement before it is closed.
+    :param max_parked_per_node: such connections kept per node, at most.
+    """
+
+    max_streams_per_connection: int = 200
+    idle_timeout: float = 5.0
+    max_parked_per_node: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_streams_per_connection <= 200:  # rstream.constants.MAX_ITEM_ALLOWED
+            raise ConfigurationError(
+                f"max_streams_per_connection must be between 1 and 200, not {self.max_streams_per_connection}"
+            )
+        if self.idle_timeout < 0:
+            raise ConfigurationError(f"idle_timeout must not be negative, not {self.idle_timeout}")
+        if self.max_parked_per_node < 0:
+            raise ConfigurationError(f"max_parked_per_node must not be negative, not {self.max_parked_per_node}")
+
+
+@dataclass(frozen=True)
+class StreamURI:
+    """One parsed entry point."""
+
+    address: Address
+    tls: bool
+    credentials: Credentials | None
+    vhost: str | None
+
+    def __repr__(self) -> str:
+        scheme = "rabbitmq-stream+tls" if self.tls else "rabbitmq-stream"
+        user = f"{self.credentials}@" if self.credentials else ""
+        return f"StreamURI('{scheme}://{user}{self.address}/{self.vhost or ''}')"
+
+
+def parse_stream_uri(uri: str) -> StreamURI:
+    """Parse ``rabbitmq-stream[+tls]://[user:password@]host[:port][/vhost]``.
+
+    The vhost is the URL-decoded path (``/%2F`` or an empty path is the default vhost ``/``).
+
+    :raises ConfigurationError: unsupported scheme, a user without a password, a bad port, extra path.
+    """
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(f"malformed stream URI {_redact(uri)!r}: {exc}") from None
+    if parts.scheme not in SCHEMES:
+        raise ConfigurationError(
+            f"unsupported URI scheme {parts.scheme!r} in {_redact(uri)!r}; use rabbitmq-stream:// or "
+            f"rabbitmq-stream+tls://"
+        )
+    tls = SCHEMES[parts.scheme]
+    if not parts.hostname:
+        raise ConfigurationError(f"stream URI {_redact(uri)!r} has no host")
+    credentials = None
+    if parts.username is not None:
+        if parts.password is None:
+            raise ConfigurationError(
+                f"stream URI {_redact(uri)!r} names user {unquote(parts.username)!r} without a password"
+            )
+        credentials = Credentials(unquote(parts.username), unquote(parts.password))
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if "/" in path:
+        raise ConfigurationError(f"stream URI {_redact(uri)!r} has a path with more than a vhost; encode '/' as %2F")
+    vhost = unquote(path) if path else None
+    if parts.query or parts.fragment:
+        raise ConfigurationError(f"stream URI {_redact(uri)!r} has a query or fragment, which are not supported")
+    address = Address(parts.hostname, port or (STREAM_TLS_PORT if tls else STREAM_PORT))
+    return StreamURI(address, tls, credentials, vhost)
+
+
+def _redact(uri: str) -> str:
+    """The URI with its password replaced by ***, for error messages."""
+    try:
+        parts = urlsplit(uri)
+        if parts.password is None:
+            return uri
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+    except ValueError:
+        return "<unparseable URI>"

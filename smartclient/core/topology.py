@@ -1,0 +1,146 @@
+"""A stream's topology, as the metadata command describes it, and who may serve each role.
+
+Pure values: no I/O.  The leader and replicas are identified by their
+*advertised* address (what the node says it is); where to dial each one is the
+resolver's business and happens at one seam, in the connector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient.core.address import Address
+
+__all__ = ["Candidates", "PlacementPolicy", "Role", "StreamTopology", "TopologyNode"]
+
+
+class Role(str, Enum):
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+    LOCATOR = "locator"
+    CONNECTION = "connection"  # an AMQP or MQTT connection placed on a node
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """Where producers and consumers may land (the Java client's two flags).
+
+    :param force_leader_for_producers: producers only on the leader; if False, any member.
+    :param force_replica_for_consumers: consumers only on replicas; if False the leader is the fallback.
+    """
+
+    force_leader_for_producers: bool = True
+    force_replica_for_consumers: bool = False
+
+
+@dataclass(frozen=True)
+class TopologyNode:
+    """One member of a stream: the address it advertises, and the address the resolver dials for it
+    (``dial`` is None, with ``error`` saying why, if resolution failed)."""
+
+    role: str  # "leader" or "replica"
+    advertised: Address
+    dial: Address | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamTopology:
+    """Leader and replicas of one stream, by advertised address, with when they were read.
+
+    ``dial`` maps each member to its resolved, dialable address, when the Environment resolved them.
+    """
+
+    stream: str
+    leader: Address
+    replicas: tuple[Address, ...]
+    read_at: float = field(default_factory=time.monotonic, compare=False)
+    dial: Mapping[Address, Address | str] = field(default_factory=dict, compare=False)
+
+    @property
+    def nodes(self) -> tuple[TopologyNode, ...]:
+        """Every member with its advertised and dialable address."""
+        out = []
+        for role, address in [("leader", self.leader), *(("replica", r) for r in self.replicas)]:
+            resolved = self.dial.get(address)
+            out.append(TopologyNode(role, address, resolved if isinstance(resolved, Address) else None,
+                                    resolved if isinstance(resolved, str) else None))
+        return tuple(out)
+
+    def __post_init__(self) -> None:
+        if self.leader in self.replicas:
+            raise ConfigurationError(f"{self.stream}: the leader {self.leader} is also listed as a replica")
+
+    @property
+    def members(self) -> tuple[Address, ...]:
+        return (self.leader, *self.replicas)
+
+    def producer_candidates(self, policy: PlacementPolicy = PlacementPolicy()) -> Candidates:
+        """The leader; if the policy does not force it, the replicas as a fallback tier."""
+        if policy.force_leader_for_producers or not self.replicas:
+            return Candidates(self.stream, Role.PRODUCER, ((self.leader,),))
+        return Candidates(self.stream, Role.PRODUCER, ((self.leader,), self.replicas))
+
+    def consumer_candidates(
+        self, policy: PlacementPolicy = PlacementPolicy(), load: Mapping[Address, int] | None = None
+    ) -> Candidates:
+        """Least-loaded replicas first, then the other replicas, then the leader unless replicas are forced.
+
+        :raises NoCandidateNode: replicas are forced and the stream has none (yet).
+        """
+        counts = load or {}
+        tiers: list[tuple[Address, ...]] = []
+        if self.replicas:
+            lowest = min(counts.get(a, 0) for a in self.replicas)
+            tiers.append(tuple(sorted(a for a in self.replicas if counts.get(a, 0) == lowest)))
+            rest = tuple(sorted(a for a in self.replicas if counts.get(a, 0) != lowest))
+            if rest:
+                tiers.append(rest)
+        elif policy.force_replica_for_consumers:
+            raise NoCandidateNode(
+                f"stream {self.stream!r} has no replica online and replicas are forced for consumers "
+                f"(leader {self.leader})"
+            )
+        if not policy.force_replica_for_consumers:
+            tiers.append((self.leader,))
+        return Candidates(self.stream, Role.CONSUMER, tuple(tiers))
+
+    def candidates(
+        self, role: Role, policy: PlacementPolicy = PlacementPolicy(), load: Mapping[Address, int] | None = None
+    ) -> Candidates:
+        if role is Role.PRODUCER:
+            return self.producer_candidates(policy)
+        if role is Role.CONSUMER:
+            return self.consumer_candidates(policy, load)
+        return Candidates(self.stream, role, (self.members,))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The nodes a placement accepts, in tiers: tier 0 is taken at once; a later tier only if tier 0 is
+    out of reach.  Any node of any tier is *acceptable*; a node in no tier is a mismatch."""
+
+    stream: str
+    role: Role
+    tiers: tuple[tuple[Address, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.tiers or not all(self.tiers):
+            raise ConfigurationError(f"placement of a {self.role.value} on {self.stream!r} has an empty tier")
+
+    @property
+    def all(self) -> tuple[Address, ...]:
+        return tuple(a for tier in self.tiers for a in tier)
+
+    def tier_of(self, node: Address) -> int | None:
+        for index, tier in enumerate(self.tiers):
+            if node in tier:
+                return index
+        return None
+
+    def __str__(self) -> str:
+        return " > ".join("{" + ", ".join(map(str, tier)) + "}" for tier in self.tiers)

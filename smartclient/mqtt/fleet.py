@@ -1,0 +1,500 @@
+"""Thousands of MQTT connections from one process, driven by one selector thread, spread over the nodes.
+
+paho runs one network thread per client (``loop_start``).  A fleet instead uses paho's external-loop
+interface: every client's socket is registered with one ``selectors`` selector (``on_socket_open``,
+``on_socket_register_write``, ...), and one thread calls ``loop_read``/``loop_write`` on the ready ones and
+``loop_misc`` (keepalive) on every client once a second.  No thread per client, no socket pair per
+client: one file descriptor each.
+
+Spreading: directly, client *i* aims at node *i* mod *n* (through the resolver and the allow-list).
+Through a load balancer, every client goes through it; the management API then says where each landed,
+and clients on nodes above their share are reconnected through the balancer until every node holds its
+share (or the rounds run out).  A client whose connection drops reconnects to the next node, as a
+:class:`~smartclient.mqtt.placement.PlacedMqttClient` does.
+
+Thread safety: ``publish``/``subscribe`` may be called from any thread; socket registration changes made
+off the loop thread are handed to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import math
+import os
+import random
+import selectors
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as paho
+
+from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreachable, SmartClientError
+from smartclient.core.address import Address
+from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
+from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
+from smartclient.mqtt.topics import validate_filter, validate_topic
+
+__all__ = ["FleetReport", "MqttFleet", "process_rss"]
+
+log = logging.getLogger(__name__)
+
+MessageCallback = Callable[[int, paho.MQTTMessage], None]
+
+
+def process_rss() -> int:
+    """This process's resident set size in bytes (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    """What :meth:`MqttFleet.start` did."""
+
+    size: int
+    connected: int
+    per_node: dict[str, int]
+    connect_seconds: float
+    rss_per_connection: float  # bytes of this process's RSS per connection, measured around the start
+    rebalanced: int = 0  # connections moved to even out the nodes (through a load balancer)
+    failed: int = 0
+
+    @property
+    def spread(self) -> float:
+        """max/min connections per node (1.0 is perfectly even; inf if a node has none)."""
+        counts = [c for c in self.per_node.values()]
+        if not counts:
+            return math.inf
+        return max(counts) / min(counts) if min(counts) else math.inf
+
+
+@dataclass
+class _Member:
+    index: int
+    client: PlacedMqttClient
+    node: str | None = None
+    up: bool = False
+    closing: bool = False
+    retry_delay: float = 0.0
+    failures: int = 0
+    listed_at: int = -1  # the management API's connected_at when last identified
+    started: bool = False  # its first connect was begun (later ones are reconnects)
+
+
+class MqttFleet:
+    """``size`` MQTT connections from this process, on one selector thread, spread evenly over the nodes.
+
+    :param placer: how to reach the cluster (resolver, allow-list, ``via`` load balancer, TLS, options).
+    :param client_id_prefix: client ids are ``<prefix>-<index>``.
+    :param nodes: spread over these nodes only (full or short names; default: every node with a listener).
+    :param window: most connections waiting for their CONNACK at once.
+    :param on_message: ``f(index, message)``, on the loop thread, for messages to subscribed clients.
+    :param tolerance: through a load balancer, rebalance until max/min per node is at most this.
+
+    Use it as ``with MqttFleet(placer, 1000) as fleet:``; :meth:`start` connects (``__enter__`` calls it).
+    """
+
+    def __init__(
+        self,
+        placer: MqttPlacer,
+        size: int,
+        *,
+        client_id_prefix: str = "smartclient-fleet",
+        nodes: list[str] | None = None,
+        window: int = 256,
+        on_message: MessageCallback | None = None,
+        tolerance: float = 1.05,
+        rebalance_rounds: int = 10,
+    ) -> None:
+        if size < 1:
+            raise ConfigurationError(f"a fleet needs at least one connection, not {size}")
+        if window < 1:
+            raise ConfigurationError(f"window must be at least 1, not {window}")
+        if tolerance < 1.0:
+            raise ConfigurationError(f"tolerance is a max/min ratio, at least 1.0, not {tolerance}")
+        if placer.via is not None and placer.management is None:
+            raise ConfigurationError("a fleet behind a load balancer needs the management API to see where it landed")
+        self.placer = placer
+        self.size = size
+        self.prefix = client_id_prefix
+        self.window = window
+        self.on_message = on_message
+        self.tolerance = tolerance
+        self.rebalance_rounds = rebalance_rounds
+        self._wanted_nodes = nodes
+        self._targets: list[tuple[Address, str | None]] = []
+        self.members: list[_Member] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._loop_ident = 0
+        self._stop = False
+        self._awaiting: set[int] = set()
+        self.disconnects = 0
+        self.reconnects = 0
+
+    # -- public ------------------------------------------------------------------------------
+    def __enter__(self) -> MqttFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __iter__(self) -> Iterator[PlacedMqttClient]:
+        return (m.client for m in self.members)
+
+    def client(self, index: int) -> PlacedMqttClient:
+        return self.members[index].client
+
+    def per_node(self) -> Counter[str]:
+        """Connected clients per node, as far as known (through an LB: as last identified)."""
+        return Counter(m.node for m in self.members if m.up and m.node is not None)
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for m in self.members if m.up)
+
+    def start(self, timeout: float = 300.0) -> FleetReport:
+        """Connect every client (and, through a load balancer, even them out).
+
+        :raises ConnectionFailed: not every client was connected within ``timeout`` seconds.
+        """
+        if self._thread is not None:
+            raise ConfigurationError("this fleet was started already")
+        rss0 = process_rss()
+        t0 = time.monotonic()
+        self._targets = self._spread_targets()
+        self._thread = threading.Thread(target=self._run, name="smartclient-mqtt-fleet", daemon=True)
+        self._thread.start()
+        for i in range(self.size):
+            self.members.append(_Member(i, self._new_client(i)))
+        self._call(self._pump)
+        deadline = t0 + timeout
+        try:
+            self._wait(lambda: self.connected + self._failed() >= self.size, deadline, "connect")
+            if self._failed():
+                raise ConnectionFailed(f"{self._failed()} of {self.size} fleet connections failed; see the log")
+            rebalanced = self._rebalance(deadline) if self.placer.via is not None else 0
+        except BaseException:
+            self.close()
+            raise
+        seconds = time.monotonic() - t0
+        return FleetReport(self.size, self.connected, dict(sorted(self.per_node().items())), seconds,
+                           (process_rss() - rss0) / max(1, self.connected), rebalanced, self._failed())
+
+    def publish(self, index: int, topic: str, payload: bytes | str, qos: int = 0) -> paho.MQTTMessageInfo:
+        """Publish from client ``index`` (any thread).  Wait on the returned info for QoS 1's PUBACK."""
+        validate_topic(topic)
+        _check_qos(qos)
+        return self.members[index].client.publish(topic, payload, qos)
+
+    def subscribe(self, index: int, topic_filter: str, qos: int = 0) -> None:
+        """Subscribe client ``index`` (any thread); made again after a reconnect without a session."""
+        validate_filter(topic_filter)
+        _check_qos(qos)
+        member = self.members[index]
+        member.client._subscriptions.append((topic_filter, qos))
+        member.client.subscribe(topic_filter, qos)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """DISCONNECT every client, wait for the broker to close them (up to ``timeout``), stop the loop."""
+        if self._thread is None:
+            return
+
+        def disconnect_all() -> None:
+            for m in self.members:
+                m.closing = True
+                if m.client.socket() is not None:
+                    m.client.disconnect()
+
+        self._call(disconnect_all)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(m.client.socket() is not None for m in self.members):
+            time.sleep(0.05)
+        self._stop = True
+        self._wake()
+        self._thread.join(timeout=5)
+        for m in self.members:
+            m.client._sock_close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self._thread = None
+
+    # -- placement ---------------------------------------------------------------------------
+    def _node_names(self) -> list[str]:
+        """The nodes to spread over: those asked for, or every node with a listener."""
+        nodes = self.placer.nodes()
+        if self._wanted_nodes is None:
+            return [n.name for n in nodes if self.placer.protocol in n.listeners]
+        return [pick_node(nodes, wanted).name for wanted in self._wanted_nodes]
+
+    def _spread_targets(self) -> list[tuple[Address, str | None]]:
+        targets = self.placer.failover_targets()
+        if self._wanted_nodes is not None:
+            names = set(self._node_names())
+            targets = [t for t in targets if t[1] in names]
+            if not targets:
+                raise ConfigurationError(f"none of {self._wanted_nodes} has an MQTT listener")
+        return targets
+
+    def _new_client(self, index: int) -> PlacedMqttClient:
+        client = self.placer.new_client(f"{self.prefix}-{index}")
+        client.suppress_exceptions = True
+        client.on_socket_open = self._on_socket_open
+        client.on_socket_close = self._on_socket_close
+        client.on_socket_register_write = self._on_register_write
+        client.on_socket_unregister_write = self._on_unregister_write
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.user_data_set(index)
+        return client
+
+    def _pump(self) -> None:
+        """Start connects while fewer than ``window`` wait for a CONNACK (loop thread)."""
+        for m in self.members:
+            if len(self._awaiting) >= self.window:
+                break
+            if m.started or m.closing:
+                continue
+            self._begin(m, self._targets[m.index % len(self._targets)])
+
+    def _begin(self, m: _Member, target_node: tuple[Address, str | None]) -> None:
+        target, node = target_node
+        m.started = True
+        try:
+            dialled = target if self.placer.via is not None else self.placer.resolve(target)
+            self._awaiting.add(m.index)
+            m.node = node
+            m.client._failover = False  # this connect goes where the fleet says; reconnects fail over
+            self.placer.begin_connect(m.client, target, dialled)
+        except (OSError, SmartClientError) as exc:
+            self._awaiting.discard(m.index)
+            log.warning("fleet client %d: connecting to %s failed (%s): trying the next node", m.index, target, exc)
+            m.client._failover = True
+            self._schedule_reconnect(m)
+
+    def _failed(self) -> int:
+        return sum(1 for m in self.members if m.failures and not m.up)
+
+    def _rebalance(self, deadline: float) -> int:
+        """Through a load balancer: identify every client's node, move the surplus, until even."""
+        nodes = self._node_names()
+        moved = 0
+        previous: dict[int, str | None] = {}  # moved in the last round: index -> node it was moved off
+        for _ in range(self.rebalance_rounds + 1):
+            t = time.monotonic()
+            self._identify(deadline)
+            counts = self.per_node()
+            log.info("fleet rebalance: identified in %.1f s: %s", time.monotonic() - t, dict(counts))
+            if evenly_spread(counts, nodes, self.size, self.tolerance):
+                return moved
+            if len(previous) >= 5 and all(self.members[i].node == node for i, node in previous.items()):
+                raise NodeUnreachable(
+                    f"the load balancer {self.placer.via} sent every reconnected client back where it was "
+                    f"({dict(counts)}): it looks sticky (balance source, or persistence); spread the fleet "
+                    f"directly, or over a balancer that spreads"
+                )
+            batch = [self.members[i] for i in surplus([(m.index, m.node) for m in self.members if m.up], nodes,
+                                                      self.size)]
+            if not batch:
+                break
+            previous = {m.index: m.node for m in batch}
+            for m in batch:
+                m.node, m.up = None, False  # before the loop thread redials: _wait must see them down
+            moved += len(batch)
+            self._call(functools.partial(self._redial, batch))
+            self._wait(lambda: self.connected >= self.size and not self._awaiting, deadline, "rebalance")
+        raise NodeUnreachable(
+            f"after {self.rebalance_rounds} rounds through {self.placer.via} the fleet is still uneven: "
+            f"{dict(self.per_node())} (max/min above {self.tolerance})"
+        )
+
+    def _redial(self, batch: list[_Member]) -> None:
+        for m in batch:
+            m.up = False
+            m.client._sock_close()
+            self._begin(m, self._targets[0])
+
+    def _identify(self, deadline: float) -> None:
+        ids = {m.client._client_id.decode(): m for m in self.members if m.up}
+        while True:
+            unknown = [c for c, m in ids.items() if m.node is None]
+            seen = {c: ids[c].listed_at for c in unknown}
+            for client_id, (node, listed_at) in self.placer.listings(unknown, seen).items():
+                ids[client_id].node, ids[client_id].listed_at = node, listed_at
+            if all(m.node is not None for m in ids.values()) or time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+
+    # -- the loop thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        self._loop_ident = threading.get_ident()
+        next_slice, misc_slice = time.monotonic() + 0.1, 0
+        while not self._stop:
+            wake_at = min(next_slice, self._timers[0][0]) if self._timers else next_slice
+            for key, mask in self._selector.select(timeout=max(0.0, wake_at - time.monotonic())):
+                member = key.data
+                if member is None:
+                    self._drain_wake()
+                    continue
+                client = member.client
+                if mask & selectors.EVENT_READ:
+                    client.loop_read()
+                if mask & selectors.EVENT_WRITE and client.socket() is not None:
+                    client.loop_write()
+            while self._calls:
+                self._calls.popleft()()
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                heapq.heappop(self._timers)[2]()
+            if now >= next_slice:
+                # keepalive (PINGREQ when idle): a tenth of the clients every 100 ms, each once a second
+                for m in self.members[misc_slice::10]:
+                    if m.client.socket() is not None:
+                        m.client.loop_misc()
+                misc_slice = (misc_slice + 1) % 10
+                next_slice = now + 0.1
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        self._calls.append(fn)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"x")
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), fn))
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        if threading.get_ident() == self._loop_ident:
+            fn()
+        else:
+            self._call(fn)
+
+    def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        while not done():
+            if time.monotonic() > deadline:
+                raise ConnectionFailed(
+                    f"fleet {what}: {self.connected} of {self.size} connected when the time ran out "
+                    f"({len(self._awaiting)} waiting for a CONNACK, {self._failed()} failed)"
+                )
+            time.sleep(0.05)
+
+    # -- paho callbacks (loop thread, except register_write from a publishing thread) ------------
+    def _member(self, userdata: Any) -> _Member:
+        return self.members[int(userdata)]
+
+    def _on_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        member = self._member(userdata)
+
+        def register() -> None:
+            self._selector.register(sock, selectors.EVENT_READ, member)
+
+        self._on_loop(register)
+
+    def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
+        def unregister() -> None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+
+        self._on_loop(unregister)
+
+    def _on_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        member = self._member(userdata)
+
+        def modify() -> None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, member)
+
+        self._on_loop(modify)
+
+    def _on_unregister_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        member = self._member(userdata)
+
+        def modify() -> None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.modify(sock, selectors.EVENT_READ, member)
+
+        self._on_loop(modify)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        m = self._member(userdata)
+        self._awaiting.discard(m.index)
+        code = int(reason.value if hasattr(reason, "value") else reason)
+        m.client._on_connack(bool(getattr(flags, "session_present", False)), code)
+        if code == 0:
+            m.up, m.retry_delay, m.failures = True, 0.0, 0
+            m.client._failover = True
+        else:
+            m.failures += 1
+            log.warning("fleet client %d: refused (reason code %d)", m.index, code)
+        if not self._stop:
+            self._pump()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        m = self._member(userdata)
+        was_up, m.up = m.up, False
+        self._awaiting.discard(m.index)
+        if m.closing or self._stop or (m.failures and not was_up):
+            return
+        if was_up:
+            self.disconnects += 1
+        self._schedule_reconnect(m)
+        self._pump()
+
+    def _schedule_reconnect(self, m: _Member) -> None:
+        m.retry_delay = min(5.0, max(0.1, m.retry_delay * 2))
+        delay = m.retry_delay * random.uniform(0.8, 1.2)
+
+        def again() -> None:
+            if m.closing or self._stop or m.up or m.client.socket() is not None:
+                return
+            self.reconnects += 1
+            try:
+                self._awaiting.add(m.index)
+                m.client.reconnect()  # aims at the next node (PlacedMqttClient)
+                m.node = m.client.node
+            except (OSError, SmartClientError) as exc:
+                self._awaiting.discard(m.index)
+                log.debug("fleet client %d: reconnect failed: %s", m.index, exc)
+                self._schedule_reconnect(m)
+
+        self._later(delay, again)
+
+    def _on_message(self, client: Any, userdata: Any, message: paho.MQTTMessage) -> None:
+        if self.on_message is not None:
+            self.on_message(int(userdata), message)
+
+
+def _check_qos(qos: int) -> None:
+    if qos not in (0, 1):
+        raise ConfigurationError(f"a fleet publishes and subscribes with QoS 0 or 1, not {qos!r}")
+

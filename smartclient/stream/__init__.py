@@ -1,0 +1,14 @@
+"""The stream wing, over rstream: the Environment facade, placement shell, handles, publishing and super
+streams.  ``_rstream.py`` is the one module that touches rstream's internals."""
+
+from typing import Any
+
+_HANDLES = ("Consumer", "Producer", "RecoveryAttempt")  # what the old module smartclient.stream exported
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HANDLES:
+        from smartclient.stream import handles
+
+        return getattr(handles, name)
+    raise AttributeError(f"module 'smartclient.stream' has no attribute {name!r}")

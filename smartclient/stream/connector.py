@@ -1,0 +1,325 @@
+"""The async stream shell around :class:`~smartclient.core.landing.Landing`.
+
+Every stream connection smartclient opens goes through :meth:`StreamConnector.dial`:
+resolve the advertised address (the one resolution seam), check the allow-list,
+connect and authenticate, and read the node the connection reports.  On top
+of it, :meth:`StreamConnector.acquire` runs the landing loop, and keeps
+connections that reached an unwanted node in a :class:`ParkingLot` for the
+next placement that needs that node; unused ones close after an idle timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
+from smartclient.core.address import Address
+from smartclient.core.deadline import remaining, step
+from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.settings import Credentials, PoolLimits
+from smartclient.core.topology import Candidates
+from smartclient.stream.errors import map_stream_errors
+
+if TYPE_CHECKING:
+    from rstream.client import Client
+
+    from resolvers import AllowList
+    from resolvers.base import AsyncResolve
+
+__all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
+
+log = logging.getLogger(__name__)
+
+ClosedHandler = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class ConnectSettings:
+    credentials: Credentials
+    vhost: str
+    tls: ssl.SSLContext | None
+    frame_max: int = 1024 * 1024
+    heartbeat: int = 60
+    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.stream.tls)
+
+
+@dataclass(eq=False)
+class Connection:
+    """A stream connection smartclient opened: the rstream client, the node it reached, what was dialled."""
+
+    client: Client
+    node: Address
+    dialled: Address
+    name: str
+    max_ids: int = 200
+    # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
+    forwards: dict[int, ClosedHandler] = field(default_factory=dict)
+    ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
+    parked_at: float | None = None
+    closed: bool = False
+
+    def alive(self) -> bool:
+        return not self.closed and self.client.is_connection_alive()
+
+    def has_room(self) -> bool:
+        return len(self.ids) < self.max_ids
+
+    def take_id(self, taken: Collection[int] = ()) -> int:
+        """The lowest publisher/subscription id free on this connection and not in ``taken`` (the ids the
+        rstream carrier already uses, on any connection: it keys its own tables by them)."""
+        for ident in range(self.max_ids):
+            if ident not in self.ids and ident not in taken:
+                self.ids.add(ident)
+                return ident
+        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
+
+
+class ParkingLot:
+    """Connections to nodes nobody needed yet, by node; each leaves after ``idle_timeout``."""
+
+    def __init__(self, limits: PoolLimits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._by_node: dict[Address, list[Connection]] = {}
+
+    def put(self, conn: Connection) -> Connection | None:
+        """Park ``conn``; return a connection that no longer fits (to be closed), if any."""
+        conn.parked_at = self._clock()
+        slot = self._by_node.setdefault(conn.node, [])
+        slot.append(conn)
+        if len(slot) > self.limits.max_parked_per_node:
+            return slot.pop(0)
+        return None
+
+    def take(self, nodes: tuple[Address, ...]) -> Connection | None:
+        for node in nodes:
+            slot = self._by_node.get(node, [])
+            while slot:
+                conn = slot.pop()
+                if conn.alive():
+                    conn.parked_at = None
+                    return conn
+        return None
+
+    def remove(self, conn: Connection) -> None:
+        slot = self._by_node.get(conn.node, [])
+        if conn in slot:
+            slot.remove(conn)
+
+    def expired(self) -> list[Connection]:
+        deadline = self._clock() - self.limits.idle_timeout
+        out = []
+        for slot in self._by_node.values():
+            for conn in list(slot):
+                if conn.parked_at is not None and conn.parked_at <= deadline:
+                    slot.remove(conn)
+                    out.append(conn)
+        return out
+
+    def all(self) -> list[Connection]:
+        return [c for slot in self._by_node.values() for c in slot]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._by_node.values())
+
+
+class StreamConnector:
+    """Dials stream connections through the resolver and places them by the node they report."""
+
+    def __init__(
+        self,
+        settings: ConnectSettings,
+        resolve: AsyncResolve,
+        *,
+        allow: AllowList | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        limits: PoolLimits = PoolLimits(),
+        on_closed: Callable[[Connection, Any], Awaitable[None]] | None = None,
+        on_mismatch: Callable[[Address, Address, Candidates], None] | None = None,
+        resolver: Any = None,
+    ) -> None:
+        self.settings = settings
+        self._resolve = resolve
+        self.resolver = resolver  # the resolver object, for the name a TLS connection must verify
+        self.allow = allow
+        self.retry = retry
+        self.limits = limits
+        self.parking = ParkingLot(limits)
+        self._on_closed = on_closed
+        self._on_mismatch = on_mismatch
+        self._ids = itertools.count(1)
+        self._reaper: asyncio.Task[None] | None = None
+        self.opened = 0  # connections opened (LB sessions, when dialling an LB)
+        self.connections: set[Connection] = set()
+
+    async def resolve(self, advertised: Address) -> Address:
+        dialled = await self._resolve(advertised)
+        if self.allow is not None:
+            self.allow.check(dialled, why=f"resolved from {advertised}")
+        return dialled
+
+    async def dial(self, target: Address, name: str, client_class: type[Client] | None = None) -> Connection:
+        """Open one authenticated connection aimed at ``target`` and return it with the node it reports."""
+        from smartclient.stream.tls import NamedClient, tls_server_name
+
+        dialled = await self.resolve(target)
+        holder: dict[str, Connection] = {}
+
+        async def closed(info: Any) -> None:
+            conn = holder.get("conn")
+            if conn is not None:
+                await self._closed(conn, info)
+
+        cls = client_class or NamedClient
+        client = cls(
+            host=dialled.host,
+            port=dialled.port,
+            ssl_context=self.settings.tls,
+            frame_max=self.settings.frame_max,
+            heartbeat=self.settings.heartbeat,
+            connection_name=f"{name}-{next(self._ids)}",
+            connection_closed_handler=closed,
+            max_clients_by_connections=self.limits.max_streams_per_connection,
+        )
+        if self.settings.tls is not None and isinstance(client, NamedClient):
+            client.server_hostname = tls_server_name(target, dialled, self.resolver, self.settings.tls_server_name)
+        self.opened += 1
+        try:
+            context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
+            with map_stream_errors(context):
+                await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
+                await step(f"authenticate and open on {dialled}", client.authenticate(
+                    vhost=self.settings.vhost,
+                    username=self.settings.credentials.username,
+                    password=self.settings.credentials.password,
+                ))
+        except BaseException:
+            await _abort(client)
+            raise
+        props = client.server_properties or {}
+        try:
+            node = Address(props["advertised_host"], int(props["advertised_port"]))
+        except (KeyError, ValueError):
+            await _abort(client)
+            raise ConnectionFailed(
+                f"{dialled} did not report advertised_host/advertised_port in its Open response"
+            ) from None
+        conn = Connection(client, node, dialled, str(client._client_properties["connection_name"]),
+                          max_ids=self.limits.max_streams_per_connection)
+        client.smartclient_conn = conn  # type: ignore[attr-defined]
+        holder["conn"] = conn
+        self.connections.add(conn)
+        return conn
+
+    async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None) -> Connection:
+        """A connection to a node of ``candidates``: a parked one, or new ones until one lands right.
+
+        :raises PlacementError: the retry policy ran out (``NodeUnreachable`` when attempts kept landing
+            on other nodes); the error lists every attempt.
+        :raises AuthenticationFailed: at once, without retrying (and so :class:`CertificateRejected`).
+        :raises ResolutionError: the resolver failed or the allow-list refused the address.
+        """
+        parked = self.parking.take(candidates.tiers[0])
+        if parked is not None:
+            log.debug("placement of %s reuses a parked connection to %s", candidates.stream, parked.node)
+            return parked
+        policy = retry or self.retry
+        bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
+        landing = Landing(candidates, replace(policy, max_time=bounded))
+        while True:
+            target = landing.next_target()
+            try:
+                conn = await self.dial(target, name)
+            except (AuthenticationFailed, CertificateRejected, ResolutionError):
+                raise  # another node, or the same one again, would repeat it
+            except ConnectionFailed as exc:
+                landing.failed(target, None, exc)
+            else:
+                if landing.landed(target, conn.dialled, conn.node) is Decision.ACCEPT:
+                    return conn
+                log.info(
+                    "node mismatch: expected %s, got %s, candidates %s (dialled %s)",
+                    candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
+                    conn.node, candidates, conn.dialled,
+                )
+                if self._on_mismatch is not None and conn.dialled == target:
+                    self._on_mismatch(target, conn.node, candidates)  # dialled a node directly: stale topology
+                await self.park(conn)
+            step = landing.next_step()
+            if isinstance(step, UseFallback):
+                fallback = self.parking.take((step.node,))
+                if fallback is not None:
+                    log.info("placement of %s falls back to %s: tier 0 %s out of reach",
+                             candidates.stream, step.node, candidates.tiers[0])
+                    return fallback
+                landing.forget_fallback()  # it was closed meanwhile
+                step = landing.next_step()
+            if isinstance(step, GiveUp):
+                raise step.error
+            if isinstance(step, Wait) and step.seconds:
+                await asyncio.sleep(step.seconds)
+
+    async def park(self, conn: Connection) -> None:
+        evicted = self.parking.put(conn)
+        if evicted is not None:
+            await self.close_connection(evicted)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap(), name="smartclient-parking-reaper")
+
+    async def _reap(self) -> None:
+        while len(self.parking):
+            await asyncio.sleep(min(0.5, max(0.05, self.limits.idle_timeout / 4)))
+            for conn in self.parking.expired():
+                await self.close_connection(conn)
+
+    async def _closed(self, conn: Connection, info: Any) -> None:
+        conn.closed = True
+        self.parking.remove(conn)
+        self.connections.discard(conn)
+        if self._on_closed is not None:
+            await self._on_closed(conn, info)
+        for forward in list(conn.forwards.values()):
+            result = forward(info)
+            if inspect.isawaitable(result):
+                await result
+
+    async def close_connection(self, conn: Connection) -> None:
+        conn.closed = True
+        conn.forwards.clear()
+        self.parking.remove(conn)
+        self.connections.discard(conn)
+        await _quietly_close(conn.client)
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for conn in list(self.connections):
+            await self.close_connection(conn)
+
+
+async def _abort(client: Client) -> None:
+    """Drop a connection that failed while it was being opened, without a Close handshake (the broker may
+    be the reason it failed, and the attempt's time is spent)."""
+    for name in list(client._tasks):
+        await client.stop_task(name)
+    conn = client._conn
+    writer = getattr(conn, "_writer", None) if conn is not None else None
+    if writer is not None:
+        writer.transport.abort()
+    client._is_not_closed = False
+
+
+async def _quietly_close(client: Client) -> None:
+    try:
+        await asyncio.wait_for(client.close(), 5)
+    except Exception as exc:  # closing a broken connection must not mask the real error
+        log.debug("closing %s:%s: %s", client.host, client.port, exc)

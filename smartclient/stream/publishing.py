@@ -1,0 +1,354 @@
+"""The publish path of a producer: batching, confirms, back-pressure, frame-size checks.
+
+rstream declares the publisher and owns the connection; this module packs Publish frames itself
+(one ``struct`` call and one join per batch, instead of a frame object and a ``BytesIO`` per
+message), writes them on rstream's connection, and tracks confirms with a handler of its own.
+A ``send()`` appends to a buffer that is flushed when it holds ``batch_size`` messages, when the
+next message would not fit the negotiated frame max, or ``linger`` seconds after its first message.
+
+Every message stays in ``_pending`` (publishing id -> its packed entry) until the broker confirms or
+refuses it. When the connection is lost or the leader moves, the producer suspends the buffer (sends
+queue up, nothing is written), places a new publisher, and resumes the buffer there: every pending
+message is written again, in publishing-id order, before any new one. A named producer's broker
+deduplicates the ones it had already stored, so each message is stored once. """
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from smartclient._errors import ConfigurationError, MessageTooLarge, PublishFailed
+
+__all__ = ["BatchingPolicy", "Confirmation", "PublishBuffer"]
+
+_PUBLISH_KEY = 0x0002
+_HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
+_ENTRY = struct.Struct(">QI")  # publishing id, message size
+_ENTRY_V2 = struct.Struct(">Qh")  # publishing id, filter value size (-1: none)
+_FRAME_OVERHEAD = _HEADER.size  # 13 bytes
+_WRITE_HIGH_WATER = 4 * 1024 * 1024
+CONNECTION_LOST = -1  # Confirmation.code of a message failed by the client (recovery gave up, producer closed)
+# PublishError codes that mean "this publisher is gone from this node", not "this message is bad":
+# the message stays pending and is sent again once the producer has recovered.
+_RETRIABLE = {6: "stream not available", 18: "publisher does not exist"}
+
+ConfirmCallback = Callable[["Confirmation"], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class BatchingPolicy:
+    """How ``send()`` batches.
+
+    :param batch_size: messages per Publish frame, at most.
+    :param linger: seconds a partial batch waits for more messages before it is sent.
+    :param max_in_flight: messages sent or queued but not yet confirmed, at most: ``send()`` waits
+        (back-pressure) while the producer is at this cap.
+    """
+
+    batch_size: int = 1000
+    linger: float = 0.002
+    max_in_flight: int = 20_000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigurationError(f"batch_size must be a positive int, not {self.batch_size!r}")
+        if not 0 <= self.linger <= 10:
+            raise ConfigurationError(f"linger must be between 0 and 10 seconds, not {self.linger!r}")
+        if self.max_in_flight < self.batch_size:
+            raise ConfigurationError(f"max_in_flight ({self.max_in_flight}) must be at least batch_size "
+                                     f"({self.batch_size})")
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The fate of one message: confirmed, or failed with the broker's code (``CONNECTION_LOST``, -1,
+    when the client gave up on it) and a reason."""
+
+    publishing_id: int
+    confirmed: bool
+    code: int = 1
+    reason: str = ""
+
+
+class PublishBuffer:
+    """Batches and publishes for one publisher on one connection."""
+
+    def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
+                 filter_value: Callable[[Any], str] | None = None,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        self.stream = stream
+        self.policy = policy
+        self.filter_value = filter_value
+        self.on_lost = on_lost  # told when the broker says this publisher is gone (see _RETRIABLE)
+        self._version = 2 if filter_value is not None else 1
+        self._ids: list[int] = []
+        self._parts: list[bytes] = []
+        self._bytes = _FRAME_OVERHEAD
+        self._waiters: dict[int, asyncio.Future[Confirmation] | ConfirmCallback] = {}
+        self._pending: dict[int, bytes] = {}  # publishing id -> packed entry, until confirmed or failed
+        self._suspended = False
+        self.resent = 0
+        self.sent = 0
+        self.confirmed = 0
+        self.failed = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._error: BaseException | None = None
+        self._callbacks: set[asyncio.Future[Any]] = set()
+        self._bind(client, publisher_id)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages queued or sent and not yet confirmed or failed."""
+        return len(self._pending)
+
+    def _bind(self, client: Any, publisher_id: int) -> None:
+        from rstream import schema
+
+        self.client = client
+        self.publisher_id = publisher_id
+        self.frame_max = int(client._frame_max)
+        name = f"smartclient-{publisher_id}"
+        client.add_handler(schema.PublishConfirm, self._on_confirm, name=name)
+        client.add_handler(schema.PublishError, self._on_error, name=name)
+
+    def _unbind(self) -> None:
+        from rstream import schema
+
+        name = f"smartclient-{self.publisher_id}"
+        for frame in (schema.PublishConfirm, schema.PublishError):
+            handlers = self.client._handlers.get(frame, {})
+            handlers.pop(name, None)
+
+    # -- recovery -------------------------------------------------------------------------------
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    def suspend(self) -> None:
+        """Stop writing: the connection is gone or the publisher moved.  Sends still queue (up to
+        ``max_in_flight``); everything pending is written again by :meth:`resume`."""
+        if not self._suspended:
+            self._suspended = True
+            self._unbind()
+
+    def resume(self, client: Any, publisher_id: int) -> int:
+        """Bind to a newly declared publisher and write every pending message again, in publishing-id
+        order, before anything sent later.  Returns how many were written again."""
+        self._bind(client, publisher_id)
+        self._suspended = False
+        self._ids = []
+        self._parts = []
+        self._bytes = _FRAME_OVERHEAD
+        count = 0
+        for pid in sorted(self._pending):  # synchronous: no send can slip in between
+            entry = self._pending[pid]
+            if len(entry) + _FRAME_OVERHEAD > self.frame_max:
+                self._settle([pid], False, CONNECTION_LOST, f"it no longer fits the frame max of {self.frame_max}")
+                continue
+            if self._bytes + len(entry) > self.frame_max or len(self._ids) >= self.policy.batch_size:
+                self._write()
+            self._ids.append(pid)
+            self._parts.append(entry)
+            self._bytes += len(entry)
+            count += 1
+        self._write()
+        self.resent += count
+        return count
+
+    def fail_all(self, reason: str) -> None:
+        """Give up: every pending message fails with ``reason``, and so does every later send."""
+        self.close(reason, PublishFailed(f"producer on {self.stream!r} stopped: {reason}"))
+
+    def close(self, reason: str, error: BaseException) -> None:
+        """Stop for good: every pending message fails with ``reason``; every later send raises ``error``."""
+        self._suspended = True
+        self._unbind()
+        self._ids = []
+        self._parts = []
+        self._bytes = _FRAME_OVERHEAD
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._error = error
+        self._settle(sorted(self._pending), False, CONNECTION_LOST, reason)
+        self._space.set()  # a send waiting for room wakes up and raises the error
+
+    # -- sending --------------------------------------------------------------------------------
+    async def add(self, publishing_id: int, body: Any, waiter: asyncio.Future[Confirmation] | ConfirmCallback | None
+                  = None) -> None:
+        data = body if type(body) is bytes else bytes(body)
+        if self._version == 1:
+            entry = _ENTRY.pack(publishing_id, len(data)) + data
+        else:
+            value = self.filter_value(body) if self.filter_value is not None else None
+            encoded = value.encode() if value is not None else b""
+            entry = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
+                     + len(data).to_bytes(4, "big") + data)
+        if waiter is not None:  # before queueing: a flush may be followed by an await, and the confirm by it
+            self._waiters[publishing_id] = waiter
+        try:
+            if len(self._pending) >= self.policy.max_in_flight:
+                await self._wait_for_room()
+            drain = self._append(publishing_id, entry, len(data))
+        except BaseException:
+            self._waiters.pop(publishing_id, None)
+            raise
+        if drain:
+            await self.client._conn._writer.drain()
+        self._idle.clear()
+        if self._ids and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
+    async def add_many(self, first_id: int, bodies: list[bytes]) -> None:
+        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters):
+        the same checks as :meth:`add`, in one loop, without packing a frame object per message."""
+        if self._version != 1:
+            for offset, body in enumerate(bodies):
+                await self.add(first_id + offset, body)
+            return
+        pack = _ENTRY.pack
+        cap = self.policy.max_in_flight
+        pending = self._pending
+        for pid, body in enumerate(bodies, first_id):
+            data = body if type(body) is bytes else bytes(body)
+            if len(pending) >= cap:
+                await self._wait_for_room()
+            if self._append(pid, pack(pid, len(data)) + data, len(data)):
+                await self.client._conn._writer.drain()
+        self._idle.clear()
+        if self._ids and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
+    async def _wait_for_room(self) -> None:
+        self._space.clear()
+        self._flush()
+        await self._space.wait()
+
+    def _append(self, publishing_id: int, entry: bytes, body_size: int) -> bool:
+        """The checks and bookkeeping of one message (no await); True if the socket should be drained."""
+        size = len(entry)
+        if size + _FRAME_OVERHEAD > self.frame_max:
+            raise MessageTooLarge(
+                f"a message of {body_size} bytes for {self.stream!r} does not fit the negotiated frame max of "
+                f"{self.frame_max} bytes"
+            )
+        if self._error is not None:
+            raise self._error
+        if self._bytes + size > self.frame_max:
+            self._flush()
+        self._ids.append(publishing_id)
+        self._parts.append(entry)
+        self._pending[publishing_id] = entry
+        self._bytes += size
+        if len(self._ids) >= self.policy.batch_size:
+            self._flush()
+            return not self._suspended and self._write_buffer_size() > _WRITE_HIGH_WATER
+        return False
+
+    def _write_buffer_size(self) -> int:
+        try:
+            return int(self.client._conn._writer.transport.get_write_buffer_size())
+        except AttributeError:  # the connection is already closed: suspend() follows
+            return 0
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._ids:
+            self._write()
+
+    def _write(self) -> None:
+        count = len(self._ids)
+        if not count:
+            return
+        if self._suspended:  # the entries stay in _pending; resume() writes them
+            self._ids = []
+            self._parts = []
+            self._bytes = _FRAME_OVERHEAD
+            return
+        header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
+        frame = header + b"".join(self._parts)
+        self._ids = []
+        self._parts = []
+        self._bytes = _FRAME_OVERHEAD
+        self.sent += count
+        try:
+            self.client._conn._writer.write(frame)
+        except (AttributeError, RuntimeError, OSError) as exc:  # closed under us: recover, nothing is lost
+            self._lost(f"writing to {self.stream!r} failed: {type(exc).__name__}")
+
+    def _lost(self, reason: str) -> None:
+        self.suspend()
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    async def flush(self) -> None:
+        """Send what is buffered and wait until every message sent so far is confirmed (or failed)."""
+        self._flush()
+        await self._idle.wait()
+        if self._error is not None:
+            raise self._error
+
+    # -- confirms -------------------------------------------------------------------------------
+    def _on_confirm(self, frame: Any) -> None:
+        if frame.publisher_id != self.publisher_id:
+            return
+        ids = frame.publishing_ids
+        self._settle(ids, True, 1)
+
+    def _on_error(self, frame: Any) -> None:
+        if frame.publisher_id != self.publisher_id:
+            return
+        retry = None
+        for error in frame.errors:
+            if error.response_code in _RETRIABLE:
+                retry = _RETRIABLE[error.response_code]  # stays pending; sent again after recovery
+            else:
+                self._settle([error.publishing_id], False, error.response_code,
+                             f"the broker refused it (code {error.response_code})")
+        if retry is not None and not self._suspended:
+            self._lost(f"the broker answered {retry!r}")
+
+    def _settle(self, ids: list[int], ok: bool, code: int, reason: str = "") -> None:
+        pending = self._pending
+        before = len(pending)
+        pop = pending.pop
+        for pid in ids:
+            pop(pid, None)
+        count = before - len(pending)
+        if ok:
+            self.confirmed += count
+        else:
+            self.failed += count
+        if self._waiters:
+            for pid in ids:
+                waiter = self._waiters.pop(pid, None)
+                if waiter is None:
+                    continue
+                confirmation = Confirmation(pid, ok, code, reason)
+                if isinstance(waiter, asyncio.Future):
+                    if waiter.done():
+                        continue
+                    if ok:
+                        waiter.set_result(confirmation)
+                    else:
+                        waiter.set_exception(PublishFailed(
+                            f"message {pid} on {self.stream!r} failed: {reason or f'code {code}'}", confirmation))
+                else:
+                    result = waiter(confirmation)
+                    if asyncio.iscoroutine(result):  # keep a reference until the callback has run
+                        task = asyncio.ensure_future(result)
+                        self._callbacks.add(task)
+                        task.add_done_callback(self._callbacks.discard)
+        if len(pending) < self.policy.max_in_flight:
+            self._space.set()
+        if not pending:
+            self._idle.set()

@@ -1,0 +1,64 @@
+"""The StreamStats command (RabbitMQ 3.11+), which rstream does not implement.
+
+rstream decodes every frame through its ``Key`` enum, so a StreamStats response would stop its
+reader.  smartclient therefore opens a short connection of its own through the connector (so the
+resolver, allow-list and node check still apply), lets rstream do the handshake, stops rstream's
+reader and heartbeat on that connection, exchanges the one request/response itself, and closes it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from smartclient._errors import ConnectionFailed, FeatureNotSupported, StreamNotFound
+
+__all__ = ["STREAM_STATS_KEY", "decode_stream_stats", "encode_stream_stats", "query_stream_stats"]
+
+STREAM_STATS_KEY = 0x001C
+_RESPONSE = STREAM_STATS_KEY | 0x8000
+_OK, _NO_STREAM = 1, 2
+
+
+def encode_stream_stats(correlation_id: int, stream: str) -> bytes:
+    name = stream.encode()
+    body = struct.pack(">HHIh", STREAM_STATS_KEY, 1, correlation_id, len(name)) + name
+    return struct.pack(">I", len(body)) + body
+
+
+def decode_stream_stats(frame: bytes, stream: str) -> dict[str, int]:
+    """Decode a StreamStats response (without its 4-byte size prefix)."""
+    key, _version, _corr, code = struct.unpack_from(">HHIH", frame, 0)
+    if key != _RESPONSE:
+        raise ConnectionFailed(f"expected a StreamStats response, got frame key {key:#06x}")
+    if code == _NO_STREAM:
+        raise StreamNotFound(f"stream {stream!r} does not exist")
+    if code != _OK:
+        raise ConnectionFailed(f"StreamStats on {stream!r} answered code {code}")
+    (count,) = struct.unpack_from(">i", frame, 10)
+    pos, stats = 14, {}
+    for _ in range(count):
+        (size,) = struct.unpack_from(">h", frame, pos)
+        name = frame[pos + 2 : pos + 2 + size].decode()
+        (value,) = struct.unpack_from(">q", frame, pos + 2 + size)
+        stats[name] = value
+        pos += 2 + size + 8
+    return stats
+
+
+async def query_stream_stats(client: Any, stream: str) -> dict[str, int]:
+    """Run StreamStats on ``client``, an authenticated rstream client smartclient owns; the client is
+    unusable afterwards (its reader is stopped): close it."""
+    await client.stop_task("listener")
+    await client.stop_task("heartbeat_sender")
+    conn = client._conn
+    conn._writer.write(encode_stream_stats(1, stream))
+    await conn._writer.drain()
+    for _ in range(16):  # skip heartbeats or other frames that were already on their way
+        raw = bytes(await conn._read_frame_raw())
+        (key,) = struct.unpack_from(">H", raw, 0)
+        if key == _RESPONSE:
+            return decode_stream_stats(raw, stream)
+        if key == 0x0016 | 0x8000 or key == 0x0016:  # Close: the broker does not know the command
+            break
+    raise FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
