@@ -1,8 +1,10 @@
 """How a user tests their own service behind a load balancer with smartclient's fixtures.
 
-``pip install 'smartclient[testbed]'`` registers the fixtures; this file is a
-plain pytest module that CI runs against the same test bed as smartclient's
-own tests.  It asks: does every node behind the round-robin LB serve my
+``pip install 'smartclient[testbed]'`` installs the fixtures, and the plugin is opt-in:
+this module enables it with ``pytest_plugins`` below (in your own project, put that
+line in the root ``conftest.py``, or run ``pytest -p smartclient.testing``).  This
+file is a plain pytest module that CI runs against the same test bed as
+smartclient's own tests.  It asks: does every node behind the round-robin LB serve my
 stream clients, and does my client survive one node being taken out of it?
 """
 
@@ -13,6 +15,8 @@ from collections import Counter
 from rstream.client import Client
 
 from smartclient.testing import TestBed
+
+pytest_plugins = ["smartclient.testing.pytest_plugin"]
 
 
 async def _node_reached(bed: TestBed, host: str, port: int) -> str:
@@ -26,14 +30,14 @@ async def _node_reached(bed: TestBed, host: str, port: int) -> str:
         await client.close()
 
 
-async def test_lb_spreads_my_connections(testbed: TestBed) -> None:
-    host, port = testbed.lb("stream")
-    seen = Counter([await _node_reached(testbed, host, port) for _ in range(6)])
-    assert set(seen) == {n.short for n in testbed.nodes}
+async def test_lb_spreads_my_connections(rabbitmq_testbed: TestBed) -> None:
+    host, port = rabbitmq_testbed.lb("stream")
+    seen = Counter([await _node_reached(rabbitmq_testbed, host, port) for _ in range(6)])
+    assert set(seen) == {n.short for n in rabbitmq_testbed.nodes}
 
 
-async def test_my_client_still_connects_with_a_backend_out(faulty_testbed: TestBed) -> None:
-    faulty_testbed.disable_lb_backend(faulty_testbed.nodes[0].name)  # healed after the test
-    host, port = faulty_testbed.lb("stream")
-    seen = {await _node_reached(faulty_testbed, host, port) for _ in range(4)}
-    assert faulty_testbed.nodes[0].short not in seen
+async def test_my_client_still_connects_with_a_backend_out(rabbitmq_faulty_testbed: TestBed) -> None:
+    rabbitmq_faulty_testbed.disable_lb_backend(rabbitmq_faulty_testbed.nodes[0].name)  # healed after the test
+    host, port = rabbitmq_faulty_testbed.lb("stream")
+    seen = {await _node_reached(rabbitmq_faulty_testbed, host, port) for _ in range(4)}
+    assert rabbitmq_faulty_testbed.nodes[0].short not in seen

@@ -7,8 +7,8 @@ import logging
 import sys
 
 from smartclient._errors import SmartClientError
+from smartclient.testing import from_env
 from smartclient.testing.local import LocalTestBed
-from smartclient.testing.testbed import from_env
 
 
 def main(argv: list[str] | None = None) -> int:

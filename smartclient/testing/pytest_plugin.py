@@ -1,12 +1,19 @@
 """pytest fixtures for tests against a real RabbitMQ cluster, load balancer and DNS server.
 
-Registered through the ``pytest11`` entry point, so any project that
-installs ``smartclient[testbed]`` gets them:
+Opt-in: nothing loads unless a test suite asks for it.  Install
+``smartclient[testbed]``, then enable the plugin in one of these ways::
 
-* ``testbed`` (session): the local test bed, brought up once (idempotent), or
+    pytest -p smartclient.testing.pytest_plugin     # or the short form: -p smartclient.testing
+    # or, in the root conftest.py of the suite:
+    pytest_plugins = ["smartclient.testing.pytest_plugin"]
+
+Every fixture carries the ``rabbitmq_`` prefix, so none collides with a fixture of your own:
+
+* ``rabbitmq_testbed`` (session): the local test bed, brought up once (idempotent), or
   the external cluster named by ``SMARTCLIENT_TESTBED_EXTERNAL``;
-* ``faulty_testbed``: the same, healed after the test, for tests that inject faults;
-* ``unique_name``: a stream/queue name unique to the test.
+* ``rabbitmq_faulty_testbed``: the same, healed after the test, for tests that inject faults;
+* ``rabbitmq_unique_name``: a stream/queue name unique to the test;
+* ``rabbitmq_spark`` (session): one local Spark session (needs ``smartclient[spark]`` and Java 17).
 
 A fault the test bed cannot inject (``FaultUnavailable``) skips the test and
 says why; a missing prerequisite fails with one sentence, not a stack trace.
@@ -22,14 +29,14 @@ from typing import Any
 import pytest
 
 from smartclient._errors import FaultUnavailable, PrerequisiteMissing
+from smartclient.testing import from_env
+from smartclient.testing.local import LocalTestBed
 from smartclient.testing.testbed import TestBed
 
 
 @pytest.fixture(scope="session")
-def testbed() -> TestBed:
-    from smartclient.testing.local import LocalTestBed
-    from smartclient.testing.testbed import from_env
-
+def rabbitmq_testbed() -> TestBed:
+    """The running test bed: the local one, brought up once per session, or the external one."""
     try:
         bed = from_env()
         if isinstance(bed, LocalTestBed):
@@ -40,13 +47,14 @@ def testbed() -> TestBed:
 
 
 @pytest.fixture
-def faulty_testbed(testbed: TestBed) -> Iterator[TestBed]:
-    yield testbed
-    testbed.heal()
+def rabbitmq_faulty_testbed(rabbitmq_testbed: TestBed) -> Iterator[TestBed]:
+    """The test bed, for a test that injects faults: ``heal()`` undoes them after the test."""
+    yield rabbitmq_testbed
+    rabbitmq_testbed.heal()
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def rabbitmq_spark() -> Iterator[Any]:
     """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
     to 4 times), with the Python of this interpreter on the executors."""
     from smartclient.testing.prerequisites import require_java
@@ -65,7 +73,8 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
-def unique_name(request: pytest.FixtureRequest) -> str:
+def rabbitmq_unique_name(request: pytest.FixtureRequest) -> str:
+    """A stream or queue name unique to the test: ``sc-<test name>-<6 hex digits>``."""
     base = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name).strip("-")[:40]
     return f"sc-{base}-{uuid.uuid4().hex[:6]}"
 

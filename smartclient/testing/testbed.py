@@ -6,11 +6,13 @@ Two kinds implement it: :class:`~smartclient.testing.local.LocalTestBed`
 already has, described by ``SMARTCLIENT_TESTBED_EXTERNAL``).  A fault an
 external test bed cannot inject raises :class:`FaultUnavailable`, which the
 pytest plugin turns into a skip that says why.
+
+This module knows none of its subclasses: :func:`smartclient.testing.from_env`
+picks one.
 """
 
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 from smartclient._errors import FaultUnavailable
 from smartclient.management import ManagementClient
 
-__all__ = ["Node", "TestBed", "from_env"]
+__all__ = ["Node", "TestBed"]
 
 
 @dataclass(frozen=True)
@@ -214,14 +216,3 @@ def render_status(status: dict[str, Any]) -> str:
         lines += ["", "extra brokers: " + ", ".join(status["brokers"])]
     return "\n".join(lines)
 
-
-def from_env(environ: dict[str, str] | None = None) -> TestBed:
-    """The external test bed if ``SMARTCLIENT_TESTBED_EXTERNAL`` is set, else the local one."""
-    env = dict(os.environ if environ is None else environ)
-    if env.get("SMARTCLIENT_TESTBED_EXTERNAL"):
-        from smartclient.testing.external import ExternalTestBed
-
-        return ExternalTestBed.from_config(env["SMARTCLIENT_TESTBED_EXTERNAL"])
-    from smartclient.testing.local import LocalTestBed
-
-    return LocalTestBed.from_env(env)

@@ -33,8 +33,8 @@ def load_example(name: str) -> Any:
 
 
 @pytest.fixture
-def open_stream_client(testbed: TestBed) -> Callable[..., Any]:
+def open_stream_client(rabbitmq_testbed: TestBed) -> Callable[..., Any]:
     def opener(host: str, port: int, name: str = "") -> Any:
-        return raw_stream_client(testbed, host, port, name)
+        return raw_stream_client(rabbitmq_testbed, host, port, name)
 
     return opener

@@ -19,15 +19,15 @@ from smartclient.testing import TestBed
 
 
 @pytest.fixture
-def placer(testbed: TestBed) -> Iterator[AmqpPlacer]:
-    with testbed.management() as api:
+def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
+    with rabbitmq_testbed.management() as api:
         yield AmqpPlacer(api)
 
 
 @pytest.fixture
-def lb_placer(testbed: TestBed) -> Iterator[AmqpPlacer]:
-    host, port = testbed.lb("amqp")
-    with testbed.management() as api:
+def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
+    host, port = rabbitmq_testbed.lb("amqp")
+    with rabbitmq_testbed.management() as api:
         yield AmqpPlacer(api, via=Address(host, port))
 
 
@@ -35,27 +35,27 @@ def node_names(bed: TestBed) -> list[str]:
     return [n.name for n in bed.nodes]
 
 
-def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(testbed: TestBed, placer: AmqpPlacer) -> None:
+def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(rabbitmq_testbed: TestBed, placer: AmqpPlacer) -> None:
     nodes = placer.nodes()
-    assert [n.name for n in nodes] == sorted(node_names(testbed))
-    for node in testbed.nodes:
+    assert [n.name for n in nodes] == sorted(node_names(rabbitmq_testbed))
+    for node in rabbitmq_testbed.nodes:
         listed = next(n for n in nodes if n.name == node.name)
         assert listed.address("amqp").port == node.port("amqp")
 
 
 @pytest.mark.parametrize("mode", ["direct", "load balancer"])
 def test_a_placed_connection_sits_on_the_node_it_was_asked_for(
-    testbed: TestBed, placer: AmqpPlacer, lb_placer: AmqpPlacer, mode: str
+    rabbitmq_testbed: TestBed, placer: AmqpPlacer, lb_placer: AmqpPlacer, mode: str
 ) -> None:
     chosen = lb_placer if mode == "load balancer" else placer
-    for node in testbed.nodes:
+    for node in rabbitmq_testbed.nodes:
         with chosen.connect(node.short) as placed:
             assert placed.node == node.name
             # the truth, independently: the management API's view of this very connection
             assert placer.node_of(placed.name) == node.name
             assert placed.connection.is_open
             if mode == "load balancer":
-                assert placed.dialled == Address(*testbed.lb("amqp"))
+                assert placed.dialled == Address(*rabbitmq_testbed.lb("amqp"))
 
 
 def test_unknown_node_is_a_typed_error(placer: AmqpPlacer) -> None:
@@ -63,17 +63,17 @@ def test_unknown_node_is_a_typed_error(placer: AmqpPlacer) -> None:
         placer.connect("rabbit-9")
 
 
-async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(testbed: TestBed) -> None:
-    host, port = testbed.lb()
-    with testbed.management() as api:
-        async with Environment(testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
+async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(rabbitmq_testbed: TestBed) -> None:
+    host, port = rabbitmq_testbed.lb()
+    with rabbitmq_testbed.management() as api:
+        async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
                                management=api) as env:
             with pytest.raises(ConfigurationError, match="via="):
-                env.amqp_connection(testbed.nodes[1].short)
-            amqp_host, amqp_port = testbed.lb("amqp")
-            with env.amqp_connection(testbed.nodes[1].short, via=f"{amqp_host}:{amqp_port}") as placed:
-                assert placed.node == testbed.nodes[1].name
-    async with Environment(testbed.stream_uri(host, port)) as env:
+                env.amqp_connection(rabbitmq_testbed.nodes[1].short)
+            amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
+            with env.amqp_connection(rabbitmq_testbed.nodes[1].short, via=f"{amqp_host}:{amqp_port}") as placed:
+                assert placed.node == rabbitmq_testbed.nodes[1].name
+    async with Environment(rabbitmq_testbed.stream_uri(host, port)) as env:
         with pytest.raises(ConfigurationError, match="management API"):
             env.amqp_connection()
 
@@ -83,13 +83,13 @@ def echo(body: bytes, properties: Any) -> bytes:
 
 
 def test_rpc_with_servers_on_every_node_answers_from_the_callers_node(
-    testbed: TestBed, lb_placer: AmqpPlacer, unique_name: str
+    rabbitmq_testbed: TestBed, lb_placer: AmqpPlacer, rabbitmq_unique_name: str
 ) -> None:
-    exchange = f"{unique_name}-rpc"
+    exchange = f"{rabbitmq_unique_name}-rpc"
     with RpcServer(lb_placer, exchange, echo, require_full_coverage=True) as server:
         report = server.start()
-        assert report.complete and set(report.servers) == set(node_names(testbed))
-        for node in testbed.nodes:
+        assert report.complete and set(report.servers) == set(node_names(rabbitmq_testbed))
+        for node in rabbitmq_testbed.nodes:
             with lb_placer.connect(node.short) as placed:
                 client = RpcClient(placed, exchange)
                 for i in range(5):
@@ -97,15 +97,15 @@ def test_rpc_with_servers_on_every_node_answers_from_the_callers_node(
                     assert reply.body == b"echo:%d" % i
                     assert reply.node == node.name  # x-local-random: the server on the caller's node
         assert server.handled == 15
-    _delete_exchange(testbed, exchange)
+    _delete_exchange(rabbitmq_testbed, exchange)
 
 
 def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
-    testbed: TestBed, placer: AmqpPlacer, unique_name: str
+    rabbitmq_testbed: TestBed, placer: AmqpPlacer, rabbitmq_unique_name: str
 ) -> None:
-    exchange = f"{unique_name}-rpc"
-    covered = [n.name for n in testbed.nodes[:2]]
-    bare = testbed.nodes[2]
+    exchange = f"{rabbitmq_unique_name}-rpc"
+    covered = [n.name for n in rabbitmq_testbed.nodes[:2]]
+    bare = rabbitmq_testbed.nodes[2]
     with RpcServer(placer, exchange, echo, nodes=covered) as server:
         report = server.start()
         assert report.without == (bare.name,) and not report.complete
@@ -119,7 +119,7 @@ def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
         with pytest.raises(NoRpcServer):
             RpcServer(placer, exchange, echo, nodes=covered, require_full_coverage=True).start()
     assert coverage(placer.management, exchange).servers == {}  # exclusive queues went with the servers
-    _delete_exchange(testbed, exchange)
+    _delete_exchange(rabbitmq_testbed, exchange)
 
 
 def _delete_exchange(bed: TestBed, exchange: str) -> None:
@@ -129,18 +129,18 @@ def _delete_exchange(bed: TestBed, exchange: str) -> None:
 
 # -- streams over AMQP ----------------------------------------------------------------------------
 @pytest.fixture
-def amqp_stream(testbed: TestBed, placer: AmqpPlacer, unique_name: str) -> Iterator[str]:
+def amqp_stream(rabbitmq_testbed: TestBed, placer: AmqpPlacer, rabbitmq_unique_name: str) -> Iterator[str]:
     import pika
 
-    with placer.connect(testbed.nodes[0].short) as placed:
+    with placer.connect(rabbitmq_testbed.nodes[0].short) as placed:
         channel = placed.channel()
-        declare_stream(channel, unique_name, {"max_age": "1D", "initial_cluster_size": 3})
+        declare_stream(channel, rabbitmq_unique_name, {"max_age": "1D", "initial_cluster_size": 3})
         channel.confirm_delivery()
         for i in range(30):
-            channel.basic_publish("", unique_name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
-    yield unique_name
-    with testbed.management() as api:
-        api.delete(f"/api/queues/%2F/{unique_name}")
+            channel.basic_publish("", rabbitmq_unique_name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    yield rabbitmq_unique_name
+    with rabbitmq_testbed.management() as api:
+        api.delete(f"/api/queues/%2F/{rabbitmq_unique_name}")
 
 
 def read(placer: AmqpPlacer, stream: str, offset: Any, expect: int, prefetch: int = 5) -> tuple[list[int], str]:
@@ -154,8 +154,8 @@ def read(placer: AmqpPlacer, stream: str, offset: Any, expect: int, prefetch: in
         return [int(d.body) for d in got], consumer.node
 
 
-def test_stream_declared_over_amqp_has_its_arguments(testbed: TestBed, amqp_stream: str) -> None:
-    with testbed.management() as api:
+def test_stream_declared_over_amqp_has_its_arguments(rabbitmq_testbed: TestBed, amqp_stream: str) -> None:
+    with rabbitmq_testbed.management() as api:
         info = api.queue("/", amqp_stream)
     assert info["type"] == "stream" and info["arguments"]["x-max-age"] == "1D"
     assert len(info["members"]) == 3
@@ -197,25 +197,25 @@ def test_global_qos_is_refused_before_the_broker_closes_the_channel(placer: Amqp
         assert channel.is_open  # refused here, so the channel survives
 
 
-def test_bad_stream_arguments_are_refused_before_declaring(placer: AmqpPlacer, unique_name: str) -> None:
+def test_bad_stream_arguments_are_refused_before_declaring(placer: AmqpPlacer, rabbitmq_unique_name: str) -> None:
     with placer.connect() as placed:
         channel = placed.channel()
         with pytest.raises(ConfigurationError, match="max_age"):
-            declare_stream(channel, unique_name, {"x-max-age": "seven days"})
+            declare_stream(channel, rabbitmq_unique_name, {"x-max-age": "seven days"})
         with pytest.raises(ConfigurationError, match="unknown stream argument"):
-            declare_stream(channel, unique_name, {"x-max-lenght-bytes": 10})
+            declare_stream(channel, rabbitmq_unique_name, {"x-max-lenght-bytes": 10})
         assert channel.is_open
 
 
-def test_nodes_discovered_from_dns_srv_are_identified_and_placed(testbed: TestBed) -> None:
+def test_nodes_discovered_from_dns_srv_are_identified_and_placed(rabbitmq_testbed: TestBed) -> None:
     from resolvers import DnsResolver, SrvDiscovery
 
-    host, port = testbed.dns_address
-    with testbed.management() as api:
+    host, port = rabbitmq_testbed.dns_address
+    with rabbitmq_testbed.management() as api:
         placer = AmqpPlacer(api, entry_points=SrvDiscovery("_amqp._tcp.smartclient.test", [host], port=port),
                             resolver=DnsResolver([host], port=port))
         nodes = placer.nodes()
-        assert [n.name for n in nodes] == sorted(node_names(testbed))
+        assert [n.name for n in nodes] == sorted(node_names(rabbitmq_testbed))
         assert all(n.address("amqp").host.endswith(".smartclient.test") for n in nodes)
-        with placer.connect(testbed.nodes[2].short) as placed:
-            assert placed.node == testbed.nodes[2].name == placer.node_of(placed.name)
+        with placer.connect(rabbitmq_testbed.nodes[2].short) as placed:
+            assert placed.node == rabbitmq_testbed.nodes[2].name == placer.node_of(placed.name)

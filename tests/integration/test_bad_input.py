@@ -304,11 +304,11 @@ async def _(ctx: Ctx) -> None:
 
 # -- the runner ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ok_stream(testbed: TestBed) -> Iterator[str]:
+def ok_stream(rabbitmq_testbed: TestBed) -> Iterator[str]:
     name = f"bad-input-ok-{uuid.uuid4().hex[:6]}"
-    asyncio.run(create_stream_led_by(testbed, name, 0))
+    asyncio.run(create_stream_led_by(rabbitmq_testbed, name, 0))
     yield name
-    asyncio.run(delete_streams(testbed, name))
+    asyncio.run(delete_streams(rabbitmq_testbed, name))
 
 
 async def _messages(env: Environment, stream: str, expect: set[bytes], timeout: float = 10.0) -> list[bytes]:
@@ -328,16 +328,16 @@ def test_the_catalogue_has_at_least_30_cases() -> None:
 
 
 @pytest.mark.parametrize("name, error, message, run", CASES, ids=[c[0] for c in CASES])
-async def test_bad_input(testbed: TestBed, ok_stream: str, name: str, error: type[SmartClientError],
+async def test_bad_input(rabbitmq_testbed: TestBed, ok_stream: str, name: str, error: type[SmartClientError],
                          message: str, run: Case) -> None:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
         tag = uuid.uuid4().hex[:8]
         before, after = json.dumps({"case": name, "at": "before", "tag": tag}).encode(), json.dumps(
             {"case": name, "at": "after", "tag": tag}).encode()
         producer = await env.producer(ok_stream)
         await producer.send_wait(before)
-        ctx = Ctx(testbed, env, ok_stream, f"missing-{tag}")
+        ctx = Ctx(rabbitmq_testbed, env, ok_stream, f"missing-{tag}")
         with pytest.raises(error, match=message) as info:
             await run(ctx)
         assert "guest:guest" not in str(info.value) and "not-the-password" not in str(info.value)

@@ -63,26 +63,26 @@ async def assert_every_method_refuses(handle: Any) -> list[str]:
 
 
 async def test_every_public_method_of_a_closed_handle_raises_handle_closed(
-    testbed: TestBed, unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    node = testbed.nodes[0]
+    node = rabbitmq_testbed.nodes[0]
     walked: list[str] = []
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        await env.create_stream(unique_name)
-        await env.create_super_stream(f"{unique_name}-super", partitions=2)
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
+        await env.create_super_stream(f"{rabbitmq_unique_name}-super", partitions=2)
         try:
-            producer = await env.producer(unique_name, name="p")
+            producer = await env.producer(rabbitmq_unique_name, name="p")
             pending = await producer.submit(b"sent before close")
-            consumer = await env.consumer(unique_name, lambda m, c: None, name="c")
-            super_producer = await env.super_stream_producer(f"{unique_name}-super", key=lambda body: "k")
-            super_consumer = await env.super_stream_consumer(f"{unique_name}-super", lambda m, c: None)
+            consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None, name="c")
+            super_producer = await env.super_stream_producer(f"{rabbitmq_unique_name}-super", key=lambda body: "k")
+            super_consumer = await env.super_stream_consumer(f"{rabbitmq_unique_name}-super", lambda m, c: None)
             for handle in (producer, consumer, super_producer, super_consumer):
                 await handle.close()
                 walked += await assert_every_method_refuses(handle)
             assert (await pending).confirmed  # sent before close: it was flushed and confirmed
         finally:
-            await env.delete_super_stream(f"{unique_name}-super", missing_ok=True)
-            await env.delete_stream(unique_name, missing_ok=True)
+            await env.delete_super_stream(f"{rabbitmq_unique_name}-super", missing_ok=True)
+            await env.delete_stream(rabbitmq_unique_name, missing_ok=True)
     walked += await assert_every_method_refuses(env)
     for cls in (Producer, Consumer, SuperStreamProducer, SuperStreamConsumer, Environment):
         assert {f"{cls.__name__}.{m}" for m in public_methods(cls)} <= set(walked)
@@ -90,18 +90,18 @@ async def test_every_public_method_of_a_closed_handle_raises_handle_closed(
 
 
 async def test_messages_pending_when_the_stream_is_deleted_fail_with_the_reason_and_nothing_warns(
-    testbed: TestBed, unique_name: str, caplog: pytest.LogCaptureFixture
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        await env.create_stream(unique_name)
-        producer = await env.producer(unique_name, name="p")
-        consumer = await env.consumer(unique_name, lambda m, c: None, offset="first")
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
+        producer = await env.producer(rabbitmq_unique_name, name="p")
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None, offset="first")
         await producer.send_wait(b"stored")
         fates: list[Confirmation] = []
         await producer.send(b"maybe", on_confirm=fates.append)  # still in the buffer: linger
         with caplog.at_level(logging.INFO, logger="smartclient"):
-            await env.delete_stream(unique_name)
+            await env.delete_stream(rabbitmq_unique_name)
             await asyncio.sleep(0.5)  # a MetadataUpdate the broker sends would arrive now
         assert producer.closed and consumer.closed
         assert "was deleted by this Environment" in str(producer.failure)
@@ -115,69 +115,69 @@ async def test_messages_pending_when_the_stream_is_deleted_fail_with_the_reason_
 
 
 async def test_creating_an_existing_stream_with_other_arguments_names_the_difference(
-    testbed: TestBed, unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port), management=testbed.management()) as env:
-        await env.create_stream(unique_name, {"max-age": "1h"})
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=rabbitmq_testbed.management()) as env:
+        await env.create_stream(rabbitmq_unique_name, {"max-age": "1h"})
         try:
-            await env.create_stream(unique_name, {"max-age": "1h"}, exists_ok=True)  # the same: fine
+            await env.create_stream(rabbitmq_unique_name, {"max-age": "1h"}, exists_ok=True)  # the same: fine
             with pytest.raises(TopologyError, match=r"already exists$"):
-                await env.create_stream(unique_name, {"max-age": "1h"})
+                await env.create_stream(rabbitmq_unique_name, {"max-age": "1h"})
             with pytest.raises(TopologyError) as info:
-                await env.create_stream(unique_name, {"max-age": "2h"}, exists_ok=True)
-            assert f"stream {unique_name!r} already exists with other arguments" in str(info.value)
+                await env.create_stream(rabbitmq_unique_name, {"max-age": "2h"}, exists_ok=True)
+            assert f"stream {rabbitmq_unique_name!r} already exists with other arguments" in str(info.value)
             assert "x-max-age: asked '2h', it has '1h'" in str(info.value)
         finally:
-            await env.delete_stream(unique_name)
+            await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_last_publishing_id_says_what_the_broker_stored(testbed: TestBed, unique_name: str) -> None:
+async def test_last_publishing_id_says_what_the_broker_stored(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     assert "stored" in (Producer.last_publishing_id.__doc__ or "")  # help() shows ours, not int's
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        await env.create_stream(unique_name)
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
         try:
-            unnamed = await env.producer(unique_name)
-            fresh = await env.producer(unique_name, name="fresh")
+            unnamed = await env.producer(rabbitmq_unique_name)
+            fresh = await env.producer(rabbitmq_unique_name, name="fresh")
             assert unnamed.last_publishing_id is None and fresh.last_publishing_id == 0
             await fresh.send_batch([b"a", b"b", b"c"])
             await fresh.close()
-            again = await env.producer(unique_name, name="fresh")
+            again = await env.producer(rabbitmq_unique_name, name="fresh")
             assert again.last_publishing_id == 3
         finally:
-            await env.delete_stream(unique_name)
+            await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_consumers_and_producers_share_one_connection_per_node(testbed: TestBed) -> None:
+async def test_consumers_and_producers_share_one_connection_per_node(rabbitmq_testbed: TestBed) -> None:
     """20 consumers and 5 producers on 3 streams through the round-robin LB: the connections and LB sessions
     grow with the nodes, not with the producers and consumers."""
-    host, port = testbed.lb("stream")
+    host, port = rabbitmq_testbed.lb("stream")
     streams = [f"share-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
     for i, stream in enumerate(streams):
-        await create_stream_led_by(testbed, stream, i)
+        await create_stream_led_by(rabbitmq_testbed, stream, i)
     try:
-        before = testbed.haproxy.sessions("stream_roundrobin")  # type: ignore[attr-defined]
-        async with Environment(testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        before = rabbitmq_testbed.haproxy.sessions("stream_roundrobin")  # type: ignore[attr-defined]
+        async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
             producers = [await env.producer(streams[i % 3], name=f"p{i}") for i in range(5)]
             consumers = [await env.consumer(streams[i % 3], lambda m, c: None) for i in range(20)]
-            sessions = testbed.haproxy.sessions("stream_roundrobin") - before  # type: ignore[attr-defined]
+            sessions = rabbitmq_testbed.haproxy.sessions("stream_roundrobin") - before  # type: ignore[attr-defined]
             records = env.placements()
             pairs = {(r.role, r.node) for r in records}
             connections = {r.connection for r in records}
             minimum = len(pairs) + 1  # one connection per (role, node) needed, and the locator
             print(f"{len(records)} placements on {len(connections)} connections; {sessions} LB sessions; "
                   f"minimum {minimum}; opened {env.connector.opened}")
-            assert len(connections) == len(pairs) <= 2 * len(testbed.nodes)
+            assert len(connections) == len(pairs) <= 2 * len(rabbitmq_testbed.nodes)
             assert sessions <= 1.5 * minimum, (sessions, minimum)  # the bench holds the 1.2 target
             for producer in producers:
-                assert producer.node == stream_members(testbed, producer.stream)[0]
+                assert producer.node == stream_members(rabbitmq_testbed, producer.stream)[0]
             for consumer in consumers:
-                assert consumer.node in stream_members(testbed, consumer.stream)[1]
+                assert consumer.node in stream_members(rabbitmq_testbed, consumer.stream)[1]
             await producers[0].send_wait(b"shared")  # the shared connections carry traffic
             for handle in (*producers, *consumers):
                 await handle.close()
             assert env.placements() == []
     finally:
-        await delete_streams(testbed, *streams)
+        await delete_streams(rabbitmq_testbed, *streams)
 

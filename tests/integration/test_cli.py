@@ -33,17 +33,17 @@ def guest_only(bed: TestBed) -> None:
 
 
 async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
-    testbed: TestBed, unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    await create_stream_led_by(testbed, unique_name, 2)
+    await create_stream_led_by(rabbitmq_testbed, rabbitmq_unique_name, 2)
     try:
-        out = run(testbed, "topology", unique_name)
+        out = run(rabbitmq_testbed, "topology", rabbitmq_unique_name)
         assert out.returncode == 0, out.stderr
-        nodes = {f"localhost:{n.stream_port}" for n in testbed.nodes}
+        nodes = {f"localhost:{n.stream_port}" for n in rabbitmq_testbed.nodes}
         leader_lines = [line for line in out.stdout.splitlines() if " leader " in line]
         assert len(leader_lines) == 1 and any(n in leader_lines[0] for n in nodes), out.stdout
-        assert out.stdout.count("replica") == 2 and out.stdout.count(testbed.lb("stream")[0]) >= 3
-        placed = run(testbed, "place", unique_name)
+        assert out.stdout.count("replica") == 2 and out.stdout.count(rabbitmq_testbed.lb("stream")[0]) >= 3
+        placed = run(rabbitmq_testbed, "place", rabbitmq_unique_name)
         assert placed.returncode == 0, placed.stderr
         producer = next(line for line in placed.stdout.splitlines() if "producer" in line)
         consumer = next(line for line in placed.stdout.splitlines() if "consumer" in line)
@@ -51,25 +51,25 @@ async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
         landed = [next(n for n in nodes if n in line) for line in (producer, consumer)]
         assert landed[0] != landed[1]
     finally:
-        await delete_streams(testbed, unique_name)
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-def test_probe_counts_nodes_and_warns_about_a_sticky_lb(testbed: TestBed) -> None:
-    host, port = testbed.lb("stream")
-    even = run(testbed, "probe", "--via", f"{host}:{port}", "-n", "9")
+def test_probe_counts_nodes_and_warns_about_a_sticky_lb(rabbitmq_testbed: TestBed) -> None:
+    host, port = rabbitmq_testbed.lb("stream")
+    even = run(rabbitmq_testbed, "probe", "--via", f"{host}:{port}", "-n", "9")
     assert even.returncode == 0, even.stderr
-    assert all(f"localhost:{n.stream_port}" in even.stdout for n in testbed.nodes) and "sticky" not in even.stdout
-    shost, sport = testbed.lb("stream", "source")
-    sticky = run(testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
+    assert all(f"localhost:{n.stream_port}" in even.stdout for n in rabbitmq_testbed.nodes) and "sticky" not in even.stdout
+    shost, sport = rabbitmq_testbed.lb("stream", "source")
+    sticky = run(rabbitmq_testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
     assert "100%" in sticky.stdout and "looks" in sticky.stdout and "sticky" in sticky.stdout
 
 
-def test_probe_via_is_enough_on_its_own(testbed: TestBed) -> None:
+def test_probe_via_is_enough_on_its_own(rabbitmq_testbed: TestBed) -> None:
     """The README's ``smartclient probe --via my-lb:5552``: no --uri, no SMARTCLIENT_URI, no SMARTCLIENT_LB;
     the command dials the LB it was given, as guest/guest, and reports the nodes behind it."""
-    guest_only(testbed)
-    host, port = testbed.lb("stream")
-    nodes = {f"localhost:{node.stream_port}" for node in testbed.nodes}
+    guest_only(rabbitmq_testbed)
+    host, port = rabbitmq_testbed.lb("stream")
+    nodes = {f"localhost:{node.stream_port}" for node in rabbitmq_testbed.nodes}
     seen: set[str] = set()
     for _ in range(3):  # the LB is shared: other tests' sessions may take some round-robin turns
         out = run_bare("probe", "--via", f"{host}:{port}", "-n", "9")
@@ -84,22 +84,22 @@ def test_probe_via_is_enough_on_its_own(testbed: TestBed) -> None:
     assert seen == nodes, out.stdout
 
 
-async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(testbed: TestBed, unique_name: str) -> None:
+async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     """``smartclient topology STREAM --lb LB`` with no URI anywhere: the LB is the entry point too."""
-    guest_only(testbed)
-    host, port = testbed.lb("stream")
-    await create_stream_led_by(testbed, unique_name, 0)
+    guest_only(rabbitmq_testbed)
+    host, port = rabbitmq_testbed.lb("stream")
+    await create_stream_led_by(rabbitmq_testbed, rabbitmq_unique_name, 0)
     try:
-        out = run_bare("topology", unique_name, "--lb", f"{host}:{port}")
+        out = run_bare("topology", rabbitmq_unique_name, "--lb", f"{host}:{port}")
         assert out.returncode == 0, out.stdout + out.stderr
         leader = next(line for line in out.stdout.splitlines() if " leader " in line)
-        assert f"localhost:{testbed.nodes[0].stream_port}" in leader and f"{host}:{port}" in leader
+        assert f"localhost:{rabbitmq_testbed.nodes[0].stream_port}" in leader and f"{host}:{port}" in leader
     finally:
-        await delete_streams(testbed, unique_name)
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-def test_errors_are_one_readable_line_and_bench_names_are_checked(testbed: TestBed) -> None:
-    missing = run(testbed, "topology", "no-such-stream-here")
+def test_errors_are_one_readable_line_and_bench_names_are_checked(rabbitmq_testbed: TestBed) -> None:
+    missing = run(rabbitmq_testbed, "topology", "no-such-stream-here")
     assert missing.returncode == 1 and "StreamNotFound" in missing.stdout and "Traceback" not in missing.stderr
-    bench = run(testbed, "bench", "no-such-bench")
+    bench = run(rabbitmq_testbed, "bench", "no-such-bench")
     assert bench.returncode == 2 and "mqtt_fleet" in bench.stdout  # lists what there is

@@ -14,9 +14,9 @@ from smartclient.testing import TestBed
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quickstart_places_through_the_lb(testbed: TestBed) -> None:
-    host, port = testbed.lb("stream")
-    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port)}
+def test_quickstart_places_through_the_lb(rabbitmq_testbed: TestBed) -> None:
+    host, port = rabbitmq_testbed.lb("stream")
+    env = {**os.environ, "SMARTCLIENT_URI": rabbitmq_testbed.stream_uri(host, port)}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -28,12 +28,12 @@ RUNNABLE = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name
 
 
 @pytest.mark.parametrize("example", RUNNABLE)
-def test_every_example_runs_against_the_test_bed(testbed: TestBed, example: str) -> None:
+def test_every_example_runs_against_the_test_bed(rabbitmq_testbed: TestBed, example: str) -> None:
     """Each example's own main, as a user would run it (the test bed's default addresses)."""
-    host, port = testbed.lb("stream")
-    mqtt_host, mqtt_port = testbed.lb("mqtt")
-    env = {**os.environ, "SMARTCLIENT_URI": testbed.stream_uri(host, port),
-           "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}", "SMARTCLIENT_MANAGEMENT": testbed.nodes[0].management_url}
+    host, port = rabbitmq_testbed.lb("stream")
+    mqtt_host, mqtt_port = rabbitmq_testbed.lb("mqtt")
+    env = {**os.environ, "SMARTCLIENT_URI": rabbitmq_testbed.stream_uri(host, port),
+           "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}", "SMARTCLIENT_MANAGEMENT": rabbitmq_testbed.nodes[0].management_url}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, f"{example} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -32,10 +32,10 @@ pytestmark = pytest.mark.federation
 
 
 @pytest.fixture(scope="module")
-def brokers(testbed: TestBed) -> Iterator[list[FederatedBroker]]:
-    nodes = testbed.start_brokers(4)  # FaultUnavailable on a test bed without independent brokers
+def brokers(rabbitmq_testbed: TestBed) -> Iterator[list[FederatedBroker]]:
+    nodes = rabbitmq_testbed.start_brokers(4)  # FaultUnavailable on a test bed without independent brokers
     yield [FederatedBroker(n.short, n.management_url, f"amqp://guest:guest@{n.host}:{n.amqp_port}") for n in nodes]
-    testbed.stop_brokers()  # give the CPU back to the rest of the suite
+    rabbitmq_testbed.stop_brokers()  # give the CPU back to the rest of the suite
 
 
 def _api(broker: FederatedBroker) -> ManagementClient:
@@ -191,11 +191,11 @@ def test_a_ring_with_too_small_a_max_hops_misses_the_far_broker(
 
 @pytest.mark.faults
 def test_stopping_a_broker_shows_its_links_down_and_they_recover(
-    testbed: TestBed, brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+    rabbitmq_testbed: TestBed, brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
 ) -> None:
     topology, delivery = applied(ring(brokers[:4], x := _name(), name=x))
     stopped = brokers[2].name
-    testbed.stop_app(stopped)
+    rabbitmq_testbed.stop_app(stopped)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -209,7 +209,7 @@ def test_stopping_a_broker_shows_its_links_down_and_they_recover(
         assert links[(stopped, brokers[3].name)].status in ("starting", "error", "shutdown")
         assert links[(brokers[0].name, brokers[1].name)].running  # the rest of the ring is unaffected
     finally:
-        testbed.start_app(stopped)
+        rabbitmq_testbed.start_app(stopped)
     assert all(k.running for k in wait_running(topology, timeout=60))
     delivery.settle_bindings(timeout=60)
     assert delivery.round() == delivery.expected()

@@ -36,8 +36,8 @@ from .conftest import load_example
 
 
 @pytest.fixture
-def api(testbed: TestBed) -> Iterator[ManagementClient]:
-    with testbed.management() as client:
+def api(rabbitmq_testbed: TestBed) -> Iterator[ManagementClient]:
+    with rabbitmq_testbed.management() as client:
         yield client
 
 
@@ -86,12 +86,12 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
 # -- placed clients -------------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", [5, "3.1.1"])
 def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
-    testbed: TestBed, api: ManagementClient, protocol: int | str
+    rabbitmq_testbed: TestBed, api: ManagementClient, protocol: int | str
 ) -> None:
     options = MqttOptions(protocol=protocol)
-    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, via=lb(testbed), options=options)
+    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, via=lb(rabbitmq_testbed), options=options)
     for placer in (direct, via_lb):
-        for node in (testbed.nodes[0], testbed.nodes[2]):
+        for node in (rabbitmq_testbed.nodes[0], rabbitmq_testbed.nodes[2]):
             client_id = f"placed-{uuid.uuid4().hex[:8]}"
             client = placer.connect(client_id, node.short)
             try:
@@ -99,41 +99,41 @@ def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
                 # the truth, independently: the management API's view of this very client
                 assert direct.node_of(client_id) == node.name
                 if placer is via_lb:
-                    assert str(client.dialled) == lb(testbed)
+                    assert str(client.dialled) == lb(rabbitmq_testbed)
                 else:
                     assert client.dialled.port == node.port("mqtt")
             finally:
                 close(client)
 
 
-def test_a_client_finds_the_cluster_through_dns_srv(testbed: TestBed, api: ManagementClient) -> None:
-    srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[testbed.dns_address[0]], port=testbed.dns_address[1])
+def test_a_client_finds_the_cluster_through_dns_srv(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+    srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[rabbitmq_testbed.dns_address[0]], port=rabbitmq_testbed.dns_address[1])
     # without the management API: the first SRV target that answers
-    anywhere = MqttPlacer(entry_points=srv, resolver=dns(testbed)).connect()
+    anywhere = MqttPlacer(entry_points=srv, resolver=dns(rabbitmq_testbed)).connect()
     try:
         assert anywhere.is_connected() and anywhere.node is None
         assert anywhere.target.host.endswith(".smartclient.test") and anywhere.dialled.host == "127.0.0.1"
     finally:
         close(anywhere)
     # with it: every SRV target identified, and the client placed on the one asked for
-    placer = MqttPlacer(api, entry_points=srv, resolver=dns(testbed))
-    assert sorted(n.name for n in placer.nodes()) == sorted(n.name for n in testbed.nodes)
-    client = placer.connect(f"srv-{uuid.uuid4().hex[:6]}", testbed.nodes[1].short)
+    placer = MqttPlacer(api, entry_points=srv, resolver=dns(rabbitmq_testbed))
+    assert sorted(n.name for n in placer.nodes()) == sorted(n.name for n in rabbitmq_testbed.nodes)
+    client = placer.connect(f"srv-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[1].short)
     try:
-        assert client.node == testbed.nodes[1].name == placer.node_of(client._client_id.decode())
+        assert client.node == rabbitmq_testbed.nodes[1].name == placer.node_of(client._client_id.decode())
     finally:
         close(client)
 
 
-def test_environment_mqtt_client_uses_the_environments_settings(testbed: TestBed, api: ManagementClient) -> None:
-    node = testbed.nodes[0]
+def test_environment_mqtt_client_uses_the_environments_settings(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+    node = rabbitmq_testbed.nodes[0]
     got: list[bytes] = []
-    env = Environment(testbed.stream_uri(node.host, node.stream_port), management=api)
-    sub = env.mqtt_client(f"env-sub-{uuid.uuid4().hex[:6]}", testbed.nodes[2].short,
+    env = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=api)
+    sub = env.mqtt_client(f"env-sub-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short,
                           subscriptions=[("env/+/x", 1)], setup=collector(got))
-    pub = env.mqtt_client(via=lb(testbed))
+    pub = env.mqtt_client(via=lb(rabbitmq_testbed))
     try:
-        assert sub.node == testbed.nodes[2].name
+        assert sub.node == rabbitmq_testbed.nodes[2].name
         pub.publish("env/a/x", b"across nodes", qos=1).wait_for_publish(10)
         assert wait_for(lambda: got == [b"across nodes"])
     finally:
@@ -147,18 +147,18 @@ def test_environment_mqtt_client_uses_the_environments_settings(testbed: TestBed
 
 
 def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
-    testbed: TestBed, api: ManagementClient
+    rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
-    node = testbed.nodes[1]
+    node = rabbitmq_testbed.nodes[1]
     target = f"{node.short}.smartclient.test:{node.port('mqtt_tls')}"
-    placer = MqttPlacer(entry_points=[target], resolver=dns(testbed), tls=testbed.tls_context())
+    placer = MqttPlacer(entry_points=[target], resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context())
     client = placer.connect()
     try:
         assert client.is_connected() and client.dialled.host == "127.0.0.1"
         assert client._ssl_context.server_name == f"{node.short}.smartclient.test"  # not the IP dialled
     finally:
         close(client)
-    wrong = MqttPlacer(entry_points=[target], resolver=dns(testbed), tls=testbed.tls_context(),
+    wrong = MqttPlacer(entry_points=[target], resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context(),
                        tls_server_name="rabbit-9.smartclient.test")
     with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
         wrong.connect()
@@ -171,31 +171,31 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
         MqttPlacer(entry_points=[target], tls=insecure).connect()
 
 
-def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(testbed: TestBed, api: ManagementClient) -> None:
-    host, port = testbed.lb("mqtt_tls")
-    placer = MqttPlacer(api, via=f"localhost:{port}", tls=testbed.tls_context())
-    client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", testbed.nodes[2].short)
+def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+    host, port = rabbitmq_testbed.lb("mqtt_tls")
+    placer = MqttPlacer(api, via=f"localhost:{port}", tls=rabbitmq_testbed.tls_context())
+    client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
     try:
-        assert client.node == testbed.nodes[2].name == placer.node_of(client._client_id.decode())
+        assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client._client_id.decode())
         assert client._ssl_context.server_name == "localhost"  # the name dialled (the LB's), not a node's
     finally:
         close(client)
-    wrong = MqttPlacer(api, via=f"{host}:{port}", tls=testbed.tls_context(),
+    wrong = MqttPlacer(api, via=f"{host}:{port}", tls=rabbitmq_testbed.tls_context(),
                        tls_server_name="rabbit-9.smartclient.test")
     with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
-        wrong.connect(f"tls-bad-{uuid.uuid4().hex[:6]}", testbed.nodes[0].short)
+        wrong.connect(f"tls-bad-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[0].short)
     assert wrong.opened == 1  # not retried: another node would not change the name
 
 
-def test_bad_credentials_are_a_typed_error_not_retried(testbed: TestBed, api: ManagementClient) -> None:
+def test_bad_credentials_are_a_typed_error_not_retried(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
     placer = MqttPlacer(api, credentials=Credentials("guest", "not-the-password"))
     started = time.monotonic()
     with pytest.raises(AuthenticationFailed, match="refused the client"):
-        placer.connect(f"bad-{uuid.uuid4().hex[:6]}", testbed.nodes[0].short)
+        placer.connect(f"bad-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[0].short)
     assert placer.opened == 1 and time.monotonic() - started < 10
 
 
-def test_a_client_keeps_working_with_file_descriptors_above_1024(testbed: TestBed, api: ManagementClient) -> None:
+def test_a_client_keeps_working_with_file_descriptors_above_1024(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
     """paho's own loop uses select(), which cannot watch fd >= 1024 (paho.mqtt.python#183, #819)."""
     fds: list[int] = []
 
@@ -233,9 +233,9 @@ def test_a_client_keeps_working_with_file_descriptors_above_1024(testbed: TestBe
 # -- failover ------------------------------------------------------------------------------------------
 @pytest.mark.faults
 def test_killed_node_the_client_fails_over_and_its_persistent_qos1_subscription_keeps_receiving(
-    faulty_testbed: TestBed, api: ManagementClient
+    rabbitmq_faulty_testbed: TestBed, api: ManagementClient
 ) -> None:
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     got: list[int] = []
     sub_id = f"fo-{uuid.uuid4().hex[:6]}"
     session = MqttOptions(protocol=5, clean_start=False, session_expiry=600)
@@ -274,9 +274,9 @@ def forget_session(api: ManagementClient, client_id: str) -> None:
 
 @pytest.mark.faults
 def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
-    faulty_testbed: TestBed, api: ManagementClient
+    rabbitmq_faulty_testbed: TestBed, api: ManagementClient
 ) -> None:
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     got: list[int] = []
     sub_id = f"fo311-{uuid.uuid4().hex[:6]}"
     placer = MqttPlacer(api, via=lb(bed), options=MqttOptions(protocol="3.1.1", clean_start=False))
@@ -301,7 +301,7 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
 
 # -- fleets ---------------------------------------------------------------------------------------------
 def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos1(
-    testbed: TestBed, api: ManagementClient
+    rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
     received: list[tuple[int, bytes, int]] = []
     threads_before = threading.active_count()
@@ -332,8 +332,8 @@ def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos
             fleet.publish(1, "fleet/q1", b"x", qos=2)
 
 
-def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(testbed: TestBed, api: ManagementClient) -> None:
-    placer = MqttPlacer(api, via=lb(testbed, "random1"))  # random(1): lands unevenly
+def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+    placer = MqttPlacer(api, via=lb(rabbitmq_testbed, "random1"))  # random(1): lands unevenly
     with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
         counts = fleet.per_node()
         assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
@@ -342,8 +342,8 @@ def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(testbed: Te
         assert all(truth[m.client._client_id.decode()] == m.node for m in fleet.members)
 
 
-def test_a_fleet_behind_a_sticky_lb_says_so(testbed: TestBed, api: ManagementClient) -> None:
-    placer = MqttPlacer(api, via=lb(testbed, "source"))  # every connection from 127.0.0.1 to one node
+def test_a_fleet_behind_a_sticky_lb_says_so(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+    placer = MqttPlacer(api, via=lb(rabbitmq_testbed, "source"))  # every connection from 127.0.0.1 to one node
     fleet = MqttFleet(placer, 30, client_id_prefix=f"fst-{uuid.uuid4().hex[:6]}")
     with pytest.raises(NodeUnreachable, match="looks sticky"):
         fleet.start()
@@ -351,8 +351,8 @@ def test_a_fleet_behind_a_sticky_lb_says_so(testbed: TestBed, api: ManagementCli
 
 
 @pytest.mark.faults
-def test_a_fleet_moves_off_a_killed_node(faulty_testbed: TestBed, api: ManagementClient) -> None:
-    bed = faulty_testbed
+def test_a_fleet_moves_off_a_killed_node(rabbitmq_faulty_testbed: TestBed, api: ManagementClient) -> None:
+    bed = rabbitmq_faulty_testbed
     with MqttFleet(MqttPlacer(api), 300, client_id_prefix=f"fk-{uuid.uuid4().hex[:6]}") as fleet:
         bed.kill_node(bed.nodes[1].name)
         assert wait_for(lambda: fleet.disconnects >= 100, 20)
@@ -363,39 +363,39 @@ def test_a_fleet_moves_off_a_killed_node(faulty_testbed: TestBed, api: Managemen
 
 # -- ingestion ------------------------------------------------------------------------------------------
 async def test_devices_publishing_over_mqtt_land_in_a_stream_exactly_once(
-    testbed: TestBed, api: ManagementClient, unique_name: str
+    rabbitmq_testbed: TestBed, api: ManagementClient, rabbitmq_unique_name: str
 ) -> None:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port), management=api) as env:
-        await env.create_stream(unique_name)
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=api) as env:
+        await env.create_stream(rabbitmq_unique_name)
         try:
-            assert bind_mqtt_topics(api, unique_name, ["ingest/+/temp"]) == ["ingest.*.temp"]
-            assert bind_mqtt_topics(api, unique_name, "ingest/+/temp") == ["ingest.*.temp"]  # again: no-op
-            assert mqtt_bindings(api, unique_name) == {"ingest.*.temp"}
+            assert bind_mqtt_topics(api, rabbitmq_unique_name, ["ingest/+/temp"]) == ["ingest.*.temp"]
+            assert bind_mqtt_topics(api, rabbitmq_unique_name, "ingest/+/temp") == ["ingest.*.temp"]  # again: no-op
+            assert mqtt_bindings(api, rabbitmq_unique_name) == {"ingest.*.temp"}
             with MqttFleet(MqttPlacer(api), 30, client_id_prefix=f"dev-{uuid.uuid4().hex[:6]}") as devices:
                 infos = [devices.publish(d, f"ingest/d{d}/temp", json.dumps({"d": d, "n": n}), qos=1)
                          for n in range(20) for d in range(30)]
                 devices.publish(0, "ingest/d0/humidity", b"not bound", qos=1).wait_for_publish(10)
                 await asyncio.to_thread(lambda: [i.wait_for_publish(10) for i in infos])
             got: list[tuple[bytes, str | None]] = []
-            consumer = await env.consumer(unique_name, lambda m, c: got.append(decode_amqp(bytes(m))),
+            consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(decode_amqp(bytes(m))),
                                           offset="first")
             deadline = time.monotonic() + 20
             while len(got) < 600 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.3)
-            assert consumer.node != (await env.topology(unique_name)).leader  # read from a replica
+            assert consumer.node != (await env.topology(rabbitmq_unique_name)).leader  # read from a replica
             await consumer.close()
             keys = [(json.loads(b)["d"], json.loads(b)["n"]) for b, _ in got]
             assert len(keys) == 600 and set(keys) == {(d, n) for d in range(30) for n in range(20)}
             assert {k for _, k in got} == {f"ingest.d{d}.temp" for d in range(30)}
-            unbind_mqtt_topics(api, unique_name, ["ingest/+/temp"])
-            assert mqtt_bindings(api, unique_name) == set()
+            unbind_mqtt_topics(api, rabbitmq_unique_name, ["ingest/+/temp"])
+            assert mqtt_bindings(api, rabbitmq_unique_name) == set()
         finally:
-            await env.delete_stream(unique_name)
+            await env.delete_stream(rabbitmq_unique_name)
 
 
-def test_binding_input_is_checked(testbed: TestBed, api: ManagementClient) -> None:
+def test_binding_input_is_checked(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
     with pytest.raises(StreamNotFound, match="create it before binding"):
         bind_mqtt_topics(api, f"no-such-{uuid.uuid4().hex[:6]}", ["a/b"])
     with pytest.raises(ConfigurationError, match="'#' must be the whole last level"):
@@ -404,23 +404,23 @@ def test_binding_input_is_checked(testbed: TestBed, api: ManagementClient) -> No
 
 @pytest.mark.spark
 async def test_iot_example_devices_to_stream_to_spark_to_stream(
-    spark: Any, testbed: TestBed, api: ManagementClient, unique_name: str, tmp_path: Path
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, api: ManagementClient, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
     example = load_example("iot_ingest")
-    host, port = testbed.lb("stream")
-    uri = testbed.stream_uri(host, port)
-    readings, averages = f"{unique_name}-r", f"{unique_name}-a"
+    host, port = rabbitmq_testbed.lb("stream")
+    uri = rabbitmq_testbed.stream_uri(host, port)
+    readings, averages = f"{rabbitmq_unique_name}-r", f"{rabbitmq_unique_name}-a"
     await example.setup(uri, api, readings, averages)
     try:
-        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(testbed), unique_name, 30, 10)
+        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(rabbitmq_testbed), rabbitmq_unique_name, 30, 10)
         assert sorted(per_node.values()) == [10, 10, 10]
-        await asyncio.to_thread(example.aggregate, spark, uri, readings, averages, unique_name, str(tmp_path / "cp"))
+        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name, str(tmp_path / "cp"))
         got = await example.read_stream(uri, api, readings, 300, amqp=True)
         sums = await example.read_stream(uri, api, averages, 30, amqp=False)
         assert example.check(got, sums, 30, 10)
-        assert {s["device"] for s in sums} == {f"{unique_name}-{d}" for d in range(30)}
+        assert {s["device"] for s in sums} == {f"{rabbitmq_unique_name}-{d}" for d in range(30)}
         # the same query again from its checkpoint writes nothing more
-        await asyncio.to_thread(example.aggregate, spark, uri, readings, averages, unique_name, str(tmp_path / "cp"))
+        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name, str(tmp_path / "cp"))
         assert len(await example.read_stream(uri, api, averages, 31, amqp=False, timeout=3)) == 30
     finally:
         async with Environment(uri, management=api) as env:

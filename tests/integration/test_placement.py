@@ -42,12 +42,12 @@ async def environment(bed: TestBed, **kwargs: Any) -> AsyncIterator[Environment]
 
 
 @pytest.fixture
-async def three_streams(testbed: TestBed, unique_name: str) -> AsyncIterator[list[str]]:
-    streams = [f"{unique_name}-{i}" for i in range(3)]
+async def three_streams(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> AsyncIterator[list[str]]:
+    streams = [f"{rabbitmq_unique_name}-{i}" for i in range(3)]
     for i, stream in enumerate(streams):
-        await create_with_leader_on(testbed, stream, i)
+        await create_with_leader_on(rabbitmq_testbed, stream, i)
     yield streams
-    await delete(testbed, *streams)
+    await delete(rabbitmq_testbed, *streams)
 
 
 async def check_placement(bed: TestBed, env: Environment, streams: list[str]) -> None:
@@ -61,9 +61,9 @@ async def check_placement(bed: TestBed, env: Environment, streams: list[str]) ->
         assert {c1.node, c2.node} == replicas, f"{stream}: consumers spread over both replicas"
 
 
-async def test_direct_placement_for_streams_led_by_each_node(testbed: TestBed, three_streams: list[str]) -> None:
-    async with environment(testbed) as env:
-        await check_placement(testbed, env, three_streams)
+async def test_direct_placement_for_streams_led_by_each_node(rabbitmq_testbed: TestBed, three_streams: list[str]) -> None:
+    async with environment(rabbitmq_testbed) as env:
+        await check_placement(rabbitmq_testbed, env, three_streams)
         leaders = {(await env.topology(s)).leader for s in three_streams}
         assert len(leaders) == 3  # the leaders really are on three different nodes
         producers = [r for r in env.placements() if r.role is Role.PRODUCER]
@@ -71,26 +71,26 @@ async def test_direct_placement_for_streams_led_by_each_node(testbed: TestBed, t
 
 
 @pytest.mark.parametrize("balance", ["roundrobin", "random"])
-async def test_placement_through_the_load_balancer(testbed: TestBed, three_streams: list[str], balance: str) -> None:
-    lb = Address(*testbed.lb("stream", balance))
-    async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
-        await check_placement(testbed, env, three_streams)
+async def test_placement_through_the_load_balancer(rabbitmq_testbed: TestBed, three_streams: list[str], balance: str) -> None:
+    lb = Address(*rabbitmq_testbed.lb("stream", balance))
+    async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+        await check_placement(rabbitmq_testbed, env, three_streams)
         assert {r.dialled for r in env.placements()} == {lb}
         if balance == "roundrobin":  # each node is reached within one cycle, and wrong landings get reused
             assert env.connector.opened <= 12, env.connector.opened
 
 
-async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(testbed: TestBed, unique_name: str) -> None:
-    lb = Address(*testbed.lb("stream", "source"))
-    async with stream_client(testbed, lb.host, lb.port) as probe:
+async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    lb = Address(*rabbitmq_testbed.lb("stream", "source"))
+    async with stream_client(rabbitmq_testbed, lb.host, lb.port) as probe:
         props = probe.server_properties
-        sticky = testbed.node_by_advertised(props["advertised_host"], int(props["advertised_port"]))
-    index = testbed.nodes.index(sticky)
-    reachable, unreachable = f"{unique_name}-ok", f"{unique_name}-no"
-    await create_with_leader_on(testbed, reachable, index)
-    await create_with_leader_on(testbed, unreachable, (index + 1) % 3)
+        sticky = rabbitmq_testbed.node_by_advertised(props["advertised_host"], int(props["advertised_port"]))
+    index = rabbitmq_testbed.nodes.index(sticky)
+    reachable, unreachable = f"{rabbitmq_unique_name}-ok", f"{rabbitmq_unique_name}-no"
+    await create_with_leader_on(rabbitmq_testbed, reachable, index)
+    await create_with_leader_on(rabbitmq_testbed, unreachable, (index + 1) % 3)
     try:
-        async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
             producer = await env.producer(reachable)
             assert producer.node == Address(*sticky.advertised)
             started = time.monotonic()
@@ -101,114 +101,114 @@ async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(testbed: Te
             assert len(info.value.attempts) <= RetryPolicy().sticky_window + 1
             assert len(str(info.value)) < 1000 and "x dialled" in str(info.value)  # repeats summarised, counted
     finally:
-        await delete(testbed, reachable, unreachable)
+        await delete(rabbitmq_testbed, reachable, unreachable)
 
 
 async def test_cluster_size_2_consumers_never_on_the_node_without_a_member(
-    testbed: TestBed, unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    await create_with_leader_on(testbed, unique_name, 0, size=2)
-    lb = Address(*testbed.lb("stream"))
+    await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 0, size=2)
+    lb = Address(*rabbitmq_testbed.lb("stream"))
     try:
-        leader, replicas = members_of(testbed, unique_name)
+        leader, replicas = members_of(rabbitmq_testbed, rabbitmq_unique_name)
         assert len(replicas) == 1
-        async with environment(testbed, uri=testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
-            consumers = [await env.consumer(unique_name, lambda m, c: None) for _ in range(4)]
+        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+            consumers = [await env.consumer(rabbitmq_unique_name, lambda m, c: None) for _ in range(4)]
             assert {c.node for c in consumers} <= {leader, *replicas}
             assert consumers[0].node in replicas  # replicas first
     finally:
-        await delete(testbed, unique_name)
+        await delete(rabbitmq_testbed, rabbitmq_unique_name)
 
 
 @pytest.mark.parametrize("kind", ["dns", "static"])
 async def test_containers_with_unresolvable_advertised_names(
-    faulty_testbed: TestBed, unique_name: str, kind: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, kind: str
 ) -> None:
-    bed = faulty_testbed
-    await create_with_leader_on(bed, unique_name, 1)
+    bed = rabbitmq_faulty_testbed
+    await create_with_leader_on(bed, rabbitmq_unique_name, 1)
     bed.advertise_hostnames(True)
     try:
         resolver = (DnsResolver([bed.dns_address[0]], port=bed.dns_address[1]) if kind == "dns"
                     else StaticMap({f"{n.short}.smartclient.test": n.host for n in bed.nodes}))
         async with environment(bed, resolver=resolver) as env:
-            topo = await env.topology(unique_name)
+            topo = await env.topology(rabbitmq_unique_name)
             assert topo.leader == Address("rabbit-2.smartclient.test", bed.nodes[1].stream_port)
-            producer = await env.producer(unique_name)
-            consumer = await env.consumer(unique_name, lambda m, c: None)
+            producer = await env.producer(rabbitmq_unique_name)
+            consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None)
             assert producer.node == topo.leader and consumer.node in topo.replicas
             assert producer.placement is not None
             assert producer.placement.dialled == Address("127.0.0.1", topo.leader.port)
     finally:
-        await delete(bed, unique_name)
+        await delete(bed, rabbitmq_unique_name)
 
 
 async def test_containers_identity_names_the_host_it_could_not_resolve(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    await create_with_leader_on(faulty_testbed, unique_name, 2)
-    faulty_testbed.advertise_hostnames(True)
+    await create_with_leader_on(rabbitmq_faulty_testbed, rabbitmq_unique_name, 2)
+    rabbitmq_faulty_testbed.advertise_hostnames(True)
     try:
-        async with environment(faulty_testbed, resolver=Identity()) as env:
+        async with environment(rabbitmq_faulty_testbed, resolver=Identity()) as env:
             with pytest.raises(ResolutionError, match=r"rabbit-3\.smartclient\.test.*could not be resolved"):
-                await env.producer(unique_name)
+                await env.producer(rabbitmq_unique_name)
     finally:
-        await delete(faulty_testbed, unique_name)
+        await delete(rabbitmq_faulty_testbed, rabbitmq_unique_name)
 
 
-async def test_allow_list_refuses_a_metadata_answer_outside_it(testbed: TestBed, unique_name: str) -> None:
-    await create_with_leader_on(testbed, unique_name, 0)
+async def test_allow_list_refuses_a_metadata_answer_outside_it(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 0)
     try:
-        async with environment(testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
+        async with environment(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
             with pytest.raises(AddressNotAllowed, match=r"localhost:\d+ .*outside the allow-list"):
-                await env.producer(unique_name)
-        async with environment(testbed, allow=AllowList(["127.0.0.1", "localhost"])) as env:
-            assert (await env.producer(unique_name)).node is not None
+                await env.producer(rabbitmq_unique_name)
+        async with environment(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "localhost"])) as env:
+            assert (await env.producer(rabbitmq_unique_name)).node is not None
     finally:
-        await delete(testbed, unique_name)
+        await delete(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-async def test_unknown_stream(testbed: TestBed, unique_name: str) -> None:
-    async with environment(testbed) as env:
+async def test_unknown_stream(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    async with environment(rabbitmq_testbed) as env:
         with pytest.raises(StreamNotFound):
-            await env.topology(unique_name)
+            await env.topology(rabbitmq_unique_name)
         with pytest.raises(StreamNotFound):
-            await env.producer(unique_name)
-        assert (await env.create_stream(f"{unique_name}-ok")) is None  # the Environment still works
-        await env.delete_stream(f"{unique_name}-ok")
+            await env.producer(rabbitmq_unique_name)
+        assert (await env.create_stream(f"{rabbitmq_unique_name}-ok")) is None  # the Environment still works
+        await env.delete_stream(f"{rabbitmq_unique_name}-ok")
 
 
 async def test_leader_move_invalidates_the_cache_and_producers_follow(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    await create_with_leader_on(bed, unique_name, 0)
+    bed = rabbitmq_faulty_testbed
+    await create_with_leader_on(bed, rabbitmq_unique_name, 0)
     try:
         async with environment(bed) as env:
-            first = await env.producer(unique_name, name="before")
+            first = await env.producer(rabbitmq_unique_name, name="before")
             assert first.node == Address(*bed.nodes[0].advertised)
-            bed.move_leader(unique_name, "rabbit-3")
+            bed.move_leader(rabbitmq_unique_name, "rabbit-3")
             new_leader = Address(*bed.nodes[2].advertised)
             deadline = time.monotonic() + 10
             while first.node != new_leader and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # MetadataUpdate: the cache is dropped and the producer recovers
             assert first.node == new_leader and first.recoveries == 1
-            assert (await env.topology(unique_name)).leader == new_leader
-            second = await env.producer(unique_name, name="after")
+            assert (await env.topology(rabbitmq_unique_name)).leader == new_leader
+            second = await env.producer(rabbitmq_unique_name, name="after")
             assert second.node == new_leader
             await first.send_wait(b"after the move")
     finally:
-        await delete(bed, unique_name)
+        await delete(bed, rabbitmq_unique_name)
 
 
 async def test_connection_loss_invalidates_the_topology_of_that_node(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    await create_with_leader_on(bed, unique_name, 1)
+    bed = rabbitmq_faulty_testbed
+    await create_with_leader_on(bed, rabbitmq_unique_name, 1)
     try:
         async with environment(bed, recovery=RecoveryPolicy(enabled=False)) as env:
-            producer = await env.producer(unique_name)
-            assert unique_name in env._topologies
+            producer = await env.producer(rabbitmq_unique_name)
+            assert rabbitmq_unique_name in env._topologies
             record = producer.placement
             assert record is not None
 
@@ -224,67 +224,67 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
                 await asyncio.sleep(0.2)
             bed.close_connection(str(server_side_name()))
             deadline = time.monotonic() + 10
-            while unique_name in env._topologies and time.monotonic() < deadline:
+            while rabbitmq_unique_name in env._topologies and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            assert unique_name not in env._topologies  # (with recovery on, the producer reads it again)
+            assert rabbitmq_unique_name not in env._topologies  # (with recovery on, the producer reads it again)
             assert producer.failure is not None and "recovery is disabled" in producer.failure
     finally:
-        await delete(bed, unique_name)
+        await delete(bed, rabbitmq_unique_name)
 
 
-async def test_producers_of_streams_led_by_one_node_share_a_connection(testbed: TestBed, unique_name: str) -> None:
-    streams = [f"{unique_name}-{i}" for i in range(3)]
+async def test_producers_of_streams_led_by_one_node_share_a_connection(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    streams = [f"{rabbitmq_unique_name}-{i}" for i in range(3)]
     for stream in streams:
-        await create_with_leader_on(testbed, stream, 1)
+        await create_with_leader_on(rabbitmq_testbed, stream, 1)
     try:
-        async with environment(testbed) as env:
+        async with environment(rabbitmq_testbed) as env:
             producers = [await env.producer(s) for s in streams]
             assert len({p.placement.connection for p in producers if p.placement}) == 1
             assert env.connector.opened == 2  # the locator and one data connection
     finally:
-        await delete(testbed, *streams)
+        await delete(rabbitmq_testbed, *streams)
 
 
-async def test_topology_gives_advertised_and_dialable_addresses(faulty_testbed: TestBed, unique_name: str) -> None:
-    bed = faulty_testbed
-    await create_with_leader_on(bed, unique_name, 0)
+async def test_topology_gives_advertised_and_dialable_addresses(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    bed = rabbitmq_faulty_testbed
+    await create_with_leader_on(bed, rabbitmq_unique_name, 0)
     bed.advertise_hostnames(True)
     try:
         async with environment(bed, resolver=DnsResolver([bed.dns_address[0]], port=bed.dns_address[1])) as env:
-            nodes = (await env.topology(unique_name)).nodes
+            nodes = (await env.topology(rabbitmq_unique_name)).nodes
             assert [n.role for n in nodes] == ["leader", "replica", "replica"]
             for node in nodes:
                 assert node.advertised.host.endswith(".smartclient.test")
                 assert node.dial == Address("127.0.0.1", node.advertised.port) and node.error is None
         async with environment(bed, resolver=Identity(), allow=AllowList(["127.0.0.1"])) as env:
-            node = (await env.topology(unique_name)).nodes[0]
+            node = (await env.topology(rabbitmq_unique_name)).nodes[0]
             assert node.dial is None and node.error is not None and "outside the allow-list" in node.error
     finally:
-        await delete(bed, unique_name)
+        await delete(bed, rabbitmq_unique_name)
 
 
-async def test_entry_points_from_dns_srv(testbed: TestBed, unique_name: str) -> None:
+async def test_entry_points_from_dns_srv(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     from resolvers import SrvDiscovery
 
-    host, port = testbed.dns_address
+    host, port = rabbitmq_testbed.dns_address
     srv = SrvDiscovery("_rabbitmq-stream._tcp.smartclient.test", [host], port=port)
     entries = await srv.discover()
-    assert sorted(a.port for a in entries) == sorted(n.stream_port for n in testbed.nodes)
-    await create_with_leader_on(testbed, unique_name, 2)
+    assert sorted(a.port for a in entries) == sorted(n.stream_port for n in rabbitmq_testbed.nodes)
+    await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 2)
     try:
         # the SRV targets are rabbit-N.smartclient.test: dialled through the DNS resolver, like any address
-        async with Environment(srv, username=testbed.username, password=testbed.password,
+        async with Environment(srv, username=rabbitmq_testbed.username, password=rabbitmq_testbed.password,
                                resolver=DnsResolver([host], port=port)) as env:
-            producer = await env.producer(unique_name)
-            assert producer.node == Address(*testbed.nodes[2].advertised)
+            producer = await env.producer(rabbitmq_unique_name)
+            assert producer.node == Address(*rabbitmq_testbed.nodes[2].advertised)
     finally:
-        await delete(testbed, unique_name)
+        await delete(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-async def test_dns_resolver_caches_for_the_ttl_then_fails_typed(faulty_testbed: TestBed) -> None:
+async def test_dns_resolver_caches_for_the_ttl_then_fails_typed(rabbitmq_faulty_testbed: TestBed) -> None:
     from smartclient import ResolutionTimeout
 
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     bed.add_dns_record("short-lived.smartclient.test", "A", "127.0.0.7", ttl=2)
     resolver = DnsResolver([bed.dns_address[0]], port=bed.dns_address[1], timeout=0.5)
     name = Address("short-lived.smartclient.test", 5552)

@@ -140,10 +140,10 @@ async def stream_led_by(bed: TestBed, name: str, node: int) -> AsyncIterator[str
 
 
 async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    async with stream_led_by(bed, unique_name, 1) as stream, Environment(all_nodes(bed)) as env:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, Environment(all_nodes(bed)) as env:
         producer = await env.producer(stream, name="kill-9")
         publisher = Publisher(producer).start()
         await publisher.confirmed_after(0, count=2000)
@@ -157,10 +157,10 @@ async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
 
 
 async def test_stop_app_then_start_app_producer_and_consumer_progress(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
         consumer = await env.consumer(stream, collector, offset="first", name="c", tracking=OffsetTracking(every=500))
         producer = await env.producer(stream, name="p")
@@ -180,9 +180,9 @@ async def test_stop_app_then_start_app_producer_and_consumer_progress(
         assert producer.recoveries >= 1 and consumer.recoveries >= 1
 
 
-async def test_leader_move_producer_and_consumer_progress(faulty_testbed: TestBed, unique_name: str) -> None:
-    bed = faulty_testbed
-    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+async def test_leader_move_producer_and_consumer_progress(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
         await env.consumer(stream, collector, offset="first")
         producer = await env.producer(stream, name="p")
@@ -198,10 +198,10 @@ async def test_leader_move_producer_and_consumer_progress(faulty_testbed: TestBe
 
 
 async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_duplicate(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    async with stream_led_by(bed, unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
         consumer: Consumer = await env.consumer(stream, collector, offset="first", name="tracked",
                                                 tracking=OffsetTracking(every=100))
@@ -220,10 +220,10 @@ async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_dup
 
 
 async def test_untracked_consumer_connection_closed_by_management_api_recovers_without_gap(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
-    async with stream_led_by(bed, unique_name, 2) as stream, Environment(all_nodes(bed)) as env:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 2) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
         consumer = await env.consumer(stream, collector, offset="first")
         producer = await env.producer(stream, name="p")
@@ -254,11 +254,11 @@ def server_side_name(bed: TestBed, client_name: str, timeout: float = 30) -> str
 
 
 async def test_lb_backend_disabled_and_sessions_cut_then_lb_restarted(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     host, port = bed.lb()
-    async with stream_led_by(bed, unique_name, 1) as stream, Environment(
+    async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, Environment(
         bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))
     ) as env:
         collector = Collector()
@@ -289,13 +289,13 @@ TTL = 6
 
 
 async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_typed_error(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     host, port = bed.dns_address
     for i, node in enumerate(bed.nodes):  # short-lived names for this test's nodes
-        bed.add_dns_record(f"n{i}-{unique_name}.smartclient.test", "A", node.host, ttl=TTL)
-    names = {Address(*node.advertised): Address(f"n{i}-{unique_name}.smartclient.test", node.stream_port)
+        bed.add_dns_record(f"n{i}-{rabbitmq_unique_name}.smartclient.test", "A", node.host, ttl=TTL)
+    names = {Address(*node.advertised): Address(f"n{i}-{rabbitmq_unique_name}.smartclient.test", node.stream_port)
              for i, node in enumerate(bed.nodes)}
 
     class Renamed(DnsResolver):  # advertised localhost:port -> a DNS name -> its A record
@@ -304,7 +304,7 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
 
     resolver = Renamed([host], port=port, timeout=0.5)
     policy = RecoveryPolicy(max_time=3.0, initial_delay=0.2)
-    async with stream_led_by(bed, unique_name, 0) as stream, Environment(
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(
         all_nodes(bed), resolver=resolver, recovery=policy
     ) as env:
         producer = await env.producer(stream, name="p")
@@ -330,18 +330,18 @@ BURN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:
 
 
 async def test_each_recovery_attempt_ends_within_attempt_time_on_a_loaded_machine(
-    faulty_testbed: TestBed, unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
     """A leader kill -9 under a named producer while two CPU burners load both cores: every recovery attempt
     ends within RecoveryPolicy.attempt_time plus a small margin, and its log gives every step's time."""
     import subprocess
     import sys
 
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     policy = RecoveryPolicy(attempt_time=2.0)
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2)]
     try:
-        async with stream_led_by(bed, unique_name, 1) as stream, Environment(all_nodes(bed), recovery=policy) as env:
+        async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, Environment(all_nodes(bed), recovery=policy) as env:
             producer = await env.producer(stream, name="loaded")
             publisher = Publisher(producer).start()
             await publisher.confirmed_after(0, count=1000)

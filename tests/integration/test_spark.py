@@ -1,5 +1,5 @@
 """Spark against the real cluster: the exactly-once sink (idempotence, an injected task failure, a
-super stream).  One local[2,4] session for all of them (the ``spark`` fixture)."""
+super stream).  One local[2,4] session for all of them (the ``rabbitmq_spark`` fixture)."""
 
 from __future__ import annotations
 
@@ -40,28 +40,28 @@ async def read_stream(bed: TestBed, stream: str, expect: int, timeout: float = 2
     return got
 
 
-def rows(spark: Any, start: int, count: int) -> Any:
+def rows(rabbitmq_spark: Any, start: int, count: int) -> Any:
     data = [(i, f"user-{i % 7}", json.dumps({"id": i, "user": f"user-{i % 7}"})) for i in range(start, start + count)]
-    return spark.createDataFrame(data, "id long, user string, body string")
+    return rabbitmq_spark.createDataFrame(data, "id long, user string, body string")
 
 
-async def test_sink_is_idempotent_for_a_batch_id(spark: Any, testbed: TestBed, unique_name: str) -> None:
-    async with Environment(testbed.stream_uri(testbed.nodes[0].host, testbed.nodes[0].stream_port)) as env:
-        await env.create_stream(unique_name)
-    sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, stream=unique_name,
+async def test_sink_is_idempotent_for_a_batch_id(rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host, rabbitmq_testbed.nodes[0].stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
+    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, stream=rabbitmq_unique_name,
                            key_columns=["user"], order_columns=["id"], slots=3)
-    df = rows(spark, 0, 200)
+    df = rows(rabbitmq_spark, 0, 200)
     await asyncio.to_thread(sink, df, 7)
     await asyncio.to_thread(sink, df, 7)  # the same batch again: nothing new
-    got = await read_stream(testbed, unique_name, expect=200)
+    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name, expect=200)
     assert sorted(m["id"] for m in got) == list(range(200))
 
 
 async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
-    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    async with Environment(testbed.stream_uri(testbed.nodes[0].host, testbed.nodes[0].stream_port)) as env:
-        await env.create_stream(unique_name)
+    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host, rabbitmq_testbed.nodes[0].stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
     source = tmp_path / "in"
     source.mkdir()
     for part in range(3):  # three files, one batch each
@@ -76,9 +76,9 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
             raise RuntimeError("injected task failure")
         return row["body"].encode()
 
-    sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, stream=unique_name,
+    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, stream=rabbitmq_unique_name,
                            key_columns=["user"], order_columns=["id"], slots=3, to_message=to_message)
-    query = (spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)
+    query = (rabbitmq_spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)
              .json(str(source)).writeStream.foreachBatch(sink)
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
     try:
@@ -86,7 +86,7 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     finally:
         query.stop()
     assert marker.exists()  # the failure did happen, and Spark retried the task
-    got = await read_stream(testbed, unique_name, expect=900)
+    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name, expect=900)
     ids = [m["id"] for m in got]
     assert len(ids) == 900 and sorted(ids) == list(range(900))  # 0 missing, 0 duplicated
     by_user: dict[str, list[int]] = defaultdict(list)
@@ -97,25 +97,25 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
 
 
 async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
-    spark: Any, testbed: TestBed, unique_name: str
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        partitions = await env.create_super_stream(unique_name, partitions=3)
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
-        sink = ExactlyOnceSink(connection_via_lb(testbed), app_id=unique_name, super_stream=unique_name,
+        sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, super_stream=rabbitmq_unique_name,
                                key_columns=["user"], order_columns=["id"])
-        await asyncio.to_thread(sink, rows(spark, 0, 140), 0)
+        await asyncio.to_thread(sink, rows(rabbitmq_spark, 0, 140), 0)
         total = 0
         for partition in partitions:
-            got = await read_stream(testbed, partition, expect=1, timeout=5)
+            got = await read_stream(rabbitmq_testbed, partition, expect=1, timeout=5)
             total += len(got)
             for m in got:
                 assert hash_partition(m["user"], partitions) == partition, m
         assert total == 140
     finally:
-        async with Environment(testbed.stream_uri(node.host, node.stream_port)) as env:
-            await env.delete_super_stream(unique_name)
+        async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+            await env.delete_super_stream(rabbitmq_unique_name)
 
 
 async def fill(bed: TestBed, stream: str, start: int, count: int) -> None:
@@ -127,39 +127,39 @@ async def fill(bed: TestBed, stream: str, start: int, count: int) -> None:
         await producer.close()
 
 
-def source(spark: Any, bed: TestBed, stream: str, streaming: bool = False) -> Any:
+def source(rabbitmq_spark: Any, bed: TestBed, stream: str, streaming: bool = False) -> Any:
     from smartclient.spark import RabbitStreamDataSource
 
-    spark.dataSource.register(RabbitStreamDataSource)
+    rabbitmq_spark.dataSource.register(RabbitStreamDataSource)
     host, port = bed.lb("stream")
-    reader = spark.readStream if streaming else spark.read
+    reader = rabbitmq_spark.readStream if streaming else rabbitmq_spark.read
     return (reader.format("rabbitmq_stream").option("uri", bed.stream_uri(host, port))
             .option("loadBalancer", f"{host}:{port}").option("streams", stream))
 
 
-async def test_batch_read_returns_exactly_an_offset_range(spark: Any, testbed: TestBed, unique_name: str) -> None:
-    await fill(testbed, unique_name, 0, 100)
-    df = (source(spark, testbed, unique_name).option("startingOffsets", json.dumps({unique_name: 10}))
-          .option("endingOffsets", json.dumps({unique_name: 60})).option("maxRecordsPerPartition", "20").load())
+async def test_batch_read_returns_exactly_an_offset_range(rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 100)
+    df = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name).option("startingOffsets", json.dumps({rabbitmq_unique_name: 10}))
+          .option("endingOffsets", json.dumps({rabbitmq_unique_name: 60})).option("maxRecordsPerPartition", "20").load())
     from smartclient.spark.source import OffsetRange, _BatchReader, _options
 
-    host, port = testbed.lb("stream")
-    reader = _BatchReader(_options({"uri": testbed.stream_uri(host, port), "streams": unique_name,
-                                    "startingOffsets": json.dumps({unique_name: 10}),
-                                    "endingOffsets": json.dumps({unique_name: 60}), "maxRecordsPerPartition": "20"}))
-    assert list(reader.partitions()) == [OffsetRange(unique_name, 10, 30), OffsetRange(unique_name, 30, 50),
-                                         OffsetRange(unique_name, 50, 60)]
+    host, port = rabbitmq_testbed.lb("stream")
+    reader = _BatchReader(_options({"uri": rabbitmq_testbed.stream_uri(host, port), "streams": rabbitmq_unique_name,
+                                    "startingOffsets": json.dumps({rabbitmq_unique_name: 10}),
+                                    "endingOffsets": json.dumps({rabbitmq_unique_name: 60}), "maxRecordsPerPartition": "20"}))
+    assert list(reader.partitions()) == [OffsetRange(rabbitmq_unique_name, 10, 30), OffsetRange(rabbitmq_unique_name, 30, 50),
+                                         OffsetRange(rabbitmq_unique_name, 50, 60)]
     got = await asyncio.to_thread(df.collect)
     assert sorted(r.offset for r in got) == list(range(10, 60))
-    assert all(json.loads(bytes(r.body))["id"] == r.offset and r.stream == unique_name for r in got)
-    everything = await asyncio.to_thread(source(spark, testbed, unique_name).load().count)
+    assert all(json.loads(bytes(r.body))["id"] == r.offset and r.stream == rabbitmq_unique_name for r in got)
+    everything = await asyncio.to_thread(source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name).load().count)
     assert everything == 100  # earliest to latest by default
 
 
 async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
-    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    await fill(testbed, unique_name, 0, 30)
+    await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 30)
     seen: list[int] = []
     batches: list[int] = []
 
@@ -168,7 +168,7 @@ async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
         batches.append(batch_id)
 
     def run() -> None:
-        query = (source(spark, testbed, unique_name, streaming=True).option("maxRecordsPerPartition", "10").load()
+        query = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True).option("maxRecordsPerPartition", "10").load()
                  .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
         try:
             query.processAllAvailable()
@@ -177,7 +177,7 @@ async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
 
     await asyncio.to_thread(run)
     assert sorted(seen) == list(range(30)) and batches
-    await fill(testbed, unique_name, 30, 20)
+    await fill(rabbitmq_testbed, rabbitmq_unique_name, 30, 20)
     seen.clear()
     await asyncio.to_thread(run)  # a restart from the same checkpoint
     assert sorted(seen) == list(range(30, 50))  # exactly the new messages: no gap, no replay
@@ -199,17 +199,17 @@ def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
 
 
 async def test_end_to_end_source_transform_sink_through_the_lb(
-    spark: Any, testbed: TestBed, unique_name: str, tmp_path: Path
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
     pipeline = load_example("spark_pipeline")
-    host, port = testbed.lb("stream")
-    uri = testbed.stream_uri(host, port)
-    source, target = f"{unique_name}-in", f"{unique_name}-out"
+    host, port = rabbitmq_testbed.lb("stream")
+    uri = rabbitmq_testbed.stream_uri(host, port)
+    source, target = f"{rabbitmq_unique_name}-in", f"{rabbitmq_unique_name}-out"
     await pipeline.publish_orders(uri, source, 500)
-    await asyncio.to_thread(pipeline.run, spark, uri, source, target, unique_name, str(tmp_path / "cp"))
+    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name, str(tmp_path / "cp"))
     out = await pipeline.read_all(uri, target, expect=500)
     assert sorted(m["id"] for m in out) == list(range(500))
     assert all(m["with_tax"] == round(m["id"] * 1.5 * 1.2, 2) for m in out)
     # running the same query again from its checkpoint adds nothing
-    await asyncio.to_thread(pipeline.run, spark, uri, source, target, unique_name, str(tmp_path / "cp"))
+    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name, str(tmp_path / "cp"))
     assert len(await pipeline.read_all(uri, target, expect=501, timeout=3)) == 500

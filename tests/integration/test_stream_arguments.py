@@ -12,34 +12,34 @@ from smartclient.testing import TestBed
 
 
 @pytest.fixture
-async def env(testbed: TestBed) -> AsyncIterator[Environment]:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as environment:
+async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
         yield environment
 
 
 @pytest.mark.parametrize("key", ["x-initial-cluster-size", "initial-cluster-size", "initial_cluster_size"])
 async def test_initial_cluster_size_in_any_spelling_is_honoured(
-    env: Environment, testbed: TestBed, unique_name: str, key: str
+    env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, key: str
 ) -> None:
-    assert len(testbed.nodes) >= 3  # the default size would be every node
-    await env.create_stream(unique_name, {key: 2, "max-age": "7D"})
+    assert len(rabbitmq_testbed.nodes) >= 3  # the default size would be every node
+    await env.create_stream(rabbitmq_unique_name, {key: 2, "max-age": "7D"})
     try:
-        with testbed.management() as api:
-            info = api.queue("/", unique_name)
+        with rabbitmq_testbed.management() as api:
+            info = api.queue("/", rabbitmq_unique_name)
         assert len(info["members"]) == 2, info["members"]
         assert info["arguments"]["x-max-age"] == "7D"
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 @pytest.mark.parametrize("arguments", [{"x-max-length": 1000}, {"max-age-seconds": 3600},
                                        {"x-initial-cluster-size": 2, "x-queue-mode": "lazy"}])
 async def test_an_unknown_key_is_refused_and_nothing_is_created(
-    env: Environment, unique_name: str, arguments: dict[str, object]
+    env: Environment, rabbitmq_unique_name: str, arguments: dict[str, object]
 ) -> None:
     unknown = next(k for k in arguments if k not in ("x-initial-cluster-size",))
     with pytest.raises(ConfigurationError, match=f"unknown stream argument {unknown!r}: the broker would ignore it"):
-        await env.create_stream(unique_name, arguments)
+        await env.create_stream(rabbitmq_unique_name, arguments)
     with pytest.raises(StreamNotFound):
-        await env.topology(unique_name)  # nothing reached the broker
+        await env.topology(rabbitmq_unique_name)  # nothing reached the broker

@@ -24,9 +24,9 @@ from smartclient.testing.streams import delete_streams
 
 
 @pytest.fixture
-async def env(testbed: TestBed) -> AsyncIterator[Environment]:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as environment:
+async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
         yield environment
 
 
@@ -48,28 +48,28 @@ async def read_all(env: Environment, stream: str, offset: Any = "first", expect:
 
 
 # -- declaration ------------------------------------------------------------------------------------
-async def test_declaration_arguments_reach_the_broker(env: Environment, testbed: TestBed, unique_name: str) -> None:
+async def test_declaration_arguments_reach_the_broker(env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     args = StreamArguments(max_length_bytes=2_000_000_000, max_age="7D", max_segment_size_bytes=100_000_000,
                            filter_size_bytes=32, initial_cluster_size=2, leader_locator="client-local")
-    await env.create_stream(unique_name, args)
+    await env.create_stream(rabbitmq_unique_name, args)
     try:
-        with testbed.management() as api:
-            info = api.queue("/", unique_name)
+        with rabbitmq_testbed.management() as api:
+            info = api.queue("/", rabbitmq_unique_name)
         assert info["type"] == "stream" and len(info["members"]) == 2
         assert info["arguments"]["x-max-age"] == "7D"
         assert int(info["arguments"]["x-max-length-bytes"]) == 2_000_000_000
         assert int(info["arguments"]["x-stream-max-segment-size-bytes"]) == 100_000_000
         assert int(info["arguments"]["x-stream-filter-size-bytes"]) == 32
-        await env.create_stream(unique_name, args, exists_ok=True)
+        await env.create_stream(rabbitmq_unique_name, args, exists_ok=True)
         with pytest.raises(TopologyError, match="already exists"):
-            await env.create_stream(unique_name, args)
+            await env.create_stream(rabbitmq_unique_name, args)
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
     with pytest.raises(StreamNotFound):
-        await env.topology(unique_name)
-    await env.delete_stream(unique_name, missing_ok=True)
+        await env.topology(rabbitmq_unique_name)
+    await env.delete_stream(rabbitmq_unique_name, missing_ok=True)
     with pytest.raises(StreamNotFound):
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 @pytest.mark.parametrize("arguments", [
@@ -77,21 +77,21 @@ async def test_declaration_arguments_reach_the_broker(env: Environment, testbed:
     {"initial-cluster-size": 0}, {"queue-leader-locator": "random"},
 ])
 async def test_bad_declarations_never_reach_the_broker(
-    env: Environment, testbed: TestBed, unique_name: str, arguments: dict[str, Any]
+    env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, arguments: dict[str, Any]
 ) -> None:
     with pytest.raises(ConfigurationError):
-        await env.create_stream(unique_name, arguments)
+        await env.create_stream(rabbitmq_unique_name, arguments)
     with pytest.raises(StreamNotFound):
-        await env.topology(unique_name)
-    await env.create_stream(f"{unique_name}-after")  # the Environment still works
-    await env.delete_stream(f"{unique_name}-after")
+        await env.topology(rabbitmq_unique_name)
+    await env.create_stream(f"{rabbitmq_unique_name}-after")  # the Environment still works
+    await env.delete_stream(f"{rabbitmq_unique_name}-after")
 
 
 # -- offsets ------------------------------------------------------------------------------------------
-async def test_every_offset_spec_lands_on_the_right_first_message(env: Environment, unique_name: str) -> None:
-    await env.create_stream(unique_name)
+async def test_every_offset_spec_lands_on_the_right_first_message(env: Environment, rabbitmq_unique_name: str) -> None:
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        producer = await env.producer(unique_name)
+        producer = await env.producer(rabbitmq_unique_name)
         for i in range(5):
             await producer.send_wait(b"a%d" % i)
         await asyncio.sleep(1.2)
@@ -103,14 +103,14 @@ async def test_every_offset_spec_lands_on_the_right_first_message(env: Environme
         for i in range(5):
             await producer.send_wait(b"c%d" % i)
 
-        first = await read_all(env, unique_name, "first", expect=15)
+        first = await read_all(env, rabbitmq_unique_name, "first", expect=15)
         assert [body for _, body in first][:1] == [b"a0"] and len(first) == 15
         offsets = {body: offset for offset, body in first}
-        assert (await read_all(env, unique_name, OffsetSpec.at(offsets[b"b2"]), expect=8))[0][1] == b"b2"
-        assert (await read_all(env, unique_name, middle, expect=10))[0][1] == b"b0"
-        assert (await read_all(env, unique_name, "2s", expect=5))[0][1] == b"c0"  # now - 2 s: after batch b
-        assert (await read_all(env, unique_name, "1h", expect=15))[0][1] == b"a0"
-        last = await read_all(env, unique_name, "last", expect=1)
+        assert (await read_all(env, rabbitmq_unique_name, OffsetSpec.at(offsets[b"b2"]), expect=8))[0][1] == b"b2"
+        assert (await read_all(env, rabbitmq_unique_name, middle, expect=10))[0][1] == b"b0"
+        assert (await read_all(env, rabbitmq_unique_name, "2s", expect=5))[0][1] == b"c0"  # now - 2 s: after batch b
+        assert (await read_all(env, rabbitmq_unique_name, "1h", expect=15))[0][1] == b"a0"
+        last = await read_all(env, rabbitmq_unique_name, "last", expect=1)
         assert last and last[-1][1] == b"c4" and b"a0" not in [b for _, b in last]  # the last chunk only
 
         got: list[bytes] = []
@@ -118,7 +118,7 @@ async def test_every_offset_spec_lands_on_the_right_first_message(env: Environme
         async def on_next(message: bytes, context: Any) -> None:
             got.append(bytes(message))
 
-        nxt = await env.consumer(unique_name, on_next, offset="next")
+        nxt = await env.consumer(rabbitmq_unique_name, on_next, offset="next")
         await producer.send_wait(b"d0")
         deadline = time.monotonic() + 5
         while not got and time.monotonic() < deadline:
@@ -126,21 +126,21 @@ async def test_every_offset_spec_lands_on_the_right_first_message(env: Environme
         assert got == [b"d0"]  # only what was published after it subscribed
         await nxt.close()
         with pytest.raises(ConfigurationError):
-            await env.consumer(unique_name, on_next, offset="yesterday")
+            await env.consumer(rabbitmq_unique_name, on_next, offset="yesterday")
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 # -- deduplication: the two worked examples of the streams guide ---------------------------------------
-async def test_dedup_publish_and_restart(testbed: TestBed, unique_name: str) -> None:
-    node = testbed.nodes[0]
-    uri = testbed.stream_uri(node.host, node.stream_port)
+async def test_dedup_publish_and_restart(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    node = rabbitmq_testbed.nodes[0]
+    uri = rabbitmq_testbed.stream_uri(node.host, node.stream_port)
     async with Environment(uri) as env:
-        await env.create_stream(unique_name)
+        await env.create_stream(rabbitmq_unique_name)
     try:
         # the application declares a named producer and publishes messages 1, 2, 3, confirmed
         async with Environment(uri) as env:
-            producer = await env.producer(unique_name, name="online-shop-order")
+            producer = await env.producer(rabbitmq_unique_name, name="online-shop-order")
             assert producer.last_publishing_id == 0
             for i in (1, 2, 3):
                 await producer.send_wait(b"message %d" % i, publishing_id=i)
@@ -149,28 +149,28 @@ async def test_dedup_publish_and_restart(testbed: TestBed, unique_name: str) -> 
             await producer.send_wait(b"message 4", publishing_id=4)
         # the application restarts, declares the producer with the same name, asks for the last id
         async with Environment(uri) as env:
-            producer = await env.producer(unique_name, name="online-shop-order")
+            producer = await env.producer(rabbitmq_unique_name, name="online-shop-order")
             assert producer.last_publishing_id == 4
             # it "scrolls" to message 4 and publishes it again: the broker filters it out and confirms
             await producer.send_wait(b"message 4", publishing_id=4)
             # then message 5, and so on
             await producer.send_wait(b"message 5", publishing_id=5)
-            stored = [body for _, body in await read_all(env, unique_name, "first", expect=5)]
+            stored = [body for _, body in await read_all(env, rabbitmq_unique_name, "first", expect=5)]
         assert stored == [b"message %d" % i for i in (1, 2, 3, 4, 5)]  # message 4 once
     finally:
-        await delete_streams(testbed, unique_name)
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-async def test_dedup_misuse_is_refused_client_side(testbed: TestBed, unique_name: str) -> None:
+async def test_dedup_misuse_is_refused_client_side(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     from rstream import Producer as RawProducer
     from rstream import RawMessage
 
-    node = testbed.nodes[0]
-    uri = testbed.stream_uri(node.host, node.stream_port)
+    node = rabbitmq_testbed.nodes[0]
+    uri = rabbitmq_testbed.stream_uri(node.host, node.stream_port)
     try:
         async with Environment(uri) as env:
-            await env.create_stream(unique_name)
-            producer = await env.producer(unique_name, name="misuse")
+            await env.create_stream(rabbitmq_unique_name)
+            producer = await env.producer(rabbitmq_unique_name, name="misuse")
             for i in (1, 2, 3, 10):
                 await producer.send_wait(b"message %d" % i, publishing_id=i)
             # the guide's misuse: message 4 after message 10. smartclient refuses it before sending ...
@@ -178,31 +178,31 @@ async def test_dedup_misuse_is_refused_client_side(testbed: TestBed, unique_name
                 await producer.send_wait(b"message 4", publishing_id=4)
             await producer.send_wait(b"message 11", publishing_id=11)  # ... and the producer goes on
         # ... whereas raw rstream sends it, the broker confirms it, and it is silently dropped
-        raw = RawProducer(node.host, node.stream_port, username=testbed.username, password=testbed.password)
+        raw = RawProducer(node.host, node.stream_port, username=rabbitmq_testbed.username, password=rabbitmq_testbed.password)
         async with raw:
-            await raw.send_wait(unique_name, RawMessage(b"message 4 (rstream)", publishing_id=4),
+            await raw.send_wait(rabbitmq_unique_name, RawMessage(b"message 4 (rstream)", publishing_id=4),
                                 publisher_name="misuse")
         async with Environment(uri) as env:
-            stored = [body for _, body in await read_all(env, unique_name, "first", expect=5)]
+            stored = [body for _, body in await read_all(env, rabbitmq_unique_name, "first", expect=5)]
         assert stored == [b"message 1", b"message 2", b"message 3", b"message 10", b"message 11"]
     finally:
-        await delete_streams(testbed, unique_name)
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 
 
-async def test_named_producer_assigns_ids_and_unnamed_refuses_them(env: Environment, unique_name: str) -> None:
-    await env.create_stream(unique_name)
+async def test_named_producer_assigns_ids_and_unnamed_refuses_them(env: Environment, rabbitmq_unique_name: str) -> None:
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        named = await env.producer(unique_name, name="auto")
+        named = await env.producer(rabbitmq_unique_name, name="auto")
         await named.send_wait(b"x")
         await named.send_wait(b"y")
         assert named._highest_sent == 2
         with pytest.raises(PublishingIdNotIncreasing):
             await named.send_wait(b"z", publishing_id=2)
-        unnamed = await env.producer(unique_name)
+        unnamed = await env.producer(rabbitmq_unique_name)
         with pytest.raises(ConfigurationError, match="deduplication needs a producer name"):
             await unnamed.send_wait(b"z", publishing_id=7)
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 # -- offset tracking -----------------------------------------------------------------------------------
@@ -221,93 +221,93 @@ async def _wait_for(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_manual_offset_tracking_and_resume(env: Environment, unique_name: str) -> None:
+async def test_manual_offset_tracking_and_resume(env: Environment, rabbitmq_unique_name: str) -> None:
     from smartclient import OffsetTracking
 
-    await env.create_stream(unique_name)
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        await _publish(env, unique_name, [b"m%d" % i for i in range(10)])
+        await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(10)])
         got: list[int] = []
-        consumer = await env.consumer(unique_name, lambda m, c: got.append(c.offset), offset="first", name="app")
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first", name="app")
         assert await consumer.stored_offset() is None
         await _wait_for(lambda: len(got) == 10)
         await consumer.store_offset()
         assert await consumer.stored_offset() == 9
         await consumer.close()
-        await _publish(env, unique_name, [b"n%d" % i for i in range(3)])
+        await _publish(env, rabbitmq_unique_name, [b"n%d" % i for i in range(3)])
         resumed: list[bytes] = []
-        again = await env.consumer(unique_name, lambda m, c: resumed.append(bytes(m)), name="app",
+        again = await env.consumer(rabbitmq_unique_name, lambda m, c: resumed.append(bytes(m)), name="app",
                                    offset=OffsetSpec.at(9 + 1))
         await _wait_for(lambda: len(resumed) == 3)
         assert resumed == [b"n0", b"n1", b"n2"]
         await again.close()
         with pytest.raises(ConfigurationError, match="needs a name"):
-            await env.consumer(unique_name, lambda m, c: None, tracking=OffsetTracking())
+            await env.consumer(rabbitmq_unique_name, lambda m, c: None, tracking=OffsetTracking())
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_auto_store_by_count_by_time_and_on_close(env: Environment, unique_name: str) -> None:
+async def test_auto_store_by_count_by_time_and_on_close(env: Environment, rabbitmq_unique_name: str) -> None:
     from smartclient import OffsetTracking
 
-    await env.create_stream(unique_name)
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        await _publish(env, unique_name, [b"m%d" % i for i in range(12)])
+        await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(12)])
         got: list[int] = []
-        by_count = await env.consumer(unique_name, lambda m, c: got.append(c.offset), offset="first",
+        by_count = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first",
                                       name="count", tracking=OffsetTracking(every=5, interval=None))
         await _wait_for(lambda: len(got) == 12)
         await asyncio.sleep(0.3)
         stored = await by_count.stored_offset()  # a store falls due after the 5th and the 10th message
         assert stored is not None and 4 <= stored <= 11
         await by_count.close()
-        assert await env.stored_offset(unique_name, "count") == 11  # and on close
+        assert await env.stored_offset(rabbitmq_unique_name, "count") == 11  # and on close
         seen: list[int] = []
-        by_time = await env.consumer(unique_name, lambda m, c: seen.append(c.offset), offset="first",
+        by_time = await env.consumer(rabbitmq_unique_name, lambda m, c: seen.append(c.offset), offset="first",
                                      name="time", tracking=OffsetTracking(every=None, interval=0.3))
         await _wait_for(lambda: len(seen) == 12)
         await asyncio.sleep(0.6)
         assert await by_time.stored_offset() == 11
         await by_time.close()
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 # -- single active consumer --------------------------------------------------------------------------------
 async def test_single_active_consumer_fails_over_and_resumes_after_the_stored_offset(
-    env: Environment, unique_name: str
+    env: Environment, rabbitmq_unique_name: str
 ) -> None:
     from smartclient import OffsetTracking
 
-    await env.create_stream(unique_name)
+    await env.create_stream(rabbitmq_unique_name)
     try:
         received: dict[str, list[bytes]] = {"a": [], "b": []}
         tracking = OffsetTracking(every=1, interval=None)
-        a = await env.consumer(unique_name, lambda m, c: received["a"].append(bytes(m)), offset="first",
+        a = await env.consumer(rabbitmq_unique_name, lambda m, c: received["a"].append(bytes(m)), offset="first",
                                name="sac", single_active=True, tracking=tracking)
-        b = await env.consumer(unique_name, lambda m, c: received["b"].append(bytes(m)), offset="first",
+        b = await env.consumer(rabbitmq_unique_name, lambda m, c: received["b"].append(bytes(m)), offset="first",
                                name="sac", single_active=True, tracking=tracking)
         await _wait_for(lambda: a.active is not None and b.active is not None)
-        await _publish(env, unique_name, [b"m%d" % i for i in range(10)])
+        await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(10)])
         await _wait_for(lambda: len(received["a"]) + len(received["b"]) == 10)
         active, standby = (a, b) if received["a"] else (b, a)
         assert active.active is True and standby.active is False
         assert received["b" if standby is b else "a"] == []  # one instance at a time
         await active.close()  # the active instance goes away: the other takes over
         await _wait_for(lambda: standby.active is True)
-        await _publish(env, unique_name, [b"n%d" % i for i in range(5)])
+        await _publish(env, rabbitmq_unique_name, [b"n%d" % i for i in range(5)])
         key = "b" if standby is b else "a"
         await _wait_for(lambda: len(received[key]) == 5)
         assert received[key] == [b"n%d" % i for i in range(5)]  # no gap, no duplicate
         await standby.close()
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_consumer_update_handler_chooses_where_to_resume(env: Environment, unique_name: str) -> None:
-    await env.create_stream(unique_name)
+async def test_consumer_update_handler_chooses_where_to_resume(env: Environment, rabbitmq_unique_name: str) -> None:
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        await _publish(env, unique_name, [b"m%d" % i for i in range(4)])
+        await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(4)])
         calls: list[bool] = []
 
         def from_first(is_active: bool, consumer: Any) -> OffsetSpec:
@@ -315,39 +315,39 @@ async def test_consumer_update_handler_chooses_where_to_resume(env: Environment,
             return OffsetSpec.first()
 
         got: list[bytes] = []
-        consumer = await env.consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="next",
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="next",
                                       name="handler", single_active=True, on_update=from_first)
         await _wait_for(lambda: len(got) == 4)
         assert calls == [True] and got[0] == b"m0"  # the handler's "first" won over offset="next"
         await consumer.close()
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
 # -- filtering ----------------------------------------------------------------------------------------------
 async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_messages(
-    env: Environment, unique_name: str
+    env: Environment, rabbitmq_unique_name: str
 ) -> None:
     from smartclient import StreamFilter
 
-    await env.create_stream(unique_name, StreamArguments(filter_size_bytes=32))
+    await env.create_stream(rabbitmq_unique_name, StreamArguments(filter_size_bytes=32))
     try:
-        producer = await env.producer(unique_name, filter_value=lambda body: body.decode().split(":")[0])
+        producer = await env.producer(rabbitmq_unique_name, filter_value=lambda body: body.decode().split(":")[0])
         for value in ("a", "b", "c"):
             for i in range(3):
                 await producer.send_wait(f"{value}:{i}".encode())  # confirmed one by one: a chunk each
         await producer.send_batch([b"a:mixed", b"b:mixed"])  # one chunk, both values
-        exact = await read_all(env, unique_name, "first", expect=4)
+        exact = await read_all(env, rabbitmq_unique_name, "first", expect=4)
         assert exact  # sanity: the stream is readable
         got: list[bytes] = []
-        precise = await env.consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="first",
+        precise = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="first",
                                      filter=StreamFilter(["b"], post_filter=lambda m: bytes(m).startswith(b"b:")))
         await _wait_for(lambda: len(got) >= 4)
         await asyncio.sleep(0.3)
         assert got == [b"b:0", b"b:1", b"b:2", b"b:mixed"]
         await precise.close()
         chunks: list[bytes] = []
-        coarse = await env.consumer(unique_name, lambda m, c: chunks.append(bytes(m)), offset="first",
+        coarse = await env.consumer(rabbitmq_unique_name, lambda m, c: chunks.append(bytes(m)), offset="first",
                                     filter=StreamFilter(["b"]))
         await _wait_for(lambda: len(chunks) >= 5)
         await asyncio.sleep(0.3)
@@ -356,32 +356,32 @@ async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_mes
         with pytest.raises(ConfigurationError, match="non-empty list of filter values"):
             StreamFilter("b")
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_stream_statistics(env: Environment, unique_name: str) -> None:
-    await env.create_stream(unique_name)
+async def test_stream_statistics(env: Environment, rabbitmq_unique_name: str) -> None:
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        producer = await env.producer(unique_name)
+        producer = await env.producer(rabbitmq_unique_name)
         await producer.send_batch([b"x"] * 10)
-        stats = await env.stream_stats(unique_name)
+        stats = await env.stream_stats(rabbitmq_unique_name)
         assert stats["first_chunk_id"] == 0 and stats["committed_chunk_id"] >= 0
         await producer.send_wait(b"y")
-        later = await env.stream_stats(unique_name)
+        later = await env.stream_stats(rabbitmq_unique_name)
         assert later["committed_chunk_id"] > stats["committed_chunk_id"]
         with pytest.raises(StreamNotFound):
-            await env.stream_stats(f"{unique_name}-missing")
+            await env.stream_stats(f"{rabbitmq_unique_name}-missing")
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_producer_confirms_backpressure_and_frame_max(env: Environment, unique_name: str) -> None:
+async def test_producer_confirms_backpressure_and_frame_max(env: Environment, rabbitmq_unique_name: str) -> None:
     from smartclient import BatchingPolicy, Confirmation, MessageTooLarge
 
-    await env.create_stream(unique_name)
+    await env.create_stream(rabbitmq_unique_name)
     try:
         policy = BatchingPolicy(batch_size=50, linger=0.001, max_in_flight=100)
-        producer = await env.producer(unique_name, name="confirms", batching=policy)
+        producer = await env.producer(rabbitmq_unique_name, name="confirms", batching=policy)
         confirmed: list[Confirmation] = []
         peak = 0
         for i in range(1000):
@@ -400,18 +400,18 @@ async def test_producer_confirms_backpressure_and_frame_max(env: Environment, un
         with pytest.raises(ConfigurationError, match="empty batch"):
             await producer.send_batch([])
         await producer.send_wait(b"still fine")  # nothing was lost or broken by the refusals
-        stored = await read_all(env, unique_name, "first", expect=1004)
+        stored = await read_all(env, rabbitmq_unique_name, "first", expect=1004)
         assert len(stored) == 1004
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environment, unique_name: str) -> None:
+async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environment, rabbitmq_unique_name: str) -> None:
     from smartclient import MessageTooLarge
 
-    await env.create_stream(unique_name)
+    await env.create_stream(rabbitmq_unique_name)
     try:
-        producer = await env.producer(unique_name, name="many")
+        producer = await env.producer(rabbitmq_unique_name, name="many")
         await producer.send_many([b"a", b"b", b"c"], first_publishing_id=10)
         await producer.send_many([b"d", b"e"])  # continues at 13
         with pytest.raises(PublishingIdNotIncreasing):
@@ -420,10 +420,10 @@ async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environ
             await producer.send_many([b"y" * (2 * 1024 * 1024)])
         await producer.flush()
         assert producer._highest_sent == 15  # the refused message still took its id: never reused
-        stored = [body for _, body in await read_all(env, unique_name, "first", expect=5)]
+        stored = [body for _, body in await read_all(env, rabbitmq_unique_name, "first", expect=5)]
         assert stored == [b"a", b"b", b"c", b"d", b"e"]
         await producer.close()
-        again = await env.producer(unique_name, name="many")
+        again = await env.producer(rabbitmq_unique_name, name="many")
         assert again.last_publishing_id == 14
     finally:
-        await env.delete_stream(unique_name)
+        await env.delete_stream(rabbitmq_unique_name)

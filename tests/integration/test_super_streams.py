@@ -26,9 +26,9 @@ from smartclient.testing.streams import stream_members
 
 
 @pytest.fixture
-async def env(testbed: TestBed) -> AsyncIterator[Environment]:
-    node = testbed.nodes[0]
-    async with Environment(testbed.stream_uri(node.host, node.stream_port)) as environment:
+async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
         yield environment
 
 
@@ -45,35 +45,35 @@ async def _drain(env: Environment, streams: list[str], expect: int, timeout: flo
     return got
 
 
-async def test_create_partitions_route_and_delete(env: Environment, unique_name: str) -> None:
-    names = await env.create_super_stream(unique_name, partitions=3)
+async def test_create_partitions_route_and_delete(env: Environment, rabbitmq_unique_name: str) -> None:
+    names = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
-        assert names == [f"{unique_name}-0", f"{unique_name}-1", f"{unique_name}-2"]
-        assert await env.partitions(unique_name) == names
-        assert await env.route(unique_name, "1") == [f"{unique_name}-1"]
-        assert await env.route(unique_name, "nowhere") == []
+        assert names == [f"{rabbitmq_unique_name}-0", f"{rabbitmq_unique_name}-1", f"{rabbitmq_unique_name}-2"]
+        assert await env.partitions(rabbitmq_unique_name) == names
+        assert await env.route(rabbitmq_unique_name, "1") == [f"{rabbitmq_unique_name}-1"]
+        assert await env.route(rabbitmq_unique_name, "nowhere") == []
         with pytest.raises(TopologyError, match="already exists"):
-            await env.create_super_stream(unique_name, partitions=3)
-        await env.create_super_stream(unique_name, partitions=3, exists_ok=True)
+            await env.create_super_stream(rabbitmq_unique_name, partitions=3)
+        await env.create_super_stream(rabbitmq_unique_name, partitions=3, exists_ok=True)
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
     with pytest.raises(StreamNotFound):
-        await env.partitions(unique_name)
+        await env.partitions(rabbitmq_unique_name)
     with pytest.raises(ConfigurationError, match="either partitions=N or binding_keys"):
-        await env.create_super_stream(unique_name, partitions=2, binding_keys=["a"])
+        await env.create_super_stream(rabbitmq_unique_name, partitions=2, binding_keys=["a"])
     with pytest.raises(ConfigurationError, match="positive int"):
-        await env.create_super_stream(unique_name, partitions=0)
+        await env.create_super_stream(rabbitmq_unique_name, partitions=0)
 
 
 async def test_hash_routing_agrees_with_the_reference_vectors(
-    env: Environment, testbed: TestBed, unique_name: str
+    env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    partitions = await env.create_super_stream(unique_name, partitions=3)
+    partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
-        producer = await env.super_stream_producer(unique_name, key=lambda body: body.decode().split(":")[0])
+        producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: body.decode().split(":")[0])
         # each partition producer sits on its partition's leader
         for partition, p in producer.producers.items():
-            assert p.node == stream_members(testbed, partition)[0]
+            assert p.node == stream_members(rabbitmq_testbed, partition)[0]
         keys = [f"hello{i}" for i in range(1, 11)]
         for key in keys:
             assert await producer.send_wait(f"{key}:payload".encode()) == [hash_partition(key, partitions)]
@@ -86,41 +86,41 @@ async def test_hash_routing_agrees_with_the_reference_vectors(
         assert sum(len(v) for v in got.values()) == 10
         await producer.close()
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
 
 
-async def test_key_routing_agrees_with_the_broker_bindings(env: Environment, unique_name: str) -> None:
-    partitions = await env.create_super_stream(unique_name, binding_keys=["eu", "us", "apac"])
+async def test_key_routing_agrees_with_the_broker_bindings(env: Environment, rabbitmq_unique_name: str) -> None:
+    partitions = await env.create_super_stream(rabbitmq_unique_name, binding_keys=["eu", "us", "apac"])
     try:
-        producer = await env.super_stream_producer(unique_name, routing="key")
+        producer = await env.super_stream_producer(rabbitmq_unique_name, routing="key")
         for region in ("eu", "us", "apac", "us"):
             assert await producer.send_wait(f"order from {region}".encode(), key=region) == [
-                f"{unique_name}-{region}"]
+                f"{rabbitmq_unique_name}-{region}"]
         with pytest.raises(TopologyError, match=r"no partition .* bound to routing key 'mars'"):
             await producer.send_wait(b"x", key="mars")
         got = await _drain(env, partitions, expect=4)
-        assert got[f"{unique_name}-us"] == [b"order from us", b"order from us"]
-        assert got[f"{unique_name}-apac"] == [b"order from apac"]
+        assert got[f"{rabbitmq_unique_name}-us"] == [b"order from us", b"order from us"]
+        assert got[f"{rabbitmq_unique_name}-apac"] == [b"order from apac"]
         await producer.close()
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
 
 
 async def test_super_stream_consumer_group_has_one_active_per_partition(
-    env: Environment, unique_name: str
+    env: Environment, rabbitmq_unique_name: str
 ) -> None:
-    partitions = await env.create_super_stream(unique_name, partitions=3)
+    partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
         received: dict[str, list[bytes]] = {"a": [], "b": []}
-        a = await env.super_stream_consumer(unique_name, lambda m, c: received["a"].append(bytes(m)),
+        a = await env.super_stream_consumer(rabbitmq_unique_name, lambda m, c: received["a"].append(bytes(m)),
                                             offset="first", name="group", single_active=True)
-        b = await env.super_stream_consumer(unique_name, lambda m, c: received["b"].append(bytes(m)),
+        b = await env.super_stream_consumer(rabbitmq_unique_name, lambda m, c: received["b"].append(bytes(m)),
                                             offset="first", name="group", single_active=True)
         deadline = time.monotonic() + 10
         while len(a.active_partitions) + len(b.active_partitions) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert sorted(a.active_partitions + b.active_partitions) == partitions  # exactly one each
-        producer = await env.super_stream_producer(unique_name, key=lambda body: body.decode())
+        producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: body.decode())
         for i in range(30):
             await producer.send_wait(f"key-{i}".encode())
         deadline = time.monotonic() + 10
@@ -135,35 +135,35 @@ async def test_super_stream_consumer_group_has_one_active_per_partition(
         await b.close()
         await producer.close()
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
 
 
-async def test_super_stream_over_the_management_api(env: Environment, testbed: TestBed, unique_name: str) -> None:
-    with testbed.management() as api:
-        names = await env.create_super_stream(unique_name, partitions=2, management=api,
+async def test_super_stream_over_the_management_api(env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    with rabbitmq_testbed.management() as api:
+        names = await env.create_super_stream(rabbitmq_unique_name, partitions=2, management=api,
                                               arguments={"max-age": "1D"})
         with pytest.raises(TopologyError, match="already exists"):
-            await env.create_super_stream(unique_name, partitions=2, management=api)
+            await env.create_super_stream(rabbitmq_unique_name, partitions=2, management=api)
     try:
-        assert await env.partitions(unique_name) == names
-        assert await env.route(unique_name, "1") == [names[1]]
-        with testbed.management() as api:
+        assert await env.partitions(rabbitmq_unique_name) == names
+        assert await env.route(rabbitmq_unique_name, "1") == [names[1]]
+        with rabbitmq_testbed.management() as api:
             assert api.queue("/", names[0])["arguments"]["x-max-age"] == "1D"
-        producer = await env.super_stream_producer(unique_name, key=lambda body: "k")
+        producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: "k")
         assert (await producer.send_wait(b"x"))[0] in names
         assert all(isinstance(p.node, Address) for p in producer.producers.values())
         await producer.close()
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
 
 
 async def test_the_publishing_surface_of_producer_confirms_every_message(
-    env: Environment, unique_name: str
+    env: Environment, rabbitmq_unique_name: str
 ) -> None:
     """submit, send with on_confirm, send_many, send_batch and flush, each routed by key, as on Producer."""
-    partitions = await env.create_super_stream(unique_name, partitions=3)
+    partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
-        producer = await env.super_stream_producer(unique_name, key=lambda body: body.decode().split(":")[0],
+        producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: body.decode().split(":")[0],
                                                    name="surface")
         fates: list[Confirmation] = []
         sent: list[bytes] = []
@@ -203,17 +203,17 @@ async def test_the_publishing_surface_of_producer_confirms_every_message(
                 assert hash_partition(key, partitions) == partition, body
         await producer.close()
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)
 
 
 async def test_a_closed_super_stream_producer_or_consumer_refuses_every_call(
-    env: Environment, unique_name: str
+    env: Environment, rabbitmq_unique_name: str
 ) -> None:
-    await env.create_super_stream(unique_name, partitions=2)
+    await env.create_super_stream(rabbitmq_unique_name, partitions=2)
     try:
-        producer = await env.super_stream_producer(unique_name, key=lambda body: "k")
+        producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: "k")
         pending = await producer.submit(b"before close")
-        consumer = await env.super_stream_consumer(unique_name, lambda m, c: None)
+        consumer = await env.super_stream_consumer(rabbitmq_unique_name, lambda m, c: None)
         await producer.close()
         assert (await pending).confirmed  # what was sent before close() was confirmed, not dropped
         await consumer.close()
@@ -234,4 +234,4 @@ async def test_a_closed_super_stream_producer_or_consumer_refuses_every_call(
         assert {"route", "send", "send_many", "submit", "send_wait", "send_batch", "flush"} <= {
             name for name, _ in inspect.getmembers(SuperStreamProducer, inspect.isfunction)}
     finally:
-        await env.delete_super_stream(unique_name)
+        await env.delete_super_stream(rabbitmq_unique_name)

@@ -13,17 +13,17 @@ from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
 
-def test_producers_and_consumers_without_asyncio_from_many_threads(testbed: TestBed, unique_name: str) -> None:
-    host, port = testbed.lb("stream")
+def test_producers_and_consumers_without_asyncio_from_many_threads(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    host, port = rabbitmq_testbed.lb("stream")
     got: list[bytes] = []
-    with SyncEnvironment(testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
-        env.create_stream(unique_name)
+    with SyncEnvironment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        env.create_stream(rabbitmq_unique_name)
         try:
-            producer = env.producer(unique_name, name="sync-writer")
-            consumer = env.consumer(unique_name, lambda message, context: got.append(bytes(message)),
+            producer = env.producer(rabbitmq_unique_name, name="sync-writer")
+            consumer = env.consumer(rabbitmq_unique_name, lambda message, context: got.append(bytes(message)),
                                     offset="first")
-            assert producer.node == env.topology(unique_name).leader  # attributes pass through
-            assert consumer.node in env.topology(unique_name).replicas
+            assert producer.node == env.topology(rabbitmq_unique_name).leader  # attributes pass through
+            assert consumer.node in env.topology(rabbitmq_unique_name).replicas
 
             confirmed: list[bool] = []
 
@@ -41,49 +41,49 @@ def test_producers_and_consumers_without_asyncio_from_many_threads(testbed: Test
             while len(got) < 200 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert sorted(got) == sorted(b"%d-%d" % (w, i) for w in range(4) for i in range(50))
-            assert env.stream_stats(unique_name)["first_chunk_id"] == 0
+            assert env.stream_stats(rabbitmq_unique_name)["first_chunk_id"] == 0
             assert {r.role for r in env.placements()} >= {"producer", "consumer"}
             with pytest.raises(StreamNotFound):  # the same errors as the async API
-                env.producer(unique_name + "-missing")
+                env.producer(rabbitmq_unique_name + "-missing")
             assert env.partitions  # other async methods are there too, blocking
             consumer.close()
             producer.close()
         finally:
-            env.delete_stream(unique_name)
+            env.delete_stream(rabbitmq_unique_name)
     with pytest.raises(ConnectionFailed, match="closed"):
-        env.topology(unique_name)
+        env.topology(rabbitmq_unique_name)
 
 
-def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(testbed: TestBed, unique_name: str) -> None:
-    node = testbed.nodes[0]
+def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    node = rabbitmq_testbed.nodes[0]
     errors: list[BaseException] = []
-    with SyncEnvironment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        env.create_stream(unique_name)
+    with SyncEnvironment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        env.create_stream(rabbitmq_unique_name)
         try:
             def callback(message: object, context: object) -> None:
                 try:
-                    env.topology(unique_name)
+                    env.topology(rabbitmq_unique_name)
                 except RuntimeError as exc:
                     errors.append(exc)
 
-            env.consumer(unique_name, callback, offset="first")
-            env.producer(unique_name).send_wait(b"x")
+            env.consumer(rabbitmq_unique_name, callback, offset="first")
+            env.producer(rabbitmq_unique_name).send_wait(b"x")
             deadline = time.monotonic() + 10
             while not errors and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert errors and "would wait for itself" in str(errors[0])
         finally:
-            env.delete_stream(unique_name)
+            env.delete_stream(rabbitmq_unique_name)
 
 
-def test_super_streams_without_asyncio(testbed: TestBed, unique_name: str) -> None:
-    node = testbed.nodes[0]
+def test_super_streams_without_asyncio(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+    node = rabbitmq_testbed.nodes[0]
     got: list[bytes] = []
-    with SyncEnvironment(testbed.stream_uri(node.host, node.stream_port)) as env:
-        env.create_super_stream(unique_name, partitions=3)
+    with SyncEnvironment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        env.create_super_stream(rabbitmq_unique_name, partitions=3)
         try:
-            with env.super_stream_consumer(unique_name, lambda m, c: got.append(bytes(m)), offset="first"), \
-                    env.super_stream_producer(unique_name, key=lambda body: body.decode()) as producer:
+            with env.super_stream_consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="first"), \
+                    env.super_stream_producer(rabbitmq_unique_name, key=lambda body: body.decode()) as producer:
                 confirmations = producer.send_batch([b"a", b"b", b"c", b"d"])
                 assert [c.confirmed for c in confirmations] == [True] * 4
                 producer.send(b"e")
@@ -93,4 +93,4 @@ def test_super_streams_without_asyncio(testbed: TestBed, unique_name: str) -> No
                     time.sleep(0.02)
                 assert sorted(got) == [b"a", b"b", b"c", b"d", b"e"]
         finally:
-            env.delete_super_stream(unique_name)
+            env.delete_super_stream(rabbitmq_unique_name)

@@ -39,12 +39,12 @@ def _running_nodes(bed: TestBed) -> set[str]:
         return {n["name"] for n in api.nodes() if n["running"]}
 
 
-async def test_kill_9_by_pid_then_restart(faulty_testbed: TestBed, unique_name: str, open_stream_client: Any) -> None:
-    bed = faulty_testbed
+async def test_kill_9_by_pid_then_restart(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any) -> None:
+    bed = rabbitmq_faulty_testbed
     victim, survivor = bed.nodes[2], bed.nodes[0]
     async with open_stream_client(victim.host, victim.stream_port) as client:  # client-local: leader on victim
-        await client.create_stream(unique_name, {"initial-cluster-size": 3})
-        leader, _ = await _members(client, unique_name)
+        await client.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
+        leader, _ = await _members(client, rabbitmq_unique_name)
     assert bed.node_by_advertised(leader.host, leader.port) == victim
 
     pid = bed.kill_node(victim.name)
@@ -52,62 +52,62 @@ async def test_kill_9_by_pid_then_restart(faulty_testbed: TestBed, unique_name: 
     assert not port_accepts(victim.stream_port)
     wait_until(lambda: victim.name not in _running_nodes(bed), 30, "the cluster to see the node down")
     async with open_stream_client(survivor.host, survivor.stream_port) as client:
-        leader, _ = await _members(client, unique_name, want_replicas=1)
+        leader, _ = await _members(client, rabbitmq_unique_name, want_replicas=1)
         assert bed.node_by_advertised(leader.host, leader.port) != victim  # a new leader was elected
 
     bed.restart_node(victim.name)
     assert _running_nodes(bed) == {n.name for n in bed.nodes}
     async with open_stream_client(survivor.host, survivor.stream_port) as client:
-        await _members(client, unique_name)  # leader and both replicas again
-        await client.delete_stream(unique_name)
+        await _members(client, rabbitmq_unique_name)  # leader and both replicas again
+        await client.delete_stream(rabbitmq_unique_name)
 
 
-def test_stop_app_and_start_app(faulty_testbed: TestBed) -> None:
-    node = faulty_testbed.nodes[1]
-    faulty_testbed.stop_app(node.name)
+def test_stop_app_and_start_app(rabbitmq_faulty_testbed: TestBed) -> None:
+    node = rabbitmq_faulty_testbed.nodes[1]
+    rabbitmq_faulty_testbed.stop_app(node.name)
     assert not port_accepts(node.stream_port) and not port_accepts(node.amqp_port)
-    wait_until(lambda: node.name not in _running_nodes(faulty_testbed), 30, "the app to be reported stopped")
-    faulty_testbed.start_app(node.name)
+    wait_until(lambda: node.name not in _running_nodes(rabbitmq_faulty_testbed), 30, "the app to be reported stopped")
+    rabbitmq_faulty_testbed.start_app(node.name)
     assert port_accepts(node.stream_port) and port_accepts(node.amqp_port)
-    wait_until(lambda: node.name in _running_nodes(faulty_testbed), 30, "the app to be reported running")
+    wait_until(lambda: node.name in _running_nodes(rabbitmq_faulty_testbed), 30, "the app to be reported running")
 
 
-async def test_move_leader(faulty_testbed: TestBed, unique_name: str, open_stream_client: Any) -> None:
-    bed = faulty_testbed
+async def test_move_leader(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any) -> None:
+    bed = rabbitmq_faulty_testbed
     first = bed.nodes[0]
     async with open_stream_client(first.host, first.stream_port) as client:
-        await client.create_stream(unique_name, {"initial-cluster-size": 3})
-        await _members(client, unique_name)
-        assert bed.stream_leader(unique_name) == first.name
-        assert bed.move_leader(unique_name, "rabbit-2") == "rabbit-2@localhost"
-        assert bed.stream_leader(unique_name) == "rabbit-2@localhost"
-        leader, _ = await _members(client, unique_name)
+        await client.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
+        await _members(client, rabbitmq_unique_name)
+        assert bed.stream_leader(rabbitmq_unique_name) == first.name
+        assert bed.move_leader(rabbitmq_unique_name, "rabbit-2") == "rabbit-2@localhost"
+        assert bed.stream_leader(rabbitmq_unique_name) == "rabbit-2@localhost"
+        leader, _ = await _members(client, rabbitmq_unique_name)
         assert bed.node_by_advertised(leader.host, leader.port).name == "rabbit-2@localhost"
-        await client.delete_stream(unique_name)
+        await client.delete_stream(rabbitmq_unique_name)
 
 
 async def test_close_connection_through_management_api(
-    faulty_testbed: TestBed, unique_name: str, open_stream_client: Any
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any
 ) -> None:
-    node = faulty_testbed.nodes[0]
-    async with open_stream_client(node.host, node.stream_port, name=unique_name) as client:
+    node = rabbitmq_faulty_testbed.nodes[0]
+    async with open_stream_client(node.host, node.stream_port, name=rabbitmq_unique_name) as client:
         def server_name() -> str | None:
-            with faulty_testbed.management() as api:
+            with rabbitmq_faulty_testbed.management() as api:
                 for conn in api.connections():
-                    if conn.get("client_properties", {}).get("connection_name") == unique_name:
+                    if conn.get("client_properties", {}).get("connection_name") == rabbitmq_unique_name:
                         return str(conn["name"])
             return None
 
         wait_until(lambda: server_name() is not None, 30, "the connection to show in the management API")
-        faulty_testbed.close_connection(str(server_name()))
+        rabbitmq_faulty_testbed.close_connection(str(server_name()))
         deadline = time.monotonic() + 10
         while client.is_connection_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert not client.is_connection_alive()
 
 
-async def test_disable_and_enable_lb_backend(faulty_testbed: TestBed, open_stream_client: Any) -> None:
-    bed = faulty_testbed
+async def test_disable_and_enable_lb_backend(rabbitmq_faulty_testbed: TestBed, open_stream_client: Any) -> None:
+    bed = rabbitmq_faulty_testbed
     host, port = bed.lb("stream")
 
     async def reached(count: int) -> Counter[str]:
@@ -126,18 +126,18 @@ async def test_disable_and_enable_lb_backend(faulty_testbed: TestBed, open_strea
     assert "rabbit-1" in set(await reached(6))
 
 
-def test_lb_backend_in_maintenance_is_healed(faulty_testbed: TestBed) -> None:
+def test_lb_backend_in_maintenance_is_healed(rabbitmq_faulty_testbed: TestBed) -> None:
     from smartclient.testing.local import LocalTestBed
 
-    if not isinstance(faulty_testbed, LocalTestBed):
+    if not isinstance(rabbitmq_faulty_testbed, LocalTestBed):
         raise FaultUnavailable("the HAProxy admin socket belongs to the local test bed")
-    faulty_testbed.haproxy.set_maint("rabbit-2")  # every listener
-    states = faulty_testbed.haproxy.server_states()
+    rabbitmq_faulty_testbed.haproxy.set_maint("rabbit-2")  # every listener
+    states = rabbitmq_faulty_testbed.haproxy.server_states()
     assert {listener: servers["rabbit-2"] for listener, servers in states.items()} == {
         name: "MAINT" for name in states
     }
-    faulty_testbed.heal()
-    assert all(s == "UP" for servers in faulty_testbed.haproxy.server_states().values() for s in servers.values())
+    rabbitmq_faulty_testbed.heal()
+    assert all(s == "UP" for servers in rabbitmq_faulty_testbed.haproxy.server_states().values() for s in servers.values())
 
 
 def _resolver(bed: TestBed) -> dns.resolver.Resolver:
@@ -148,32 +148,32 @@ def _resolver(bed: TestBed) -> dns.resolver.Resolver:
     return resolver
 
 
-def test_stop_and_start_dns(faulty_testbed: TestBed) -> None:
-    resolver = _resolver(faulty_testbed)
-    faulty_testbed.stop_dns()
+def test_stop_and_start_dns(rabbitmq_faulty_testbed: TestBed) -> None:
+    resolver = _resolver(rabbitmq_faulty_testbed)
+    rabbitmq_faulty_testbed.stop_dns()
     with pytest.raises((dns.exception.Timeout, dns.resolver.NoNameservers)):
         resolver.resolve("lb.smartclient.test", "A")
-    faulty_testbed.start_dns()
+    rabbitmq_faulty_testbed.start_dns()
     assert [r.address for r in resolver.resolve("lb.smartclient.test", "A")] == ["127.0.0.1"]
 
 
-def test_records_added_live_and_drop_gives_a_timeout(faulty_testbed: TestBed) -> None:
-    resolver = _resolver(faulty_testbed)
-    faulty_testbed.add_dns_record("new-node.smartclient.test", "A", "127.0.0.9", ttl=1)
+def test_records_added_live_and_drop_gives_a_timeout(rabbitmq_faulty_testbed: TestBed) -> None:
+    resolver = _resolver(rabbitmq_faulty_testbed)
+    rabbitmq_faulty_testbed.add_dns_record("new-node.smartclient.test", "A", "127.0.0.9", ttl=1)
     answer = resolver.resolve("new-node.smartclient.test", "A")
     assert [r.address for r in answer] == ["127.0.0.9"] and answer.rrset is not None and answer.rrset.ttl == 1
-    faulty_testbed.add_dns_record("silent.smartclient.test", "DROP", "-")
+    rabbitmq_faulty_testbed.add_dns_record("silent.smartclient.test", "DROP", "-")
     with pytest.raises(dns.exception.Timeout):
         resolver.resolve("silent.smartclient.test", "A")
-    faulty_testbed.heal()  # resets the zone
+    rabbitmq_faulty_testbed.heal()  # resets the zone
     with pytest.raises(dns.resolver.NXDOMAIN):
         resolver.resolve("new-node.smartclient.test", "A")
 
 
-def test_extra_independent_brokers(faulty_testbed: TestBed) -> None:
+def test_extra_independent_brokers(rabbitmq_faulty_testbed: TestBed) -> None:
     from smartclient.testing.local import LocalTestBed
 
-    bed = faulty_testbed
+    bed = rabbitmq_faulty_testbed
     brokers = bed.start_brokers(2)
     try:
         assert [b.name for b in brokers] == ["broker-1@localhost", "broker-2@localhost"]
@@ -186,16 +186,16 @@ def test_extra_independent_brokers(faulty_testbed: TestBed) -> None:
             bed.stop_brokers()
 
 
-async def test_external_test_bed_attaches_to_a_running_cluster(testbed: TestBed, open_stream_client: Any) -> None:
+async def test_external_test_bed_attaches_to_a_running_cluster(rabbitmq_testbed: TestBed, open_stream_client: Any) -> None:
     config = {
-        "username": testbed.username, "password": testbed.password,
+        "username": rabbitmq_testbed.username, "password": rabbitmq_testbed.password,
         "nodes": [{"name": n.name, "host": n.host, "stream_port": n.stream_port, "amqp_port": n.amqp_port,
                    "mqtt_port": n.mqtt_port, "management_port": n.management_port,
-                   "advertised_host": n.advertised_host} for n in testbed.nodes],
-        "lb": dict(zip(("host", "stream_port"), testbed.lb("stream"), strict=True)),
+                   "advertised_host": n.advertised_host} for n in rabbitmq_testbed.nodes],
+        "lb": dict(zip(("host", "stream_port"), rabbitmq_testbed.lb("stream"), strict=True)),
     }
     external = ExternalTestBed.from_config(json.dumps(config))
-    assert _running_nodes(external) == {n.name for n in testbed.nodes}
+    assert _running_nodes(external) == {n.name for n in rabbitmq_testbed.nodes}
     async with open_stream_client(*external.lb("stream")) as client:
         props = client.server_properties
         assert external.node_by_advertised(props["advertised_host"], int(props["advertised_port"]))

@@ -70,7 +70,7 @@ def _testbed_calls() -> list[ast.Call]:
         tree = ast.parse(block)  # each example is valid Python
         calls += [node for node in ast.walk(tree) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-                  and node.func.value.id in ("testbed", "faulty_testbed")]
+                  and node.func.value.id in ("rabbitmq_testbed", "rabbitmq_faulty_testbed")]
     return calls
 
 
