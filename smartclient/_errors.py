@@ -26,6 +26,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   ├── CertificateRejected     the TLS certificate does not verify for the name checked (never retried)
     │   └── StepTimeout             one step of a placement or recovery attempt ran out of the attempt's time
     ├── HandleClosed                the producer, consumer or Environment was closed; nothing was sent
+    ├── ManagementError             the management API answered an error (``status``) or was unreachable
     └── TestBedError                the local test bed could not do what was asked
         ├── PrerequisiteMissing     not root, no debootstrap, port taken, no Java...
         └── FaultUnavailable        this test bed (e.g. an external one) cannot inject that fault
@@ -42,6 +43,7 @@ __all__ = [
     "FaultUnavailable",
     "FeatureNotSupported",
     "HandleClosed",
+    "ManagementError",
     "MessageTooLarge",
     "NoCandidateNode",
     "NoRpcServer",
@@ -161,6 +163,14 @@ class StepTimeout(ConnectionFailed):
 class HandleClosed(SmartClientError):
     """The producer, consumer or Environment was closed before (or while) this call was made; nothing was
     sent, and every message still pending at ``close()`` ended failed with a reason."""
+
+
+class ManagementError(SmartClientError):
+    """The management API answered with an error (``status``: its HTTP status), or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TestBedError(SmartClientError):

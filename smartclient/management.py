@@ -10,20 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from smartclient._errors import ConfigurationError, SmartClientError
+from smartclient._errors import ConfigurationError, ManagementError
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = ["ManagementClient", "ManagementError"]
-
-
-class ManagementError(SmartClientError):
-    """The management API answered with an error, or could not be reached."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class ManagementClient:

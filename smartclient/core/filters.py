@@ -33,8 +33,3 @@ class StreamFilter:
             raise ConfigurationError("a StreamFilter needs a non-empty list of filter values (not a str)")
         if not all(isinstance(v, str) and v for v in self.values):
             raise ConfigurationError(f"filter values {list(self.values)!r} must be non-empty strings")
-
-    def to_rstream(self) -> Any:
-        from rstream import FilterConfiguration
-
-        return FilterConfiguration(list(self.values), self.post_filter, self.match_unfiltered)

@@ -93,25 +93,6 @@ class OffsetSpec:
             return int((current - parse_duration(str(self.value))) * 1000)
         return None
 
-    def to_rstream(self) -> Any:
-        from rstream import ConsumerOffsetSpecification, OffsetType
-
-        simple = {"first": OffsetType.FIRST, "last": OffsetType.LAST, "next": OffsetType.NEXT}
-        if self.kind in simple:
-            return ConsumerOffsetSpecification(simple[self.kind], None)
-        if self.kind == "offset":
-            return ConsumerOffsetSpecification(OffsetType.OFFSET, int(self.value))  # type: ignore[arg-type]
-        return ConsumerOffsetSpecification(OffsetType.TIMESTAMP, self.timestamp_ms())
-
-    def to_protocol(self) -> Any:
-        """rstream's ``schema.OffsetSpecification`` (what a consumer-update answer carries)."""
-        from rstream.constants import OffsetType
-        from rstream.schema import OffsetSpecification
-
-        spec = self.to_rstream()
-        value = spec.offset if spec.offset is not None else 0
-        return OffsetSpecification(offset_type=int(OffsetType(spec.offset_type)), offset=value)
-
     def to_amqp(self) -> Any:
         """The ``x-stream-offset`` consumer argument for AMQP 0.9.1 (timestamps in seconds there)."""
         if self.kind in ("first", "last", "next"):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 
-__all__ = ["Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
+__all__ = ["ConnectSettings", "Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
 
 STREAM_PORT = 5552
 STREAM_TLS_PORT = 5551
@@ -55,6 +56,19 @@ class PoolLimits:
             raise ConfigurationError(f"idle_timeout must not be negative, not {self.idle_timeout}")
         if self.max_parked_per_node < 0:
             raise ConfigurationError(f"max_parked_per_node must not be negative, not {self.max_parked_per_node}")
+
+
+@dataclass(frozen=True)
+class ConnectSettings:
+    """What every connection of an Environment shares: credentials, vhost, TLS, frame max, heartbeat, and the
+    name TLS must verify when it is given (see :mod:`smartclient.core.tls_names`)."""
+
+    credentials: Credentials
+    vhost: str
+    tls: ssl.SSLContext | None
+    frame_max: int = 1024 * 1024
+    heartbeat: int = 60
+    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,10 @@ def row_to_message(row: Any, body_column: str, property_columns: Sequence[str]) 
     data = body.encode() if isinstance(body, str) else bytes(body)
     if not property_columns:
         return data
-    from rstream import AMQPMessage
+    from smartclient.stream._rstream import amqp_message
 
     properties = {name: _amqp_value(row[name]) for name in property_columns}
-    return AMQPMessage(body=data, application_properties=properties)
+    return amqp_message(data, properties)
 
 
 def _amqp_value(value: Any) -> Any:

@@ -16,10 +16,10 @@ def decode_amqp(raw: bytes, where: str = "a message") -> tuple[bytes, str | None
     """``(body, x-routing-key)`` of an AMQP 1.0 encoded message (rstream's decoder).
 
     :raises ConfigurationError: ``raw`` is not an AMQP 1.0 message."""
-    from rstream import amqp_decoder
+    from smartclient.stream._rstream import decode_amqp_message
 
     try:
-        message = amqp_decoder(raw)
+        message = decode_amqp_message(raw)
     except Exception as exc:  # rstream raises TypeError/IndexError on bytes that are not AMQP 1.0
         raise ConfigurationError(
             f"{where} is not an AMQP 1.0 message ({type(exc).__name__}); read it with option decode=none"

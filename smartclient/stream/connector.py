@@ -14,10 +14,9 @@ import asyncio
 import inspect
 import itertools
 import logging
-import ssl
 import time
-from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
@@ -25,13 +24,14 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import Credentials, PoolLimits
+from smartclient.core.settings import ConnectSettings, PoolLimits
+from smartclient.core.tls_names import tls_server_name
 from smartclient.core.topology import Candidates
-from smartclient.stream.errors import map_stream_errors
+from smartclient.stream import _rstream
+from smartclient.stream._rstream import map_stream_errors
+from smartclient.stream.host import Connection
 
 if TYPE_CHECKING:
-    from rstream.client import Client
-
     from resolvers import AllowList
     from resolvers.base import AsyncResolve
 
@@ -39,48 +39,6 @@ __all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
 
 log = logging.getLogger(__name__)
 
-ClosedHandler = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class ConnectSettings:
-    credentials: Credentials
-    vhost: str
-    tls: ssl.SSLContext | None
-    frame_max: int = 1024 * 1024
-    heartbeat: int = 60
-    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.stream.tls)
-
-
-@dataclass(eq=False)
-class Connection:
-    """A stream connection smartclient opened: the rstream client, the node it reached, what was dialled."""
-
-    client: Client
-    node: Address
-    dialled: Address
-    name: str
-    max_ids: int = 200
-    # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
-    forwards: dict[int, ClosedHandler] = field(default_factory=dict)
-    ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
-    parked_at: float | None = None
-    closed: bool = False
-
-    def alive(self) -> bool:
-        return not self.closed and self.client.is_connection_alive()
-
-    def has_room(self) -> bool:
-        return len(self.ids) < self.max_ids
-
-    def take_id(self, taken: Collection[int] = ()) -> int:
-        """The lowest publisher/subscription id free on this connection and not in ``taken`` (the ids the
-        rstream carrier already uses, on any connection: it keys its own tables by them)."""
-        for ident in range(self.max_ids):
-            if ident not in self.ids and ident not in taken:
-                self.ids.add(ident)
-                return ident
-        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
 
 
 class ParkingLot:
@@ -154,8 +112,8 @@ class StreamConnector:
         self.retry = retry
         self.limits = limits
         self.parking = ParkingLot(limits)
-        self._on_closed = on_closed
-        self._on_mismatch = on_mismatch
+        self.on_closed = on_closed
+        self.on_mismatch = on_mismatch
         self._ids = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self.opened = 0  # connections opened (LB sessions, when dialling an LB)
@@ -167,10 +125,8 @@ class StreamConnector:
             self.allow.check(dialled, why=f"resolved from {advertised}")
         return dialled
 
-    async def dial(self, target: Address, name: str, client_class: type[Client] | None = None) -> Connection:
+    async def dial(self, target: Address, name: str, client_class: type[Any] | None = None) -> Connection:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports."""
-        from smartclient.stream.tls import NamedClient, tls_server_name
-
         dialled = await self.resolve(target)
         holder: dict[str, Connection] = {}
 
@@ -179,19 +135,13 @@ class StreamConnector:
             if conn is not None:
                 await self._closed(conn, info)
 
-        cls = client_class or NamedClient
-        client = cls(
-            host=dialled.host,
-            port=dialled.port,
-            ssl_context=self.settings.tls,
-            frame_max=self.settings.frame_max,
-            heartbeat=self.settings.heartbeat,
-            connection_name=f"{name}-{next(self._ids)}",
-            connection_closed_handler=closed,
-            max_clients_by_connections=self.limits.max_streams_per_connection,
-        )
-        if self.settings.tls is not None and isinstance(client, NamedClient):
-            client.server_hostname = tls_server_name(target, dialled, self.resolver, self.settings.tls_server_name)
+        name_checked = (tls_server_name(target, dialled, self.resolver, self.settings.tls_server_name)
+                        if self.settings.tls is not None else None)
+        client = _rstream.new_client(
+            client_class, host=dialled.host, port=dialled.port, tls=self.settings.tls,
+            frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat,
+            name=f"{name}-{next(self._ids)}", on_closed=closed, max_ids=self.limits.max_streams_per_connection,
+            server_hostname=name_checked)
         self.opened += 1
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
@@ -203,19 +153,14 @@ class StreamConnector:
                     password=self.settings.credentials.password,
                 ))
         except BaseException:
-            await _abort(client)
+            await _rstream.abort(client)
             raise
-        props = client.server_properties or {}
-        try:
-            node = Address(props["advertised_host"], int(props["advertised_port"]))
-        except (KeyError, ValueError):
-            await _abort(client)
-            raise ConnectionFailed(
-                f"{dialled} did not report advertised_host/advertised_port in its Open response"
-            ) from None
-        conn = Connection(client, node, dialled, str(client._client_properties["connection_name"]),
-                          max_ids=self.limits.max_streams_per_connection)
-        client.smartclient_conn = conn  # type: ignore[attr-defined]
+        node, connection_name = _rstream.identity(client)
+        if node is None:
+            await _rstream.abort(client)
+            raise ConnectionFailed(f"{dialled} did not report advertised_host/advertised_port in its Open response")
+        conn = Connection(client, node, dialled, connection_name, max_ids=self.limits.max_streams_per_connection)
+        _rstream.attach(client, conn)
         holder["conn"] = conn
         self.connections.add(conn)
         return conn
@@ -251,8 +196,8 @@ class StreamConnector:
                     candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
                     conn.node, candidates, conn.dialled,
                 )
-                if self._on_mismatch is not None and conn.dialled == target:
-                    self._on_mismatch(target, conn.node, candidates)  # dialled a node directly: stale topology
+                if self.on_mismatch is not None and conn.dialled == target:
+                    self.on_mismatch(target, conn.node, candidates)  # dialled a node directly: stale topology
                 await self.park(conn)
             step = landing.next_step()
             if isinstance(step, UseFallback):
@@ -285,8 +230,8 @@ class StreamConnector:
         conn.closed = True
         self.parking.remove(conn)
         self.connections.discard(conn)
-        if self._on_closed is not None:
-            await self._on_closed(conn, info)
+        if self.on_closed is not None:
+            await self.on_closed(conn, info)
         for forward in list(conn.forwards.values()):
             result = forward(info)
             if inspect.isawaitable(result):
@@ -306,19 +251,7 @@ class StreamConnector:
             await self.close_connection(conn)
 
 
-async def _abort(client: Client) -> None:
-    """Drop a connection that failed while it was being opened, without a Close handshake (the broker may
-    be the reason it failed, and the attempt's time is spent)."""
-    for name in list(client._tasks):
-        await client.stop_task(name)
-    conn = client._conn
-    writer = getattr(conn, "_writer", None) if conn is not None else None
-    if writer is not None:
-        writer.transport.abort()
-    client._is_not_closed = False
-
-
-async def _quietly_close(client: Client) -> None:
+async def _quietly_close(client: Any) -> None:
     try:
         await asyncio.wait_for(client.close(), 5)
     except Exception as exc:  # closing a broken connection must not mask the real error

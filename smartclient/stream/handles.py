@@ -26,11 +26,10 @@ from smartclient.core.deadline import attempt, detach
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.topology import Role
-from smartclient.stream.errors import map_stream_errors
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
 
 if TYPE_CHECKING:
-    from smartclient.stream.environment import Environment, PlacementRecord
+    from smartclient.stream.host import PlacementRecord, StreamHost
 
 __all__ = ["Consumer", "Producer", "RecoveryAttempt"]
 
@@ -55,8 +54,8 @@ class _Handle:
 
     role: Role
 
-    def __init__(self, env: Environment, carrier: Any, stream: str, name: str | None) -> None:
-        self.env = env
+    def __init__(self, host: StreamHost, carrier: Any, stream: str, name: str | None) -> None:
+        self._host = host
         self._carrier = carrier
         self.stream = stream
         self.name = name
@@ -118,20 +117,19 @@ class _Handle:
 
     async def _recover(self, reason: str) -> None:
         detach()  # started from a connection's reader, whose context holds the deadline of an old attempt
-        policy = self.env.recovery
-        key = (self.role, self.stream)
+        policy = self._host.recovery
         started = time.monotonic()
         attempts = 0
         log.warning("%r lost (%s): recovering", self, reason)
         if not policy.enabled:
             self._give_up(f"lost ({reason}) and recovery is disabled")
             return
-        self.env._recovering.add(key)
+        self._host.recovering(self.role, self.stream, True)
         try:
             while not self.closed:
                 seen = self._losses
                 attempts += 1
-                self.env._drop_topologies(stream=self.stream)
+                self._host.drop_topology(self.stream)
                 authentication = False
                 began = time.monotonic()
                 with attempt(policy.attempt_time, f"recovery attempt {attempts} of {self!r}") as deadline:
@@ -165,7 +163,7 @@ class _Handle:
                          attempts, time.monotonic() - began, type(last).__name__, last, deadline.log(), delay)
                 await asyncio.sleep(delay)
         finally:
-            self.env._recovering.discard(key)
+            self._host.recovering(self.role, self.stream, False)
 
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
@@ -181,7 +179,7 @@ class _Handle:
     @property
     def placement(self) -> PlacementRecord | None:
         """Where this producer or consumer sits now (it changes if it recovers onto another node)."""
-        return self.env._placement_of(self._carrier._pool, self.stream)
+        return self._host.placement_of(self._carrier, self.stream)
 
     @property
     def node(self) -> Address | None:
@@ -223,17 +221,16 @@ class Producer(_Handle):
         return self._stored_id if self.name else None
 
     async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
+        from smartclient.stream import _rstream
+        from smartclient.stream._rstream import map_stream_errors
+
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
-        from smartclient.core.deadline import step
-
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
-            publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
+            client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if self.name:
-                self._stored_id = await step("reading the stored publishing id",
-                                             publisher.client.query_publisher_sequence(self.stream, self.name))
-        self._buffer = PublishBuffer(publisher.client, publisher.id, self.stream, batching, filter_value,
-                                     on_lost=self._lost)
+                self._stored_id = await _rstream.stored_sequence(client, self.stream, self.name)
+        self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost)
         self._setup_done()
 
     def _suspend(self) -> None:
@@ -241,12 +238,13 @@ class Producer(_Handle):
             self._buffer.suspend()
 
     async def _reattach(self) -> str:
-        from smartclient.stream._rstream import forget_publisher
+        from smartclient.stream import _rstream
+        from smartclient.stream._rstream import map_stream_errors
 
-        await forget_publisher(self._carrier, self.stream)
+        await _rstream.forget_publisher(self._carrier, self.stream)
         with map_stream_errors(f"recovering the producer on {self.stream!r}"):
-            publisher = await self._carrier._get_or_create_publisher(self.stream, publisher_name=self.name)
-        resent = self._buffer.resume(publisher.client, publisher.id)
+            client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
+        resent = self._buffer.resume(client, publisher_id)
         return f"{resent} unconfirmed message(s) sent again"
 
     def _give_up(self, reason: str) -> None:
@@ -330,11 +328,11 @@ class Producer(_Handle):
         await self._buffer.flush()
 
     async def _close(self, flush: bool, timeout: float = CLOSE_TIMEOUT) -> None:
+        from smartclient.stream import _rstream
+
         if self.closed or self._closing:
             return
         self._closing = True
-        from smartclient.stream._rstream import close_publisher
-
         reason = self.failure or "the producer was closed before they were confirmed"
         try:
             if hasattr(self, "_buffer"):
@@ -346,10 +344,9 @@ class Producer(_Handle):
                 self._buffer.close(reason, HandleClosed(f"{self!r} is closed ({reason})"))
             self.closed = True
             with attempt(5.0, f"closing {self!r}"):
-                await close_publisher(self._carrier, self.stream)
+                await _rstream.close_publisher(self._carrier, self.stream)
         finally:
-            self.env._release(self.role, self._carrier, self.stream)
-            self.env._forget(self)
+            self._host.release(self)
 
 
 class Consumer(_Handle):
@@ -378,11 +375,13 @@ class Consumer(_Handle):
     @property
     def last_offset(self) -> int | None:
         """Offset of the last message handed to the callback (without tracking or single active
-        consumer, it is read from rstream per chunk, so the hot path pays nothing for it)."""
+        consumer, it is read on rstream's subscriber per chunk, so the hot path pays nothing for it)."""
+        from smartclient.stream import _rstream
+
         if self._untracked:
             subscriber = self._subscriber
-            if subscriber is not None and subscriber.offset != self._initial_position:
-                return int(subscriber.offset) - 1
+            if subscriber is not None and _rstream.position(subscriber) != self._initial_position:
+                return _rstream.position(subscriber) - 1
         return self._last_offset
 
     @last_offset.setter
@@ -400,6 +399,9 @@ class Consumer(_Handle):
         super_stream: str | None = None,
         stream_filter: StreamFilter | None = None,
     ) -> None:
+        from smartclient.stream import _rstream
+        from smartclient.stream._rstream import map_stream_errors
+
         self.offset = offset
         self._tracking = tracking
         self._stored: int | None = None
@@ -423,7 +425,7 @@ class Consumer(_Handle):
                     self._last_offset = None  # the application chose where to resume, maybe earlier
                 else:
                     spec = await self._resume_point() if is_active else OffsetSpec.next()
-                return OffsetSpec.parse(spec).to_protocol()
+                return _rstream.consumer_update_answer(OffsetSpec.parse(spec))
 
             listener = consumer_update
 
@@ -455,6 +457,7 @@ class Consumer(_Handle):
         else:
             # a plain callback gets a plain wrapper: no coroutine per message on the hot path
             def deliver_sync(message: Any, context: Any) -> Any:
+
                 last = self._last_offset
                 if last is not None and context.offset <= last:  # delivered already: never twice
                     self.skipped += 1
@@ -467,7 +470,7 @@ class Consumer(_Handle):
 
         self._how: dict[str, Any] = dict(
             subscriber_name=self.name, properties=properties, consumer_update_listener=listener,
-            filter_input=stream_filter.to_rstream() if stream_filter is not None else None,
+            filter_input=_rstream.filter_config(stream_filter) if stream_filter is not None else None,
         )
         self._deliver = deliver
         with map_stream_errors(f"subscribing to {self.stream!r}"):
@@ -477,18 +480,20 @@ class Consumer(_Handle):
         self._setup_done()
 
     async def _subscribe_at(self, offset: OffsetSpec) -> None:
+        from smartclient.stream import _rstream
+
         how = dict(self._how)
         if how["properties"] is not None:
             how["properties"] = dict(how["properties"])  # rstream adds the filter keys to it
-        self.subscription_id = await self._carrier.subscribe(
-            self.stream, self._deliver, offset_specification=offset.to_rstream(), **how)
-        self._subscriber = self._carrier._subscribers.get(self.subscription_id)
-        self._initial_position = self._subscriber.offset if self._subscriber is not None else 0
+        self.subscription_id, self._subscriber = await _rstream.subscribe(
+            self._carrier, self.stream, self._deliver, offset, **how)
+        self._initial_position = _rstream.position(self._subscriber) if self._subscriber is not None else 0
 
     async def _reattach(self) -> str:
-        from smartclient.stream._rstream import forget_subscriber
+        from smartclient.stream import _rstream
+        from smartclient.stream._rstream import map_stream_errors
 
-        await forget_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
+        await _rstream.forget_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
         self._last_offset = self.last_offset
         self._subscriber = None
         resume = OffsetSpec.at(self._last_offset + 1) if self._last_offset is not None else self.offset
@@ -519,6 +524,9 @@ class Consumer(_Handle):
 
     async def store_offset(self, offset: int | None = None) -> None:
         """Store ``offset`` (default: the last one delivered) on the server under this consumer's name."""
+        from smartclient.stream import _rstream
+        from smartclient.stream._rstream import map_stream_errors
+
         self._check_open()
         if not self.name:
             raise ConfigurationError(f"storing an offset on {self.stream!r} needs a named consumer")
@@ -526,7 +534,7 @@ class Consumer(_Handle):
         if value is None:
             raise ConfigurationError(f"consumer {self.name!r} on {self.stream!r} has no offset to store yet")
         with map_stream_errors(f"storing the offset of {self.name!r} on {self.stream!r}"):
-            await self._carrier.store_offset(self.stream, self.name, value)
+            await _rstream.store_offset(self._carrier, self.stream, self.name, value)
         self._stored = value
         self._since_store = 0
         self._last_store_at = time.monotonic()
@@ -537,13 +545,13 @@ class Consumer(_Handle):
         self._check_open()
         if not self.name:
             raise ConfigurationError(f"querying a stored offset on {self.stream!r} needs a named consumer")
-        return await self.env.stored_offset(self.stream, self.name)
+        return await self._host.stored_offset(self.stream, self.name)
 
     async def _close(self, flush: bool) -> None:
+        from smartclient.stream import _rstream
+
         if self.closed:
             return
-        from smartclient.stream._rstream import close_subscriber
-
         await self._stop_recovery()
         tracker = getattr(self, "_tracker", None)
         if tracker is not None:
@@ -554,7 +562,6 @@ class Consumer(_Handle):
         self.closed = True
         try:
             with attempt(5.0, f"closing {self!r}"):
-                await close_subscriber(self._carrier, self.subscription_id, self.stream)
+                await _rstream.close_subscriber(self._carrier, self.subscription_id, self.stream)
         finally:
-            self.env._release(self.role, self._carrier, self.stream)
-            self.env._forget(self)
+            self._host.release(self)

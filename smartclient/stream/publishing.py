@@ -109,22 +109,16 @@ class PublishBuffer:
         return len(self._pending)
 
     def _bind(self, client: Any, publisher_id: int) -> None:
-        from rstream import schema
+        from smartclient.stream import _rstream  # the seam (imports rstream: only once a producer exists)
 
+        self._seam = _rstream
         self.client = client
         self.publisher_id = publisher_id
-        self.frame_max = int(client._frame_max)
-        name = f"smartclient-{publisher_id}"
-        client.add_handler(schema.PublishConfirm, self._on_confirm, name=name)
-        client.add_handler(schema.PublishError, self._on_error, name=name)
+        self.frame_max = _rstream.frame_max_of(client)
+        _rstream.on_publish_frames(client, f"smartclient-{publisher_id}", self._on_confirm, self._on_error)
 
     def _unbind(self) -> None:
-        from rstream import schema
-
-        name = f"smartclient-{self.publisher_id}"
-        for frame in (schema.PublishConfirm, schema.PublishError):
-            handlers = self.client._handlers.get(frame, {})
-            handlers.pop(name, None)
+        self._seam.off_publish_frames(self.client, f"smartclient-{self.publisher_id}")
 
     # -- recovery -------------------------------------------------------------------------------
     @property
@@ -201,7 +195,7 @@ class PublishBuffer:
             self._waiters.pop(publishing_id, None)
             raise
         if drain:
-            await self.client._conn._writer.drain()
+            await self._seam.writer_of(self.client).drain()
         self._idle.clear()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
@@ -221,7 +215,7 @@ class PublishBuffer:
             if len(pending) >= cap:
                 await self._wait_for_room()
             if self._append(pid, pack(pid, len(data)) + data, len(data)):
-                await self.client._conn._writer.drain()
+                await self._seam.writer_of(self.client).drain()
         self._idle.clear()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
@@ -254,7 +248,7 @@ class PublishBuffer:
 
     def _write_buffer_size(self) -> int:
         try:
-            return int(self.client._conn._writer.transport.get_write_buffer_size())
+            return self._seam.writer_of(self.client).transport.get_write_buffer_size()
         except AttributeError:  # the connection is already closed: suspend() follows
             return 0
 
@@ -281,7 +275,7 @@ class PublishBuffer:
         self._bytes = _FRAME_OVERHEAD
         self.sent += count
         try:
-            self.client._conn._writer.write(frame)
+            self._seam.writer_of(self.client).write(frame)
         except (AttributeError, RuntimeError, OSError) as exc:  # closed under us: recover, nothing is lost
             self._lost(f"writing to {self.stream!r} failed: {type(exc).__name__}")
 

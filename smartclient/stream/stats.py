@@ -49,16 +49,10 @@ def decode_stream_stats(frame: bytes, stream: str) -> dict[str, int]:
 async def query_stream_stats(client: Any, stream: str) -> dict[str, int]:
     """Run StreamStats on ``client``, an authenticated rstream client smartclient owns; the client is
     unusable afterwards (its reader is stopped): close it."""
-    await client.stop_task("listener")
-    await client.stop_task("heartbeat_sender")
-    conn = client._conn
-    conn._writer.write(encode_stream_stats(1, stream))
-    await conn._writer.drain()
-    for _ in range(16):  # skip heartbeats or other frames that were already on their way
-        raw = bytes(await conn._read_frame_raw())
-        (key,) = struct.unpack_from(">H", raw, 0)
-        if key == _RESPONSE:
-            return decode_stream_stats(raw, stream)
-        if key == 0x0016 | 0x8000 or key == 0x0016:  # Close: the broker does not know the command
-            break
-    raise FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
+    from smartclient.stream import _rstream
+
+    def refused() -> FeatureNotSupported:
+        return FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
+
+    raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), _RESPONSE, refused)
+    return decode_stream_stats(raw, stream)

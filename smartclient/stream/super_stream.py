@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from smartclient._errors import ConfigurationError, HandleClosed, TopologyError
 from smartclient.core.routing import hash_partition
+from smartclient.stream.admin import partition_names
 
 if TYPE_CHECKING:
     from smartclient.core.offsets import OffsetSpec, OffsetTracking
-    from smartclient.stream.environment import Environment
     from smartclient.stream.handles import Consumer, Producer
+    from smartclient.stream.host import StreamOpener
     from smartclient.stream.publishing import Confirmation, ConfirmCallback
 
 T = TypeVar("T")
@@ -27,23 +28,6 @@ T = TypeVar("T")
 __all__ = ["SuperStreamConsumer", "SuperStreamProducer", "partition_names"]
 
 ROUTINGS = ("hash", "key")
-
-
-def partition_names(super_stream: str, partitions: int | None, binding_keys: Sequence[str] | None) -> tuple[
-        list[str], list[str]]:
-    """The partition streams and binding keys of a new super stream, named as the other clients name them:
-    ``<super>-<i>`` bound with ``i`` for a count, ``<super>-<key>`` bound with ``key`` for binding keys."""
-    if (partitions is None) == (binding_keys is None):
-        raise ConfigurationError("give a super stream either partitions=N or binding_keys=[...], not both")
-    if binding_keys is not None:
-        keys = list(binding_keys)
-        if not keys or len(set(keys)) != len(keys) or not all(isinstance(k, str) and k for k in keys):
-            raise ConfigurationError(f"binding_keys {keys!r} must be distinct non-empty strings")
-    else:
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ConfigurationError(f"partitions must be a positive int, not {partitions!r}")
-        keys = [str(i) for i in range(partitions)]
-    return [f"{super_stream}-{k}" for k in keys], keys
 
 
 async def _all_of(awaitables: Sequence[Awaitable[T]]) -> list[T]:
@@ -66,7 +50,7 @@ class SuperStreamProducer:
     per copy.  After :meth:`close`, every method raises :class:`HandleClosed` at once.
     """
 
-    def __init__(self, env: Environment, super_stream: str, partitions: list[str], routing: str,
+    def __init__(self, env: StreamOpener, super_stream: str, partitions: list[str], routing: str,
                  key: Callable[[Any], str] | None, name: str | None) -> None:
         if routing not in ROUTINGS:
             raise ConfigurationError(f"routing {routing!r} must be one of {ROUTINGS}")
@@ -239,7 +223,7 @@ class SuperStreamConsumer:
     """Consumes every partition of a super stream; with ``single_active``, one active consumer per
     partition across all instances sharing the name."""
 
-    def __init__(self, env: Environment, super_stream: str, partitions: list[str]) -> None:
+    def __init__(self, env: StreamOpener, super_stream: str, partitions: list[str]) -> None:
         self.env = env
         self.super_stream = super_stream
         self.partitions = partitions

@@ -18,9 +18,10 @@ __all__ = ["create_stream_led_by", "delete_streams", "raw_stream_client", "strea
 @asynccontextmanager
 async def raw_stream_client(bed: TestBed, host: str, port: int, name: str = "") -> AsyncIterator[Any]:
     """A plain rstream client, authenticated; ``server_properties`` then holds the node it reached."""
-    from rstream.client import Client
+    from smartclient.stream._rstream import new_client
 
-    client = Client(host=host, port=port, frame_max=1048576, heartbeat=60, connection_name=name)
+    client = new_client(None, host=host, port=port, tls=None, frame_max=1048576, heartbeat=60, name=name,
+                        on_closed=None, max_ids=200, server_hostname=None)
     await client.start()
     try:
         await client.authenticate(vhost="/", username=bed.username, password=bed.password)

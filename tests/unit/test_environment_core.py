@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from smartclient import Address, ConfigurationError, Environment, PoolLimits, StreamTopology
+from smartclient import Address, ConfigurationError, Environment, PlacementPolicy, PoolLimits, RetryPolicy, StreamTopology
 from smartclient.stream.connector import Connection, ParkingLot
+from smartclient.stream.topology_cache import TopologyCache
 
 
 def test_entry_points_and_credentials() -> None:
@@ -31,26 +32,31 @@ def test_bad_arguments(entry: object, kwargs: dict[str, object], message: str) -
         Environment(entry, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
-    env = Environment("h:5552")
-    calls = []
+class _Topologies(TopologyCache):
+    """The cache with its broker query replaced: counts the requests."""
 
-    async def query(stream: str) -> StreamTopology:
-        calls.append(stream)
+    def __init__(self) -> None:
+        super().__init__(None, (), None, "t", 60.0, PlacementPolicy(), RetryPolicy())  # type: ignore[arg-type]
+        self.calls: list[str] = []
+
+    async def _query(self, stream: str) -> StreamTopology:
+        self.calls.append(stream)
         await asyncio.sleep(0.05)
         topo = StreamTopology(stream, Address("n1", 1), ())
-        env._topologies[stream] = topo
+        self._topologies[stream] = topo
         return topo
 
-    env._query_topology = query  # type: ignore[method-assign]
-    results = await asyncio.gather(*(env.topology("s") for _ in range(10)), env.topology("t"))
-    assert calls == ["s", "t"]
+
+async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
+    cache = _Topologies()
+    results = await asyncio.gather(*(cache.topology("s") for _ in range(10)), cache.topology("t"))
+    assert cache.calls == ["s", "t"]
     assert len({id(r) for r in results[:10]}) == 1
-    await env.topology("s")
-    assert calls == ["s", "t"]  # cached
-    env.invalidate(node=Address("n1", 1))
-    await env.topology("s")
-    assert calls == ["s", "t", "s"]
+    await cache.topology("s")
+    assert cache.calls == ["s", "t"]  # cached
+    cache.drop(node=Address("n1", 1))
+    await cache.topology("s")
+    assert cache.calls == ["s", "t", "s"]
 
 
 class _FakeClient:
@@ -105,7 +111,7 @@ async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
     async def locator() -> _OldBroker:
         return old
 
-    env._locator_client = locator  # type: ignore[method-assign,assignment]
+    env._topologies.locator = locator  # type: ignore[method-assign]
     with pytest.raises(FeatureNotSupported, match=r"RabbitMQ 3\.13"):
         await env.require_filtering()
     with pytest.raises(FeatureNotSupported):
@@ -135,7 +141,7 @@ async def test_super_stream_falls_back_to_the_management_api_without_the_command
         return old
 
     env = Environment("h:5552")
-    env._locator_client = locator  # type: ignore[method-assign,assignment]
+    env._topologies.locator = locator  # type: ignore[method-assign]
     with pytest.raises(FeatureNotSupported, match="ManagementClient"):
         await env.create_super_stream("inv", partitions=2)
     env.management = FakeManagement()  # type: ignore[assignment]

@@ -7,7 +7,7 @@ from rstream.client import Client
 
 from resolvers import Chain, DnsResolver, Identity, LoadBalancer, StaticMap
 from smartclient import Address
-from smartclient.stream.tls import tls_server_name
+from smartclient.core.tls_names import tls_server_name
 
 NODE = Address("rabbit-2.internal", 5551)
 IP = Address("10.0.0.2", 5551)

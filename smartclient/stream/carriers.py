@@ -1,0 +1,133 @@
+"""The rstream carriers of an Environment's producers and consumers, and what happens when one is lost.
+
+Each producer or consumer handle rides on an rstream Producer or Consumer (a *carrier*); rstream allows one
+publisher or subscription per stream and carrier, so a carrier is reused for another stream and a new one
+made only for a second handle on the same stream.  The connections underneath are shared anyway (see
+:mod:`smartclient.stream.placement`).  :class:`Carriers` is the :class:`~smartclient.stream.host.StreamHost`
+the handles are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import SmartClientError
+from smartclient.core.address import Address
+from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.topology import Role
+from smartclient.stream import _rstream
+from smartclient.stream._rstream import map_stream_errors
+from smartclient.stream.host import PlacementRecord
+
+if TYPE_CHECKING:
+    from smartclient.core.settings import ConnectSettings, PoolLimits
+    from smartclient.stream.host import Connection
+    from smartclient.stream.placement import StreamPlacement
+    from smartclient.stream.topology_cache import TopologyCache
+
+__all__ = ["Carriers"]
+
+log = logging.getLogger(__name__)
+
+
+class Carriers:
+    """The carriers, the open handles, and the hand-over of losses to them."""
+
+    def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ConnectSettings,
+                 limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address) -> None:
+        self.placement = placement
+        self.topologies = topologies
+        self.settings = settings
+        self.limits = limits
+        self.recovery = recovery
+        self.connection_name = connection_name
+        self.entry = entry
+        self._carriers: dict[Role, list[tuple[Any, set[str]]]] = {Role.PRODUCER: [], Role.CONSUMER: []}
+        self.handles: list[Any] = []
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def carrier(self, role: Role, stream: str, name: str | None) -> Any:
+        """A carrier with no publisher/subscriber on ``stream`` yet (made if needed)."""
+        for carrier, streams in self._carriers[role]:
+            if stream not in streams:
+                streams.add(stream)
+                carrier._pool.names[stream] = name
+                return carrier
+        carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
+                                       f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
+        carrier._pool.names[stream] = name
+        self._carriers[role].append((carrier, {stream}))
+        return carrier
+
+    def add(self, handle: Any) -> None:
+        self.handles.append(handle)  # from now on, a loss is handed to it (see lost)
+
+    # -- the StreamHost protocol ---------------------------------------------------------------------
+    async def locator(self) -> Any:
+        return await self.topologies.locator()
+
+    async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
+        return await self.placement.place(pool, stream, closed_handler)
+
+    async def unused(self, conn: Connection) -> None:
+        await self.placement.unused(conn)
+
+    def recovering(self, role: Role, stream: str, active: bool) -> None:
+        if active:
+            self.placement.recovering.add((role, stream))
+        else:
+            self.placement.recovering.discard((role, stream))
+
+    def drop_topology(self, stream: str) -> None:
+        self.topologies.drop(stream=stream)
+
+    def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
+        return self.placement.placement_of(carrier, stream)
+
+    def lost(self, role: Role, carrier: Any, stream: str, reason: str) -> None:
+        """rstream says the publisher or subscriber of ``stream`` on ``carrier`` is gone: hand it over."""
+        for handle in self.handles:
+            if handle.role is role and handle._carrier is carrier and handle.stream == stream:
+                handle._lost(reason)
+                return
+        # nobody to hand it to (closed meanwhile): still clear rstream's state, or the next producer or
+        # consumer of this stream on this carrier would get the dead connection
+        log.debug("%s of %s lost (%s), but it is not open any more", role.value, stream, reason)
+        forget = _rstream.forget_publisher if role is Role.PRODUCER else _rstream.forget_subscriber
+        task = asyncio.ensure_future(forget(carrier, stream, dead_only=True))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def release(self, handle: Any) -> None:
+        for other, streams in self._carriers[handle.role]:
+            if other is handle._carrier:
+                streams.discard(handle.stream)
+        self.placement.forget(handle._carrier, handle.stream)
+        if handle in self.handles:
+            self.handles.remove(handle)
+
+    async def stored_offset(self, stream: str, name: str) -> int | None:
+        from smartclient.core.deadline import step
+
+        locator = await self.locator()
+        with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):
+            return await step("offset query", _rstream.query_offset(locator, stream, name))
+
+    # -- ending --------------------------------------------------------------------------------------
+    async def end_handles_of(self, streams: set[str], reason: str) -> None:
+        """Close the producers and consumers of ``streams`` quietly, before they are deleted: no recovery,
+        and every message still pending fails with ``reason``."""
+        for handle in [h for h in self.handles if h.stream in streams]:
+            await handle._end(reason)
+
+    async def close(self) -> None:
+        for handle in list(self.handles):
+            try:
+                await handle.close()
+            except SmartClientError as exc:
+                log.debug("closing %r: %s", handle, exc)
+        for carriers in self._carriers.values():
+            for carrier, _ in carriers:
+                await carrier.close()

@@ -1,0 +1,112 @@
+"""What handles (and the rstream seam) may ask of the stream machinery they live in.
+
+Producers, consumers and super streams are given a :class:`StreamHost` (or a :class:`StreamOpener`), never
+the Environment: they place, report a loss, release, and read what they need through this small
+protocol, defined below everything that implements it, so no import runs back up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from smartclient._errors import ConnectionFailed
+from smartclient.core.address import Address
+from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.topology import Role
+
+__all__ = ["Connection", "PlacementRecord", "StreamHost", "StreamOpener"]
+
+ClosedHandler = Callable[[Any], Any]
+
+
+@dataclass(eq=False)
+class Connection:
+    """A stream connection smartclient opened: the rstream client, the node it reached, what was dialled."""
+
+    client: Any
+    node: Address
+    dialled: Address
+    name: str
+    max_ids: int = 200
+    # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
+    forwards: dict[int, ClosedHandler] = field(default_factory=dict)
+    ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
+    parked_at: float | None = None
+    closed: bool = False
+
+    def alive(self) -> bool:
+        return not self.closed and self.client.is_connection_alive()
+
+    def has_room(self) -> bool:
+        return len(self.ids) < self.max_ids
+
+    def take_id(self, taken: Collection[int] = ()) -> int:
+        """The lowest publisher/subscription id free on this connection and not in ``taken`` (the ids the
+        rstream carrier already uses, on any connection: it keys its own tables by them)."""
+        for ident in range(self.max_ids):
+            if ident not in self.ids and ident not in taken:
+                self.ids.add(ident)
+                return ident
+        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """Where one producer or consumer landed: for the placement table and for the tests."""
+
+    role: Role
+    stream: str
+    name: str | None
+    node: Address
+    dialled: Address
+    connection: str
+
+    def row(self) -> str:
+        return (f"{self.role.value:<9} {self.stream:<28} {self.name or '-':<16} node {self.node!s:<22} "
+                f"via {self.dialled!s:<22} {self.connection}")
+
+
+class StreamHost(Protocol):
+    """The stream machinery, as a producer or consumer handle and the rstream seam see it."""
+
+    recovery: RecoveryPolicy
+
+    async def locator(self) -> Any:
+        """The shared metadata connection."""
+
+    async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
+        """A connection for ``stream`` on a node the candidates allow (shared, parked or new)."""
+
+    def lost(self, role: Role, carrier: Any, stream: str, reason: str) -> None:
+        """rstream says the publisher or subscriber of ``stream`` on ``carrier`` is gone."""
+
+    async def unused(self, conn: Connection) -> None:
+        """No producer or consumer uses ``conn`` any more."""
+
+    def recovering(self, role: Role, stream: str, active: bool) -> None:
+        """A recovery of ``stream``'s producer or consumer starts (or ends): placements use short attempts."""
+
+    def drop_topology(self, stream: str) -> None:
+        """Forget the cached topology of ``stream``."""
+
+    def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
+        """Where the producer or consumer of ``stream`` on ``carrier`` sits."""
+
+    def release(self, handle: Any) -> None:
+        """``handle`` closed: its carrier slot and placement record are free."""
+
+    async def stored_offset(self, stream: str, name: str) -> int | None:
+        """The offset stored for consumer ``name`` on ``stream``."""
+
+
+class StreamOpener(Protocol):
+    """What a super stream needs: producers and consumers of its partitions, and the broker's routes."""
+
+    async def producer(self, stream: str, *, name: str | None = None) -> Any: ...
+
+    async def consumer(self, stream: str, callback: Any, *, offset: Any = ..., name: str | None = ...,
+                       single_active: bool = ..., tracking: Any = ..., _super_stream: str | None = ...) -> Any: ...
+
+    async def route(self, super_stream: str, routing_key: str) -> list[str]: ...

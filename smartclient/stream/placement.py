@@ -1,0 +1,101 @@
+"""Stream placement: which connection a producer or consumer of a stream uses.
+
+An Environment's producers share one connection per node, and so do its consumers (up to
+``PoolLimits.max_streams_per_connection`` each), so the placement cost grows with the nodes, not with the
+producers and consumers.  A placement takes a shared connection of its role to a tier-0 node, or asks the
+connector for one (a parked connection, or new ones until one lands on a candidate; see
+:mod:`smartclient.core.landing`).  A connection nobody uses any more is parked for the next placement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from smartclient.core.address import Address
+from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.topology import Candidates, Role
+from smartclient.stream import _rstream
+from smartclient.stream.host import PlacementRecord
+
+if TYPE_CHECKING:
+    from smartclient.stream.connector import StreamConnector
+    from smartclient.stream.host import Connection
+    from smartclient.stream.topology_cache import TopologyCache
+
+__all__ = ["StreamPlacement"]
+
+log = logging.getLogger(__name__)
+
+
+class StreamPlacement:
+    """Shared connections by role, and where every producer and consumer sits."""
+
+    def __init__(self, connector: StreamConnector, topologies: TopologyCache, retry: RetryPolicy,
+                 recovery: RecoveryPolicy, connection_name: str) -> None:
+        self.connector = connector
+        self.topologies = topologies
+        self.connection_name = connection_name
+        # one placement attempt during a recovery: short, so that a stale leader is looked up again soon
+        self.recovery_retry = replace(retry, max_time=min(retry.max_time, recovery.attempt_time),
+                                      backoff_max=min(retry.backoff_max, recovery.attempt_time))
+        self.recovering: set[tuple[Role, str]] = set()
+        self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
+        self.records: dict[tuple[int, str], PlacementRecord] = {}
+        connector.on_closed = self.on_connection_closed
+        connector.on_mismatch = self.on_mismatch
+
+    def consumer_load(self, stream: str) -> Counter[Address]:
+        return Counter(r.node for r in self.records.values() if r.role is Role.CONSUMER and r.stream == stream)
+
+    async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
+        """A connection for ``stream`` on a node of its candidates: a shared one of this role on a tier-0
+        node with a free id, or one from the connector."""
+        role: Role = pool.role
+        candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
+        shared = self.shared[role]
+        shared[:] = [c for c in shared if c.alive()]
+        conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
+        if conn is None:
+            retry = self.recovery_retry if (role, stream) in self.recovering else None
+            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
+            _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
+            if conn.alive() and all(c is not conn for c in shared):
+                shared.append(conn)
+        conn.forwards[id(pool.carrier)] = _rstream.closed_forwarder(pool.carrier, conn.client, closed_handler)
+        conn.client.add_stream(stream)
+        name = pool.names.get(stream)
+        self.records[(id(pool.carrier), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled,
+                                                                   conn.name)
+        return conn
+
+    async def unused(self, conn: Connection) -> None:
+        """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it
+        closes after ``PoolLimits.idle_timeout``)."""
+        for shared in self.shared.values():
+            if conn in shared:
+                shared.remove(conn)
+        await self.connector.park(conn)
+
+    def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
+        return self.records.get((id(carrier), stream))
+
+    def forget(self, carrier: Any, stream: str) -> None:
+        self.records.pop((id(carrier), stream), None)
+
+    def placements(self) -> list[PlacementRecord]:
+        return sorted(self.records.values(), key=lambda r: (r.role.value, r.stream, r.connection))
+
+    async def on_connection_closed(self, conn: Connection, info: Any) -> None:
+        log.info("connection %s to %s closed: topologies with that node invalidated", conn.name, conn.node)
+        self.topologies.drop(node=conn.node)
+        for key, record in list(self.records.items()):
+            if record.connection == conn.name:
+                del self.records[key]
+
+    def on_mismatch(self, target: Address, reached: Address, candidates: Candidates) -> None:
+        self.topologies.drop(node=target)
+        self.topologies.drop(stream=candidates.stream)

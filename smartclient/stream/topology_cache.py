@@ -1,0 +1,159 @@
+"""The topology cache: one locator connection, and each stream's leader and replicas.
+
+Lookups of one stream that overlap share one request.  A cached topology is dropped on a MetadataUpdate,
+on the loss of a connection to one of its members, on a node mismatch, or after ``max_age`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    SmartClientError,
+    TopologyError,
+)
+from smartclient.core.address import Address
+from smartclient.core.deadline import detach, remaining, step
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
+from smartclient.stream import _rstream
+from smartclient.stream._rstream import map_stream_errors
+
+if TYPE_CHECKING:
+    from resolvers import SrvDiscovery
+    from smartclient.stream.connector import StreamConnector
+
+__all__ = ["TOPOLOGY_TIME", "TopologyCache"]
+
+log = logging.getLogger(__name__)
+
+TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
+
+
+class TopologyCache:
+    """Each stream's members, read through the shared locator connection."""
+
+    def __init__(self, connector: StreamConnector, entry_points: tuple[Address, ...], srv: SrvDiscovery | None,
+                 connection_name: str, max_age: float, policy: PlacementPolicy, retry: RetryPolicy) -> None:
+        self.connector = connector
+        self.entry_points = entry_points
+        self._srv = srv
+        self.connection_name = connection_name
+        self.max_age = max_age
+        self.policy = policy
+        self.retry = retry
+        self._topologies: dict[str, StreamTopology] = {}
+        self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
+        self._locator: Any = None
+        self._lock = asyncio.Lock()
+
+    # -- the locator -------------------------------------------------------------------------------
+    async def locator(self) -> Any:
+        """The shared metadata connection, to the first entry point that answers.
+
+        :raises ConnectionFailed: no entry point could be reached (each one's error is listed).
+        :raises AuthenticationFailed: the credentials or vhost were refused (not tried elsewhere).
+        """
+        async with self._lock:
+            if self._locator is not None and self._locator.is_connection_alive():
+                return self._locator
+            errors = []
+            entries = tuple(await self._srv.discover()) if self._srv is not None else self.entry_points
+            for entry in entries:
+                try:
+                    conn = await self.connector.dial(entry, f"{self.connection_name}-locator", _rstream.LocatorClient)
+                except (AuthenticationFailed, CertificateRejected):
+                    raise  # the same credentials (or name) would fail on every entry point: say so, typed
+                except ConnectionFailed as exc:
+                    errors.append(f"{entry}: {exc}")
+                    continue
+                self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
+                self._locator = conn.client
+                return conn.client
+            raise ConnectionFailed("no entry point could be reached: " + "; ".join(errors))
+
+    async def close(self) -> None:
+        if isinstance(self._locator, _rstream.LocatorClient):
+            await self._locator.shutdown()
+
+    # -- topologies ----------------------------------------------------------------------------------
+    async def topology(self, stream: str) -> StreamTopology:
+        """The stream's leader and replicas, from the cache or the broker.
+
+        :raises StreamNotFound: the stream does not exist.
+        :raises TopologyError: it has no leader within a few seconds.
+        """
+        cached = self._topologies.get(stream)
+        if cached is not None and time.monotonic() - cached.read_at < self.max_age:
+            return cached
+        task = self._inflight.get(stream)
+        if task is None:
+            task = asyncio.create_task(self._query(stream))
+            self._inflight[stream] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(stream, None))
+        return await step(f"reading the topology of {stream!r}", asyncio.shield(task))
+
+    async def _query(self, stream: str) -> StreamTopology:
+        # shared by every placement that asks meanwhile: bounded on its own (each asker bounds its wait)
+        detach()
+        deadline = time.monotonic() + TOPOLOGY_TIME
+        while True:
+            try:
+                locator = await self.locator()
+                with map_stream_errors(f"reading the topology of {stream!r}"):
+                    members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
+                                         default=TOPOLOGY_TIME)
+                if members is None and time.monotonic() > deadline:
+                    raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
+            except ConnectionFailed:
+                if time.monotonic() > deadline:
+                    raise
+                members = None
+            if members is None:
+                await asyncio.sleep(0.1)
+                continue
+            leader, replicas = members
+            dial: dict[Address, Address | str] = {}
+            for member in (leader, *replicas):
+                try:
+                    dial[member] = await self.connector.resolve(member)
+                except SmartClientError as exc:  # reported per node; placement raises it if it needs the node
+                    dial[member] = f"{type(exc).__name__}: {exc}"
+            topo = StreamTopology(stream, leader, tuple(replicas), dial=dial)
+            self._topologies[stream] = topo
+            return topo
+
+    def __contains__(self, stream: object) -> bool:
+        """Whether ``stream``'s topology is cached."""
+        return stream in self._topologies
+
+    def drop(self, stream: str | None = None, node: Address | None = None) -> None:
+        """Forget cached topologies: one stream's, those with a member on ``node``, or all."""
+        for name, topo in list(self._topologies.items()):
+            if (stream is None and node is None) or name == stream or (node is not None and node in topo.members):
+                del self._topologies[name]
+
+    async def on_metadata_update(self, frame: Any) -> None:
+        stream = _rstream.metadata_stream(frame)
+        log.info("MetadataUpdate for %s: topology invalidated", stream)
+        self.drop(stream=stream)
+
+    async def candidates(self, stream: str, role: Role, load: Counter[Address] | None = None) -> Candidates:
+        """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`)."""
+        topo = await self.topology(stream)
+        if role is Role.CONSUMER and not topo.replicas:
+            # A new stream's replicas come up a moment after its leader: look again before falling back.
+            wait = self.retry.max_time if self.policy.force_replica_for_consumers else 1.0
+            deadline = time.monotonic() + min(wait, remaining(wait))
+            while not topo.replicas and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                self.drop(stream=stream)
+                topo = await self.topology(stream)
+        return topo.candidates(role, self.policy, load)
