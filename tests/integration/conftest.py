@@ -1,7 +1,12 @@
-"""Shared helpers for tests against the real test bed (fixtures come from smartclient.testing)."""
+"""Shared helpers for tests against the real test bed (the fixtures come from the test bed's plugin, which
+tests/conftest.py enables).  A test waits for a condition with a deadline (:func:`wait_until`), never for a
+fixed time, unless the passing time is itself the scenario."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +22,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.path):
             item.add_marker(pytest.mark.integration)
+
+
+async def wait_until(check: Callable[[], Any], timeout: float, what: str, *, interval: float = 0.02,
+                     retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    """Poll ``check`` (a function, or a coroutine function) until it returns something true, and return
+    that.  After ``timeout`` s, fail naming ``what``.  An exception of a type in ``retry_on`` means "not
+    yet" (the last one is chained to the failure); any other propagates at once."""
+    deadline = time.monotonic() + timeout
+    error: BaseException | None = None
+    while True:
+        try:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+        except retry_on as exc:
+            error = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from error
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(check: Callable[[], Any], timeout: float, what: str, *, interval: float = 0.05,
+                    retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    """:func:`wait_until` for code with no event loop (pika, paho, the sync facade, the management API)."""
+    deadline = time.monotonic() + timeout
+    error: BaseException | None = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except retry_on as exc:
+            error = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from error
+        time.sleep(interval)
 
 
 def load_example(name: str) -> Any:

@@ -29,6 +29,8 @@ from smartclient.testing.streams import delete_streams as delete
 from smartclient.testing.streams import raw_stream_client as stream_client
 from smartclient.testing.streams import stream_members as members_of
 
+from .conftest import wait_until
+
 
 def _direct(bed: TestBed) -> str:
     return bed.stream_uri(bed.nodes[0].host, bed.nodes[0].stream_port)
@@ -188,10 +190,9 @@ async def test_leader_move_invalidates_the_cache_and_producers_follow(
             assert first.node == Address(*bed.nodes[0].advertised)
             bed.move_leader(rabbitmq_unique_name, "rabbit-3")
             new_leader = Address(*bed.nodes[2].advertised)
-            deadline = time.monotonic() + 10
-            while first.node != new_leader and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # MetadataUpdate: the cache is dropped and the producer recovers
-            assert first.node == new_leader and first.recoveries == 1
+            # MetadataUpdate: the cache is dropped and the producer recovers
+            await wait_until(lambda: first.node == new_leader, 10, "the producer to follow the leader")
+            assert first.recoveries == 1
             assert (await env.topology(rabbitmq_unique_name)).leader == new_leader
             second = await env.producer(rabbitmq_unique_name, name="after")
             assert second.node == new_leader
@@ -208,7 +209,8 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
     try:
         async with environment(bed, recovery=RecoveryPolicy(enabled=False)) as env:
             producer = await env.producer(rabbitmq_unique_name)
-            assert rabbitmq_unique_name in env._topologies
+            cached = await env.topology(rabbitmq_unique_name)
+            assert await env.topology(rabbitmq_unique_name) is cached  # read once, then from the cache
             record = producer.placement
             assert record is not None
 
@@ -219,15 +221,18 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
                             return str(conn["name"])
                 return None
 
-            deadline = time.monotonic() + 30
-            while server_side_name() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            bed.close_connection(str(server_side_name()))
-            deadline = time.monotonic() + 10
-            while rabbitmq_unique_name in env._topologies and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert rabbitmq_unique_name not in env._topologies  # (with recovery on, the producer reads it again)
-            assert producer.failure is not None and "recovery is disabled" in producer.failure
+            # the management API lists a connection after its next statistics round
+            name = await wait_until(lambda: asyncio.to_thread(server_side_name), 30,
+                                    "the producer's connection in the management API", interval=0.2)
+            bed.close_connection(name)
+            # the cache forgets the topology of the node lost: topology() reads the broker again (with
+            # recovery on, the producer would read it again itself)
+            async def read_again() -> bool:
+                return (await env.topology(rabbitmq_unique_name)).read_at > cached.read_at
+
+            await wait_until(read_again, 10, "the cached topology to be dropped")
+            await wait_until(lambda: producer.failure, 10, "the producer to fail")
+            assert "recovery is disabled" in producer.failure
     finally:
         await delete(bed, rabbitmq_unique_name)
 
@@ -288,9 +293,18 @@ async def test_dns_resolver_caches_for_the_ttl_then_fails_typed(rabbitmq_faulty_
     bed.add_dns_record("short-lived.smartclient.test", "A", "127.0.0.7", ttl=2)
     resolver = DnsResolver([bed.dns_address[0]], port=bed.dns_address[1], timeout=0.5)
     name = Address("short-lived.smartclient.test", 5552)
+    resolved_at = time.monotonic()
     assert await resolver.resolve(name) == Address("127.0.0.7", 5552)
     bed.stop_dns()
     assert await resolver.resolve(name) == Address("127.0.0.7", 5552)  # cached while the TTL runs
-    await asyncio.sleep(2.1)
-    with pytest.raises(ResolutionTimeout, match=r"short-lived\.smartclient\.test"):
-        await resolver.resolve(name)
+
+    async def expired() -> ResolutionTimeout | None:  # the cached answer until the TTL runs out, then none
+        try:
+            assert await resolver.resolve(name) == Address("127.0.0.7", 5552)
+        except ResolutionTimeout as exc:
+            return exc
+        return None
+
+    error = await wait_until(expired, 2 + 10, "the cached answer to expire", interval=0.1)
+    assert time.monotonic() - resolved_at >= 2  # not before the TTL
+    assert "short-lived.smartclient.test" in str(error)

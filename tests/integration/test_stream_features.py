@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,8 @@ from smartclient import (
 from smartclient.testing import TestBed
 from smartclient.testing.streams import delete_streams
 
+from .conftest import wait_until
+
 
 @pytest.fixture
 async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
@@ -32,17 +33,17 @@ async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
 
 async def read_all(env: Environment, stream: str, offset: Any = "first", expect: int = 1,
                    timeout: float = 10.0) -> list[tuple[int, bytes]]:
-    """(offset, body) of every message delivered from ``offset`` until ``expect`` arrived (or timeout)."""
+    """(offset, body) of every message delivered from ``offset``, once ``expect`` arrived."""
     got: list[tuple[int, bytes]] = []
 
     async def on_message(message: bytes, context: Any) -> None:
         got.append((context.offset, bytes(message)))
 
     consumer = await env.consumer(stream, on_message, offset=offset)
-    deadline = time.monotonic() + timeout
-    while len(got) < expect and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)  # anything extra would show up now
+    await wait_until(lambda: len(got) >= expect, timeout, f"{expect} messages of {stream} from {offset!r}")
+    # a window, not a wait: a message beyond `expect` (a duplicate) has no condition to wait for, it would
+    # simply arrive now, and the callers' exact comparisons would fail
+    await asyncio.sleep(0.2)
     await consumer.close()
     return got
 
@@ -92,14 +93,16 @@ async def test_every_offset_spec_lands_on_the_right_first_message(env: Environme
     await env.create_stream(rabbitmq_unique_name)
     try:
         producer = await env.producer(rabbitmq_unique_name)
+        # The sleeps here are the scenario, not a wait: timestamp offset specs select chunks by the time the
+        # broker stored them (second resolution), so the three batches must be seconds apart on the clock.
         for i in range(5):
             await producer.send_wait(b"a%d" % i)
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # batch a stored more than a second before `middle`
         middle = dt.datetime.now(dt.timezone.utc)
         await asyncio.sleep(0.2)
         for i in range(5):
             await producer.send_wait(b"b%d" % i)
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(2.5)  # batch b older than "2s" when it is read, batch c younger
         for i in range(5):
             await producer.send_wait(b"c%d" % i)
 
@@ -120,9 +123,7 @@ async def test_every_offset_spec_lands_on_the_right_first_message(env: Environme
 
         nxt = await env.consumer(rabbitmq_unique_name, on_next, offset="next")
         await producer.send_wait(b"d0")
-        deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: got, 5, "the message published after the subscription")
         assert got == [b"d0"]  # only what was published after it subscribed
         await nxt.close()
         with pytest.raises(ConfigurationError):
@@ -193,9 +194,7 @@ async def test_named_producer_assigns_ids_and_unnamed_refuses_them(env: Environm
     await env.create_stream(rabbitmq_unique_name)
     try:
         named = await env.producer(rabbitmq_unique_name, name="auto")
-        await named.send_wait(b"x")
-        await named.send_wait(b"y")
-        assert named._highest_sent == 2
+        assert [(await named.send_wait(body)).publishing_id for body in (b"x", b"y")] == [1, 2]
         with pytest.raises(PublishingIdNotIncreasing):
             await named.send_wait(b"z", publishing_id=2)
         unnamed = await env.producer(rabbitmq_unique_name)
@@ -213,14 +212,6 @@ async def _publish(env: Environment, stream: str, bodies: list[bytes]) -> None:
     await producer.close()
 
 
-async def _wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
 async def test_manual_offset_tracking_and_resume(env: Environment, rabbitmq_unique_name: str) -> None:
     from smartclient import OffsetTracking
 
@@ -230,7 +221,7 @@ async def test_manual_offset_tracking_and_resume(env: Environment, rabbitmq_uniq
         got: list[int] = []
         consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first", name="app")
         assert await consumer.stored_offset() is None
-        await _wait_for(lambda: len(got) == 10)
+        await wait_until(lambda: len(got) == 10, 10, "10 messages")
         await consumer.store_offset()
         assert await consumer.stored_offset() == 9
         await consumer.close()
@@ -238,7 +229,7 @@ async def test_manual_offset_tracking_and_resume(env: Environment, rabbitmq_uniq
         resumed: list[bytes] = []
         again = await env.consumer(rabbitmq_unique_name, lambda m, c: resumed.append(bytes(m)), name="app",
                                    offset=OffsetSpec.at(9 + 1))
-        await _wait_for(lambda: len(resumed) == 3)
+        await wait_until(lambda: len(resumed) == 3, 10, "the 3 messages after the stored offset")
         assert resumed == [b"n0", b"n1", b"n2"]
         await again.close()
         with pytest.raises(ConfigurationError, match="needs a name"):
@@ -256,18 +247,22 @@ async def test_auto_store_by_count_by_time_and_on_close(env: Environment, rabbit
         got: list[int] = []
         by_count = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first",
                                       name="count", tracking=OffsetTracking(every=5, interval=None))
-        await _wait_for(lambda: len(got) == 12)
-        await asyncio.sleep(0.3)
-        stored = await by_count.stored_offset()  # a store falls due after the 5th and the 10th message
-        assert stored is not None and 4 <= stored <= 11
+        await wait_until(lambda: len(got) == 12, 10, "12 messages")
+        # a store falls due after the 5th message, and again after the 10th (or the next one, if the first
+        # store is still on its way then): it is asynchronous, so wait for one to land
+        stored = await wait_until(by_count.stored_offset, 10, "an offset stored by count")
+        assert 4 <= stored <= 11
         await by_count.close()
         assert await env.stored_offset(rabbitmq_unique_name, "count") == 11  # and on close
         seen: list[int] = []
         by_time = await env.consumer(rabbitmq_unique_name, lambda m, c: seen.append(c.offset), offset="first",
                                      name="time", tracking=OffsetTracking(every=None, interval=0.3))
-        await _wait_for(lambda: len(seen) == 12)
-        await asyncio.sleep(0.6)
-        assert await by_time.stored_offset() == 11
+        await wait_until(lambda: len(seen) == 12, 10, "12 messages")
+
+        async def last_stored() -> bool:  # a store falls due `interval` (0.3 s) after the previous one
+            return await by_time.stored_offset() == 11
+
+        await wait_until(last_stored, 10, "offset 11 stored by time")
         await by_time.close()
     finally:
         await env.delete_stream(rabbitmq_unique_name)
@@ -287,17 +282,17 @@ async def test_single_active_consumer_fails_over_and_resumes_after_the_stored_of
                                name="sac", single_active=True, tracking=tracking)
         b = await env.consumer(rabbitmq_unique_name, lambda m, c: received["b"].append(bytes(m)), offset="first",
                                name="sac", single_active=True, tracking=tracking)
-        await _wait_for(lambda: a.active is not None and b.active is not None)
+        await wait_until(lambda: a.active is not None and b.active is not None, 10, "both consumers to hear whether they are active")
         await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(10)])
-        await _wait_for(lambda: len(received["a"]) + len(received["b"]) == 10)
+        await wait_until(lambda: len(received["a"]) + len(received["b"]) == 10, 10, "10 messages")
         active, standby = (a, b) if received["a"] else (b, a)
         assert active.active is True and standby.active is False
         assert received["b" if standby is b else "a"] == []  # one instance at a time
         await active.close()  # the active instance goes away: the other takes over
-        await _wait_for(lambda: standby.active is True)
+        await wait_until(lambda: standby.active is True, 10, "the standby to become active")
         await _publish(env, rabbitmq_unique_name, [b"n%d" % i for i in range(5)])
         key = "b" if standby is b else "a"
-        await _wait_for(lambda: len(received[key]) == 5)
+        await wait_until(lambda: len(received[key]) == 5, 10, "5 messages on the new active consumer")
         assert received[key] == [b"n%d" % i for i in range(5)]  # no gap, no duplicate
         await standby.close()
     finally:
@@ -317,7 +312,7 @@ async def test_consumer_update_handler_chooses_where_to_resume(env: Environment,
         got: list[bytes] = []
         consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="next",
                                       name="handler", single_active=True, on_update=from_first)
-        await _wait_for(lambda: len(got) == 4)
+        await wait_until(lambda: len(got) == 4, 10, "4 messages")
         assert calls == [True] and got[0] == b"m0"  # the handler's "first" won over offset="next"
         await consumer.close()
     finally:
@@ -337,20 +332,21 @@ async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_mes
             for i in range(3):
                 await producer.send_wait(f"{value}:{i}".encode())  # confirmed one by one: a chunk each
         await producer.send_batch([b"a:mixed", b"b:mixed"])  # one chunk, both values
+        # the last message: once a consumer has it, it has had every chunk before it (a stream is in order),
+        # so the checks below wait for it rather than for a while
+        await producer.send_wait(b"b:end")
         exact = await read_all(env, rabbitmq_unique_name, "first", expect=4)
         assert exact  # sanity: the stream is readable
         got: list[bytes] = []
         precise = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="first",
                                      filter=StreamFilter(["b"], post_filter=lambda m: bytes(m).startswith(b"b:")))
-        await _wait_for(lambda: len(got) >= 4)
-        await asyncio.sleep(0.3)
-        assert got == [b"b:0", b"b:1", b"b:2", b"b:mixed"]
+        await wait_until(lambda: b"b:end" in got, 10, "the last message through the filter")
+        assert got == [b"b:0", b"b:1", b"b:2", b"b:mixed", b"b:end"]
         await precise.close()
         chunks: list[bytes] = []
         coarse = await env.consumer(rabbitmq_unique_name, lambda m, c: chunks.append(bytes(m)), offset="first",
                                     filter=StreamFilter(["b"]))
-        await _wait_for(lambda: len(chunks) >= 5)
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: b"b:end" in chunks, 10, "the last message through the filter")
         assert b"a:mixed" in chunks and b"a:0" not in chunks and not any(m.startswith(b"c:") for m in chunks)
         await coarse.close()
         with pytest.raises(ConfigurationError, match="non-empty list of filter values"):
@@ -386,7 +382,7 @@ async def test_producer_confirms_backpressure_and_frame_max(env: Environment, ra
         peak = 0
         for i in range(1000):
             await producer.send(b"m%d" % i, on_confirm=confirmed.append)  # callbacks
-            peak = max(peak, producer._buffer.in_flight)
+            peak = max(peak, i + 1 - len(confirmed))  # given to send(), not yet confirmed
         future = await producer.submit(b"future")  # a future
         assert (await future) == Confirmation(1001, True, 1)
         await producer.flush()
@@ -419,11 +415,12 @@ async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environ
         with pytest.raises(MessageTooLarge):
             await producer.send_many([b"y" * (2 * 1024 * 1024)])
         await producer.flush()
-        assert producer._highest_sent == 15  # the refused message still took its id: never reused
-        stored = [body for _, body in await read_all(env, rabbitmq_unique_name, "first", expect=5)]
-        assert stored == [b"a", b"b", b"c", b"d", b"e"]
+        # the refused message still took its id (15): never reused
+        assert (await producer.send_wait(b"f")).publishing_id == 16
+        stored = [body for _, body in await read_all(env, rabbitmq_unique_name, "first", expect=6)]
+        assert stored == [b"a", b"b", b"c", b"d", b"e", b"f"]
         await producer.close()
         again = await env.producer(rabbitmq_unique_name, name="many")
-        assert again.last_publishing_id == 14
+        assert again.last_publishing_id == 16
     finally:
         await env.delete_stream(rabbitmq_unique_name)
