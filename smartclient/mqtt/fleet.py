@@ -35,11 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import paho.mqtt.client as paho
-
 from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreachable, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
+from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
 from smartclient.mqtt.topics import validate_filter, validate_topic
 
@@ -47,7 +46,7 @@ __all__ = ["FleetReport", "MqttFleet", "process_rss"]
 
 log = logging.getLogger(__name__)
 
-MessageCallback = Callable[[int, paho.MQTTMessage], None]
+MessageCallback = Callable[[int, MQTTMessage], None]
 
 
 def process_rss() -> int:
@@ -200,7 +199,7 @@ class MqttFleet:
         return FleetReport(self.size, self.connected, dict(sorted(self.per_node().items())), seconds,
                            (process_rss() - rss0) / max(1, self.connected), rebalanced, self._failed())
 
-    def publish(self, index: int, topic: str, payload: bytes | str, qos: int = 0) -> paho.MQTTMessageInfo:
+    def publish(self, index: int, topic: str, payload: bytes | str, qos: int = 0) -> MQTTMessageInfo:
         """Publish from client ``index`` (any thread).  Wait on the returned info for QoS 1's PUBACK."""
         validate_topic(topic)
         _check_qos(qos)
@@ -233,7 +232,7 @@ class MqttFleet:
         self._wake()
         self._thread.join(timeout=5)
         for m in self.members:
-            m.client._sock_close()
+            m.client.drop_connection()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -287,7 +286,7 @@ class MqttFleet:
             m.node = node
             m.client._failover = False  # this connect goes where the fleet says; reconnects fail over
             self.placer.begin_connect(m.client, target, dialled)
-        except (OSError, SmartClientError) as exc:
+        except SmartClientError as exc:
             self._awaiting.discard(m.index)
             log.warning("fleet client %d: connecting to %s failed (%s): trying the next node", m.index, target, exc)
             m.client._failover = True
@@ -332,11 +331,11 @@ class MqttFleet:
     def _redial(self, batch: list[_Member]) -> None:
         for m in batch:
             m.up = False
-            m.client._sock_close()
+            m.client.drop_connection()
             self._begin(m, self._targets[0])
 
     def _identify(self, deadline: float) -> None:
-        ids = {m.client._client_id.decode(): m for m in self.members if m.up}
+        ids = {m.client.client_id: m for m in self.members if m.up}
         while True:
             unknown = [c for c, m in ids.items() if m.node is None]
             seen = {c: ids[c].listed_at for c in unknown}
@@ -448,8 +447,7 @@ class MqttFleet:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         m = self._member(userdata)
         self._awaiting.discard(m.index)
-        code = int(reason.value if hasattr(reason, "value") else reason)
-        m.client._on_connack(bool(getattr(flags, "session_present", False)), code)
+        code = m.client._on_connack(flags, reason)
         if code == 0:
             m.up, m.retry_delay, m.failures = True, 0.0, 0
             m.client._failover = True
@@ -480,16 +478,16 @@ class MqttFleet:
             self.reconnects += 1
             try:
                 self._awaiting.add(m.index)
-                m.client.reconnect()  # aims at the next node (PlacedMqttClient)
+                m.client.reconnect_now()  # aims at the next node (PlacedMqttClient)
                 m.node = m.client.node
-            except (OSError, SmartClientError) as exc:
+            except SmartClientError as exc:
                 self._awaiting.discard(m.index)
                 log.debug("fleet client %d: reconnect failed: %s", m.index, exc)
                 self._schedule_reconnect(m)
 
         self._later(delay, again)
 
-    def _on_message(self, client: Any, userdata: Any, message: paho.MQTTMessage) -> None:
+    def _on_message(self, client: Any, userdata: Any, message: MQTTMessage) -> None:
         if self.on_message is not None:
             self.on_message(int(userdata), message)
 

@@ -7,41 +7,28 @@ balancer: the balancer, which picks), so a persistent session carries on on anot
 dies.  Placement and the node check work as for AMQP (:mod:`smartclient.node_placement`): the client id
 is the name the management API lists the connection by.
 
-TLS verifies the same name as stream connections do (:func:`smartclient.stream.tls.tls_server_name`): the
+TLS verifies the same name as stream connections do (:func:`smartclient.core.tls_names.tls_server_name`): the
 load balancer's name, the advertised node name behind a remap, or an explicit ``tls_server_name``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import select
 import ssl
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
-from smartclient._errors import (
-    AuthenticationFailed,
-    CertificateRejected,
-    ConfigurationError,
-    ConnectionFailed,
-    SmartClientError,
-)
+from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import Credentials
+from smartclient.core.tls_names import tls_server_name
+from smartclient.mqtt._paho import MQTTProtocolVersion, PahoClient, Properties, session_properties
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
-from smartclient.stream.tls import tls_server_name
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -50,9 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]
 
 log = logging.getLogger(__name__)
-
-#: CONNACK reason codes that mean "wrong credentials or no access": never retried
-_AUTH_CODES = {4, 5, 134, 135, 140}
 
 
 def mqtt_protocol(version: int | str) -> MQTTProtocolVersion:
@@ -108,26 +92,10 @@ class MqttOptions:
         if self.version is not MQTTProtocolVersion.MQTTv5:
             return None
         expiry = self.session_expiry if self.session_expiry is not None else (0 if self.clean_start else 86400)
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = expiry
-        return props
+        return session_properties(expiry)
 
 
-class _NamedContext:
-    """An ``SSLContext`` stand-in that makes paho verify ``server_name`` instead of the dialled host."""
-
-    def __init__(self, context: ssl.SSLContext) -> None:
-        if context.verify_mode is ssl.CERT_NONE or not context.check_hostname:
-            raise ConfigurationError("smartclient does not turn TLS verification off: give a verifying SSLContext")
-        self.context = context
-        self.check_hostname = True
-        self.server_name = ""
-
-    def wrap_socket(self, sock: Any, server_hostname: str | None = None, **kwargs: Any) -> ssl.SSLSocket:
-        return self.context.wrap_socket(sock, server_hostname=self.server_name or server_hostname, **kwargs)
-
-
-class PlacedMqttClient(paho.Client):
+class PlacedMqttClient(PahoClient):
     """A paho ``Client`` that knows where it sits (:attr:`node`, :attr:`dialled`) and reconnects to the next
     node rather than the same one.  Use it as any paho client: ``publish``, ``subscribe``, callbacks.
     ``subscriptions`` given to :meth:`MqttPlacer.connect` are made again after every reconnect that did not
@@ -146,72 +114,34 @@ class PlacedMqttClient(paho.Client):
         self._sc_lock = threading.Lock()
         self.node = None
         self.failovers = 0
-        self.last_connack: tuple[bool, int] | None = None  # (session present, reason code)
 
-    # paho's network loop (loop_start, loop_forever, loop) waits with select(), which cannot watch a file
-    # descriptor numbered 1024 or more: in a process with many files or sockets the client never gets
-    # its CONNACK, silently (eclipse-paho/paho.mqtt.python#183, #238, #819).  The same loop, with poll().
-    def _loop(self, timeout: float = 1.0) -> MQTTErrorCode:
-        sock = self._sock
-        if sock is None or not hasattr(select, "poll") or timeout < 0.0:
-            return super()._loop(timeout)
-        pending = sock.pending() if hasattr(sock, "pending") else 0
-        poller = select.poll()
-        poller.register(sock, select.POLLIN | (select.POLLOUT if self.want_write() else 0))
-        wake = self._sockpairR
-        if wake is not None:
-            poller.register(wake, select.POLLIN)
-        try:
-            ready = dict(poller.poll(0 if pending else int(timeout * 1000)))
-        except (OSError, ValueError, TypeError):
-            return super()._loop(0.0)  # a closed socket: let paho set its state and say so
-        events = ready.get(sock.fileno(), 0)
-        if events & (select.POLLIN | select.POLLHUP | select.POLLERR) or pending > 0:
-            rc = self.loop_read()
-            if rc or self._sock is None:
-                return rc
-        write = bool(events & select.POLLOUT)
-        if wake is not None and ready.get(wake.fileno(), 0) & select.POLLIN:
-            write = True  # a publish() from another thread: send it now
-            with contextlib.suppress(BlockingIOError):
-                wake.recv(10000)
-        if write:
-            rc = self.loop_write()
-            if rc or self._sock is None:
-                return rc
-        return self.loop_misc()
-
-    # paho calls reconnect() for the first connect too; after placement it aims at the next node
-    def reconnect(self) -> MQTTErrorCode:
+    # paho calls reconnect() for the first connect too; after placement every one aims at the next node
+    def _before_reconnect(self) -> None:
         if self._failover:
             self._aim_at_next_node()
-        return super().reconnect()
 
     def _aim_at_next_node(self) -> None:
         placer = self._placer
         with self._sc_lock:
             target, node = placer.next_target(self.target)
-            try:
-                dialled = target if placer.via is not None else placer.resolve(target)
-            except SmartClientError as exc:
-                # paho's loop retries an OSError after its reconnect delay
-                raise ConnectionRefusedError(f"MQTT failover to {target}: {exc}") from exc
+            dialled = target if placer.via is not None else placer.resolve(target)
             self.failovers += 1
-            log.info("MQTT client %s: reconnecting to %s (%s) instead of %s", self._client_id.decode(),
+            log.info("MQTT client %s: reconnecting to %s (%s) instead of %s", self.client_id,
                      node or "a node the load balancer picks", dialled, self.dialled)
-            self._host, self._port = dialled.host, dialled.port
-            if isinstance(self._ssl_context, _NamedContext):
-                self._ssl_context.server_name = placer.server_name(target, dialled)
+            self.aim_at(dialled, placer.server_name(target, dialled) if placer.tls is not None else None)
             self.target, self.dialled, self.node = target, dialled, node
 
-    def _on_connack(self, session_present: bool, reason: int) -> None:
-        self.last_connack = (session_present, reason)
-        if reason == 0 and not session_present and self._failover:
+    def _on_connack(self, flags: Any, reason: Any) -> int:
+        """Record a CONNACK (paho's VERSION2 ``on_connect`` arguments), re-subscribe after a reconnect that
+        did not resume a session; return the reason code."""
+        session_present, code = self.record_connack(flags, reason)
+        if code == 0 and not session_present and self._failover:
             for topic, qos in self._subscriptions:
                 self.subscribe(topic, qos)
+        return code
 
     def __repr__(self) -> str:
-        return (f"PlacedMqttClient(client_id={self._client_id.decode()!r}, node={self.node!r}, "
+        return (f"PlacedMqttClient(client_id={self.client_id!r}, node={self.node!r}, "
                 f"dialled={self.dialled}, failovers={self.failovers})")
 
 
@@ -331,34 +261,25 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
     def new_client(self, client_id: str, subscriptions: Sequence[tuple[str, int]] = ()) -> PlacedMqttClient:
         """A configured, unconnected client (credentials, TLS, reconnect delays, CONNACK bookkeeping)."""
         opts = self.options
-        v5 = opts.version is MQTTProtocolVersion.MQTTv5
-        client = PlacedMqttClient(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=opts.version,
-                                  clean_session=None if v5 else opts.clean_start)
+        client = PlacedMqttClient.create(client_id, opts.version, opts.clean_start)
         client._setup(self, subscriptions)
         user = self.credentials.username if self.vhost == "/" else f"{self.vhost}:{self.credentials.username}"
-        client.username_pw_set(user, self.credentials.password)
-        low, high = opts.reconnect_delay
-        client.reconnect_delay_set(low, high)  # type: ignore[arg-type]  # paho sleeps floats fine
-        client.connect_timeout = opts.connect_timeout
-        if self.tls is not None:
-            client.tls_set_context(_NamedContext(self.tls))  # type: ignore[arg-type]
+        client.configure(user, self.credentials.password, reconnect_delay=opts.reconnect_delay,
+                         connect_timeout=opts.connect_timeout, tls=self.tls)
         return client
 
     def begin_connect(self, client: PlacedMqttClient, target: Address, dialled: Address) -> None:
         """Send CONNECT to ``dialled`` (aimed at ``target``).  The TCP/TLS connect blocks, bounded by
         ``connect_timeout``; the CONNACK comes later (:attr:`PlacedMqttClient.last_connack`).
 
-        :raises OSError: the connect failed (``ssl.SSLError`` for TLS, a certificate that does not match).
+        :raises CertificateRejected: the certificate does not verify for the name checked.
+        :raises ConnectionFailed: the connect failed (refused, reset, timed out, a TLS failure).
         """
         opts = self.options
         client.target, client.dialled = target, dialled
-        if isinstance(client._ssl_context, _NamedContext):
-            client._ssl_context.server_name = self.server_name(target, dialled)
-        if opts.version is MQTTProtocolVersion.MQTTv5:
-            client.connect(dialled.host, dialled.port, opts.keepalive, clean_start=opts.clean_start,
-                           properties=opts.connect_properties())
-        else:
-            client.connect(dialled.host, dialled.port, opts.keepalive)
+        client.send_connect(dialled, opts.keepalive, clean_start=opts.clean_start,
+                            properties=opts.connect_properties(),
+                            server_name=self.server_name(target, dialled) if self.tls is not None else None)
 
     def _dial(self, target: Address, dialled: Address, name: str) -> PlacedMqttClient:
         call = self._call
@@ -369,26 +290,14 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self.opened += 1
         try:
             self.begin_connect(client, target, dialled)
-        except ssl.SSLCertVerificationError as exc:
-            _close_quietly(client)
-            raise CertificateRejected(f"connecting to {dialled} (MQTT over TLS): {exc.verify_message or exc}") from exc
-        except OSError as exc:
-            _close_quietly(client)
-            raise ConnectionFailed(f"connecting to {dialled} (MQTT): {type(exc).__name__}: {exc}") from exc
-        if not _wait_connack(client, self.options.connect_timeout):
-            _close_quietly(client)
-            raise ConnectionFailed(f"connecting to {dialled}: no CONNACK within {self.options.connect_timeout} s")
-        reason = client.last_connack[1] if client.last_connack else -1
-        if reason != 0:
-            _close_quietly(client)
-            text = paho.connack_string(reason) if reason < 6 else f"reason code {reason}"
-            if reason in _AUTH_CODES:
-                raise AuthenticationFailed(f"connecting to {dialled}: the broker refused the client ({text})")
-            raise ConnectionFailed(f"connecting to {dialled}: the broker refused the client ({text})")
+            client.await_connack(self.options.connect_timeout)
+        except BaseException:
+            client.close_quietly()
+            raise
         return client
 
     def _close(self, connection: PlacedMqttClient) -> None:
-        _close_quietly(connection)
+        connection.close_quietly()
 
 
 @dataclass
@@ -397,40 +306,16 @@ class _Call:
     subscriptions: list[tuple[str, int]]
 
 
-def _wait_connack(client: PlacedMqttClient, timeout: float) -> bool:
-    """Drive the client's socket (no thread, no socket pair) until its CONNACK or ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while client.last_connack is None:
-        left = deadline - time.monotonic()
-        if client.socket() is None or left <= 0:
-            return False
-        if client._loop(min(left, 0.1)) != paho.MQTT_ERR_SUCCESS:
-            return client.last_connack is not None
-    return True
-
-
 def _chain_on_connect(client: PlacedMqttClient) -> None:
     """Record every CONNACK (for the dial and for re-subscribing), then call the user's on_connect."""
     user: Any = client.on_connect
 
     def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        code = reason.value if hasattr(reason, "value") else int(reason)
-        client._on_connack(bool(getattr(flags, "session_present", False)), int(code))
+        client._on_connack(flags, reason)
         if user is not None:
             user(c, userdata, flags, reason, properties)
 
     client.on_connect = on_connect
-
-
-def _close_quietly(client: paho.Client) -> None:
-    try:
-        client.disconnect()
-        if client._thread is None and client.socket() is not None:
-            client.loop_write()  # flush the DISCONNECT
-        client.loop_stop()
-        client._sock_close()
-    except Exception as exc:  # already broken
-        log.debug("closing an MQTT client: %s", exc)
 
 
 def _strip_scheme(value: str) -> str:

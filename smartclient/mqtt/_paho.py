@@ -1,0 +1,385 @@
+"""The one seam between smartclient and paho-mqtt.
+
+Only this module imports paho or touches its private attributes, and only here do paho's exceptions and
+return codes become smartclient's errors (:func:`paho_errors`).  The MQTT wing (``placement.py``,
+``fleet.py``) builds on :class:`PahoClient` and the few names below.
+
+What the seam relies on is listed, entry by entry, in :data:`PAHO_INTERNALS` (private attributes and
+methods), :data:`PAHO_NAMES` (public names imported) and :data:`PAHO_SIGNATURES` (parameters passed or
+overridden).  ``tests/unit/test_paho_seam.py`` checks every entry against the installed paho and greps the
+library for paho imports and private names outside this file; ``pyproject.toml`` pins paho to the 2.2 line.
+When paho 3 arrives, this file changes and that test says what broke.
+
+Why each private name is touched:
+
+* ``Client._loop`` is overridden: paho waits with ``select()``, which cannot watch a file descriptor
+  numbered 1024 or more, so in a busy process a client silently never gets its CONNACK
+  (eclipse-paho/paho.mqtt.python#183, #238, #819).  :meth:`PahoClient._loop` is the same loop on
+  ``poll()``; ``loop()`` and ``loop_forever()`` (``loop_start``'s thread) call it.  It reads ``_sock`` (the
+  connection) and ``_sockpairR`` (the socket ``publish()`` from another thread writes to, to wake the loop).
+* ``Client._host`` and ``Client._port`` are where ``reconnect()`` dials.  A failover re-aims them before
+  paho reconnects; the public ``host``/``port`` setters refuse while paho considers itself connecting.
+* ``Client._ssl_context`` holds a :class:`NamedContext`, and ``Client._ssl_wrap_socket`` (not touched,
+  relied on) wraps every socket with its ``wrap_socket(..., server_hostname=self._host)`` and skips its own
+  ``match_hostname`` when the context has ``check_hostname``: so TLS verifies the name smartclient chose,
+  not the address dialled.
+* ``Client._sock_close`` drops a connection without DISCONNECT (calling ``on_socket_close``), for fleets
+  that move a client and for closing a broken client.
+* ``Client._thread`` says whether ``loop_start``'s thread runs (if not, a DISCONNECT is flushed by hand).
+* ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import select
+import ssl
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import paho.mqtt.client as paho
+from paho.mqtt.client import MQTTMessage, MQTTMessageInfo
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    SmartClientError,
+)
+from smartclient.core.address import Address
+
+__all__ = [
+    "PAHO_INTERNALS",
+    "PAHO_NAMES",
+    "PAHO_OVERRIDES",
+    "PAHO_SIGNATURES",
+    "MQTTMessage",
+    "MQTTMessageInfo",
+    "MQTTProtocolVersion",
+    "NamedContext",
+    "PahoClient",
+    "Properties",
+    "connack_of",
+    "paho_errors",
+    "session_properties",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every private attribute or method of paho this module reads, writes, overrides or relies on.
+PAHO_INTERNALS: tuple[str, ...] = (
+    "Client._loop",  # overridden (poll instead of select); loop() and loop_forever() call it
+    "Client._sock",  # the connection's socket, None when closed
+    "Client._sockpairR",  # the socket publish() writes to from another thread, to wake the loop
+    "Client._host",  # where reconnect() dials: written on failover
+    "Client._port",
+    "Client._ssl_context",  # holds a NamedContext: read to set the name TLS verifies
+    "Client._ssl_wrap_socket",  # relied on: wraps with _ssl_context.wrap_socket(server_hostname=self._host)
+    "Client._sock_close",  # closes the socket without DISCONNECT, calling on_socket_close
+    "Client._thread",  # loop_start's thread, None when none runs
+    "Client._client_id",  # the client id, bytes
+)
+
+#: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
+PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect")
+
+#: Every public name of paho this module imports or relies on, as a module path.
+PAHO_NAMES: tuple[str, ...] = (
+    "paho.mqtt.client.Client",
+    "paho.mqtt.client.ConnectFlags",
+    "paho.mqtt.client.MQTTMessage",
+    "paho.mqtt.client.MQTTMessageInfo",
+    "paho.mqtt.client.MQTT_ERR_SUCCESS",
+    "paho.mqtt.client.connack_string",
+    "paho.mqtt.enums.CallbackAPIVersion",
+    "paho.mqtt.enums.MQTTErrorCode",
+    "paho.mqtt.enums.MQTTProtocolVersion",
+    "paho.mqtt.packettypes.PacketTypes",
+    "paho.mqtt.properties.Properties",
+    "paho.mqtt.reasoncodes.ReasonCode",
+)
+
+#: The parameters the seam passes to (or, for :data:`PAHO_OVERRIDES`, receives from) paho's callables.
+PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "Client._loop": ("self", "timeout"),
+    "Client.reconnect": ("self",),
+    "Client.__init__": ("callback_api_version", "client_id", "clean_session", "protocol"),
+    "Client.connect": ("host", "port", "keepalive", "clean_start", "properties"),
+    "Client.username_pw_set": ("username", "password"),
+    "Client.reconnect_delay_set": ("min_delay", "max_delay"),
+    "Client.tls_set_context": ("context",),
+    "Client.want_write": ("self",),
+    "Client.loop_read": ("self",),
+    "Client.loop_write": ("self",),
+    "Client.loop_misc": ("self",),
+    "Client.loop_stop": ("self",),
+    "Client.disconnect": ("self",),
+    "Client.socket": ("self",),
+    "ConnectFlags": ("session_present",),
+    "ReasonCode.__init__": ("packetType", "identifier"),
+    "connack_string": ("connack_code",),
+}
+
+#: CONNACK reason codes that mean "wrong credentials or no access" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135,
+#: 140): :class:`AuthenticationFailed`, never retried
+_AUTH_CODES = frozenset({4, 5, 134, 135, 140})
+
+_C = TypeVar("_C", bound="PahoClient")
+
+
+class _Refused(Exception):
+    """A CONNACK with a reason code other than 0 (raised and mapped here only)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"CONNACK reason code {code}: {_connack_text(code)}")
+        self.code = code
+
+
+class _NoConnack(Exception):
+    """No CONNACK within the connect timeout (raised and mapped here only)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no CONNACK within {timeout} s")
+        self.timeout = timeout
+
+
+def _connack_text(code: int) -> str:
+    if code < 6:
+        return paho.connack_string(code)
+    try:
+        return str(ReasonCode(PacketTypes.CONNACK, identifier=code).getName())
+    except KeyError:
+        return "unknown reason"
+
+
+@contextlib.contextmanager
+def paho_errors(dialled: Address) -> Iterator[None]:
+    """Run paho calls that connect to ``dialled``, raising smartclient's errors instead of paho's exceptions
+    and return codes (``raise ... from exc``).  The one place where they are mapped.
+
+    :raises CertificateRejected: the server's certificate does not verify for the name checked.
+    :raises AuthenticationFailed: the broker refused the credentials or the vhost (CONNACK 4, 5, 134, 135,
+        140).
+    :raises ConnectionFailed: refused, reset, timed out, a TLS failure, no CONNACK in time, or any other
+        CONNACK reason code.
+    :raises ConfigurationError: paho refused a value it was given (host, port, keepalive, properties).
+    """
+    try:
+        yield
+    except SmartClientError:
+        raise
+    except _Refused as exc:
+        text = f"connecting to {dialled}: the broker refused the client (reason code {exc.code}: " \
+               f"{_connack_text(exc.code)})"
+        if exc.code in _AUTH_CODES:
+            raise AuthenticationFailed(text) from exc
+        raise ConnectionFailed(text) from exc
+    except _NoConnack as exc:
+        raise ConnectionFailed(f"connecting to {dialled}: no CONNACK within {exc.timeout} s") from exc
+    except ssl.SSLCertVerificationError as exc:  # before ValueError: it is one too
+        reason = getattr(exc, "verify_message", None) or exc
+        raise CertificateRejected(f"connecting to {dialled} (MQTT over TLS): {reason}") from exc
+    except OSError as exc:  # refused, reset, timed out, unresolvable, a TLS handshake that failed
+        raise ConnectionFailed(f"connecting to {dialled} (MQTT): {type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigurationError(f"connecting to {dialled} (MQTT): paho refused a setting: {exc}") from exc
+
+
+def connack_of(flags: Any, reason: Any) -> tuple[bool, int]:
+    """``(session present, reason code)`` from the ``flags`` and ``reason`` paho passes to a VERSION2
+    ``on_connect`` callback."""
+    code = reason.value if hasattr(reason, "value") else reason
+    return bool(getattr(flags, "session_present", False)), int(code)
+
+
+def session_properties(expiry: int) -> Properties:
+    """MQTT 5 CONNECT properties carrying a session expiry interval of ``expiry`` seconds."""
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = expiry
+    return props
+
+
+class NamedContext:
+    """An ``SSLContext`` stand-in that makes paho verify ``server_name`` instead of the dialled host.
+
+    :raises ConfigurationError: the context does not verify certificates and host names (smartclient does
+        not turn TLS verification off).
+    """
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        if context.verify_mode is ssl.CERT_NONE or not context.check_hostname:
+            raise ConfigurationError("smartclient does not turn TLS verification off: give a verifying SSLContext")
+        self.context = context
+        self.check_hostname = True  # paho then leaves the host name check to wrap_socket
+        self.server_name = ""
+
+    def wrap_socket(self, sock: Any, server_hostname: str | None = None, **kwargs: Any) -> ssl.SSLSocket:
+        return self.context.wrap_socket(sock, server_hostname=self.server_name or server_hostname, **kwargs)
+
+
+class PahoClient(paho.Client):
+    """paho's ``Client`` as smartclient drives it: its network loop on ``poll()``, re-aimable at another
+    node before a reconnect, TLS verifying a chosen name, and closed quietly.  Every paho call that can fail
+    to connect raises smartclient's errors (:func:`paho_errors`)."""
+
+    #: ``(session present, reason code)`` of the last CONNACK (:meth:`record_connack`); None before one
+    last_connack: tuple[bool, int] | None = None
+
+    @classmethod
+    def create(cls: type[_C], client_id: str, protocol: MQTTProtocolVersion, clean_start: bool) -> _C:
+        """An unconnected client with paho's VERSION2 callbacks (MQTT 5 takes ``clean_start`` at connect)."""
+        v5 = protocol is MQTTProtocolVersion.MQTTv5
+        return cls(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
+                   clean_session=None if v5 else clean_start)
+
+    def configure(self, username: str, password: str, *, reconnect_delay: tuple[float, float],
+                  connect_timeout: float, tls: ssl.SSLContext | None) -> None:
+        """Credentials, paho's reconnect delays, the connect timeout, and TLS (a verifying context).
+
+        :raises ConfigurationError: ``tls`` does not verify certificates and host names.
+        """
+        self.username_pw_set(username, password)
+        low, high = reconnect_delay
+        self.reconnect_delay_set(low, high)  # type: ignore[arg-type]  # paho sleeps floats fine
+        self.connect_timeout = connect_timeout
+        if tls is not None:
+            self.tls_set_context(NamedContext(tls))  # type: ignore[arg-type]
+
+    @property
+    def client_id(self) -> str:
+        """The MQTT client id."""
+        return self._client_id.decode()
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The name TLS verifies on the next connect (None without TLS, or before the first)."""
+        context = self._ssl_context
+        return (context.server_name or None) if isinstance(context, NamedContext) else None
+
+    def aim_at(self, dialled: Address, server_name: str | None = None) -> None:
+        """Make the next (re)connect dial ``dialled`` and, with TLS, verify ``server_name``."""
+        self._host, self._port = dialled.host, dialled.port
+        if server_name is not None and isinstance(self._ssl_context, NamedContext):
+            self._ssl_context.server_name = server_name
+
+    def send_connect(self, dialled: Address, keepalive: int, *, clean_start: bool,
+                     properties: Properties | None, server_name: str | None = None) -> None:
+        """Open the connection to ``dialled`` and send CONNECT.  The TCP/TLS connect blocks, bounded by the
+        connect timeout; the CONNACK comes later (:meth:`await_connack`, or the loop's ``on_connect``).
+
+        :raises CertificateRejected, ConnectionFailed, ConfigurationError: see :func:`paho_errors`.
+        """
+        with paho_errors(dialled):
+            self.aim_at(dialled, server_name)
+            if self.protocol is MQTTProtocolVersion.MQTTv5:
+                self.connect(dialled.host, dialled.port, keepalive, clean_start=clean_start, properties=properties)
+            else:
+                self.connect(dialled.host, dialled.port, keepalive)
+
+    def record_connack(self, flags: Any, reason: Any) -> tuple[bool, int]:
+        """Record a CONNACK as a VERSION2 ``on_connect`` reports it; return ``(session present, code)``."""
+        self.last_connack = connack_of(flags, reason)
+        return self.last_connack
+
+    def await_connack(self, timeout: float) -> bool:
+        """Drive the socket (no thread, no socket pair) until the CONNACK; return whether a session was
+        resumed.  ``on_connect`` must call :meth:`record_connack`.
+
+        :raises AuthenticationFailed: refused credentials.  :raises ConnectionFailed: no CONNACK within
+            ``timeout`` seconds, or another reason code.
+        """
+        dialled = Address(self._host, self._port)
+        with paho_errors(dialled):
+            deadline = time.monotonic() + timeout
+            while self.last_connack is None:
+                left = deadline - time.monotonic()
+                if self.socket() is None or left <= 0:
+                    break
+                if self._loop(min(left, 0.1)) != paho.MQTT_ERR_SUCCESS:
+                    break
+            if self.last_connack is None:
+                raise _NoConnack(timeout)
+            session_present, code = self.last_connack
+            if code != 0:
+                raise _Refused(code)
+            return session_present
+
+    def reconnect_now(self) -> None:
+        """Reconnect (to wherever :meth:`_before_reconnect` aims), from an external loop.
+
+        :raises ConnectionFailed: the connect failed (see :func:`paho_errors`).
+        """
+        try:
+            self.reconnect()
+        except Exception:
+            with paho_errors(Address(self._host, self._port)):
+                raise
+
+    def _before_reconnect(self) -> None:
+        """Called before every (re)connect paho makes; aim elsewhere here.  A :class:`SmartClientError` makes
+        that reconnect fail (paho's loop tries again after its reconnect delay)."""
+
+    # paho calls reconnect() for the first connect too, from connect() and from its loop
+    def reconnect(self) -> MQTTErrorCode:
+        try:
+            self._before_reconnect()
+        except SmartClientError as exc:
+            # paho's loop (loop_forever, loop_start) retries a reconnect that raised OSError, after its delay
+            raise ConnectionRefusedError(f"MQTT reconnect: {exc}") from exc
+        return super().reconnect()
+
+    def drop_connection(self) -> None:
+        """Close the socket without DISCONNECT (``on_socket_close`` is called); paho may reconnect."""
+        self._sock_close()
+
+    def close_quietly(self) -> None:
+        """DISCONNECT (flushed, if no loop thread runs), stop the loop thread, close the socket; never raises."""
+        try:
+            self.disconnect()
+            if self._thread is None and self.socket() is not None:
+                self.loop_write()  # flush the DISCONNECT
+            self.loop_stop()
+            self._sock_close()
+        except Exception as exc:  # already broken
+            log.debug("closing an MQTT client: %s", exc)
+
+    # paho's network loop (loop_start, loop_forever, loop) waits with select(), which cannot watch a file
+    # descriptor numbered 1024 or more: in a process with many files or sockets the client never gets
+    # its CONNACK, silently (eclipse-paho/paho.mqtt.python#183, #238, #819).  The same loop, with poll().
+    def _loop(self, timeout: float = 1.0) -> MQTTErrorCode:
+        sock = self._sock
+        if sock is None or not hasattr(select, "poll") or timeout < 0.0:
+            return super()._loop(timeout)
+        pending = sock.pending() if hasattr(sock, "pending") else 0
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | (select.POLLOUT if self.want_write() else 0))
+        wake = self._sockpairR
+        if wake is not None:
+            poller.register(wake, select.POLLIN)
+        try:
+            ready = dict(poller.poll(0 if pending else int(timeout * 1000)))
+        except (OSError, ValueError, TypeError):
+            return super()._loop(0.0)  # a closed socket: let paho set its state and say so
+        events = ready.get(sock.fileno(), 0)
+        if events & (select.POLLIN | select.POLLHUP | select.POLLERR) or pending > 0:
+            rc = self.loop_read()
+            if rc or self._sock is None:
+                return rc
+        write = bool(events & select.POLLOUT)
+        if wake is not None and ready.get(wake.fileno(), 0) & select.POLLIN:
+            write = True  # a publish() from another thread: send it now
+            with contextlib.suppress(BlockingIOError):
+                wake.recv(10000)
+        if write:
+            rc = self.loop_write()
+            if rc or self._sock is None:
+                return rc
+        return self.loop_misc()
+

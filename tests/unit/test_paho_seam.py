@@ -1,0 +1,422 @@
+"""smartclient reaches into paho-mqtt in one module, ``smartclient/mqtt/_paho.py``.
+
+These tests are generated from that module's lists (``PAHO_INTERNALS``, ``PAHO_NAMES``, ``PAHO_SIGNATURES``,
+``PAHO_OVERRIDES``): every entry is checked against the installed paho, the lists are checked to cover every
+private name the seam touches, and the library is grepped for paho imports and private names outside the seam.
+They fail loudly when a new paho moves the seam; ``pyproject.toml`` pins paho-mqtt>=2.2,<2.3.
+
+The seam's behaviour (poll loop, re-aiming, TLS naming, the error mapping) is driven against a local socket
+that answers as a broker would (CONNECT in, CONNACK out): the integration tests run the real broker.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from smartclient import Address, AuthenticationFailed, CertificateRejected, ConfigurationError, ConnectionFailed
+from smartclient.mqtt import _paho
+from smartclient.mqtt._paho import (
+    PAHO_INTERNALS,
+    PAHO_NAMES,
+    PAHO_OVERRIDES,
+    PAHO_SIGNATURES,
+    NamedContext,
+    PahoClient,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = (ROOT / "smartclient", ROOT / "resolvers")
+SEAM = ROOT / "smartclient" / "mqtt" / "_paho.py"
+
+
+# -- helpers shared with test_pika_seam.py ----------------------------------------------------------
+def library_files() -> list[Path]:
+    return sorted(p for top in LIBRARY for p in top.rglob("*.py"))
+
+
+def resolve_path(dotted: str, base: Any = None) -> Any:
+    """The object at ``dotted``: a full module path (``paho.mqtt.enums.X``), or relative to ``base``."""
+    if base is not None:
+        obj = base
+        for part in dotted.split("."):
+            obj = getattr(obj, part)
+        return obj
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def imports_of(package: str, skip: Path) -> list[str]:
+    """``file:line`` of every import of ``package`` (TYPE_CHECKING and function-level ones too) in the
+    library, outside ``skip``."""
+    found = []
+    pattern = re.compile(r"""import_module\(\s*['"]""" + re.escape(package) + r"""\b""")
+    for path in library_files():
+        if path == skip:
+            continue
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            if any(n == package or n.startswith(package + ".") for n in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in pattern.finditer(text)]
+    return found
+
+
+def _base_name(node: ast.expr) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
+def classes_built_on(roots: set[str]) -> set[str]:
+    """Names of the library's classes that derive, directly or not, from a class named in ``roots``."""
+    derived = set(roots)
+    trees = [ast.parse(path.read_text()) for path in library_files()]
+    classes = [(n.name, {_base_name(b) for b in n.bases})
+               for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    while True:
+        more = {name for name, bases in classes if bases & derived} - derived
+        if not more:
+            return derived
+        derived |= more
+
+
+def private_uses(names: set[str], skip: Path, client_classes: set[str]) -> list[str]:
+    """``file:line: expression`` for every use of one of the private ``names`` outside ``skip``: on any object
+    (``client._sock``, ``getattr(c, "_sock")``), except a class's own attributes (``self._x``) in classes not
+    built on ``client_classes``."""
+    derived = classes_built_on(client_classes) if client_classes else set()
+    found: list[str] = []
+
+    class Visitor(ast.NodeVisitor):
+        def __init__(self, path: Path) -> None:
+            self.path = path
+            self.classes: list[str] = []
+
+        def visit_ClassDef(self, node: ast.ClassDef) -> None:
+            self.classes.append(node.name)
+            self.generic_visit(node)
+            self.classes.pop()
+
+        def report(self, node: ast.AST) -> None:
+            found.append(f"{self.path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")  # type: ignore[attr-defined]
+
+        def visit_Attribute(self, node: ast.Attribute) -> None:
+            if node.attr in names:
+                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if not own or (self.classes and self.classes[-1] in derived):
+                    self.report(node)
+            self.generic_visit(node)
+
+        def visit_Call(self, node: ast.Call) -> None:
+            if (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+                self.report(node)
+            self.generic_visit(node)
+
+    for path in library_files():
+        if path != skip:
+            Visitor(path).visit(ast.parse(path.read_text()))
+    return found
+
+
+def private_names_used_in(path: Path) -> set[str]:
+    """Every ``_name`` (not dunder) the module at ``path`` reads or writes as an attribute."""
+    return {n.attr for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")}
+
+
+def parameters(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+# -- the lists, entry by entry -------------------------------------------------------------------------
+def plain_client() -> paho.Client:
+    return paho.Client(CallbackAPIVersion.VERSION2, client_id="seam-test")
+
+
+def paho_attribute_names() -> set[str]:
+    return set(vars(plain_client())) | {n for k in paho.Client.__mro__ for n in vars(k)}
+
+
+@pytest.mark.parametrize("entry", PAHO_INTERNALS)
+def test_every_private_name_of_paho_the_seam_uses_exists(entry: str) -> None:
+    owner, name = entry.split(".")
+    cls = getattr(paho, owner)
+    if any(name in vars(k) for k in cls.__mro__):
+        assert callable(getattr(cls, name)), f"paho.mqtt.client.{entry} is no longer a method"
+    else:
+        assert name in vars(plain_client()), f"paho.mqtt.client.{entry} is no longer set by Client.__init__"
+
+
+def test_the_instance_attributes_start_as_the_seam_expects() -> None:
+    client = plain_client()
+    instance = [e.split(".")[1] for e in PAHO_INTERNALS if e.split(".")[1] in vars(client)]
+    expected = {"_sock": None, "_sockpairR": None, "_host": "", "_port": 1883, "_ssl_context": None,
+                "_thread": None, "_client_id": b"seam-test"}
+    assert sorted(instance) == sorted(expected), "PAHO_INTERNALS changed: say here what each attribute starts as"
+    for name, value in expected.items():
+        assert getattr(client, name) == value, name
+
+
+@pytest.mark.parametrize("path", PAHO_NAMES)
+def test_every_public_name_the_seam_uses_exists(path: str) -> None:
+    assert resolve_path(path) is not None
+
+
+@pytest.mark.parametrize("entry", sorted(PAHO_SIGNATURES))
+def test_every_signature_the_seam_relies_on(entry: str) -> None:
+    fn = resolve_path(entry, paho)
+    have = parameters(fn)
+    wanted = list(PAHO_SIGNATURES[entry])
+    if entry in PAHO_OVERRIDES:
+        assert have == wanted, f"paho's {entry}{inspect.signature(fn)} changed; PahoClient overrides it"
+        assert parameters(resolve_path(entry.split(".", 1)[1], PahoClient)) == wanted
+    else:
+        assert set(wanted) <= set(have), f"paho's {entry}{inspect.signature(fn)} lost {set(wanted) - set(have)}"
+
+
+def test_the_lists_name_every_private_paho_name_the_seam_touches() -> None:
+    listed = {e.split(".")[1] for e in PAHO_INTERNALS}
+    touched = private_names_used_in(SEAM) & paho_attribute_names()
+    assert touched <= listed, f"the seam touches paho's {sorted(touched - listed)}: add them to PAHO_INTERNALS"
+    assert set(PAHO_OVERRIDES) <= set(PAHO_SIGNATURES)
+    for entry in PAHO_OVERRIDES:
+        assert entry.split(".")[1] in vars(PahoClient), entry
+
+
+def test_names_smartclient_adds_to_pahos_client_are_not_pahos() -> None:
+    """PahoClient and PlacedMqttClient add attributes to paho's Client: a new paho must not use those names."""
+    from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
+
+    client = MqttPlacer(entry_points=["x:1883"]).new_client("seam-test")
+    ours = set(vars(PahoClient)) | set(vars(PlacedMqttClient)) | set(PahoClient.__annotations__) \
+        | set(PlacedMqttClient.__annotations__) | (set(vars(client)) - set(vars(plain_client())))
+    ours = {n for n in ours if not n.startswith("__")} - {e.split(".")[1] for e in PAHO_OVERRIDES}
+    clash = ours & paho_attribute_names()
+    assert not clash, f"paho's Client now has {sorted(clash)}: rename smartclient's"
+
+
+# -- behaviour the seam relies on, read from paho's source ----------------------------------------------
+def test_pahos_loops_run_the_overridden_loop_and_retry_a_reconnect_that_raised_oserror() -> None:
+    assert "self._loop(" in inspect.getsource(paho.Client.loop)
+    forever = inspect.getsource(paho.Client.loop_forever)
+    assert "self._loop(" in forever
+    assert re.search(r"self\.reconnect\(\)\s+except OSError:", forever)
+    assert "self.loop_forever(" in inspect.getsource(paho.Client._thread_main)
+
+
+def test_pahos_tls_wraps_with_our_context_and_leaves_the_name_check_to_it() -> None:
+    source = inspect.getsource(paho.Client._ssl_wrap_socket)
+    assert "self._ssl_context.wrap_socket(" in source and "server_hostname=self._host" in source
+    assert "getattr(self._ssl_context, 'check_hostname', False)" in source
+    assert re.search(r"addr = \(self\._host, self\._port\)", inspect.getsource(paho.Client._create_socket_connection))
+
+
+# -- the seam against a local socket that answers as a broker ---------------------------------------------
+@dataclass
+class FakeBroker:
+    """Accepts connections; reads each CONNECT and answers ``connack`` (nothing if None)."""
+
+    connack: bytes | None = b"\x20\x02\x00\x00"
+    tls: ssl.SSLContext | None = None
+    received: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(5)
+        self.address = Address("127.0.0.1", self.server.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                conn.settimeout(5)
+                self.received.append(conn.recv(4096))
+                if self.connack is not None:
+                    conn.sendall(self.connack)
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def broker() -> Iterator[FakeBroker]:
+    fake = FakeBroker()
+    yield fake
+    fake.close()
+
+
+def new_client(tls: ssl.SSLContext | None = None) -> PahoClient:
+    client = PahoClient.create("seam-test", MQTTProtocolVersion.MQTTv311, clean_start=True)
+    client.configure("guest", "guest", reconnect_delay=(0.1, 1.0), connect_timeout=2.0, tls=tls)
+    client.on_connect = lambda c, userdata, flags, reason, properties: client.record_connack(flags, reason)
+    return client
+
+
+def test_connect_and_connack_through_the_poll_loop(broker: FakeBroker) -> None:
+    client = new_client()
+    try:
+        client.send_connect(broker.address, 30, clean_start=True, properties=None)
+        assert client.await_connack(2.0) is False and client.last_connack == (False, 0)
+        assert broker.received[0][0] == 0x10 and b"seam-test" in broker.received[0]  # CONNECT, our client id
+        assert client.client_id == "seam-test" and client.tls_server_name is None
+    finally:
+        client.close_quietly()
+    assert client.socket() is None
+
+
+def test_aim_at_moves_the_next_reconnect(broker: FakeBroker) -> None:
+    other = FakeBroker()
+    client = new_client()
+    try:
+        client.send_connect(broker.address, 30, clean_start=True, properties=None)
+        client.await_connack(2.0)
+        client.drop_connection()
+        assert client.socket() is None
+        client.aim_at(other.address)
+        client.last_connack = None
+        client.reconnect_now()
+        client.await_connack(2.0)
+        assert len(other.received) == 1 and len(broker.received) == 1
+    finally:
+        client.close_quietly()
+        other.close()
+
+
+def test_a_failing_aim_fails_the_reconnect_as_pahos_loop_expects(broker: FakeBroker) -> None:
+    class Lost(PahoClient):
+        def _before_reconnect(self) -> None:
+            raise ConnectionFailed("no node left")
+
+    client = Lost.create("seam-test", MQTTProtocolVersion.MQTTv311, clean_start=True)
+    client.aim_at(broker.address)
+    with pytest.raises(ConnectionRefusedError, match="no node left"):  # an OSError: paho's loop retries it
+        client.reconnect()
+    with pytest.raises(ConnectionFailed, match="no node left") as caught:
+        client.reconnect_now()
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+
+
+# paho 2 reports an MQTT 3.1.1 CONNACK code as its MQTT 5 reason code (5 -> 135 "Not authorized")
+@pytest.mark.parametrize(("code", "reported", "error"), [
+    (5, "135: Not authorized", AuthenticationFailed), (4, "134: Bad user name or password", AuthenticationFailed),
+    (3, "136: Server unavailable", ConnectionFailed), (2, "133: Client identifier not valid", ConnectionFailed),
+])
+def test_a_refusing_connack_is_mapped(code: int, reported: str, error: type[Exception]) -> None:
+    fake = FakeBroker(connack=bytes([0x20, 0x02, 0x00, code]))
+    client = new_client()
+    try:
+        client.send_connect(fake.address, 30, clean_start=True, properties=None)
+        with pytest.raises(error, match=f"refused the client \\(reason code {reported}\\)") as caught:
+            client.await_connack(2.0)
+        assert error is AuthenticationFailed or not isinstance(caught.value, AuthenticationFailed)
+        assert caught.value.__cause__ is not None
+    finally:
+        client.close_quietly()
+        fake.close()
+
+
+def test_no_connack_refused_connect_and_bad_values_are_mapped() -> None:
+    silent = FakeBroker(connack=None)
+    client = new_client()
+    try:
+        client.send_connect(silent.address, 30, clean_start=True, properties=None)
+        with pytest.raises(ConnectionFailed, match=r"no CONNACK within 0\.3 s"):
+            client.await_connack(0.3)
+    finally:
+        client.close_quietly()
+        silent.close()
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(ConnectionFailed, match="ConnectionRefusedError") as caught:
+        new_client().send_connect(Address("127.0.0.1", port), 30, clean_start=True, properties=None)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+    hostless: Any = type("Hostless", (), {"host": "", "port": 1883})()  # Address refuses it before paho can
+    with pytest.raises(ConfigurationError, match="paho refused a setting: Invalid host"):
+        new_client().send_connect(hostless, 30, clean_start=True, properties=None)
+
+
+def test_tls_verifies_the_name_given_not_the_address_dialled() -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("node-1.example").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    fake = FakeBroker(tls=server_context)
+    try:
+        good = new_client(client_context)
+        good.send_connect(fake.address, 30, clean_start=True, properties=None, server_name="node-1.example")
+        assert good.await_connack(2.0) is False and good.tls_server_name == "node-1.example"
+        good.close_quietly()
+        bad = new_client(client_context)
+        with pytest.raises(CertificateRejected, match=r"not valid for 'node-2\.example'") as caught:
+            bad.send_connect(fake.address, 30, clean_start=True, properties=None, server_name="node-2.example")
+        assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+        bad.close_quietly()
+    finally:
+        fake.close()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    with pytest.raises(ConfigurationError, match="does not turn TLS verification off"):
+        NamedContext(insecure)
+
+
+def test_connack_of_reads_pahos_version2_callback_arguments() -> None:
+    from paho.mqtt.client import ConnectFlags
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    assert _paho.connack_of(ConnectFlags(session_present=True), ReasonCode(PacketTypes.CONNACK, identifier=134)) \
+        == (True, 134)
+    assert _paho.connack_of(ConnectFlags(session_present=False), 0) == (False, 0)
+
+
+# -- nobody else reaches into paho ------------------------------------------------------------------------
+def test_only_the_seam_imports_paho() -> None:
+    assert imports_of("paho", SEAM) == []
+
+
+def test_only_the_seam_touches_pahos_private_names() -> None:
+    names = {e.split(".")[1] for e in PAHO_INTERNALS}
+    assert private_uses(names, SEAM, {"PahoClient"}) == []
