@@ -7,27 +7,23 @@ its node (see :mod:`smartclient.node_placement` for how placing and checking wor
 from __future__ import annotations
 
 import itertools
-import logging
 import ssl
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import AuthenticationFailed, ConnectionFailed
+from smartclient.amqp._pika import BlockingConnection, close_quietly, open_connection, pika_errors
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import Credentials
 from smartclient.node_placement import NodePlacer
 
 if TYPE_CHECKING:
-    import pika
-
     from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
 __all__ = ["AmqpPlacer", "PlacedConnection"]
 
-log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 
@@ -35,17 +31,22 @@ _ids = itertools.count(1)
 class PlacedConnection:
     """A pika ``BlockingConnection`` and where it sits."""
 
-    connection: pika.BlockingConnection
+    connection: BlockingConnection
     node: str
     dialled: Address
     name: str
     attempts: int = 1
 
     def channel(self) -> Any:
-        return self.connection.channel()
+        """A new pika ``BlockingChannel`` on this connection.
+
+        :raises ConnectionFailed: the connection is closed, or the broker refused the channel.
+        """
+        with pika_errors(f"opening a channel on {self.node}"):
+            return self.connection.channel()
 
     def close(self) -> None:
-        _close_quietly(self.connection)
+        close_quietly(self.connection)
 
     def __enter__(self) -> PlacedConnection:
         return self
@@ -57,7 +58,7 @@ class PlacedConnection:
         return f"PlacedConnection(node={self.node!r}, dialled={self.dialled}, name={self.name!r})"
 
 
-class AmqpPlacer(NodePlacer["pika.BlockingConnection"]):
+class AmqpPlacer(NodePlacer[BlockingConnection]):
     """Opens AMQP connections on chosen nodes.
 
     :param management: the management API, for the nodes' listeners and to find a connection's node.
@@ -101,6 +102,7 @@ class AmqpPlacer(NodePlacer["pika.BlockingConnection"]):
         :raises NoCandidateNode: no such node, or it has no AMQP listener.
         :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
+        :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
         landed = self.place(node)
         return PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
@@ -108,34 +110,10 @@ class AmqpPlacer(NodePlacer["pika.BlockingConnection"]):
     def _new_name(self, purpose: str) -> str:
         return f"{self.connection_name}-{purpose}-{uuid.uuid4().hex[:8]}-{next(_ids)}"
 
-    def _close(self, connection: pika.BlockingConnection) -> None:
-        _close_quietly(connection)
+    def _close(self, connection: BlockingConnection) -> None:
+        close_quietly(connection)
 
-    def _dial(self, target: Address, dialled: Address, name: str) -> pika.BlockingConnection:
-        import pika
-        import pika.exceptions as px
-
-        params = pika.ConnectionParameters(
-            host=dialled.host, port=dialled.port, virtual_host=self.vhost,
-            credentials=pika.PlainCredentials(self.credentials.username, self.credentials.password),
-            heartbeat=self.heartbeat, client_properties={"connection_name": name},
-            ssl_options=pika.SSLOptions(self.tls, dialled.host) if self.tls is not None else None,
-            connection_attempts=1, socket_timeout=5, blocked_connection_timeout=30,
-        )
+    def _dial(self, target: Address, dialled: Address, name: str) -> BlockingConnection:
         self.opened += 1
-        try:
-            return pika.BlockingConnection(params)
-        except px.ProbableAuthenticationError as exc:
-            raise AuthenticationFailed(f"connecting to {dialled}: the broker refused the credentials") from exc
-        except px.ProbableAccessDeniedError as exc:
-            raise AuthenticationFailed(f"connecting to {dialled}: no access to vhost {self.vhost!r}") from exc
-        except (px.AMQPError, OSError) as exc:
-            raise ConnectionFailed(f"connecting to {dialled}: {type(exc).__name__}: {exc}") from exc
-
-
-def _close_quietly(connection: Any) -> None:
-    try:
-        if connection.is_open:
-            connection.close()
-    except Exception as exc:  # already broken: nothing to close
-        log.debug("closing an AMQP connection: %s", exc)
+        return open_connection(dialled, name=name, credentials=self.credentials, vhost=self.vhost,
+                               heartbeat=self.heartbeat, tls=self.tls)

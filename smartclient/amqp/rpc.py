@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, ConnectionFailed, NoRpcServer, RpcTimeout
+from smartclient.amqp._pika import basic_properties, pika_errors
 
 if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
@@ -34,10 +35,15 @@ Handler = Callable[[bytes, Any], bytes]
 
 
 def declare_local_random_exchange(channel: Any, exchange: str) -> None:
-    """Declare ``exchange`` as ``x-local-random`` (durable; idempotent)."""
+    """Declare ``exchange`` as ``x-local-random`` (durable; idempotent).
+
+    :raises ConfigurationError: no name.  :raises ConnectionFailed: the broker refused it (closing the
+        channel: an exchange of another type by that name, RabbitMQ before 4.0).
+    """
     if not exchange:
         raise ConfigurationError("the RPC exchange needs a name (the default exchange cannot be x-local-random)")
-    channel.exchange_declare(exchange, exchange_type="x-local-random", durable=True)
+    with pika_errors(f"declaring the x-local-random exchange {exchange!r}"):
+        channel.exchange_declare(exchange, exchange_type="x-local-random", durable=True)
 
 
 @dataclass(frozen=True)
@@ -93,13 +99,14 @@ class _NodeServer(threading.Thread):
         try:
             channel = self.placed.channel()
             declare_local_random_exchange(channel, self.exchange)
-            self.queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
-            channel.queue_bind(self.queue, self.exchange, routing_key="")
-            channel.basic_qos(prefetch_count=self.prefetch)
-            channel.basic_consume(self.queue, self._on_request)
-            self.ready.set()
-            while not self._stopping:
-                self.placed.connection.process_data_events(time_limit=0.2)
+            with pika_errors(f"the RPC server on {self.placed.node}"):
+                self.queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+                channel.queue_bind(self.queue, self.exchange, routing_key="")
+                channel.basic_qos(prefetch_count=self.prefetch)
+                channel.basic_consume(self.queue, self._on_request)
+                self.ready.set()
+                while not self._stopping:
+                    self.placed.connection.process_data_events(time_limit=0.2)
         except BaseException as exc:  # reported by RpcServer.start / stop
             self.error = exc
             self.ready.set()
@@ -107,8 +114,6 @@ class _NodeServer(threading.Thread):
             self.placed.close()
 
     def _on_request(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
-        import pika
-
         try:
             reply = self.handler(body, properties)
         except Exception as exc:  # the client gets the error as the reply, flagged in a header
@@ -119,8 +124,8 @@ class _NodeServer(threading.Thread):
         if properties.reply_to:
             channel.basic_publish(
                 "", properties.reply_to, reply,
-                pika.BasicProperties(correlation_id=properties.correlation_id,
-                                     headers={"x-rpc-node": self.placed.node, **headers}),
+                basic_properties(correlation_id=properties.correlation_id,
+                                 headers={"x-rpc-node": self.placed.node, **headers}),
             )
         channel.basic_ack(method.delivery_tag)
         self.handled += 1
@@ -164,7 +169,9 @@ class RpcServer:
         for server in self.servers:
             if not server.ready.wait(timeout) or server.error is not None:
                 self.stop()
-                raise ConnectionFailed(f"the RPC server on {server.placed.node} did not start: {server.error}")
+                raise ConnectionFailed(
+                    f"the RPC server on {server.placed.node} did not start: {server.error}"
+                ) from server.error
         report = self.coverage()
         if not report.complete:
             if self.require_full_coverage:
@@ -220,35 +227,43 @@ class RpcClient:
         self.exchange = exchange
         self.timeout = timeout
         self.channel = placed.channel()
-        self.channel.confirm_delivery()  # so that basic.return surfaces as UnroutableError on publish
         self._replies: dict[str, Reply] = {}
-        self.channel.basic_consume(REPLY_TO, self._on_reply, auto_ack=True)
+        with pika_errors(f"the RPC client on {placed.node}"):
+            self.channel.confirm_delivery()  # so that a message returned by the broker fails its publish
+            self.channel.basic_consume(REPLY_TO, self._on_reply, auto_ack=True)
 
     def _on_reply(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         node = str((properties.headers or {}).get("x-rpc-node", ""))
         self._replies[str(properties.correlation_id)] = Reply(body, node, properties)
 
     def call(self, body: bytes, timeout: float | None = None) -> Reply:
-        import pika
-        import pika.exceptions as px
+        """Publish ``body`` as a request and wait for its reply.
+
+        :raises NoRpcServer: no server queue is bound to the exchange on this connection's node.
+        :raises RpcTimeout: no reply within ``timeout`` (the client's timeout if None).
+        :raises ConnectionFailed: the server's handler failed (its error is the message), or the connection
+            or channel was lost.
+        """
+        node = self.placed.node
+
+        def no_server() -> NoRpcServer:
+            return NoRpcServer(
+                f"no RPC server is bound to {self.exchange!r} on node {node}: the local random "
+                f"exchange only delivers on the node the request was published on", node,
+            )
 
         correlation_id = uuid.uuid4().hex
-        try:
+        with pika_errors(f"an RPC request to {self.exchange!r} on {node}", returned=no_server):
             self.channel.basic_publish(
                 self.exchange, "", body,
-                pika.BasicProperties(reply_to=REPLY_TO, correlation_id=correlation_id), mandatory=True,
+                basic_properties(reply_to=REPLY_TO, correlation_id=correlation_id), mandatory=True,
             )
-        except px.UnroutableError:
-            raise NoRpcServer(
-                f"no RPC server is bound to {self.exchange!r} on node {self.placed.node}: the local random "
-                f"exchange only delivers on the node the request was published on", self.placed.node,
-            ) from None
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while correlation_id not in self._replies:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RpcTimeout(f"no reply on {self.exchange!r} from node {self.placed.node} within the timeout")
-            self.placed.connection.process_data_events(time_limit=min(left, 0.5))
+            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+            while correlation_id not in self._replies:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RpcTimeout(f"no reply on {self.exchange!r} from node {node} within the timeout")
+                self.placed.connection.process_data_events(time_limit=min(left, 0.5))
         reply = self._replies.pop(correlation_id)
         if reply.properties.headers and "x-rpc-error" in reply.properties.headers:
             raise ConnectionFailed(f"the RPC server on {reply.node} failed: {reply.body.decode(errors='replace')}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient.amqp._pika import pika_errors
 from smartclient.core.offsets import OffsetSpec
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 
@@ -29,9 +30,13 @@ def declare_stream(channel: Any, stream: str,
     """Declare a stream (durable, ``x-queue-type: stream``) with validated arguments.
 
     :raises ConfigurationError: a bad name or argument, before anything is sent.
+    :raises ConnectionFailed: the broker refused the declaration (closing the channel), e.g. a stream or
+        queue of that name with other arguments.
     """
     validate_stream_name(stream)
-    channel.queue_declare(stream, durable=True, arguments=StreamArguments.coerce(arguments).to_amqp())
+    amqp_arguments = StreamArguments.coerce(arguments).to_amqp()
+    with pika_errors(f"declaring stream {stream!r}"):
+        channel.queue_declare(stream, durable=True, arguments=amqp_arguments)
 
 
 def stream_qos(channel: Any, prefetch: int, *, global_qos: bool = False) -> None:
@@ -47,7 +52,8 @@ def stream_qos(channel: Any, prefetch: int, *, global_qos: bool = False) -> None
         )
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
         raise ConfigurationError(f"a stream consumer needs a prefetch of at least 1, not {prefetch!r}")
-    channel.basic_qos(prefetch_count=prefetch, global_qos=False)
+    with pika_errors(f"setting a prefetch of {prefetch}"):
+        channel.basic_qos(prefetch_count=prefetch, global_qos=False)
 
 
 def stream_members(placer: AmqpPlacer, stream: str) -> tuple[str, tuple[str, ...]]:
@@ -73,7 +79,8 @@ class StreamDelivery:
 
     def ack(self) -> None:
         if not self.acked:
-            self._channel.basic_ack(self._tag)
+            with pika_errors(f"acking offset {self.offset}"):
+                self._channel.basic_ack(self._tag)
             self.acked = True
 
 
@@ -99,11 +106,16 @@ class AmqpStreamConsumer:
             leader, replicas = stream_members(placer, stream)
             node = random.choice(replicas) if replicas else leader
         self.placed: PlacedConnection = placer.connect(node)
-        self.channel = self.placed.channel()
-        stream_qos(self.channel, prefetch)
-        self.tag = self.channel.basic_consume(
-            stream, self._on_message, auto_ack=False, arguments={"x-stream-offset": self.spec.to_amqp()},
-        )
+        try:
+            self.channel = self.placed.channel()
+            stream_qos(self.channel, prefetch)
+            with pika_errors(f"consuming stream {stream!r} on {self.placed.node}"):
+                self.tag = self.channel.basic_consume(
+                    stream, self._on_message, auto_ack=False, arguments={"x-stream-offset": self.spec.to_amqp()},
+                )
+        except BaseException:
+            self.placed.close()
+            raise
         self.delivered = 0
 
     @property
@@ -118,15 +130,24 @@ class AmqpStreamConsumer:
         self.delivered += 1
 
     def poll(self, seconds: float) -> None:
-        """Deliver what arrives for ``seconds`` (call it from the thread that created the consumer)."""
-        self.placed.connection.process_data_events(time_limit=seconds)
+        """Deliver what arrives for ``seconds`` (call it from the thread that created the consumer).
+
+        :raises ConnectionFailed: the connection or channel was lost.  The callback's own errors pass through.
+        """
+        with pika_errors(f"reading stream {self.stream!r} on {self.node}", callbacks=True):
+            self.placed.connection.process_data_events(time_limit=seconds)
 
     def run(self) -> None:
-        """Deliver until :meth:`stop` is called from the callback."""
-        self.channel.start_consuming()
+        """Deliver until :meth:`stop` is called from the callback.
+
+        :raises ConnectionFailed: the connection or channel was lost.  The callback's own errors pass through.
+        """
+        with pika_errors(f"reading stream {self.stream!r} on {self.node}", callbacks=True):
+            self.channel.start_consuming()
 
     def stop(self) -> None:
-        self.channel.stop_consuming()
+        with pika_errors(f"stopping the consumer of stream {self.stream!r}"):
+            self.channel.stop_consuming()
 
     def close(self) -> None:
         self.placed.close()

@@ -1,0 +1,177 @@
+"""smartclient reaches into pika in one module, ``smartclient/amqp/_pika.py``.
+
+These tests are generated from that module's lists (``PIKA_INTERNALS``, ``PIKA_NAMES``, ``PIKA_SIGNATURES``):
+every entry is checked against the installed pika, the lists are checked to cover every private name the seam
+touches, and the library is grepped for pika imports and those private names outside the seam.  They fail
+loudly when a new pika moves the seam; ``pyproject.toml`` pins pika>=1.3.2,<1.5.
+
+The error mapping is checked with pika's own exceptions, and against local sockets (a closed port, a TLS
+listener whose certificate names another host); the integration tests run the real broker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+
+import pika
+import pika.exceptions as px
+import pytest
+
+from smartclient import (
+    Address,
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    Credentials,
+    NoRpcServer,
+    PublishFailed,
+)
+from smartclient.amqp._pika import (
+    PIKA_INTERNALS,
+    PIKA_NAMES,
+    PIKA_SIGNATURES,
+    open_connection,
+    pika_errors,
+)
+from tests.unit.test_paho_seam import (
+    ROOT,
+    imports_of,
+    parameters,
+    private_names_used_in,
+    private_uses,
+    resolve_path,
+)
+
+SEAM = ROOT / "smartclient" / "amqp" / "_pika.py"
+
+
+# -- the lists, entry by entry -------------------------------------------------------------------------
+@pytest.mark.parametrize("entry", PIKA_INTERNALS)
+def test_every_private_name_of_pika_the_seam_relies_on_exists(entry: str) -> None:
+    assert callable(resolve_path(entry)), entry
+
+
+def test_a_failed_connect_raises_the_last_attempts_own_error() -> None:
+    """PIKA_INTERNALS: BlockingConnection._reap_last_connection_workflow_error unwraps the TLS phase's error, so
+    that a certificate that does not verify reaches pika_errors as ssl.SSLCertVerificationError."""
+    source = inspect.getsource(resolve_path(PIKA_INTERNALS[0]))
+    assert "error.exceptions[-1]" in source and "AMQPConnectorPhaseErrorBase" in source
+    assert "error = error.exception" in source
+    assert "_reap_last_connection_workflow_error(" in inspect.getsource(pika.BlockingConnection._create_connection)
+
+
+@pytest.mark.parametrize("path", PIKA_NAMES)
+def test_every_public_name_the_wing_uses_exists(path: str) -> None:
+    assert resolve_path(path) is not None
+
+
+@pytest.mark.parametrize("entry", sorted(PIKA_SIGNATURES))
+def test_every_signature_the_wing_relies_on(entry: str) -> None:
+    fn = resolve_path(entry)
+    have = parameters(fn)
+    missing = set(PIKA_SIGNATURES[entry]) - set(have)
+    assert not missing, f"pika's {entry}{inspect.signature(fn)} lost {sorted(missing)}"
+
+
+def test_the_lists_name_every_private_pika_name_the_seam_touches() -> None:
+    listed = {e.rsplit(".", 1)[1] for e in PIKA_INTERNALS}
+    own = {"_C"}  # none yet: the seam defines no private names of its own that it reads as attributes
+    touched = private_names_used_in(SEAM) - own
+    assert touched <= listed, f"the seam touches pika's {sorted(touched - listed)}: add them to PIKA_INTERNALS"
+
+
+# -- the one error mapping ---------------------------------------------------------------------------------
+def returned_message() -> px.UnroutableError:
+    return px.UnroutableError([])
+
+
+@pytest.mark.parametrize(("raised", "error", "message"), [
+    (px.ProbableAuthenticationError("ACCESS_REFUSED"), AuthenticationFailed, "refused the credentials"),
+    (px.ProbableAccessDeniedError(530, "NOT_ALLOWED"), AuthenticationFailed, "no access to vhost 'v'"),
+    (px.UnroutableError([]), PublishFailed, "returned the message"),
+    (px.NackError([]), PublishFailed, "basic.nack"),
+    (px.ChannelClosedByBroker(404, "NOT_FOUND - no queue"), ConnectionFailed, r"channel was closed \(404 NOT_FOUND"),
+    (px.ConnectionClosedByBroker(320, "CONNECTION_FORCED"), ConnectionFailed, r"connection was closed \(320 "),
+    (px.StreamLostError("Transport indicated EOF"), ConnectionFailed, "StreamLostError: Transport indicated EOF"),
+    (px.AMQPConnectionError("boom"), ConnectionFailed, "AMQPConnectionError"),
+    (ssl.SSLCertVerificationError(1, "certificate verify failed"), CertificateRejected, "AMQP over TLS"),
+    (ConnectionResetError(104, "reset"), ConnectionFailed, "ConnectionResetError"),
+])
+def test_pika_errors_maps_onto_the_tree_and_chains(raised: BaseException, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message) as caught, pika_errors("doing x", vhost="v"):
+        raise raised
+    assert caught.value.__cause__ is raised
+    assert str(caught.value).startswith("doing x")
+
+
+def test_pika_errors_lets_the_caller_say_what_a_returned_message_means_and_keeps_callback_errors() -> None:
+    with pytest.raises(NoRpcServer, match="nobody on n1") as caught, \
+            pika_errors("publishing", returned=lambda: NoRpcServer("nobody on n1", "n1")):
+        raise returned_message()
+    assert caught.value.node == "n1" and isinstance(caught.value.__cause__, px.UnroutableError)
+    mine = OSError("the callback's own disk is full")
+    with pytest.raises(OSError) as raw, pika_errors("reading", callbacks=True):
+        raise mine
+    assert raw.value is mine
+    with pytest.raises(ValueError, match="not pika's"), pika_errors("reading"):
+        raise ValueError("not pika's")
+
+
+def test_a_connect_to_a_closed_port_is_connection_failed() -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(ConnectionFailed, match=f"connecting to 127.0.0.1:{port}") as caught:
+        open_connection(Address("127.0.0.1", port), name="seam-test", credentials=Credentials(), vhost="/",
+                        heartbeat=60, tls=None)
+    assert isinstance(caught.value.__cause__, px.AMQPError)
+
+
+@pytest.fixture
+def tls_listener() -> Iterator[tuple[Address, ssl.SSLContext]]:
+    """A TLS listener whose certificate names ``node-1.example`` only, and a context trusting its CA."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("node-1.example").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(5)
+
+    def serve() -> None:
+        try:
+            conn, _ = server.accept()
+            with server_context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield Address("127.0.0.1", server.getsockname()[1]), client_context
+    server.close()
+    thread.join(5)
+
+
+def test_a_certificate_that_does_not_verify_is_certificate_rejected(
+    tls_listener: tuple[Address, ssl.SSLContext],
+) -> None:
+    address, context = tls_listener
+    with pytest.raises(CertificateRejected, match=r"AMQP over TLS.*not valid for '127\.0\.0\.1'") as caught:
+        open_connection(address, name="seam-test", credentials=Credentials(), vhost="/", heartbeat=60, tls=context)
+    assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+
+
+# -- nobody else reaches into pika -------------------------------------------------------------------------
+def test_only_the_seam_imports_pika() -> None:
+    assert imports_of("pika", SEAM) == []
+
+
+def test_only_the_seam_touches_pikas_private_names() -> None:
+    names = {e.rsplit(".", 1)[1] for e in PIKA_INTERNALS}
+    assert private_uses(names, SEAM, set()) == []
