@@ -1,14 +1,17 @@
 """One deadline per placement or recovery attempt, shared by every step inside it.
 
 A placement (``env.producer()``, ``env.consumer()``) or one recovery attempt opens a :class:`Deadline`
-with :func:`attempt`.  Every step inside it (connect and TLS, authenticate and open, a metadata
-query, declaring a publisher, subscribing) runs through :func:`step`, which gives the step the time
-the attempt has left, never a fixed timeout of its own, and records how long it took.  A step that
-runs out raises :class:`StepTimeout`, which names the step, the time it was given and the attempt.
+with :func:`attempt`.  Every step inside it (connect and TLS, authenticate and open, a metadata query,
+declaring a publisher, subscribing) runs through :func:`step`, which gives the step the time the attempt
+has left, never a fixed timeout of its own, and records how long it took.  A step that runs out raises
+:class:`StepTimeout`, which names the step, the time it was given and the attempt.
 
-The deadline travels in a :mod:`contextvars` variable, so code several calls down (the connector,
-the rstream seam) reads it without threading it through every signature, and tasks created inside
-the attempt inherit it.  Outside any attempt, a step gets ``default`` seconds.
+The deadline travels in a :mod:`contextvars` variable, so code several calls down (the connector, the
+rstream seam) reads it without threading it through every signature.  It belongs to the tasks that carry
+the attempt: the one that opened it, and the task each :func:`step` runs its awaitable in.  A task that
+merely inherits the context (a connection's reader, a consumer's delivery task, a recovery started from
+either) does not see it, so a callback never runs under the deadline of the attempt that placed it.
+Outside any attempt, a step gets ``default`` seconds.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from smartclient._errors import StepTimeout
 
@@ -41,6 +44,7 @@ class Deadline:
     seconds: float
     at: float
     steps: list[str] = field(default_factory=list)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # the tasks carrying the attempt
 
     def remaining(self) -> float:
         return max(0.0, self.at - time.monotonic())
@@ -50,31 +54,40 @@ class Deadline:
 
 
 def current() -> Deadline | None:
-    """The deadline of the attempt this code runs in, if any."""
-    return _current.get()
+    """The deadline of the attempt this code runs in, if any (None in a task that only inherited it)."""
+    deadline = _current.get()
+    if deadline is None:
+        return None
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+    return deadline if task in deadline.tasks else None
 
 
 def detach() -> None:
-    """Run the rest of this task outside any attempt.  A task inherits the context it was created in, so
-    one that outlives the attempt that started it (a recovery, a topology query shared by several
-    placements, anything started from a connection's reader) calls this first."""
+    """Run the rest of this task outside any attempt (a task that only inherited the context is outside
+    already; this makes it explicit for one that may be created from an attempt's own task)."""
     _current.set(None)
 
 
 def remaining(default: float = DEFAULT_STEP_TIME) -> float:
     """Seconds the current attempt has left (``default`` outside any attempt)."""
-    deadline = _current.get()
+    deadline = current()
     return deadline.remaining() if deadline is not None else default
 
 
 @contextmanager
 def attempt(seconds: float, what: str) -> Iterator[Deadline]:
     """Open a deadline of ``seconds`` for ``what``; an enclosing attempt's earlier deadline still wins."""
-    outer = _current.get()
+    outer = current()
     at = time.monotonic() + seconds
     if outer is not None:
         at = min(at, outer.at)
     deadline = Deadline(what, seconds, at)
+    task = asyncio.current_task()
+    if task is not None:
+        deadline.tasks.add(task)
     token = _current.set(deadline)
     try:
         yield deadline
@@ -89,7 +102,7 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
 
     :raises StepTimeout: it did not finish in time (it is cancelled).
     """
-    deadline = _current.get()
+    deadline = current()
     limit = deadline.remaining() if deadline is not None else default
     started = time.monotonic()
     outcome = "ok"
@@ -98,7 +111,11 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()
             raise asyncio.TimeoutError
-        return await asyncio.wait_for(awaitable, limit)
+        inner = asyncio.ensure_future(awaitable)
+        if deadline is not None:
+            deadline.tasks.add(inner)  # steps nested in it still see the deadline; tasks it spawns do not
+            inner.add_done_callback(deadline.tasks.discard)
+        return await asyncio.wait_for(inner, limit)
     except asyncio.TimeoutError:
         outcome = "timeout"
         within = f"{deadline.what} ({deadline.seconds:.1f} s)" if deadline is not None else "its default bound"

@@ -38,8 +38,8 @@ class PoolLimits:
     :param max_streams_per_connection: publishers (or subscriptions) on one connection, at most.  An
         Environment's producers share one connection per node, and so do its consumers, up to this many
         each; then another connection to that node is opened.
-    :param idle_timeout: seconds a connection that landed on an unwanted node is kept for another
-        placement before it is closed.
+    :param idle_timeout: seconds an unused connection (one that landed on an unwanted node, or whose
+        producers and consumers all closed) is kept for another placement on its node before it is closed.
     :param max_parked_per_node: such connections kept per node, at most.
     """
 

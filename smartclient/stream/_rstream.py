@@ -26,6 +26,7 @@ import ssl
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetType, amqp_decoder, schema
@@ -197,15 +198,11 @@ class PlacedProducer(_Placed, RProducer):
             await step("declaring the publisher", client.declare_publisher(
                 stream=stream, reference=publisher_name, publisher_id=publisher_id))
         except BaseException:
-            await forget_publisher(self, stream)
+            await asyncio.shield(forget_publisher(self, stream, keep={publisher_id}))  # declared or not?
             raise
-        client.add_handler(schema.MetadataUpdate, self._on_metadata_update, name=str(publisher_id))
+        client.add_handler(schema.MetadataUpdate, partial(_on_metadata, self, client, Role.PRODUCER),
+                           name=str(publisher_id))
         return publisher
-
-    async def _on_metadata_update(self, frame: schema.MetadataUpdate) -> None:
-        stream = frame.metadata_info.stream
-        if stream in self._clients:  # a shared connection also carries other carriers' streams
-            self.smartclient_host.lost(Role.PRODUCER, self, stream, "Metadata Update")
 
     async def maybe_restart_producer(self, reason: str, stream: str) -> None:
         self.smartclient_host.lost(Role.PRODUCER, self, stream, reason)
@@ -244,6 +241,14 @@ def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: 
     return carrier
 
 
+async def _on_metadata(carrier: Any, client: Any, role: Role, frame: schema.MetadataUpdate) -> None:
+    """A MetadataUpdate that reached ``client``: only the carrier's stream on that very connection is lost (a
+    shared connection carries other carriers' streams, and this carrier may have the stream elsewhere)."""
+    stream = frame.metadata_info.stream
+    if carrier._clients.get(stream) is client:
+        carrier.smartclient_host.lost(role, carrier, stream, "Metadata Update")
+
+
 def closed_forwarder(carrier: Any, client: Any, handler: Any) -> Any:
     """rstream's connection-closed handler of ``carrier``, told only of its own streams on ``client``
     (a shared connection also carries other carriers' streams)."""
@@ -255,30 +260,65 @@ def closed_forwarder(carrier: Any, client: Any, handler: Any) -> Any:
     return forward
 
 
+async def _delete_on_broker(client: Any, kind: str, ident: int, default: float) -> bool:
+    """DeletePublisher / Unsubscribe ``ident``; True once the broker no longer has it (or the connection is
+    gone), False if the outcome is unknown (a timeout, a cancellation, another error)."""
+    if not client.is_connection_alive():
+        return True
+    request = client.delete_publisher(ident) if kind == "publisher" else client.unsubscribe(ident)
+    try:
+        await step(f"deleting the {kind} {ident}", request, default=default)
+    except (rx.PublisherDoesNotExist, rx.SubscriptionIDDoesNotExist):
+        return True
+    except Exception as exc:
+        log.debug("deleting %s %s: %s", kind, ident, exc)
+        return not client.is_connection_alive()
+    return True
+
+
+def _retire(client: Any, kind: str, ident: int) -> None:
+    """Keep ``ident`` taken on its connection until the broker confirms it dropped it, in the background:
+    an id whose fate is unknown must not be handed to the next publisher or subscription there."""
+
+    async def retire() -> None:
+        for _ in range(3):
+            if await _delete_on_broker(client, kind, ident, default=5.0):
+                _free_id(client, ident)
+                return
+        log.warning("the broker never confirmed dropping %s %s: its id stays out of use on that connection",
+                    kind, ident)
+
+    task = asyncio.ensure_future(retire())
+    _retiring.add(task)
+    task.add_done_callback(_retiring.discard)
+
+
+_retiring: set[asyncio.Future[None]] = set()
+
+
 async def close_publisher(carrier: RProducer, stream: str) -> None:
-    """Delete the publisher of ``stream`` on the broker (within the current deadline), then forget it."""
-    for publisher in [p for p in carrier._publishers.values() if p.stream == stream]:
-        if publisher.client.is_connection_alive():
-            try:
-                await step("deleting the publisher", publisher.client.delete_publisher(publisher.id), default=5.0)
-            except Exception as exc:  # gone already (stream deleted, connection closing): nothing to undo
-                log.debug("deleting publisher %s of %s: %s", publisher.id, stream, exc)
-    await forget_publisher(carrier, stream)
+    """Delete the publisher of ``stream`` on the broker (within the current deadline), then forget it; an id
+    whose deletion is not confirmed stays out of use until it is."""
+    unknown = set()
+    for pid, publisher in [(i, p) for i, p in carrier._publishers.items() if p.stream == stream]:
+        if not await _delete_on_broker(publisher.client, "publisher", pid, default=5.0):
+            unknown.add(pid)
+    await forget_publisher(carrier, stream, keep=unknown)
 
 
-async def close_subscriber(carrier: RConsumer, subscription_id: int | None, stream: str) -> None:
-    """Unsubscribe on the broker (within the current deadline), then forget the subscriber."""
-    subscriber = carrier._subscribers.get(subscription_id) if subscription_id is not None else None
-    if subscription_id is not None and subscriber is not None and subscriber.client.is_connection_alive():
-        await subscriber.client.stop_queue_listener_task(subscriber_id=subscription_id)
-        try:
-            await step("unsubscribing", subscriber.client.unsubscribe(subscription_id), default=5.0)
-        except Exception as exc:
-            log.debug("unsubscribing %s from %s: %s", subscription_id, stream, exc)
-    await forget_subscriber(carrier, stream)
+async def close_subscriber(carrier: RConsumer, stream: str) -> None:
+    """Unsubscribe the subscription of ``stream`` on the broker (within the current deadline), then forget
+    it; an id whose unsubscription is not confirmed stays out of use until it is."""
+    unknown = set()
+    for sid, subscriber in [(i, s) for i, s in carrier._subscribers.items() if s.stream == stream]:
+        await subscriber.client.stop_queue_listener_task(subscriber_id=sid)
+        if not await _delete_on_broker(subscriber.client, "subscription", sid, default=5.0):
+            unknown.add(sid)
+    await forget_subscriber(carrier, stream, keep=unknown)
 
 
-async def forget_publisher(carrier: RProducer, stream: str, dead_only: bool = False) -> None:
+async def forget_publisher(carrier: RProducer, stream: str, dead_only: bool = False,
+                           keep: set[int] | frozenset[int] = frozenset()) -> None:
     """Drop rstream's (lost) publisher on ``stream`` and its client entry, without talking to the broker
     (which has already dropped it, or is gone).  ``dead_only``: only if its connection is closed (a loss
     reported after its producer closed must not touch a newer producer of the same stream)."""
@@ -288,11 +328,15 @@ async def forget_publisher(carrier: RProducer, stream: str, dead_only: bool = Fa
                 for frame in (schema.PublishConfirm, schema.PublishError, schema.MetadataUpdate):
                     publisher.client._handlers.get(frame, {}).pop(str(pid), None)
                 del carrier._publishers[pid]
-                _free_id(publisher.client, pid)
+                if pid in keep:
+                    _retire(publisher.client, "publisher", pid)
+                else:
+                    _free_id(publisher.client, pid)
         await _drop_client(carrier, stream, dead_only)
 
 
-async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = False) -> Any:
+async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = False,
+                            keep: set[int] | frozenset[int] = frozenset()) -> Any:
     """Drop rstream's (lost) subscriber on ``stream``: stop its delivery task (frames still queued are
     discarded: the consumer resumes after the last message it handed over), its handlers and its client
     entry.  Returns the rstream subscriber, or None."""
@@ -307,7 +351,10 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
                     client._handlers.get(frame, {}).pop(str(sid), None)
                 client._frames.pop(sid, None)
                 del carrier._subscribers[sid]
-                _free_id(client, sid)
+                if sid in keep:
+                    _retire(client, "subscription", sid)
+                else:
+                    _free_id(client, sid)
         await _drop_client(carrier, stream, dead_only)
     return found
 
@@ -350,6 +397,9 @@ def map_stream_errors(context: str) -> Iterator[None]:
         raise AuthenticationFailed(f"{context}: no access to the vhost, or it does not exist") from exc
     except rx.StreamDoesNotExist as exc:
         raise StreamNotFound(f"{context}: the stream does not exist") from exc
+    except rx.PreconditionFailed as exc:
+        raise TopologyError(f"{context}: the broker refused it (precondition failed: a name already in use, or "
+                            f"arguments other than those the stream has)") from exc
     except (rx.LeaderNotAvailable, rx.StreamNotAvailable) as exc:
         raise TopologyError(f"{context}: the stream has no leader available yet") from exc
     except socket.gaierror as exc:
@@ -536,9 +586,23 @@ def filter_config(stream_filter: Any) -> FilterConfiguration:
 
 
 async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any, **how: Any) -> tuple[int, Any]:
-    """Subscribe; the subscription id and a reader of its position (the offset after the last chunk)."""
-    sid = await carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset), **how)
-    return sid, carrier._subscribers.get(sid)
+    """Subscribe, within the attempt's time (placement included); the subscription id and rstream's
+    subscriber (whose position is the offset after the last chunk).  On any failure, nothing is left."""
+    try:
+        sid = await step("subscribing", carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset),
+                                                          **how))
+    except BaseException:
+        await asyncio.shield(_abandon_subscription(carrier, stream))
+        raise
+    subscriber = carrier._subscribers[sid]
+    client = subscriber.client  # rstream's handler reacts to its streams on any connection: bind this one
+    client._handlers[schema.MetadataUpdate][str(sid)] = partial(_on_metadata, carrier, client, Role.CONSUMER)
+    return sid, subscriber
+
+
+async def _abandon_subscription(carrier: Any, stream: str) -> None:
+    sids = {i for i, s in carrier._subscribers.items() if s.stream == stream}
+    await forget_subscriber(carrier, stream, keep=sids)
 
 
 def position(subscriber: Any) -> int:

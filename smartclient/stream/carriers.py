@@ -13,7 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import SmartClientError
+from smartclient._errors import ConfigurationError, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.topology import Role
@@ -62,7 +62,18 @@ class Carriers:
         return carrier
 
     def add(self, handle: Any) -> None:
-        self.handles.append(handle)  # from now on, a loss is handed to it (see lost)
+        """Register a new handle: from now on, a loss is handed to it (see :meth:`lost`).
+
+        :raises ConfigurationError: an open producer of this Environment already has its name on its stream
+            (the broker deduplicates by name: two producers of one name would drop each other's messages).
+        """
+        if handle.role is Role.PRODUCER and handle.name is not None and any(
+                h.role is Role.PRODUCER and h.stream == handle.stream and h.name == handle.name and not h.closed
+                for h in self.handles):
+            raise ConfigurationError(
+                f"producer name {handle.name!r} is already in use on {handle.stream!r} by this Environment: "
+                f"deduplication needs one producer per name and stream")
+        self.handles.append(handle)
 
     # -- the StreamHost protocol ---------------------------------------------------------------------
     async def locator(self) -> Any:
@@ -75,10 +86,7 @@ class Carriers:
         await self.placement.unused(conn)
 
     def recovering(self, role: Role, stream: str, active: bool) -> None:
-        if active:
-            self.placement.recovering.add((role, stream))
-        else:
-            self.placement.recovering.discard((role, stream))
+        self.placement.recovering[(role, stream)] += 1 if active else -1
 
     def drop_topology(self, stream: str) -> None:
         self.topologies.drop(stream=stream)
@@ -123,11 +131,14 @@ class Carriers:
             await handle._end(reason)
 
     async def close(self) -> None:
-        for handle in list(self.handles):
-            try:
-                await handle.close()
-            except SmartClientError as exc:
-                log.debug("closing %r: %s", handle, exc)
+        """Close every handle, all at once (each is bounded), then the carriers."""
+        for handle, result in zip(handles := list(self.handles),
+                                  await asyncio.gather(*(h.close() for h in handles), return_exceptions=True),
+                                  strict=True):
+            if isinstance(result, SmartClientError):
+                log.debug("closing %r: %s", handle, result)
+            elif isinstance(result, BaseException):
+                raise result
         for carriers in self._carriers.values():
             for carrier, _ in carriers:
                 await carrier.close()

@@ -14,6 +14,7 @@ One Environment holds, each in a module of its own:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import ssl
@@ -270,7 +271,7 @@ class Environment:
                 await handle._place(batching or self.batching, filter_value)
             log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
-            self._carriers.release(handle)
+            await asyncio.shield(handle._close(flush=False))  # nothing of it stays behind in rstream
             raise
         return handle
 
@@ -326,7 +327,7 @@ class Environment:
                                         tracking=tracking, super_stream=_super_stream, stream_filter=filter)
             log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
-            self._carriers.release(handle)
+            await asyncio.shield(handle._close(flush=False))  # nothing of it stays behind in rstream
             raise
         return handle
 

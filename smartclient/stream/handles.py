@@ -241,7 +241,7 @@ class Producer(_Handle):
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
-        await _rstream.forget_publisher(self._carrier, self.stream)
+        await _rstream.close_publisher(self._carrier, self.stream)  # the broker may still hold it (PublishError 6)
         with map_stream_errors(f"recovering the producer on {self.stream!r}"):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
         resent = self._buffer.resume(client, publisher_id)
@@ -333,18 +333,24 @@ class Producer(_Handle):
         if self.closed or self._closing:
             return
         self._closing = True
+        try:
+            buffer = getattr(self, "_buffer", None)
+            if flush and buffer is not None and buffer.in_flight and (self.recovering or not buffer.suspended):
+                with contextlib.suppress(asyncio.TimeoutError, PublishFailed):  # each waiter got its answer
+                    await asyncio.wait_for(buffer.flush(), timeout)  # what send() queued goes out first
+        finally:  # even if close() itself is cancelled: the handle ends closed, its messages answered
+            self.closed = True
+            await asyncio.shield(self._teardown(_rstream.close_publisher))
+
+    async def _teardown(self, close: Callable[[Any, str], Awaitable[None]]) -> None:
         reason = self.failure or "the producer was closed before they were confirmed"
         try:
-            if hasattr(self, "_buffer"):
-                if flush and self._buffer.in_flight and (self.recovering or not self._buffer.suspended):
-                    with contextlib.suppress(asyncio.TimeoutError, PublishFailed):  # each waiter got its answer
-                        await asyncio.wait_for(self._buffer.flush(), timeout)  # what send() queued goes out first
-                self.closed = True
-                await self._stop_recovery()
-                self._buffer.close(reason, HandleClosed(f"{self!r} is closed ({reason})"))
-            self.closed = True
+            await self._stop_recovery()
+            buffer = getattr(self, "_buffer", None)
+            if buffer is not None:
+                buffer.close(reason, HandleClosed(f"{self!r} is closed ({reason})"))
             with attempt(5.0, f"closing {self!r}"):
-                await _rstream.close_publisher(self._carrier, self.stream)
+                await close(self._carrier, self.stream)
         finally:
             self._host.release(self)
 
@@ -364,6 +370,7 @@ class Consumer(_Handle):
     """
 
     role = Role.CONSUMER
+    _closing = False
     subscription_id: int | None = None
     active: bool | None = None  # for a single active consumer: whether this instance receives now
     _untracked = False
@@ -493,7 +500,7 @@ class Consumer(_Handle):
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
-        await _rstream.forget_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
+        await _rstream.close_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
         self._last_offset = self.last_offset
         self._subscriber = None
         resume = OffsetSpec.at(self._last_offset + 1) if self._last_offset is not None else self.offset
@@ -550,18 +557,25 @@ class Consumer(_Handle):
     async def _close(self, flush: bool) -> None:
         from smartclient.stream import _rstream
 
-        if self.closed:
+        if self.closed or self._closing:
             return
-        await self._stop_recovery()
-        tracker = getattr(self, "_tracker", None)
-        if tracker is not None:
-            tracker.cancel()
-        if flush and getattr(self, "_tracking", None) is not None and self._since_store:
-            with attempt(5.0, f"storing the offset of {self!r}"):
-                await self._auto_store()
-        self.closed = True
+        self._closing = True
         try:
+            await self._stop_recovery()
+            tracker = getattr(self, "_tracker", None)
+            if tracker is not None:
+                tracker.cancel()
+            if flush and getattr(self, "_tracking", None) is not None and self._since_store:
+                with attempt(5.0, f"storing the offset of {self!r}"):
+                    await self._auto_store()
+        finally:  # even if close() itself is cancelled: the handle ends closed and unsubscribed
+            self.closed = True
+            await asyncio.shield(self._teardown(_rstream.close_subscriber))
+
+    async def _teardown(self, close: Callable[[Any, str], Awaitable[None]]) -> None:
+        try:
+            await self._stop_recovery()
             with attempt(5.0, f"closing {self!r}"):
-                await _rstream.close_subscriber(self._carrier, self.subscription_id, self.stream)
+                await close(self._carrier, self.stream)
         finally:
             self._host.release(self)

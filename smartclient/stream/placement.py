@@ -9,12 +9,14 @@ connector for one (a parked connection, or new ones until one lands on a candida
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from smartclient.core.address import Address
+from smartclient.core.deadline import step
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates, Role
@@ -42,7 +44,8 @@ class StreamPlacement:
         # one placement attempt during a recovery: short, so that a stale leader is looked up again soon
         self.recovery_retry = replace(retry, max_time=min(retry.max_time, recovery.attempt_time),
                                       backoff_max=min(retry.backoff_max, recovery.attempt_time))
-        self.recovering: set[tuple[Role, str]] = set()
+        self.recovering: Counter[tuple[Role, str]] = Counter()  # recoveries under way, by role and stream
+        self._locks: dict[tuple[Role, tuple[Address, ...]], asyncio.Lock] = {}
         self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
         connector.on_closed = self.on_connection_closed
@@ -56,21 +59,32 @@ class StreamPlacement:
         node with a free id, or one from the connector."""
         role: Role = pool.role
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
-        shared = self.shared[role]
-        shared[:] = [c for c in shared if c.alive()]
-        conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
-        if conn is None:
-            retry = self.recovery_retry if (role, stream) in self.recovering else None
-            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
-            _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
-            if conn.alive() and all(c is not conn for c in shared):
-                shared.append(conn)
+        # placements that would dial the same nodes wait for one another, then share what the first opened
+        lock = self._locks.setdefault((role, candidates.tiers[0]), asyncio.Lock())
+        await step("waiting for a placement on the same nodes", lock.acquire())
+        try:
+            candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
+            shared = self.shared[role]
+            shared[:] = [c for c in shared if c.alive()]
+            conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
+            if conn is None:
+                retry = self.recovery_retry if self.recovering[(role, stream)] else None
+                conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
+                _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
+                if conn.alive() and all(c is not conn for c in shared):
+                    shared.append(conn)
+            self._record(pool, stream, conn, closed_handler)
+        finally:
+            lock.release()
+        return conn
+
+    def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:
+        role: Role = pool.role
         conn.forwards[id(pool.carrier)] = _rstream.closed_forwarder(pool.carrier, conn.client, closed_handler)
         conn.client.add_stream(stream)
         name = pool.names.get(stream)
         self.records[(id(pool.carrier), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled,
                                                                    conn.name)
-        return conn
 
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it

@@ -16,6 +16,7 @@ from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConnectionFailed,
+    HandleClosed,
     SmartClientError,
     TopologyError,
 )
@@ -53,6 +54,7 @@ class TopologyCache:
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._locator: Any = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     # -- the locator -------------------------------------------------------------------------------
     async def locator(self) -> Any:
@@ -62,6 +64,8 @@ class TopologyCache:
         :raises AuthenticationFailed: the credentials or vhost were refused (not tried elsewhere).
         """
         async with self._lock:
+            if self._closed:
+                raise HandleClosed("the Environment is closed")
             if self._locator is not None and self._locator.is_connection_alive():
                 return self._locator
             errors = []
@@ -80,6 +84,9 @@ class TopologyCache:
             raise ConnectionFailed("no entry point could be reached: " + "; ".join(errors))
 
     async def close(self) -> None:
+        self._closed = True
+        for task in list(self._inflight.values()):
+            task.cancel()
         if isinstance(self._locator, _rstream.LocatorClient):
             await self._locator.shutdown()
 
