@@ -30,6 +30,8 @@ from smartclient import (
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
+from .conftest import wait_until, wait_until_sync
+
 pytestmark = pytest.mark.faults
 
 
@@ -120,13 +122,15 @@ class Collector:
             assert offsets == sorted(set(offsets))
 
 
-async def read_all(bed: TestBed, stream: str, expected: int) -> list[int]:
+async def read_all(bed: TestBed, stream: str) -> list[int]:
+    """Every body stored in ``stream``, in order.  It appends a last message (-1) and reads up to it: a
+    stream delivers in order, so everything stored before it, a duplicate too, has arrived when it has."""
     collector = Collector()
     async with Environment(all_nodes(bed)) as env:
+        await (await env.producer(stream)).send_wait(b"-1")
         await env.consumer(stream, collector, offset="first")
-        await collector.wait_for(expected)
-        await asyncio.sleep(0.3)  # anything beyond `expected` (a duplicate) arrives too
-    return collector.bodies()
+        await wait_until(lambda: collector.items and collector.items[-1][1] == -1, 30, f"the end of {stream}")
+    return collector.bodies()[:-1]
 
 
 @asynccontextmanager
@@ -152,7 +156,7 @@ async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
         await publisher.confirmed_after(killed_at, count=2000)  # publishing resumes
         await publisher.stop()
         assert producer.recoveries >= 1 and producer.node != Address(*bed.nodes[1].advertised)
-        bodies = await read_all(bed, stream, publisher.sent)
+        bodies = await read_all(bed, stream)
         assert bodies == list(range(publisher.sent))  # exactly once, in order
 
 
@@ -209,8 +213,11 @@ async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_dup
         assert victim != 0  # on a replica
         publisher = Publisher(await env.producer(stream)).start()
         await collector.wait_for(1000)
+        killed_at = time.monotonic()
         bed.kill_node(bed.nodes[victim].name)
-        await asyncio.sleep(1.0)
+        # publishing goes on (the leader is elsewhere) while the consumer recovers, and they overlap
+        await wait_until(lambda: consumer.recoveries >= 1, 30, "the consumer to recover on another member")
+        await publisher.confirmed_after(killed_at, count=1000)
         await publisher.stop()
         await collector.wait_for(publisher.sent)
         collector.assert_no_gap(publisher.sent)
@@ -243,14 +250,16 @@ async def test_untracked_consumer_connection_closed_by_management_api_recovers_w
 
 
 def server_side_name(bed: TestBed, client_name: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listed() -> str | None:
         with bed.management() as api:
             for conn in api.connections():
                 if conn.get("client_properties", {}).get("connection_name") == client_name:
                     return str(conn["name"])
-        time.sleep(0.2)
-    raise AssertionError(f"the management API never listed {client_name}")
+        return None
+
+    # the management API lists a connection after its next statistics round
+    name: str = wait_until_sync(listed, timeout, f"the management API to list {client_name}", interval=0.2)
+    return name
 
 
 async def test_lb_backend_disabled_and_sessions_cut_then_lb_restarted(
@@ -315,15 +324,14 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
         bed.close_connection(connection)
         await producer.send_wait(b"1")  # recovered with the cached answer
         assert producer.recoveries == 1 and time.monotonic() - resolved_at < TTL
-        await asyncio.sleep(resolved_at + TTL + 0.2 - time.monotonic())  # the TTL runs out
+        # the scenario, not a wait: the cached answers must grow older than their TTL
+        await asyncio.sleep(resolved_at + TTL + 0.2 - time.monotonic())
         with pytest.raises(ResolutionError, match=r"smartclient\.test"):  # a new connection needs DNS now
             # (a consumer: its replica has no connection yet; a second producer would share the leader's)
             await env.consumer(stream, lambda message, context: None)
         bed.close_connection(server_side_name(bed, producer.placement.connection))  # type: ignore[union-attr]
-        deadline = time.monotonic() + 10
-        while producer.failure is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert producer.failure is not None and "ResolutionTimeout" in producer.failure
+        await wait_until(lambda: producer.failure, 10, "the producer to give up")
+        assert "ResolutionTimeout" in producer.failure
 
 
 BURN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"  # bounded
