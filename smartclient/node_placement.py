@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
-from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
@@ -232,42 +232,38 @@ class NodePlacer(Generic[C]):
         else:
             tiers = (tuple(by_address),)
         candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
-        landing = Landing(candidates, self.retry)
-        kept: list[Landed[C]] = []
+        kept: KeptList[Landed[C]] = KeptList()
+        plan: Placement[Landed[C]] = Placement(candidates, self.retry, kept if self.keep_fallbacks else None)
         seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
+        step = plan.start()
         try:
             while True:
-                target = landing.next_target()
+                if isinstance(step, Done):
+                    step.connection.attempts = plan.attempts
+                    return step.connection
+                if isinstance(step, GiveUp):
+                    raise step.error
+                if isinstance(step, Keep):
+                    if self.keep_fallbacks:
+                        kept.put(step.node, step.connection)
+                    else:
+                        self._close(step.connection.connection)
+                    step = plan.next()
+                    continue
+                if step.delay:
+                    time.sleep(step.delay)
                 try:
-                    landed = self._open(target, by_address, name, seen)
+                    landed = self._open(step.target, by_address, name, seen)
                 except (AuthenticationFailed, CertificateRejected, ResolutionError):
                     raise
                 except ConnectionFailed as exc:
-                    landing.failed(target, self.via or target, exc)
-                else:
-                    seen = max(seen, landed.listed_at)
-                    reported = pick_node(nodes, str(landed.node)).address(self.protocol)
-                    if landing.landed(target, landed.dialled, reported) is Decision.ACCEPT:
-                        landed.attempts = len(landing.attempts)
-                        return landed
-                    if self.keep_fallbacks:
-                        kept.append(landed)
-                    else:
-                        self._close(landed.connection)
-                step = landing.next_step()
-                if isinstance(step, UseFallback):
-                    for landed in kept:
-                        if pick_node(nodes, str(landed.node)).address(self.protocol) == step.node:
-                            kept.remove(landed)
-                            return landed
-                    landing.forget_fallback()
-                    step = landing.next_step()
-                if isinstance(step, GiveUp):
-                    raise step.error
-                if isinstance(step, Wait) and step.seconds:
-                    time.sleep(step.seconds)
+                    step = plan.failed(step.target, self.via or step.target, exc)
+                    continue
+                seen = max(seen, landed.listed_at)
+                reported = pick_node(nodes, str(landed.node)).address(self.protocol)
+                step = plan.landed(step.target, landed.dialled, reported, landed)
         finally:
-            for landed in kept:
+            for landed in kept.drain():
                 self._close(landed.connection)
 
     def _first_entry_point(self, name: str | None) -> Landed[C]:

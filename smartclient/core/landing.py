@@ -1,14 +1,22 @@
-"""The "connect, check the node the connection reports, keep or retry" state machine. No I/O.
+"""Where a connection goes: the one place that decides, for streams, AMQP and MQTT alike. No I/O.
 
-The async stream shell (and later the sync AMQP and MQTT shells) drive it::
+:class:`Placement` is the whole loop of one placement as pure decisions, dnspython's ``_Resolution``
+again: reuse a kept connection, dial a target, keep a connection that reached another node, fall back to
+a kept one, wait, or give up.  Every protocol shell drives it the same way and differs only in how it
+dials, how it learns the node a connection reached, and how it sleeps::
 
-    landing = Landing(candidates, policy)
+    plan = Placement(candidates, policy, kept)   # kept: connections to nodes nobody needed yet
+    step = plan.start()
     while True:
-        target = landing.next_target()          # advertised node to aim at (the resolver maps it)
-        ... dial, then either
-        decision = landing.landed(target, dialled, reported)   # ACCEPT, or KEEP it for another use
-        ... or landing.failed(target, dialled, error)
-        step = landing.next_step()              # Wait(seconds) | UseFallback(node) | GiveUp(error)
+        if isinstance(step, Done): return step.connection          # landed right, or a kept one reused
+        if isinstance(step, GiveUp): raise step.error
+        if isinstance(step, Keep):                                  # reached another node: keep it
+            ... keep (park) step.connection; step = plan.next(); continue
+        ... sleep step.delay, dial step.target, then
+        step = plan.landed(step.target, dialled, reported, connection)   # or plan.failed(target, dialled, error)
+
+The connector for streams (async, node read from the Open response) and the node placer for AMQP and MQTT
+(sync, node read from the management API) are such shells.  :class:`Landing` underneath keeps the attempts.
 
 Which landings are acceptable:
 
@@ -25,13 +33,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Generic, Protocol, TypeVar
 
 from smartclient._errors import NodeUnreachable, PlacementError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates
 
-__all__ = ["Attempt", "Decision", "GiveUp", "Landing", "UseFallback", "Wait", "summarise"]
+__all__ = ["Attempt", "Decision", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Landing", "Placement",
+           "UseFallback", "Wait", "summarise"]
+
+C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
 
 
 class Decision(str, Enum):
@@ -173,3 +186,107 @@ class Landing:
             f"and {elapsed:.1f}s; nodes reached: {reached}. Attempts: {history}",
             tuple(self.attempts),
         )
+
+
+# -- the whole loop ----------------------------------------------------------------------------------
+class Kept(Protocol[C_co]):
+    """Connections kept for a later placement (a parking lot): one alive on one of ``nodes``, taken out."""
+
+    def take(self, nodes: tuple[Address, ...]) -> C_co | None: ...
+
+
+@dataclass(frozen=True)
+class Dial:
+    """Dial ``target`` (an advertised node; the resolver says what address), after ``delay`` seconds."""
+
+    target: Address
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Done(Generic[C]):
+    """The placement is over: use ``connection`` (``reused``: a kept one, not dialled now)."""
+
+    connection: C
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class Keep(Generic[C]):
+    """``connection`` reached ``node``, which this placement cannot use now: keep it for another, then
+    ask :meth:`Placement.next`.  ``stale``: a node was dialled directly and another answered, so the
+    topology that named it is out of date."""
+
+    connection: C
+    node: Address
+    stale: bool
+
+
+PlacementStep = Dial | Done[C] | Keep[C] | GiveUp
+
+
+class Placement(Generic[C]):
+    """Every decision of one placement (see the module docstring for the loop that drives it)."""
+
+    def __init__(self, candidates: Candidates, policy: RetryPolicy, kept: Kept[C] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.candidates = candidates
+        self.landing = Landing(candidates, policy, clock)
+        self.kept = kept
+
+    def start(self) -> PlacementStep[C]:
+        """Reuse a kept connection to a tier-0 node, or dial the first target."""
+        reusable = self.kept.take(self.candidates.tiers[0]) if self.kept is not None else None
+        if reusable is not None:
+            return Done(reusable, reused=True)
+        return Dial(self.landing.next_target())
+
+    def landed(self, target: Address, dialled: Address, reported: Address, connection: C) -> PlacementStep[C]:
+        """The connection to ``dialled`` (aimed at ``target``) reached ``reported``."""
+        if self.landing.landed(target, dialled, reported) is Decision.ACCEPT:
+            return Done(connection)
+        return Keep(connection, reported, stale=dialled == target)
+
+    def failed(self, target: Address, dialled: Address | None, error: BaseException) -> PlacementStep[C]:
+        """Dialling ``target`` failed (a connection error, not a refusal that every node would repeat)."""
+        self.landing.failed(target, dialled, error)
+        return self.next()
+
+    def next(self) -> PlacementStep[C]:
+        """After a kept landing or a failure: dial again (maybe after a back-off), fall back, or give up."""
+        step = self.landing.next_step()
+        if isinstance(step, UseFallback):
+            fallback = self.kept.take((step.node,)) if self.kept is not None else None
+            if fallback is not None:
+                return Done(fallback, reused=True)
+            self.landing.forget_fallback()  # it was closed meanwhile
+            step = self.landing.next_step()
+        if isinstance(step, GiveUp):
+            return step
+        delay = step.seconds if isinstance(step, Wait) else 0.0
+        return Dial(self.landing.next_target(), delay)
+
+    @property
+    def attempts(self) -> int:
+        return len(self.landing.attempts)
+
+
+class KeptList(Generic[C]):
+    """Connections kept during one placement only (the AMQP and MQTT shells), by the node they reached."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Address, C]] = []
+
+    def put(self, node: Address, connection: C) -> None:
+        self._items.append((node, connection))
+
+    def take(self, nodes: tuple[Address, ...]) -> C | None:
+        for index, (node, connection) in enumerate(self._items):
+            if node in nodes:
+                del self._items[index]
+                return connection
+        return None
+
+    def drain(self) -> list[C]:
+        items, self._items = self._items, []
+        return [connection for _, connection in items]

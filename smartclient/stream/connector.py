@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Decision, GiveUp, Landing, UseFallback, Wait
+from smartclient.core.landing import Done, GiveUp, Keep, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ConnectSettings, PoolLimits
 from smartclient.core.tls_names import tls_server_name
@@ -173,45 +173,36 @@ class StreamConnector:
         :raises AuthenticationFailed: at once, without retrying (and so :class:`CertificateRejected`).
         :raises ResolutionError: the resolver failed or the allow-list refused the address.
         """
-        parked = self.parking.take(candidates.tiers[0])
-        if parked is not None:
-            log.debug("placement of %s reuses a parked connection to %s", candidates.stream, parked.node)
-            return parked
         policy = retry or self.retry
         bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
-        landing = Landing(candidates, replace(policy, max_time=bounded))
+        plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking)
+        step = plan.start()
         while True:
-            target = landing.next_target()
+            if isinstance(step, Done):
+                if step.reused:
+                    log.debug("placement of %s reuses a kept connection to %s", candidates.stream, step.connection.node)
+                return step.connection
+            if isinstance(step, GiveUp):
+                raise step.error
+            if isinstance(step, Keep):
+                log.info("node mismatch: expected %s, got %s, candidates %s (dialled %s)",
+                         candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
+                         step.node, candidates, step.connection.dialled)
+                if step.stale and self.on_mismatch is not None:
+                    self.on_mismatch(step.connection.dialled, step.node, candidates)
+                await self.park(step.connection)
+                step = plan.next()
+                continue
+            if step.delay:
+                await asyncio.sleep(step.delay)
             try:
-                conn = await self.dial(target, name)
+                conn = await self.dial(step.target, name)
             except (AuthenticationFailed, CertificateRejected, ResolutionError):
                 raise  # another node, or the same one again, would repeat it
             except ConnectionFailed as exc:
-                landing.failed(target, None, exc)
+                step = plan.failed(step.target, None, exc)
             else:
-                if landing.landed(target, conn.dialled, conn.node) is Decision.ACCEPT:
-                    return conn
-                log.info(
-                    "node mismatch: expected %s, got %s, candidates %s (dialled %s)",
-                    candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
-                    conn.node, candidates, conn.dialled,
-                )
-                if self.on_mismatch is not None and conn.dialled == target:
-                    self.on_mismatch(target, conn.node, candidates)  # dialled a node directly: stale topology
-                await self.park(conn)
-            step = landing.next_step()
-            if isinstance(step, UseFallback):
-                fallback = self.parking.take((step.node,))
-                if fallback is not None:
-                    log.info("placement of %s falls back to %s: tier 0 %s out of reach",
-                             candidates.stream, step.node, candidates.tiers[0])
-                    return fallback
-                landing.forget_fallback()  # it was closed meanwhile
-                step = landing.next_step()
-            if isinstance(step, GiveUp):
-                raise step.error
-            if isinstance(step, Wait) and step.seconds:
-                await asyncio.sleep(step.seconds)
+                step = plan.landed(step.target, conn.dialled, conn.node, conn)
 
     async def park(self, conn: Connection) -> None:
         evicted = self.parking.put(conn)

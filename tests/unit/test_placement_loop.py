@@ -1,0 +1,198 @@
+"""The one placement loop (smartclient.core.landing.Placement), driven by each protocol's shell with a fake
+dialer: the stream connector (async, the node read from the Open response) and the node placer of AMQP and
+MQTT (sync, the node read from the management API).  No broker."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy, StreamTopology
+from smartclient.core.broker_nodes import BrokerNode
+from smartclient.core.landing import Dial, Done, GiveUp, Keep, Placement
+from smartclient.core.settings import ConnectSettings, Credentials, PoolLimits
+from smartclient.core.topology import Candidates, Role
+from smartclient.node_placement import Landed, NodePlacer
+from smartclient.stream.connector import StreamConnector
+from smartclient.stream.host import Connection
+
+N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
+NODES = (N1, N2, N3)
+LB = Address("lb", 5552)
+FAST = RetryPolicy(backoff_initial=0.0, backoff_max=0.0, sticky_window=6)
+
+Network = Callable[[Address], Address]  # what a connection aimed at a target reaches (raises when down)
+
+
+def round_robin() -> Network:
+    cycle = itertools.cycle(NODES)
+    return lambda target: next(cycle)
+
+
+def sticky(node: Address) -> Network:
+    return lambda target: node
+
+
+def random_lb(seed: int) -> Network:
+    rng = random.Random(seed)
+    return lambda target: rng.choice(NODES)
+
+
+def direct(down: set[Address]) -> Network:
+    def reach(target: Address) -> Address:
+        if target in down:
+            raise ConnectionFailed(f"{target} refused the connection")
+        return target
+
+    return reach
+
+
+def dies_after(network: Network, node: Address, connections: int) -> Network:
+    """``node`` answers the first ``connections`` connections, then is gone (killed mid-placement)."""
+    count = itertools.count()
+
+    def reach(target: Address) -> Address:
+        reached = network(target)
+        if reached == node and next(count) >= connections:
+            raise ConnectionFailed(f"{node} is gone")
+        return reached
+
+    return reach
+
+
+class _Client:
+    def is_connection_alive(self) -> bool:
+        return True
+
+
+class FakeStreamConnector(StreamConnector):
+    """The real stream shell, dialling a simulated network."""
+
+    def __init__(self, network: Network) -> None:
+        from resolvers.base import as_async
+        from resolvers.identity import Identity
+
+        super().__init__(ConnectSettings(Credentials(), "/", None), as_async(Identity()), retry=FAST,
+                         limits=PoolLimits(idle_timeout=60))
+        self.network = network
+
+    async def dial(self, target: Address, name: str, client_class: Any = None) -> Connection:
+        self.opened += 1
+        return Connection(_Client(), self.network(target), target, f"{name}-{self.opened}")
+
+    async def park(self, conn: Connection) -> None:
+        self.parking.put(conn)
+
+
+def place_stream(candidates: Candidates, network: Network) -> tuple[Address, int]:
+    connector = FakeStreamConnector(network)
+    conn = asyncio.run(connector.acquire(candidates, "test"))
+    return conn.node, connector.opened
+
+
+class FakeNodePlacer(NodePlacer[str]):
+    """The real AMQP/MQTT shell (management API and dialling simulated)."""
+
+    default_port = 5672
+    name_column = "name"
+
+    def __init__(self, protocol: str, network: Network, keep_fallbacks: bool) -> None:
+        super().__init__(None, retry=FAST)
+        self.protocol = protocol
+        self.network = network
+        self.keep_fallbacks = keep_fallbacks  # type: ignore[misc]
+        self._nodes = [BrokerNode(f"{n.host}@localhost", {protocol: n}) for n in NODES]
+        self.closed: list[str] = []
+
+    def _open(self, target: Address, by_address: Any, name: str | None, newer_than: int = -1) -> Landed[str]:
+        self.opened += 1
+        reached = self.network(target)
+        return Landed(f"c{self.opened}", f"{reached.host}@localhost", target, f"c{self.opened}")
+
+    def _close(self, connection: str) -> None:
+        self.closed.append(connection)
+
+
+def place_node(protocol: str, keep: bool) -> Callable[[Candidates, Network], tuple[Address, int]]:
+    def run(candidates: Candidates, network: Network) -> tuple[Address, int]:
+        placer = FakeNodePlacer(protocol, network, keep)
+        node = None if len(candidates.tiers[0]) > 1 else candidates.tiers[0][0].host
+        landed = placer.place(node)
+        return Address(str(landed.node).split("@")[0], 5552), placer.opened
+
+    return run
+
+
+SHELLS = {"stream": place_stream, "amqp": place_node("amqp", True), "mqtt": place_node("mqtt", False)}
+LEADER = StreamTopology("s", N1, (N2, N3)).candidates(Role.PRODUCER)
+
+
+def one_node(node: Address) -> Candidates:
+    return Candidates("s", Role.CONNECTION, ((node,),))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_round_robin_lb_reaches_the_node_within_one_cycle(shell: str) -> None:
+    for target in NODES:
+        node, opened = SHELLS[shell](one_node(target), round_robin())
+        assert node == target and opened <= 3
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_random_lb_reaches_the_node_within_the_caps(shell: str) -> None:
+    for seed in range(30):
+        node, _ = SHELLS[shell](one_node(N3), random_lb(seed))
+        assert node == N3
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_sticky_lb_gives_up_fast_and_typed(shell: str) -> None:
+    with pytest.raises(NodeUnreachable, match="reached only n2:5552"):
+        SHELLS[shell](one_node(N1), sticky(N2))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_node_that_dies_mid_placement_is_skipped(shell: str) -> None:
+    # a round-robin LB whose first node answers once, then dies: the placement still lands on n3
+    node, _ = SHELLS[shell](one_node(N3), dies_after(round_robin(), N1, 1))
+    assert node == N3
+
+
+def test_stream_with_its_replica_missing_falls_back_to_the_leader_directly() -> None:
+    consumer = StreamTopology("s", N1, (N2,)).candidates(Role.CONSUMER)
+    node, opened = place_stream(consumer, direct(down={N2}))
+    assert node == N1 and opened == 2  # the replica refused, then the leader (tier 1) is accepted
+
+
+def test_stream_consumer_through_a_sticky_lb_on_the_leader_uses_the_kept_fallback() -> None:
+    consumer = StreamTopology("s", N1, (N2, N3)).candidates(Role.CONSUMER)
+    node, opened = place_stream(consumer, sticky(N1))
+    assert node == N1 and opened <= FAST.sticky_window + 1
+
+
+def test_a_kept_connection_is_reused_before_any_dial() -> None:
+    connector = FakeStreamConnector(sticky(N2))
+    kept = Connection(_Client(), N1, LB, "kept")
+    connector.parking.put(kept)
+    assert asyncio.run(connector.acquire(LEADER, "test")) is kept and connector.opened == 0
+
+
+def test_the_plan_alone_says_every_step() -> None:
+    plan: Placement[str] = Placement(LEADER, FAST)
+    step = plan.start()
+    assert step == Dial(N1)
+    step = plan.landed(N1, LB, N2, "to-n2")
+    assert isinstance(step, Keep) and step.node == N2 and not step.stale  # through the LB: not stale
+    step = plan.next()
+    assert isinstance(step, Dial)
+    step = plan.landed(N1, N1, N3, "direct-n3")
+    assert isinstance(step, Keep) and step.stale  # dialled n1 directly and n3 answered: stale topology
+    assert plan.landed(N1, LB, N1, "to-n1") == Done("to-n1")
+    gave_up = Placement(LEADER, RetryPolicy(max_attempts=1)).failed(N1, None, ConnectionFailed("x"))
+    assert isinstance(gave_up, GiveUp)
+
