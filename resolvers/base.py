@@ -4,6 +4,12 @@ A resolver is any object with ``resolve`` or any callable; either may be a
 coroutine function.  :func:`as_async` turns each into one async callable that
 never blocks the event loop: plain synchronous callables run in a worker
 thread unless they declare ``blocking = False`` (the built-in pure resolvers do).
+
+TLS naming is the contract's one optional addition (:class:`NamesTls`): a resolver that sends connections
+somewhere whose certificate carries another name (a load balancer names itself) says so with
+``tls_name(address) -> str | None``.  Without it, smartclient's rule decides (see
+:mod:`smartclient.core.tls_names`).  Where the answer is used, and the node check that follows every
+connection, live in smartclient (:mod:`smartclient.resolution`), never in a resolver.
 """
 
 from __future__ import annotations
@@ -15,13 +21,24 @@ from typing import Any, Protocol, runtime_checkable
 
 from smartclient._errors import ResolutionError, SmartClientError
 from smartclient.core.address import Address
+from smartclient.core.tls_names import NamesTls
 
-__all__ = ["AsyncResolve", "Resolver", "ResolverLike", "as_async", "coerce_address"]
+__all__ = ["AsyncResolve", "ListensPerProtocol", "NamesTls", "Resolver", "ResolverLike", "as_async", "coerce_address"]
 
 
 @runtime_checkable
 class Resolver(Protocol):
+    """The one method: the address to dial for ``address`` (an advertised node), sync or async."""
+
     def resolve(self, address: Address) -> Address | Awaitable[Address]: ...
+
+
+@runtime_checkable
+class ListensPerProtocol(Protocol):
+    """A resolver that sends every connection to one place with a listener per protocol (a load balancer):
+    ``address_for("amqp")`` is where AMQP connections go, None if it has no such listener."""
+
+    def address_for(self, protocol: str) -> Address | None: ...
 
 
 ResolverLike = Resolver | Callable[[Address], Any]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from smartclient.core.address import Address
 
-from .base import ResolverLike, as_async
+from .base import NamesTls, ResolverLike, as_async
 
 __all__ = ["Chain"]
 
@@ -25,9 +25,8 @@ class Chain:
         """The name of the last step that names one (a LoadBalancer before a DnsResolver, say)."""
         name = None
         for resolver in self.resolvers:
-            named = getattr(resolver, "tls_name", None)
-            if callable(named):
-                name = named(address) or name
+            if isinstance(resolver, NamesTls):
+                name = resolver.tls_name(address) or name
         return name
 
     def __repr__(self) -> str:

@@ -9,12 +9,41 @@ __all__ = ["LoadBalancer"]
 
 class LoadBalancer:
     """Map every address to the LB's.  Placement still holds: each connection's reported node is checked
-    against the candidates, wrong landings are kept for other placements, and attempts are capped."""
+    against the candidates, wrong landings are kept for other placements, and attempts are capped.
+
+    :param address: the LB's stream listener, ``host:port``.
+    :param amqp: its AMQP 0.9.1 listener: a port on the same host, or ``host:port``.
+    :param mqtt: its MQTT listener.
+    :param mqtt_tls: its MQTT-over-TLS listener.
+
+    One value names the LB for every protocol an Environment speaks:
+    ``LoadBalancer("lb:5552", amqp=5672, mqtt=1883)`` sends AMQP and MQTT connections through it too.
+    """
 
     blocking = False
 
-    def __init__(self, address: str | Address) -> None:
+    def __init__(self, address: str | Address, *, amqp: int | str | Address | None = None,
+                 mqtt: int | str | Address | None = None, mqtt_tls: int | str | Address | None = None) -> None:
         self.address = address if isinstance(address, Address) else Address.parse(address)
+        self.listeners: dict[str, Address] = {"stream": self.address}
+        for protocol, value in (("amqp", amqp), ("mqtt", mqtt), ("mqtt/ssl", mqtt_tls)):
+            if value is not None:
+                self.listeners[protocol] = self._listener(value)
+
+    def _listener(self, value: int | str | Address) -> Address:
+        if isinstance(value, Address):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return Address(self.address.host, value)
+        if isinstance(value, str):
+            return Address.parse(value)
+        from smartclient._errors import ConfigurationError
+
+        raise ConfigurationError(f"a load balancer listener must be a port, 'host:port' or an Address, not {value!r}")
+
+    def address_for(self, protocol: str) -> Address | None:
+        """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``mqtt``, ``mqtt/ssl``), if it has one."""
+        return self.listeners.get(protocol)
 
     def resolve(self, address: Address) -> Address:
         return self.address
@@ -24,10 +53,11 @@ class LoadBalancer:
         return self.address.host
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LoadBalancer) and other.address == self.address
+        return isinstance(other, LoadBalancer) and other.listeners == self.listeners
 
     def __hash__(self) -> int:
-        return hash((LoadBalancer, self.address))
+        return hash((LoadBalancer, tuple(sorted((k, str(v)) for k, v in self.listeners.items()))))
 
     def __repr__(self) -> str:
-        return f"LoadBalancer({str(self.address)!r})"
+        extra = "".join(f", {k.replace('/ssl', '_tls')}={str(v)!r}" for k, v in self.listeners.items() if k != "stream")
+        return f"LoadBalancer({str(self.address)!r}{extra})"

@@ -16,12 +16,10 @@ for each address (on a worker thread if an event loop is running in this thread)
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -32,6 +30,7 @@ from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
+from smartclient.resolution import run_sync
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -93,14 +92,13 @@ class NodePlacer(Generic[C]):
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
-        from resolvers import Identity
-        from resolvers.base import as_async
+        from smartclient.resolution import Resolution
 
         self.management = management
         self.credentials = credentials if credentials is not None else Credentials()
         self.vhost = vhost
-        self.resolver = resolver if resolver is not None else Identity()
-        self._resolve = as_async(self.resolver)
+        self.resolution = Resolution(resolver, allow)
+        self.resolver = self.resolution.resolver
         self.allow = allow
         self.retry = retry
         self.tls = tls
@@ -208,11 +206,8 @@ class NodePlacer(Generic[C]):
             delay = min(0.5, delay * 1.5)
 
     def resolve(self, address: Address) -> Address:
-        """``address`` through the resolver, then the allow-list."""
-        dialled = run_sync(self._resolve(address))
-        if self.allow is not None:
-            self.allow.check(dialled, why=f"{self.protocol} connection for {address}")
-        return dialled
+        """``address`` through the resolver, then the allow-list (the one resolution seam)."""
+        return self.resolution.route_sync(address).dial
 
     # -- connecting --------------------------------------------------------------------------
     def place(self, node: str | None = None, name: str | None = None) -> Landed[C]:
@@ -283,7 +278,7 @@ class NodePlacer(Generic[C]):
     def _open(self, target: Address, by_address: dict[Address, BrokerNode], name: str | None,
               newer_than: int = -1) -> Landed[C]:
         dialled = self.via if self.via is not None else self.resolve(target)
-        if self.via is not None and self.allow is not None:
+        if self.via is not None and self.allow is not None:  # the LB's address, still allow-listed
             self.allow.check(dialled, why=f"{self.protocol} connection for {target}")
         name = name or self._new_name(self.protocol)
         connection = self._dial(target, dialled, name)
@@ -301,23 +296,3 @@ def _column(row: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         row = (row or {}).get(part) if isinstance(row, dict) else None
     return row
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def run_sync(awaitable: Awaitable[T]) -> T:
-    """Run ``awaitable`` to completion from sync code (on a worker thread if this thread runs a loop)."""
-
-    async def wrapper() -> T:
-        return await awaitable
-
-    if not _in_loop():
-        return asyncio.run(wrapper())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, wrapper()).result()

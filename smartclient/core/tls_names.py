@@ -16,11 +16,19 @@ Verification is never turned off: a certificate that does not match fails the co
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from smartclient.core.address import Address
 
-__all__ = ["tls_server_name"]
+__all__ = ["NamesTls", "tls_server_name"]
+
+
+@runtime_checkable
+class NamesTls(Protocol):
+    """The optional second method of the resolver contract (see :mod:`resolvers.base`): the name TLS must
+    verify for connections aimed at ``address``, or None to let the rule below decide."""
+
+    def tls_name(self, address: Address) -> str | None: ...
 
 
 def _is_ip(host: str) -> bool:
@@ -35,9 +43,8 @@ def tls_server_name(target: Address, dialled: Address, resolver: Any, override: 
     """The name a TLS connection aimed at ``target`` and dialled at ``dialled`` must verify."""
     if override:
         return override
-    named = getattr(resolver, "tls_name", None)
-    if callable(named):
-        name = named(target)
+    if isinstance(resolver, NamesTls):
+        name = resolver.tls_name(target)
         if name:
             return str(name)
     if not _is_ip(dialled.host):

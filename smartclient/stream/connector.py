@@ -25,15 +25,14 @@ from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Done, GiveUp, Keep, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ConnectSettings, PoolLimits
-from smartclient.core.tls_names import tls_server_name
 from smartclient.core.topology import Candidates
+from smartclient.resolution import Resolution
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import Connection
 
 if TYPE_CHECKING:
-    from resolvers import AllowList
-    from resolvers.base import AsyncResolve
+    pass
 
 __all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
 
@@ -96,19 +95,15 @@ class StreamConnector:
     def __init__(
         self,
         settings: ConnectSettings,
-        resolve: AsyncResolve,
+        resolution: Resolution,
         *,
-        allow: AllowList | None = None,
         retry: RetryPolicy = RetryPolicy(),
         limits: PoolLimits = PoolLimits(),
         on_closed: Callable[[Connection, Any], Awaitable[None]] | None = None,
         on_mismatch: Callable[[Address, Address, Candidates], None] | None = None,
-        resolver: Any = None,
     ) -> None:
         self.settings = settings
-        self._resolve = resolve
-        self.resolver = resolver  # the resolver object, for the name a TLS connection must verify
-        self.allow = allow
+        self.resolution = resolution  # the one resolution seam: what to dial, which name TLS verifies
         self.retry = retry
         self.limits = limits
         self.parking = ParkingLot(limits)
@@ -120,14 +115,13 @@ class StreamConnector:
         self.connections: set[Connection] = set()
 
     async def resolve(self, advertised: Address) -> Address:
-        dialled = await self._resolve(advertised)
-        if self.allow is not None:
-            self.allow.check(dialled, why=f"resolved from {advertised}")
-        return dialled
+        """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
+        return await self.resolution.dial_address(advertised)
 
     async def dial(self, target: Address, name: str, client_class: type[Any] | None = None) -> Connection:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports."""
-        dialled = await self.resolve(target)
+        route = await self.resolution.route(target)
+        dialled = route.dial
         holder: dict[str, Connection] = {}
 
         async def closed(info: Any) -> None:
@@ -135,13 +129,11 @@ class StreamConnector:
             if conn is not None:
                 await self._closed(conn, info)
 
-        name_checked = (tls_server_name(target, dialled, self.resolver, self.settings.tls_server_name)
-                        if self.settings.tls is not None else None)
         client = _rstream.new_client(
             client_class, host=dialled.host, port=dialled.port, tls=self.settings.tls,
             frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat,
             name=f"{name}-{next(self._ids)}", on_closed=closed, max_ids=self.limits.max_streams_per_connection,
-            server_hostname=name_checked)
+            server_hostname=route.tls_name)
         self.opened += 1
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")

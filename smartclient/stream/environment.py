@@ -18,9 +18,11 @@ import asyncio
 import datetime
 import logging
 import ssl
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resolvers.base import ListensPerProtocol
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
@@ -101,7 +103,6 @@ class Environment:
         tls_server_name: str | None = None,
     ) -> None:
         from resolvers import Identity, SrvDiscovery
-        from resolvers.base import as_async
         from smartclient.core.redaction import install_log_redaction
 
         install_log_redaction()
@@ -151,14 +152,16 @@ class Environment:
         self.recovery = recovery
         self.connection_name = connection_name
         self.topology_max_age = topology_max_age
+        from smartclient.resolution import Resolution
         from smartclient.stream.admin import StreamAdmin  # imports rstream: only when an Environment is made
         from smartclient.stream.carriers import Carriers
         from smartclient.stream.connector import StreamConnector
         from smartclient.stream.placement import StreamPlacement
         from smartclient.stream.topology_cache import TopologyCache
 
-        self.connector = StreamConnector(self.settings, as_async(self.resolver), allow=allow, retry=retry,
-                                         limits=pool, resolver=self.resolver)
+        self._allow = allow
+        resolution = Resolution(self.resolver, allow, tls=tls is not None, tls_override=tls_server_name)
+        self.connector = StreamConnector(self.settings, resolution, retry=retry, limits=pool)
         self._topologies = TopologyCache(self.connector, self.entry_points, self._srv, connection_name,
                                          topology_max_age, placement, retry)
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, connection_name)
@@ -430,15 +433,32 @@ class Environment:
         return await self._admin.route(super_stream, routing_key)
 
     # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
+    def _through(self, protocol: str, via: str | Address | None) -> str | Address | None:
+        """The load balancer listener connections of ``protocol`` go through: the resolver's, when it is a
+        load balancer with one per protocol, else ``via`` (deprecated), else none (direct)."""
+        option = protocol.replace("/ssl", "_tls")
+        if via is not None:
+            warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
+                          f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=3)
+            return via
+        if isinstance(self.resolver, ListensPerProtocol):
+            listener = self.resolver.address_for(protocol)
+            if listener is None:
+                raise ConfigurationError(
+                    f"the resolver sends every address to the load balancer {self.resolver!r}, which has no "
+                    f"{protocol} listener: LoadBalancer(..., {option}=PORT)")
+            return listener
+        return None
+
     def amqp_placer(self, *, via: str | Address | None = None) -> AmqpPlacer:
         """An :class:`AmqpPlacer` with this Environment's credentials, vhost, resolver, allow-list and retry
-        policy.  ``via``: a load balancer's AMQP address (connections go through it and are checked).
+        policy; through the load balancer's AMQP listener when the resolver is one
+        (``LoadBalancer(..., amqp=PORT)``).  ``via`` (deprecated): a load balancer's AMQP address.
 
         :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
-            resolver is a stream load balancer and ``via`` is missing.
+            resolver is a load balancer without an AMQP listener.
         """
         self._check_open()
-        from resolvers import LoadBalancer
         from smartclient.amqp.placement import AmqpPlacer
 
         if self.management is None:
@@ -446,17 +466,13 @@ class Environment:
                 "AMQP placement needs the management API (it lists the nodes' AMQP listeners and says which node "
                 "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
             )
-        if via is None and isinstance(self.resolver, LoadBalancer):
-            raise ConfigurationError(
-                f"the resolver sends every address to the stream load balancer {self.resolver.address}; "
-                f"pass via= the load balancer's AMQP address"
-            )
+        via = self._through("amqp", via)
         key = str(via)
         placer = self._amqp_placers.get(key)
         if placer is None:
             placer = AmqpPlacer(
                 self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
-                resolver=self.resolver, allow=self.connector.allow, retry=self.retry, tls=self.settings.tls,
+                resolver=self.resolver, allow=self._allow, retry=self.retry, tls=self.settings.tls,
                 connection_name=self.connection_name, via=via,
             )
             self._amqp_placers[key] = placer
@@ -468,7 +484,7 @@ class Environment:
 
         :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
         """
-        return self.amqp_placer(via=via).connect(node)
+        return self.amqp_placer(via=via).connect(node)  # (via= warns there)
 
     # -- MQTT (paho-mqtt) --------------------------------------------------------------------------
     def mqtt_placer(
@@ -482,30 +498,25 @@ class Environment:
         """An :class:`MqttPlacer` with this Environment's credentials, vhost, resolver, allow-list, retry
         policy and TLS name rules.
 
-        :param via: a load balancer's MQTT address; every client goes through it (checked with the
-            management API when a node is asked for, and by fleets).
+        :param via: (deprecated: give the ``LoadBalancer`` resolver ``mqtt=PORT``) a load balancer's MQTT
+            address; every client goes through it (checked with the management API, and by fleets).
         :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``) or a
             :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.<domain>``), instead of the management API's list.
         :param tls: None: TLS if this Environment uses TLS (the nodes' ``mqtt/ssl`` listeners); False: no
             TLS; or an ``ssl.SSLContext``.
         :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no
-            ``via``), or the resolver is a stream load balancer and ``via`` is missing.
+            ``via``), or the resolver is a load balancer without an MQTT listener.
         """
         self._check_open()
-        from resolvers import LoadBalancer
         from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 
-        if via is None and isinstance(self.resolver, LoadBalancer):
-            raise ConfigurationError(
-                f"the resolver sends every address to the stream load balancer {self.resolver.address}; "
-                f"pass via= the load balancer's MQTT address"
-            )
         context = self.settings.tls if tls is None or tls is True else (tls or None)
         if tls is True and context is None:
             context = ssl.create_default_context()
+        via = self._through("mqtt/ssl" if context is not None else "mqtt", via)
         return MqttPlacer(
             self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
-            resolver=self.resolver, allow=self.connector.allow, retry=self.retry, tls=context,
+            resolver=self.resolver, allow=self._allow, retry=self.retry, tls=context,
             tls_server_name=self.settings.tls_server_name, via=via, entry_points=entry_points,
             options=options if options is not None else MqttOptions(),
         )

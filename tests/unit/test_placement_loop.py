@@ -74,10 +74,9 @@ class FakeStreamConnector(StreamConnector):
     """The real stream shell, dialling a simulated network."""
 
     def __init__(self, network: Network) -> None:
-        from resolvers.base import as_async
-        from resolvers.identity import Identity
+        from smartclient.resolution import Resolution
 
-        super().__init__(ConnectSettings(Credentials(), "/", None), as_async(Identity()), retry=FAST,
+        super().__init__(ConnectSettings(Credentials(), "/", None), Resolution(None), retry=FAST,
                          limits=PoolLimits(idle_timeout=60))
         self.network = network
 

@@ -1,0 +1,94 @@
+"""The one resolution seam: a target node becomes what to dial and which name TLS verifies.
+
+Every protocol asks here, once per connection: the stream connector, and the node placer of AMQP and MQTT.
+redis-py's ``remap_host_port`` is the model: the resolver runs in exactly one place.
+
+* **What to dial:** the resolver's answer for the target (``resolve(address) -> address``), or the load
+  balancer's address for the protocol when connections go through one; then the allow-list.
+* **Which name TLS verifies** (:mod:`smartclient.core.tls_names`): an explicit override; else the name the
+  resolver gives (``tls_name(address)``, part of the resolver contract in :mod:`resolvers.base`; a load
+  balancer names itself); else the dialled host if it is a name; else the target's name behind a remap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from smartclient.core.address import Address
+from smartclient.core.tls_names import tls_server_name
+
+if TYPE_CHECKING:
+    from resolvers import AllowList, ResolverLike
+
+__all__ = ["Resolution", "Route", "run_sync"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a connection aimed at ``target`` goes: the address to dial, and the name TLS verifies (None
+    without TLS)."""
+
+    target: Address
+    dial: Address
+    tls_name: str | None
+
+
+class Resolution:
+    """One resolver, allow-list and TLS rule, applied the same way for every connection of one client.
+
+    :param via: dial this address whatever the target (a load balancer's listener for the protocol); the
+        node each connection reached is then checked by the placement loop.
+    """
+
+    def __init__(self, resolver: ResolverLike | None, allow: AllowList | None = None, *, tls: bool = False,
+                 tls_override: str | None = None, via: Address | None = None) -> None:
+        from resolvers import Identity
+        from resolvers.base import as_async
+
+        self.resolver = resolver if resolver is not None else Identity()
+        self._resolve = as_async(self.resolver)
+        self.allow = allow
+        self.tls = tls
+        self.tls_override = tls_override
+        self.via = via
+
+    async def dial_address(self, target: Address) -> Address:
+        """What to dial for ``target`` (resolver or ``via``, then the allow-list)."""
+        dialled = self.via if self.via is not None else await self._resolve(target)
+        if self.allow is not None:
+            self.allow.check(dialled, why=f"resolved from {target}")
+        return dialled
+
+    async def route(self, target: Address) -> Route:
+        """Where a connection aimed at ``target`` goes.
+
+        :raises ResolutionError: the resolver failed.  :raises AddressNotAllowed: outside the allow-list.
+        """
+        dialled = await self.dial_address(target)
+        name = tls_server_name(target, dialled, self.resolver, self.tls_override) if self.tls else None
+        return Route(target, dialled, name)
+
+    def route_sync(self, target: Address) -> Route:
+        """:meth:`route` from blocking code (pika, paho): run to completion, on a worker thread if an event
+        loop is running in this thread."""
+        return run_sync(self.route(target))
+
+
+def run_sync(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` to completion from sync code (on a worker thread if this thread runs a loop)."""
+
+    async def wrapper() -> T:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wrapper())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wrapper()).result()
