@@ -16,6 +16,7 @@ for each address (on a worker thread if an event loop is running in this thread)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import ssl
 import time
@@ -27,7 +28,7 @@ from smartclient._errors import AuthenticationFailed, CertificateRejected, Conne
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
-from smartclient.core.retry import RetryPolicy
+from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
 from smartclient.resolution import run_sync
@@ -193,17 +194,17 @@ class NodePlacer(Generic[C]):
 
     def _listing(self, name: str, timeout: float | None, newer_than: int) -> tuple[str, int]:
         deadline = time.monotonic() + (self.identify_timeout if timeout is None else timeout)
-        delay = 0.05
-        while True:
+        waits = Backoff(0.05, 1.5, 0.5)  # the management API lists a new connection within its stats round
+        for polls in itertools.count(1):
             found = self.listings([name], {name: newer_than}).get(name)
             if found is not None:
                 return found
             if time.monotonic() >= deadline:
-                raise ConnectionFailed(
-                    f"the management API did not list {self.protocol} connection {name!r} within the timeout"
-                )
-            time.sleep(delay)
-            delay = min(0.5, delay * 1.5)
+                break
+            time.sleep(waits.delay(polls))
+        raise ConnectionFailed(
+            f"the management API did not list {self.protocol} connection {name!r} within the timeout"
+        )
 
     def resolve(self, address: Address) -> Address:
         """``address`` through the resolver, then the allow-list (the one resolution seam)."""

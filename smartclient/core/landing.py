@@ -112,6 +112,7 @@ class Landing:
         self._consecutive_failures = 0
         self._fallback: tuple[int, Address] | None = None  # (tier, node) of the best kept landing
         self.accepted: Address | None = None
+        self._last_error: BaseException | None = None
 
     # -- what to do next -------------------------------------------------------------------
     def next_target(self) -> Address:
@@ -142,6 +143,7 @@ class Landing:
         return Decision.KEEP
 
     def failed(self, target: Address, dialled: Address | None, error: BaseException) -> None:
+        self._last_error = error
         self._failed.add(target)
         self._consecutive_failures += 1
         self.attempts.append(Attempt(target, dialled, None, f"failed: {type(error).__name__}: {error}"))
@@ -154,7 +156,9 @@ class Landing:
         if exhausted or sticky:
             if self._fallback is not None:
                 return UseFallback(self._fallback[1])
-            return GiveUp(self._error(sticky, elapsed))
+            error = self._error(sticky, elapsed)
+            error.__cause__ = self._last_error  # raised as `raise ... from` the last connection failure
+            return GiveUp(error)
         delay = self.policy.backoff(self._consecutive_failures)
         return Wait(min(delay, max(0.0, self.policy.max_time - elapsed)))
 

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.retry import Backoff
 
 __all__ = ["RecoveryPolicy"]
 
@@ -62,12 +63,13 @@ class RecoveryPolicy:
         """Seconds to wait after ``attempts`` failed attempts and ``elapsed`` seconds, or None: give up."""
         if not self.enabled or attempts >= self.max_attempts or elapsed >= self.max_time:
             return None
-        if authentication:
-            if not self.retry_authentication:
-                return None
-            base = self.max_delay
-        else:
-            base = min(self.max_delay, self.initial_delay * self.factor ** (attempts - 1))
-        spread = (rng or random).uniform(-self.jitter, self.jitter) if self.jitter else 0.0
-        delay = base * (1 + spread)
-        return max(0.0, min(delay, self.max_time - elapsed))
+        if authentication and not self.retry_authentication:
+            return None
+        rule = self.backoff_rule
+        if authentication:  # the same credentials will not start working in a tight loop: the longest delay
+            rule = Backoff(self.max_delay, 1.0, self.max_delay, self.jitter)
+        return max(0.0, min(rule.delay(max(attempts, 1), rng), self.max_time - elapsed))
+
+    @property
+    def backoff_rule(self) -> Backoff:
+        return Backoff(self.initial_delay, self.factor, self.max_delay, self.jitter)

@@ -8,11 +8,38 @@ before, long before either cap.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["Backoff", "RetryPolicy"]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The one back-off rule of every retry loop: ``initial * factor ** (n - 1)`` seconds before the
+    (n+1)-th try, at most ``max``, spread by up to ``jitter`` (a fraction) either way so that many clients
+    that failed together do not come back in lock step."""
+
+    initial: float = 0.05
+    factor: float = 2.0
+    max: float = 1.0
+    jitter: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.initial < 0 or self.max < self.initial or self.factor < 1 or not 0 <= self.jitter < 1:
+            raise ConfigurationError(
+                f"a back-off needs 0 <= initial <= max, factor >= 1 and 0 <= jitter < 1, not {self!r}")
+
+    def delay(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after ``failures`` failures in a row (none after none)."""
+        if failures <= 0:
+            return 0.0
+        base = min(self.max, self.initial * self.factor ** (failures - 1))
+        if not self.jitter:
+            return base
+        return base * (1 + (rng or random).uniform(-self.jitter, self.jitter))
 
 
 @dataclass(frozen=True)
@@ -48,8 +75,10 @@ class RetryPolicy:
                 "RetryPolicy back-off needs 0 <= backoff_initial <= backoff_max and backoff_factor >= 1"
             )
 
+    @property
+    def backoff_rule(self) -> Backoff:
+        return Backoff(self.backoff_initial, self.backoff_factor, self.backoff_max)
+
     def backoff(self, consecutive_failures: int) -> float:
         """Delay before the next attempt after ``consecutive_failures`` failed connections in a row."""
-        if consecutive_failures <= 0:
-            return 0.0
-        return min(self.backoff_max, self.backoff_initial * self.backoff_factor ** (consecutive_failures - 1))
+        return self.backoff_rule.delay(consecutive_failures)

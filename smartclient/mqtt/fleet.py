@@ -25,7 +25,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import selectors
 import socket
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreachable, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
+from smartclient.core.retry import Backoff
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
 from smartclient.mqtt.topics import validate_filter, validate_topic
@@ -45,6 +45,8 @@ from smartclient.mqtt.topics import validate_filter, validate_topic
 __all__ = ["FleetReport", "MqttFleet", "process_rss"]
 
 log = logging.getLogger(__name__)
+
+RECONNECT = Backoff(initial=0.1, factor=2.0, max=5.0, jitter=0.2)  # a dropped client's next try
 
 MessageCallback = Callable[[int, MQTTMessage], None]
 
@@ -83,7 +85,7 @@ class _Member:
     node: str | None = None
     up: bool = False
     closing: bool = False
-    retry_delay: float = 0.0
+    retries: int = 0  # reconnects scheduled since it was last up
     failures: int = 0
     listed_at: int = -1  # the management API's connected_at when last identified
     started: bool = False  # its first connect was begun (later ones are reconnects)
@@ -449,7 +451,7 @@ class MqttFleet:
         self._awaiting.discard(m.index)
         code = m.client._on_connack(flags, reason)
         if code == 0:
-            m.up, m.retry_delay, m.failures = True, 0.0, 0
+            m.up, m.retries, m.failures = True, 0, 0
             m.client._failover = True
         else:
             m.failures += 1
@@ -469,8 +471,8 @@ class MqttFleet:
         self._pump()
 
     def _schedule_reconnect(self, m: _Member) -> None:
-        m.retry_delay = min(5.0, max(0.1, m.retry_delay * 2))
-        delay = m.retry_delay * random.uniform(0.8, 1.2)
+        m.retries += 1
+        delay = RECONNECT.delay(m.retries)
 
         def again() -> None:
             if m.closing or self._stop or m.up or m.client.socket() is not None:

@@ -126,3 +126,12 @@ def test_retry_policy_validation(kwargs: dict[str, float]) -> None:
 def test_backoff_grows_and_caps() -> None:
     policy = RetryPolicy(backoff_initial=0.05, backoff_max=0.3)
     assert [policy.backoff(n) for n in range(5)] == [0.0, 0.05, 0.1, 0.2, 0.3]
+
+
+def test_giving_up_chains_the_last_failure_as_its_cause() -> None:
+    landing = Landing(TOPO.producer_candidates(), RetryPolicy(max_attempts=2))
+    cause = ConnectionError("refused")
+    landing.failed(N1, N1, cause)
+    landing.failed(N1, N1, cause)
+    step = landing.next_step()
+    assert isinstance(step, GiveUp) and step.error.__cause__ is cause
