@@ -21,12 +21,25 @@ def test_all_names_exist() -> None:
             assert hasattr(module, name), f"{module.__name__}.__all__ lists missing {name}"
 
 
-def test_every_error_derives_from_the_root() -> None:
-    errors = [getattr(smartclient, n) for n in smartclient.__all__ if n.endswith(("Error", "Missing", "Unavailable"))]
-    assert errors
-    for error in errors:
-        assert issubclass(error, smartclient.SmartClientError)
+def test_every_exported_exception_is_under_the_one_root_and_drawn_in_the_tree() -> None:
+    import importlib
+
+    from smartclient import _errors
+
+    exported = set()
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, BaseException):
+                exported.add(value)
+                assert issubclass(value, smartclient.SmartClientError), f"{module_name}.{name} is outside the root"
+    assert len(exported) >= 20
     assert issubclass(smartclient.ConfigurationError, ValueError)
+    import re
+
+    drawn = set(re.findall(r"^\s*(?:[│ ]*[├└]── )?([A-Z]\w+)\s", _errors.__doc__ or "", re.M))
+    assert set(_errors.__all__) <= drawn, f"missing from the tree in _errors: {set(_errors.__all__) - drawn}"
 
 
 def test_importing_smartclient_imports_no_backend() -> None:
