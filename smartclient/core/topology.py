@@ -15,7 +15,14 @@ from enum import Enum
 from smartclient._errors import ConfigurationError, NoCandidateNode
 from smartclient.core.address import Address
 
-__all__ = ["Candidates", "PlacementPolicy", "Role", "StreamTopology", "TopologyNode"]
+__all__ = [
+    "Candidates",
+    "PlacementPolicy",
+    "Role",
+    "StreamTopology",
+    "TopologyNode",
+    "replica_wait",
+]
 
 
 class Role(str, Enum):
@@ -144,3 +151,12 @@ class Candidates:
 
     def __str__(self) -> str:
         return " > ".join("{" + ", ".join(map(str, tier)) + "}" for tier in self.tiers)
+
+
+def replica_wait(topology: StreamTopology, role: Role, policy: PlacementPolicy, max_time: float) -> float:
+    """Seconds a placement should keep re-reading ``topology`` for replicas before it places: a new
+    stream's replicas come up a moment after its leader.  A consumer that must have a replica waits up to
+    the placement's time; one that may fall back to the leader waits a second; anything else not at all."""
+    if role is not Role.CONSUMER or topology.replicas:
+        return 0.0
+    return max_time if policy.force_replica_for_consumers else 1.0

@@ -23,7 +23,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.deadline import detach, remaining, step
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
+from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, replica_wait
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 
@@ -155,9 +155,8 @@ class TopologyCache:
     async def candidates(self, stream: str, role: Role, load: Counter[Address] | None = None) -> Candidates:
         """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`)."""
         topo = await self.topology(stream)
-        if role is Role.CONSUMER and not topo.replicas:
-            # A new stream's replicas come up a moment after its leader: look again before falling back.
-            wait = self.retry.max_time if self.policy.force_replica_for_consumers else 1.0
+        wait = replica_wait(topo, role, self.policy, self.retry.max_time)
+        if wait:
             deadline = time.monotonic() + min(wait, remaining(wait))
             while not topo.replicas and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)

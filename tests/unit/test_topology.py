@@ -41,3 +41,14 @@ def test_candidates_helpers() -> None:
         Candidates("s", Role.PRODUCER, ((),))
     with pytest.raises(ConfigurationError, match="also listed as a replica"):
         StreamTopology("s", L, (L,))
+
+
+def test_how_long_a_placement_waits_for_replicas() -> None:
+    from smartclient.core.topology import replica_wait
+
+    lonely = StreamTopology("s", Address("n1", 1), ())
+    full = StreamTopology("s", Address("n1", 1), (Address("n2", 1),))
+    assert replica_wait(full, Role.CONSUMER, PlacementPolicy(), 15) == 0
+    assert replica_wait(lonely, Role.PRODUCER, PlacementPolicy(), 15) == 0
+    assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(), 15) == 1.0
+    assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(force_replica_for_consumers=True), 15) == 15
