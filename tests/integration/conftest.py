@@ -24,11 +24,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-async def wait_until(check: Callable[[], Any], timeout: float, what: str, *, interval: float = 0.02,
-                     retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+async def wait_until(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
+                     interval: float = 0.02, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
     """Poll ``check`` (a function, or a coroutine function) until it returns something true, and return
-    that.  After ``timeout`` s, fail naming ``what``.  An exception of a type in ``retry_on`` means "not
-    yet" (the last one is chained to the failure); any other propagates at once."""
+    that.  After ``timeout`` s, fail naming ``what`` (a function: called then, to say how far it got).  An
+    exception of a type in ``retry_on`` means "not yet" (the last one is chained to the failure); any other
+    propagates at once."""
     deadline = time.monotonic() + timeout
     error: BaseException | None = None
     while True:
@@ -41,12 +42,12 @@ async def wait_until(check: Callable[[], Any], timeout: float, what: str, *, int
         except retry_on as exc:
             error = exc
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from error
+            raise _timed_out(timeout, what) from error
         await asyncio.sleep(interval)
 
 
-def wait_until_sync(check: Callable[[], Any], timeout: float, what: str, *, interval: float = 0.05,
-                    retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+def wait_until_sync(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
+                    interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
     """:func:`wait_until` for code with no event loop (pika, paho, the sync facade, the management API)."""
     deadline = time.monotonic() + timeout
     error: BaseException | None = None
@@ -58,8 +59,12 @@ def wait_until_sync(check: Callable[[], Any], timeout: float, what: str, *, inte
         except retry_on as exc:
             error = exc
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from error
+            raise _timed_out(timeout, what) from error
         time.sleep(interval)
+
+
+def _timed_out(timeout: float, what: str | Callable[[], str]) -> AssertionError:
+    return AssertionError(f"timed out after {timeout:g} s waiting for {what if isinstance(what, str) else what()}")
 
 
 def load_example(name: str) -> Any:

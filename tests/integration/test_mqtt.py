@@ -32,7 +32,7 @@ from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
 from smartclient.stream.codec import decode_amqp
 from smartclient.testing import TestBed
 
-from .conftest import load_example
+from .conftest import load_example, wait_until, wait_until_sync
 
 
 @pytest.fixture
@@ -66,21 +66,17 @@ def collector(into: list[Any]) -> Callable[[PlacedMqttClient], None]:
 def until_routed(publisher: PlacedMqttClient, topic: str, got: list[int], timeout: float = 10.0) -> None:
     """Publish probes (-1) until the subscriber gets one, then forget them.  RabbitMQ 4.0.5 acknowledges a
     SUBSCRIBE some tens of milliseconds before publishes from other connections are routed to it (they
-    get PUBACK reason code 16, no matching subscribers): a test must not count on that window."""
-    deadline = time.monotonic() + timeout
-    while -1 not in got and time.monotonic() < deadline:
+    get PUBACK reason code 16, no matching subscribers): a test must not count on that window.  A last
+    probe (-2) follows: one publisher, one topic, so once it is in, every probe routed before it is too."""
+
+    def probed() -> bool:
         publisher.publish(topic, b"-1", qos=1).wait_for_publish(5)
-        time.sleep(0.02)
-    assert -1 in got, f"no subscription to {topic} became routable within {timeout} s"
-    time.sleep(0.1)
-    got[:] = [g for g in got if g != -1]
+        return -1 in got
 
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
+    wait_until_sync(probed, timeout, f"a subscription to {topic} to become routable", interval=0.02)
+    publisher.publish(topic, b"-2", qos=1).wait_for_publish(5)
+    wait_until_sync(lambda: -2 in got, timeout, f"the last probe on {topic}", interval=0.02)
+    got[:] = [g for g in got if g >= 0]
 
 
 # -- placed clients -------------------------------------------------------------------------------
@@ -120,7 +116,7 @@ def test_a_client_finds_the_cluster_through_dns_srv(rabbitmq_testbed: TestBed, a
     assert sorted(n.name for n in placer.nodes()) == sorted(n.name for n in rabbitmq_testbed.nodes)
     client = placer.connect(f"srv-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[1].short)
     try:
-        assert client.node == rabbitmq_testbed.nodes[1].name == placer.node_of(client._client_id.decode())
+        assert client.node == rabbitmq_testbed.nodes[1].name == placer.node_of(client.client_id)
     finally:
         close(client)
 
@@ -135,7 +131,7 @@ def test_environment_mqtt_client_uses_the_environments_settings(rabbitmq_testbed
     try:
         assert sub.node == rabbitmq_testbed.nodes[2].name
         pub.publish("env/a/x", b"across nodes", qos=1).wait_for_publish(10)
-        assert wait_for(lambda: got == [b"across nodes"])
+        wait_until_sync(lambda: got == [b"across nodes"], 20, "the message across nodes")
     finally:
         close(sub, pub)
     from resolvers import LoadBalancer
@@ -155,7 +151,7 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
     client = placer.connect()
     try:
         assert client.is_connected() and client.dialled.host == "127.0.0.1"
-        assert client._ssl_context.server_name == f"{node.short}.smartclient.test"  # not the IP dialled
+        assert client.socket().server_hostname == f"{node.short}.smartclient.test"  # verified, not the IP dialled
     finally:
         close(client)
     wrong = MqttPlacer(entry_points=[target], resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context(),
@@ -176,8 +172,8 @@ def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(rabbitmq_te
     placer = MqttPlacer(api, via=f"localhost:{port}", tls=rabbitmq_testbed.tls_context())
     client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
     try:
-        assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client._client_id.decode())
-        assert client._ssl_context.server_name == "localhost"  # the name dialled (the LB's), not a node's
+        assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client.client_id)
+        assert client.socket().server_hostname == "localhost"  # the name dialled (the LB's), not a node's
     finally:
         close(client)
     wrong = MqttPlacer(api, via=f"{host}:{port}", tls=rabbitmq_testbed.tls_context(),
@@ -218,11 +214,12 @@ def test_a_client_keeps_working_with_file_descriptors_above_1024(rabbitmq_testbe
             fill()
         try:
             assert client.socket().fileno() >= 1024
-            deadline = time.monotonic() + 10  # publish until routed: SUBACK comes a little early (see docs/mqtt.md)
-            while not got and time.monotonic() < deadline:
+            def seen() -> bool:  # publish until routed: SUBACK comes a little early (see docs/mqtt.md)
                 client.publish(topic, b"seen", qos=1).wait_for_publish(10)
-                time.sleep(0.05)
-            assert got and set(got) == {b"seen"}
+                return bool(got)
+
+            wait_until_sync(seen, 10, "the subscription to become routable")
+            assert set(got) == {b"seen"}
         finally:
             close(client)
     finally:
@@ -254,10 +251,10 @@ def test_killed_node_the_client_fails_over_and_its_persistent_qos1_subscription_
     try:
         until_routed(pub, f"fo/{sub_id}", got)
         publish(100)
-        assert wait_for(lambda: len(got) >= 100)
+        wait_until_sync(lambda: len(got) >= 100, 20, lambda: f"100 messages ({len(got)} in)")
         bed.kill_node(bed.nodes[2].name)
         publish(200)  # while the subscriber is down or moving: its quorum queue keeps them
-        assert wait_for(lambda: len(set(got)) >= sent, 30), f"{len(set(got))} of {sent}"
+        wait_until_sync(lambda: len(set(got)) >= sent, 30, lambda: f"{sent} messages ({len(set(got))} in)")
         assert sorted(set(got)) == list(range(sent))
         assert sub.failovers >= 1 and sub.node in (bed.nodes[0].name, bed.nodes[1].name)
         assert sub.last_connack == (True, 0)  # the session was resumed, not recreated
@@ -287,11 +284,11 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
         until_routed(pub, f"fo311/{sub_id}", got)
         for i in range(50):
             pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
-        assert wait_for(lambda: len(got) >= 50)
+        wait_until_sync(lambda: len(got) >= 50, 20, lambda: f"50 messages ({len(got)} in)")
         bed.stop_app(bed.nodes[1].name)
         for i in range(50, 150):
             pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
-        assert wait_for(lambda: set(got) >= set(range(150)), 30), f"{len(set(got))} of 150"
+        wait_until_sync(lambda: set(got) >= set(range(150)), 30, lambda: f"150 messages ({len(set(got))} in)")
         assert sub.failovers >= 1 and str(sub.dialled) == lb(bed)
     finally:
         bed.start_app(bed.nodes[1].name)
@@ -313,21 +310,37 @@ def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos
         assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
         assert threading.active_count() - threads_before == 1  # one loop thread, not one per client
         # the truth, independently (the management API lists connections after its next statistics round)
-        ids = [c._client_id.decode() for c in fleet]
+        ids = [c.client_id for c in fleet]
         truth: dict[str, str] = {}
-        assert wait_for(lambda: len(truth.update(placer.nodes_of(ids)) or truth) == 1000, 15)
-        assert all(truth[m.client._client_id.decode()] == m.node for m in fleet.members)
+        wait_until_sync(lambda: len(truth.update(placer.nodes_of(ids)) or truth) == 1000, 15,
+                        lambda: f"the management API to list the fleet ({len(truth)} of 1000)")
+        assert all(truth[m.client.client_id] == m.node for m in fleet.members)
         fleet.subscribe(10, "fleet/q1", qos=1)
         fleet.subscribe(20, "fleet/q0", qos=0)
-        time.sleep(0.5)
+        # SUBACK comes a little before the subscription is routable (see until_routed): probe each topic until
+        # its subscriber has a probe; the probes are left out of what is checked below
+
+        def routable(publisher: int, topic: str, qos: int, subscriber: int) -> None:
+            def probed() -> bool:
+                fleet.publish(publisher, topic, b"probe", qos=qos)
+                return any(i == subscriber and p == b"probe" for i, p, _ in list(received))
+
+            wait_until_sync(probed, 10, f"the subscription of member {subscriber} to {topic} to become routable")
+
+        def messages() -> list[tuple[int, bytes, int]]:
+            return [m for m in list(received) if m[1] != b"probe"]
+
+        routable(500, "fleet/q1", 1, 10)
+        routable(900, "fleet/q0", 0, 20)
         infos = [fleet.publish(i, "fleet/q1", f"{i}".encode(), qos=1) for i in range(500, 520)]
         for info in infos:
             info.wait_for_publish(10)
         fleet.publish(900, "fleet/q0", b"zero", qos=0)
-        assert wait_for(lambda: len(received) >= 21)
-        assert sorted(int(p) for i, p, q in received if i == 10) == list(range(500, 520))
-        assert all(q == 1 for i, _, q in received if i == 10)
-        assert (20, b"zero", 0) in received
+        wait_until_sync(lambda: len(messages()) >= 21, 20, lambda: f"21 messages ({len(messages())} in)")
+        got = messages()
+        assert sorted(int(p) for i, p, q in got if i == 10) == list(range(500, 520))
+        assert all(q == 1 for i, _, q in got if i == 10)
+        assert (20, b"zero", 0) in got
         with pytest.raises(ConfigurationError, match="QoS 0 or 1"):
             fleet.publish(1, "fleet/q1", b"x", qos=2)
 
@@ -337,9 +350,9 @@ def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(rabbitmq_te
     with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
         counts = fleet.per_node()
         assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
-        truth = placer.nodes_of([c._client_id.decode() for c in fleet])
+        truth = placer.nodes_of([c.client_id for c in fleet])
         assert len(truth) == 1000
-        assert all(truth[m.client._client_id.decode()] == m.node for m in fleet.members)
+        assert all(truth[m.client.client_id] == m.node for m in fleet.members)
 
 
 def test_a_fleet_behind_a_sticky_lb_says_so(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
@@ -355,8 +368,8 @@ def test_a_fleet_moves_off_a_killed_node(rabbitmq_faulty_testbed: TestBed, api: 
     bed = rabbitmq_faulty_testbed
     with MqttFleet(MqttPlacer(api), 300, client_id_prefix=f"fk-{uuid.uuid4().hex[:6]}") as fleet:
         bed.kill_node(bed.nodes[1].name)
-        assert wait_for(lambda: fleet.disconnects >= 100, 20)
-        assert wait_for(lambda: fleet.connected == 300, 30), f"{fleet.connected} of 300"
+        wait_until_sync(lambda: fleet.disconnects >= 100, 20, lambda: f"100 disconnects ({fleet.disconnects})")
+        wait_until_sync(lambda: fleet.connected == 300, 30, lambda: f"300 connected ({fleet.connected})")
         counts = fleet.per_node()
         assert bed.nodes[1].name not in counts and sum(counts.values()) == 300
 
@@ -380,9 +393,9 @@ async def test_devices_publishing_over_mqtt_land_in_a_stream_exactly_once(
             got: list[tuple[bytes, str | None]] = []
             consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(decode_amqp(bytes(m))),
                                           offset="first")
-            deadline = time.monotonic() + 20
-            while len(got) < 600 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_until(lambda: len(got) >= 600, 20, lambda: f"600 messages ({len(got)} in)")
+            # a window, not a wait: a message beyond the 600 (a duplicate) has no condition to wait for, it
+            # would arrive now, and the exact count below would fail
             await asyncio.sleep(0.3)
             assert consumer.node != (await env.topology(rabbitmq_unique_name)).leader  # read from a replica
             await consumer.close()

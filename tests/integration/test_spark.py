@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from smartclient import Address, Environment, hash_partition
 from smartclient.spark import ExactlyOnceSink, StreamConnection
 from smartclient.testing import TestBed
 
-from .conftest import load_example
+from .conftest import load_example, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -27,17 +26,20 @@ def connection_via_lb(bed: TestBed) -> StreamConnection:
     return StreamConnection(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)))
 
 
-async def read_stream(bed: TestBed, stream: str, expect: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+END = {"end": "of what the test reads"}
+
+
+async def read_stream(bed: TestBed, stream: str, timeout: float = 20.0) -> list[dict[str, Any]]:
+    """Every message in ``stream``.  It appends a last one (END) and reads up to it: a stream delivers in
+    order, so every message stored before it, a duplicate too, has arrived when it has."""
     node = bed.nodes[0]
     got: list[dict[str, Any]] = []
     async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        await (await env.producer(stream)).send_wait(json.dumps(END).encode())
         consumer = await env.consumer(stream, lambda m, c: got.append(json.loads(bytes(m))), offset="first")
-        deadline = time.monotonic() + timeout
-        while len(got) < expect and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # duplicates would arrive now
+        await wait_until(lambda: got and got[-1] == END, timeout, lambda: f"the end of {stream} ({len(got)} read)")
         await consumer.close()
-    return got
+    return got[:-1]
 
 
 def rows(rabbitmq_spark: Any, start: int, count: int) -> Any:
@@ -53,7 +55,7 @@ async def test_sink_is_idempotent_for_a_batch_id(rabbitmq_spark: Any, rabbitmq_t
     df = rows(rabbitmq_spark, 0, 200)
     await asyncio.to_thread(sink, df, 7)
     await asyncio.to_thread(sink, df, 7)  # the same batch again: nothing new
-    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name, expect=200)
+    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name)
     assert sorted(m["id"] for m in got) == list(range(200))
 
 
@@ -86,7 +88,7 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     finally:
         query.stop()
     assert marker.exists()  # the failure did happen, and Spark retried the task
-    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name, expect=900)
+    got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name)
     ids = [m["id"] for m in got]
     assert len(ids) == 900 and sorted(ids) == list(range(900))  # 0 missing, 0 duplicated
     by_user: dict[str, list[int]] = defaultdict(list)
@@ -108,7 +110,7 @@ async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
         await asyncio.to_thread(sink, rows(rabbitmq_spark, 0, 140), 0)
         total = 0
         for partition in partitions:
-            got = await read_stream(rabbitmq_testbed, partition, expect=1, timeout=5)
+            got = await read_stream(rabbitmq_testbed, partition)
             total += len(got)
             for m in got:
                 assert hash_partition(m["user"], partitions) == partition, m
