@@ -72,3 +72,72 @@ def test_limits_match_rstream() -> None:
     assert OURS == MAX_ITEM_ALLOWED
     assert PoolLimits().max_streams_per_connection <= MAX_ITEM_ALLOWED
     assert rstream.__name__ == "rstream"
+
+
+# -- generated from the seam's own lists ------------------------------------------------------------------
+def _at(dotted: str) -> object:
+    import importlib
+
+    obj: object = rstream
+    parts = dotted.split(".")
+    for index, part in enumerate(parts):
+        if not hasattr(obj, part):  # a submodule not imported by rstream's __init__
+            obj = importlib.import_module("rstream." + ".".join(parts[: index + 1]))
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+def _instance(cls: type) -> object:
+    from rstream.connection import Connection
+
+    if issubclass(cls, Client):
+        return cls("127.0.0.1", 1, frame_max=1048576, heartbeat=60)
+    if cls is Connection:
+        return cls("127.0.0.1", 1, None)
+    if issubclass(cls, ClientPool):
+        return cls("127.0.0.1", 1, vhost="/", username="u", password="p", frame_max=1048576, heartbeat=60,
+                   load_balancer_mode=False, max_retries=1)
+    return cls("127.0.0.1", 1, username="u", password="p")
+
+
+def test_every_rstream_internal_the_seam_lists_exists() -> None:
+    from smartclient.stream._rstream import RSTREAM_INTERNALS
+
+    missing = []
+    for entry in RSTREAM_INTERNALS:
+        owner, _, name = entry.rpartition(".")
+        target = _at(owner)
+        if isinstance(target, type) and not name[0].isupper():
+            present = hasattr(target, name) or hasattr(_instance(target), name)
+        else:
+            present = hasattr(target, name)
+        if not present:
+            missing.append(entry)
+    assert not missing, f"rstream {rstream.__name__} lacks what the seam relies on: {missing}"
+
+
+def test_every_rstream_name_the_seam_imports_exists() -> None:
+    from smartclient.stream._rstream import RSTREAM_NAMES
+
+    for entry in RSTREAM_NAMES:
+        assert _at(entry) is not None, entry
+
+
+def test_the_lists_cover_every_private_name_the_seam_touches_and_nothing_else_imports_rstream() -> None:
+    import re
+    from pathlib import Path
+
+    from smartclient.stream._rstream import RSTREAM_INTERNALS
+
+    root = Path(__file__).resolve().parents[2]
+    seam = root / "smartclient" / "stream" / "_rstream"
+    listed = {entry.rpartition(".")[2] for entry in RSTREAM_INTERNALS}
+    ours = {"_rstream", "_pool", "_errors", "_publishers"}  # our own modules, or listed under another owner
+    touched = set()
+    for path in seam.glob("*.py"):
+        touched |= set(re.findall(r"\.(_[a-z][a-z_]*)", path.read_text()))
+    assert touched - listed - ours == set(), "private rstream names used by the seam but not listed"
+    outside = [str(p.relative_to(root)) for top in ("smartclient", "resolvers") for p in (root / top).rglob("*.py")
+               if seam not in p.parents and re.search(r"^\s*(import|from) rstream\b", p.read_text(), re.M)]
+    assert outside == [], f"only the seam imports rstream: {outside}"

@@ -1,0 +1,65 @@
+"""The ONE place that touches rstream: its internals, its client, its errors (``tests/unit/test_rstream_seam.py``
+checks every internal it relies on; the version range is pinned in ``pyproject.toml``).
+
+:mod:`.wire`: the client, error mapping, frames and values; :mod:`.carriers`: rstream's Producer and Consumer,
+placed by smartclient.
+"""
+
+from smartclient.stream._rstream.carriers import *  # noqa: F403
+from smartclient.stream._rstream.carriers import __all__ as _carrier_names
+from smartclient.stream._rstream.wire import *  # noqa: F403
+from smartclient.stream._rstream.wire import __all__ as _wire_names
+
+__all__ = [*_carrier_names, *_wire_names, "RSTREAM_INTERNALS", "RSTREAM_NAMES"]
+
+RSTREAM_INTERNALS: tuple[str, ...] = (
+    # rstream.client.Client (BaseClient): the connection, its frames and its handler tables
+    "client.Client._conn",  # the socket (its writer carries our Publish frames; aborted on a failed dial)
+    "client.Client._handlers",  # frame handlers by class and name: ours are added, bound and removed
+    "client.Client._frames",  # per-subscription delivery queues, dropped with the subscription
+    "client.Client._tasks",  # reader, heartbeat and delivery tasks: stopped on abort
+    "client.Client._is_not_closed",  # set False on abort
+    "client.Client._client_properties",  # the connection name given
+    "client.Client._frame_max",  # the negotiated frame max (Publish frames are packed here)
+    "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions
+    "client.Client._listener",  # NamedClient.start mirrors rstream's start: reader task ...
+    "client.Client._on_heartbeat",  # ... heartbeat handler ...
+    "client.Client._on_close",  # ... close handler
+    "client.Client._ssl_context",  # read by NamedClient.start
+    "connection.Connection._reader",  # NamedConnection.open sets both, with the TLS name we choose
+    "connection.Connection._writer",
+    "connection.Connection._ssl_context",
+    "connection.Connection._read_frame_raw",  # StreamStats: one raw frame read while the reader is stopped
+    # rstream.Producer / rstream.Consumer (the carriers)
+    "Producer._pool", "Consumer._pool",  # replaced by PlacedClientPool
+    "Producer._clients", "Consumer._clients",  # stream -> connection
+    "Producer._lock", "Consumer._lock",  # taken around our own bookkeeping (subscribe holds it)
+    "Producer._connection_name", "Consumer._connection_name",
+    "Producer._on_connection_closed", "Consumer._on_connection_closed",  # forwarded per carrier
+    "Producer._get_or_create_client", "Consumer._get_or_create_client",  # overridden: placement decides
+    "Producer._publishers",  # id -> publisher
+    "Producer._find_producer_by_stream",
+    "Producer._get_next_available_id",  # only without a placed connection (never in practice)
+    "Producer._get_or_create_publisher",  # overridden: the id is taken per connection
+    "Consumer._subscribers",  # id -> subscriber
+    "producer._Publisher",  # built by our _get_or_create_publisher
+    "client.ClientPool._clients",  # cleared by PlacedClientPool.close
+)
+"""Every private name of rstream the seam relies on, relative to the ``rstream`` package; the seam test
+checks each against the installed rstream."""
+
+RSTREAM_NAMES: tuple[str, ...] = (
+    "AMQPMessage", "ConsumerOffsetSpecification", "FilterConfiguration", "OffsetType", "amqp_decoder",
+    "Producer", "Consumer", "schema", "exceptions", "client.Addr", "client.Client", "client.ClientPool",
+    "connection.Connection", "constants.SlasMechanism", "constants.MAX_ITEM_ALLOWED", "utils.MonotonicSeq",
+    "utils.OnClosedErrorInfo", "exceptions.PreconditionFailed", "exceptions.StreamAlreadyExists",
+    "exceptions.OffsetNotFound", "exceptions.LeaderNotAvailable", "exceptions.PublisherDoesNotExist",
+    "exceptions.SubscriptionIDDoesNotExist", "exceptions.StreamDoesNotExist", "exceptions.StreamNotAvailable",
+    "exceptions.ServerError", "exceptions.AuthenticationFailure", "exceptions.SASLError",
+    "exceptions.SASLAuthenticationFailureLoopback", "exceptions.SASLMechanismNotSupported",
+    "exceptions.VirtualHostAccessFailure", "schema.PublishConfirm", "schema.PublishError", "schema.MetadataUpdate",
+    "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
+    "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
+    "schema.OffsetSpecification",
+)
+"""The public names of rstream the seam imports or uses."""

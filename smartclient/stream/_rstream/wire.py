@@ -1,0 +1,299 @@
+"""The seam to rstream, wire side: its client with the TLS name smartclient chooses, its errors mapped
+in one place, and the frames and values smartclient reads or writes on rstream's connections itself
+(Publish frames and confirms, metadata, StreamStats, offset specifications, AMQP 1.0 messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetType, amqp_decoder, schema
+from rstream import exceptions as rx
+from rstream.client import Client
+from rstream.connection import Connection as RConnection
+
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    ResolutionError,
+    SmartClientError,
+    StreamNotFound,
+    TopologyError,
+)
+from smartclient.core.address import Address
+from smartclient.core.deadline import remaining
+
+if TYPE_CHECKING:
+    from smartclient.stream.host import Connection
+
+
+__all__ = [
+    "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
+    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "filter_config",
+    "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
+    "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
+    "on_publish_frames", "query_offset", "raw_request", "writer_of",
+]
+
+log = logging.getLogger(__name__)
+
+
+class _NamedConnection(RConnection):
+    def __init__(self, host: str, port: int, ssl_context: Any, server_hostname: str | None) -> None:
+        super().__init__(host, port, ssl_context)
+        self.server_hostname = server_hostname
+
+    async def open(self) -> None:
+        kwargs: dict[str, Any] = {}
+        if self._ssl_context is not None and self.server_hostname:
+            kwargs["server_hostname"] = self.server_hostname
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(host=self.host, port=self.port, ssl=self._ssl_context, **kwargs),
+                timeout=remaining(),  # the attempt's time left, not a fixed timeout of its own
+            )
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"Could not connect to {self.host}:{self.port}") from None
+
+
+class NamedClient(Client):
+    """rstream's Client, opening its socket with ``server_hostname`` (set before :meth:`start`)."""
+
+    server_hostname: str | None = None
+
+    async def start(self) -> None:
+        # rstream's Client.start, with our connection class (tests/unit/test_rstream_seam.py pins it)
+        assert self._conn is None
+        self._conn = _NamedConnection(self.host, self.port, self._ssl_context, self.server_hostname)
+        await self._conn.open()
+        self.start_task("listener", self._listener())
+        self.add_handler(schema.Heartbeat, self._on_heartbeat)
+        self.add_handler(schema.Close, self._on_close)
+
+
+class LocatorClient(NamedClient):
+    """The Environment's shared metadata connection.  rstream closes its locator after each lookup;
+    this one stays open until the Environment closes it with :meth:`shutdown`."""
+
+    async def close(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        await super().close()
+
+
+
+# -- rstream's errors, mapped in one place -----------------------------------------------------------
+@contextmanager
+def map_stream_errors(context: str) -> Iterator[None]:
+    """Re-raise errors from rstream and sockets as :class:`SmartClientError` subclasses, naming ``context``."""
+    try:
+        yield
+    except SmartClientError:
+        raise
+    except (rx.AuthenticationFailure, rx.SASLError, rx.SASLAuthenticationFailureLoopback,
+            rx.SASLMechanismNotSupported) as exc:
+        raise AuthenticationFailed(f"{context}: the broker refused the credentials ({type(exc).__name__})") from exc
+    except rx.VirtualHostAccessFailure as exc:
+        raise AuthenticationFailed(f"{context}: no access to the vhost, or it does not exist") from exc
+    except rx.StreamDoesNotExist as exc:
+        raise StreamNotFound(f"{context}: the stream does not exist") from exc
+    except rx.PreconditionFailed as exc:
+        raise TopologyError(f"{context}: the broker refused it (precondition failed: a name already in use, or "
+                            f"arguments other than those the stream has)") from exc
+    except (rx.LeaderNotAvailable, rx.StreamNotAvailable) as exc:
+        raise TopologyError(f"{context}: the stream has no leader available yet") from exc
+    except socket.gaierror as exc:
+        raise ResolutionError(f"{context}: the host name could not be resolved ({exc}); "
+                              f"a resolver (StaticMap, DnsResolver) can map it") from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise CertificateRejected(f"{context}: TLS certificate verify failed: {exc.verify_message or exc}") from exc
+    except ssl.SSLError as exc:
+        raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
+    except asyncio.TimeoutError as exc:  # rstream's own request timeout; its message is empty
+        raise ConnectionFailed(f"{context}: the broker did not answer in time") from exc
+    except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+        raise ConnectionFailed(f"{context}: {type(exc).__name__}: {exc or 'connection closed'}") from exc
+    except rx.ServerError as exc:
+        raise ConnectionFailed(f"{context}: the broker answered {type(exc).__name__}: {exc}") from exc
+
+
+# -- connections -------------------------------------------------------------------------------------
+def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLContext | None, frame_max: int,
+               heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None) -> Client:
+    """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise)."""
+    client = (cls or NamedClient)(host=host, port=port, ssl_context=tls, frame_max=frame_max, heartbeat=heartbeat,
+                                  connection_name=name, connection_closed_handler=on_closed,
+                                  max_clients_by_connections=max_ids)
+    if isinstance(client, NamedClient):
+        client.server_hostname = server_hostname
+    return client
+
+
+def identity(client: Any) -> tuple[Address | None, str]:
+    """The node an opened connection reports (``advertised_host``/``advertised_port``), and its name."""
+    props = client.server_properties or {}
+    try:
+        node: Address | None = Address(props["advertised_host"], int(props["advertised_port"]))
+    except (KeyError, ValueError):
+        node = None
+    return node, str(client._client_properties["connection_name"])
+
+
+def attach(client: Any, conn: Connection) -> None:
+    client.smartclient_conn = conn
+
+
+async def abort(client: Any) -> None:
+    """Drop a connection that failed while it was being opened, without a Close handshake (the broker may
+    be the reason it failed, and the attempt's time is spent)."""
+    for name in list(client._tasks):
+        await client.stop_task(name)
+    conn = client._conn
+    writer = getattr(conn, "_writer", None) if conn is not None else None
+    if writer is not None:
+        writer.transport.abort()
+    client._is_not_closed = False
+
+
+def on_metadata_update(client: Any, handler: Callable[[Any], Any], name: str) -> None:
+    client.add_handler(schema.MetadataUpdate, handler, name=name)
+
+
+def metadata_stream(frame: Any) -> str:
+    return str(frame.metadata_info.stream)
+
+
+# -- the publish path ------------------------------------------------------------------------------------
+def writer_of(client: Any) -> asyncio.StreamWriter:
+    """The socket writer of ``client``: the publish path writes its own Publish frames on it."""
+    writer: asyncio.StreamWriter = client._conn._writer
+    return writer
+
+
+def frame_max_of(client: Any) -> int:
+    return int(client._frame_max)
+
+
+def on_publish_frames(client: Any, name: str, on_confirm: Callable[[Any], None], on_error: Callable[[Any], None]
+                      ) -> None:
+    client.add_handler(schema.PublishConfirm, on_confirm, name=name)
+    client.add_handler(schema.PublishError, on_error, name=name)
+
+
+def off_publish_frames(client: Any, name: str) -> None:
+    for frame in (schema.PublishConfirm, schema.PublishError):
+        client._handlers.get(frame, {}).pop(name, None)
+
+
+# -- the locator's requests ----------------------------------------------------------------------------
+async def leader_and_replicas(locator: Any, stream: str) -> tuple[Address, list[Address]] | None:
+    """The stream's leader and replicas, or None while it has no leader (an election)."""
+    try:
+        leader, replicas = await locator.query_leader_and_replicas(stream)
+    except rx.LeaderNotAvailable:
+        return None
+    return Address(leader.host, leader.port), [Address(r.host, r.port) for r in replicas]
+
+
+async def create_stream(locator: Any, stream: str, arguments: dict[str, str]) -> str:
+    """``"created"``, ``"exists"`` (with these arguments) or ``"differs"`` (exists with others)."""
+    try:
+        await locator.create_stream(stream, arguments)
+    except rx.StreamAlreadyExists:
+        return "exists"
+    except rx.PreconditionFailed:
+        return "differs"
+    return "created"
+
+
+async def create_super_stream(locator: Any, super_stream: str, names: list[str], keys: list[str],
+                              arguments: dict[str, str]) -> bool:
+    """Create it; False if it exists already."""
+    try:
+        await locator.create_super_stream(super_stream, names, keys, arguments)
+    except rx.StreamAlreadyExists:
+        return False
+    return True
+
+
+async def query_offset(client: Any, stream: str, name: str) -> int | None:
+    """The offset stored for ``name`` on ``stream``, or None if none is."""
+    try:
+        return int(await client.query_offset(stream, name))
+    except rx.OffsetNotFound:
+        return None
+
+
+async def command_versions(locator: Any) -> dict[int, tuple[int, int]]:
+    """The broker's stream commands, ``{key: (min_version, max_version)}`` (ExchangeCommandVersions)."""
+    ours = [schema.FrameHandlerInfo(2, 1, 2)]  # what we speak is not what matters here
+    response = await locator.sync_request(
+        schema.ExchangeCommandVersionRequest(locator._corr_id_seq.next(), command_versions=ours),
+        resp_schema=schema.ExchangeCommandVersionResponse, raise_exception=False,
+    )
+    return {c.key_command: (c.min_version, c.max_version) for c in response.command_versions}
+
+
+async def raw_request(client: Any, frame: bytes, response_key: int, refused: Callable[[], BaseException]) -> bytes:
+    """Send ``frame`` on ``client`` and return the frame answering it (size prefix stripped), for a command
+    rstream does not know (its reader would stop on the answer).  The client's reader and heartbeat stop:
+    close it afterwards.  ``refused()`` is raised if the broker closes instead of answering."""
+    await client.stop_task("listener")
+    await client.stop_task("heartbeat_sender")
+    conn = client._conn
+    conn._writer.write(frame)
+    await conn._writer.drain()
+    for _ in range(16):  # skip heartbeats or other frames that were already on their way
+        raw = bytes(await conn._read_frame_raw())
+        (key,) = struct.unpack_from(">H", raw, 0)
+        if key == response_key:
+            return raw
+        if key in (0x0016, 0x0016 | 0x8000):  # Close: the broker does not know the command
+            break
+    raise refused()
+
+
+
+def offset_spec(spec: Any) -> ConsumerOffsetSpecification:
+    """rstream's offset specification for an :class:`~smartclient.core.offsets.OffsetSpec`."""
+    simple = {"first": OffsetType.FIRST, "last": OffsetType.LAST, "next": OffsetType.NEXT}
+    if spec.kind in simple:
+        return ConsumerOffsetSpecification(simple[spec.kind], None)
+    if spec.kind == "offset":
+        return ConsumerOffsetSpecification(OffsetType.OFFSET, int(spec.value))
+    return ConsumerOffsetSpecification(OffsetType.TIMESTAMP, spec.timestamp_ms())
+
+
+def consumer_update_answer(spec: Any) -> schema.OffsetSpecification:
+    """What a single active consumer answers the broker's ConsumerUpdate with."""
+    ours = offset_spec(spec)
+    value = ours.offset if ours.offset is not None else 0
+    return schema.OffsetSpecification(offset_type=int(OffsetType(ours.offset_type)), offset=value)
+
+
+def filter_config(stream_filter: Any) -> FilterConfiguration:
+    return FilterConfiguration(list(stream_filter.values), stream_filter.post_filter, stream_filter.match_unfiltered)
+
+
+
+def amqp_message(body: bytes, application_properties: dict[str, Any] | None) -> Any:
+    """An AMQP 1.0 message rstream encodes (application properties carried)."""
+    return AMQPMessage(body=body, application_properties=application_properties)
+
+
+def is_amqp_message(value: Any) -> bool:
+    return isinstance(value, AMQPMessage)
+
+
+def decode_amqp_message(raw: bytes) -> Any:
+    return amqp_decoder(raw)
+
+
