@@ -5,9 +5,10 @@ fixed time, unless the passing time is itself the scenario."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,47 +25,58 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+class _Wait:
+    """One wait's deadline and its last "not yet" error; :func:`wait_until` and :func:`wait_until_sync` drive it
+    and differ only in how they sleep."""
+
+    def __init__(self, timeout: float, what: str | Callable[[], str],
+                 retry_on: tuple[type[BaseException], ...]) -> None:
+        self.timeout, self.what, self.retry_on = timeout, what, retry_on
+        self.deadline = time.monotonic() + timeout
+        self.error: BaseException | None = None
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        try:
+            yield
+        except self.retry_on as exc:
+            self.error = exc
+
+    def check_deadline(self) -> None:
+        if time.monotonic() >= self.deadline:
+            what = self.what if isinstance(self.what, str) else self.what()
+            raise AssertionError(f"timed out after {self.timeout:g} s waiting for {what}") from self.error
+
+
 async def wait_until(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
                      interval: float = 0.02, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
     """Poll ``check`` (a function, or a coroutine function) until it returns something true, and return
     that.  After ``timeout`` s, fail naming ``what`` (a function: called then, to say how far it got).  An
     exception of a type in ``retry_on`` means "not yet" (the last one is chained to the failure); any other
     propagates at once."""
-    deadline = time.monotonic() + timeout
-    error: BaseException | None = None
+    wait = _Wait(timeout, what, retry_on)
     while True:
-        try:
+        with wait.attempt():
             value = check()
             if inspect.isawaitable(value):
                 value = await value
             if value:
                 return value
-        except retry_on as exc:
-            error = exc
-        if time.monotonic() >= deadline:
-            raise _timed_out(timeout, what) from error
+        wait.check_deadline()
         await asyncio.sleep(interval)
 
 
 def wait_until_sync(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
                     interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
     """:func:`wait_until` for code with no event loop (pika, paho, the sync facade, the management API)."""
-    deadline = time.monotonic() + timeout
-    error: BaseException | None = None
+    wait = _Wait(timeout, what, retry_on)
     while True:
-        try:
+        with wait.attempt():
             value = check()
             if value:
                 return value
-        except retry_on as exc:
-            error = exc
-        if time.monotonic() >= deadline:
-            raise _timed_out(timeout, what) from error
+        wait.check_deadline()
         time.sleep(interval)
-
-
-def _timed_out(timeout: float, what: str | Callable[[], str]) -> AssertionError:
-    return AssertionError(f"timed out after {timeout:g} s waiting for {what if isinstance(what, str) else what()}")
 
 
 def load_example(name: str) -> Any:

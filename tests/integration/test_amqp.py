@@ -35,7 +35,9 @@ def node_names(bed: TestBed) -> list[str]:
     return [n.name for n in bed.nodes]
 
 
-def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(rabbitmq_testbed: TestBed, placer: AmqpPlacer) -> None:
+def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(
+    rabbitmq_testbed: TestBed, placer: AmqpPlacer
+) -> None:
     nodes = placer.nodes()
     assert [n.name for n in nodes] == sorted(node_names(rabbitmq_testbed))
     for node in rabbitmq_testbed.nodes:
@@ -63,7 +65,9 @@ def test_unknown_node_is_a_typed_error(placer: AmqpPlacer) -> None:
         placer.connect("rabbit-9")
 
 
-async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(rabbitmq_testbed: TestBed) -> None:
+async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(
+    rabbitmq_testbed: TestBed
+) -> None:
     host, port = rabbitmq_testbed.lb()
     with rabbitmq_testbed.management() as api:
         async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),

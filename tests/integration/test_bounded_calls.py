@@ -118,7 +118,8 @@ async def test_creating_an_existing_stream_with_other_arguments_names_the_differ
     rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
     node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=rabbitmq_testbed.management()) as env:
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                           management=rabbitmq_testbed.management()) as env:
         await env.create_stream(rabbitmq_unique_name, {"max-age": "1h"})
         try:
             await env.create_stream(rabbitmq_unique_name, {"max-age": "1h"}, exists_ok=True)  # the same: fine
@@ -132,7 +133,9 @@ async def test_creating_an_existing_stream_with_other_arguments_names_the_differ
             await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_last_publishing_id_says_what_the_broker_stored(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_last_publishing_id_says_what_the_broker_stored(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     assert "stored" in (Producer.last_publishing_id.__doc__ or "")  # help() shows ours, not int's
     node = rabbitmq_testbed.nodes[0]
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
@@ -158,7 +161,8 @@ async def test_consumers_and_producers_share_one_connection_per_node(rabbitmq_te
         await create_stream_led_by(rabbitmq_testbed, stream, i)
     try:
         before = rabbitmq_testbed.haproxy.sessions("stream_roundrobin")  # type: ignore[attr-defined]
-        async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        async with Environment(rabbitmq_testbed.stream_uri(host, port),
+                               resolver=LoadBalancer(Address(host, port))) as env:
             producers = [await env.producer(streams[i % 3], name=f"p{i}") for i in range(5)]
             consumers = [await env.consumer(streams[i % 3], lambda m, c: None) for i in range(20)]
             sessions = rabbitmq_testbed.haproxy.sessions("stream_roundrobin") - before  # type: ignore[attr-defined]

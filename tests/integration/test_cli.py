@@ -58,7 +58,8 @@ def test_probe_counts_nodes_and_warns_about_a_sticky_lb(rabbitmq_testbed: TestBe
     host, port = rabbitmq_testbed.lb("stream")
     even = run(rabbitmq_testbed, "probe", "--via", f"{host}:{port}", "-n", "9")
     assert even.returncode == 0, even.stderr
-    assert all(f"localhost:{n.stream_port}" in even.stdout for n in rabbitmq_testbed.nodes) and "sticky" not in even.stdout
+    assert all(f"localhost:{n.stream_port}" in even.stdout for n in rabbitmq_testbed.nodes)
+    assert "sticky" not in even.stdout
     shost, sport = rabbitmq_testbed.lb("stream", "source")
     sticky = run(rabbitmq_testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
     assert "100%" in sticky.stdout and "looks" in sticky.stdout and "sticky" in sticky.stdout
@@ -84,7 +85,9 @@ def test_probe_via_is_enough_on_its_own(rabbitmq_testbed: TestBed) -> None:
     assert seen == nodes, out.stdout
 
 
-async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     """``smartclient topology STREAM --lb LB`` with no URI anywhere: the LB is the entry point too."""
     guest_only(rabbitmq_testbed)
     host, port = rabbitmq_testbed.lb("stream")

@@ -33,7 +33,8 @@ def test_every_example_runs_against_the_test_bed(rabbitmq_testbed: TestBed, exam
     host, port = rabbitmq_testbed.lb("stream")
     mqtt_host, mqtt_port = rabbitmq_testbed.lb("mqtt")
     env = {**os.environ, "SMARTCLIENT_URI": rabbitmq_testbed.stream_uri(host, port),
-           "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}", "SMARTCLIENT_MANAGEMENT": rabbitmq_testbed.nodes[0].management_url}
+           "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}",
+           "SMARTCLIENT_MANAGEMENT": rabbitmq_testbed.nodes[0].management_url}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, f"{example} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

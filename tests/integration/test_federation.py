@@ -201,7 +201,8 @@ def test_a_ring_with_too_small_a_max_hops_misses_the_far_broker(
 
 @pytest.mark.faults
 def test_stopping_a_broker_shows_its_links_down_and_they_recover(
-    rabbitmq_testbed: TestBed, brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+    rabbitmq_testbed: TestBed, brokers: list[FederatedBroker],
+    applied: Callable[..., tuple[FederationTopology, Delivery]],
 ) -> None:
     topology, delivery = applied(ring(brokers[:4], x := _name(), name=x))
     stopped = brokers[2].name

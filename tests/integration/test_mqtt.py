@@ -103,7 +103,8 @@ def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
 
 
 def test_a_client_finds_the_cluster_through_dns_srv(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
-    srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[rabbitmq_testbed.dns_address[0]], port=rabbitmq_testbed.dns_address[1])
+    srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[rabbitmq_testbed.dns_address[0]],
+                       port=rabbitmq_testbed.dns_address[1])
     # without the management API: the first SRV target that answers
     anywhere = MqttPlacer(entry_points=srv, resolver=dns(rabbitmq_testbed)).connect()
     try:
@@ -121,7 +122,9 @@ def test_a_client_finds_the_cluster_through_dns_srv(rabbitmq_testbed: TestBed, a
         close(client)
 
 
-def test_environment_mqtt_client_uses_the_environments_settings(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+def test_environment_mqtt_client_uses_the_environments_settings(
+    rabbitmq_testbed: TestBed, api: ManagementClient
+) -> None:
     node = rabbitmq_testbed.nodes[0]
     got: list[bytes] = []
     env = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=api)
@@ -167,7 +170,9 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
         MqttPlacer(entry_points=[target], tls=insecure).connect()
 
 
-def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(
+    rabbitmq_testbed: TestBed, api: ManagementClient
+) -> None:
     host, port = rabbitmq_testbed.lb("mqtt_tls")
     placer = MqttPlacer(api, via=f"localhost:{port}", tls=rabbitmq_testbed.tls_context())
     client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
@@ -191,7 +196,9 @@ def test_bad_credentials_are_a_typed_error_not_retried(rabbitmq_testbed: TestBed
     assert placer.opened == 1 and time.monotonic() - started < 10
 
 
-def test_a_client_keeps_working_with_file_descriptors_above_1024(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+def test_a_client_keeps_working_with_file_descriptors_above_1024(
+    rabbitmq_testbed: TestBed, api: ManagementClient
+) -> None:
     """paho's own loop uses select(), which cannot watch fd >= 1024 (paho.mqtt.python#183, #819)."""
     fds: list[int] = []
 
@@ -345,7 +352,9 @@ def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos
             fleet.publish(1, "fleet/q1", b"x", qos=2)
 
 
-def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
+def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(
+    rabbitmq_testbed: TestBed, api: ManagementClient
+) -> None:
     placer = MqttPlacer(api, via=lb(rabbitmq_testbed, "random1"))  # random(1): lands unevenly
     with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
         counts = fleet.per_node()
@@ -425,15 +434,18 @@ async def test_iot_example_devices_to_stream_to_spark_to_stream(
     readings, averages = f"{rabbitmq_unique_name}-r", f"{rabbitmq_unique_name}-a"
     await example.setup(uri, api, readings, averages)
     try:
-        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(rabbitmq_testbed), rabbitmq_unique_name, 30, 10)
+        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(rabbitmq_testbed), rabbitmq_unique_name,
+                                           30, 10)
         assert sorted(per_node.values()) == [10, 10, 10]
-        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name, str(tmp_path / "cp"))
+        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name,
+                                str(tmp_path / "cp"))
         got = await example.read_stream(uri, api, readings, 300, amqp=True)
         sums = await example.read_stream(uri, api, averages, 30, amqp=False)
         assert example.check(got, sums, 30, 10)
         assert {s["device"] for s in sums} == {f"{rabbitmq_unique_name}-{d}" for d in range(30)}
         # the same query again from its checkpoint writes nothing more
-        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name, str(tmp_path / "cp"))
+        await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name,
+                                str(tmp_path / "cp"))
         assert len(await example.read_stream(uri, api, averages, 31, amqp=False, timeout=3)) == 30
     finally:
         async with Environment(uri, management=api) as env:

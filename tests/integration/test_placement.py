@@ -63,7 +63,9 @@ async def check_placement(bed: TestBed, env: Environment, streams: list[str]) ->
         assert {c1.node, c2.node} == replicas, f"{stream}: consumers spread over both replicas"
 
 
-async def test_direct_placement_for_streams_led_by_each_node(rabbitmq_testbed: TestBed, three_streams: list[str]) -> None:
+async def test_direct_placement_for_streams_led_by_each_node(
+    rabbitmq_testbed: TestBed, three_streams: list[str]
+) -> None:
     async with environment(rabbitmq_testbed) as env:
         await check_placement(rabbitmq_testbed, env, three_streams)
         leaders = {(await env.topology(s)).leader for s in three_streams}
@@ -73,16 +75,21 @@ async def test_direct_placement_for_streams_led_by_each_node(rabbitmq_testbed: T
 
 
 @pytest.mark.parametrize("balance", ["roundrobin", "random"])
-async def test_placement_through_the_load_balancer(rabbitmq_testbed: TestBed, three_streams: list[str], balance: str) -> None:
+async def test_placement_through_the_load_balancer(
+    rabbitmq_testbed: TestBed, three_streams: list[str], balance: str
+) -> None:
     lb = Address(*rabbitmq_testbed.lb("stream", balance))
-    async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+    async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+                           resolver=LoadBalancer(lb)) as env:
         await check_placement(rabbitmq_testbed, env, three_streams)
         assert {r.dialled for r in env.placements()} == {lb}
         if balance == "roundrobin":  # each node is reached within one cycle, and wrong landings get reused
             assert env.connector.opened <= 12, env.connector.opened
 
 
-async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     lb = Address(*rabbitmq_testbed.lb("stream", "source"))
     async with stream_client(rabbitmq_testbed, lb.host, lb.port) as probe:
         props = probe.server_properties
@@ -92,7 +99,8 @@ async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(rabbitmq_te
     await create_with_leader_on(rabbitmq_testbed, reachable, index)
     await create_with_leader_on(rabbitmq_testbed, unreachable, (index + 1) % 3)
     try:
-        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+                               resolver=LoadBalancer(lb)) as env:
             producer = await env.producer(reachable)
             assert producer.node == Address(*sticky.advertised)
             started = time.monotonic()
@@ -114,7 +122,8 @@ async def test_cluster_size_2_consumers_never_on_the_node_without_a_member(
     try:
         leader, replicas = members_of(rabbitmq_testbed, rabbitmq_unique_name)
         assert len(replicas) == 1
-        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port), resolver=LoadBalancer(lb)) as env:
+        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+                               resolver=LoadBalancer(lb)) as env:
             consumers = [await env.consumer(rabbitmq_unique_name, lambda m, c: None) for _ in range(4)]
             assert {c.node for c in consumers} <= {leader, *replicas}
             assert consumers[0].node in replicas  # replicas first
@@ -157,7 +166,9 @@ async def test_containers_identity_names_the_host_it_could_not_resolve(
         await delete(rabbitmq_faulty_testbed, rabbitmq_unique_name)
 
 
-async def test_allow_list_refuses_a_metadata_answer_outside_it(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_allow_list_refuses_a_metadata_answer_outside_it(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 0)
     try:
         async with environment(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
@@ -237,7 +248,9 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
         await delete(bed, rabbitmq_unique_name)
 
 
-async def test_producers_of_streams_led_by_one_node_share_a_connection(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_producers_of_streams_led_by_one_node_share_a_connection(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     streams = [f"{rabbitmq_unique_name}-{i}" for i in range(3)]
     for stream in streams:
         await create_with_leader_on(rabbitmq_testbed, stream, 1)
@@ -250,7 +263,9 @@ async def test_producers_of_streams_led_by_one_node_share_a_connection(rabbitmq_
         await delete(rabbitmq_testbed, *streams)
 
 
-async def test_topology_gives_advertised_and_dialable_addresses(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_topology_gives_advertised_and_dialable_addresses(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     bed = rabbitmq_faulty_testbed
     await create_with_leader_on(bed, rabbitmq_unique_name, 0)
     bed.advertise_hostnames(True)

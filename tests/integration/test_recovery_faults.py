@@ -184,7 +184,9 @@ async def test_stop_app_then_start_app_producer_and_consumer_progress(
         assert producer.recoveries >= 1 and consumer.recoveries >= 1
 
 
-async def test_leader_move_producer_and_consumer_progress(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_leader_move_producer_and_consumer_progress(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     bed = rabbitmq_faulty_testbed
     async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
@@ -349,7 +351,9 @@ async def test_each_recovery_attempt_ends_within_attempt_time_on_a_loaded_machin
     policy = RecoveryPolicy(attempt_time=2.0)
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2)]
     try:
-        async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, Environment(all_nodes(bed), recovery=policy) as env:
+        async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, Environment(
+            all_nodes(bed), recovery=policy
+        ) as env:
             producer = await env.producer(stream, name="loaded")
             publisher = Publisher(producer).start()
             await publisher.confirmed_after(0, count=1000)

@@ -47,11 +47,14 @@ def rows(rabbitmq_spark: Any, start: int, count: int) -> Any:
     return rabbitmq_spark.createDataFrame(data, "id long, user string, body string")
 
 
-async def test_sink_is_idempotent_for_a_batch_id(rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
-    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host, rabbitmq_testbed.nodes[0].stream_port)) as env:
+async def test_sink_is_idempotent_for_a_batch_id(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host,
+                                                       rabbitmq_testbed.nodes[0].stream_port)) as env:
         await env.create_stream(rabbitmq_unique_name)
-    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, stream=rabbitmq_unique_name,
-                           key_columns=["user"], order_columns=["id"], slots=3)
+    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
+                           stream=rabbitmq_unique_name, key_columns=["user"], order_columns=["id"], slots=3)
     df = rows(rabbitmq_spark, 0, 200)
     await asyncio.to_thread(sink, df, 7)
     await asyncio.to_thread(sink, df, 7)  # the same batch again: nothing new
@@ -62,7 +65,8 @@ async def test_sink_is_idempotent_for_a_batch_id(rabbitmq_spark: Any, rabbitmq_t
 async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host, rabbitmq_testbed.nodes[0].stream_port)) as env:
+    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host,
+                                                       rabbitmq_testbed.nodes[0].stream_port)) as env:
         await env.create_stream(rabbitmq_unique_name)
     source = tmp_path / "in"
     source.mkdir()
@@ -78,8 +82,9 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
             raise RuntimeError("injected task failure")
         return row["body"].encode()
 
-    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, stream=rabbitmq_unique_name,
-                           key_columns=["user"], order_columns=["id"], slots=3, to_message=to_message)
+    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
+                           stream=rabbitmq_unique_name, key_columns=["user"], order_columns=["id"], slots=3,
+                           to_message=to_message)
     query = (rabbitmq_spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)
              .json(str(source)).writeStream.foreachBatch(sink)
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
@@ -105,8 +110,8 @@ async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
         partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
-        sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name, super_stream=rabbitmq_unique_name,
-                               key_columns=["user"], order_columns=["id"])
+        sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
+                               super_stream=rabbitmq_unique_name, key_columns=["user"], order_columns=["id"])
         await asyncio.to_thread(sink, rows(rabbitmq_spark, 0, 140), 0)
         total = 0
         for partition in partitions:
@@ -139,18 +144,23 @@ def source(rabbitmq_spark: Any, bed: TestBed, stream: str, streaming: bool = Fal
             .option("loadBalancer", f"{host}:{port}").option("streams", stream))
 
 
-async def test_batch_read_returns_exactly_an_offset_range(rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_batch_read_returns_exactly_an_offset_range(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 100)
-    df = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name).option("startingOffsets", json.dumps({rabbitmq_unique_name: 10}))
-          .option("endingOffsets", json.dumps({rabbitmq_unique_name: 60})).option("maxRecordsPerPartition", "20").load())
-    from smartclient.spark.source import OffsetRange, _BatchReader, _options
+    stream = rabbitmq_unique_name
+    df = (source(rabbitmq_spark, rabbitmq_testbed, stream).option("startingOffsets", json.dumps({stream: 10}))
+          .option("endingOffsets", json.dumps({stream: 60})).option("maxRecordsPerPartition", "20").load())
+    from smartclient.spark import RabbitStreamDataSource
+    from smartclient.spark.source import OffsetRange
 
     host, port = rabbitmq_testbed.lb("stream")
-    reader = _BatchReader(_options({"uri": rabbitmq_testbed.stream_uri(host, port), "streams": rabbitmq_unique_name,
-                                    "startingOffsets": json.dumps({rabbitmq_unique_name: 10}),
-                                    "endingOffsets": json.dumps({rabbitmq_unique_name: 60}), "maxRecordsPerPartition": "20"}))
-    assert list(reader.partitions()) == [OffsetRange(rabbitmq_unique_name, 10, 30), OffsetRange(rabbitmq_unique_name, 30, 50),
-                                         OffsetRange(rabbitmq_unique_name, 50, 60)]
+    reader = RabbitStreamDataSource({"uri": rabbitmq_testbed.stream_uri(host, port), "streams": stream,
+                                     "startingOffsets": json.dumps({stream: 10}),
+                                     "endingOffsets": json.dumps({stream: 60}), "maxRecordsPerPartition": "20"}
+                                    ).reader(None)  # what Spark calls, through the public DataSource API
+    assert list(reader.partitions()) == [OffsetRange(stream, 10, 30), OffsetRange(stream, 30, 50),
+                                         OffsetRange(stream, 50, 60)]
     got = await asyncio.to_thread(df.collect)
     assert sorted(r.offset for r in got) == list(range(10, 60))
     assert all(json.loads(bytes(r.body))["id"] == r.offset and r.stream == rabbitmq_unique_name for r in got)
@@ -170,7 +180,8 @@ async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
         batches.append(batch_id)
 
     def run() -> None:
-        query = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True).option("maxRecordsPerPartition", "10").load()
+        query = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True)
+                 .option("maxRecordsPerPartition", "10").load()
                  .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
         try:
             query.processAllAvailable()
@@ -194,10 +205,11 @@ def _pyspark_has_admission_control() -> bool:
 @pytest.mark.skipif(_pyspark_has_admission_control(), reason="this PySpark offers admission control")
 def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
     from smartclient import ConfigurationError
-    from smartclient.spark.source import _StreamReader
+    from smartclient.spark import RabbitStreamDataSource
 
     with pytest.raises(ConfigurationError, match="maxRecordsPerTrigger needs admission control"):
-        _StreamReader({"uri": "rabbitmq-stream://h", "streams": "s", "maxrecordspertrigger": "10"})
+        RabbitStreamDataSource({"uri": "rabbitmq-stream://h", "streams": "s", "maxRecordsPerTrigger": "10"}
+                               ).streamReader(None)  # what Spark calls, through the public DataSource API
 
 
 async def test_end_to_end_source_transform_sink_through_the_lb(
@@ -208,10 +220,12 @@ async def test_end_to_end_source_transform_sink_through_the_lb(
     uri = rabbitmq_testbed.stream_uri(host, port)
     source, target = f"{rabbitmq_unique_name}-in", f"{rabbitmq_unique_name}-out"
     await pipeline.publish_orders(uri, source, 500)
-    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name, str(tmp_path / "cp"))
+    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name,
+                            str(tmp_path / "cp"))
     out = await pipeline.read_all(uri, target, expect=500)
     assert sorted(m["id"] for m in out) == list(range(500))
     assert all(m["with_tax"] == round(m["id"] * 1.5 * 1.2, 2) for m in out)
     # running the same query again from its checkpoint adds nothing
-    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name, str(tmp_path / "cp"))
+    await asyncio.to_thread(pipeline.run, rabbitmq_spark, uri, source, target, rabbitmq_unique_name,
+                            str(tmp_path / "cp"))
     assert len(await pipeline.read_all(uri, target, expect=501, timeout=3)) == 500

@@ -49,7 +49,9 @@ async def read_all(env: Environment, stream: str, offset: Any = "first", expect:
 
 
 # -- declaration ------------------------------------------------------------------------------------
-async def test_declaration_arguments_reach_the_broker(env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_declaration_arguments_reach_the_broker(
+    env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     args = StreamArguments(max_length_bytes=2_000_000_000, max_age="7D", max_segment_size_bytes=100_000_000,
                            filter_size_bytes=32, initial_cluster_size=2, leader_locator="client-local")
     await env.create_stream(rabbitmq_unique_name, args)
@@ -179,7 +181,8 @@ async def test_dedup_misuse_is_refused_client_side(rabbitmq_testbed: TestBed, ra
                 await producer.send_wait(b"message 4", publishing_id=4)
             await producer.send_wait(b"message 11", publishing_id=11)  # ... and the producer goes on
         # ... whereas raw rstream sends it, the broker confirms it, and it is silently dropped
-        raw = RawProducer(node.host, node.stream_port, username=rabbitmq_testbed.username, password=rabbitmq_testbed.password)
+        raw = RawProducer(node.host, node.stream_port, username=rabbitmq_testbed.username,
+                          password=rabbitmq_testbed.password)
         async with raw:
             await raw.send_wait(rabbitmq_unique_name, RawMessage(b"message 4 (rstream)", publishing_id=4),
                                 publisher_name="misuse")
@@ -219,7 +222,8 @@ async def test_manual_offset_tracking_and_resume(env: Environment, rabbitmq_uniq
     try:
         await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(10)])
         got: list[int] = []
-        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first", name="app")
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first",
+                                      name="app")
         assert await consumer.stored_offset() is None
         await wait_until(lambda: len(got) == 10, 10, "10 messages")
         await consumer.store_offset()
@@ -282,7 +286,8 @@ async def test_single_active_consumer_fails_over_and_resumes_after_the_stored_of
                                name="sac", single_active=True, tracking=tracking)
         b = await env.consumer(rabbitmq_unique_name, lambda m, c: received["b"].append(bytes(m)), offset="first",
                                name="sac", single_active=True, tracking=tracking)
-        await wait_until(lambda: a.active is not None and b.active is not None, 10, "both consumers to hear whether they are active")
+        await wait_until(lambda: a.active is not None and b.active is not None, 10,
+                         "both consumers to hear whether they are active")
         await _publish(env, rabbitmq_unique_name, [b"m%d" % i for i in range(10)])
         await wait_until(lambda: len(received["a"]) + len(received["b"]) == 10, 10, "10 messages")
         active, standby = (a, b) if received["a"] else (b, a)
@@ -402,7 +407,9 @@ async def test_producer_confirms_backpressure_and_frame_max(env: Environment, ra
         await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_send_many_numbers_consecutively_and_keeps_the_checks(env: Environment, rabbitmq_unique_name: str) -> None:
+async def test_send_many_numbers_consecutively_and_keeps_the_checks(
+    env: Environment, rabbitmq_unique_name: str
+) -> None:
     from smartclient import MessageTooLarge
 
     await env.create_stream(rabbitmq_unique_name)

@@ -138,7 +138,9 @@ async def test_super_stream_consumer_group_has_one_active_per_partition(
         await env.delete_super_stream(rabbitmq_unique_name)
 
 
-async def test_super_stream_over_the_management_api(env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_super_stream_over_the_management_api(
+    env: Environment, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     with rabbitmq_testbed.management() as api:
         names = await env.create_super_stream(rabbitmq_unique_name, partitions=2, management=api,
                                               arguments={"max-age": "1D"})

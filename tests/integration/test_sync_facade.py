@@ -13,7 +13,9 @@ from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
 
-def test_producers_and_consumers_without_asyncio_from_many_threads(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+def test_producers_and_consumers_without_asyncio_from_many_threads(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     host, port = rabbitmq_testbed.lb("stream")
     got: list[bytes] = []
     with SyncEnvironment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
@@ -54,7 +56,9 @@ def test_producers_and_consumers_without_asyncio_from_many_threads(rabbitmq_test
         env.topology(rabbitmq_unique_name)
 
 
-def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     node = rabbitmq_testbed.nodes[0]
     errors: list[BaseException] = []
     with SyncEnvironment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:

@@ -43,8 +43,9 @@ async def test_stream_of_cluster_size_3_has_leader_and_two_replicas(
             members = [(leader.host, leader.port)] + [(r.host, r.port) for r in replicas]
             assert len(replicas) == 2
             assert len(set(members)) == 3
-            assert {rabbitmq_testbed.node_by_advertised(h, p).name for h, p in members} == {n.name for n in rabbitmq_testbed.nodes}
-            assert rabbitmq_testbed.node_by_advertised(leader.host, leader.port).name == rabbitmq_testbed.stream_leader(rabbitmq_unique_name)
+            bed = rabbitmq_testbed
+            assert {bed.node_by_advertised(h, p).name for h, p in members} == {n.name for n in bed.nodes}
+            assert bed.node_by_advertised(leader.host, leader.port).name == bed.stream_leader(rabbitmq_unique_name)
         finally:
             await client.delete_stream(rabbitmq_unique_name)
 
@@ -57,7 +58,8 @@ async def test_nine_connections_through_round_robin_lb_reach_each_node_three_tim
     for _ in range(9):
         async with open_stream_client(host, port) as client:
             props = client.server_properties
-            reached[rabbitmq_testbed.node_by_advertised(props["advertised_host"], int(props["advertised_port"])).name] += 1
+            reached[rabbitmq_testbed.node_by_advertised(props["advertised_host"],
+                                                        int(props["advertised_port"])).name] += 1
     assert reached == Counter({n.name: 3 for n in rabbitmq_testbed.nodes})
 
 

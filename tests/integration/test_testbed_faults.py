@@ -39,7 +39,9 @@ def _running_nodes(bed: TestBed) -> set[str]:
         return {n["name"] for n in api.nodes() if n["running"]}
 
 
-async def test_kill_9_by_pid_then_restart(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any) -> None:
+async def test_kill_9_by_pid_then_restart(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any
+) -> None:
     bed = rabbitmq_faulty_testbed
     victim, survivor = bed.nodes[2], bed.nodes[0]
     async with open_stream_client(victim.host, victim.stream_port) as client:  # client-local: leader on victim
@@ -72,7 +74,9 @@ def test_stop_app_and_start_app(rabbitmq_faulty_testbed: TestBed) -> None:
     wait_until(lambda: node.name in _running_nodes(rabbitmq_faulty_testbed), 30, "the app to be reported running")
 
 
-async def test_move_leader(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any) -> None:
+async def test_move_leader(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, open_stream_client: Any
+) -> None:
     bed = rabbitmq_faulty_testbed
     first = bed.nodes[0]
     async with open_stream_client(first.host, first.stream_port) as client:
@@ -137,7 +141,8 @@ def test_lb_backend_in_maintenance_is_healed(rabbitmq_faulty_testbed: TestBed) -
         name: "MAINT" for name in states
     }
     rabbitmq_faulty_testbed.heal()
-    assert all(s == "UP" for servers in rabbitmq_faulty_testbed.haproxy.server_states().values() for s in servers.values())
+    states = rabbitmq_faulty_testbed.haproxy.server_states()
+    assert all(s == "UP" for servers in states.values() for s in servers.values())
 
 
 def _resolver(bed: TestBed) -> dns.resolver.Resolver:
@@ -186,7 +191,9 @@ def test_extra_independent_brokers(rabbitmq_faulty_testbed: TestBed) -> None:
             bed.stop_brokers()
 
 
-async def test_external_test_bed_attaches_to_a_running_cluster(rabbitmq_testbed: TestBed, open_stream_client: Any) -> None:
+async def test_external_test_bed_attaches_to_a_running_cluster(
+    rabbitmq_testbed: TestBed, open_stream_client: Any
+) -> None:
     config = {
         "username": rabbitmq_testbed.username, "password": rabbitmq_testbed.password,
         "nodes": [{"name": n.name, "host": n.host, "stream_port": n.stream_port, "amqp_port": n.amqp_port,

@@ -15,7 +15,9 @@ def _tls_uri(bed: TestBed, host: str, port: int) -> str:
     return bed.stream_uri(host, port).replace("rabbitmq-stream://", "rabbitmq-stream+tls://")
 
 
-async def test_remapped_container_names_are_verified_not_the_ip(rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str) -> None:
+async def test_remapped_container_names_are_verified_not_the_ip(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
     bed = rabbitmq_faulty_testbed
     await create_stream_led_by(bed, rabbitmq_unique_name, 1)
     bed.advertise_hostnames(True)
@@ -42,7 +44,8 @@ async def test_through_the_lb_tls_verifies_the_lb_name(rabbitmq_testbed: TestBed
     dns = DnsResolver([rabbitmq_testbed.dns_address[0]], port=rabbitmq_testbed.dns_address[1])
     resolver = Chain(LoadBalancer(Address("lb.smartclient.test", port)), dns)
     try:
-        async with Environment(_tls_uri(rabbitmq_testbed, "lb.smartclient.test", port), tls=rabbitmq_testbed.tls_context(),
+        async with Environment(_tls_uri(rabbitmq_testbed, "lb.smartclient.test", port),
+                               tls=rabbitmq_testbed.tls_context(),
                                resolver=resolver) as env:
             producer = await env.producer(rabbitmq_unique_name)
             assert producer.node == Address("localhost", rabbitmq_testbed.nodes[2].stream_tls_port)
@@ -55,6 +58,7 @@ async def test_through_the_lb_tls_verifies_the_lb_name(rabbitmq_testbed: TestBed
 async def test_a_certificate_that_does_not_match_fails_closed(rabbitmq_testbed: TestBed) -> None:
     node = rabbitmq_testbed.nodes[0]
     with pytest.raises(CertificateRejected, match="certificate verify failed"):  # typed, and not retried
-        async with Environment(_tls_uri(rabbitmq_testbed, node.host, node.stream_tls_port), tls=rabbitmq_testbed.tls_context(),
+        async with Environment(_tls_uri(rabbitmq_testbed, node.host, node.stream_tls_port),
+                               tls=rabbitmq_testbed.tls_context(),
                                tls_server_name="rabbit-9.smartclient.test"):
             pass
