@@ -375,13 +375,19 @@ def test_no_connack_refused_connect_and_bad_values_are_mapped() -> None:
         new_client().send_connect(hostless, 30, clean_start=True, properties=None)
 
 
-def test_tls_verifies_the_name_given_not_the_address_dialled() -> None:
+def tls_contexts(name: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a certificate for ``name`` only, and a client context trusting its CA."""
     trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("node-1.example").configure_cert(server_context)
+    ca.issue_cert(name).configure_cert(server_context)
     client_context = ssl.create_default_context()
     ca.configure_trust(client_context)
+    return server_context, client_context
+
+
+def test_tls_verifies_the_name_given_not_the_address_dialled() -> None:
+    server_context, client_context = tls_contexts("node-1.example")
     fake = FakeBroker(tls=server_context)
     try:
         good = new_client(client_context)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import inspect
 import socket
 import ssl
-import threading
-from collections.abc import Iterator
 
 import pika
 import pika.exceptions as px
@@ -39,11 +37,13 @@ from smartclient.amqp._pika import (
 )
 from tests.unit.test_paho_seam import (
     ROOT,
+    FakeBroker,
     imports_of,
     parameters,
     private_names_used_in,
     private_uses,
     resolve_path,
+    tls_contexts,
 )
 
 SEAM = ROOT / "smartclient" / "amqp" / "_pika.py"
@@ -58,7 +58,9 @@ def test_every_private_name_of_pika_the_seam_relies_on_exists(entry: str) -> Non
 def test_a_failed_connect_raises_the_last_attempts_own_error() -> None:
     """PIKA_INTERNALS: BlockingConnection._reap_last_connection_workflow_error unwraps the TLS phase's error, so
     that a certificate that does not verify reaches pika_errors as ssl.SSLCertVerificationError."""
-    source = inspect.getsource(resolve_path(PIKA_INTERNALS[0]))
+    reap = "pika.adapters.blocking_connection.BlockingConnection._reap_last_connection_workflow_error"
+    assert reap in PIKA_INTERNALS
+    source = inspect.getsource(resolve_path(reap))
     assert "error.exceptions[-1]" in source and "AMQPConnectorPhaseErrorBase" in source
     assert "error = error.exception" in source
     assert "_reap_last_connection_workflow_error(" in inspect.getsource(pika.BlockingConnection._create_connection)
@@ -79,16 +81,11 @@ def test_every_signature_the_wing_relies_on(entry: str) -> None:
 
 def test_the_lists_name_every_private_pika_name_the_seam_touches() -> None:
     listed = {e.rsplit(".", 1)[1] for e in PIKA_INTERNALS}
-    own = {"_C"}  # none yet: the seam defines no private names of its own that it reads as attributes
-    touched = private_names_used_in(SEAM) - own
+    touched = private_names_used_in(SEAM)
     assert touched <= listed, f"the seam touches pika's {sorted(touched - listed)}: add them to PIKA_INTERNALS"
 
 
 # -- the one error mapping ---------------------------------------------------------------------------------
-def returned_message() -> px.UnroutableError:
-    return px.UnroutableError([])
-
-
 @pytest.mark.parametrize(("raised", "error", "message"), [
     (px.ProbableAuthenticationError("ACCESS_REFUSED"), AuthenticationFailed, "refused the credentials"),
     (px.ProbableAccessDeniedError(530, "NOT_ALLOWED"), AuthenticationFailed, "no access to vhost 'v'"),
@@ -111,7 +108,7 @@ def test_pika_errors_maps_onto_the_tree_and_chains(raised: BaseException, error:
 def test_pika_errors_lets_the_caller_say_what_a_returned_message_means_and_keeps_callback_errors() -> None:
     with pytest.raises(NoRpcServer, match="nobody on n1") as caught, \
             pika_errors("publishing", returned=lambda: NoRpcServer("nobody on n1", "n1")):
-        raise returned_message()
+        raise px.UnroutableError([])
     assert caught.value.node == "n1" and isinstance(caught.value.__cause__, px.UnroutableError)
     mine = OSError("the callback's own disk is full")
     with pytest.raises(OSError) as raw, pika_errors("reading", callbacks=True):
@@ -131,40 +128,16 @@ def test_a_connect_to_a_closed_port_is_connection_failed() -> None:
     assert isinstance(caught.value.__cause__, px.AMQPError)
 
 
-@pytest.fixture
-def tls_listener() -> Iterator[tuple[Address, ssl.SSLContext]]:
-    """A TLS listener whose certificate names ``node-1.example`` only, and a context trusting its CA."""
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("node-1.example").configure_cert(server_context)
-    client_context = ssl.create_default_context()
-    ca.configure_trust(client_context)
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(5)
-
-    def serve() -> None:
-        try:
-            conn, _ = server.accept()
-            with server_context.wrap_socket(conn, server_side=True) as tls:
-                tls.recv(1)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield Address("127.0.0.1", server.getsockname()[1]), client_context
-    server.close()
-    thread.join(5)
-
-
-def test_a_certificate_that_does_not_verify_is_certificate_rejected(
-    tls_listener: tuple[Address, ssl.SSLContext],
-) -> None:
-    address, context = tls_listener
-    with pytest.raises(CertificateRejected, match=r"AMQP over TLS.*not valid for '127\.0\.0\.1'") as caught:
-        open_connection(address, name="seam-test", credentials=Credentials(), vhost="/", heartbeat=60, tls=context)
-    assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+def test_a_certificate_that_does_not_verify_is_certificate_rejected() -> None:
+    server_context, client_context = tls_contexts("node-1.example")
+    listener = FakeBroker(connack=None, tls=server_context)
+    try:
+        with pytest.raises(CertificateRejected, match=r"AMQP over TLS.*not valid for '127\.0\.0\.1'") as caught:
+            open_connection(listener.address, name="seam-test", credentials=Credentials(), vhost="/", heartbeat=60,
+                            tls=client_context)
+        assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+    finally:
+        listener.close()
 
 
 # -- nobody else reaches into pika -------------------------------------------------------------------------
