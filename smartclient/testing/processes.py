@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from smartclient._errors import TestBedError
 
@@ -98,15 +99,21 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    """Poll ``check`` until it is true; raise :class:`TestBedError` naming ``what`` after ``timeout`` s."""
+_T = TypeVar("_T")
+
+
+def wait_until(check: Callable[[], _T], timeout: float, what: str, interval: float = 0.1) -> _T:
+    """Poll ``check`` until it returns something true, and return that; raise :class:`TestBedError` naming
+    ``what`` after ``timeout`` s (chained to the check's last error, if it raised)."""
     deadline = time.monotonic() + timeout
+    error: Exception | None = None
     while True:
         try:
-            if check():
-                return
-        except Exception:  # a check that raises is a check that is not yet true
-            pass
+            value = check()
+            if value:
+                return value
+        except Exception as exc:  # a check that raises is a check that is not yet true
+            error = exc
         if time.monotonic() >= deadline:
-            raise TestBedError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise TestBedError(f"timed out after {timeout:.0f}s waiting for {what}") from error
         time.sleep(interval)

@@ -20,6 +20,7 @@ from typing import Any
 
 from smartclient._errors import FaultUnavailable
 from smartclient.management import ManagementClient
+from smartclient.testing.processes import wait_until
 
 __all__ = ["Node", "TestBed"]
 
@@ -130,6 +131,25 @@ class TestBed:
         """Close a client connection by its name through the management API."""
         with self.management() as api:
             api.close_connection(name, reason="closed by the smartclient test bed")
+
+    def connection_named(self, client_name: str, timeout: float = 30.0) -> str:
+        """The server's name (for :meth:`close_connection`) of the connection a client opened with the
+        ``connection_name`` ``client_name``.  It waits: the management API lists a connection after its next
+        statistics round, a few seconds after it opened.
+
+        :raises TestBedError: the management API did not list it within ``timeout`` s.
+        """
+        def listed() -> str | None:
+            with self.management() as api:
+                for conn in api.connections():
+                    if (conn.get("client_properties") or {}).get("connection_name") == client_name:
+                        return str(conn["name"])
+            return None
+
+        name = wait_until(listed, timeout, f"the management API to list the connection {client_name!r}",
+                          interval=0.2)
+        assert name is not None  # wait_until returns only a true value
+        return name
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -225,17 +225,7 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
             record = producer.placement
             assert record is not None
 
-            def server_side_name() -> str | None:
-                with bed.management() as api:
-                    for conn in api.connections():
-                        if conn.get("client_properties", {}).get("connection_name") == record.connection:
-                            return str(conn["name"])
-                return None
-
-            # the management API lists a connection after its next statistics round
-            name = await wait_until(lambda: asyncio.to_thread(server_side_name), 30,
-                                    "the producer's connection in the management API", interval=0.2)
-            bed.close_connection(name)
+            bed.close_connection(await asyncio.to_thread(bed.connection_named, record.connection))
             # the cache forgets the topology of the node lost: topology() reads the broker again (with
             # recovery on, the producer would read it again itself)
             async def read_again() -> bool:

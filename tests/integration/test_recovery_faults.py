@@ -30,7 +30,7 @@ from smartclient import (
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until, wait_until_sync
+from .conftest import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -241,7 +241,7 @@ async def test_untracked_consumer_connection_closed_by_management_api_recovers_w
         for handle in (consumer, producer):
             record = handle.placement
             assert record is not None
-            bed.close_connection(server_side_name(bed, record.connection))
+            bed.close_connection(bed.connection_named(record.connection))
             closed_at = time.monotonic()
             await publisher.confirmed_after(closed_at, count=300)
             await collector.wait_for(len(collector.items) + 300)
@@ -249,19 +249,6 @@ async def test_untracked_consumer_connection_closed_by_management_api_recovers_w
         await collector.wait_for(publisher.sent)
         collector.assert_no_gap(publisher.sent)
         assert consumer.recoveries == 1 and producer.recoveries == 1
-
-
-def server_side_name(bed: TestBed, client_name: str, timeout: float = 30) -> str:
-    def listed() -> str | None:
-        with bed.management() as api:
-            for conn in api.connections():
-                if conn.get("client_properties", {}).get("connection_name") == client_name:
-                    return str(conn["name"])
-        return None
-
-    # the management API lists a connection after its next statistics round
-    name: str = wait_until_sync(listed, timeout, f"the management API to list {client_name}", interval=0.2)
-    return name
 
 
 async def test_lb_backend_disabled_and_sessions_cut_then_lb_restarted(
@@ -321,7 +308,7 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
         producer = await env.producer(stream, name="p")
         resolved_at = time.monotonic()
         await producer.send_wait(b"0")
-        connection = server_side_name(bed, producer.placement.connection)  # type: ignore[union-attr]
+        connection = bed.connection_named(producer.placement.connection)  # type: ignore[union-attr]
         bed.stop_dns()
         bed.close_connection(connection)
         await producer.send_wait(b"1")  # recovered with the cached answer
@@ -331,7 +318,7 @@ async def test_dns_stopped_cached_names_keep_working_until_they_expire_then_a_ty
         with pytest.raises(ResolutionError, match=r"smartclient\.test"):  # a new connection needs DNS now
             # (a consumer: its replica has no connection yet; a second producer would share the leader's)
             await env.consumer(stream, lambda message, context: None)
-        bed.close_connection(server_side_name(bed, producer.placement.connection))  # type: ignore[union-attr]
+        bed.close_connection(bed.connection_named(producer.placement.connection))  # type: ignore[union-attr]
         await wait_until(lambda: producer.failure, 10, "the producer to give up")
         assert "ResolutionTimeout" in producer.failure
 

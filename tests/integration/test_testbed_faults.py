@@ -95,15 +95,7 @@ async def test_close_connection_through_management_api(
 ) -> None:
     node = rabbitmq_faulty_testbed.nodes[0]
     async with open_stream_client(node.host, node.stream_port, name=rabbitmq_unique_name) as client:
-        def server_name() -> str | None:
-            with rabbitmq_faulty_testbed.management() as api:
-                for conn in api.connections():
-                    if conn.get("client_properties", {}).get("connection_name") == rabbitmq_unique_name:
-                        return str(conn["name"])
-            return None
-
-        wait_until(lambda: server_name() is not None, 30, "the connection to show in the management API")
-        rabbitmq_faulty_testbed.close_connection(str(server_name()))
+        rabbitmq_faulty_testbed.close_connection(rabbitmq_faulty_testbed.connection_named(rabbitmq_unique_name))
         deadline = time.monotonic() + 10
         while client.is_connection_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
