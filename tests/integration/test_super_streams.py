@@ -24,6 +24,8 @@ from smartclient.stream.super_stream import SuperStreamProducer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import stream_members
 
+from .conftest import wait_until
+
 
 @pytest.fixture
 async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
@@ -37,9 +39,7 @@ async def _drain(env: Environment, streams: list[str], expect: int, timeout: flo
     consumers = []
     for stream in streams:
         consumers.append(await env.consumer(stream, lambda m, c, s=stream: got[s].append(bytes(m)), offset="first"))
-    deadline = time.monotonic() + timeout
-    while sum(len(v) for v in got.values()) < expect and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: sum(len(v) for v in got.values()) >= expect, timeout, f"{expect} messages")
     for consumer in consumers:
         await consumer.close()
     return got
@@ -116,21 +116,16 @@ async def test_super_stream_consumer_group_has_one_active_per_partition(
                                             offset="first", name="group", single_active=True)
         b = await env.super_stream_consumer(rabbitmq_unique_name, lambda m, c: received["b"].append(bytes(m)),
                                             offset="first", name="group", single_active=True)
-        deadline = time.monotonic() + 10
-        while len(a.active_partitions) + len(b.active_partitions) < 3 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: len(a.active_partitions) + len(b.active_partitions) >= 3, 10,
+                         "an active consumer on each partition")
         assert sorted(a.active_partitions + b.active_partitions) == partitions  # exactly one each
         producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: body.decode())
         for i in range(30):
             await producer.send_wait(f"key-{i}".encode())
-        deadline = time.monotonic() + 10
-        while len(received["a"]) + len(received["b"]) < 30 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: len(received["a"]) + len(received["b"]) >= 30, 10, "30 messages")
         assert sorted(received["a"] + received["b"]) == sorted(f"key-{i}".encode() for i in range(30))
         await a.close()  # its partitions fail over to b
-        deadline = time.monotonic() + 10
-        while len(b.active_partitions) < 3 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: len(b.active_partitions) >= 3, 10, "every partition to fail over to b")
         assert sorted(b.active_partitions) == partitions
         await b.close()
         await producer.close()

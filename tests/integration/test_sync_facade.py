@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -11,6 +10,8 @@ from resolvers import LoadBalancer
 from smartclient import Address, ConnectionFailed, StreamNotFound
 from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
+
+from .conftest import wait_until_sync
 
 
 def test_producers_and_consumers_without_asyncio_from_many_threads(
@@ -39,9 +40,7 @@ def test_producers_and_consumers_without_asyncio_from_many_threads(
             for t in threads:
                 t.join()
             assert confirmed == [True] * 200
-            deadline = time.monotonic() + 15
-            while len(got) < 200 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_sync(lambda: len(got) >= 200, 15, lambda: f"200 messages ({len(got)} in)")
             assert sorted(got) == sorted(b"%d-%d" % (w, i) for w in range(4) for i in range(50))
             assert env.stream_stats(rabbitmq_unique_name)["first_chunk_id"] == 0
             assert {r.role for r in env.placements()} >= {"producer", "consumer"}
@@ -72,10 +71,8 @@ def test_a_sync_call_from_a_callback_is_refused_not_deadlocked(
 
             env.consumer(rabbitmq_unique_name, callback, offset="first")
             env.producer(rabbitmq_unique_name).send_wait(b"x")
-            deadline = time.monotonic() + 10
-            while not errors and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert errors and "would wait for itself" in str(errors[0])
+            wait_until_sync(lambda: errors, 10, "the callback's call to be refused")
+            assert "would wait for itself" in str(errors[0])
         finally:
             env.delete_stream(rabbitmq_unique_name)
 
@@ -92,9 +89,7 @@ def test_super_streams_without_asyncio(rabbitmq_testbed: TestBed, rabbitmq_uniqu
                 assert [c.confirmed for c in confirmations] == [True] * 4
                 producer.send(b"e")
                 producer.flush()
-                deadline = time.monotonic() + 15
-                while len(got) < 5 and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                wait_until_sync(lambda: len(got) >= 5, 15, lambda: f"5 messages ({len(got)} in)")
                 assert sorted(got) == [b"a", b"b", b"c", b"d", b"e"]
         finally:
             env.delete_super_stream(rabbitmq_unique_name)
