@@ -102,7 +102,8 @@ async def test_messages_pending_when_the_stream_is_deleted_fail_with_the_reason_
         await producer.send(b"maybe", on_confirm=fates.append)  # still in the buffer: linger
         with caplog.at_level(logging.INFO, logger="smartclient"):
             await env.delete_stream(rabbitmq_unique_name)
-            await asyncio.sleep(0.5)  # a MetadataUpdate the broker sends would arrive now
+            # a window, not a wait: a MetadataUpdate the broker sends has nothing to wait for; it would arrive now
+            await asyncio.sleep(0.5)
         assert producer.closed and consumer.closed
         assert "was deleted by this Environment" in str(producer.failure)
         assert all(not f.confirmed and "deleted" in f.reason for f in fates) and len(fates) <= 1
