@@ -53,11 +53,11 @@ class Carriers:
         for carrier, streams in self._carriers[role]:
             if stream not in streams:
                 streams.add(stream)
-                carrier._pool.names[stream] = name
+                _rstream.name_stream(carrier, stream, name)
                 return carrier
         carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
                                        f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
-        carrier._pool.names[stream] = name
+        _rstream.name_stream(carrier, stream, name)
         self._carriers[role].append((carrier, {stream}))
         return carrier
 

@@ -226,7 +226,7 @@ class Environment:
         :raises TopologyError: it has no leader within a few seconds.
         """
         self._check_open()
-        return await self._topologies.topology(stream)
+        return await self._topologies.with_routes(await self._topologies.topology(stream))
 
     def invalidate(self, stream: str | None = None, node: Address | None = None) -> None:
         """Forget cached topologies: one stream's, those with a member on ``node``, or all."""

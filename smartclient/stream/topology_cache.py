@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import (
@@ -22,7 +23,7 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.deadline import detach, remaining, step
-from smartclient.core.retry import RetryPolicy
+from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, replica_wait
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
@@ -36,6 +37,7 @@ __all__ = ["TOPOLOGY_TIME", "TopologyCache"]
 log = logging.getLogger(__name__)
 
 TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
+ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)
 
 
 class TopologyCache:
@@ -51,6 +53,7 @@ class TopologyCache:
         self.policy = policy
         self.retry = retry
         self._topologies: dict[str, StreamTopology] = {}
+        self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._locator: Any = None
         self._lock = asyncio.Lock()
@@ -111,6 +114,7 @@ class TopologyCache:
         # shared by every placement that asks meanwhile: bounded on its own (each asker bounds its wait)
         detach()
         deadline = time.monotonic() + TOPOLOGY_TIME
+        polls = 0
         while True:
             try:
                 locator = await self.locator()
@@ -119,23 +123,33 @@ class TopologyCache:
                                          default=TOPOLOGY_TIME)
                 if members is None and time.monotonic() > deadline:
                     raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
-            except ConnectionFailed:
+            except ConnectionFailed:  # the locator's node went away: the next lookup opens another
                 if time.monotonic() > deadline:
                     raise
                 members = None
-            if members is None:
-                await asyncio.sleep(0.1)
+            if members is None:  # an election: ask again soon
+                polls += 1
+                await asyncio.sleep(ELECTION_POLL.delay(polls))
                 continue
-            leader, replicas = members
-            dial: dict[Address, Address | str] = {}
-            for member in (leader, *replicas):
-                try:
-                    dial[member] = await self.connector.resolve(member)
-                except SmartClientError as exc:  # reported per node; placement raises it if it needs the node
-                    dial[member] = f"{type(exc).__name__}: {exc}"
-            topo = StreamTopology(stream, leader, tuple(replicas), dial=dial)
+            leader, replicas = members  # advertised addresses: resolved only when dialled (one seam)
+            topo = StreamTopology(stream, leader, tuple(replicas))
             self._topologies[stream] = topo
             return topo
+
+    async def with_routes(self, topo: StreamTopology) -> StreamTopology:
+        """``topo`` with where each member would be dialled (or why it cannot be), for people to read; the
+        answers come from the one resolution seam, as a connection's would."""
+        routed = self._routed.get(topo.stream)
+        if routed is not None and routed.read_at == topo.read_at:
+            return routed
+        dial: dict[Address, Address | str] = {}
+        for member in topo.members:
+            try:
+                dial[member] = await self.connector.resolve(member)
+            except SmartClientError as exc:
+                dial[member] = f"{type(exc).__name__}: {exc}"
+        routed = self._routed[topo.stream] = replace(topo, dial=dial)
+        return routed
 
     def __contains__(self, stream: object) -> bool:
         """Whether ``stream``'s topology is cached."""

@@ -141,3 +141,9 @@ def test_the_lists_cover_every_private_name_the_seam_touches_and_nothing_else_im
     outside = [str(p.relative_to(root)) for top in ("smartclient", "resolvers") for p in (root / top).rglob("*.py")
                if seam not in p.parents and re.search(r"^\s*(import|from) rstream\b", p.read_text(), re.M)]
     assert outside == [], f"only the seam imports rstream: {outside}"
+    generic = {"_lock", "_tasks", "_ssl_context", "_listener", "_on_close", "_on_heartbeat", "_reader", "_writer"}
+    pattern = re.compile(r"\.(" + "|".join(sorted((listed | {"_pool"}) - generic)) + r")\b")
+    touching = [f"{p.relative_to(root)}: {m.group(0)}" for top in ("smartclient", "resolvers")
+                for p in (root / top).rglob("*.py") if seam not in p.parents
+                for m in pattern.finditer(p.read_text())]
+    assert touching == [], f"only the seam touches rstream's private names: {touching}"

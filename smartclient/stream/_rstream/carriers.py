@@ -36,7 +36,7 @@ from smartclient.stream._rstream.wire import offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "close_publisher",
-    "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber",
+    "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
     "new_carrier", "position", "store_offset", "stored_sequence", "subscribe",
 ]
 
@@ -185,6 +185,11 @@ async def _on_metadata(carrier: Any, client: Any, role: Role, frame: schema.Meta
     stream = frame.metadata_info.stream
     if carrier._clients.get(stream) is client:
         carrier.smartclient_host.lost(role, carrier, stream, "Metadata Update")
+
+
+def name_stream(carrier: Any, stream: str, name: str | None) -> None:
+    """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table)."""
+    carrier._pool.names[stream] = name
 
 
 def closed_forwarder(carrier: Any, client: Any, handler: Any) -> Any:
