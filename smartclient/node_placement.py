@@ -29,9 +29,9 @@ from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.retry import Backoff, RetryPolicy
-from smartclient.core.settings import Credentials
+from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.core.topology import Candidates, Role
-from smartclient.resolution import run_sync
+from smartclient.resolution import Route, run_sync
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -83,27 +83,38 @@ class NodePlacer(Generic[C]):
         self,
         management: ManagementClient | None,
         *,
+        settings: ClientSettings | None = None,
         credentials: Credentials | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,
         retry: RetryPolicy = RetryPolicy(),
         tls: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
         via: str | Address | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
         from smartclient.resolution import Resolution
 
+        if settings is not None:  # one shared value (an Environment's) instead of the separate arguments
+            credentials, vhost = settings.credentials, settings.vhost
+            resolver, allow = settings.resolver, settings.allow
+            retry = settings.retry if settings.retry is not None else retry
+            tls = settings.tls if tls is None else tls
+            tls_server_name = settings.tls_server_name if tls_server_name is None else tls_server_name
         self.management = management
         self.credentials = credentials if credentials is not None else Credentials()
         self.vhost = vhost
-        self.resolution = Resolution(resolver, allow)
-        self.resolver = self.resolution.resolver
         self.allow = allow
         self.retry = retry
         self.tls = tls
+        self.tls_server_name = tls_server_name
         self.via = Address.parse(via, default_port=self.default_port) if isinstance(via, str) else via
+        # the one resolution seam: what to dial (the resolver, or the load balancer), which name TLS verifies
+        self.resolution = Resolution(resolver, allow, tls=tls is not None, tls_override=tls_server_name,
+                                     via=self.via)
+        self.resolver = self.resolution.resolver
         self.identify_timeout = identify_timeout
         self.entry_points = entry_points
         self._nodes: list[BrokerNode] | None = None
@@ -206,9 +217,14 @@ class NodePlacer(Generic[C]):
             f"the management API did not list {self.protocol} connection {name!r} within the timeout"
         )
 
+    def route(self, target: Address) -> Route:
+        """Where a connection aimed at ``target`` goes: what to dial and which name TLS verifies."""
+        return self.resolution.route_sync(target)
+
     def resolve(self, address: Address) -> Address:
-        """``address`` through the resolver, then the allow-list (the one resolution seam)."""
-        return self.resolution.route_sync(address).dial
+        """What a connection aimed at ``address`` dials (the load balancer, or the resolver's answer),
+        allow-listed."""
+        return self.route(address).dial
 
     # -- connecting --------------------------------------------------------------------------
     def place(self, node: str | None = None, name: str | None = None) -> Landed[C]:
@@ -278,9 +294,7 @@ class NodePlacer(Generic[C]):
 
     def _open(self, target: Address, by_address: dict[Address, BrokerNode], name: str | None,
               newer_than: int = -1) -> Landed[C]:
-        dialled = self.via if self.via is not None else self.resolve(target)
-        if self.via is not None and self.allow is not None:  # the LB's address, still allow-listed
-            self.allow.check(dialled, why=f"{self.protocol} connection for {target}")
+        dialled = self.resolve(target)
         name = name or self._new_name(self.protocol)
         connection = self._dial(target, dialled, name)
         if self.via is None:

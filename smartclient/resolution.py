@@ -65,14 +65,18 @@ class Resolution:
             self.allow.check(dialled, why=f"resolved from {target}")
         return dialled
 
+    def tls_name(self, target: Address, dialled: Address) -> str | None:
+        """The name TLS verifies for a connection aimed at ``target`` and dialled at ``dialled`` (None
+        without TLS)."""
+        return tls_server_name(target, dialled, self.resolver, self.tls_override) if self.tls else None
+
     async def route(self, target: Address) -> Route:
         """Where a connection aimed at ``target`` goes.
 
         :raises ResolutionError: the resolver failed.  :raises AddressNotAllowed: outside the allow-list.
         """
         dialled = await self.dial_address(target)
-        name = tls_server_name(target, dialled, self.resolver, self.tls_override) if self.tls else None
-        return Route(target, dialled, name)
+        return Route(target, dialled, self.tls_name(target, dialled))
 
     def route_sync(self, target: Address) -> Route:
         """:meth:`route` from blocking code (pika, paho): run to completion, on a worker thread if an event

@@ -166,9 +166,11 @@ def open_connection(
     vhost: str,
     heartbeat: int,
     tls: ssl.SSLContext | None,
+    tls_name: str | None = None,
 ) -> BlockingConnection:
     """A pika ``BlockingConnection`` to ``dialled``, named ``name`` (its client-provided
-    ``connection_name``), one attempt, TLS verifying the dialled host.
+    ``connection_name``), one attempt, TLS verifying ``tls_name`` (what the resolution seam says; else the
+    dialled host).
 
     :raises AuthenticationFailed, CertificateRejected, ConnectionFailed: see :func:`pika_errors`.
     """
@@ -176,7 +178,7 @@ def open_connection(
         host=dialled.host, port=dialled.port, virtual_host=vhost,
         credentials=pika.PlainCredentials(credentials.username, credentials.password),
         heartbeat=heartbeat, client_properties={"connection_name": name},
-        ssl_options=pika.SSLOptions(tls, dialled.host) if tls is not None else None,
+        ssl_options=pika.SSLOptions(tls, tls_name or dialled.host) if tls is not None else None,
         connection_attempts=1, socket_timeout=5, blocked_connection_timeout=30,
     )
     with pika_errors(f"connecting to {dialled}", vhost=vhost):

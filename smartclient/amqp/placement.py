@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient.amqp._pika import BlockingConnection, close_quietly, open_connection, pika_errors
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import Credentials
+from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.node_placement import NodePlacer
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self,
         management: ManagementClient,
         *,
+        settings: ClientSettings | None = None,
         credentials: Credentials | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
@@ -89,8 +90,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
-        super().__init__(management, credentials=credentials, vhost=vhost, resolver=resolver, allow=allow,
-                         retry=retry, tls=tls, via=via, identify_timeout=identify_timeout,
+        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
+                         allow=allow, retry=retry, tls=tls, via=via, identify_timeout=identify_timeout,
                          entry_points=entry_points)
         self.management: ManagementClient = management
         self.heartbeat = heartbeat
@@ -116,4 +117,5 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
     def _dial(self, target: Address, dialled: Address, name: str) -> BlockingConnection:
         self.opened += 1
         return open_connection(dialled, name=name, credentials=self.credentials, vhost=self.vhost,
-                               heartbeat=self.heartbeat, tls=self.tls)
+                               heartbeat=self.heartbeat, tls=self.tls,
+                               tls_name=self.resolution.tls_name(target, dialled))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 
-__all__ = ["ConnectSettings", "Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
+__all__ = ["ClientSettings", "ConnectSettings", "Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
 
 STREAM_PORT = 5552
 STREAM_TLS_PORT = 5551
@@ -69,6 +70,21 @@ class ConnectSettings:
     frame_max: int = 1024 * 1024
     heartbeat: int = 60
     tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What every client of one Environment shares, whatever its protocol: credentials, vhost, TLS (and the
+    name it verifies, when given), the resolver, the allow-list and the retry policy.  The Environment makes
+    one; its AMQP and MQTT placers are built from it instead of from a pile of keyword arguments."""
+
+    credentials: Credentials = field(default_factory=Credentials)
+    vhost: str = "/"
+    tls: ssl.SSLContext | None = None
+    tls_server_name: str | None = None
+    resolver: Any = None  # a resolvers.ResolverLike (None: Identity)
+    allow: Any = None  # a resolvers.AllowList
+    retry: Any = None  # a RetryPolicy (None: the default)
 
 
 @dataclass(frozen=True)

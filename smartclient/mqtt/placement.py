@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import Credentials
-from smartclient.core.tls_names import tls_server_name
+from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.mqtt._paho import MQTTProtocolVersion, PahoClient, Properties, session_properties
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
@@ -124,11 +123,12 @@ class PlacedMqttClient(PahoClient):
         placer = self._placer
         with self._sc_lock:
             target, node = placer.next_target(self.target)
-            dialled = target if placer.via is not None else placer.resolve(target)
+            route = placer.route(target)
+            dialled = route.dial
             self.failovers += 1
             log.info("MQTT client %s: reconnecting to %s (%s) instead of %s", self.client_id,
                      node or "a node the load balancer picks", dialled, self.dialled)
-            self.aim_at(dialled, placer.server_name(target, dialled) if placer.tls is not None else None)
+            self.aim_at(dialled, route.tls_name)
             self.target, self.dialled, self.node = target, dialled, node
 
     def _on_connack(self, flags: Any, reason: Any) -> int:
@@ -165,6 +165,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self,
         management: ManagementClient | None = None,
         *,
+        settings: ClientSettings | None = None,
         credentials: Credentials | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
@@ -186,9 +187,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         if management is None and entry_points is None and via is None:
             raise ConfigurationError("MQTT needs entry_points=, via= a load balancer, or the management API")
         self.protocol = "mqtt/ssl" if tls is not None else "mqtt"
-        super().__init__(management, credentials=credentials, vhost=vhost, resolver=resolver, allow=allow,
-                         retry=retry, tls=tls, via=via, identify_timeout=identify_timeout, entry_points=entry_points)
-        self.tls_server_name = tls_server_name
+        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
+                         allow=allow, retry=retry, tls=tls, tls_server_name=tls_server_name, via=via,
+                         identify_timeout=identify_timeout, entry_points=entry_points)
         self.options = options
         self._placing = threading.Lock()
         self._call = _Call(None, [])
@@ -211,8 +212,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                 return targets[(i + 1) % len(targets)]
         return targets[0]
 
-    def server_name(self, target: Address, dialled: Address) -> str:
-        return tls_server_name(target, dialled, self.resolver, self.tls_server_name)
+    def server_name(self, target: Address, dialled: Address) -> str | None:
+        """The name TLS verifies (the one resolution seam's rule)."""
+        return self.resolution.tls_name(target, dialled)
 
     # -- connecting --------------------------------------------------------------------------
     def connect(

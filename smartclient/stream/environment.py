@@ -20,6 +20,7 @@ import logging
 import ssl
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from resolvers.base import ListensPerProtocol
@@ -30,7 +31,14 @@ from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ConnectSettings, Credentials, PoolLimits, StreamURI, parse_stream_uri
+from smartclient.core.settings import (
+    ClientSettings,
+    ConnectSettings,
+    Credentials,
+    PoolLimits,
+    StreamURI,
+    parse_stream_uri,
+)
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
 from smartclient.management import ManagementClient
@@ -159,7 +167,8 @@ class Environment:
         from smartclient.stream.placement import StreamPlacement
         from smartclient.stream.topology_cache import TopologyCache
 
-        self._allow = allow
+        self.client_settings = ClientSettings(credentials, self.settings.vhost, tls, tls_server_name, self.resolver,
+                                              allow, retry)
         resolution = Resolution(self.resolver, allow, tls=tls is not None, tls_override=tls_server_name)
         self.connector = StreamConnector(self.settings, resolution, retry=retry, limits=pool)
         self._topologies = TopologyCache(self.connector, self.entry_points, self._srv, connection_name,
@@ -470,11 +479,8 @@ class Environment:
         key = str(via)
         placer = self._amqp_placers.get(key)
         if placer is None:
-            placer = AmqpPlacer(
-                self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
-                resolver=self.resolver, allow=self._allow, retry=self.retry, tls=self.settings.tls,
-                connection_name=self.connection_name, via=via,
-            )
+            placer = AmqpPlacer(self.management, settings=self.client_settings, connection_name=self.connection_name,
+                                via=via)
             self._amqp_placers[key] = placer
         return placer
 
@@ -514,12 +520,8 @@ class Environment:
         if tls is True and context is None:
             context = ssl.create_default_context()
         via = self._through("mqtt/ssl" if context is not None else "mqtt", via)
-        return MqttPlacer(
-            self.management, credentials=self.settings.credentials, vhost=self.settings.vhost,
-            resolver=self.resolver, allow=self._allow, retry=self.retry, tls=context,
-            tls_server_name=self.settings.tls_server_name, via=via, entry_points=entry_points,
-            options=options if options is not None else MqttOptions(),
-        )
+        return MqttPlacer(self.management, settings=replace(self.client_settings, tls=context), via=via,
+                          entry_points=entry_points, options=options if options is not None else MqttOptions())
 
     def mqtt_client(
         self,

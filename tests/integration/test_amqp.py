@@ -72,7 +72,7 @@ async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_withou
     with rabbitmq_testbed.management() as api:
         async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
                                management=api) as env:
-            with pytest.raises(ConfigurationError, match="via="):
+            with pytest.raises(ConfigurationError, match=r"no amqp listener: LoadBalancer\(\.\.\., amqp=PORT\)"):
                 env.amqp_connection(rabbitmq_testbed.nodes[1].short)
             amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
             with env.amqp_connection(rabbitmq_testbed.nodes[1].short, via=f"{amqp_host}:{amqp_port}") as placed:

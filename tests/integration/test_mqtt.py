@@ -141,7 +141,7 @@ def test_environment_mqtt_client_uses_the_environments_settings(
     from smartclient import Address
 
     stream_lb = Environment("127.0.0.1:1", resolver=LoadBalancer(Address("127.0.0.1", 1)), management=api)
-    with pytest.raises(ConfigurationError, match="pass via= the load balancer's MQTT address"):
+    with pytest.raises(ConfigurationError, match=r"no mqtt listener: LoadBalancer\(\.\.\., mqtt=PORT\)"):
         stream_lb.mqtt_client()
 
 
