@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, ConnectionFailed, NoRpcServer, RpcTimeout
 from smartclient.amqp._pika import basic_properties, pika_errors
+from smartclient.core.retry import Backoff
 
 if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["Coverage", "RpcClient", "RpcServer", "coverage", "declare_local_random_exchange"]
 
 log = logging.getLogger(__name__)
+
+API_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # waiting for the management API to show a binding
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
@@ -183,12 +186,14 @@ class RpcServer:
     def coverage(self) -> Coverage:
         """What the management API says now (servers of other processes count too)."""
         deadline = time.monotonic() + 5
+        polls = 0
         while True:  # a queue just bound may take a moment to show in the API
             report = coverage(self.placer.management, self.exchange, self.placer.vhost)
             mine = {s.placed.node for s in self.servers}
             if mine <= set(report.servers) or time.monotonic() > deadline:
                 return report
-            time.sleep(0.1)
+            polls += 1
+            time.sleep(API_POLL.delay(polls))
 
     @property
     def handled(self) -> int:

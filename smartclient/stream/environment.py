@@ -8,8 +8,7 @@ One Environment holds, each in a module of its own:
 * :class:`~smartclient.stream.carriers.Carriers`: the rstream carriers, the open handles, and losses handed to
   them (the :class:`~smartclient.stream.host.StreamHost` the handles are given);
 * :class:`~smartclient.stream.admin.StreamAdmin`: creating, deleting and describing streams and super streams;
-* the :class:`~smartclient.stream.connector.StreamConnector`, the one seam where addresses are resolved,
-  allow-listed, dialled and checked.
+* the :class:`~smartclient.stream.connector.StreamConnector`: dials through the resolution seam, checks the node.
 """
 
 from __future__ import annotations
@@ -443,8 +442,7 @@ class Environment:
 
     # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
     def _through(self, protocol: str, via: str | Address | None) -> str | Address | None:
-        """The load balancer listener connections of ``protocol`` go through: the resolver's, when it is a
-        load balancer with one per protocol, else ``via`` (deprecated), else none (direct)."""
+        """Where ``protocol`` connections go through: the LB resolver's listener, ``via`` (deprecated), or none."""
         option = protocol.replace("/ssl", "_tls")
         if via is not None:
             warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
