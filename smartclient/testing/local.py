@@ -321,22 +321,56 @@ class LocalTestBed(TestBed):
         broker.ctl(["start_app"])
         broker.wait_ready()
 
+    def stream_status(self, stream: str, vhost: str = "/") -> list[dict[str, Any]]:
+        """The stream coordinator's view of each member (``rabbitmq-streams stream_status``): role, node,
+        epoch, offset, committed_offset.  Unlike the management API it is never a statistics round late."""
+        out = self.brokers[0].tool("rabbitmq-streams",
+                                   ["stream_status", "--vhost", vhost, stream, "--formatter", "json"], timeout=30)
+        rows: list[dict[str, Any]] = json.loads(out)
+        return rows
+
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
-        """Restart the stream with ``to_node`` as preferred leader; return the new leader once it moved."""
+        """Restart the stream with ``to_node`` as preferred leader; return the new leader once it moved.
+
+        The coordinator elects the new writer among the first quorum of members to stop, and honours the
+        preferred node only if it is among them and holds the longest tail (``select_leader`` in
+        ``rabbit_stream_coordinator``).  So a restart may elect another node: each try first waits for the
+        target's member to hold what the writer committed, and a try that does not move the writer within
+        8 s is repeated, for up to 90 s; the error then shows the members' last status.  Each restart is a
+        leader change for clients (a MetadataUpdate), so a client may see more than one."""
         target = self.layout.node(to_node).name
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
+        last: list[dict[str, Any]] = []
+
+        def status() -> list[dict[str, Any]]:
+            nonlocal last
+            last = self.stream_status(stream, vhost)
+            return last
+
+        def target_in_sync() -> bool:
+            rows = status()
+            writer = [r for r in rows if r.get("role") == "writer"]
+            mine = [r for r in rows if r.get("node") == target]
+            if not (writer and mine and isinstance(mine[0].get("offset"), int)):
+                return False
+            return bool(mine[0]["offset"] >= writer[0].get("committed_offset", 0))
+
+        def writer_on_target() -> bool:
+            return any(r.get("role") == "writer" and r.get("node") == target for r in status())
+
         while True:
-            self.brokers[0].tool(
-                "rabbitmq-streams",
-                ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
-            )
             try:
-                wait_until(lambda: self.stream_leader(stream, vhost) == target, 10,
-                           f"the leader of {stream} to move to {target}", interval=0.25)
+                wait_until(target_in_sync, 20, f"the member of {stream} on {target} to be in sync", interval=0.25)
+                self.brokers[0].tool(
+                    "rabbitmq-streams",
+                    ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
+                )
+                wait_until(writer_on_target, 8, f"the leader of {stream} to move to {target}", interval=0.25)
                 return target
-            except TestBedError:
+            except TestBedError as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise TestBedError(f"{exc}; the members' last status: {json.dumps(last)}") from exc
+                log.warning("moving the leader of %s: %s; trying again", stream, exc)
 
     def advertise_hostnames(self, enabled: bool = True) -> None:
         """The container case: each node advertises ``rabbit-N.smartclient.test``, a name only the test

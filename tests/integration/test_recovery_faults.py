@@ -195,7 +195,7 @@ async def test_leader_move_producer_and_consumer_progress(
         publisher = Publisher(producer).start()
         await publisher.confirmed_after(0, count=500)
         moved_at = time.monotonic()
-        bed.move_leader(stream, "rabbit-3")
+        await asyncio.to_thread(bed.move_leader, stream, "rabbit-3")
         await publisher.confirmed_after(moved_at, count=500)
         await publisher.stop()
         assert producer.node == Address(*bed.nodes[2].advertised)

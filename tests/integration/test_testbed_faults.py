@@ -83,8 +83,10 @@ async def test_move_leader(
         await client.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
         await _members(client, rabbitmq_unique_name)
         assert bed.stream_leader(rabbitmq_unique_name) == first.name
-        assert bed.move_leader(rabbitmq_unique_name, "rabbit-2") == "rabbit-2@localhost"
-        assert bed.stream_leader(rabbitmq_unique_name) == "rabbit-2@localhost"
+        assert await asyncio.to_thread(bed.move_leader, rabbitmq_unique_name, "rabbit-2") == "rabbit-2@localhost"
+        # the management API reports it within a statistics round
+        await asyncio.to_thread(wait_until, lambda: bed.stream_leader(rabbitmq_unique_name) == "rabbit-2@localhost",
+                                15, "the management API to report the new leader")
         leader, _ = await _members(client, rabbitmq_unique_name)
         assert bed.node_by_advertised(leader.host, leader.port).name == "rabbit-2@localhost"
         await client.delete_stream(rabbitmq_unique_name)
