@@ -1,10 +1,12 @@
-"""RabbitMQ 4.0 from Debian trixie, installed once into a cached chroot.
+"""RabbitMQ from a newer Debian suite, installed once into a cached chroot.
 
 Debian bookworm ships RabbitMQ 3.10, which lacks single active consumer,
 super-stream creation, the local random exchange and native MQTT, so the test
-bed runs trixie's ``rabbitmq-server`` (4.0.x, Erlang 27) from a chroot made by
-``debootstrap --variant=minbase``.  The chroot is built in a temporary
-directory and renamed into place, so a half-built one is never used.
+bed runs ``rabbitmq-server`` from a chroot made by ``debootstrap --variant=minbase``:
+forky's 4.3.x (Erlang 29, the default) or trixie's 4.0.5 (Erlang 27), each in its
+own chroot.  A chroot is built in a temporary directory and renamed into place,
+so a half-built one is never used.  It gets the host's ``/etc/hosts`` (without it
+forky's epmd cannot resolve ``localhost`` and the node fails with ``nxdomain``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
 class RabbitChroot:
     """The cached chroot: provision it, mount ``/proc`` in it, run RabbitMQ's tools in it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, suite: str, script: str | None = None) -> None:
         self.root = root
+        self.suite = suite
+        self.script = script
 
     @property
     def provisioned(self) -> bool:
@@ -63,7 +67,7 @@ class RabbitChroot:
             return 0.0
         if shutil.which("debootstrap") is None:
             raise PrerequisiteMissing(
-                "debootstrap is not installed, and the test bed needs it to install RabbitMQ 4.0: "
+                f"debootstrap is not installed, and the test bed needs it to install RabbitMQ from {self.suite}: "
                 "run `apt-get install -y debootstrap` (or ./dev, which does it)."
             )
         started = time.monotonic()
@@ -73,15 +77,14 @@ class RabbitChroot:
             self._unmount_proc(staging)
             shutil.rmtree(staging)
         mirror = debian_mirror()
-        log.info("debootstrap trixie with rabbitmq-server from %s into %s", mirror, staging)
-        proc = subprocess.run(
-            ["debootstrap", "--variant=minbase", "--include=rabbitmq-server", "trixie", str(staging), mirror],
-            capture_output=True,
-            text=True,
-        )
+        log.info("debootstrap %s with rabbitmq-server from %s into %s", self.suite, mirror, staging)
+        cmd = ["debootstrap", "--variant=minbase", "--include=rabbitmq-server", self.suite, str(staging), mirror]
+        if self.script:
+            cmd.append(self.script)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-            raise TestBedError(f"debootstrap of Debian trixie failed (exit {proc.returncode}):\n{tail}")
+            raise TestBedError(f"debootstrap of Debian {self.suite} failed (exit {proc.returncode}):\n{tail}")
         version = self._read_version(staging)
         (staging / MARKER).write_text(version + "\n")
         self._unmount_proc(staging)
@@ -95,14 +98,23 @@ class RabbitChroot:
     def _read_version(root: Path) -> str:
         libs = sorted((root / "usr/lib/rabbitmq/lib").glob("rabbitmq_server-*"))
         if not libs:
-            raise TestBedError(f"no rabbitmq_server in {root}: the trixie package layout changed")
+            raise TestBedError(f"no rabbitmq_server in {root}: the Debian package layout changed")
         return libs[-1].name.split("-", 1)[1]
 
     def ensure_proc(self) -> None:
+        """Mount ``/proc`` in the chroot and give it the host's ``/etc/hosts`` (both idempotent)."""
+        self.copy_hosts()
         proc = self.root / "proc"
         if not os.path.ismount(proc):
             proc.mkdir(exist_ok=True)
             subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+
+    def copy_hosts(self, hosts: Path = Path("/etc/hosts")) -> None:
+        inner = self.root / "etc/hosts"
+        with contextlib.suppress(OSError):
+            text = hosts.read_text()
+            if not inner.exists() or inner.read_text() != text:
+                inner.write_text(text)
 
     def release(self) -> None:
         """Unmount ``/proc`` from the chroot (``down`` calls it; ``up`` mounts it again), unless a process

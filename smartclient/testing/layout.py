@@ -25,12 +25,39 @@ __all__ = [
     "BALANCE_EXPRESSIONS",
     "BALANCE_SLOTS",
     "DEFAULT_PORT_BASE",
+    "DEFAULT_RELEASE",
     "PROTOCOL_OFFSETS",
+    "RELEASES",
     "BrokerSpec",
     "Layout",
+    "Release",
+    "release_named",
 ]
 
 DEFAULT_PORT_BASE = 20000
+
+
+@dataclass(frozen=True)
+class Release:
+    """A RabbitMQ line the test bed can run: the Debian suite that ships it, debootstrap's script for that
+    suite when bookworm's debootstrap has none, and the line's own default port base, so that a bed of
+    each line can run at once."""
+
+    line: str
+    suite: str
+    script: str | None
+    default_base: int
+
+
+#: the lines the local test bed provisions; the first is the default
+RELEASES: dict[str, Release] = {
+    # Debian forky (testing) ships rabbitmq-server 4.3.x on Erlang 29; bookworm's debootstrap has no forky
+    # script, and sid's works for it
+    "4.3": Release("4.3", "forky", "/usr/share/debootstrap/scripts/sid", DEFAULT_PORT_BASE),
+    # Debian trixie ships 4.0.5 on Erlang 27
+    "4.0": Release("4.0", "trixie", None, 23000),
+}
+DEFAULT_RELEASE = "4.3"
 #: every port of the test bed lies in [base, base + PORT_SPAN)
 PORT_SPAN = 2300
 CLUSTER_SIZE = 3
@@ -52,6 +79,17 @@ BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21, "r
 #: ``random1`` draws once, so it spreads unevenly, as a plain random load balancer does)
 BALANCE_EXPRESSIONS: dict[str, str] = {"random1": "random(1)"}
 LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt", "mqtt_tls")
+
+
+def release_named(line: str) -> Release:
+    """The :class:`Release` for ``4.3`` or ``4.0`` (a patch version such as ``4.3.6`` names its line)."""
+    key = ".".join(line.strip().split(".")[:2])
+    if key not in RELEASES:
+        raise ConfigurationError(
+            f"SMARTCLIENT_TESTBED_RABBITMQ={line!r} is not a line the test bed provisions; use one of "
+            f"{', '.join(RELEASES)}"
+        )
+    return RELEASES[key]
 
 
 @dataclass(frozen=True)
@@ -111,6 +149,7 @@ class Layout:
 
     base: int = DEFAULT_PORT_BASE
     cache_dir: Path = Path("/var/cache/smartclient")
+    release: Release = RELEASES[DEFAULT_RELEASE]
 
     def __post_init__(self) -> None:
         if not 1024 <= self.base <= 65535 - PORT_SPAN:
@@ -121,9 +160,12 @@ class Layout:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Layout:
-        """Read ``SMARTCLIENT_TESTBED_PORT_BASE`` and ``SMARTCLIENT_TESTBED_CACHE``."""
+        """Read ``SMARTCLIENT_TESTBED_RABBITMQ`` (``4.3``, the default, or ``4.0``),
+        ``SMARTCLIENT_TESTBED_PORT_BASE`` (by default the line's own: 20000 for 4.3, 23000 for 4.0) and
+        ``SMARTCLIENT_TESTBED_CACHE``."""
         env = os.environ if environ is None else environ
-        raw_base = env.get("SMARTCLIENT_TESTBED_PORT_BASE", str(DEFAULT_PORT_BASE))
+        release = release_named(env.get("SMARTCLIENT_TESTBED_RABBITMQ") or DEFAULT_RELEASE)
+        raw_base = env.get("SMARTCLIENT_TESTBED_PORT_BASE") or str(release.default_base)
         try:
             base = int(raw_base)
         except ValueError:
@@ -131,7 +173,7 @@ class Layout:
                 f"SMARTCLIENT_TESTBED_PORT_BASE={raw_base!r} is not a whole number"
             ) from None
         cache = Path(env.get("SMARTCLIENT_TESTBED_CACHE", "/var/cache/smartclient"))
-        return cls(base=base, cache_dir=cache)
+        return cls(base=base, cache_dir=cache, release=release)
 
     def overlaps(self, low: int, high: int) -> bool:
         """True if any port of the plan may fall in ``[low, high]``."""
@@ -140,7 +182,7 @@ class Layout:
     # -- the chroot and where the nodes keep their data -------------------------------
     @property
     def chroot(self) -> Path:
-        return self.cache_dir / "rabbitmq-4.0-trixie"
+        return self.cache_dir / f"rabbitmq-{self.release.line}-{self.release.suite}"
 
     #: runtime directory, as seen from inside the chroot
     inner_run_dir = Path("/srv/smartclient-testbed")

@@ -63,7 +63,7 @@ class LocalTestBed(TestBed):
     def __init__(self, layout: Layout) -> None:
         super().__init__(tuple(_node(s) for s in layout.nodes), USERNAME, PASSWORD)
         self.layout = layout
-        self.chroot = RabbitChroot(layout.chroot)
+        self.chroot = RabbitChroot(layout.chroot, layout.release.suite, layout.release.script)
         self.brokers = [BrokerProcess(s, layout, self.chroot) for s in layout.nodes]
         self.haproxy = HAProxy(layout, layout.nodes)
         self.dns = DnsServer(layout, layout.nodes)

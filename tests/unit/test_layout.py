@@ -45,8 +45,20 @@ def test_bad_port_base_is_a_configuration_error(env: dict[str, str], message: st
 def test_env_moves_base_and_cache() -> None:
     layout = Layout.from_env({"SMARTCLIENT_TESTBED_PORT_BASE": "41000", "SMARTCLIENT_TESTBED_CACHE": "/tmp/x"})
     assert layout.base == 41000
-    assert layout.chroot == Path("/tmp/x/rabbitmq-4.0-trixie")
+    assert layout.chroot == Path("/tmp/x/rabbitmq-4.3-forky")  # 4.3 is the default line
     assert str(layout.run_dir).endswith("srv/smartclient-testbed/41000")
+
+
+def test_env_picks_the_rabbitmq_line_and_its_own_port_base() -> None:
+    assert Layout.from_env({}).base == 20000
+    old = Layout.from_env({"SMARTCLIENT_TESTBED_RABBITMQ": "4.0"})
+    assert (old.release.suite, old.base, old.chroot.name) == ("trixie", 23000, "rabbitmq-4.0-trixie")
+    assert Layout.from_env({"SMARTCLIENT_TESTBED_RABBITMQ": "4.3.6"}).release.suite == "forky"
+    assert Layout.from_env({"SMARTCLIENT_TESTBED_RABBITMQ": "4.0", "SMARTCLIENT_TESTBED_PORT_BASE": "30000"}).base == 30000
+    # the two default beds do not share a port
+    assert not Layout(base=20000).overlaps(23000, 23000 + 2299)
+    with pytest.raises(ConfigurationError, match=r"'3.13' is not a line the test bed provisions; use one of 4.3, 4.0"):
+        Layout.from_env({"SMARTCLIENT_TESTBED_RABBITMQ": "3.13"})
 
 
 def test_node_lookup_by_short_or_full_name() -> None:

@@ -34,7 +34,7 @@ def test_no_debootstrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     with pytest.raises(PrerequisiteMissing, match="apt-get install -y debootstrap"):
         _bed(tmp_path).check_prerequisites()
     with pytest.raises(PrerequisiteMissing, match="debootstrap is not installed"):
-        RabbitChroot(tmp_path / "root").provision()
+        RabbitChroot(tmp_path / "root", "forky").provision()
 
 
 def test_port_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
