@@ -20,6 +20,8 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.deadline import step
+from smartclient.core.filters import StreamFilter
+from smartclient.core.offsets import OffsetSpec
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Role
 from smartclient.stream import _rstream
@@ -124,6 +126,19 @@ class StreamAdmin:
             with map_stream_errors("asking the broker which commands it supports"):
                 self._commands = await step("command versions", _rstream.command_versions(locator))
         return self._commands
+
+    async def concrete_offset(self, stream: str, spec: OffsetSpec, stream_filter: StreamFilter | None) -> OffsetSpec:
+        """``spec`` as the concrete offset it means now (ResolveOffsetSpec, RabbitMQ 4.3+), so that a consumer
+        recovered before its first message starts where it first would have; ``spec`` itself where the
+        broker lacks the command, has no offset for it (an empty stream) or the kind does not move."""
+        from smartclient.stream.resolve_offset import KEY, RESOLVABLE, resolve_offset_spec
+
+        if spec.kind not in RESOLVABLE or KEY not in await self.command_versions():
+            return spec
+        locator = await self.topologies.locator()
+        with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):
+            offset = await resolve_offset_spec(locator, stream, spec, stream_filter)
+        return spec if offset is None else OffsetSpec.at(offset)
 
     async def require_filtering(self) -> None:
         if (await self.command_versions()).get(2, (1, 1))[1] < 2:

@@ -334,6 +334,8 @@ class Environment:
         self._carriers.add(handle)
         try:
             with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:
+                if not single_active:  # (a single active consumer's start is decided when it becomes active)
+                    spec = await self._admin.concrete_offset(stream, spec, filter)
                 await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
                                         tracking=tracking, super_stream=_super_stream, stream_filter=filter)
             log.debug("%r placed: %s", handle, deadline.log())

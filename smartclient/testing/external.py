@@ -95,7 +95,11 @@ class ExternalTestBed(TestBed):
         } for n in self.nodes]
         lb = [{"name": f"{p}_roundrobin", "address": f"{self._lb['host']}:{self._lb[f'{p}_port']}", "backends": {}}
               for p in ("stream", "amqp", "mqtt") if self._lb and f"{p}_port" in self._lb]
-        status: dict[str, Any] = {"kind": "external", "nodes": nodes, "lb": lb}
+        try:
+            versions = f"RabbitMQ {self.rabbitmq_version()}"
+        except Exception as exc:  # the status table still shows what it can
+            versions = f"RabbitMQ ? ({type(exc).__name__})"
+        status: dict[str, Any] = {"kind": "external", "versions": versions, "nodes": nodes, "lb": lb}
         if self._dns:
             status["dns"] = {"address": f"{self._dns[0]}:{self._dns[1]}", "state": "external", "zone": "-",
                              "records": "?"}

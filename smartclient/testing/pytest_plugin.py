@@ -15,6 +15,9 @@ Every fixture carries the ``rabbitmq_`` prefix, so none collides with a fixture 
 * ``rabbitmq_unique_name``: a stream/queue name unique to the test;
 * ``rabbitmq_spark`` (session): one local Spark session (needs ``smartclient[spark]`` and Java 17).
 
+A test that needs a feature of a newer RabbitMQ line says so with ``@pytest.mark.requires_rabbitmq("4.3")``:
+on an older test bed it is skipped, and the reason names both versions.
+
 A fault the test bed cannot inject (``FaultUnavailable``) skips the test and
 says why; a missing prerequisite fails with one sentence, not a stack trace.
 """
@@ -44,6 +47,28 @@ def rabbitmq_testbed() -> TestBed:
     except PrerequisiteMissing as exc:
         pytest.fail(f"the smartclient test bed cannot start: {exc}", pytrace=False)
     return bed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "requires_rabbitmq(version): skip unless the test bed runs this RabbitMQ version or later")
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+@pytest.fixture(autouse=True)
+def _rabbitmq_requires_version(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("requires_rabbitmq")
+    if marker is None:
+        return
+    wanted = str(marker.args[0])
+    bed: TestBed = request.getfixturevalue("rabbitmq_testbed")
+    running = bed.rabbitmq_version()
+    if _version_tuple(running) < _version_tuple(wanted):
+        why = marker.kwargs.get("reason", "")
+        pytest.skip(f"needs RabbitMQ {wanted} or later{f' ({why})' if why else ''}; the test bed runs {running}")
 
 
 @pytest.fixture

@@ -74,6 +74,7 @@ class TestBed:
         self.nodes = nodes
         self.username = username
         self._password = password
+        self._rabbitmq_version: str | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(nodes={[n.name for n in self.nodes]}, username={self.username!r})"
@@ -120,6 +121,13 @@ class TestBed:
     def management(self, node: str | None = None) -> ManagementClient:
         target = self.node(node) if node else self.nodes[0]
         return ManagementClient(target.management_url, self.username, self._password)
+
+    def rabbitmq_version(self) -> str:
+        """The RabbitMQ version the cluster runs, as its management API reports it (``4.3.6``)."""
+        if self._rabbitmq_version is None:
+            with self.management() as api:
+                self._rabbitmq_version = str(api.overview().get("rabbitmq_version", "?"))
+        return self._rabbitmq_version
 
     def stream_leader(self, stream: str, vhost: str = "/") -> str:
         """The node name hosting the stream's leader, as the management API reports it."""

@@ -358,3 +358,32 @@ async def test_each_recovery_attempt_ends_within_attempt_time_on_a_loaded_machin
         for burner in burners:
             burner.kill()
             burner.wait()
+
+
+@pytest.mark.requires_rabbitmq("4.3", reason="ResolveOffsetSpec")
+async def test_consumer_lost_before_its_first_message_misses_nothing_published_while_away(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """A consumer subscribed with "next" starts at the offset "next" resolved to when it subscribed: recovered
+    before its first message, it does not subscribe with "next" again and skip what came meanwhile."""
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
+        before = await env.producer(stream)
+        for i in range(10):
+            await before.send_wait(b"%d" % -(i + 2))  # already there: "next" is after them
+        collector = Collector()
+        consumer = await env.consumer(stream, collector, offset="next")
+        resolved = str(consumer.offset)
+        record = consumer.placement
+        assert record is not None
+        connection = await asyncio.to_thread(bed.connection_named, record.connection)
+        producer = await env.producer(stream, name="p")
+        await asyncio.to_thread(bed.close_connection, connection)
+        publisher = Publisher(producer).start()  # publishing while the consumer recovers
+        await wait_until(lambda: consumer.recoveries == 1, 30, "the consumer to recover")
+        await publisher.confirmed_after(time.monotonic(), count=200)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent)
+        collector.assert_no_gap(publisher.sent)
+        assert collector.items[0][0] == 10
+        assert resolved == "offset 10"  # "next" resolved when it subscribed

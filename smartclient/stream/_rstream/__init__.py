@@ -29,7 +29,10 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "connection.Connection._reader",  # NamedConnection.open sets both, with the TLS name we choose
     "connection.Connection._writer",
     "connection.Connection._ssl_context",
-    "connection.Connection._read_frame_raw",  # StreamStats: one raw frame read while the reader is stopped
+    "connection.Connection._read_frame_raw",  # StreamStats: one raw frame read while the reader is stopped;
+    # and NamedConnection.read_frame reads raw to catch the responses rstream does not know
+    "connection.Connection._write_frame_raw",  # extra_request writes its frame through it
+    "connection.Connection.read_frame",  # overridden by NamedConnection (extra responses)
     # rstream.Producer / rstream.Consumer (the carriers)
     "Producer._pool", "Consumer._pool",  # replaced by PlacedClientPool
     "Producer._clients", "Consumer._clients",  # stream -> connection
@@ -60,6 +63,6 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "exceptions.VirtualHostAccessFailure", "schema.PublishConfirm", "schema.PublishError", "schema.MetadataUpdate",
     "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
-    "schema.OffsetSpecification",
+    "schema.OffsetSpecification", "encoding.decode_frame",
 )
 """The public names of rstream the seam imports or uses."""

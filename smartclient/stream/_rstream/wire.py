@@ -17,6 +17,7 @@ from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguratio
 from rstream import exceptions as rx
 from rstream.client import Client
 from rstream.connection import Connection as RConnection
+from rstream.encoding import decode_frame
 
 from smartclient._errors import (
     AuthenticationFailed,
@@ -28,7 +29,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
-from smartclient.core.deadline import remaining
+from smartclient.core.deadline import remaining, step
 
 if TYPE_CHECKING:
     from smartclient.stream.host import Connection
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
-    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "filter_config",
+    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "extra_request",
+    "filter_config",
     "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
     "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
     "on_publish_frames", "query_offset", "raw_request", "writer_of",
@@ -45,10 +47,31 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+#: responses (key with the response bit) to the commands rstream does not know and smartclient sends on a
+#: live connection itself; its reader would stop on them
+RESOLVE_OFFSET_SPEC_KEY = 0x001F
+EXTRA_RESPONSES = frozenset({RESOLVE_OFFSET_SPEC_KEY | 0x8000})
+
+
 class _NamedConnection(RConnection):
     def __init__(self, host: str, port: int, ssl_context: Any, server_hostname: str | None) -> None:
         super().__init__(host, port, ssl_context)
         self.server_hostname = server_hostname
+        #: (response key, correlation id) -> the future of a request smartclient sent itself
+        self.extra_waiters: dict[tuple[int, int], asyncio.Future[bytes]] = {}
+
+    async def read_frame(self) -> schema.Frame:
+        """rstream's read_frame, except that a response to a command rstream does not know answers the
+        request smartclient sent (:func:`extra_request`) instead of stopping rstream's reader."""
+        while True:
+            raw = await self._read_frame_raw()
+            key = (raw[0] << 8) | raw[1]
+            if key not in EXTRA_RESPONSES:
+                return decode_frame(raw)  # type: ignore[arg-type]  # rstream passes its bytearray too
+            (corr,) = struct.unpack_from(">I", raw, 4)
+            waiter = self.extra_waiters.pop((key, corr), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(bytes(raw))
 
     async def open(self) -> None:
         kwargs: dict[str, Any] = {}
@@ -240,6 +263,24 @@ async def command_versions(locator: Any) -> dict[int, tuple[int, int]]:
         resp_schema=schema.ExchangeCommandVersionResponse, raise_exception=False,
     )
     return {c.key_command: (c.min_version, c.max_version) for c in response.command_versions}
+
+
+async def extra_request(client: Any, encode: Callable[[int], bytes], response_key: int) -> bytes:
+    """Send a request rstream does not know on ``client``, a live connection that stays usable, and return
+    its response (size prefix stripped), within the attempt's time.  ``encode(correlation_id)`` builds the
+    frame.  Only for commands the broker announced (ExchangeCommandVersions): it closes a connection
+    that sends one it does not know."""
+    conn = client._conn
+    if not isinstance(conn, _NamedConnection) or response_key not in EXTRA_RESPONSES:
+        raise ConnectionFailed(f"this connection cannot carry the command {response_key & 0x7FFF:#06x}")
+    corr = int(client._corr_id_seq.next())
+    waiter: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    conn.extra_waiters[(response_key, corr)] = waiter
+    try:
+        await conn._write_frame_raw(encode(corr))
+        return await step(f"command {response_key & 0x7FFF:#06x}", asyncio.shield(waiter))
+    finally:
+        conn.extra_waiters.pop((response_key, corr), None)
 
 
 async def raw_request(client: Any, frame: bytes, response_key: int, refused: Callable[[], BaseException]) -> bytes:
