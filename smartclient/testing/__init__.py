@@ -1,4 +1,4 @@
-"""The smartclient test bed: a real RabbitMQ 4.0 cluster, HAProxy and a DNS server on loopback.
+"""The smartclient test bed: a real RabbitMQ cluster (4.3 by default, or 4.0), HAProxy and a DNS server on loopback.
 
 Drive it from a shell (``python -m smartclient.testing up|status|down``) or from
 pytest, where its fixtures are opt-in: install ``smartclient[testbed]``, then

@@ -1,4 +1,4 @@
-"""The local test bed: a 3-node RabbitMQ 4.0 cluster, HAProxy and a DNS server on loopback.
+"""The local test bed: a 3-node RabbitMQ cluster (4.3 or 4.0), HAProxy and a DNS server on loopback.
 
 ``up()`` is idempotent: a healthy running test bed is reused as it is, a
 node that died is restarted with its data, and a cluster that cannot be
@@ -93,7 +93,7 @@ class LocalTestBed(TestBed):
                 raise PrerequisiteMissing(f"`{tool}` is not installed: run `apt-get install -y {package}`")
         if not self.chroot.provisioned and shutil.which("debootstrap") is None:
             raise PrerequisiteMissing(
-                "debootstrap is not installed, and the test bed needs it to install RabbitMQ 4.0: "
+                "debootstrap is not installed, and the test bed needs it to install RabbitMQ: "
                 "run `apt-get install -y debootstrap` (or ./dev, which does it)"
             )
         self._check_ports()

@@ -101,7 +101,7 @@ def test_status_command_prints_the_table(rabbitmq_testbed: TestBed) -> None:
         assert node.name in out
     assert "cluster: 3 running" in out
     assert "stream_roundrobin" in out and "UP" in out
-    assert "RabbitMQ 4.0" in out and f"DNS 127.0.0.1:{rabbitmq_testbed.dns_address[1]}  running" in out
+    assert f"RabbitMQ {rabbitmq_testbed.rabbitmq_version()}" in out and f"DNS 127.0.0.1:{rabbitmq_testbed.dns_address[1]}  running" in out
 
 
 def test_up_is_idempotent_and_reuses_a_healthy_test_bed(rabbitmq_testbed: TestBed) -> None:

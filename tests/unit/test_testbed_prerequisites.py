@@ -40,8 +40,8 @@ def test_no_debootstrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 def test_port_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     bed = _bed(tmp_path, base=26000)
-    (tmp_path / "rabbitmq-4.0-trixie").mkdir()
-    (tmp_path / "rabbitmq-4.0-trixie" / ".smartclient-provisioned").write_text("4.0.5")
+    (tmp_path / "rabbitmq-4.3-forky").mkdir()
+    (tmp_path / "rabbitmq-4.3-forky" / ".smartclient-provisioned").write_text("4.3.6")
     taken = bed.layout.nodes[1].amqp_port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", taken))
@@ -105,8 +105,8 @@ def test_base_test_bed_faults_are_unavailable() -> None:
 
 def test_ports_inside_the_ephemeral_range_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    (tmp_path / "rabbitmq-4.0-trixie").mkdir()
-    (tmp_path / "rabbitmq-4.0-trixie" / ".smartclient-provisioned").write_text("4.0.5")
+    (tmp_path / "rabbitmq-4.3-forky").mkdir()
+    (tmp_path / "rabbitmq-4.3-forky" / ".smartclient-provisioned").write_text("4.3.6")
     from smartclient.testing import local
 
     monkeypatch.setattr(local, "ephemeral_port_range", lambda: (32768, 60999))
