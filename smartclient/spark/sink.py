@@ -170,7 +170,9 @@ class ExactlyOnceSink:
 
         key = (F.col(self.key_columns[0]).cast("string") if len(self.key_columns) == 1
                else F.concat_ws("|", *[F.col(c).cast("string") for c in self.key_columns]))
-        return df.withColumn(SLOT_COLUMN, F.udf(java_slot, IntegerType())(key))
+        # useArrow=False: a plain row-at-a-time UDF on every PySpark.  Left unsaid, PySpark 4.3 tries to
+        # infer a pandas/Arrow UDF type from the hints (str -> int), fails and warns on each call.
+        return df.withColumn(SLOT_COLUMN, F.udf(java_slot, IntegerType(), useArrow=False)(key))
 
     # -- executor side --------------------------------------------------------------------------
     def _write_partition(self, batches: Iterator[Any], batch_id: int, targets: list[str]) -> int:
