@@ -17,9 +17,14 @@ Offsets are ``{stream: next offset}``.  Options:
 * ``streams``: comma-separated;
 * batch: ``startingOffsets`` / ``endingOffsets``: ``earliest``/``latest`` or JSON ``{"stream": offset}``;
 * ``maxRecordsPerPartition`` (default 50000): a range is split into partitions of at most that many;
-* streaming: ``startingOffsets`` (``earliest``, default, or ``latest``).  ``maxRecordsPerTrigger`` is
-  refused with a clear error on PySpark 4.0, whose Python stream readers get no admission-control
-  hook (their ``latestOffset()`` receives neither the start nor a limit).
+* streaming: ``startingOffsets`` (``earliest``, default, or ``latest``); ``maxRecordsPerTrigger``: each
+  micro-batch ends at most that many records past its start, summed over ``streams`` (shared out
+  evenly, what one stream leaves unused going to the others).  It needs PySpark 4.2+, which gives
+  Python stream readers admission control (``latestOffset(start, limit)`` and
+  ``getDefaultReadLimit()``); on 4.0 and 4.1 the option is refused with a clear error.
+
+A stream's end comes from StreamStats: ``committed_offset`` + 1 where the broker reports it
+(RabbitMQ 4.3); otherwise (4.0) it is inferred by reading the last committed chunk.
 
 Readers run on the executors and are placed on replicas like any smartclient consumer.
 """
@@ -27,6 +32,7 @@ Readers run on the executors and are placed on replicas like any smartclient con
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import time
@@ -42,7 +48,7 @@ from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
 
-__all__ = ["RabbitStreamDataSource", "next_offsets"]
+__all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +109,25 @@ def _int_option(options: dict[str, str], name: str, default: int | None) -> int 
 
 
 async def _next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
-    """The offset the next message of ``stream`` will get.
+    """The offset the next message of ``stream`` will get: ``committed_offset`` + 1 from StreamStats
+    where the broker reports it (RabbitMQ 4.3), otherwise inferred by reading the last committed chunk.
 
-    StreamStats says whether the stream holds anything (``committed_chunk_id`` is -1 when it is empty)
-    and where its last committed chunk starts; reading from there shows where that chunk ends.  A
-    replica that lags only delays the answer: it is never mistaken for an empty stream.
-
-    :raises TopologyError: the last chunk could not be read within ``wait`` seconds.
+    :raises TopologyError: (without ``committed_offset``) the last chunk could not be read within
+        ``wait`` seconds.
     """
+    stats = await env.stream_stats(stream)
+    if "committed_offset" in stats:
+        return max(int(stats["committed_offset"]) + 1, 0)  # -1 when the stream is empty
+    return await _next_offset_by_reading(env, stream, int(stats.get("committed_chunk_id", -1)), wait)
+
+
+async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: float) -> int:
+    """Brokers before 4.3 report where the last committed chunk starts (``committed_chunk_id``, -1 when
+    the stream is empty), not where it ends: read from there to see its last offset.  A replica that
+    lags only delays the answer: it is never mistaken for an empty stream."""
     from smartclient._errors import TopologyError
     from smartclient.core.offsets import OffsetSpec
 
-    stats = await env.stream_stats(stream)
-    last_chunk = int(stats.get("committed_chunk_id", -1))
     if last_chunk < 0:
         return 0  # empty
     # A read that shows nothing for a while is tried again on a fresh placement: a subscription that
@@ -169,11 +181,41 @@ def _resolve(spec: str | None, default: str, streams: list[str], connection: Str
     return {s: int(given[s]) for s in streams}
 
 
-def admission_control_supported() -> bool:
-    """Whether this PySpark lets a Python stream reader cap a micro-batch (latestOffset(start, limit))."""
-    import inspect
+ADMISSION_CONTROL_SINCE = "4.2"
 
-    return len(inspect.signature(DataSourceStreamReader.latestOffset).parameters) > 1
+
+def admission_control_supported() -> bool:
+    """Whether this PySpark gives Python stream readers admission control: 4.2 added
+    ``DataSourceStreamReader.latestOffset(start, limit)``, ``getDefaultReadLimit()`` and ``ReadMaxRows``."""
+    try:
+        limits = importlib.import_module("pyspark.sql.streaming.datasource")
+    except ImportError:
+        return False
+    return hasattr(limits, "ReadMaxRows") and hasattr(DataSourceStreamReader, "getDefaultReadLimit")
+
+
+def cap_batch_end(start: dict[str, int], latest: dict[str, int], max_records: int) -> dict[str, int]:
+    """The end of a micro-batch that starts at ``start`` and may reach ``latest``, holding at most
+    ``max_records`` records over all streams.
+
+    The budget is shared out evenly and what a stream cannot use goes to the others, in the order of
+    ``start``; the answer depends on its arguments only.  No stream goes back: one whose latest offset
+    is behind its start (a stream deleted and created again) stays where it is.  A stream that
+    ``start`` does not have is given its latest offset, as an uncapped batch would.
+    """
+    room = {stream: max(latest.get(stream, first) - first, 0) for stream, first in start.items()}
+    take = dict.fromkeys(room, 0)
+    budget = max_records
+    hungry = [stream for stream, free in room.items() if free > 0]
+    while budget > 0 and hungry:
+        share = max(budget // len(hungry), 1)
+        for stream in hungry:
+            got = min(share, room[stream] - take[stream], budget)
+            take[stream] += got
+            budget -= got
+        hungry = [stream for stream in hungry if take[stream] < room[stream]]
+    end = {stream: first + take[stream] for stream, first in start.items()}
+    return {**latest, **end}
 
 
 def _split(start: dict[str, int], end: dict[str, int], size: int) -> list[OffsetRange]:
@@ -235,26 +277,54 @@ class _BatchReader(DataSourceReader):
 
 
 class _StreamReader(DataSourceStreamReader):
+    """Spark keeps one instance per query in a long-lived Python process on the driver, and calls
+    ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on it; ``read`` runs on executors.
+
+    ``latestOffset`` takes ``start`` and ``limit`` as optional parameters: PySpark 4.0 and 4.1 call it
+    without them, and 4.2+ sees the parameters and then asks ``getDefaultReadLimit()`` and passes them.
+    """
+
     def __init__(self, options: dict[str, str]) -> None:
         self.connection = _connection(options)
         self.streams = _streams(options)
         self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
-        if "maxrecordspertrigger" in options and not admission_control_supported():
+        self.max_per_trigger = _int_option(options, "maxrecordspertrigger", None)
+        if self.max_per_trigger is not None and not admission_control_supported():
             import pyspark
 
             raise ConfigurationError(
                 f"maxRecordsPerTrigger needs admission control for Python data sources, which PySpark "
-                f"{pyspark.__version__} does not offer (its latestOffset() gets no start and no limit); "
-                f"split the work with maxRecordsPerPartition instead"
+                f"{pyspark.__version__} does not offer (it came in PySpark {ADMISSION_CONTROL_SINCE}: before, "
+                f"latestOffset() gets no start and no limit); split the work with maxRecordsPerPartition instead"
             )
         self.starting = options.get("startingoffsets", "earliest")
         self.decode = _decode_option(options)
+        self.latest: dict[str, int] | None = None  # where the streams ended at the last latestOffset
 
     def initialOffset(self) -> dict[str, int]:
         return _resolve(self.starting, "earliest", self.streams, self.connection)
 
-    def latestOffset(self) -> dict[str, int]:
-        return next_offsets(self.connection, self.streams)
+    def getDefaultReadLimit(self) -> Any:
+        """``ReadMaxRows(maxRecordsPerTrigger)``, or ``ReadAllAvailable()`` (PySpark 4.2+ only)."""
+        limits = importlib.import_module("pyspark.sql.streaming.datasource")
+        if self.max_per_trigger is None:
+            return limits.ReadAllAvailable()
+        return limits.ReadMaxRows(self.max_per_trigger)
+
+    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
+        """Where the next micro-batch ends: where the streams end now, or, under a ``ReadMaxRows``
+        limit, at most ``limit.max_rows`` records past ``start`` (:func:`cap_batch_end`).  Spark logs
+        the answer before the batch runs and replays exactly that range after a failure."""
+        latest = next_offsets(self.connection, self.streams)
+        self.latest = latest
+        max_rows = getattr(limit, "max_rows", None)  # ReadAllAvailable (Trigger.AvailableNow, Once) has none
+        if start is None or max_rows is None:
+            return latest
+        return cap_batch_end({s: int(o) for s, o in start.items()}, latest, int(max_rows))
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        """Where the streams ended when ``latestOffset`` last looked, for the query's progress (4.2+)."""
+        return self.latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return _split(start, end, self.size)

@@ -1,5 +1,7 @@
 """Spark against the real cluster: the exactly-once sink (idempotence, an injected task failure, a
-super stream).  One local[2,4] session for all of them (the ``rabbitmq_spark`` fixture)."""
+super stream) and the source (offset ranges, checkpoints, maxRecordsPerTrigger on PySpark 4.2+, a
+stream's end with and without ``committed_offset``).  One local[2,4] session for all of them (the
+``rabbitmq_spark`` fixture)."""
 
 from __future__ import annotations
 
@@ -202,14 +204,67 @@ def _pyspark_has_admission_control() -> bool:
     return admission_control_supported()
 
 
-@pytest.mark.skipif(_pyspark_has_admission_control(), reason="this PySpark offers admission control")
-def test_admission_control_is_refused_where_pyspark_lacks_it() -> None:
-    from smartclient import ConfigurationError
-    from smartclient.spark import RabbitStreamDataSource
+@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record_once(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
+) -> None:
+    streams = [f"{rabbitmq_unique_name}-a", f"{rabbitmq_unique_name}-b"]
+    await fill(rabbitmq_testbed, streams[0], 0, 700)
+    await fill(rabbitmq_testbed, streams[1], 0, 300)
+    seen: list[tuple[str, int]] = []
+    sizes: list[int] = []
 
-    with pytest.raises(ConfigurationError, match="maxRecordsPerTrigger needs admission control"):
-        RabbitStreamDataSource({"uri": "rabbitmq-stream://h", "streams": "s", "maxRecordsPerTrigger": "10"}
-                               ).streamReader(None)  # what Spark calls, through the public DataSource API
+    def collect(df: Any, batch_id: int) -> None:
+        got = [(r.stream, r.offset) for r in df.collect()]
+        seen.extend(got)
+        sizes.append(len(got))
+
+    def run() -> None:
+        query = (source(rabbitmq_spark, rabbitmq_testbed, ",".join(streams), streaming=True)
+                 .option("maxRecordsPerTrigger", "300").option("maxRecordsPerPartition", "100").load()
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    await asyncio.to_thread(run)
+    assert sorted(seen) == sorted([(streams[0], i) for i in range(700)] + [(streams[1], i) for i in range(300)])
+    assert max(sizes) <= 300 and len([n for n in sizes if n]) >= 4, sizes
+    await fill(rabbitmq_testbed, streams[0], 700, 100)
+    seen.clear()
+    sizes.clear()
+    await asyncio.to_thread(run)  # a restart from the same checkpoint: exactly the new records
+    assert sorted(seen) == [(streams[0], i) for i in range(700, 800)] and max(sizes) <= 300
+
+
+class WithoutCommittedOffset:
+    """An Environment whose StreamStats lacks ``committed_offset``, as RabbitMQ before 4.3 answers."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+
+    async def stream_stats(self, stream: str) -> dict[str, int]:
+        return {k: v for k, v in (await self.env.stream_stats(stream)).items() if k != "committed_offset"}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+async def test_a_streams_end_from_committed_offset_and_from_reading_its_last_chunk(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    from smartclient.spark.source import _next_offset
+
+    host, port = rabbitmq_testbed.lb("stream")
+    async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        await env.create_stream(rabbitmq_unique_name)
+        assert await _next_offset(env, rabbitmq_unique_name) == 0
+        assert await _next_offset(WithoutCommittedOffset(env), rabbitmq_unique_name) == 0
+        await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 121)
+        if "committed_offset" in await env.stream_stats(rabbitmq_unique_name):  # RabbitMQ 4.3+
+            assert await _next_offset(env, rabbitmq_unique_name) == 121
+        assert await _next_offset(WithoutCommittedOffset(env), rabbitmq_unique_name) == 121  # the fallback
 
 
 async def test_end_to_end_source_transform_sink_through_the_lb(

@@ -1,0 +1,120 @@
+"""The Spark source's decisions that need no broker: how a capped micro-batch ends, how the reader
+answers Spark's admission-control calls, and where a stream ends with and without ``committed_offset``."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from smartclient import ConfigurationError
+from smartclient.spark import RabbitStreamDataSource, source
+from smartclient.spark.source import _next_offset, admission_control_supported, cap_batch_end
+
+OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
+
+
+@pytest.mark.parametrize("start, latest, cap, end", [
+    ({"a": 0}, {"a": 1000}, 300, {"a": 300}),
+    ({"a": 900}, {"a": 1000}, 300, {"a": 1000}),                       # less than the cap is left
+    ({"a": 0, "b": 0}, {"a": 1000, "b": 1000}, 300, {"a": 150, "b": 150}),
+    ({"a": 0, "b": 0}, {"a": 1000, "b": 40}, 300, {"a": 260, "b": 40}),  # b's unused share goes to a
+    ({"a": 0, "b": 0, "c": 0}, {"a": 9, "b": 9, "c": 9}, 10, {"a": 4, "b": 3, "c": 3}),
+    ({"a": 5, "b": 0}, {"a": 5, "b": 0}, 10, {"a": 5, "b": 0}),          # nothing new
+    ({"a": 50}, {"a": 20}, 10, {"a": 50}),                               # never backwards
+    ({"a": 0}, {"a": 100, "new": 7}, 10, {"a": 10, "new": 7}),           # a stream start lacks: its latest
+])
+def test_a_capped_batch_holds_at_most_the_cap_shared_over_the_streams(
+    start: dict[str, int], latest: dict[str, int], cap: int, end: dict[str, int]
+) -> None:
+    assert cap_batch_end(start, latest, cap) == end
+    assert sum(end[s] - start[s] for s in start) <= cap
+
+
+def test_successive_capped_batches_reach_the_end_once() -> None:
+    start, latest, sizes = {"a": 0, "b": 0}, {"a": 700, "b": 300}, []
+    while start != latest:
+        end = cap_batch_end(start, latest, 300)
+        sizes.append(sum(end[s] - start[s] for s in start))
+        start = end
+    assert sizes == [300, 300, 300, 100]
+
+
+def reader(monkeypatch: pytest.MonkeyPatch, latest: dict[str, int], **options: str) -> Any:
+    monkeypatch.setattr(source, "next_offsets", lambda connection, streams: dict(latest))
+    return RabbitStreamDataSource({**OPTIONS, **options}).streamReader(None)
+
+
+def test_latest_offset_without_a_limit_is_where_the_streams_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = reader(monkeypatch, {"a": 1000, "b": 10})
+    assert r.latestOffset() == {"a": 1000, "b": 10}  # PySpark 4.0 and 4.1 call it so
+    assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace()) == {"a": 1000, "b": 10}  # ReadAllAvailable
+    assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace(max_rows=100)) == {"a": 90, "b": 10}  # ReadMaxRows
+    assert r.reportLatestOffset() == {"a": 1000, "b": 10}
+
+
+@pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
+def test_the_default_read_limit_is_max_records_per_trigger(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # type: ignore[import-not-found,unused-ignore]
+
+    assert reader(monkeypatch, {}, maxRecordsPerTrigger="300").getDefaultReadLimit() == ReadMaxRows(300)
+    assert reader(monkeypatch, {}).getDefaultReadLimit() == ReadAllAvailable()
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        reader(monkeypatch, {}, maxRecordsPerTrigger="0")
+
+
+@pytest.mark.skipif(admission_control_supported(), reason="this PySpark offers admission control")
+def test_max_records_per_trigger_is_refused_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyspark
+
+    refused = rf"PySpark {pyspark.__version__} does not offer .* came in PySpark 4\.2"
+    with pytest.raises(ConfigurationError, match=refused):
+        reader(monkeypatch, {}, maxRecordsPerTrigger="300")
+
+
+class FakeConsumer:
+    def __init__(self, last_offset: int | None) -> None:
+        self.last_offset, self.node, self.closed = last_offset, "n1", False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeEnvironment:
+    """``stream_stats`` answers ``stats``; a consumer sees the last chunk end at ``chunk_ends_at``."""
+
+    def __init__(self, stats: dict[str, int], chunk_ends_at: int | None = None) -> None:
+        self.stats, self.chunk_ends_at = stats, chunk_ends_at
+        self.subscribed: list[Any] = []
+
+    async def stream_stats(self, stream: str) -> dict[str, int]:
+        return self.stats
+
+    async def consumer(self, stream: str, callback: Any, offset: Any) -> FakeConsumer:
+        self.subscribed.append(offset)
+        return FakeConsumer(self.chunk_ends_at)
+
+    def invalidate(self, stream: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("stats, end", [
+    ({"committed_chunk_id": 96, "committed_offset": 99, "first_chunk_id": 0, "last_chunk_id": 96}, 100),
+    ({"committed_chunk_id": -1, "committed_offset": -1, "first_chunk_id": -1, "last_chunk_id": -1}, 0),
+])
+def test_the_end_is_committed_offset_plus_one_where_the_broker_reports_it(stats: dict[str, int], end: int) -> None:
+    env = FakeEnvironment(stats)
+    assert asyncio.run(_next_offset(env, "s")) == end
+    assert env.subscribed == []  # nothing read
+
+
+def test_without_committed_offset_the_end_is_read_from_the_last_chunk() -> None:
+    from smartclient.core.offsets import OffsetSpec
+
+    env = FakeEnvironment({"committed_chunk_id": 96, "first_chunk_id": 0, "last_chunk_id": 96}, chunk_ends_at=99)
+    assert asyncio.run(_next_offset(env, "s")) == 100
+    assert env.subscribed == [OffsetSpec.at(96)]
+    empty = FakeEnvironment({"committed_chunk_id": -1, "first_chunk_id": -1, "last_chunk_id": -1})
+    assert asyncio.run(_next_offset(empty, "s")) == 0 and empty.subscribed == []
