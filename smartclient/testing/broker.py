@@ -35,7 +35,7 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
     """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot.
 
     With ``tls_dir`` (as seen inside the chroot) the stream and MQTT TLS listeners are on too.  It does not set
-    ``stream.advertised_tls_host``: RabbitMQ 4.0.5 puts ``advertised_host`` (not the TLS host) with the
+    ``stream.advertised_tls_host``: RabbitMQ 4.0.5 (not 4.3) puts ``advertised_host`` (not the TLS host) with the
     TLS port into Metadata responses, while Open responses carry the TLS host, so setting only the TLS
     host gives one node two identities.  (See :meth:`LocalTestBed.advertise_hostnames` for the
     container case.)
