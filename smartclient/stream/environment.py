@@ -377,8 +377,9 @@ class Environment:
         return await self._carriers.stored_offset(stream, name)
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
-        """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``
-        and, on newer brokers, more.  Uses a short connection of its own, placed on a stream member.
+        """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``,
+        ``last_chunk_id`` and, from RabbitMQ 4.3, ``committed_offset`` (the last offset a quorum of members
+        holds; -1 when empty).  Uses a short connection of its own, placed on a stream member.
 
         :raises StreamNotFound: the stream does not exist.
         :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).
