@@ -21,7 +21,8 @@ Offsets are ``{stream: next offset}``.  Options:
   micro-batch ends at most that many records past its start, summed over ``streams`` (shared out
   evenly, what one stream leaves unused going to the others).  It needs PySpark 4.2+, which gives
   Python stream readers admission control (``latestOffset(start, limit)`` and
-  ``getDefaultReadLimit()``); on 4.0 and 4.1 the option is refused with a clear error.
+  ``getDefaultReadLimit()``); on 4.0 and 4.1 the option is refused with a clear error.  On 4.2+
+  ``Trigger.AvailableNow`` stops where the streams end when the query starts, in capped batches.
 
 A stream's end comes from StreamStats: ``committed_offset`` + 1 where the broker reports it
 (RabbitMQ 4.3); otherwise (4.0) it is inferred by reading the last committed chunk.
@@ -300,6 +301,7 @@ class _StreamReader(DataSourceStreamReader):
         self.starting = options.get("startingoffsets", "earliest")
         self.decode = _decode_option(options)
         self.latest: dict[str, int] | None = None  # where the streams ended at the last latestOffset
+        self.available_now: dict[str, int] | None = None  # Trigger.AvailableNow: where the query stops
 
     def initialOffset(self) -> dict[str, int]:
         return _resolve(self.starting, "earliest", self.streams, self.connection)
@@ -315,12 +317,18 @@ class _StreamReader(DataSourceStreamReader):
         """Where the next micro-batch ends: where the streams end now, or, under a ``ReadMaxRows``
         limit, at most ``limit.max_rows`` records past ``start`` (:func:`cap_batch_end`).  Spark logs
         the answer before the batch runs and replays exactly that range after a failure."""
-        latest = next_offsets(self.connection, self.streams)
-        self.latest = latest
+        latest = self.latest = next_offsets(self.connection, self.streams)
+        if self.available_now is not None:
+            latest = {stream: min(offset, self.available_now.get(stream, offset)) for stream, offset in latest.items()}
         max_rows = getattr(limit, "max_rows", None)  # ReadAllAvailable (Trigger.AvailableNow, Once) has none
         if start is None or max_rows is None:
             return latest
         return cap_batch_end({s: int(o) for s, o in start.items()}, latest, int(max_rows))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow`` (PySpark 4.2+): the query ends where the streams end now, in batches
+        capped by ``maxRecordsPerTrigger`` as usual (without this, Spark reads it all in one batch)."""
+        self.available_now = next_offsets(self.connection, self.streams)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         """Where the streams ended when ``latestOffset`` last looked, for the query's progress (4.2+)."""
@@ -334,6 +342,10 @@ class _StreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict[str, int]) -> None:
         return None  # nothing to release: offsets live in Spark's checkpoint
+
+
+if admission_control_supported():  # the mixin is an ABC that Spark checks with isinstance
+    importlib.import_module("pyspark.sql.streaming.datasource").SupportsTriggerAvailableNow.register(_StreamReader)
 
 
 class RabbitStreamDataSource(DataSource):

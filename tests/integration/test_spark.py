@@ -238,6 +238,28 @@ async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record
     assert sorted(seen) == [(streams[0], i) for i in range(700, 800)] and max(sizes) <= 300
 
 
+@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+async def test_trigger_available_now_reads_everything_in_capped_batches(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
+) -> None:
+    await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 1000)
+    sizes: list[int] = []
+    offsets: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        got = [r.offset for r in df.collect()]
+        offsets.extend(got)
+        sizes.append(len(got))
+
+    def run() -> None:
+        (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True)
+         .option("maxRecordsPerTrigger", "300").load().writeStream.foreachBatch(collect)
+         .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start().awaitTermination())
+
+    await asyncio.to_thread(run)
+    assert sizes == [300, 300, 300, 100] and sorted(offsets) == list(range(1000))
+
+
 class WithoutCommittedOffset:
     """An Environment whose StreamStats lacks ``committed_offset``, as RabbitMQ before 4.3 answers."""
 

@@ -55,6 +55,15 @@ def test_latest_offset_without_a_limit_is_where_the_streams_end(monkeypatch: pyt
     assert r.reportLatestOffset() == {"a": 1000, "b": 10}
 
 
+def test_trigger_available_now_stops_where_the_streams_ended_when_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = reader(monkeypatch, {"a": 500, "b": 10})
+    r.prepareForTriggerAvailableNow()
+    monkeypatch.setattr(source, "next_offsets", lambda connection, streams: {"a": 900, "b": 20})  # more arrived
+    assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace()) == {"a": 500, "b": 10}
+    assert r.latestOffset({"a": 400, "b": 10}, SimpleNamespace(max_rows=300)) == {"a": 500, "b": 10}
+    assert r.reportLatestOffset() == {"a": 900, "b": 20}
+
+
 @pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
 def test_the_default_read_limit_is_max_records_per_trigger(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # type: ignore[import-not-found,unused-ignore]
@@ -63,6 +72,18 @@ def test_the_default_read_limit_is_max_records_per_trigger(monkeypatch: pytest.M
     assert reader(monkeypatch, {}).getDefaultReadLimit() == ReadAllAvailable()
     with pytest.raises(ConfigurationError, match="must be positive"):
         reader(monkeypatch, {}, maxRecordsPerTrigger="0")
+
+
+@pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
+def test_spark_sees_admission_control_and_trigger_available_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from pyspark.sql.streaming import python_streaming_source_runner as runner  # type: ignore[attr-defined,unused-ignore]
+
+    out = io.BytesIO()
+    runner.check_support_func(reader(monkeypatch, {}), out)  # what Spark's source process answers the JVM
+    flags = int.from_bytes(out.getvalue(), "big")
+    assert flags == runner.SUPPORTS_ADMISSION_CONTROL | runner.SUPPORTS_TRIGGER_AVAILABLE_NOW
 
 
 @pytest.mark.skipif(admission_control_supported(), reason="this PySpark offers admission control")
