@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient._errors import ConfigurationError, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.topology import Role
+from smartclient.core.topology import Role, StreamTopology
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import PlacementRecord
@@ -90,6 +90,9 @@ class Carriers:
 
     def drop_topology(self, stream: str) -> None:
         self.topologies.drop(stream=stream)
+
+    async def topology(self, stream: str) -> StreamTopology:
+        return await self.topologies.topology(stream)
 
     def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
         return self.placement.placement_of(carrier, stream)

@@ -65,6 +65,7 @@ class _Handle:
         self._losses = 0
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
+        self._verify: asyncio.Task[None] | None = None
         self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
 
     def _check_open(self) -> None:
@@ -150,6 +151,8 @@ class _Handle:
                             self._note_attempt(attempts, began, "recovered", deadline.log())
                             log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self, attempts,
                                         time.monotonic() - started, done, deadline.log())
+                            if self.role is Role.PRODUCER and "Metadata Update" in reason:
+                                self._verify = asyncio.get_running_loop().create_task(self._confirm_leader())
                             return
                         last = SmartClientError("lost again while recovering")
                 self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
@@ -165,11 +168,34 @@ class _Handle:
         finally:
             self._host.recovering(self.role, self.stream, False)
 
+    async def _confirm_leader(self, after: tuple[float, ...] = (1.0, 3.0)) -> None:
+        """A producer recovered from a leader change may have read the topology while the election was still
+        open, and landed on the old leader, now a replica; no further MetadataUpdate comes to say so.  Read
+        the topology again once the election has settled, and move if the leader is elsewhere."""
+        for delay in after:
+            await asyncio.sleep(delay)
+            if self.closed or self.recovering or self.failure is not None:
+                return
+            self._host.drop_topology(self.stream)
+            try:
+                with attempt(self._host.recovery.attempt_time, f"confirming the leader of {self.stream!r}"):
+                    leader = (await self._host.topology(self.stream)).leader
+            except Exception as exc:  # a loss would come through the connection; nothing to conclude here
+                log.debug("%r: the leader could not be confirmed (%s)", self, exc)
+                continue
+            node = self.node
+            if node is not None and leader != node:
+                self._lost(f"the leader moved to {leader} while it was recovering")
+                return
+
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
         del self.recovery_attempts[:-50]
 
     async def _stop_recovery(self) -> None:
+        verify = self._verify
+        if verify is not None and not verify.done():
+            verify.cancel()
         task = self._recovery
         if task is not None and not task.done():
             task.cancel()

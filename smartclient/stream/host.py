@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from smartclient._errors import ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.topology import Role
+from smartclient.core.topology import Role, StreamTopology
 
 __all__ = ["Connection", "PlacementRecord", "StreamHost", "StreamOpener"]
 
@@ -90,6 +90,9 @@ class StreamHost(Protocol):
 
     def drop_topology(self, stream: str) -> None:
         """Forget the cached topology of ``stream``."""
+
+    async def topology(self, stream: str) -> StreamTopology:
+        """The leader and replicas of ``stream`` (cached, or read from the broker)."""
 
     def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
         """Where the producer or consumer of ``stream`` on ``carrier`` sits."""
