@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
 
+#: numbers the connections of every Environment of this process, so that each name (``smartclient-7``) is
+#: unique in the management UI and in logs, even with several Environments using the same prefix
+_CONNECTION_IDS = itertools.count(1)
+
 log = logging.getLogger(__name__)
 
 
@@ -109,7 +113,7 @@ class StreamConnector:
         self.parking = ParkingLot(limits)
         self.on_closed = on_closed
         self.on_mismatch = on_mismatch
-        self._ids = itertools.count(1)
+        self._ids = _CONNECTION_IDS  # one count per process: no two connections of it share a name
         self._reaper: asyncio.Task[None] | None = None
         self.opened = 0  # connections opened (LB sessions, when dialling an LB)
         self.connections: set[Connection] = set()

@@ -149,10 +149,12 @@ class TestBed:
         """
         def listed() -> str | None:
             with self.management() as api:
-                for conn in api.connections():
-                    if (conn.get("client_properties") or {}).get("connection_name") == client_name:
-                        return str(conn["name"])
-            return None
+                found = [conn for conn in api.connections()
+                         if (conn.get("client_properties") or {}).get("connection_name") == client_name]
+            if not found:
+                return None
+            # another process may use the same name: the newest is the one just opened
+            return str(max(found, key=lambda conn: conn.get("connected_at") or 0)["name"])
 
         name = wait_until(listed, timeout, f"the management API to list the connection {client_name!r}",
                           interval=0.2)
