@@ -170,32 +170,47 @@ async def test_batch_read_returns_exactly_an_offset_range(
     assert everything == 100  # earliest to latest by default
 
 
+def micro_batches(spark: Any, bed: TestBed, streams: str, checkpoint: Path, available_now: bool = False,
+                  **options: str) -> list[list[tuple[str, int]]]:
+    """Run a streaming query of the source until it has caught up (with ``available_now``: until it
+    ends); the ``(stream, offset)`` rows of each micro-batch."""
+    batches: list[list[tuple[str, int]]] = []
+    reader = source(spark, bed, streams, streaming=True)
+    for name, value in options.items():
+        reader = reader.option(name, value)
+    writer = (reader.load().writeStream.option("checkpointLocation", str(checkpoint))
+              .foreachBatch(lambda df, batch_id: batches.append([(r.stream, r.offset) for r in df.collect()])))
+    if available_now:
+        writer.trigger(availableNow=True).start().awaitTermination()
+        return batches
+    query = writer.start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return batches
+
+
+def rows_of(stream: str, first: int, end: int) -> list[tuple[str, int]]:
+    return [(stream, offset) for offset in range(first, end)]
+
+
+def every_row(batches: list[list[tuple[str, int]]]) -> list[tuple[str, int]]:
+    return sorted(row for batch in batches for row in batch)
+
+
 async def test_streaming_read_resumes_from_its_checkpoint_without_gaps(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 30)
-    seen: list[int] = []
-    batches: list[int] = []
-
-    def collect(df: Any, batch_id: int) -> None:
-        seen.extend(r.offset for r in df.collect())
-        batches.append(batch_id)
-
-    def run() -> None:
-        query = (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True)
-                 .option("maxRecordsPerPartition", "10").load()
-                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-
-    await asyncio.to_thread(run)
-    assert sorted(seen) == list(range(30)) and batches
-    await fill(rabbitmq_testbed, rabbitmq_unique_name, 30, 20)
-    seen.clear()
-    await asyncio.to_thread(run)  # a restart from the same checkpoint
-    assert sorted(seen) == list(range(30, 50))  # exactly the new messages: no gap, no replay
+    stream = rabbitmq_unique_name
+    await fill(rabbitmq_testbed, stream, 0, 30)
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, stream, tmp_path / "cp",
+                                      maxRecordsPerPartition="10")
+    assert every_row(batches) == rows_of(stream, 0, 30)
+    await fill(rabbitmq_testbed, stream, 30, 20)
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, stream, tmp_path / "cp",
+                                      maxRecordsPerPartition="10")  # a restart from the same checkpoint
+    assert every_row(batches) == rows_of(stream, 30, 50)  # exactly the new messages: no gap, no replay
 
 
 def _pyspark_has_admission_control() -> bool:
@@ -208,56 +223,31 @@ def _pyspark_has_admission_control() -> bool:
 async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record_once(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    streams = [f"{rabbitmq_unique_name}-a", f"{rabbitmq_unique_name}-b"]
-    await fill(rabbitmq_testbed, streams[0], 0, 700)
-    await fill(rabbitmq_testbed, streams[1], 0, 300)
-    seen: list[tuple[str, int]] = []
-    sizes: list[int] = []
-
-    def collect(df: Any, batch_id: int) -> None:
-        got = [(r.stream, r.offset) for r in df.collect()]
-        seen.extend(got)
-        sizes.append(len(got))
-
-    def run() -> None:
-        query = (source(rabbitmq_spark, rabbitmq_testbed, ",".join(streams), streaming=True)
-                 .option("maxRecordsPerTrigger", "300").option("maxRecordsPerPartition", "100").load()
-                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")).start())
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-
-    await asyncio.to_thread(run)
-    assert sorted(seen) == sorted([(streams[0], i) for i in range(700)] + [(streams[1], i) for i in range(300)])
+    a, b = f"{rabbitmq_unique_name}-a", f"{rabbitmq_unique_name}-b"
+    await fill(rabbitmq_testbed, a, 0, 700)
+    await fill(rabbitmq_testbed, b, 0, 300)
+    options = {"maxRecordsPerTrigger": "300", "maxRecordsPerPartition": "100"}
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, f"{a},{b}", tmp_path / "cp",
+                                      **options)
+    assert every_row(batches) == rows_of(a, 0, 700) + rows_of(b, 0, 300)  # each record once
+    sizes = [len(batch) for batch in batches]
     assert max(sizes) <= 300 and len([n for n in sizes if n]) >= 4, sizes
-    await fill(rabbitmq_testbed, streams[0], 700, 100)
-    seen.clear()
-    sizes.clear()
-    await asyncio.to_thread(run)  # a restart from the same checkpoint: exactly the new records
-    assert sorted(seen) == [(streams[0], i) for i in range(700, 800)] and max(sizes) <= 300
+    await fill(rabbitmq_testbed, a, 700, 100)
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, f"{a},{b}", tmp_path / "cp",
+                                      **options)  # a restart from the same checkpoint: exactly the new records
+    assert every_row(batches) == rows_of(a, 700, 800) and max(len(batch) for batch in batches) <= 300
 
 
 @pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
 async def test_trigger_available_now_reads_everything_in_capped_batches(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    await fill(rabbitmq_testbed, rabbitmq_unique_name, 0, 1000)
-    sizes: list[int] = []
-    offsets: list[int] = []
-
-    def collect(df: Any, batch_id: int) -> None:
-        got = [r.offset for r in df.collect()]
-        offsets.extend(got)
-        sizes.append(len(got))
-
-    def run() -> None:
-        (source(rabbitmq_spark, rabbitmq_testbed, rabbitmq_unique_name, streaming=True)
-         .option("maxRecordsPerTrigger", "300").load().writeStream.foreachBatch(collect)
-         .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start().awaitTermination())
-
-    await asyncio.to_thread(run)
-    assert sizes == [300, 300, 300, 100] and sorted(offsets) == list(range(1000))
+    stream = rabbitmq_unique_name
+    await fill(rabbitmq_testbed, stream, 0, 1000)
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, stream, tmp_path / "cp",
+                                      available_now=True, maxRecordsPerTrigger="300")
+    assert [len(batch) for batch in batches] == [300, 300, 300, 100]
+    assert every_row(batches) == rows_of(stream, 0, 1000)
 
 
 class WithoutCommittedOffset:
