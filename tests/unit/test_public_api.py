@@ -1,5 +1,7 @@
 """The names smartclient exports, and its one exception root."""
 
+import importlib.util
+
 import smartclient
 import smartclient.testing
 
@@ -7,8 +9,8 @@ PUBLIC_MODULES = (
     "smartclient", "smartclient.testing", "smartclient.sync", "smartclient.cli", "smartclient.node_placement",
     "smartclient.amqp.placement", "smartclient.mqtt.placement", "smartclient.mqtt.fleet", "smartclient.mqtt.topics",
     "smartclient.mqtt.ingest", "smartclient.stream.codec", "smartclient.federation.apply",
-    "smartclient.federation.topology", "smartclient.spark", "resolvers",
-)
+    "smartclient.federation.topology", "resolvers",
+) + (("smartclient.spark",) if importlib.util.find_spec("pyspark") else ())  # its names need the [spark] extra
 
 
 def test_all_names_exist() -> None:
