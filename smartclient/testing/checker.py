@@ -1,0 +1,241 @@
+"""The nemesis checker: given the history of a run, prove what reached the streams and what the clients saw.
+
+Pure: it reads a history (a list of records, or a JSON-lines file) and returns a :class:`Report`; it never
+talks to a broker, so a saved history can be checked again, and hand-made histories test the checker.
+
+A history record is a dict with ``kind`` and ``t`` (seconds since the run started), and by kind:
+
+* ``send`` / ``confirm`` / ``fail``: ``client`` (a producer), ``id`` (its publishing id); a fail has ``reason``;
+* ``stored``: ``stream``, ``offset``, ``client`` and ``id`` of a message read back from the stream at the end;
+* ``deliver``: ``client`` (a consumer), ``stream``, ``offset``, handed to the application;
+* ``subscribe``: ``client`` (a consumer), ``stream``, ``stored_offset`` (the offset stored for its name when it
+  (re)subscribed, or None), ``tracked`` (bool);
+* ``op``: ``client`` (an RPC or MQTT client), ``ok`` (bool), ``error`` (the type of the failure);
+* ``fault`` / ``heal``: ``what`` and ``target``.
+
+What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
+publishing order; every failed id has a reason; nothing is stored that was neither confirmed nor failed
+(nor still in flight at the end, which is counted apart).  Per consumer: no gap between the first and the
+last offset it was handed, duplicates counted, and a tracked consumer resumes after its stored offset.
+Per fault: how long each client took to make progress after it (worst, p99).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smartclient._errors import ConfigurationError
+
+__all__ = ["ConsumerResult", "ProducerResult", "Report", "check", "read_history"]
+
+_PROGRESS = {"confirm", "deliver"}
+
+
+@dataclass
+class ProducerResult:
+    sent: int = 0
+    confirmed: int = 0
+    failed: int = 0
+    in_flight: int = 0  # sent, neither confirmed nor failed by the end
+    lost: list[int] = field(default_factory=list)  # confirmed, not stored
+    duplicated: list[int] = field(default_factory=list)  # stored more than once
+    out_of_order: list[int] = field(default_factory=list)  # stored after a higher id of the same producer
+    failed_without_reason: list[int] = field(default_factory=list)
+    unexplained: list[int] = field(default_factory=list)  # stored, but never sent, or failed
+
+
+@dataclass
+class ConsumerResult:
+    delivered: int = 0
+    first: int | None = None
+    last: int | None = None
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # missing offset ranges, inclusive
+    duplicates: int = 0  # offsets handed over more than once
+    resumed_before_stored: list[int] = field(default_factory=list)  # first offsets at or below the stored one
+
+
+@dataclass
+class Report:
+    producers: dict[str, ProducerResult]
+    consumers: dict[str, ConsumerResult]
+    progress: dict[str, list[float]]  # client -> seconds from each fault to its next progress
+    faults: Counter[str]
+    op_errors: dict[str, Counter[str]]  # client -> error type -> count
+    ops_ok: Counter[str]
+
+    @property
+    def lost(self) -> int:
+        return sum(len(p.lost) for p in self.producers.values())
+
+    @property
+    def duplicated(self) -> int:
+        return sum(len(p.duplicated) for p in self.producers.values())
+
+    @property
+    def consumer_gaps(self) -> int:
+        return sum(len(c.gaps) for c in self.consumers.values())
+
+    def progress_times(self) -> list[float]:
+        return sorted(t for times in self.progress.values() for t in times)
+
+    def worst_progress(self) -> float:
+        times = self.progress_times()
+        return times[-1] if times else 0.0
+
+    def p99_progress(self) -> float:
+        times = self.progress_times()
+        if not times:
+            return 0.0
+        return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing confirmed was lost or stored twice, nothing unexplained was stored, no order broken,
+        every failure has a reason, and every consumer is gap-free and resumed after its stored offset."""
+        return (self.lost == 0 and self.duplicated == 0 and self.consumer_gaps == 0
+                and all(not (p.out_of_order or p.failed_without_reason or p.unexplained)
+                        for p in self.producers.values())
+                and all(not c.resumed_before_stored for c in self.consumers.values()))
+
+    def summary(self) -> str:
+        lines = [f"producers: {len(self.producers)}, confirmed {sum(p.confirmed for p in self.producers.values())}, "
+                 f"failed {sum(p.failed for p in self.producers.values())}, lost {self.lost}, "
+                 f"duplicated {self.duplicated}, in flight at the end "
+                 f"{sum(p.in_flight for p in self.producers.values())}"]
+        for name, p in sorted(self.producers.items()):
+            problems = {k: v[:5] for k, v in (("lost", p.lost), ("duplicated", p.duplicated),
+                                              ("out of order", p.out_of_order),
+                                              ("failed without reason", p.failed_without_reason),
+                                              ("unexplained", p.unexplained)) if v}
+            if problems:
+                lines.append(f"  {name}: {problems}")
+        delivered = sum(c.delivered for c in self.consumers.values())
+        duplicates = sum(c.duplicates for c in self.consumers.values())
+        lines.append(f"consumers: {len(self.consumers)}, delivered {delivered}, gaps {self.consumer_gaps}, "
+                     f"duplicates {duplicates}")
+        for name, c in sorted(self.consumers.items()):
+            if c.gaps or c.resumed_before_stored:
+                lines.append(f"  {name}: gaps {c.gaps[:5]}, resumed at or before the stored offset at "
+                             f"{c.resumed_before_stored[:5]}")
+        lines.append(f"faults: {dict(sorted(self.faults.items()))}")
+        lines.append(f"progress after a fault: worst {self.worst_progress():.2f} s, p99 {self.p99_progress():.2f} s "
+                     f"({len(self.progress_times())} measured)")
+        for client in sorted(set(self.ops_ok) | set(self.op_errors)):
+            lines.append(f"  {client}: {self.ops_ok[client]} ok, errors {dict(self.op_errors.get(client, {}))}")
+        return "\n".join(lines)
+
+
+def read_history(path: str | Path) -> list[dict[str, Any]]:
+    """A saved history (JSON lines).
+
+    :raises ConfigurationError: a line is not a JSON object with a ``kind``, naming the line.
+    """
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ConfigurationError(f"{path}:{number} is not JSON: {exc}") from None
+        if not isinstance(record, dict) or "kind" not in record:
+            raise ConfigurationError(f"{path}:{number} is not a history record (a JSON object with a kind)")
+        records.append(record)
+    return records
+
+
+def check(history: Iterable[Mapping[str, Any]]) -> Report:
+    records = sorted(history, key=lambda r: float(r.get("t", 0.0)))
+    producers: dict[str, ProducerResult] = defaultdict(ProducerResult)
+    sent: dict[str, set[int]] = defaultdict(set)
+    confirmed: dict[str, set[int]] = defaultdict(set)
+    failed: dict[str, set[int]] = defaultdict(set)
+    stored: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # client -> (stream, offset, id)
+    consumers: dict[str, ConsumerResult] = defaultdict(ConsumerResult)
+    delivered: dict[str, list[int]] = defaultdict(list)
+    subscriptions: dict[str, list[int | None]] = defaultdict(list)  # stored offsets at each (re)subscription
+    firsts_after_subscribe: dict[str, list[int]] = defaultdict(list)
+    awaiting_first: set[str] = set()
+    faults: Counter[str] = Counter()
+    fault_times: list[float] = []
+    progress: dict[str, list[float]] = defaultdict(list)
+    waiting: dict[str, list[float]] = defaultdict(list)  # client -> faults it has not progressed since
+    clients: set[str] = set()
+    op_errors: dict[str, Counter[str]] = defaultdict(Counter)
+    ops_ok: Counter[str] = Counter()
+
+    for r in records:
+        kind, t = r["kind"], float(r.get("t", 0.0))
+        client = str(r.get("client", ""))
+        if kind == "fault":
+            faults[str(r.get("what", "?"))] += 1
+            fault_times.append(t)
+            for name in clients:
+                waiting[name].append(t)
+            continue
+        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op"):
+            clients.add(client)
+        made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok"))
+        if made_progress and waiting.get(client):
+            progress[client].extend(t - at for at in waiting[client])
+            waiting[client] = []
+        if kind == "send":
+            sent[client].add(int(r["id"]))
+        elif kind == "confirm":
+            confirmed[client].add(int(r["id"]))
+        elif kind == "fail":
+            failed[client].add(int(r["id"]))
+            if not r.get("reason"):
+                producers[client].failed_without_reason.append(int(r["id"]))
+        elif kind == "stored":
+            stored[client].append((str(r["stream"]), int(r["offset"]), int(r["id"])))
+        elif kind == "deliver":
+            offset = int(r["offset"])
+            delivered[client].append(offset)
+            if client in awaiting_first:
+                awaiting_first.discard(client)
+                firsts_after_subscribe[client].append(offset)
+        elif kind == "subscribe":
+            subscriptions[client].append(r.get("stored_offset") if r.get("tracked") else None)
+            awaiting_first.add(client)
+        elif kind == "op":
+            if r.get("ok"):
+                ops_ok[client] += 1
+            else:
+                op_errors[client][str(r.get("error", "?"))] += 1
+
+    for client in set(sent) | set(stored) | set(confirmed):
+        result = producers[client]
+        result.sent, result.confirmed, result.failed = len(sent[client]), len(confirmed[client]), len(failed[client])
+        result.in_flight = len(sent[client] - confirmed[client] - failed[client])
+        counts = Counter(i for _, _, i in stored[client])
+        result.duplicated = sorted(i for i, n in counts.items() if n > 1)
+        result.lost = sorted(confirmed[client] - set(counts))
+        result.unexplained = sorted(i for i in counts if i not in sent[client] or i in failed[client])
+        highest: dict[str, int] = {}  # per stream: a super stream's partitions each keep their own order
+        for stream, _, i in sorted(stored[client], key=lambda s: (s[0], s[1])):
+            if i < highest.get(stream, -1) and counts[i] == 1:
+                result.out_of_order.append(i)
+            highest[stream] = max(highest.get(stream, -1), i)
+
+    for client, offsets in delivered.items():
+        seen = consumers[client]
+        seen.delivered = len(offsets)
+        unique = sorted(set(offsets))
+        seen.duplicates = len(offsets) - len(unique)
+        seen.first, seen.last = unique[0], unique[-1]
+        for a, b in itertools.pairwise(unique):
+            if b > a + 1:
+                seen.gaps.append((a + 1, b - 1))
+        for stored_at, first in zip(subscriptions[client], firsts_after_subscribe[client], strict=False):
+            if stored_at is not None and first <= stored_at:
+                seen.resumed_before_stored.append(first)
+
+    return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok)

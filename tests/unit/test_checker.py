@@ -1,0 +1,104 @@
+"""The nemesis checker on hand-made histories: each kind of anomaly must be caught. No broker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smartclient import ConfigurationError
+from smartclient.testing.checker import check, read_history
+
+
+def _producer(client: str, ids: range, stored: list[int], *, stream: str = "s", t0: float = 0.0,
+              failed: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    failed = failed or {}
+    records: list[dict[str, Any]] = []
+    for i in ids:
+        records.append({"kind": "send", "t": t0 + i * 0.001, "client": client, "id": i})
+        if i in failed:
+            records.append({"kind": "fail", "t": t0 + i * 0.001 + 0.0005, "client": client, "id": i,
+                            "reason": failed[i]})
+        else:
+            records.append({"kind": "confirm", "t": t0 + i * 0.001 + 0.0005, "client": client, "id": i})
+    records += [{"kind": "stored", "t": 100.0, "client": client, "stream": stream, "offset": n, "id": i}
+                for n, i in enumerate(stored)]
+    return records
+
+
+def _consumer(client: str, offsets: list[int], *, t0: float = 0.0) -> list[dict[str, Any]]:
+    return [{"kind": "deliver", "t": t0 + n * 0.001, "client": client, "stream": "s", "offset": o}
+            for n, o in enumerate(offsets)]
+
+
+def test_a_clean_history_is_ok() -> None:
+    report = check(_producer("p", range(10), list(range(10))) + _consumer("c", list(range(10))))
+    assert report.ok and report.lost == 0 and report.duplicated == 0
+    assert report.producers["p"].confirmed == 10 and report.consumers["c"].delivered == 10
+
+
+def test_a_loss_is_caught() -> None:
+    report = check(_producer("p", range(10), [0, 1, 2, 4, 5, 6, 7, 8, 9]))
+    assert not report.ok and report.producers["p"].lost == [3]
+
+
+def test_a_duplicate_is_caught() -> None:
+    report = check(_producer("p", range(5), [0, 1, 2, 2, 3, 4]))
+    assert not report.ok and report.producers["p"].duplicated == [2]
+
+
+def test_a_reordering_is_caught_but_partitions_keep_their_own_order() -> None:
+    report = check(_producer("p", range(5), [0, 1, 3, 2, 4]))
+    assert not report.ok and report.producers["p"].out_of_order == [2]
+    across = _producer("q", range(4), [1, 3], stream="part-0") + _producer("q", range(0), [0, 2], stream="part-1")
+    assert check(across).producers["q"].out_of_order == []
+
+
+def test_a_consumer_gap_and_its_duplicates() -> None:
+    report = check(_consumer("c", [0, 1, 2, 2, 5, 6, 9]))
+    assert not report.ok
+    assert report.consumers["c"].gaps == [(3, 4), (7, 8)] and report.consumers["c"].duplicates == 1
+
+
+def test_failures_need_a_reason_and_a_failed_id_must_not_be_stored() -> None:
+    report = check(_producer("p", range(3), [0, 1], failed={2: ""}))
+    assert report.producers["p"].failed_without_reason == [2] and not report.ok
+    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "timed out"}))
+    assert report.producers["p"].unexplained == [2] and not report.ok
+    assert check(_producer("p", range(3), [0, 1], failed={2: "timed out"})).ok
+
+
+def test_a_tracked_consumer_must_resume_after_its_stored_offset() -> None:
+    history = [{"kind": "subscribe", "t": 0.0, "client": "c", "stream": "s", "stored_offset": None, "tracked": True},
+               *_consumer("c", [0, 1, 2, 3]),
+               {"kind": "subscribe", "t": 1.0, "client": "c", "stream": "s", "stored_offset": 3, "tracked": True},
+               *_consumer("c", [3, 4], t0=1.1)]
+    report = check(history)
+    assert report.consumers["c"].resumed_before_stored == [3] and not report.ok
+
+
+def test_progress_after_each_fault_worst_and_p99() -> None:
+    history = [*_producer("p", range(3), [0, 1, 2]),
+               {"kind": "fault", "t": 1.0, "what": "kill", "target": "rabbit-1"},
+               {"kind": "confirm", "t": 1.5, "client": "p", "id": 3},
+               {"kind": "fault", "t": 2.0, "what": "lb_cut", "target": "rabbit-2"},
+               {"kind": "op", "t": 4.0, "client": "rpc", "ok": False, "error": "ConnectionFailed"},
+               {"kind": "op", "t": 2.5, "client": "rpc", "ok": True},
+               {"kind": "confirm", "t": 2.2, "client": "p", "id": 4}]
+    report = check(history)
+    assert report.faults == {"kill": 1, "lb_cut": 1}
+    assert report.progress["p"] == pytest.approx([0.5, 0.2])
+    assert report.worst_progress() == pytest.approx(0.5) and report.p99_progress() == pytest.approx(0.5)
+    assert report.op_errors["rpc"] == {"ConnectionFailed": 1} and report.ops_ok["rpc"] == 1
+    assert "lost 2" in report.summary()  # 3 and 4 were confirmed but never read back
+
+
+def test_a_saved_history_is_read_back_and_a_bad_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _producer("p", range(3), [0, 1, 2])) + "\n")
+    assert check(read_history(path)).ok
+    path.write_text('{"kind": "send", "t": 0, "client": "p", "id": 1}\nnot json\n')
+    with pytest.raises(ConfigurationError, match=r"history.jsonl:2 is not JSON"):
+        read_history(path)
