@@ -1,4 +1,4 @@
-"""``python -m smartclient.testing up|down|status|brokers N``: drive the test bed from a shell."""
+"""``python -m smartclient.testing up|down|status|brokers N|nemesis``: drive the test bed from a shell."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="print the status table")
     brokers = sub.add_parser("brokers", help="start N extra independent single-node brokers")
     brokers.add_argument("count", type=int)
+    nemesis = sub.add_parser("nemesis", help="run the stream workload under randomized faults, then check it")
+    nemesis.add_argument("--minutes", type=float, default=3.0)
+    nemesis.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one)")
+    nemesis.add_argument("--history", default=None, help="write the history here (JSON lines)")
+    nemesis.add_argument("--check", default=None, metavar="HISTORY", help="only check a saved history")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -39,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             print("test bed stopped")
         elif args.command == "status":
             print(bed.status_table())
+        elif args.command == "nemesis":
+            return _nemesis(bed, args)
         elif args.command == "brokers":
             for node in bed.start_brokers(args.count):
                 print(f"{node.name}: amqp {node.amqp_port}, stream {node.stream_port}, "
@@ -47,6 +54,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smartclient test bed: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _nemesis(bed: object, args: argparse.Namespace) -> int:
+    import asyncio
+    import random
+
+    from smartclient.testing.checker import check, read_history
+    from smartclient.testing.nemesis import Plan, run
+
+    if args.check:
+        report = check(read_history(args.check))
+    else:
+        seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+        print(f"nemesis: {args.minutes:g} min, seed {seed}")
+        if isinstance(bed, LocalTestBed):
+            bed.up()
+        report = asyncio.run(run(bed, Plan(minutes=args.minutes, seed=seed), args.history, progress=print))
+    print(report.summary())
+    print(f"nemesis: lost={report.lost} dup={report.duplicated} gaps={report.consumer_gaps} "
+          f"{'OK' if report.ok else 'ANOMALY'}")
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
 publishing order; every failed id has a reason; nothing is stored that was neither confirmed nor failed
 (nor still in flight at the end, which is counted apart).  Per consumer: no gap between the first and the
-last offset it was handed, duplicates counted, and a tracked consumer resumes after its stored offset.
+last offset it was handed (of the offsets that hold messages, when the stream was read back: offset tracking
+spends offsets too), duplicates counted, and a tracked consumer resumes after its stored offset.
 Per fault: how long each client took to make progress after it (worst, p99).
 """
 
@@ -160,6 +161,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     stored: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # client -> (stream, offset, id)
     consumers: dict[str, ConsumerResult] = defaultdict(ConsumerResult)
     delivered: dict[str, list[int]] = defaultdict(list)
+    consumer_stream: dict[str, str] = {}
     subscriptions: dict[str, list[int | None]] = defaultdict(list)  # stored offsets at each (re)subscription
     firsts_after_subscribe: dict[str, list[int]] = defaultdict(list)
     awaiting_first: set[str] = set()
@@ -199,6 +201,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         elif kind == "deliver":
             offset = int(r["offset"])
             delivered[client].append(offset)
+            consumer_stream[client] = str(r.get("stream", ""))
             if client in awaiting_first:
                 awaiting_first.discard(client)
                 firsts_after_subscribe[client].append(offset)
@@ -225,15 +228,31 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 result.out_of_order.append(i)
             highest[stream] = max(highest.get(stream, -1), i)
 
+    in_stream: dict[str, list[int]] = defaultdict(list)
+    for rows in stored.values():
+        for stream, offset, _ in rows:
+            in_stream[stream].append(offset)
+    for offsets in in_stream.values():
+        offsets.sort()
     for client, offsets in delivered.items():
         seen = consumers[client]
         seen.delivered = len(offsets)
         unique = sorted(set(offsets))
         seen.duplicates = len(offsets) - len(unique)
         seen.first, seen.last = unique[0], unique[-1]
-        for a, b in itertools.pairwise(unique):
-            if b > a + 1:
-                seen.gaps.append((a + 1, b - 1))
+        messages = in_stream.get(consumer_stream.get(client, ""))
+        if messages:  # the offsets that hold messages (a stream also spends offsets on offset-tracking records)
+            got = set(unique)
+            missing = [o for o in messages if seen.first <= o <= seen.last and o not in got]
+            for o in missing:
+                if seen.gaps and seen.gaps[-1][1] == o - 1:
+                    seen.gaps[-1] = (seen.gaps[-1][0], o)
+                else:
+                    seen.gaps.append((o, o))
+        else:  # nothing read back: every offset between the first and the last counts
+            for a, b in itertools.pairwise(unique):
+                if b > a + 1:
+                    seen.gaps.append((a + 1, b - 1))
         for stored_at, first in zip(subscriptions[client], firsts_after_subscribe[client], strict=False):
             if stored_at is not None and first <= stored_at:
                 seen.resumed_before_stored.append(first)

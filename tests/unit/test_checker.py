@@ -62,6 +62,14 @@ def test_a_consumer_gap_and_its_duplicates() -> None:
     assert report.consumers["c"].gaps == [(3, 4), (7, 8)] and report.consumers["c"].duplicates == 1
 
 
+def test_offsets_that_hold_no_message_are_no_gap_once_the_stream_is_read_back() -> None:
+    # offset 3 is an offset-tracking record: stored messages are at 0-2 and 4-5, and the consumer got them all
+    stored = [{"kind": "stored", "t": 9.0, "client": "p", "stream": "s", "offset": o, "id": i}
+              for i, o in enumerate([0, 1, 2, 4, 5])]
+    assert check(stored + _consumer("c", [0, 1, 2, 4, 5])).consumers["c"].gaps == []
+    assert check(stored + _consumer("c", [0, 1, 5])).consumers["c"].gaps == [(2, 2), (4, 4)]
+
+
 def test_failures_need_a_reason_and_a_failed_id_must_not_be_stored() -> None:
     report = check(_producer("p", range(3), [0, 1], failed={2: ""}))
     assert report.producers["p"].failed_without_reason == [2] and not report.ok

@@ -1,0 +1,29 @@
+"""The nemesis schedule: reproducible from its seed, and it never takes two nodes away at once. No broker."""
+
+from __future__ import annotations
+
+from smartclient.testing.nemesis import FAULTS, Plan, schedule
+
+NODES = ["rabbit-1@localhost", "rabbit-2@localhost", "rabbit-3@localhost"]
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    plan = Plan(minutes=10, seed=42)
+    assert schedule(plan, NODES, ["a", "b"]) == schedule(plan, NODES, ["a", "b"])
+    assert schedule(plan, NODES, ["a", "b"]) != schedule(Plan(minutes=10, seed=43), NODES, ["a", "b"])
+
+
+def test_a_quorum_stays_up_and_everything_is_healed_before_the_end() -> None:
+    for seed in range(50):
+        plan = Plan(minutes=10, seed=seed)
+        faults = schedule(plan, NODES, ["a"])
+        down = [(f.at, f.at + f.hold) for f in faults if FAULTS[f.what]]
+        for (_, end), (start, _) in zip(down, down[1:], strict=False):
+            assert start > end, f"seed {seed}: two nodes down at once"
+        assert all(f.at + f.hold < plan.minutes * 60 for f in faults)
+        assert {f.what for f in faults} <= set(FAULTS)
+
+
+def test_a_long_run_injects_every_kind_of_fault() -> None:
+    faults = schedule(Plan(minutes=10, seed=3), NODES, ["a"])
+    assert {f.what for f in faults} == set(FAULTS) and len(faults) > 50
