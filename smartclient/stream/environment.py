@@ -3,10 +3,9 @@
 One Environment holds, each in a module of its own:
 
 * :class:`~smartclient.stream.topology_cache.TopologyCache`: the locator connection and each stream's members;
-* :class:`~smartclient.stream.placement.StreamPlacement`: shared connections by role, and where every producer
-  and consumer sits;
-* :class:`~smartclient.stream.carriers.Carriers`: the rstream carriers, the open handles, and losses handed to
-  them (the :class:`~smartclient.stream.host.StreamHost` the handles are given);
+* :class:`~smartclient.stream.placement.StreamPlacement`: shared connections by role, where each handle sits;
+* :class:`~smartclient.stream.carriers.Carriers`: rstream's carriers, open handles and their losses (the handles'
+  :class:`~smartclient.stream.host.StreamHost`);
 * :class:`~smartclient.stream.admin.StreamAdmin`: creating, deleting and describing streams and super streams;
 * the :class:`~smartclient.stream.connector.StreamConnector`: dials through the resolution seam, checks the node.
 """
@@ -75,8 +74,7 @@ class Environment:
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
     :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
-    :param recovery: how producers and consumers recover from a lost connection or a leader move
-        (see :class:`RecoveryPolicy`).
+    :param recovery: how producers and consumers recover from a lost connection or a leader move (RecoveryPolicy).
     :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
         the one smartclient works out (the LB's name, or the advertised node name; see smartclient.stream.tls).
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
@@ -378,8 +376,7 @@ class Environment:
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
         """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``,
-        ``last_chunk_id`` and, from RabbitMQ 4.3, ``committed_offset`` (the last offset a quorum of members
-        holds; -1 when empty).  Uses a short connection of its own, placed on a stream member.
+        ``last_chunk_id`` and, from RabbitMQ 4.3, ``committed_offset`` (-1 when empty), on a short connection.
 
         :raises StreamNotFound: the stream does not exist.
         :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).

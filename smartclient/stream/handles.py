@@ -169,9 +169,8 @@ class _Handle:
             self._host.recovering(self.role, self.stream, False)
 
     async def _confirm_leader(self, after: tuple[float, ...] = (1.0, 3.0)) -> None:
-        """A producer recovered from a leader change may have read the topology while the election was still
-        open, and landed on the old leader, now a replica; no further MetadataUpdate comes to say so.  Read
-        the topology again once the election has settled, and move if the leader is elsewhere."""
+        """Recovered from a leader change, a producer may have read the topology while the election was open and
+        landed on the old leader (no MetadataUpdate follows): look again once it settled, and move if need be."""
         for delay in after:
             await asyncio.sleep(delay)
             if self.closed or self.recovering or self.failure is not None:
@@ -183,19 +182,16 @@ class _Handle:
             except Exception as exc:  # a loss would come through the connection; nothing to conclude here
                 log.debug("%r: the leader could not be confirmed (%s)", self, exc)
                 continue
-            node = self.node
-            if node is not None and leader != node:
-                self._lost(f"the leader moved to {leader} while it was recovering")
-                return
+            if self.node is not None and leader != self.node:
+                return self._lost(f"the leader moved to {leader} while it was recovering")
 
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
         del self.recovery_attempts[:-50]
 
     async def _stop_recovery(self) -> None:
-        verify = self._verify
-        if verify is not None and not verify.done():
-            verify.cancel()
+        if self._verify is not None:
+            self._verify.cancel()  # (a no-op once it is done)
         task = self._recovery
         if task is not None and not task.done():
             task.cancel()
@@ -209,8 +205,7 @@ class _Handle:
 
     @property
     def node(self) -> Address | None:
-        record = self.placement
-        return record.node if record else None
+        return record.node if (record := self.placement) else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(stream={self.stream!r}, name={self.name!r}, node={self.node})"
@@ -385,14 +380,13 @@ class Consumer(_Handle):
     """Reads one stream from a node that hosts a replica (or the leader, as the fallback).
 
     A *named* consumer can store its offset on the server (:meth:`store_offset`, or automatically with
-    :class:`OffsetTracking`) and can be one of a group of *single active* consumers: one instance of
-    the name receives at a time, and when it goes away another takes over, resuming where the
-    consumer-update handler says (by default: after the last stored offset).
+    :class:`OffsetTracking`) and can be one of a group of *single active* consumers: one instance of the
+    name receives at a time; when it goes away another takes over, resuming where the consumer-update
+    handler says (by default: after the last stored offset).
 
-    When its connection is lost or the stream's members change, the consumer subscribes again, on
-    another member if need be, from the offset after the last message it handed to the callback:
-    no gap, and with tracking or single active consumer (where that offset is known per message) no
-    duplicate.  Without either, it resumes after the last whole chunk delivered.
+    Lost, or when the stream's members change, it subscribes again, on another member if need be, after
+    the last message it handed to the callback: no gap, and with tracking or single active consumer (where
+    that offset is known per message) no duplicate; without either, after the last whole chunk delivered.
     """
 
     role = Role.CONSUMER
@@ -490,7 +484,6 @@ class Consumer(_Handle):
         else:
             # a plain callback gets a plain wrapper: no coroutine per message on the hot path
             def deliver_sync(message: Any, context: Any) -> Any:
-
                 last = self._last_offset
                 if last is not None and context.offset <= last:  # delivered already: never twice
                     self.skipped += 1
