@@ -178,12 +178,12 @@ class _Handle:
             self._host.drop_topology(self.stream)
             try:
                 with attempt(self._host.recovery.attempt_time, f"confirming the leader of {self.stream!r}"):
-                    leader = (await self._host.topology(self.stream)).leader
+                    topology = await self._host.topology(self.stream)
             except Exception as exc:  # a loss would come through the connection; nothing to conclude here
                 log.debug("%r: the leader could not be confirmed (%s)", self, exc)
                 continue
-            if self.node is not None and leader != self.node:
-                return self._lost(f"the leader moved to {leader} while it was recovering")
+            if self.node is not None and topology.candidates(self.role).tier_of(self.node) != 0:  # the core decides
+                return self._lost(f"the leader moved to {topology.leader} while it was recovering")
 
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
