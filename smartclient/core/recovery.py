@@ -36,6 +36,9 @@ class RecoveryPolicy:
     :param attempt_time: seconds one attempt may spend placing its connection (the
         :class:`RetryPolicy` ``max_time`` during a recovery), so a stale leader is looked up again soon.
     :param retry_authentication: keep trying (every ``max_delay``) when the broker refuses the credentials.
+    :param stall_check: seconds a producer waits with messages pending and no confirm before it checks that its
+        node still leads the stream (a leader change the broker did not report); after three such checks on
+        the leader it declares its publisher again (:mod:`smartclient.stream.stall`).  0 turns it off.
     """
 
     enabled: bool = True
@@ -47,6 +50,7 @@ class RecoveryPolicy:
     max_time: float = 300.0
     attempt_time: float = 3.0
     retry_authentication: bool = False
+    stall_check: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.initial_delay <= self.max_delay:
@@ -57,6 +61,9 @@ class RecoveryPolicy:
             raise ConfigurationError(f"RecoveryPolicy.jitter must be in [0, 1), not {self.jitter}")
         if self.max_attempts < 1 or self.max_time <= 0 or self.attempt_time <= 0:
             raise ConfigurationError("RecoveryPolicy needs max_attempts >= 1, max_time > 0 and attempt_time > 0")
+        if not 0 <= self.stall_check <= 3600:
+            raise ConfigurationError(f"RecoveryPolicy.stall_check must be 0 (off) to 3600 seconds, not "
+                                     f"{self.stall_check!r}")
 
     def next_delay(self, attempts: int, elapsed: float, *, authentication: bool = False,
                    rng: random.Random | None = None) -> float | None:

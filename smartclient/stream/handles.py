@@ -27,6 +27,7 @@ from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.topology import Role
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
+from smartclient.stream.unreported import confirm_leader, watch_confirms
 
 if TYPE_CHECKING:
     from smartclient.stream.host import PlacementRecord, StreamHost
@@ -66,6 +67,7 @@ class _Handle:
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
         self._verify: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None  # a producer's stall watch (smartclient.stream.unreported)
         self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
 
     def _check_open(self) -> None:
@@ -152,7 +154,7 @@ class _Handle:
                             log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self, attempts,
                                         time.monotonic() - started, done, deadline.log())
                             if self.role is Role.PRODUCER and "Metadata Update" in reason:
-                                self._verify = asyncio.get_running_loop().create_task(self._confirm_leader())
+                                self._verify = asyncio.get_running_loop().create_task(confirm_leader(self, self._host))
                             return
                         last = SmartClientError("lost again while recovering")
                 self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
@@ -168,30 +170,14 @@ class _Handle:
         finally:
             self._host.recovering(self.role, self.stream, False)
 
-    async def _confirm_leader(self, after: tuple[float, ...] = (1.0, 3.0)) -> None:
-        """Recovered from a leader change, a producer may have read the topology while the election was open and
-        landed on the old leader (no MetadataUpdate follows): look again once it settled, and move if need be."""
-        for delay in after:
-            await asyncio.sleep(delay)
-            if self.closed or self.recovering or self.failure is not None:
-                return
-            self._host.drop_topology(self.stream)
-            try:
-                with attempt(self._host.recovery.attempt_time, f"confirming the leader of {self.stream!r}"):
-                    topology = await self._host.topology(self.stream)
-            except Exception as exc:  # a loss would come through the connection; nothing to conclude here
-                log.debug("%r: the leader could not be confirmed (%s)", self, exc)
-                continue
-            if self.node is not None and topology.candidates(self.role).tier_of(self.node) != 0:  # the core decides
-                return self._lost(f"the leader moved to {topology.leader} while it was recovering")
-
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
         del self.recovery_attempts[:-50]
 
     async def _stop_recovery(self) -> None:
-        if self._verify is not None:
-            self._verify.cancel()  # (a no-op once it is done)
+        for task in (self._verify, self._watch):
+            if task is not None:
+                task.cancel()  # (a no-op once it is done)
         task = self._recovery
         if task is not None and not task.done():
             task.cancel()
@@ -253,6 +239,12 @@ class Producer(_Handle):
                 self._stored_id = await _rstream.stored_sequence(client, self.stream, self.name)
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost)
         self._setup_done()
+        if every := self._host.recovery.stall_check:
+            self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))
+
+    @property
+    def buffer(self) -> PublishBuffer | None:
+        return getattr(self, "_buffer", None)
 
     def _suspend(self) -> None:
         if hasattr(self, "_buffer"):

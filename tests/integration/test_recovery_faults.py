@@ -387,3 +387,34 @@ async def test_consumer_lost_before_its_first_message_misses_nothing_published_w
         collector.assert_no_gap(publisher.sent)
         assert collector.items[0][0] == 10
         assert resolved == "offset 10"  # "next" resolved when it subscribed
+
+
+def suspend_stream_writer(bed: TestBed, stream: str, node: int, seconds: float) -> None:
+    """Suspend the stream's writer process (``sys:suspend``) on its node for ``seconds``: the connection, the
+    publisher and the leader all stay, and nothing is confirmed meanwhile."""
+    brokers = getattr(bed, "brokers", None)
+    if brokers is None:
+        pytest.skip("suspending a stream's writer needs the local test bed (rabbitmqctl eval on its node)")
+    name = stream.replace('"', "")
+    brokers[node].ctl(["eval", f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{name}">>)), '
+                               f"P = amqqueue:get_pid(Q), spawn(fun() -> sys:suspend(P), "
+                               f"timer:sleep({int(seconds * 1000)}), sys:resume(P) end), ok."])
+
+
+async def test_confirms_that_stop_on_the_leader_make_a_named_producer_declare_again_and_store_each_message_once(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_faulty_testbed
+    policy = RecoveryPolicy(stall_check=1.0)
+    async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, \
+            Environment(all_nodes(bed), recovery=policy) as env:
+        producer = await env.producer(stream, name="stalled")
+        publisher = Publisher(producer).start()
+        await publisher.confirmed_after(0, count=1000)
+        suspend_stream_writer(bed, stream, 1, 6.0)
+        await wait_until(lambda: producer.recoveries >= 1, 20, "the stalled producer to declare its publisher again")
+        resumed_at = time.monotonic()
+        await publisher.confirmed_after(resumed_at, count=1000)
+        await publisher.stop()
+        assert producer.node == Address(*bed.nodes[1].advertised)  # it stayed on the leader
+        assert await read_all(bed, stream) == list(range(publisher.sent))  # each message once, in order

@@ -1,0 +1,124 @@
+"""Losses the broker does not report: a producer left on a node that no longer leads its stream.
+
+A leader change reaches a producer as a MetadataUpdate, and a lost connection as a closed socket.  Either
+can go unreported: RabbitMQ 4.0 answers Metadata with the old leader while an election is open, so a
+producer that recovers then may declare its publisher on a node that no longer leads, and no MetadataUpdate
+follows.  Its messages would wait for confirms that never come.  Two looks catch it:
+
+- :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 1 s and 3 s
+  later, and moves if its node is no longer the first choice;
+- :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
+  ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; after
+  three such looks on the leader it declares its publisher again (what is pending is sent again, and a
+  named producer stores it once).  It reads counters the publish path keeps anyway: the hot path pays
+  nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from smartclient.core.deadline import attempt
+
+if TYPE_CHECKING:
+    from smartclient.core.address import Address
+    from smartclient.core.topology import Role
+    from smartclient.stream.host import StreamHost
+
+__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms"]
+
+log = logging.getLogger(__name__)
+
+STALL_LOOKS = 3  # looks at the topology, on the leader, before the publisher is declared again
+
+
+class _Buffer(Protocol):
+    confirmed: int
+    failed: int
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def suspended(self) -> bool: ...
+
+
+class _Handle(Protocol):
+    closed: bool
+    failure: str | None
+    stream: str
+    role: Role
+
+    @property
+    def recovering(self) -> bool: ...
+
+    @property
+    def node(self) -> Address | None: ...
+
+    def _lost(self, reason: str) -> None: ...
+
+
+class _Producer(_Handle, Protocol):
+    @property
+    def buffer(self) -> _Buffer | None: ...
+
+
+async def leader_moved(handle: _Handle, host: StreamHost, context: str) -> bool:
+    """Read the topology again (through ``host``, the handle's); if ``handle``'s node is no longer its first
+    choice, recover it.  True: stop looking (it moved, or it closed, failed or is recovering already)."""
+    if handle.closed or handle.recovering or handle.failure is not None:
+        return True
+    host.drop_topology(handle.stream)
+    try:
+        with attempt(host.recovery.attempt_time, f"confirming the leader of {handle.stream!r}"):
+            topology = await host.topology(handle.stream)
+    except Exception as exc:  # a loss would come through the connection; nothing to conclude here
+        log.debug("%r: the leader could not be confirmed (%s)", handle, exc)
+        return False
+    if handle.node is not None and topology.candidates(handle.role).tier_of(handle.node) != 0:  # the core decides
+        handle._lost(f"the leader moved to {topology.leader} {context}")
+        return True
+    return False
+
+
+async def confirm_leader(handle: _Handle, host: StreamHost, after: tuple[float, ...] = (1.0, 3.0)) -> None:
+    """After a recovery from a leader change: look again once the election settled, and move if need be."""
+    for delay in after:
+        await asyncio.sleep(delay)
+        if await leader_moved(handle, host, "while it was recovering"):
+            return
+
+
+async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
+                         now: Callable[[], float] = time.monotonic) -> None:
+    """Run until ``producer`` closes; see the module."""
+    seen = -1
+    since: float | None = None
+    looks = 0
+    while not producer.closed:
+        await asyncio.sleep(every / 4)
+        buffer = producer.buffer
+        if buffer is None:
+            continue
+        settled = buffer.confirmed + buffer.failed
+        if settled != seen or not buffer.in_flight or buffer.suspended or producer.recovering:
+            seen, since, looks = settled, None, 0
+            continue
+        if since is None:
+            since = now()
+            continue
+        waited = now() - since
+        if waited < every * (looks + 1):
+            continue
+        looks += 1
+        why = f"no confirm for {waited:.1f} s with {buffer.in_flight} message(s) pending"
+        if looks >= STALL_LOOKS:
+            looks, since = 0, None
+            log.warning("%r: %s, on the leader: declaring its publisher again", producer, why)
+            producer._lost(f"{why}: the publisher is declared again")
+        elif not await leader_moved(producer, host, f"without a MetadataUpdate ({why})"):
+            log.info("%r: %s; it is still on the leader", producer, why)

@@ -1,0 +1,113 @@
+"""Losses the broker does not report: a producer recovered from a leader change checks the leader again once
+the election settled, and a producer whose confirms stop looks again, then declares its publisher again.
+No broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from smartclient import Address, RecoveryPolicy
+from smartclient.core.topology import Role, StreamTopology
+from smartclient.stream.handles import Producer
+from smartclient.stream.host import PlacementRecord
+from smartclient.stream.unreported import confirm_leader, watch_confirms
+
+
+class FakeHost:
+    recovery = RecoveryPolicy()
+
+    def __init__(self, node: Address, leader: Address) -> None:
+        self.node, self.leader = node, leader
+        self.dropped = 0
+
+    def drop_topology(self, stream: str) -> None:
+        self.dropped += 1
+
+    async def topology(self, stream: str) -> StreamTopology:
+        return StreamTopology(stream, self.leader, ())
+
+    @staticmethod
+    def of(producer: Producer) -> Any:
+        return vars(producer)["_host"]
+
+    def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
+        return PlacementRecord(Role.PRODUCER, stream, "p", self.node, self.node, "c-1")
+
+
+def _producer(host: FakeHost) -> tuple[Producer, list[str]]:
+    producer = Producer(host, object(), "s", "p")  # type: ignore[arg-type]
+    losses: list[str] = []
+    producer._lost = losses.append  # type: ignore[method-assign]
+    return producer, losses
+
+
+async def test_landed_on_the_old_leader_it_moves_again() -> None:
+    host = FakeHost(node=Address("n1", 5552), leader=Address("n3", 5552))
+    producer, losses = _producer(host)
+    await confirm_leader(producer, host, after=(0.0,))
+    assert losses == ["the leader moved to n3:5552 while it was recovering"] and host.dropped == 1
+
+
+async def test_on_the_leader_it_stays_and_a_closed_producer_is_left_alone() -> None:
+    host = FakeHost(node=Address("n3", 5552), leader=Address("n3", 5552))
+    producer, losses = _producer(host)
+    await confirm_leader(producer, host, after=(0.0, 0.0))
+    assert losses == [] and host.dropped == 2
+    producer.closed = True
+    host.leader = Address("n1", 5552)
+    await asyncio.wait_for(confirm_leader(producer, host, after=(0.0,)), 1)
+    assert losses == []
+
+
+class FakeBuffer:
+    def __init__(self) -> None:
+        self.confirmed = self.failed = 0
+        self.in_flight = 5
+        self.suspended = False
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _watch_until(producer: Producer, clock: Clock, buffer: FakeBuffer, losses: list[str], seconds: float,
+                       confirm: bool = False) -> None:
+    producer._buffer = buffer  # type: ignore[assignment]
+    task = asyncio.create_task(watch_confirms(producer, FakeHost.of(producer), 0.004, now=clock))
+    try:
+        while clock.t < seconds:
+            await asyncio.sleep(0.001)
+            clock.t += 0.001
+            if confirm:
+                buffer.confirmed += 1
+    finally:
+        task.cancel()
+
+
+async def test_confirms_that_stop_make_it_look_again_and_move_off_a_node_that_no_longer_leads() -> None:
+    host = FakeHost(node=Address("n1", 5552), leader=Address("n3", 5552))
+    producer, losses = _producer(host)
+    await _watch_until(producer, Clock(), FakeBuffer(), losses, 0.1)
+    assert losses and losses[0].startswith("the leader moved to n3:5552 without a MetadataUpdate (no confirm for")
+
+
+async def test_on_the_leader_three_looks_then_the_publisher_is_declared_again() -> None:
+    host = FakeHost(node=Address("n3", 5552), leader=Address("n3", 5552))
+    producer, losses = _producer(host)
+    await _watch_until(producer, Clock(), FakeBuffer(), losses, 0.1)
+    assert host.dropped >= 2 and losses and losses[0].endswith("the publisher is declared again")
+
+
+async def test_confirms_that_keep_coming_or_nothing_pending_mean_no_look() -> None:
+    host = FakeHost(node=Address("n1", 5552), leader=Address("n3", 5552))
+    producer, losses = _producer(host)
+    await _watch_until(producer, Clock(), FakeBuffer(), losses, 0.03, confirm=True)
+    idle = FakeBuffer()
+    idle.in_flight = 0
+    await _watch_until(producer, Clock(), idle, losses, 0.03)
+    assert losses == [] and host.dropped == 0
