@@ -15,6 +15,7 @@ from smartclient._errors import (
     CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
+    EnqueueTimeout,
     FaultUnavailable,
     FeatureNotSupported,
     HandleClosed,
@@ -38,6 +39,7 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.filters import StreamFilter
+from smartclient.core.flow import ConsumerFlow
 from smartclient.core.landing import Attempt
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
@@ -48,11 +50,12 @@ from smartclient.core.stream_arguments import StreamArguments
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
 from smartclient.stream.environment import Environment, PlacementRecord
 from smartclient.stream.handles import Consumer, Producer
-from smartclient.stream.publishing import CONNECTION_LOST, BatchingPolicy, Confirmation
+from smartclient.stream.publishing import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CONFIRM_TIMEOUT",
     "CONNECTION_LOST",
     "Address",
     "AddressNotAllowed",
@@ -65,7 +68,9 @@ __all__ = [
     "Confirmation",
     "ConnectionFailed",
     "Consumer",
+    "ConsumerFlow",
     "Credentials",
+    "EnqueueTimeout",
     "Environment",
     "FaultUnavailable",
     "FeatureNotSupported",

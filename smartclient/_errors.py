@@ -20,6 +20,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   └── StreamNotFound          the stream does not exist
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── PublishFailed               the broker answered a message with an error instead of a confirm
+    │   └── EnqueueTimeout          no room under max_in_flight within enqueue_timeout; not queued
     ├── RpcTimeout                  an RPC request got no reply in time
     ├── ConnectionFailed            a connection could not be opened or kept
     │   ├── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
@@ -40,6 +41,7 @@ __all__ = [
     "CertificateRejected",
     "ConfigurationError",
     "ConnectionFailed",
+    "EnqueueTimeout",
     "FaultUnavailable",
     "FeatureNotSupported",
     "HandleClosed",
@@ -85,6 +87,16 @@ class PublishFailed(SmartClientError):
     def __init__(self, message: str, confirmation: object = None) -> None:
         super().__init__(message)
         self.confirmation = confirmation
+
+
+class EnqueueTimeout(PublishFailed):
+    """``send()`` waited ``BatchingPolicy.enqueue_timeout`` for room under ``max_in_flight`` (the broker does not
+    confirm fast enough, or the producer is recovering): the message was not queued.  ``queued`` says how many
+    of a ``send_many()`` list were queued before it (those go on as usual)."""
+
+    def __init__(self, message: str, queued: int = 0) -> None:
+        super().__init__(message)
+        self.queued = queued
 
 
 class ResolutionError(SmartClientError):

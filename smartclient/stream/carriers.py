@@ -22,6 +22,7 @@ from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import PlacementRecord
 
 if TYPE_CHECKING:
+    from smartclient.core.flow import ConsumerFlow
     from smartclient.core.settings import ConnectSettings, PoolLimits
     from smartclient.stream.host import Connection
     from smartclient.stream.placement import StreamPlacement
@@ -48,16 +49,16 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def carrier(self, role: Role, stream: str, name: str | None) -> Any:
-        """A carrier with no publisher/subscriber on ``stream`` yet (made if needed)."""
+    def carrier(self, role: Role, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> Any:
+        """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's."""
         for carrier, streams in self._carriers[role]:
             if stream not in streams:
                 streams.add(stream)
-                _rstream.name_stream(carrier, stream, name)
+                _rstream.name_stream(carrier, stream, name, flow)
                 return carrier
         carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
                                        f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
-        _rstream.name_stream(carrier, stream, name)
+        _rstream.name_stream(carrier, stream, name, flow)
         self._carriers[role].append((carrier, {stream}))
         return carrier
 

@@ -26,6 +26,7 @@ from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
 from smartclient.core.filters import StreamFilter
+from smartclient.core.flow import ConsumerFlow
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
@@ -63,8 +64,7 @@ class Environment:
 
     :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
-    :param username: overrides the URI's user name (default guest).
-    :param password: overrides the URI's password (default guest).
+    :param username: overrides the URI's user name; ``password``: its password (default guest for both).
     :param vhost: override the URI's vhost (default ``/``).
     :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
     :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).
@@ -80,9 +80,7 @@ class Environment:
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
         cannot do (creating a super stream without the CreateSuperStream command).
 
-    Use it as ``async with Environment(...) as env:``.
-
-    :raises ConfigurationError: bad arguments, before any I/O.
+    Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
     """
 
     def __init__(
@@ -295,6 +293,7 @@ class Environment:
         on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
         tracking: OffsetTracking | None = None,
         filter: StreamFilter | None = None,
+        flow: ConsumerFlow | None = None,
         _super_stream: str | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
@@ -309,6 +308,7 @@ class Environment:
             ``offset``.
         :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
         :param filter: only messages with these filter values (see :class:`StreamFilter`).
+        :param flow: when credit is granted, so how many chunks wait in memory (see :class:`ConsumerFlow`).
         :raises FeatureNotSupported: ``filter`` on a broker without filtering.
         :raises ConfigurationError: a bad offset, or tracking or single active without a name.
         :raises NoCandidateNode: replicas are forced and the stream has none.
@@ -328,7 +328,7 @@ class Environment:
             )
         if filter is not None:
             await self._admin.require_filtering()
-        handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name), stream, name)
+        handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow), stream, name)
         self._carriers.add(handle)
         try:
             with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:

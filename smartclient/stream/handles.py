@@ -200,17 +200,15 @@ class _Handle:
 class Producer(_Handle):
     """Publishes to one stream from the node that hosts its leader.
 
-    Every message ends confirmed, or failed with a reason.  When the connection is lost or the leader
-    moves, the producer places a new publisher on the (new) leader and sends every unconfirmed message
-    again, in order, before any later one (see :class:`RecoveryPolicy`); ``send()`` keeps queueing
-    meanwhile, up to ``max_in_flight``.
+    Every message ends confirmed, or failed with a reason.  When the connection is lost or the leader moves,
+    the producer places a new publisher on the (new) leader and sends every unconfirmed message again, in
+    order, before any later one (:class:`RecoveryPolicy`); ``send()`` queues meanwhile (``max_in_flight``).
 
     A *named* producer deduplicates: on start it reads the last publishing id the broker stored for its
     name (:attr:`last_publishing_id`), then every message carries a publishing id, given or assigned, so
     the messages sent again after a recovery are stored once. Ids must increase: an id not above the
     highest one this producer has sent raises :class:`PublishingIdNotIncreasing` before the broker can
-    confirm-and-drop it. Ids up to :attr:`last_publishing_id` may be sent again after a restart (the
-    broker filters and confirms them).
+    confirm-and-drop it; ids up to :attr:`last_publishing_id` may be sent again after a restart (filtered).
     """
 
     role = Role.PRODUCER
@@ -387,7 +385,7 @@ class Consumer(_Handle):
     active: bool | None = None  # for a single active consumer: whether this instance receives now
     _untracked = False
     _last_offset: int | None = None
-    skipped = 0  # messages at or below the last offset delivered, not handed over again (tracked consumers)
+    redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
     _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
     _initial_position: int = 0
 
@@ -406,6 +404,13 @@ class Consumer(_Handle):
     @last_offset.setter
     def last_offset(self, value: int | None) -> None:
         self._last_offset = value
+
+    @property
+    def queued_chunks(self) -> int:
+        """Chunks received and waiting for the callback: at most the flow's ``initial_credit`` (ConsumerFlow)."""
+        from smartclient.stream import _rstream
+
+        return _rstream.queued_chunks(self._subscriber) if self._subscriber is not None else 0
 
     async def _subscribe(
         self,
@@ -466,9 +471,8 @@ class Consumer(_Handle):
         elif inspect.iscoroutinefunction(callback):
             async def deliver_async(message: Any, context: Any) -> None:
                 last = self._last_offset
-                if last is not None and context.offset <= last:  # delivered already: never twice
-                    self.skipped += 1
-                    return
+                if last is not None and context.offset <= last:  # handed over already: counted, not hidden
+                    self._again(context.offset, last)
                 await callback(message, context)
                 after(context)
 
@@ -477,9 +481,8 @@ class Consumer(_Handle):
             # a plain callback gets a plain wrapper: no coroutine per message on the hot path
             def deliver_sync(message: Any, context: Any) -> Any:
                 last = self._last_offset
-                if last is not None and context.offset <= last:  # delivered already: never twice
-                    self.skipped += 1
-                    return None
+                if last is not None and context.offset <= last:  # handed over already: counted, not hidden
+                    self._again(context.offset, last)
                 result = callback(message, context)
                 after(context)
                 return result  # a callable object may still return an awaitable; rstream awaits it
@@ -518,6 +521,11 @@ class Consumer(_Handle):
         with map_stream_errors(f"recovering the consumer on {self.stream!r}"):
             await self._subscribe_at(resume)
         return f"subscribed again from {resume} (subscription {self.subscription_id})"
+
+    def _again(self, offset: int, last: int) -> None:  # a repeat is counted and said, never hidden
+        self.redelivered += 1
+        if self.redelivered % 1000 == 1:
+            log.warning("%r got offset %d again (had up to %d): %d repeats", self, offset, last, self.redelivered)
 
     async def _resume_point(self) -> OffsetSpec:
         """Where a single active consumer starts when it becomes active: after the stored offset, or

@@ -10,19 +10,27 @@ Every message stays in ``_pending`` (publishing id -> its packed entry) until th
 refuses it. When the connection is lost or the leader moves, the producer suspends the buffer (sends
 queue up, nothing is written), places a new publisher, and resumes the buffer there: every pending
 message is written again, in publishing-id order, before any new one. A named producer's broker
-deduplicates the ones it had already stored, so each message is stored once. """
+deduplicates the ones it had already stored, so each message is stored once.
+
+Back-pressure is bounded three times (:class:`BatchingPolicy`): at most ``max_in_flight`` messages wait
+for a confirm; a ``send()`` that finds no room waits at most ``enqueue_timeout`` and then raises
+:class:`EnqueueTimeout` (the message was not queued); a message not confirmed ``confirm_timeout`` after
+it was queued fails with ``CONFIRM_TIMEOUT`` and a reason.  The confirm timeout is checked by a timer
+every quarter of it, against the highest publishing id queued at each tick: the hot path pays nothing. """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smartclient._errors import ConfigurationError, MessageTooLarge, PublishFailed
+from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
 
-__all__ = ["BatchingPolicy", "Confirmation", "PublishBuffer"]
+__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "BatchingPolicy", "Confirmation", "PublishBuffer"]
 
 _PUBLISH_KEY = 0x0002
 _HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
@@ -31,6 +39,7 @@ _ENTRY_V2 = struct.Struct(">Qh")  # publishing id, filter value size (-1: none)
 _FRAME_OVERHEAD = _HEADER.size  # 13 bytes
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
 CONNECTION_LOST = -1  # Confirmation.code of a message failed by the client (recovery gave up, producer closed)
+CONFIRM_TIMEOUT = -2  # Confirmation.code of a message not confirmed within BatchingPolicy.confirm_timeout
 # PublishError codes that mean "this publisher is gone from this node", not "this message is bad":
 # the message stays pending and is sent again once the producer has recovered.
 _RETRIABLE = {6: "stream not available", 18: "publisher does not exist"}
@@ -46,11 +55,18 @@ class BatchingPolicy:
     :param linger: seconds a partial batch waits for more messages before it is sent.
     :param max_in_flight: messages sent or queued but not yet confirmed, at most: ``send()`` waits
         (back-pressure) while the producer is at this cap.
+    :param enqueue_timeout: seconds a ``send()`` waits for room under ``max_in_flight`` before it raises
+        :class:`EnqueueTimeout` (the message was not queued).  30 s leaves room for a recovery to finish.
+    :param confirm_timeout: seconds after which a queued message still not confirmed fails with code
+        ``CONFIRM_TIMEOUT`` and a reason (it is not sent again; a named producer may send it again with its
+        publishing id, and the broker stores it once).  0 turns it off.
     """
 
     batch_size: int = 1000
     linger: float = 0.002
     max_in_flight: int = 20_000
+    enqueue_timeout: float = 30.0
+    confirm_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -60,6 +76,11 @@ class BatchingPolicy:
         if self.max_in_flight < self.batch_size:
             raise ConfigurationError(f"max_in_flight ({self.max_in_flight}) must be at least batch_size "
                                      f"({self.batch_size})")
+        if not 0 < self.enqueue_timeout <= 3600:
+            raise ConfigurationError(f"enqueue_timeout must be more than 0 and at most 3600 seconds, not "
+                                     f"{self.enqueue_timeout!r}")
+        if not 0 <= self.confirm_timeout <= 86400:
+            raise ConfigurationError(f"confirm_timeout must be 0 (off) to 86400 seconds, not {self.confirm_timeout!r}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,9 @@ class PublishBuffer:
         self._timer: asyncio.TimerHandle | None = None
         self._error: BaseException | None = None
         self._callbacks: set[asyncio.Future[Any]] = set()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._marks: deque[tuple[float, int]] = deque()  # (tick time, highest publishing id queued then)
+        self.timed_out = 0
         self._bind(client, publisher_id)
 
     @property
@@ -170,6 +194,9 @@ class PublishBuffer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         self._error = error
         self._settle(sorted(self._pending), False, CONNECTION_LOST, reason)
         self._space.set()  # a send waiting for room wakes up and raises the error
@@ -213,17 +240,23 @@ class PublishBuffer:
         for pid, body in enumerate(bodies, first_id):
             data = body if type(body) is bytes else bytes(body)
             if len(pending) >= cap:
-                await self._wait_for_room()
+                await self._wait_for_room(pid - first_id)
             if self._append(pid, pack(pid, len(data)) + data, len(data)):
                 await self._seam.writer_of(self.client).drain()
         self._idle.clear()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
-    async def _wait_for_room(self) -> None:
+    async def _wait_for_room(self, queued: int = 0) -> None:
         self._space.clear()
         self._flush()
-        await self._space.wait()
+        try:
+            await asyncio.wait_for(self._space.wait(), self.policy.enqueue_timeout)
+        except asyncio.TimeoutError:
+            raise EnqueueTimeout(
+                f"no room for a message on {self.stream!r} after {self.policy.enqueue_timeout:g} s: "
+                f"{len(self._pending)} message(s) wait for a confirm (max_in_flight {self.policy.max_in_flight})"
+                + ("; the producer is recovering" if self._suspended else ""), queued) from None
 
     def _append(self, publishing_id: int, entry: bytes, body_size: int) -> bool:
         """The checks and bookkeeping of one message (no await); True if the socket should be drained."""
@@ -263,6 +296,8 @@ class PublishBuffer:
         count = len(self._ids)
         if not count:
             return
+        if self._expiry is None and self.policy.confirm_timeout:
+            self._expiry = asyncio.get_running_loop().call_later(self.policy.confirm_timeout / 4, self._expire)
         if self._suspended:  # the entries stay in _pending; resume() writes them
             self._ids = []
             self._parts = []
@@ -278,6 +313,31 @@ class PublishBuffer:
             self._seam.writer_of(self.client).write(frame)
         except (AttributeError, RuntimeError, OSError) as exc:  # closed under us: recover, nothing is lost
             self._lost(f"writing to {self.stream!r} failed: {type(exc).__name__}")
+
+    def _expire(self) -> None:
+        """The confirm-timeout tick: fail what was queued a whole ``confirm_timeout`` ago and is still pending."""
+        self._expiry = None
+        pending = self._pending
+        if not pending:
+            self._marks.clear()
+            return
+        now = time.monotonic()
+        timeout = self.policy.confirm_timeout
+        self._marks.append((now, next(reversed(pending))))
+        cutoff = None
+        while self._marks and now - self._marks[0][0] >= timeout:
+            cutoff = self._marks.popleft()[1]
+        if cutoff is not None:
+            expired = []
+            for pid in pending:  # in the order queued: the oldest first
+                if pid > cutoff:
+                    break
+                expired.append(pid)
+            if expired:
+                self.timed_out += len(expired)
+                self._settle(expired, False, CONFIRM_TIMEOUT, f"not confirmed within {timeout:g} s")
+        if pending and self._error is None:
+            self._expiry = asyncio.get_running_loop().call_later(timeout / 4, self._expire)
 
     def _lost(self, reason: str) -> None:
         self.suspend()

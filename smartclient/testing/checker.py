@@ -5,7 +5,10 @@ talks to a broker, so a saved history can be checked again, and hand-made histor
 
 A history record is a dict with ``kind`` and ``t`` (seconds since the run started), and by kind:
 
-* ``send`` / ``confirm`` / ``fail``: ``client`` (a producer), ``id`` (its publishing id); a fail has ``reason``;
+* ``send`` / ``confirm`` / ``fail``: ``client`` (a producer), ``id`` (its publishing id); a fail has ``reason``
+  and ``code`` (above 0: the broker refused it, so it must not be stored; below 0: the client gave up on it, a
+  confirm timeout or a recovery that gave up, so it may or may not be stored: counted apart, as Jepsen's
+  indeterminate operations); a send that raised ``EnqueueTimeout`` is ``refused`` instead (never sent);
 * ``stored``: ``stream``, ``offset``, ``client`` and ``id`` of a message read back from the stream at the end;
 * ``deliver``: ``client`` (a consumer), ``stream``, ``offset``, handed to the application;
 * ``subscribe``: ``client`` (a consumer), ``stream``, ``stored_offset`` (the offset stored for its name when it
@@ -14,10 +17,11 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 * ``fault`` / ``heal``: ``what`` and ``target``.
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
-publishing order; every failed id has a reason; nothing is stored that was neither confirmed nor failed
-(nor still in flight at the end, which is counted apart).  Per consumer: no gap between the first and the
-last offset it was handed (of the offsets that hold messages, when the stream was read back: offset tracking
-spends offsets too), duplicates counted, and a tracked consumer resumes after its stored offset.
+publishing order; every failed id has a reason; nothing is stored that was never sent or that the broker
+refused (an id still in flight at the end, or given up by the client, may be stored: both are counted
+apart).  Per consumer: no gap between the first and the last offset it was handed (of the offsets that hold
+messages, when the stream was read back: offset tracking spends offsets too), duplicates counted, and a
+tracked consumer resumes after its stored offset.
 Per fault: how long each client took to make progress after it (worst, p99).
 """
 
@@ -34,7 +38,13 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 
-__all__ = ["ConsumerResult", "ProducerResult", "Report", "check", "read_history"]
+__all__ = ["ANCHOR", "ConsumerResult", "ProducerResult", "Report", "check", "is_anchor", "read_history"]
+
+ANCHOR = "anchor-"  # clients named so are the bench's anchor (raw rstream): reported apart, never in ``ok``
+
+
+def is_anchor(client: str) -> bool:
+    return client.startswith(ANCHOR)
 
 _PROGRESS = {"confirm", "deliver"}
 
@@ -49,7 +59,8 @@ class ProducerResult:
     duplicated: list[int] = field(default_factory=list)  # stored more than once
     out_of_order: list[int] = field(default_factory=list)  # stored after a higher id of the same producer
     failed_without_reason: list[int] = field(default_factory=list)
-    unexplained: list[int] = field(default_factory=list)  # stored, but never sent, or failed
+    unexplained: list[int] = field(default_factory=list)  # stored, but never sent, or refused by the broker
+    given_up_stored: int = 0  # failed by the client (confirm timeout, recovery gave up), stored all the same
 
 
 @dataclass
@@ -73,25 +84,29 @@ class Report:
 
     @property
     def lost(self) -> int:
-        return sum(len(p.lost) for p in self.producers.values())
+        return self.count("lost")
 
     @property
     def duplicated(self) -> int:
-        return sum(len(p.duplicated) for p in self.producers.values())
+        return self.count("duplicated")
+
+    def count(self, what: str, anchor: bool = False) -> int:
+        """Ids ``lost`` or ``duplicated`` over smartclient's producers (``anchor``: over the anchor's)."""
+        return sum(len(getattr(p, what)) for n, p in self.producers.items() if is_anchor(n) == anchor)
 
     @property
     def consumer_gaps(self) -> int:
         return sum(len(c.gaps) for c in self.consumers.values())
 
-    def progress_times(self) -> list[float]:
-        return sorted(t for times in self.progress.values() for t in times)
+    def progress_times(self, anchor: bool = False) -> list[float]:
+        return sorted(t for client, times in self.progress.items() if is_anchor(client) == anchor for t in times)
 
-    def worst_progress(self) -> float:
-        times = self.progress_times()
+    def worst_progress(self, anchor: bool = False) -> float:
+        times = self.progress_times(anchor)
         return times[-1] if times else 0.0
 
-    def p99_progress(self) -> float:
-        times = self.progress_times()
+    def p99_progress(self, anchor: bool = False) -> float:
+        times = self.progress_times(anchor)
         if not times:
             return 0.0
         return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
@@ -102,14 +117,15 @@ class Report:
         every failure has a reason, and every consumer is gap-free and resumed after its stored offset."""
         return (self.lost == 0 and self.duplicated == 0 and self.consumer_gaps == 0
                 and all(not (p.out_of_order or p.failed_without_reason or p.unexplained)
-                        for p in self.producers.values())
+                        for n, p in self.producers.items() if not is_anchor(n))
                 and all(not c.resumed_before_stored for c in self.consumers.values()))
 
     def summary(self) -> str:
         lines = [f"producers: {len(self.producers)}, confirmed {sum(p.confirmed for p in self.producers.values())}, "
                  f"failed {sum(p.failed for p in self.producers.values())}, lost {self.lost}, "
                  f"duplicated {self.duplicated}, in flight at the end "
-                 f"{sum(p.in_flight for p in self.producers.values())}"]
+                 f"{sum(p.in_flight for p in self.producers.values())}, given up but stored "
+                 f"{sum(p.given_up_stored for p in self.producers.values())}"]
         for name, p in sorted(self.producers.items()):
             problems = {k: v[:5] for k, v in (("lost", p.lost), ("duplicated", p.duplicated),
                                               ("out of order", p.out_of_order),
@@ -128,6 +144,10 @@ class Report:
         lines.append(f"faults: {dict(sorted(self.faults.items()))}")
         lines.append(f"progress after a fault: worst {self.worst_progress():.2f} s, p99 {self.p99_progress():.2f} s "
                      f"({len(self.progress_times())} measured)")
+        if self.progress_times(anchor=True) or any(is_anchor(n) for n in self.producers):
+            lines.append(f"anchor (raw rstream, same faults, not in the verdict): lost "
+                         f"{self.count('lost', True)}, duplicated {self.count('duplicated', True)}, progress "
+                         f"worst {self.worst_progress(True):.2f} s, p99 {self.p99_progress(True):.2f} s")
         for client in sorted(set(self.ops_ok) | set(self.op_errors)):
             lines.append(f"  {client}: {self.ops_ok[client]} ok, errors {dict(self.op_errors.get(client, {}))}")
         return "\n".join(lines)
@@ -158,6 +178,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     sent: dict[str, set[int]] = defaultdict(set)
     confirmed: dict[str, set[int]] = defaultdict(set)
     failed: dict[str, set[int]] = defaultdict(set)
+    refused: dict[str, set[int]] = defaultdict(set)  # failed with a broker code: must not be stored
     stored: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # client -> (stream, offset, id)
     consumers: dict[str, ConsumerResult] = defaultdict(ConsumerResult)
     delivered: dict[str, list[int]] = defaultdict(list)
@@ -194,6 +215,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             confirmed[client].add(int(r["id"]))
         elif kind == "fail":
             failed[client].add(int(r["id"]))
+            if int(r.get("code", 1)) > 0:
+                refused[client].add(int(r["id"]))
             if not r.get("reason"):
                 producers[client].failed_without_reason.append(int(r["id"]))
         elif kind == "stored":
@@ -221,7 +244,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         counts = Counter(i for _, _, i in stored[client])
         result.duplicated = sorted(i for i, n in counts.items() if n > 1)
         result.lost = sorted(confirmed[client] - set(counts))
-        result.unexplained = sorted(i for i in counts if i not in sent[client] or i in failed[client])
+        result.unexplained = sorted(i for i in counts if i not in sent[client] or i in refused[client])
+        result.given_up_stored = sum(1 for i in counts if i in failed[client] and i not in refused[client])
         highest: dict[str, int] = {}  # per stream: a super stream's partitions each keep their own order
         for stream, _, i in sorted(stored[client], key=lambda s: (s[0], s[1])):
             if i < highest.get(stream, -1) and counts[i] == 1:

@@ -8,9 +8,14 @@ at any time, since RabbitMQ 4.3's metadata store (Khepri) and every stream need 
 Other faults overlap freely: leader moves, management-API connection closes, an LB backend disabled, LB
 sessions cut, an LB restart and the DNS server down.
 
-This first version drives streams only: named producers (``send`` with a confirm callback) on several
-streams, a plain and a tracked consumer, and a single-active-consumer pair.  The AMQP RPC loop, the MQTT
-fleet and the super stream of issue 18 are not in it yet.
+The workload, every connection placed through the LB:
+
+* named producers on several streams with ``send()`` and a confirm callback, and one with ``send_many()``
+  (whose batch is confirmed by a ``flush()``);
+* consumers: a plain and a tracked one, a single-active pair, and a super-stream consumer;
+* a named super-stream producer (routed by key, one publishing id sequence over the partitions);
+* an AMQP RPC loop (servers on every node, a client through the LB) and a small MQTT fleet publishing
+  QoS 1, each in a thread, each call recorded as an ``op`` with its outcome (errors counted by type).
 """
 
 from __future__ import annotations
@@ -19,17 +24,22 @@ import asyncio
 import json
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from smartclient.stream.codec import decode_amqp
 from smartclient.testing.checker import Report, check
 
-__all__ = ["FAULTS", "Fault", "History", "Plan", "run", "schedule"]
+__all__ = ["FAULTS", "Anchor", "Fault", "History", "Plan", "run", "schedule"]
 
 log = logging.getLogger(__name__)
+
+Anchor = Callable[[Any, str, "History", asyncio.Event, float], Coroutine[Any, Any, None]]
 
 #: fault -> whether it takes a node away (only one of those at a time: the quorum stays)
 FAULTS: dict[str, bool] = {
@@ -80,15 +90,17 @@ class History:
     """Every event of a run, in memory and (optionally) as JSON lines."""
 
     def __init__(self, path: str | Path | None = None) -> None:
+        self._lock = threading.Lock()  # the RPC and MQTT loops add from their threads
         self.records: list[dict[str, Any]] = []
         self.start = time.monotonic()
         self._file: IO[str] | None = Path(path).open("w") if path else None  # noqa: SIM115  (closed by close())
 
     def add(self, kind: str, **fields: Any) -> None:
-        record = {"kind": kind, "t": round(time.monotonic() - self.start, 4), **fields}
-        self.records.append(record)
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+        with self._lock:
+            record = {"kind": kind, "t": round(time.monotonic() - self.start, 4), **fields}
+            self.records.append(record)
+            if self._file is not None:
+                self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         if self._file is not None:
@@ -139,22 +151,32 @@ def _close_one_connection(bed: Any, seed: float) -> None:
 
 
 async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
-              progress: Callable[[str], None] | None = None) -> Report:
-    """Run the workload and the schedule against ``bed`` for ``plan.minutes``; return the checker's report."""
+              progress: Callable[[str], None] | None = None, anchor: Anchor | None = None) -> Report:
+    """Run the workload and the schedule against ``bed`` for ``plan.minutes``; return the checker's report.
+    ``anchor(bed, stream, history, stop, rate)``: another client to run under the same faults, on a stream of its
+    own, recording as a client named ``anchor-...`` (``bench/nemesis.py`` runs raw rstream so)."""
     from resolvers import LoadBalancer
-    from smartclient import Confirmation, Environment, OffsetTracking
+    from smartclient import Confirmation, EnqueueTimeout, Environment, OffsetTracking
 
     say = progress or (lambda text: None)
     history = History(history_path)
     host, port = bed.lb("stream")
     uri = bed.stream_uri(host, port)
-    streams = [f"nemesis-{plan.seed}-{i}-{int(time.time())}" for i in range(plan.streams)]
+    lb = LoadBalancer(f"{host}:{port}", amqp=bed.lb("amqp")[1], mqtt=bed.lb("mqtt")[1])
+    run_id = f"{plan.seed}-{int(time.time())}"
+    streams = [f"nemesis-{run_id}-{i}" for i in range(plan.streams)]
+    super_stream = f"nemesis-{run_id}-super"
     faults = schedule(plan, [n.name for n in bed.nodes], streams)
     stop = asyncio.Event()
+    halt = threading.Event()  # the same, for the RPC and MQTT threads
     try:
-        async with Environment(uri, resolver=LoadBalancer(f"{host}:{port}"), connection_name="nemesis") as env:
+        async with Environment(uri, resolver=lb, connection_name="nemesis", management=bed.management()) as env:
             for stream in streams:
                 await env.create_stream(stream, {"initial-cluster-size": 3})
+            partitions = await env.create_super_stream(super_stream, partitions=3)
+            anchor_stream = f"nemesis-{run_id}-anchor"
+            if anchor is not None:
+                await env.create_stream(anchor_stream, {"initial-cluster-size": 3})
 
             def deliver(client: str, stream: str) -> Callable[[Any, Any], None]:
                 def on_message(message: Any, context: Any) -> None:
@@ -178,17 +200,30 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
                         history.add("confirm", client=client, id=confirmation.publishing_id)
                     else:
                         history.add("fail", client=client, id=confirmation.publishing_id,
-                                    reason=str(confirmation.reason or ""))
+                                    reason=str(confirmation.reason or ""), code=confirmation.code)
 
                 next_id, interval = 1, 1.0 / plan.rate
                 while not stop.is_set():
-                    history.add("send", client=client, id=next_id)
-                    await producer.send(f"{client}:{next_id}".encode(), publishing_id=next_id, on_confirm=confirmed)
+                    try:
+                        await producer.send(f"{client}:{next_id}".encode(), publishing_id=next_id,
+                                            on_confirm=confirmed)
+                    except EnqueueTimeout as exc:  # not queued: never sent, so it must not be stored
+                        history.add("refused", client=client, id=next_id, reason=str(exc))
+                    else:
+                        history.add("send", client=client, id=next_id)
                     next_id += 1
                     await asyncio.sleep(interval)
                 await asyncio.wait_for(producer.flush(), 60)
 
             producers = [asyncio.create_task(produce(i, s)) for i, s in enumerate(streams)]
+            producers.append(asyncio.create_task(_send_many(env, streams[-1], history, stop, plan.rate)))
+            producers.append(asyncio.create_task(_super_stream(env, super_stream, history, stop, plan.rate)))
+            if anchor is not None:
+                producers.append(asyncio.create_task(anchor(bed, anchor_stream, history, stop, plan.rate)))
+            threads = [threading.Thread(target=loop, args=(env, history, halt, run_id), name=loop.__name__, daemon=True)
+                       for loop in (_rpc_loop, _mqtt_loop)]
+            for thread in threads:
+                thread.start()
             started = time.monotonic()
             injections = []
             for fault in faults:
@@ -198,13 +233,18 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             await asyncio.gather(*injections)
             await asyncio.sleep(max(0.0, started + plan.minutes * 60 - time.monotonic()))
             stop.set()
+            halt.set()
             await asyncio.gather(*producers)
+            for thread in threads:
+                await asyncio.to_thread(thread.join, 60)
             await asyncio.to_thread(bed.heal)
-            await _read_back(env, streams, history)
-            for stream in streams:
+            await _read_back(env, [*streams, *partitions, *([anchor_stream] if anchor is not None else [])], history)
+            for stream in [*streams, *([anchor_stream] if anchor is not None else [])]:
                 await env.delete_stream(stream, missing_ok=True)
+            await env.delete_super_stream(super_stream, missing_ok=True)
     finally:
         stop.set()
+        halt.set()
         history.close()
     return check(history.records)
 
@@ -218,6 +258,8 @@ async def _read_back(env: Any, streams: list[str], history: History) -> None:
 
         def on_message(message: Any, context: Any, stream: str = stream, done: asyncio.Event = done) -> None:
             body = bytes(message)
+            if body.startswith(_AMQP_DATA):  # the anchor's AMQP 1.0 messages (rstream sets their publishing id)
+                body = decode_amqp(body)[0]
             if body == b"end":
                 done.set()
                 return
@@ -228,3 +270,127 @@ async def _read_back(env: Any, streams: list[str], history: History) -> None:
         await asyncio.wait_for(done.wait(), 120)
         await consumer.close()
         await marker.close()
+
+
+_AMQP_DATA = b"\x00Su"  # an AMQP 1.0 data section: how rstream encodes an AMQPMessage body
+
+
+def _fail(history: History, client: str, ids: range | list[int], reason: str, code: int) -> None:
+    for i in ids:
+        history.add("fail", client=client, id=i, reason=reason, code=code)
+
+
+async def _send_many(env: Any, stream: str, history: History, stop: asyncio.Event, rate: float) -> None:
+    """A named producer publishing lists with ``send_many()``: a batch is confirmed by the ``flush()`` after it
+    when no message failed meanwhile (the producer's failure count says so), else failed as a whole (some of
+    it may be stored: the checker counts those apart)."""
+    from smartclient import EnqueueTimeout
+
+    client, size = "p-many", 20
+    producer = await env.producer(stream, name=f"nemesis-{client}")
+    next_id = 1
+    while not stop.is_set():
+        ids = range(next_id, next_id + size)
+        failed_before = producer.buffer.failed
+        try:
+            await producer.send_many([f"{client}:{i}".encode() for i in ids], first_publishing_id=next_id)
+        except EnqueueTimeout as exc:  # the first exc.queued were queued: they go on as usual
+            ids = range(next_id, next_id + exc.queued)
+            for i in range(next_id + exc.queued, next_id + size):
+                history.add("refused", client=client, id=i, reason=str(exc))
+        for i in ids:
+            history.add("send", client=client, id=i)
+        next_id += size
+        await producer.flush()
+        if producer.buffer.failed == failed_before:
+            for i in ids:
+                history.add("confirm", client=client, id=i)
+        else:
+            _fail(history, client, ids, "a message of the batch failed", -1)
+        await asyncio.sleep(size / rate)
+
+
+async def _super_stream(env: Any, super_stream: str, history: History, stop: asyncio.Event, rate: float) -> None:
+    """A named super-stream producer (key routing by hash; one id sequence over the partitions) and a
+    super-stream consumer, recorded per partition."""
+    from smartclient import Confirmation, EnqueueTimeout
+
+    client = "p-super"
+
+    def on_message(message: Any, context: Any) -> None:
+        history.add("deliver", client=f"c-super-{context.stream}", stream=context.stream, offset=context.offset)
+
+    consumer = await env.super_stream_consumer(super_stream, on_message, offset="first")
+    producer = await env.super_stream_producer(super_stream, name=f"nemesis-{client}", key=lambda body: body.decode())
+
+    def confirmed(confirmation: Confirmation) -> None:
+        if confirmation.confirmed:
+            history.add("confirm", client=client, id=confirmation.publishing_id)
+        else:
+            _fail(history, client, [confirmation.publishing_id], str(confirmation.reason or ""), confirmation.code)
+
+    next_id = 1
+    while not stop.is_set():
+        try:
+            await producer.send(f"{client}:{next_id}".encode(), publishing_id=next_id, on_confirm=confirmed)
+        except EnqueueTimeout as exc:
+            history.add("refused", client=client, id=next_id, reason=str(exc))
+        else:
+            history.add("send", client=client, id=next_id)
+        next_id += 1
+        await asyncio.sleep(1.0 / rate)
+    await asyncio.wait_for(producer.flush(), 60)
+    await producer.close()
+    await consumer.close()
+
+
+def _op(history: History, client: str, action: Callable[[], Any]) -> bool:
+    try:
+        action()
+    except Exception as exc:  # counted by type: the checker reports RPC and MQTT errors this way
+        history.add("op", client=client, ok=False, error=type(exc).__name__)
+        return False
+    history.add("op", client=client, ok=True)
+    return True
+
+
+def _rpc_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
+    """RPC servers on every node and a client through the LB (its node's server answers), until ``halt``."""
+    from smartclient.amqp.rpc import RpcClient, RpcServer
+
+    exchange = f"nemesis-{run_id}-rpc"
+    placer = env.amqp_placer()
+    with RpcServer(placer, exchange, lambda body, properties: b"re:" + body) as server:
+        if not _op(history, "rpc-server", server.start):
+            return
+        while not halt.is_set():
+            try:
+                with placer.connect() as placed:
+                    call = partial(RpcClient(placed, exchange, timeout=5.0).call, b"ping")
+                    while not halt.is_set() and _op(history, "rpc", call):
+                        halt.wait(0.05)
+            except Exception as exc:  # placing or opening the client failed: counted, then tried again
+                history.add("op", client="rpc", ok=False, error=type(exc).__name__)
+            halt.wait(0.5)
+
+
+def _mqtt_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
+    """A fleet of 12 MQTT clients through the LB, one of them publishing QoS 1 every 50 ms, until ``halt``."""
+    fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
+    if not _op(history, "mqtt-fleet", fleet.start):
+        return
+    try:
+        n = 0
+        while not halt.is_set():
+            n += 1
+
+            def publish(n: int = n) -> None:
+                info = fleet.publish(n % len(fleet), f"nemesis/{run_id}", b"%d" % n, qos=1)
+                info.wait_for_publish(timeout=5.0)
+                if not info.is_published():
+                    raise TimeoutError("no PUBACK within 5 s")
+
+            _op(history, "mqtt", publish)
+            halt.wait(0.05)
+    finally:
+        fleet.close()

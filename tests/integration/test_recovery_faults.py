@@ -19,8 +19,10 @@ import pytest
 from resolvers import DnsResolver, LoadBalancer
 from smartclient import (
     Address,
+    BatchingPolicy,
     Confirmation,
     Consumer,
+    EnqueueTimeout,
     Environment,
     OffsetTracking,
     Producer,
@@ -418,3 +420,31 @@ async def test_confirms_that_stop_on_the_leader_make_a_named_producer_declare_ag
         await publisher.stop()
         assert producer.node == Address(*bed.nodes[1].advertised)  # it stayed on the leader
         assert await read_all(bed, stream) == list(range(publisher.sent))  # each message once, in order
+
+
+async def test_a_broker_that_stops_confirming_raises_enqueue_timeout_and_loses_nothing(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_faulty_testbed
+    batching = BatchingPolicy(batch_size=100, max_in_flight=2000, enqueue_timeout=1.0)
+    async with stream_led_by(bed, rabbitmq_unique_name, 1) as stream, \
+            Environment(all_nodes(bed), recovery=RecoveryPolicy(stall_check=0)) as env:
+        producer = await env.producer(stream, name="back-pressure", batching=batching)
+        confirmed: list[int] = []
+        failed: list[Confirmation] = []
+        accepted = 0
+
+        def on_confirm(c: Confirmation) -> None:
+            (confirmed.append(c.publishing_id) if c.confirmed else failed.append(c))
+
+        suspend_stream_writer(bed, stream, 1, 4.0)
+        started = time.monotonic()
+        with pytest.raises(EnqueueTimeout, match="no room for a message") as caught:
+            while True:
+                await producer.send(b"%d" % accepted, on_confirm=on_confirm)
+                accepted += 1
+        assert accepted == 2000 and time.monotonic() - started >= 1.0  # the cap, then the timeout
+        assert caught.value.queued == 0
+        await asyncio.wait_for(producer.flush(), 30)  # the writer resumes: everything accepted is confirmed
+        assert not failed and sorted(confirmed) == list(range(1, accepted + 1))
+        assert await read_all(bed, stream) == list(range(accepted))  # nothing refused was stored

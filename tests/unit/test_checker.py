@@ -13,14 +13,14 @@ from smartclient.testing.checker import check, read_history
 
 
 def _producer(client: str, ids: range, stored: list[int], *, stream: str = "s", t0: float = 0.0,
-              failed: dict[int, str] | None = None) -> list[dict[str, Any]]:
+              failed: dict[int, str] | None = None, code: int = 17) -> list[dict[str, Any]]:
     failed = failed or {}
     records: list[dict[str, Any]] = []
     for i in ids:
         records.append({"kind": "send", "t": t0 + i * 0.001, "client": client, "id": i})
         if i in failed:
             records.append({"kind": "fail", "t": t0 + i * 0.001 + 0.0005, "client": client, "id": i,
-                            "reason": failed[i]})
+                            "reason": failed[i], "code": code})
         else:
             records.append({"kind": "confirm", "t": t0 + i * 0.001 + 0.0005, "client": client, "id": i})
     records += [{"kind": "stored", "t": 100.0, "client": client, "stream": stream, "offset": n, "id": i}
@@ -73,9 +73,20 @@ def test_offsets_that_hold_no_message_are_no_gap_once_the_stream_is_read_back() 
 def test_failures_need_a_reason_and_a_failed_id_must_not_be_stored() -> None:
     report = check(_producer("p", range(3), [0, 1], failed={2: ""}))
     assert report.producers["p"].failed_without_reason == [2] and not report.ok
-    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "timed out"}))
+    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "refused"}))
     assert report.producers["p"].unexplained == [2] and not report.ok
-    assert check(_producer("p", range(3), [0, 1], failed={2: "timed out"})).ok
+    assert check(_producer("p", range(3), [0, 1], failed={2: "refused"})).ok
+
+
+def test_a_message_the_client_gave_up_on_may_be_stored_and_is_counted_apart() -> None:
+    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "not confirmed within 60 s"}, code=-2))
+    assert report.ok and report.producers["p"].given_up_stored == 1 and "given up but stored 1" in report.summary()
+
+
+def test_a_refused_send_was_never_sent_and_must_not_be_stored() -> None:
+    records = _producer("p", range(2), [0, 1, 2])
+    records.append({"kind": "refused", "t": 0.01, "client": "p", "id": 2, "reason": "EnqueueTimeout"})
+    assert check(records).producers["p"].unexplained == [2]
 
 
 def test_a_tracked_consumer_must_resume_after_its_stored_offset() -> None:

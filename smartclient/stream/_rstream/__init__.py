@@ -45,6 +45,8 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "Producer._get_next_available_id",  # only without a placed connection (never in practice)
     "Producer._get_or_create_publisher",  # overridden: the id is taken per connection
     "Consumer._subscribers",  # id -> subscriber
+    "Consumer._on_deliver",  # overridden: the credit goes where the ConsumerFlow says ...
+    "Consumer._filter_messages",  # ... and the chunk's messages are read as rstream reads them
     "producer._Publisher",  # built by our _get_or_create_publisher
     "client.ClientPool._clients",  # cleared by PlacedClientPool.close
 )
@@ -63,6 +65,6 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "exceptions.VirtualHostAccessFailure", "schema.PublishConfirm", "schema.PublishError", "schema.MetadataUpdate",
     "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
-    "schema.OffsetSpecification", "encoding.decode_frame",
+    "schema.OffsetSpecification", "encoding.decode_frame", "consumer.MessageContext",
 )
 """The public names of rstream the seam imports or uses."""

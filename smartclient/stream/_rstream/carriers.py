@@ -21,11 +21,13 @@ from rstream import exceptions as rx
 from rstream import schema
 from rstream.client import Addr, Client, ClientPool
 from rstream.constants import SlasMechanism
+from rstream.consumer import MessageContext
 from rstream.producer import _Publisher
 from rstream.utils import MonotonicSeq, OnClosedErrorInfo
 
 from smartclient.core.address import Address
 from smartclient.core.deadline import step
+from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ from smartclient.stream._rstream.wire import offset_spec
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "close_publisher",
     "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
-    "new_carrier", "position", "store_offset", "stored_sequence", "subscribe",
+    "new_carrier", "position", "queued_chunks", "store_offset", "stored_sequence", "subscribe",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class PlacedClientPool(ClientPool):
         self.role = role
         self.carrier = carrier
         self.names: dict[str, str | None] = {}  # stream -> producer/consumer name, for the placement table
+        self.flows: dict[str, ConsumerFlow] = {}  # stream -> a consumer's flow (credit strategy), if not rstream's
         self.last: Connection | None = None  # the connection the last placement returned (for its id)
 
     async def get(
@@ -161,6 +164,35 @@ class PlacedConsumer(_Placed, RConsumer):
     async def maybe_restart_subscriber(self, reason: str, stream: str) -> None:
         self.smartclient_host.lost(Role.CONSUMER, self, stream, reason)
 
+    async def _on_deliver(self, frame: schema.Deliver, subscriber: Any, filter_value: Any) -> None:
+        # rstream's, with the credit granted where the stream's ConsumerFlow says (rstream: when it starts)
+        flow: ConsumerFlow | None = self._pool.flows.get(subscriber.stream)  # type: ignore[attr-defined]
+        at = flow.credit_at(frame.num_entries) if flow is not None else 0
+        if at == 0:
+            return await super()._on_deliver(frame, subscriber, filter_value)
+        if frame.subscription_id != subscriber.subscription_id:
+            return None
+        first = frame.chunk_first_offset
+        credited = False
+        try:
+            for offset, message in self._filter_messages(frame, subscriber, filter_value):
+                context = MessageContext(self, subscriber.stream, subscriber.subscription_id, subscriber.reference,
+                                         offset, frame.timestamp)
+                maybe_coro = subscriber.callback(subscriber.decoder(message), context)
+                if maybe_coro is not None:
+                    await maybe_coro
+                if not credited and offset - first + 1 >= at:
+                    credited = True
+                    await subscriber.client.credit(subscriber.subscription_id, 1)
+        except Exception:  # a callback that raised (rstream logs it) must not stop the credit
+            if not credited:
+                credited = True
+                await subscriber.client.credit(subscriber.subscription_id, 1)
+            raise
+        if not credited:  # the chunk's last entries were filtered out, or were sub-entries
+            await subscriber.client.credit(subscriber.subscription_id, 1)
+        return None
+
 
 def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: Address, name: str,
                 limit: int) -> Any:
@@ -187,9 +219,14 @@ async def _on_metadata(carrier: Any, client: Any, role: Role, frame: schema.Meta
         carrier.smartclient_host.lost(role, carrier, stream, "Metadata Update")
 
 
-def name_stream(carrier: Any, stream: str, name: str | None) -> None:
-    """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table)."""
+def name_stream(carrier: Any, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> None:
+    """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table), and a
+    consumer's :class:`ConsumerFlow`."""
     carrier._pool.names[stream] = name
+    if flow is not None:
+        carrier._pool.flows[stream] = flow
+    else:
+        carrier._pool.flows.pop(stream, None)
 
 
 def closed_forwarder(carrier: Any, client: Any, handler: Any) -> Any:
@@ -341,6 +378,9 @@ async def stored_sequence(client: Any, stream: str, name: str) -> int:
 async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any, **how: Any) -> tuple[int, Any]:
     """Subscribe, within the attempt's time (placement included); the subscription id and rstream's
     subscriber (whose position is the offset after the last chunk).  On any failure, nothing is left."""
+    flow: ConsumerFlow | None = carrier._pool.flows.get(stream)
+    if flow is not None:
+        how["initial_credit"] = flow.initial_credit
     try:
         sid = await step("subscribing", carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset),
                                                           **how))
@@ -360,6 +400,12 @@ async def _abandon_subscription(carrier: Any, stream: str) -> None:
 
 def position(subscriber: Any) -> int:
     return int(subscriber.offset)
+
+
+def queued_chunks(subscriber: Any) -> int:
+    """Chunks received for ``subscriber`` and waiting for its callback (the one being processed excluded)."""
+    queue = subscriber.client._frames.get(subscriber.subscription_id)
+    return queue.qsize() if queue is not None else 0
 
 
 async def store_offset(carrier: Any, stream: str, name: str, value: int) -> None:

@@ -1,0 +1,73 @@
+"""Producer back-pressure, bounded three times: max_in_flight, enqueue_timeout, confirm_timeout.  No broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from smartclient import CONFIRM_TIMEOUT, BatchingPolicy, ConfigurationError, Confirmation, EnqueueTimeout, PublishFailed
+from smartclient.stream.publishing import PublishBuffer
+
+from .test_recovery_core import FakeClient, confirm
+
+
+def make(**policy: float) -> PublishBuffer:
+    return PublishBuffer(FakeClient(), 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=4, **policy))
+
+
+async def test_a_send_that_finds_no_room_raises_enqueue_timeout_and_queues_nothing() -> None:
+    buffer = make(enqueue_timeout=0.05)
+    for pid in range(1, 5):
+        await buffer.add(pid, b"m")
+    outcome: list[Confirmation] = []
+    with pytest.raises(EnqueueTimeout, match=r"no room .* after 0.05 s: 4 message\(s\) wait for a confirm"):
+        await buffer.add(5, b"m", outcome.append)
+    assert buffer.in_flight == 4 and 5 not in buffer._pending and not buffer._waiters.get(5)
+    confirm(buffer, 1, 2)
+    await buffer.add(5, b"m")  # room again: the same id goes through
+    assert buffer.in_flight == 3
+
+
+async def test_send_many_says_how_many_it_queued_before_the_timeout() -> None:
+    buffer = make(enqueue_timeout=0.05)
+    with pytest.raises(EnqueueTimeout) as caught:
+        await buffer.add_many(1, [b"m"] * 7)
+    assert caught.value.queued == 4 and sorted(buffer._pending) == [1, 2, 3, 4]
+    assert isinstance(caught.value, PublishFailed)  # one except clause for every message not accepted
+
+
+async def test_a_message_not_confirmed_in_time_fails_with_confirm_timeout_and_a_reason() -> None:
+    buffer = make(confirm_timeout=0.08)
+    outcomes: list[Confirmation] = []
+    await buffer.add(1, b"a", outcomes.append)
+    await buffer.add(2, b"b", outcomes.append)  # a full batch: written, the expiry timer starts
+    confirm(buffer, 2)
+    await asyncio.sleep(0.05)
+    await buffer.add(3, b"c", outcomes.append)
+    buffer._flush()
+    await asyncio.wait_for(_until(lambda: buffer.timed_out == 1), 1)
+    assert outcomes[-1] == Confirmation(1, False, CONFIRM_TIMEOUT, "not confirmed within 0.08 s")
+    assert buffer.in_flight == 1  # 3 was queued later: its own time runs
+    await asyncio.wait_for(_until(lambda: buffer.in_flight == 0), 1)
+    assert [o.publishing_id for o in outcomes] == [2, 1, 3] and buffer.failed == 2
+    assert buffer._expiry is None  # nothing pending: no timer left behind
+
+
+async def test_confirm_timeout_zero_is_off() -> None:
+    buffer = make(confirm_timeout=0)
+    await buffer.add(1, b"a")
+    await buffer.add(2, b"b")
+    assert buffer._expiry is None
+
+
+@pytest.mark.parametrize("kwargs", [{"enqueue_timeout": 0}, {"enqueue_timeout": -1}, {"confirm_timeout": -1},
+                                    {"confirm_timeout": 10**6}])
+def test_bad_timeouts_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError, match=next(iter(kwargs))):
+        BatchingPolicy(**kwargs)
+
+
+async def _until(check: object) -> None:
+    while not check():  # type: ignore[operator]
+        await asyncio.sleep(0.005)
