@@ -7,6 +7,7 @@ of ``repr`` and of every error message.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -19,20 +20,30 @@ __all__ = ["ManagementClient", "ManagementError"]
 
 
 class ManagementClient:
-    """Blocking client for one node's management API, e.g. ``http://127.0.0.1:15672``."""
+    """Blocking client for a cluster's management API, e.g. ``http://127.0.0.1:15672``.
 
-    def __init__(self, base_url: str, username: str, password: str, timeout: float = 10.0) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigurationError(f"management URL {base_url!r} must start with http:// or https://")
+    Given several nodes' URLs, it asks the one that answered last, and moves to the next when a node
+    cannot be reached (the connection is refused or times out before a request was sent: never after, so
+    a request is never sent twice).  Any answer, an error status too, comes from the node that gave it.
+    """
+
+    def __init__(self, base_url: str | Sequence[str], username: str, password: str, timeout: float = 10.0) -> None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ConfigurationError("a management client needs at least one URL")
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigurationError(f"management URL {url!r} must start with http:// or https://")
         try:
             import httpx
         except ImportError as exc:  # pragma: no cover - depends on the extras installed
             raise ConfigurationError(
                 "the management API needs httpx: pip install 'smartclient[amqp]'"
             ) from exc
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [url.rstrip("/") for url in urls]
+        self.base_url = self.base_urls[0]  # the node asked first: the one that answered last
         self.username = username
-        self._client = httpx.Client(base_url=self.base_url, auth=(username, password), timeout=timeout)
+        self._client = httpx.Client(auth=(username, password), timeout=timeout)
 
     def __repr__(self) -> str:
         return f"ManagementClient({self.base_url!r}, username={self.username!r}, password='***')"
@@ -49,16 +60,25 @@ class ManagementClient:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         import httpx
 
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ManagementError(f"{method} {self.base_url}{path} failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            raise ManagementError(
-                f"{method} {self.base_url}{path} answered {response.status_code}: {response.text[:300]}",
-                status=response.status_code,
-            )
-        return response
+        start = self.base_urls.index(self.base_url)
+        unreachable: list[str] = []
+        for base in self.base_urls[start:] + self.base_urls[:start]:
+            try:
+                response = self._client.request(method, base + path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: try the next node
+                unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
+                continue
+            except httpx.HTTPError as exc:
+                raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
+            self.base_url = base
+            if response.status_code >= 400:
+                raise ManagementError(
+                    f"{method} {base}{path} answered {response.status_code}: {response.text[:300]}",
+                    status=response.status_code,
+                )
+            return response
+        raise ManagementError(f"{method} {path} failed: no management node could be reached ("
+                              + "; ".join(unreachable) + ")")
 
     def get(self, path: str) -> Any:
         return self._request("GET", path).json()

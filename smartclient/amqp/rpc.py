@@ -32,6 +32,7 @@ __all__ = ["Coverage", "RpcClient", "RpcServer", "coverage", "declare_local_rand
 log = logging.getLogger(__name__)
 
 API_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # waiting for the management API to show a binding
+SERVE_AGAIN = Backoff(initial=0.2, factor=2.0, max=5.0, jitter=0.2)  # a lost server placing itself again
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
@@ -84,37 +85,64 @@ def coverage(management: ManagementClient, exchange: str, vhost: str = "/") -> C
 
 
 class _NodeServer(threading.Thread):
-    """One server: its own connection on one node, an exclusive queue, and a consume loop."""
+    """One server on one node: its own connection, an exclusive queue, and a consume loop.  Once it has
+    served, a lost connection (the node restarted, the connection was closed) is not the end: it places a
+    new connection on the same node, with back-off, until the node is back or the server is stopped."""
 
-    def __init__(self, placed: PlacedConnection, exchange: str, handler: Handler, prefetch: int) -> None:
+    def __init__(self, placer: AmqpPlacer, placed: PlacedConnection, exchange: str, handler: Handler,
+                 prefetch: int) -> None:
         super().__init__(name=f"smartclient-rpc-{placed.node}", daemon=True)
+        self.placer = placer
+        self.node = placed.node
         self.placed = placed
         self.exchange = exchange
         self.handler = handler
         self.prefetch = prefetch
         self.queue = ""
         self.handled = 0
+        self.restarts = 0  # times it served again after losing its connection
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self._stopping = False
+        self._stopping = threading.Event()
 
     def run(self) -> None:
-        try:
-            channel = self.placed.channel()
-            declare_local_random_exchange(channel, self.exchange)
-            with pika_errors(f"the RPC server on {self.placed.node}"):
-                self.queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
-                channel.queue_bind(self.queue, self.exchange, routing_key="")
-                channel.basic_qos(prefetch_count=self.prefetch)
-                channel.basic_consume(self.queue, self._on_request)
-                self.ready.set()
-                while not self._stopping:
-                    self.placed.connection.process_data_events(time_limit=0.2)
-        except BaseException as exc:  # reported by RpcServer.start / stop
-            self.error = exc
+        placed: PlacedConnection | None = self.placed
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if placed is None:
+                    placed = self.placed = self.placer.connect(self.node)
+                self._serve(placed)
+                failures = 0
+            except BaseException as exc:
+                if not self.ready.is_set():  # the first start failed: RpcServer.start reports it
+                    self.error = exc
+                    self.ready.set()
+                    return
+                failures += 1
+                if failures == 1:
+                    log.warning("the RPC server on %s lost its connection (%s): serving again once the node is back",
+                                self.node, exc)
+                self._stopping.wait(SERVE_AGAIN.delay(failures))
+            finally:
+                if placed is not None:
+                    placed.close()
+                    placed = None
+
+    def _serve(self, placed: PlacedConnection) -> None:
+        channel = placed.channel()
+        declare_local_random_exchange(channel, self.exchange)
+        with pika_errors(f"the RPC server on {placed.node}"):
+            self.queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+            channel.queue_bind(self.queue, self.exchange, routing_key="")
+            channel.basic_qos(prefetch_count=self.prefetch)
+            channel.basic_consume(self.queue, self._on_request)
+            if self.ready.is_set():
+                self.restarts += 1
+                log.warning("the RPC server on %s serves again", placed.node)
             self.ready.set()
-        finally:
-            self.placed.close()
+            while not self._stopping.is_set():
+                placed.connection.process_data_events(time_limit=0.2)
 
     def _on_request(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
         try:
@@ -134,7 +162,7 @@ class _NodeServer(threading.Thread):
         self.handled += 1
 
     def stop(self) -> None:
-        self._stopping = True
+        self._stopping.set()
 
 
 class RpcServer:
@@ -166,7 +194,8 @@ class RpcServer:
         names = self.nodes if self.nodes is not None else [n.name for n in self.placer.nodes()]
         for node in names:
             for _ in range(self.per_node):
-                server = _NodeServer(self.placer.connect(node), self.exchange, self.handler, self.prefetch)
+                server = _NodeServer(self.placer, self.placer.connect(node), self.exchange, self.handler,
+                                     self.prefetch)
                 server.start()
                 self.servers.append(server)
         for server in self.servers:

@@ -138,12 +138,14 @@ class Report:
         lines.append(f"consumers: {len(self.consumers)}, delivered {delivered}, gaps {self.consumer_gaps}, "
                      f"duplicates {duplicates}")
         for name, c in sorted(self.consumers.items()):
-            if c.gaps or c.resumed_before_stored:
-                lines.append(f"  {name}: gaps {c.gaps[:5]}, resumed at or before the stored offset at "
-                             f"{c.resumed_before_stored[:5]}")
+            if c.gaps or c.resumed_before_stored or c.duplicates:
+                lines.append(f"  {name}: delivered {c.delivered}, duplicates {c.duplicates}, gaps {c.gaps[:5]}, "
+                             f"resumed at or before the stored offset at {c.resumed_before_stored[:5]}")
         lines.append(f"faults: {dict(sorted(self.faults.items()))}")
         lines.append(f"progress after a fault: worst {self.worst_progress():.2f} s, p99 {self.p99_progress():.2f} s "
                      f"({len(self.progress_times())} measured)")
+        slowest = sorted(((max(t), c) for c, t in self.progress.items() if t and not is_anchor(c)), reverse=True)
+        lines.append("  slowest: " + ", ".join(f"{c} {worst:.2f} s" for worst, c in slowest[:6]))
         if self.progress_times(anchor=True) or any(is_anchor(n) for n in self.producers):
             lines.append(f"anchor (raw rstream, same faults, not in the verdict): lost "
                          f"{self.count('lost', True)}, duplicated {self.count('duplicated', True)}, progress "

@@ -189,7 +189,7 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             if len(streams) > 1:
                 for _ in range(2):  # a single-active pair: one group, one gap-free sequence of offsets
                     await env.consumer(streams[1], deliver("c-sac", streams[1]), offset="first", name="nemesis-sac",
-                                       single_active=True)
+                                       single_active=True, tracking=OffsetTracking(every=100, interval=1.0))
 
             async def produce(index: int, stream: str) -> None:
                 client = f"p{index}"

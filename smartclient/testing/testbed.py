@@ -119,8 +119,9 @@ class TestBed:
                 f"@{host}:{port}/{quote(vhost, safe='')}")
 
     def management(self, node: str | None = None) -> ManagementClient:
-        target = self.node(node) if node else self.nodes[0]
-        return ManagementClient(target.management_url, self.username, self._password)
+        """A management client of ``node``, or (None) of the cluster: every node, the first one asked first."""
+        urls = [self.node(node).management_url] if node else [n.management_url for n in self.nodes]
+        return ManagementClient(urls, self.username, self._password)
 
     def rabbitmq_version(self) -> str:
         """The RabbitMQ version the cluster runs, as its management API reports it (``4.3.6``)."""

@@ -17,6 +17,8 @@ from smartclient.amqp.rpc import RpcClient, RpcServer, coverage
 from smartclient.amqp.streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
 from smartclient.testing import TestBed
 
+from .conftest import wait_until_sync
+
 
 @pytest.fixture
 def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
@@ -124,6 +126,28 @@ def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
             RpcServer(placer, exchange, echo, nodes=covered, require_full_coverage=True).start()
     assert coverage(placer.management, exchange).servers == {}  # exclusive queues went with the servers
     _delete_exchange(rabbitmq_testbed, exchange)
+
+
+@pytest.mark.faults
+def test_an_rpc_server_whose_node_restarts_serves_there_again(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_faulty_testbed
+    exchange = f"{rabbitmq_unique_name}-rpc"
+    victim = bed.nodes[2]
+    with bed.management() as api:  # every node's API: the victim's may be the one that is down
+        placer = AmqpPlacer(api)
+        with RpcServer(placer, exchange, echo, require_full_coverage=True) as server:
+            server.start()
+            bed.kill_node(victim.name)  # by PID
+            bed.restart_node(victim.name)
+            lost = next(s for s in server.servers if s.node == victim.name)
+            wait_until_sync(lambda: lost.restarts >= 1, 60, "the server on the restarted node to serve again")
+            with placer.connect(victim.short) as placed:
+                reply = RpcClient(placed, exchange, timeout=10).call(b"back")
+            assert reply.body == b"echo:back" and reply.node == victim.name
+            assert server.coverage().complete
+    _delete_exchange(bed, exchange)
 
 
 def _delete_exchange(bed: TestBed, exchange: str) -> None:
