@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from smartclient._errors import ConfigurationError, ConnectionFailed, NoRpcServer, RpcTimeout
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    NoRpcServer,
+    RpcTimeout,
+)
 from smartclient.amqp._pika import basic_properties, pika_errors
 from smartclient.core.retry import Backoff
 
@@ -114,15 +121,18 @@ class _NodeServer(threading.Thread):
                     placed = self.placed = self.placer.connect(self.node)
                 self._serve(placed)
                 failures = 0
-            except BaseException as exc:
-                if not self.ready.is_set():  # the first start failed: RpcServer.start reports it
-                    self.error = exc
+            except Exception as exc:
+                started = self.ready.is_set()
+                if not started or isinstance(exc, (AuthenticationFailed, CertificateRejected)):
+                    self.error = exc  # the first start failed (RpcServer.start reports it), or retrying repeats it
+                    if started:
+                        log.error("the RPC server on %s stopped: %s", self.node, exc)
                     self.ready.set()
                     return
                 failures += 1
-                if failures == 1:
-                    log.warning("the RPC server on %s lost its connection (%s): serving again once the node is back",
-                                self.node, exc)
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("the RPC server on %s lost its connection (%s, %d tries): serving again once the node "
+                                "is back", self.node, exc, failures)
                 self._stopping.wait(SERVE_AGAIN.delay(failures))
             finally:
                 if placed is not None:
@@ -227,6 +237,11 @@ class RpcServer:
     @property
     def handled(self) -> int:
         return sum(s.handled for s in self.servers)
+
+    @property
+    def restarts(self) -> int:
+        """Times a server served again on its node after losing its connection."""
+        return sum(s.restarts for s in self.servers)
 
     def stop(self) -> None:
         for server in self.servers:

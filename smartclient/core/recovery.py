@@ -37,8 +37,9 @@ class RecoveryPolicy:
         :class:`RetryPolicy` ``max_time`` during a recovery), so a stale leader is looked up again soon.
     :param retry_authentication: keep trying (every ``max_delay``) when the broker refuses the credentials.
     :param stall_check: seconds a producer waits with messages pending and no confirm before it checks that its
-        node still leads the stream (a leader change the broker did not report); after three such checks on
-        the leader it declares its publisher again (:mod:`smartclient.stream.stall`).  0 turns it off.
+        node still leads the stream (a leader change the broker did not report); a named producer still on the
+        leader at the third check declares its publisher again (:mod:`smartclient.stream.unreported`).  0, or
+        recovery off, turns it off.
     """
 
     enabled: bool = True

@@ -15,9 +15,9 @@ from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConfigurationError,
+    EnqueueTimeout,
     HandleClosed,
     PublishFailed,
-    PublishingIdNotIncreasing,
     SmartClientError,
     StreamNotFound,
 )
@@ -25,6 +25,7 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import attempt, detach
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
+from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
 from smartclient.stream.unreported import confirm_leader, watch_confirms
@@ -213,9 +214,8 @@ class Producer(_Handle):
 
     role = Role.PRODUCER
     _closing = False
-    _stored_id: int = 0
-    _highest_sent: int | None = None
     _buffer: PublishBuffer
+    _ids: PublishingIds  # the core decides every publishing id
 
     @property
     def last_publishing_id(self) -> int | None:
@@ -223,7 +223,7 @@ class Producer(_Handle):
         producer started.  ``0`` means that nothing was stored, or that the stored id was 0: the protocol
         answers 0 for both, which is why automatically numbered ids start at 1.  ``None`` for an unnamed
         producer, which has no stored sequence."""
-        return self._stored_id if self.name else None
+        return self._ids.stored if self.name else None
 
     async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
         from smartclient.stream import _rstream
@@ -231,13 +231,14 @@ class Producer(_Handle):
 
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
+        self._ids = PublishingIds(self.stream, self.name)
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if self.name:
-                self._stored_id = await _rstream.stored_sequence(client, self.stream, self.name)
+                self._ids.stored = await _rstream.stored_sequence(client, self.stream, self.name)
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost)
         self._setup_done()
-        if every := self._host.recovery.stall_check:
+        if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
             self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))
 
     @property
@@ -262,27 +263,6 @@ class Producer(_Handle):
         super()._give_up(reason)
         self._buffer.fail_all(reason)
 
-    def _next_id(self, publishing_id: int | None) -> int:
-        if self.name is None:
-            if publishing_id is not None:
-                raise ConfigurationError(
-                    f"publishing id {publishing_id} given to an unnamed producer on {self.stream!r}: "
-                    f"deduplication needs a producer name"
-                )
-        elif publishing_id is not None:
-            if isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
-                raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
-            if self._highest_sent is not None and publishing_id <= self._highest_sent:
-                raise PublishingIdNotIncreasing(
-                    f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater "
-                    f"than {self._highest_sent}, the highest it sent: the broker would confirm it and drop it"
-                )
-            self._highest_sent = publishing_id
-            return publishing_id
-        value = max(self._stored_id, self._highest_sent or 0) + 1
-        self._highest_sent = value
-        return value
-
     async def send(self, body: bytes | Any, *, publishing_id: int | None = None,
                    on_confirm: ConfirmCallback | None = None) -> None:
         """Queue one message: it is batched, and ``on_confirm`` (if given) gets its :class:`Confirmation`.
@@ -291,11 +271,24 @@ class Producer(_Handle):
 
         :raises MessageTooLarge: the message cannot fit the negotiated frame max; nothing was sent.
         :raises PublishingIdNotIncreasing: a named producer was given an id not above its last one.
+        :raises EnqueueTimeout: no room within ``enqueue_timeout``: not queued, and its id may be used again.
         :raises HandleClosed: the producer was closed.
         """
         if self.closed:
             self._check_open()
-        await self._buffer.add(self._next_id(publishing_id), body, on_confirm)
+        first = self._ids.take(publishing_id)
+        try:  # (inline, not through _queue: one coroutine less per message)
+            await self._buffer.add(first, body, on_confirm)
+        except EnqueueTimeout:
+            self._ids.give_back(first)
+            raise
+
+    async def _queue(self, first: int, body: Any, waiter: Any, many: bool = False) -> None:
+        try:
+            await (self._buffer.add_many(first, body) if many else self._buffer.add(first, body, waiter))
+        except EnqueueTimeout as exc:  # not queued: the ids go back (a retry with the same ids works)
+            self._ids.give_back(first + exc.queued)
+            raise
 
     async def send_many(self, bodies: Sequence[bytes], *, first_publishing_id: int | None = None) -> None:
         """Queue several messages with consecutive publishing ids (from ``first_publishing_id``, or the next
@@ -303,15 +296,13 @@ class Producer(_Handle):
         self._check_open()
         if not bodies:
             return
-        first = self._next_id(first_publishing_id)
-        self._highest_sent = first + len(bodies) - 1
-        await self._buffer.add_many(first, list(bodies))
+        await self._queue(self._ids.take(first_publishing_id, len(bodies)), list(bodies), None, many=True)
 
     async def submit(self, body: bytes | Any, *, publishing_id: int | None = None) -> asyncio.Future[Confirmation]:
         """Queue one message and return a future of its :class:`Confirmation` (``PublishFailed`` if refused)."""
         self._check_open()
         future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
-        await self._buffer.add(self._next_id(publishing_id), body, future)
+        await self._queue(self._ids.take(publishing_id), body, future)
         return future
 
     async def send_wait(self, body: bytes | Any, *, publishing_id: int | None = None) -> Confirmation:
@@ -369,10 +360,9 @@ class Producer(_Handle):
 class Consumer(_Handle):
     """Reads one stream from a node that hosts a replica (or the leader, as the fallback).
 
-    A *named* consumer can store its offset on the server (:meth:`store_offset`, or automatically with
-    :class:`OffsetTracking`) and can be one of a group of *single active* consumers: one instance of the
-    name receives at a time; when it goes away another takes over, resuming where the consumer-update
-    handler says (by default: after the last stored offset).
+    A *named* consumer can store its offset (:meth:`store_offset`, or :class:`OffsetTracking`) and be one of
+    a group of *single active* consumers: one instance of the name receives at a time; when it goes away
+    another takes over where the consumer-update handler says (by default: after the last stored offset).
 
     Lost, or when the stream's members change, it subscribes again, on another member if need be, after
     the last message it handed to the callback: no gap, and with tracking or single active consumer (where
@@ -469,10 +459,10 @@ class Consumer(_Handle):
             deliver = callback  # nothing to do per message: rstream calls the application directly
             self._untracked = True
         elif inspect.iscoroutinefunction(callback):
-            async def deliver_async(message: Any, context: Any) -> None:
+            async def deliver_async(message: Any, context: Any) -> Any:
                 last = self._last_offset
                 if last is not None and context.offset <= last:  # handed over already: counted, not hidden
-                    self._again(context.offset, last)
+                    return await self._again(context.offset, last, callback(message, context))
                 await callback(message, context)
                 after(context)
 
@@ -482,7 +472,7 @@ class Consumer(_Handle):
             def deliver_sync(message: Any, context: Any) -> Any:
                 last = self._last_offset
                 if last is not None and context.offset <= last:  # handed over already: counted, not hidden
-                    self._again(context.offset, last)
+                    return self._again(context.offset, last, callback(message, context))
                 result = callback(message, context)
                 after(context)
                 return result  # a callable object may still return an awaitable; rstream awaits it
@@ -522,10 +512,11 @@ class Consumer(_Handle):
             await self._subscribe_at(resume)
         return f"subscribed again from {resume} (subscription {self.subscription_id})"
 
-    def _again(self, offset: int, last: int) -> None:  # a repeat is counted and said, never hidden
+    def _again(self, offset: int, last: int, result: Any) -> Any:  # a repeat: handed over, counted, said
         self.redelivered += 1
         if self.redelivered % 1000 == 1:
             log.warning("%r got offset %d again (had up to %d): %d repeats", self, offset, last, self.redelivered)
+        return result
 
     async def _resume_point(self) -> OffsetSpec:
         """Where a single active consumer starts when it becomes active: after the stored offset, or

@@ -15,12 +15,14 @@ deduplicates the ones it had already stored, so each message is stored once.
 Back-pressure is bounded three times (:class:`BatchingPolicy`): at most ``max_in_flight`` messages wait
 for a confirm; a ``send()`` that finds no room waits at most ``enqueue_timeout`` and then raises
 :class:`EnqueueTimeout` (the message was not queued); a message not confirmed ``confirm_timeout`` after
-it was queued fails with ``CONFIRM_TIMEOUT`` and a reason.  The confirm timeout is checked by a timer
-every quarter of it, against the highest publishing id queued at each tick: the hot path pays nothing. """
+it was queued fails with ``CONFIRM_TIMEOUT`` and a reason (between 1 and 1.25 times the timeout: a timer
+checks every quarter of it, against the highest publishing id queued at each tick, so the hot path pays
+nothing).  While the producer recovers, the clock stops: the recovery is bounded by ``RecoveryPolicy``. """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import time
 from collections import deque
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "BatchingPolicy", "Confirmation", "PublishBuffer"]
 
@@ -237,6 +241,7 @@ class PublishBuffer:
         pack = _ENTRY.pack
         cap = self.policy.max_in_flight
         pending = self._pending
+        self._idle.clear()  # before any wait: a flush() meanwhile must wait for what this call queues
         for pid, body in enumerate(bodies, first_id):
             data = body if type(body) is bytes else bytes(body)
             if len(pending) >= cap:
@@ -323,6 +328,11 @@ class PublishBuffer:
             return
         now = time.monotonic()
         timeout = self.policy.confirm_timeout
+        if self._suspended:  # recovering: bounded by RecoveryPolicy; the clock starts again once it is resent
+            self._marks.clear()
+            if self._error is None:
+                self._expiry = asyncio.get_running_loop().call_later(timeout / 4, self._expire)
+            return
         self._marks.append((now, next(reversed(pending))))
         cutoff = None
         while self._marks and now - self._marks[0][0] >= timeout:
@@ -397,7 +407,11 @@ class PublishBuffer:
                         waiter.set_exception(PublishFailed(
                             f"message {pid} on {self.stream!r} failed: {reason or f'code {code}'}", confirmation))
                 else:
-                    result = waiter(confirmation)
+                    try:
+                        result = waiter(confirmation)
+                    except Exception:  # the application's callback: every other message still gets its answer
+                        log.exception("the confirm callback of message %d on %r failed", pid, self.stream)
+                        continue
                     if asyncio.iscoroutine(result):  # keep a reference until the callback has run
                         task = asyncio.ensure_future(result)
                         self._callbacks.add(task)

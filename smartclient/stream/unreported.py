@@ -8,10 +8,10 @@ follows.  Its messages would wait for confirms that never come.  Two looks catch
 - :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 1 s and 3 s
   later, and moves if its node is no longer the first choice;
 - :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
-  ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; after
-  three such looks on the leader it declares its publisher again (what is pending is sent again, and a
-  named producer stores it once).  It reads counters the publish path keeps anyway: the hot path pays
-  nothing.
+  ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; a named
+  producer whose third look still finds it on the leader declares its publisher again (what is pending is
+  sent again, and stored once).  Off with recovery off.  It reads counters the publish path keeps anyway:
+  the hot path pays nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class _Handle(Protocol):
     closed: bool
     failure: str | None
     stream: str
+    name: str | None
     role: Role
 
     @property
@@ -95,30 +96,37 @@ async def confirm_leader(handle: _Handle, host: StreamHost, after: tuple[float, 
 
 async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
                          now: Callable[[], float] = time.monotonic) -> None:
-    """Run until ``producer`` closes; see the module."""
+    """Run until ``producer`` closes or gives up; see the module.  Only a named producer declares its publisher
+    again (what it sends again is stored once); an unnamed one only looks, since sending again could store
+    its messages twice.  Each declaration in a row doubles the wait before the next (up to 16 times), so a
+    broker that is only slow is not flooded."""
     seen = -1
     since: float | None = None
-    looks = 0
-    while not producer.closed:
+    looks = declared = 0
+    while not producer.closed and producer.failure is None:
         await asyncio.sleep(every / 4)
         buffer = producer.buffer
         if buffer is None:
             continue
         settled = buffer.confirmed + buffer.failed
         if settled != seen or not buffer.in_flight or buffer.suspended or producer.recovering:
+            if settled != seen:
+                declared = 0  # confirms came: the broker is well again
             seen, since, looks = settled, None, 0
             continue
         if since is None:
             since = now()
             continue
         waited = now() - since
-        if waited < every * (looks + 1):
+        if waited < every * (looks + 1) * 2 ** min(declared, 4):
             continue
         looks += 1
         why = f"no confirm for {waited:.1f} s with {buffer.in_flight} message(s) pending"
-        if looks >= STALL_LOOKS:
-            looks, since = 0, None
+        if await leader_moved(producer, host, f"without a MetadataUpdate ({why})"):
+            continue
+        if looks >= STALL_LOOKS and producer.name is not None:
+            looks, since, declared = 0, None, declared + 1
             log.warning("%r: %s, on the leader: declaring its publisher again", producer, why)
             producer._lost(f"{why}: the publisher is declared again")
-        elif not await leader_moved(producer, host, f"without a MetadataUpdate ({why})"):
+        else:
             log.info("%r: %s; it is still on the leader", producer, why)

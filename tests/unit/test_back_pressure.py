@@ -71,3 +71,28 @@ def test_bad_timeouts_are_refused(kwargs: dict[str, float]) -> None:
 async def _until(check: object) -> None:
     while not check():  # type: ignore[operator]
         await asyncio.sleep(0.005)
+
+
+async def test_the_confirm_clock_stops_while_the_producer_recovers() -> None:
+    buffer = make(confirm_timeout=0.04)
+    await buffer.add(1, b"a")
+    await buffer.add(2, b"b")  # written: the timer runs
+    buffer.suspend()
+    await asyncio.sleep(0.15)  # well past the timeout, but recovering
+    assert buffer.timed_out == 0 and buffer.in_flight == 2
+    buffer.resume(FakeClient(), 0)  # sent again: the clock starts again
+    await asyncio.wait_for(_until(lambda: buffer.timed_out == 2), 1)
+
+
+async def test_a_confirm_callback_that_raises_does_not_keep_the_others_from_their_answer() -> None:
+    buffer = make()
+    seen: list[int] = []
+
+    def bad(c: Confirmation) -> None:
+        raise RuntimeError("application bug")
+
+    await buffer.add(1, b"a", bad)
+    await buffer.add(2, b"b", lambda c: seen.append(c.publishing_id))
+    confirm(buffer, 1, 2)
+    assert seen == [2] and buffer.in_flight == 0
+    await asyncio.wait_for(buffer.flush(), 1)

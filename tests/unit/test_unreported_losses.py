@@ -111,3 +111,12 @@ async def test_confirms_that_keep_coming_or_nothing_pending_mean_no_look() -> No
     idle.in_flight = 0
     await _watch_until(producer, Clock(), idle, losses, 0.03)
     assert losses == [] and host.dropped == 0
+
+
+async def test_an_unnamed_producer_only_looks_since_sending_again_could_store_twice() -> None:
+    host = FakeHost(node=Address("n3", 5552), leader=Address("n3", 5552))
+    producer = Producer(host, object(), "s", None)  # type: ignore[arg-type]
+    losses: list[str] = []
+    producer._lost = losses.append  # type: ignore[method-assign]
+    await _watch_until(producer, Clock(), FakeBuffer(), losses, 0.1)
+    assert losses == [] and host.dropped >= 3
