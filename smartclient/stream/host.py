@@ -33,6 +33,7 @@ class Connection:
     # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
     forwards: dict[int, ClosedHandler] = field(default_factory=dict)
     ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
+    last_id: int = -1  # the id given last (ids go round)
     parked_at: float | None = None
     closed: bool = False
 
@@ -43,11 +44,15 @@ class Connection:
         return len(self.ids) < self.max_ids
 
     def take_id(self, taken: Collection[int] = ()) -> int:
-        """The lowest publisher/subscription id free on this connection and not in ``taken`` (the ids the
-        rstream carrier already uses, on any connection: it keys its own tables by them)."""
-        for ident in range(self.max_ids):
+        """The next publisher/subscription id free on this connection and not in ``taken`` (the ids the
+        rstream carrier already uses, on any connection: it keys its own tables by them).  Ids go round: one
+        just given back is the last to be used again, so nothing keyed by it (rstream's delivery queue and
+        task, the broker's subscription) can meet a newer subscription of the same id."""
+        for step in range(self.max_ids):
+            ident = (self.last_id + 1 + step) % self.max_ids
             if ident not in self.ids and ident not in taken:
                 self.ids.add(ident)
+                self.last_id = ident
                 return ident
         raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
 

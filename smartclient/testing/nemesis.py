@@ -361,8 +361,10 @@ def _rpc_loop(env: Any, history: History, halt: threading.Event, run_id: str) ->
     exchange = f"nemesis-{run_id}-rpc"
     placer = env.amqp_placer()
     with RpcServer(placer, exchange, lambda body, properties: b"re:" + body) as server:
-        if not _op(history, "rpc-server", server.start):
-            return
+        while not _op(history, "rpc-server", server.start):  # a fault at the start: try again
+            server.stop()
+            if halt.wait(1.0):
+                return
         while not halt.is_set():
             try:
                 with placer.connect() as placed:
@@ -377,8 +379,11 @@ def _rpc_loop(env: Any, history: History, halt: threading.Event, run_id: str) ->
 def _mqtt_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
     """A fleet of 12 MQTT clients through the LB, one of them publishing QoS 1 every 50 ms, until ``halt``."""
     fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
-    if not _op(history, "mqtt-fleet", fleet.start):
-        return
+    while not _op(history, "mqtt-fleet", fleet.start):  # a fault at the start: try again
+        fleet.close()
+        fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
+        if halt.wait(1.0):
+            return
     try:
         n = 0
         while not halt.is_set():
