@@ -329,6 +329,14 @@ class LocalTestBed(TestBed):
         rows: list[dict[str, Any]] = json.loads(out)
         return rows
 
+    def suspend_stream_member(self, stream: str, node: str, seconds: float, vhost: str = "/") -> None:
+        """Suspend ``stream``'s member process on ``node`` (the writer on the leader, a replica elsewhere) for
+        ``seconds`` (``sys:suspend``, then ``sys:resume``, in the node): its connections stay, and it neither
+        writes, confirms nor replicates meanwhile."""
+        self.broker(node).ctl(["eval", f'{{ok, P}} = rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, '
+                                       f'<<"{stream}">>), spawn(fun() -> sys:suspend(P), '
+                                       f"timer:sleep({int(seconds * 1000)}), sys:resume(P) end), ok."])
+
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
         """Restart the stream with ``to_node`` as preferred leader; return the new leader once it moved.
 

@@ -188,6 +188,12 @@ class TestBed:
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
         raise self._unavailable(f"move the leader of {stream}")
 
+    def stream_status(self, stream: str, vhost: str = "/") -> list[dict[str, Any]]:
+        raise self._unavailable(f"read the stream coordinator's view of {stream}")
+
+    def suspend_stream_member(self, stream: str, node: str, seconds: float, vhost: str = "/") -> None:
+        raise self._unavailable(f"suspend the member of {stream} on {node}")
+
     def advertise_hostnames(self, enabled: bool = True) -> None:
         raise self._unavailable("make the nodes advertise container-style host names")
 

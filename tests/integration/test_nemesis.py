@@ -16,8 +16,6 @@ async def test_three_minutes_of_mixed_faults_lose_and_duplicate_nothing(
     rabbitmq_faulty_testbed: TestBed, tmp_path: object
 ) -> None:
     bed = rabbitmq_faulty_testbed
-    if not hasattr(bed, "brokers"):
-        pytest.skip("the nemesis injects node faults: it needs the local test bed")
     plan = Plan(minutes=3.0, seed=SEED)
     kinds = {f.what for f in schedule(plan, [n.name for n in bed.nodes], ["s0", "s1", "s2"])}
     assert {"kill", "stop_app", "move_leader"} <= kinds  # the seed covers the node faults and a leader move

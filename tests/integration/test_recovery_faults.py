@@ -391,18 +391,6 @@ async def test_consumer_lost_before_its_first_message_misses_nothing_published_w
         assert resolved == "offset 10"  # "next" resolved when it subscribed
 
 
-def suspend_stream_writer(bed: TestBed, stream: str, node: int, seconds: float) -> None:
-    """Suspend the stream's writer process (``sys:suspend``) on its node for ``seconds``: the connection, the
-    publisher and the leader all stay, and nothing is confirmed meanwhile."""
-    brokers = getattr(bed, "brokers", None)
-    if brokers is None:
-        pytest.skip("suspending a stream's writer needs the local test bed (rabbitmqctl eval on its node)")
-    name = stream.replace('"', "")
-    brokers[node].ctl(["eval", f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{name}">>)), '
-                               f"P = amqqueue:get_pid(Q), spawn(fun() -> sys:suspend(P), "
-                               f"timer:sleep({int(seconds * 1000)}), sys:resume(P) end), ok."])
-
-
 async def test_confirms_that_stop_on_the_leader_make_a_named_producer_declare_again_and_store_each_message_once(
     rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
@@ -413,7 +401,7 @@ async def test_confirms_that_stop_on_the_leader_make_a_named_producer_declare_ag
         producer = await env.producer(stream, name="stalled")
         publisher = Publisher(producer).start()
         await publisher.confirmed_after(0, count=1000)
-        suspend_stream_writer(bed, stream, 1, 6.0)
+        bed.suspend_stream_member(stream, bed.nodes[1].name, 6.0)  # the leader's: the writer
         await wait_until(lambda: producer.recoveries >= 1, 20, "the stalled producer to declare its publisher again")
         resumed_at = time.monotonic()
         await publisher.confirmed_after(resumed_at, count=1000)
@@ -437,7 +425,7 @@ async def test_a_broker_that_stops_confirming_raises_enqueue_timeout_and_loses_n
         def on_confirm(c: Confirmation) -> None:
             (confirmed.append(c.publishing_id) if c.confirmed else failed.append(c))
 
-        suspend_stream_writer(bed, stream, 1, 4.0)
+        bed.suspend_stream_member(stream, bed.nodes[1].name, 4.0)  # the leader's: the writer
         started = time.monotonic()
         with pytest.raises(EnqueueTimeout, match="no room for a message") as caught:
             while True:
@@ -457,9 +445,6 @@ async def test_a_consumer_on_a_replica_that_lags_behind_its_offset_gets_nothing_
     it then catches up on lie before that offset.  None of their messages may reach the callback (rstream
     dropped them from the first chunk only: the 1,897 offsets a tracked consumer got again in the nemesis)."""
     bed = rabbitmq_faulty_testbed
-    brokers = getattr(bed, "brokers", None)
-    if brokers is None:
-        pytest.skip("suspending a replica needs the local test bed (rabbitmqctl eval on its node)")
     await create_stream_led_by(bed, rabbitmq_unique_name, 0, size=2)  # one replica: consumers go there
     stream = rabbitmq_unique_name
     try:
@@ -471,9 +456,7 @@ async def test_a_consumer_on_a_replica_that_lags_behind_its_offset_gets_nothing_
             index = [n.name for n in bed.nodes].index(replica)
             await wait_until(lambda: bed.stream_status(stream) and all(  # the replica holds the first 100
                 r.get("offset", -1) >= 99 for r in bed.stream_status(stream)), 30, "the replica to catch up")
-            brokers[index].ctl(["eval", f'{{ok, P}} = rabbit_stream_manager:lookup_local_member(<<"/">>, '
-                                        f'<<"{stream}">>), spawn(fun() -> sys:suspend(P), timer:sleep(4000), '
-                                        f"sys:resume(P) end), ok."])
+            await asyncio.to_thread(bed.suspend_stream_member, stream, replica, 4.0)
             for i in range(100, 160):  # one chunk each, stored on the leader only (a quorum of 2 needs both:
                 await producer.send(b"%d" % i)  # they are confirmed once the replica is back)
                 await asyncio.sleep(0.005)

@@ -377,7 +377,8 @@ def test_no_connack_refused_connect_and_bad_values_are_mapped() -> None:
 
 def tls_contexts(name: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A server context with a certificate for ``name`` only, and a client context trusting its CA."""
-    trustme = pytest.importorskip("trustme")
+    import trustme  # the [testbed] extra, installed in every stage
+
     ca = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert(name).configure_cert(server_context)

@@ -37,7 +37,6 @@ def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None
 
 
 def test_speculation_is_refused() -> None:
-    pytest.importorskip("pyspark", reason="the sink's Spark side needs the [spark] extra (pyspark)")
     conf = SimpleNamespace(get=lambda key, default=None: "true" if key == "spark.speculation" else default)
     df = SimpleNamespace(sparkSession=SimpleNamespace(conf=conf))
     sink = ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])

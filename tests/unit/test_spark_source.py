@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark", reason="the Spark source needs the [spark] extra (pyspark), not installed here")
-
-from smartclient import ConfigurationError  # noqa: E402
-from smartclient.spark import RabbitStreamDataSource, source  # noqa: E402
-from smartclient.spark.source import _next_offset, admission_control_supported, cap_batch_end  # noqa: E402
+from smartclient import ConfigurationError
+from smartclient.spark import RabbitStreamDataSource, source
+from smartclient.spark.source import _next_offset, admission_control_supported, cap_batch_end
 
 OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
 

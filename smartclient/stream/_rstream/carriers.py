@@ -185,15 +185,16 @@ class PlacedConsumer(_Placed, RConsumer):
             subscriber.offset = end
 
     async def _on_deliver(self, frame: schema.Deliver, subscriber: Any, filter_value: Any) -> None:
-        # rstream's, with the credit granted where the stream's ConsumerFlow says (rstream: when it starts)
+        # rstream's, the one delivery loop: the chunk's credit goes where the stream's ConsumerFlow says (by
+        # default, as rstream does, when its processing starts), and always once, even if a callback raises
+        if frame.subscription_id != subscriber.subscription_id:
+            return
         flow: ConsumerFlow | None = self._pool.flows.get(subscriber.stream)  # type: ignore[attr-defined]
         at = flow.credit_at(frame.num_entries) if flow is not None else 0
-        if at == 0:
-            return await super()._on_deliver(frame, subscriber, filter_value)
-        if frame.subscription_id != subscriber.subscription_id:
-            return None
+        credited = at == 0
+        if credited:
+            await subscriber.client.credit(subscriber.subscription_id, 1)
         first = frame.chunk_first_offset
-        credited = False
         try:
             for offset, message in self._filter_messages(frame, subscriber, filter_value):
                 context = MessageContext(self, subscriber.stream, subscriber.subscription_id, subscriber.reference,
@@ -206,12 +207,10 @@ class PlacedConsumer(_Placed, RConsumer):
                     await subscriber.client.credit(subscriber.subscription_id, 1)
         except Exception:  # a callback that raised (rstream logs it) must not stop the credit
             if not credited:
-                credited = True
                 await subscriber.client.credit(subscriber.subscription_id, 1)
             raise
         if not credited:  # the chunk's last entries were filtered out, or were sub-entries
             await subscriber.client.credit(subscriber.subscription_id, 1)
-        return None
 
 
 def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: Address, name: str,
