@@ -9,6 +9,7 @@ healed is wiped and formed again.  Every fault has its undo, and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smartclient._errors import PrerequisiteMissing, TestBedError
+from smartclient._errors import ManagementError, PrerequisiteMissing, TestBedError
 from smartclient.testing.broker import BrokerProcess
 from smartclient.testing.certificates import ensure_certificates
 from smartclient.testing.chroot import RabbitChroot
@@ -437,7 +438,20 @@ class LocalTestBed(TestBed):
             b.start()
         for b in brokers:
             b.wait_ready()
-        return tuple(_node(b.spec) for b in brokers)
+        nodes = tuple(_node(b.spec) for b in brokers)
+        for node in nodes:  # a management API that has just started answers 500 for a moment
+            wait_until(functools.partial(self._api_answers, node.management_url), 60,
+                       f"the management API of {node.name}", interval=0.25)
+        return nodes
+
+    def _api_answers(self, url: str) -> bool:
+        from smartclient.management import ManagementClient
+
+        try:
+            with ManagementClient(url, self.username, self._password, timeout=5) as api:
+                return bool(api.nodes())
+        except ManagementError:
+            return False
 
     def stop_brokers(self) -> None:
         for i in range(1, 7):
