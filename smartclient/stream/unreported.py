@@ -1,12 +1,14 @@
 """Losses the broker does not report: a producer left on a node that no longer leads its stream.
 
 A leader change reaches a producer as a MetadataUpdate, and a lost connection as a closed socket.  Either
-can go unreported: RabbitMQ 4.0 answers Metadata with the old leader while an election is open, so a
-producer that recovers then may declare its publisher on a node that no longer leads, and no MetadataUpdate
-follows.  Its messages would wait for confirms that never come.  Two looks catch it:
+can go unreported: RabbitMQ (4.0 and 4.3 alike) may answer Metadata with the old leader for a moment after
+an election, so a producer that recovers then declares its publisher on a node that no longer leads.  The
+broker accepts that (the node writes to the remote leader), so confirms keep coming, every message crosses
+the cluster once more, and no MetadataUpdate follows.  When the leader is not reachable that way, its
+messages wait for confirms that never come.  Two looks catch it:
 
-- :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 1 s and 3 s
-  later, and moves if its node is no longer the first choice;
+- :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 0.25, 1, 3 and
+  7 s later, and moves if its node is no longer the first choice;
 - :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
   ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; a named
   producer whose third look still finds it on the leader declares its publisher again (what is pending is
@@ -86,9 +88,9 @@ async def leader_moved(handle: _Handle, host: StreamHost, context: str) -> bool:
     return False
 
 
-async def confirm_leader(handle: _Handle, host: StreamHost, after: tuple[float, ...] = (1.0, 3.0)) -> None:
+async def confirm_leader(handle: _Handle, host: StreamHost, after: tuple[float, ...] = (0.25, 0.75, 2.0, 4.0)) -> None:
     """After a recovery from a leader change: look again once the election settled, and move if need be."""
-    for delay in after:
+    for delay in after:  # waits between looks: at 0.25, 1, 3 and 7 s
         await asyncio.sleep(delay)
         if await leader_moved(handle, host, "while it was recovering"):
             return

@@ -334,19 +334,33 @@ class LocalTestBed(TestBed):
         """Suspend ``stream``'s member process on ``node`` (the writer on the leader, a replica elsewhere) for
         ``seconds`` (``sys:suspend``, then ``sys:resume``, in the node): its connections stay, and it neither
         writes, confirms nor replicates meanwhile."""
-        self.broker(node).ctl(["eval", f'{{ok, P}} = rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, '
-                                       f'<<"{stream}">>), spawn(fun() -> sys:suspend(P), '
-                                       f"timer:sleep({int(seconds * 1000)}), sys:resume(P) end), ok."])
+        self._suspend(node, f'element(2, rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, <<"{stream}">>))',
+                      seconds)
+
+    def _suspend(self, node: str, pid: str, seconds: float) -> None:
+        """Suspend the process the Erlang expression ``pid`` names on ``node`` for ``seconds``; a process in the
+        node resumes it, so it resumes even if the caller dies.  :meth:`_resume` resumes it sooner."""
+        self.broker(node).ctl(["eval", f"P = {pid}, true = is_pid(P), spawn(fun() -> sys:suspend(P), "
+                                       f"timer:sleep({int(seconds * 1000)}), catch sys:resume(P) end), ok."])
+
+    def _resume(self, node: str, pid: str) -> None:
+        self.broker(node).ctl(["eval", f"catch sys:resume({pid}), ok."])
 
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
         """Restart the stream with ``to_node`` as preferred leader; return the new leader once it moved.
 
-        The coordinator elects the new writer among the first quorum of members to stop, and honours the
-        preferred node only if it is among them and holds the longest tail (``select_leader`` in
-        ``rabbit_stream_coordinator``).  So a restart may elect another node: each try first waits for the
-        target's member to hold what the writer committed, and a try that does not move the writer within
-        8 s is repeated, for up to 90 s; the error then shows the members' last status.  Each restart is a
-        leader change for clients (a MetadataUpdate), so a client may see more than one."""
+        The coordinator elects the new writer as soon as a quorum of members stopped, among those of them
+        holding the longest tail, and honours the preferred node only among those (``select_leader`` in
+        ``rabbit_stream_coordinator``, 4.0 to 4.3).  So a plain restart often elects another node: the writer
+        is ahead of the replicas under a producer, and the target may not be among the first to stop.  Each
+        try therefore (1) holds back the other members' stops, by suspending ``osiris_server_sup`` on their
+        nodes (the coordinator stops a member through it), (2) suspends the writer until the target holds
+        its whole tail, and (3) restarts the stream: the first quorum is the writer and the target, with
+        equal tails, and the preferred target wins.  The writer stops at once when suspended; the held
+        supervisors are resumed as soon as the restart returned (and after 5 s regardless).  A try that does
+        not move the writer within 8 s is repeated, for up to 90 s; the error then shows the members' last
+        status.  A restart is a leader change for clients (a MetadataUpdate), and producers see no confirm
+        while the writer is suspended (well under a second)."""
         target = self.layout.node(to_node).name
         deadline = time.monotonic() + 90
         last: list[dict[str, Any]] = []
@@ -367,19 +381,43 @@ class LocalTestBed(TestBed):
         def writer_on_target() -> bool:
             return any(r.get("role") == "writer" and r.get("node") == target for r in status())
 
+        def target_caught_up() -> bool:  # with the (suspended) writer's tail, not only its commit
+            rows = status()
+            writer = [r.get("offset") for r in rows if r.get("role") == "writer"]
+            mine = [r.get("offset") for r in rows if r.get("node") == target]
+            return bool(writer and mine and isinstance(mine[0], int) and mine[0] >= (writer[0] or 0))
+
+        tries = 0
         while True:
+            tries += 1
+            held: list[str] = []
             try:
                 wait_until(target_in_sync, 20, f"the member of {stream} on {target} to be in sync", interval=0.25)
+                writer = next(r["node"] for r in last if r.get("role") == "writer")
+                if writer == target:
+                    return target
+                for row in last:
+                    if row.get("node") not in (writer, target):
+                        self._suspend(row["node"], "whereis(osiris_server_sup)", 5.0)
+                        held.append(row["node"])
+                self.suspend_stream_member(stream, writer, 5.0, vhost)
+                wait_until(target_caught_up, 3, f"the member of {stream} on {target} to hold the writer's tail",
+                           interval=0.05)
                 self.brokers[0].tool(
                     "rabbitmq-streams",
                     ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
                 )
+                for node in held:
+                    self._resume(node, "whereis(osiris_server_sup)")
+                held = []
                 wait_until(writer_on_target, 8, f"the leader of {stream} to move to {target}", interval=0.25)
                 return target
-            except TestBedError as exc:
+            except (TestBedError, StopIteration) as exc:
+                for node in held:
+                    self._resume(node, "whereis(osiris_server_sup)")
                 if time.monotonic() > deadline:
                     raise TestBedError(f"{exc}; the members' last status: {json.dumps(last)}") from exc
-                log.warning("moving the leader of %s: %s; trying again", stream, exc)
+                log.warning("moving the leader of %s (try %d): %s; trying again", stream, tries, exc)
 
     def advertise_hostnames(self, enabled: bool = True) -> None:
         """The container case: each node advertises ``rabbit-N.smartclient.test``, a name only the test
