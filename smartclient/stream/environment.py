@@ -581,19 +581,19 @@ class Environment:
         name: str | None = None,
         single_active: bool = False,
         tracking: OffsetTracking | None = None,
+        flow: ConsumerFlow | None = None,
     ) -> SuperStreamConsumer:
-        """A consumer on every partition.  With ``name`` and ``single_active``, the broker keeps one
-        active consumer per partition across every instance of the name (and fails over between them)."""
+        """A consumer on every partition (each with ``flow``).  With ``name`` and ``single_active``, the broker
+        keeps one active consumer per partition across every instance of the name, and fails over between them."""
         from smartclient.stream.super_stream import SuperStreamConsumer
 
         self._check_open()
         spec = OffsetSpec.parse(offset)
         if not callable(callback):
-            raise ConfigurationError(
-                f"the callback of a consumer of {super_stream!r} must be callable, not {callback!r}")
+            raise ConfigurationError(f"the callback of a consumer of {super_stream!r} must be callable: {callback!r}")
         handle = SuperStreamConsumer(self, super_stream, await self.partitions(super_stream))
         try:
-            await handle._open(callback, spec, name, single_active, tracking)
+            await handle._open(callback, spec, name, single_active, tracking, flow)
         except BaseException:
             await handle.close()
             raise

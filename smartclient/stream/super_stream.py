@@ -18,6 +18,7 @@ from smartclient.core.routing import hash_partition
 from smartclient.stream.admin import partition_names
 
 if TYPE_CHECKING:
+    from smartclient.core.flow import ConsumerFlow
     from smartclient.core.offsets import OffsetSpec, OffsetTracking
     from smartclient.stream.handles import Consumer, Producer
     from smartclient.stream.host import StreamOpener
@@ -234,11 +235,12 @@ class SuperStreamConsumer:
         return f"SuperStreamConsumer(super_stream={self.super_stream!r})"
 
     async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None], offset: OffsetSpec,
-                    name: str | None, single_active: bool, tracking: OffsetTracking | None) -> None:
+                    name: str | None, single_active: bool, tracking: OffsetTracking | None,
+                    flow: ConsumerFlow | None = None) -> None:
         for partition in self.partitions:
             self.consumers[partition] = await self.env.consumer(
                 partition, callback, offset=offset, name=name, single_active=single_active, tracking=tracking,
-                _super_stream=self.super_stream if single_active else None,
+                flow=flow, _super_stream=self.super_stream if single_active else None,
             )
 
     @property

@@ -66,3 +66,40 @@ async def test_a_slow_consumer_of_a_long_stream_keeps_its_memory_flat(
             assert growth < 20  # flat: far below the 38 MB the stream holds
     finally:
         await delete_streams(bed, rabbitmq_unique_name)
+
+
+async def test_a_super_stream_consumer_gives_its_flow_to_every_partition(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_testbed
+    async with Environment(bed.stream_uri(bed.nodes[0].host, bed.nodes[0].stream_port)) as env:
+        partitions = await env.create_super_stream(rabbitmq_unique_name, partitions=2)
+        try:
+            producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda m: str(m[-1]))
+            for batch in range(10):  # many chunks in each partition
+                for i in range(500):
+                    await producer.send(BODY + bytes([48 + (batch * 500 + i) % 10]))
+                await producer.flush()
+            await producer.close()
+            received, waiting = 0, []
+            release = asyncio.Event()
+
+            async def blocked(message: Any, context: Any) -> None:  # holds the first message of each partition
+                nonlocal received
+                received += 1
+                await release.wait()
+
+            flow = ConsumerFlow(initial_credit=1, credit_after=1.0)
+            consumer = await env.super_stream_consumer(rabbitmq_unique_name, blocked, offset="first", flow=flow)
+            await wait_until(lambda: received >= 2, 30, "each partition's first message")
+            for _ in range(20):  # the credit is not granted while a chunk is in the callback
+                waiting.append(max(c.queued_chunks for c in consumer.consumers.values()))
+                await asyncio.sleep(0.05)
+            release.set()
+            await wait_until(lambda: received >= 5_000, 60, "every message")
+            print(f"super stream, flow {flow}: chunks waiting per partition at most {max(waiting)}")
+            assert set(consumer.consumers) == set(partitions)
+            assert max(waiting) <= flow.initial_credit
+            await consumer.close()
+        finally:
+            await env.delete_super_stream(rabbitmq_unique_name)
