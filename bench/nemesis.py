@@ -17,6 +17,7 @@ Run from the repository root (it brings the test bed up): python bench/nemesis.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import random
 import sys
@@ -67,6 +68,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--history", default=None)
+    parser.add_argument("--faults", default=None, help="draw only these fault kinds, comma-separated (default: all)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     bed = from_env()
@@ -74,7 +76,10 @@ def main() -> int:
         bed.up()
     print(f"nemesis bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}", flush=True)
     started = time.monotonic()
-    report = asyncio.run(run(bed, Plan(minutes=args.minutes, seed=seed), args.history,
+    plan = Plan(minutes=args.minutes, seed=seed)
+    if args.faults:
+        plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",")))
+    report = asyncio.run(run(bed, plan, args.history,
                              progress=lambda line: print(line, flush=True), anchor=rstream_anchor))
     print(report.summary())
     confirmed = sum(p.confirmed for n, p in report.producers.items() if not n.startswith(ANCHOR))

@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     nemesis.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: a random one)")
     nemesis.add_argument("--history", default=None, help="write the history here (JSON lines)")
     nemesis.add_argument("--check", default=None, metavar="HISTORY", help="only check a saved history")
+    nemesis.add_argument("--faults", default=None, metavar="KIND,...",
+                         help="draw only these faults (default: all): kill, stop_app, move_leader, close_connection, "
+                              "lb_backend, lb_sessions, lb_restart, dns")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -58,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _nemesis(bed: object, args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
     import random
 
     from smartclient.testing.checker import check, read_history
@@ -67,10 +71,13 @@ def _nemesis(bed: object, args: argparse.Namespace) -> int:
         report = check(read_history(args.check))
     else:
         seed = args.seed if args.seed is not None else random.randrange(1 << 31)
-        print(f"nemesis: {args.minutes:g} min, seed {seed}")
+        plan = Plan(minutes=args.minutes, seed=seed)
+        if args.faults:
+            plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",") if k.strip()))
+        print(f"nemesis: {args.minutes:g} min, seed {seed}, faults {', '.join(plan.kinds)}")
         if isinstance(bed, LocalTestBed):
             bed.up()
-        report = asyncio.run(run(bed, Plan(minutes=args.minutes, seed=seed), args.history, progress=print))
+        report = asyncio.run(run(bed, plan, args.history, progress=print))
     print(report.summary())
     print(f"nemesis: lost={report.lost} dup={report.duplicated} gaps={report.consumer_gaps} "
           f"{'OK' if report.ok else 'ANOMALY'}")

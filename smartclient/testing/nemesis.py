@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from smartclient._errors import ConfigurationError
 from smartclient.stream.codec import decode_amqp
 from smartclient.testing.checker import Report, check
 
@@ -64,6 +65,13 @@ class Plan:
     gap: tuple[float, float] = (3.0, 8.0)  # seconds between two faults
     hold: tuple[float, float] = (2.0, 6.0)  # seconds a fault lasts
     rate: float = 200.0  # messages per second per producer
+    kinds: tuple[str, ...] = tuple(FAULTS)  # the faults to draw from (all by default)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kinds) - set(FAULTS))
+        if unknown or not self.kinds:
+            raise ConfigurationError(f"nemesis fault kinds must be some of {', '.join(FAULTS)}, not "
+                                     f"{', '.join(unknown) or 'none'}")
 
 
 def schedule(plan: Plan, nodes: list[str], streams: list[str]) -> list[Fault]:
@@ -74,7 +82,10 @@ def schedule(plan: Plan, nodes: list[str], streams: list[str]) -> list[Fault]:
     end = plan.minutes * 60 - max(plan.hold)  # the last fault is healed before the workload stops
     node_down_until = 0.0
     while at < end:
-        kinds = [k for k, takes_node in FAULTS.items() if not (takes_node and at < node_down_until)]
+        kinds = [k for k in plan.kinds if not (FAULTS[k] and at < node_down_until)]
+        if not kinds:  # only node faults, and a node is still away
+            at += rng.uniform(*plan.gap)
+            continue
         what = rng.choice(kinds)
         hold = rng.uniform(*plan.hold) if what in ("kill", "stop_app", "lb_backend", "dns") else 0.0
         target = rng.choice(streams) if what == "move_leader" else (

@@ -336,7 +336,7 @@ async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_mes
         for value in ("a", "b", "c"):
             for i in range(3):
                 await producer.send_wait(f"{value}:{i}".encode())  # confirmed one by one: a chunk each
-        await producer.send_batch([b"a:mixed", b"b:mixed"])  # one chunk, both values
+        await producer.send_batch([b"a:mixed", b"b:mixed"])  # one Publish frame: one chunk, almost always
         # the last message: once a consumer has it, it has had every chunk before it (a stream is in order),
         # so the checks below wait for it rather than for a while
         await producer.send_wait(b"b:end")
@@ -352,8 +352,20 @@ async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_mes
         coarse = await env.consumer(rabbitmq_unique_name, lambda m, c: chunks.append(bytes(m)), offset="first",
                                     filter=StreamFilter(["b"]))
         await wait_until(lambda: b"b:end" in chunks, 10, "the last message through the filter")
-        assert b"a:mixed" in chunks and b"a:0" not in chunks and not any(m.startswith(b"c:") for m in chunks)
         await coarse.close()
+        # RabbitMQ writes a Publish frame's messages to the stream one by one (rabbit_stream_utils:write_messages,
+        # one osiris:write each), and the writer may close a chunk between the two: then "a:mixed" is alone in a
+        # chunk whose filter holds only "a" (seen once in a CI-like run).  A consumer of "a" tells which it was.
+        a_side: list[bytes] = []
+        other = await env.consumer(rabbitmq_unique_name, lambda m, c: a_side.append(bytes(m)), offset="first",
+                                   filter=StreamFilter(["a"]))
+        await wait_until(lambda: b"a:mixed" in a_side, 10, "the last message of value a")
+        await other.close()
+        one_chunk = b"b:mixed" in a_side  # a chunk is handed to a plain callback whole
+        if not one_chunk:
+            print("the broker wrote a:mixed and b:mixed in two chunks: the coarse consumer rightly lacks a:mixed")
+        assert (b"a:mixed" in chunks) == one_chunk
+        assert b"a:0" not in chunks and not any(m.startswith(b"c:") for m in chunks)
         with pytest.raises(ConfigurationError, match="non-empty list of filter values"):
             StreamFilter("b")
     finally:

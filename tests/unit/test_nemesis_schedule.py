@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from smartclient import ConfigurationError
 from smartclient.testing.nemesis import FAULTS, Plan, schedule
 
 NODES = ["rabbit-1@localhost", "rabbit-2@localhost", "rabbit-3@localhost"]
@@ -27,3 +30,16 @@ def test_a_quorum_stays_up_and_everything_is_healed_before_the_end() -> None:
 def test_a_long_run_injects_every_kind_of_fault() -> None:
     faults = schedule(Plan(minutes=10, seed=3), NODES, ["a"])
     assert {f.what for f in faults} == set(FAULTS) and len(faults) > 50
+
+
+def test_a_plan_can_draw_from_some_faults_only() -> None:
+    faults = schedule(Plan(minutes=10, seed=5, kinds=("kill", "lb_restart")), NODES, ["a"])
+    assert {f.what for f in faults} == {"kill", "lb_restart"}
+    only_kill = schedule(Plan(minutes=10, seed=5, kinds=("kill",)), NODES, ["a"])
+    assert only_kill and all(f.what == "kill" for f in only_kill)
+    assert all(b.at >= a.at + a.hold for a, b in zip(only_kill, only_kill[1:]))  # one node away at a time
+
+
+def test_a_plan_with_an_unknown_fault_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="not netsplit"):
+        Plan(kinds=("kill", "netsplit"))
