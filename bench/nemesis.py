@@ -17,8 +17,8 @@ Run from the repository root (it brings the test bed up): python bench/nemesis.p
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import random
 import sys
 import time
