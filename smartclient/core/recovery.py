@@ -38,8 +38,9 @@ class RecoveryPolicy:
     :param retry_authentication: keep trying (every ``max_delay``) when the broker refuses the credentials.
     :param stall_check: seconds a producer waits with messages pending and no confirm before it checks that its
         node still leads the stream (a leader change the broker did not report); a named producer still on the
-        leader at the third check declares its publisher again (:mod:`smartclient.stream.unreported`).  0, or
-        recovery off, turns it off.
+        leader at the third check declares its publisher again; a consumer handed nothing for this long while its
+        stream has committed more subscribes again (:mod:`smartclient.stream.unreported`).  0, or recovery off,
+        turns both off.
     """
 
     enabled: bool = True

@@ -110,15 +110,11 @@ class StreamAdmin:
         self.topologies.drop(stream=stream)
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
-        from smartclient.stream.stats import query_stream_stats
+        from smartclient.stream.stats import stream_stats_from
 
         topo = await self.topologies.topology(stream)
-        conn = await self.connector.acquire(topo.candidates(Role.LOCATOR), f"{self.connection_name}-stats")
-        try:
-            with map_stream_errors(f"reading the statistics of {stream!r}"):
-                return await query_stream_stats(conn.client, stream)
-        finally:
-            await self.connector.close_connection(conn)
+        return await stream_stats_from(self.connector, topo.candidates(Role.LOCATOR), stream,
+                                       f"{self.connection_name}-stats")
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:
         if self._commands is None:

@@ -127,6 +127,14 @@ class Carriers:
         with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):
             return await step("offset query", _rstream.query_offset(locator, stream, name))
 
+    async def committed_chunk_id(self, stream: str) -> int:
+        from smartclient.stream.stats import stream_stats_from
+
+        topo = await self.topologies.topology(stream)  # the leader's view: the authority
+        stats = await stream_stats_from(self.placement.connector, topo.candidates(Role.PRODUCER), stream,
+                                        f"{self.connection_name}-stats")
+        return int(stats.get("committed_chunk_id", -1))
+
     # -- ending --------------------------------------------------------------------------------------
     async def end_handles_of(self, streams: set[str], reason: str) -> None:
         """Close the producers and consumers of ``streams`` quietly, before they are deleted: no recovery,

@@ -28,7 +28,7 @@ from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
-from smartclient.stream.unreported import confirm_leader, watch_confirms
+from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
 
 if TYPE_CHECKING:
     from smartclient.stream.host import PlacementRecord, StreamHost
@@ -42,8 +42,7 @@ CLOSE_TIMEOUT = 10.0  # seconds Producer.close() waits for the confirms of what 
 
 @dataclass(frozen=True)
 class RecoveryAttempt:
-    """One recovery attempt of a producer or consumer: how long it took, how it ended, and its steps
-    (``name ms outcome``), each bounded by the time the attempt had left (``RecoveryPolicy.attempt_time``)."""
+    """One recovery attempt: how long it took, how it ended, its steps (``name ms outcome``, each bounded)."""
 
     number: int
     seconds: float
@@ -68,7 +67,7 @@ class _Handle:
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
         self._verify: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None  # a producer's stall watch (smartclient.stream.unreported)
+        self._watch: asyncio.Task[None] | None = None  # its stall or delivery watch (smartclient.stream.unreported)
         self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
 
     def _check_open(self) -> None:
@@ -219,10 +218,9 @@ class Producer(_Handle):
 
     @property
     def last_publishing_id(self) -> int | None:
-        """For a named producer: the highest publishing id the broker had stored for its name when the
-        producer started.  ``0`` means that nothing was stored, or that the stored id was 0: the protocol
-        answers 0 for both, which is why automatically numbered ids start at 1.  ``None`` for an unnamed
-        producer, which has no stored sequence."""
+        """For a named producer: the highest publishing id the broker had stored for its name when it started.
+        ``0`` means that nothing was stored, or that the stored id was 0: the protocol answers 0 for both, which
+        is why automatically numbered ids start at 1.  ``None`` for an unnamed producer (no stored sequence)."""
         return self._ids.stored if self.name else None
 
     async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
@@ -314,9 +312,7 @@ class Producer(_Handle):
 
     async def send_batch(self, bodies: Sequence[bytes | Any]) -> list[Confirmation]:
         """Send several messages and wait for all their confirms (named producers number them in order).
-
-        :raises ConfigurationError: an empty batch.
-        """
+        :raises ConfigurationError: an empty batch."""
         self._check_open()
         if not bodies:
             raise ConfigurationError(f"empty batch for {self.stream!r}: nothing to send")
@@ -378,6 +374,7 @@ class Consumer(_Handle):
     redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
     _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
     _initial_position: int = 0
+    _start: int | None = None  # an absolute start (delivery watch)
 
     @property
     def last_offset(self) -> int | None:
@@ -394,6 +391,15 @@ class Consumer(_Handle):
     @last_offset.setter
     def last_offset(self, value: int | None) -> None:
         self._last_offset = value
+
+    @property
+    def waiting_for(self) -> int | None:  # the next offset it expects, once known (a delivery, an absolute start)
+        return self.last_offset + 1 if self.last_offset is not None else self._start
+
+    @property
+    def handing_over(self) -> bool:  # a chunk waits for, or is in, the callback
+        from smartclient.stream._rstream import busy
+        return self._subscriber is not None and (busy(self._subscriber) or self.queued_chunks > 0)
 
     @property
     def queued_chunks(self) -> int:
@@ -489,6 +495,8 @@ class Consumer(_Handle):
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()
+        if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
+            self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
 
     async def _subscribe_at(self, offset: OffsetSpec) -> None:
         from smartclient.stream import _rstream
@@ -499,6 +507,7 @@ class Consumer(_Handle):
         self.subscription_id, self._subscriber = await _rstream.subscribe(
             self._carrier, self.stream, self._deliver, offset, **how)
         self._initial_position = _rstream.position(self._subscriber) if self._subscriber is not None else 0
+        self._start = int(offset.value or 0) if offset.kind == "offset" else 0 if offset.kind == "first" else None
 
     async def _reattach(self) -> str:
         from smartclient.stream import _rstream

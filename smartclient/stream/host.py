@@ -108,6 +108,9 @@ class StreamHost(Protocol):
     async def stored_offset(self, stream: str, name: str) -> int | None:
         """The offset stored for consumer ``name`` on ``stream``."""
 
+    async def committed_chunk_id(self, stream: str) -> int:
+        """The first offset of ``stream``'s last committed chunk (-1: none), as its leader sees it."""
+
 
 class StreamOpener(Protocol):
     """What a super stream needs: producers and consumers of its partitions, and the broker's routes."""

@@ -9,11 +9,15 @@ reader and heartbeat on that connection, exchanges the one request/response itse
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConnectionFailed, FeatureNotSupported, StreamNotFound
 
-__all__ = ["STREAM_STATS_KEY", "decode_stream_stats", "encode_stream_stats", "query_stream_stats"]
+if TYPE_CHECKING:
+    from smartclient.core.topology import Candidates
+    from smartclient.stream.connector import StreamConnector
+
+__all__ = ["STREAM_STATS_KEY", "decode_stream_stats", "encode_stream_stats", "query_stream_stats", "stream_stats_from"]
 
 STREAM_STATS_KEY = 0x001C
 _RESPONSE = STREAM_STATS_KEY | 0x8000
@@ -56,3 +60,18 @@ async def query_stream_stats(client: Any, stream: str) -> dict[str, int]:
 
     raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), _RESPONSE, refused)
     return decode_stream_stats(raw, stream)
+
+
+async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
+                            name: str) -> dict[str, int]:
+    """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
+    with its own view: the leader's is the authority), closed afterwards."""
+    from smartclient.core.deadline import step
+    from smartclient.stream._rstream import map_stream_errors
+
+    conn = await connector.acquire(candidates, name)
+    try:
+        with map_stream_errors(f"reading the statistics of {stream!r}"):
+            return await step("stream statistics", query_stream_stats(conn.client, stream))
+    finally:
+        await connector.close_connection(conn)

@@ -1,4 +1,5 @@
-"""Losses the broker does not report: a producer left on a node that no longer leads its stream.
+"""Losses the broker does not report: a producer left on a node that no longer leads its stream, and a
+consumer that gets nothing although its stream holds more.
 
 A leader change reaches a producer as a MetadataUpdate, and a lost connection as a closed socket.  Either
 can go unreported: RabbitMQ (4.0 and 4.3 alike) may answer Metadata with the old leader for a moment after
@@ -14,6 +15,16 @@ messages wait for confirms that never come.  Two looks catch it:
   producer whose third look still finds it on the leader declares its publisher again (what is pending is
   sent again, and stored once).  Off with recovery off.  It reads counters the publish path keeps anyway:
   the hot path pays nothing.
+
+A consumer's subscription can go silent too: once, in CI on RabbitMQ 4.0, a consumer recovered onto a replica
+that had just restarted got every message but the stream's last 32 for 30 s, with nothing published after
+them; the Spark source's read of a last chunk was once silent the same way (issue 18).  The cause is not
+found.  :func:`watch_deliveries` makes it impossible to stay silent: a consumer that has been handed nothing
+for ``stall_check`` seconds, with no chunk waiting for or in its callback, reads the stream's committed chunk
+id; if a committed chunk starts at or after the next offset it waits for, it subscribes again there (on a
+node its placement picks again).  An idle stream costs one StreamStats request per look, and the looks of an
+idle consumer space out to every 4 ``stall_check``.  Off for filtered consumers (their silence is the
+filter's), for an inactive single active consumer, and with recovery off.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ if TYPE_CHECKING:
     from smartclient.core.topology import Role
     from smartclient.stream.host import StreamHost
 
-__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms"]
+__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +74,17 @@ class _Handle(Protocol):
     def node(self) -> Address | None: ...
 
     def _lost(self, reason: str) -> None: ...
+
+
+class _Consumer(_Handle, Protocol):
+    active: bool | None
+    subscription_id: int | None
+
+    @property
+    def waiting_for(self) -> int | None: ...  # the next offset it expects, when that is known
+
+    @property
+    def handing_over(self) -> bool: ...  # a chunk waits for, or is in, the callback
 
 
 class _Producer(_Handle, Protocol):
@@ -132,3 +154,43 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
             producer._lost(f"{why}: the publisher is declared again")
         else:
             log.info("%r: %s; it is still on the leader", producer, why)
+
+
+async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
+                           now: Callable[[], float] = time.monotonic) -> None:
+    """Run until ``consumer`` closes or gives up; see the module.  Each look that finds the stream idle
+    doubles the wait before the next (up to 4 times), and so does each resubscription in a row."""
+    seen: tuple[int | None, int | None] | None = None
+    since: float | None = None
+    idle = again = 0
+    while not consumer.closed and consumer.failure is None:
+        await asyncio.sleep(every / 4)
+        mark = (consumer.waiting_for, consumer.subscription_id)
+        if mark != seen or consumer.recovering or consumer.active is False or consumer.handing_over:
+            if mark != seen and seen is not None and mark[1] == seen[1]:
+                idle = again = 0  # deliveries came: the subscription is well
+            seen, since = mark, None
+            continue
+        if since is None:
+            since = now()
+            continue
+        waited = now() - since
+        if waited < every * 2 ** min(idle + again, 2) or mark[0] is None:
+            continue
+        try:
+            with attempt(host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):
+                committed = await host.committed_chunk_id(consumer.stream)
+        except Exception as exc:  # a loss would come through the connection; nothing to conclude here
+            log.debug("%r: the committed chunk could not be read (%s)", consumer, exc)
+            since = now()
+            continue
+        if committed < mark[0]:
+            idle, since = idle + 1, now()  # an idle stream: nothing is missing
+            continue
+        if consumer.closed or consumer.recovering or (consumer.waiting_for, consumer.subscription_id) != mark:
+            continue
+        again, since = again + 1, None
+        log.warning("%r: nothing delivered for %.1f s, although the stream has a committed chunk at offset %d "
+                    "and it waits for offset %d: subscribing again", consumer, waited, committed, mark[0])
+        consumer._lost(f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} "
+                       f"and beyond")

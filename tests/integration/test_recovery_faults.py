@@ -472,3 +472,30 @@ async def test_a_consumer_on_a_replica_that_lags_behind_its_offset_gets_nothing_
     finally:
         bed.heal()
         await delete_streams(bed, stream)
+
+
+async def test_a_consumer_that_gets_nothing_while_its_stream_moves_on_subscribes_again(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_faulty_testbed
+    async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, \
+            Environment(all_nodes(bed), recovery=RecoveryPolicy(stall_check=1.0)) as env:
+        collector = Collector()
+        consumer = await env.consumer(stream, collector, offset="first")
+        producer = await env.producer(stream, name="p")
+        await producer.send_many([b"%d" % i for i in range(100)])
+        await producer.flush()
+        await collector.wait_for(100)
+        silent = consumer.node
+        assert node_index(bed, silent) != 0  # on a replica
+        # its replica stops taking chunks for 12 s: the leader and the other replica commit without it, and the
+        # consumer's subscription there hands over nothing (the silent subscription of issue 18, made on purpose)
+        bed.suspend_stream_member(stream, bed.nodes[node_index(bed, silent)].name, 12.0)
+        await producer.send_many([b"%d" % i for i in range(100, 200)])
+        await producer.flush()
+        started = time.monotonic()
+        await collector.wait_for(200, timeout=10)  # well before the replica resumes
+        print(f"the silent consumer subscribed again on {consumer.node} and had every message "
+              f"{time.monotonic() - started:.1f} s after the publish (stall_check 1 s)")
+        assert consumer.node != silent and consumer.recoveries >= 1
+        collector.assert_no_gap(200)

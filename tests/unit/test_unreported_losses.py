@@ -11,7 +11,7 @@ from smartclient import Address, RecoveryPolicy
 from smartclient.core.topology import Role, StreamTopology
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
-from smartclient.stream.unreported import confirm_leader, watch_confirms
+from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
 
 
 class FakeHost:
@@ -120,3 +120,67 @@ async def test_an_unnamed_producer_only_looks_since_sending_again_could_store_tw
     producer._lost = losses.append  # type: ignore[method-assign]
     await _watch_until(producer, Clock(), FakeBuffer(), losses, 0.1)
     assert losses == [] and host.dropped >= 3
+
+
+class FakeConsumer:
+    """What the delivery watch reads of a consumer."""
+
+    def __init__(self, waiting_for: int | None) -> None:
+        self.closed, self.failure, self.stream, self.name = False, None, "s", "c"
+        self.recovering, self.active, self.handing_over = False, None, False
+        self.waiting_for, self.subscription_id = waiting_for, 0
+        self.losses: list[str] = []
+
+    def _lost(self, reason: str) -> None:
+        self.losses.append(reason)
+        self.subscription_id += 1  # what a recovery does: a new subscription
+
+
+class StatsHost:
+    recovery = RecoveryPolicy()
+
+    def __init__(self, committed: int) -> None:
+        self.committed, self.looks = committed, 0
+
+    async def committed_chunk_id(self, stream: str) -> int:
+        self.looks += 1
+        return self.committed
+
+
+async def _deliveries(consumer: FakeConsumer, host: StatsHost, seconds: float, deliver: bool = False) -> None:
+    clock = Clock()
+    task = asyncio.create_task(watch_deliveries(consumer, host, 0.004, now=clock))  # type: ignore[arg-type]
+    try:
+        while clock.t < seconds:
+            await asyncio.sleep(0.001)
+            clock.t += 0.001
+            if deliver and consumer.waiting_for is not None:
+                consumer.waiting_for += 1
+    finally:
+        task.cancel()
+
+
+async def test_a_silent_consumer_behind_the_committed_tail_subscribes_again() -> None:
+    consumer, host = FakeConsumer(waiting_for=100), StatsHost(committed=120)
+    await _deliveries(consumer, host, 0.05)
+    assert consumer.losses and consumer.losses[0].startswith("nothing delivered for")
+    assert "committed messages at offset 120" in consumer.losses[0]
+
+
+async def test_a_consumer_at_the_tail_of_an_idle_stream_only_looks_and_spaces_its_looks_out() -> None:
+    consumer, host = FakeConsumer(waiting_for=121), StatsHost(committed=120)  # the last chunk started at 120
+    await _deliveries(consumer, host, 0.2)
+    assert consumer.losses == [] and 1 <= host.looks <= 0.2 / 0.004 / 4 + 2  # every 4th period, once idle
+
+
+async def test_no_look_while_messages_come_a_chunk_is_in_the_callback_or_the_start_is_unknown() -> None:
+    host = StatsHost(committed=10_000)
+    await _deliveries(flowing := FakeConsumer(waiting_for=100), host, 0.05, deliver=True)
+    busy = FakeConsumer(waiting_for=100)
+    busy.handing_over = True
+    await _deliveries(busy, host, 0.05)
+    inactive = FakeConsumer(waiting_for=100)
+    inactive.active = False  # a single active consumer that is not the active one
+    await _deliveries(inactive, host, 0.05)
+    await _deliveries(unknown := FakeConsumer(waiting_for=None), host, 0.05)  # 'next' before any delivery
+    assert flowing.losses == busy.losses == inactive.losses == unknown.losses == [] and host.looks == 0

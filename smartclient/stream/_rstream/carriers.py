@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 from smartclient.stream._rstream.wire import offset_spec
 
 __all__ = [
-    "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "close_publisher",
+    "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
     "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
     "new_carrier", "position", "queued_chunks", "store_offset", "stored_sequence", "subscribe",
 ]
@@ -195,6 +195,7 @@ class PlacedConsumer(_Placed, RConsumer):
         if credited:
             await subscriber.client.credit(subscriber.subscription_id, 1)
         first = frame.chunk_first_offset
+        subscriber.smartclient_busy = True  # a chunk is in the callback (the delivery watch waits for it)
         try:
             for offset, message in self._filter_messages(frame, subscriber, filter_value):
                 context = MessageContext(self, subscriber.stream, subscriber.subscription_id, subscriber.reference,
@@ -209,6 +210,8 @@ class PlacedConsumer(_Placed, RConsumer):
             if not credited:
                 await subscriber.client.credit(subscriber.subscription_id, 1)
             raise
+        finally:
+            subscriber.smartclient_busy = False
         if not credited:  # the chunk's last entries were filtered out, or were sub-entries
             await subscriber.client.credit(subscriber.subscription_id, 1)
 
@@ -419,6 +422,11 @@ async def _abandon_subscription(carrier: Any, stream: str) -> None:
 
 def position(subscriber: Any) -> int:
     return int(subscriber.offset)
+
+
+def busy(subscriber: Any) -> bool:
+    """Whether a chunk of ``subscriber`` is being handed to its callback now."""
+    return bool(getattr(subscriber, "smartclient_busy", False))
 
 
 def queued_chunks(subscriber: Any) -> int:
