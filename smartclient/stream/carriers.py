@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConfigurationError, SmartClientError
@@ -48,6 +49,7 @@ class Carriers:
         self._carriers: dict[Role, list[tuple[Any, set[str]]]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
 
     def carrier(self, role: Role, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> Any:
         """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's."""
@@ -128,12 +130,19 @@ class Carriers:
             return await step("offset query", _rstream.query_offset(locator, stream, name))
 
     async def committed_chunk_id(self, stream: str) -> int:
+        """The leader's view (the authority), read on a connection of its own, and kept for half a
+        ``stall_check``: the delivery watches of the consumers of one stream share it."""
         from smartclient.stream.stats import stream_stats_from
 
-        topo = await self.topologies.topology(stream)  # the leader's view: the authority
+        read_at, value = self._committed.get(stream, (0.0, -1))
+        if time.monotonic() - read_at < self.recovery.stall_check / 2:
+            return value
+        topo = await self.topologies.topology(stream)
         stats = await stream_stats_from(self.placement.connector, topo.candidates(Role.PRODUCER), stream,
                                         f"{self.connection_name}-stats")
-        return int(stats.get("committed_chunk_id", -1))
+        value = int(stats.get("committed_chunk_id", -1))
+        self._committed[stream] = (time.monotonic(), value)
+        return value
 
     # -- ending --------------------------------------------------------------------------------------
     async def end_handles_of(self, streams: set[str], reason: str) -> None:

@@ -22,8 +22,9 @@ them; the Spark source's read of a last chunk was once silent the same way (issu
 found.  :func:`watch_deliveries` makes it impossible to stay silent: a consumer that has been handed nothing
 for ``stall_check`` seconds, with no chunk waiting for or in its callback, reads the stream's committed chunk
 id; if a committed chunk starts at or after the next offset it waits for, it subscribes again there (on a
-node its placement picks again).  An idle stream costs one StreamStats request per look, and the looks of an
-idle consumer space out to every 4 ``stall_check``.  Off for filtered consumers (their silence is the
+node its placement picks again).  A look is a StreamStats request to the leader, on a connection of its own
+(shared by the consumers of a stream for half a period), and the looks of an idle consumer space out to
+every 8 ``stall_check``.  Off for filtered consumers (their silence is the
 filter's), for an inactive single active consumer, and with recovery off.
 """
 
@@ -159,7 +160,7 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
 async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
                            now: Callable[[], float] = time.monotonic) -> None:
     """Run until ``consumer`` closes or gives up; see the module.  Each look that finds the stream idle
-    doubles the wait before the next (up to 4 times), and so does each resubscription in a row."""
+    doubles the wait before the next (up to 8 times), and so does each resubscription in a row."""
     seen: tuple[int | None, int | None] | None = None
     since: float | None = None
     idle = again = 0
@@ -175,7 +176,7 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
             since = now()
             continue
         waited = now() - since
-        if waited < every * 2 ** min(idle + again, 2) or mark[0] is None:
+        if waited < every * 2 ** min(idle + again, 3) or mark[0] is None:
             continue
         try:
             with attempt(host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):

@@ -170,7 +170,7 @@ async def test_a_silent_consumer_behind_the_committed_tail_subscribes_again() ->
 async def test_a_consumer_at_the_tail_of_an_idle_stream_only_looks_and_spaces_its_looks_out() -> None:
     consumer, host = FakeConsumer(waiting_for=121), StatsHost(committed=120)  # the last chunk started at 120
     await _deliveries(consumer, host, 0.2)
-    assert consumer.losses == [] and 1 <= host.looks <= 0.2 / 0.004 / 4 + 2  # every 4th period, once idle
+    assert consumer.losses == [] and 1 <= host.looks <= 0.2 / 0.004 / 8 + 3  # every 8th period, once idle
 
 
 async def test_no_look_while_messages_come_a_chunk_is_in_the_callback_or_the_start_is_unknown() -> None:
