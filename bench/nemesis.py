@@ -78,7 +78,7 @@ def main() -> int:
     started = time.monotonic()
     plan = Plan(minutes=args.minutes, seed=seed)
     if args.faults:
-        plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",")))
+        plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",") if k.strip()))
     report = asyncio.run(run(bed, plan, args.history,
                              progress=lambda line: print(line, flush=True), anchor=rstream_anchor))
     print(report.summary())

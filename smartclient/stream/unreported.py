@@ -34,16 +34,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from smartclient._errors import FeatureNotSupported
 from smartclient.core.deadline import attempt
 
 if TYPE_CHECKING:
     from smartclient.core.address import Address
+    from smartclient.core.offsets import OffsetSpec
     from smartclient.core.topology import Role
     from smartclient.stream.host import StreamHost
 
-__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms", "watch_deliveries"]
+__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "start_of", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class _Handle(Protocol):
 
 class _Consumer(_Handle, Protocol):
     active: bool | None
-    subscription_id: int | None
+    _subscriber: Any  # rstream's, one per subscription
 
     @property
     def waiting_for(self) -> int | None: ...  # the next offset it expects, when that is known
@@ -157,41 +159,58 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
             log.info("%r: %s; it is still on the leader", producer, why)
 
 
+def _paused(consumer: _Consumer) -> bool:
+    """Closed, recovering, an inactive single active consumer, or a chunk waits for or is in the callback."""
+    return consumer.closed or consumer.recovering or consumer.active is False or consumer.handing_over
+
+
+def start_of(spec: OffsetSpec) -> int | None:
+    """The offset a subscription at ``spec`` starts from, when that is known without asking the broker."""
+    return int(spec.value or 0) if spec.kind == "offset" else 0 if spec.kind == "first" else None
+
+
 async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
                            now: Callable[[], float] = time.monotonic) -> None:
-    """Run until ``consumer`` closes or gives up; see the module.  Each look that finds the stream idle
-    doubles the wait before the next (up to 8 times), and so does each resubscription in a row."""
-    seen: tuple[int | None, int | None] | None = None
+    """Run until ``consumer`` closes or gives up; see the module.  Each look that finds nothing missing doubles
+    the wait before the next (up to 8 times).  A committed chunk that a resubscription did not bring (an
+    offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is not
+    acted on twice: only a later committed chunk is."""
+    seen: tuple[int | None, int] | None = None
     since: float | None = None
-    idle = again = 0
+    idle = 0
+    tried: int | None = None  # the committed chunk the last resubscription was for
     while not consumer.closed and consumer.failure is None:
         await asyncio.sleep(every / 4)
-        mark = (consumer.waiting_for, consumer.subscription_id)
-        if mark != seen or consumer.recovering or consumer.active is False or consumer.handing_over:
-            if mark != seen and seen is not None and mark[1] == seen[1]:
-                idle = again = 0  # deliveries came: the subscription is well
+        mark = (consumer.waiting_for, id(consumer._subscriber))
+        if _paused(consumer) or mark != seen:
+            if seen is not None and mark[1] == seen[1] and mark[0] != seen[0]:
+                idle = 0  # deliveries came
             seen, since = mark, None
             continue
         if since is None:
             since = now()
             continue
         waited = now() - since
-        if waited < every * 2 ** min(idle + again, 3) or mark[0] is None:
+        if waited < every * 2 ** min(idle, 3) or mark[0] is None:
             continue
         try:
             with attempt(host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):
                 committed = await host.committed_chunk_id(consumer.stream)
-        except Exception as exc:  # a loss would come through the connection; nothing to conclude here
+        except FeatureNotSupported as exc:  # a broker before 3.11: nothing to look at
+            log.warning("%r: no delivery watch: %s", consumer, exc)
+            return
+        except Exception as exc:  # a loss would come through the connection; look again later
             log.debug("%r: the committed chunk could not be read (%s)", consumer, exc)
-            since = now()
+            idle, since = idle + 1, now()
             continue
-        if committed < mark[0]:
-            idle, since = idle + 1, now()  # an idle stream: nothing is missing
+        if committed < mark[0] or (tried is not None and committed <= tried):
+            idle, since = idle + 1, now()  # nothing missing, or nothing a resubscription would bring
             continue
-        if consumer.closed or consumer.recovering or (consumer.waiting_for, consumer.subscription_id) != mark:
-            continue
-        again, since = again + 1, None
-        log.warning("%r: nothing delivered for %.1f s, although the stream has a committed chunk at offset %d "
-                    "and it waits for offset %d: subscribing again", consumer, waited, committed, mark[0])
-        consumer._lost(f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} "
-                       f"and beyond")
+        if _paused(consumer) or (consumer.waiting_for, id(consumer._subscriber)) != mark:
+            continue  # a chunk came meanwhile
+        tried, since = committed, None
+        why = (f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} and beyond, "
+               f"waiting for offset {mark[0]}")
+        # one chunk right at the offset awaited may be an offset-tracking chunk: said quietly
+        log.log(logging.WARNING if committed > mark[0] else logging.INFO, "%r: %s: subscribing again", consumer, why)
+        consumer._lost(why)

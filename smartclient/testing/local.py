@@ -340,7 +340,7 @@ class LocalTestBed(TestBed):
     def _suspend(self, node: str, pid: str, seconds: float) -> None:
         """Suspend the process the Erlang expression ``pid`` names on ``node`` for ``seconds``; a process in the
         node resumes it, so it resumes even if the caller dies.  :meth:`_resume` resumes it sooner."""
-        self.broker(node).ctl(["eval", f"P = {pid}, true = is_pid(P), spawn(fun() -> sys:suspend(P), "
+        self.broker(node).ctl(["eval", f"P = {pid}, true = is_pid(P), spawn(fun() -> sys:suspend(P, infinity), "
                                        f"timer:sleep({int(seconds * 1000)}), catch sys:resume(P) end), ok."])
 
     def _resume(self, node: str, pid: str) -> None:
@@ -390,7 +390,7 @@ class LocalTestBed(TestBed):
         tries = 0
         while True:
             tries += 1
-            held: list[str] = []
+            held: list[tuple[str, str]] = []  # (node, process) suspended by this try
             try:
                 wait_until(target_in_sync, 20, f"the member of {stream} on {target} to be in sync", interval=0.25)
                 writer = next(r["node"] for r in last if r.get("role") == "writer")
@@ -398,26 +398,38 @@ class LocalTestBed(TestBed):
                     return target
                 for row in last:
                     if row.get("node") not in (writer, target):
-                        self._suspend(row["node"], "whereis(osiris_server_sup)", 5.0)
-                        held.append(row["node"])
-                self.suspend_stream_member(stream, writer, 5.0, vhost)
+                        try:  # best effort: a node that is down or stopped holds nothing back anyway
+                            self._suspend(row["node"], "whereis(osiris_server_sup)", 5.0)
+                            held.append((row["node"], "whereis(osiris_server_sup)"))
+                        except TestBedError as exc:
+                            log.info("moving the leader of %s: %s is not held back (%s)", stream, row["node"], exc)
+                member = f'element(2, rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, <<"{stream}">>))'
+                self._suspend(writer, member, 5.0)
+                held.append((writer, member))
                 wait_until(target_caught_up, 3, f"the member of {stream} on {target} to hold the writer's tail",
                            interval=0.05)
                 self.brokers[0].tool(
                     "rabbitmq-streams",
                     ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
                 )
-                for node in held:
-                    self._resume(node, "whereis(osiris_server_sup)")
+                held = [h for h in held if h[0] != writer]  # the writer stopped: nothing to resume there
+                self._resume_all(held)
                 held = []
                 wait_until(writer_on_target, 8, f"the leader of {stream} to move to {target}", interval=0.25)
                 return target
             except (TestBedError, StopIteration) as exc:
-                for node in held:
-                    self._resume(node, "whereis(osiris_server_sup)")
                 if time.monotonic() > deadline:
                     raise TestBedError(f"{exc}; the members' last status: {json.dumps(last)}") from exc
                 log.warning("moving the leader of %s (try %d): %s; trying again", stream, tries, exc)
+            finally:
+                self._resume_all(held)
+
+    def _resume_all(self, held: list[tuple[str, str]]) -> None:
+        for node, pid in held:
+            try:
+                self._resume(node, pid)
+            except TestBedError as exc:  # its own timer resumes it
+                log.warning("resuming %s on %s: %s", pid, node, exc)
 
     def advertise_hostnames(self, enabled: bool = True) -> None:
         """The container case: each node advertises ``rabbit-N.smartclient.test``, a name only the test

@@ -128,26 +128,29 @@ class FakeConsumer:
     def __init__(self, waiting_for: int | None) -> None:
         self.closed, self.failure, self.stream, self.name = False, None, "s", "c"
         self.recovering, self.active, self.handing_over = False, None, False
-        self.waiting_for, self.subscription_id = waiting_for, 0
+        self.waiting_for, self._subscriber = waiting_for, object()
         self.losses: list[str] = []
 
     def _lost(self, reason: str) -> None:
         self.losses.append(reason)
-        self.subscription_id += 1  # what a recovery does: a new subscription
+        self._subscriber = object()  # what a recovery does: a new subscription
 
 
 class StatsHost:
     recovery = RecoveryPolicy()
 
-    def __init__(self, committed: int) -> None:
-        self.committed, self.looks = committed, 0
+    def __init__(self, committed: int, error: Exception | None = None) -> None:
+        self.committed, self.looks, self.error = committed, 0, error
 
     async def committed_chunk_id(self, stream: str) -> int:
         self.looks += 1
+        if self.error is not None:
+            raise self.error
         return self.committed
 
 
-async def _deliveries(consumer: FakeConsumer, host: StatsHost, seconds: float, deliver: bool = False) -> None:
+async def _deliveries(consumer: FakeConsumer, host: StatsHost, seconds: float, deliver: bool = False,
+                      at: tuple[float, int] | None = None) -> None:  # at: (when, a new committed chunk id)
     clock = Clock()
     task = asyncio.create_task(watch_deliveries(consumer, host, 0.004, now=clock))  # type: ignore[arg-type]
     try:
@@ -156,15 +159,33 @@ async def _deliveries(consumer: FakeConsumer, host: StatsHost, seconds: float, d
             clock.t += 0.001
             if deliver and consumer.waiting_for is not None:
                 consumer.waiting_for += 1
+            if at is not None and clock.t >= at[0]:
+                host.committed = at[1]
     finally:
         task.cancel()
 
 
 async def test_a_silent_consumer_behind_the_committed_tail_subscribes_again() -> None:
     consumer, host = FakeConsumer(waiting_for=100), StatsHost(committed=120)
-    await _deliveries(consumer, host, 0.05)
+    await _deliveries(consumer, host, 0.2, at=(0.1, 130))
     assert consumer.losses and consumer.losses[0].startswith("nothing delivered for")
     assert "committed messages at offset 120" in consumer.losses[0]
+    # the new subscription brought nothing: that chunk is not acted on twice, a later one is
+    assert len(consumer.losses) == 2 and "offset 130" in consumer.losses[1]
+
+
+async def test_an_offset_tracking_chunk_at_the_tail_costs_one_resubscription_at_most() -> None:
+    consumer, host = FakeConsumer(waiting_for=121), StatsHost(committed=121)  # a store wrote a chunk at 121
+    await _deliveries(consumer, host, 0.3)
+    assert len(consumer.losses) == 1 and "waiting for offset 121" in consumer.losses[0]
+
+
+async def test_a_broker_without_stream_statistics_ends_the_watch() -> None:
+    from smartclient import FeatureNotSupported
+
+    consumer, host = FakeConsumer(waiting_for=100), StatsHost(0, FeatureNotSupported("no StreamStats"))
+    await _deliveries(consumer, host, 0.1)
+    assert consumer.losses == [] and host.looks == 1
 
 
 async def test_a_consumer_at_the_tail_of_an_idle_stream_only_looks_and_spaces_its_looks_out() -> None:
