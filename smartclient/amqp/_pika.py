@@ -131,10 +131,15 @@ def pika_errors(
         yield
     except SmartClientError:
         raise
-    except px.ProbableAuthenticationError as exc:
+    except (px.ProbableAuthenticationError, px.ProbableAccessDeniedError) as exc:
+        # pika guesses these from the stage at which the connection ended; only the broker's own Close says
+        # so.  A socket cut in the handshake (an LB that restarts, a node that stops) is a connection failure,
+        # which is retried, and not refused credentials, which stop a retrying RPC server for good.
+        if "StreamLostError" in str(exc):
+            raise ConnectionFailed(f"{where}: the connection was cut during the handshake ({exc})") from exc
+        if isinstance(exc, px.ProbableAccessDeniedError):
+            raise AuthenticationFailed(f"{where}: no access to vhost {vhost!r}") from exc
         raise AuthenticationFailed(f"{where}: the broker refused the credentials") from exc
-    except px.ProbableAccessDeniedError as exc:
-        raise AuthenticationFailed(f"{where}: no access to vhost {vhost!r}") from exc
     except px.UnroutableError as exc:
         if returned is not None:
             raise returned() from exc

@@ -247,3 +247,40 @@ def test_nodes_discovered_from_dns_srv_are_identified_and_placed(rabbitmq_testbe
         assert all(n.address("amqp").host.endswith(".smartclient.test") for n in nodes)
         with placer.connect(rabbitmq_testbed.nodes[2].short) as placed:
             assert placed.node == rabbitmq_testbed.nodes[2].name == placer.node_of(placed.name)
+
+
+def test_a_connection_cut_in_the_handshake_is_a_connection_failure_and_refused_credentials_are_not(
+    rabbitmq_testbed: TestBed,
+) -> None:
+    """pika calls a connection that ends after Connection.Start a *probable* authentication error; only
+    the broker's Close says so.  An LB that restarts cuts connections there, and an RPC server stops for
+    good on refused credentials, so the seam must tell the two apart."""
+    import socket
+    import threading
+
+    import pika
+
+    from smartclient import AuthenticationFailed, ConnectionFailed
+    from smartclient.amqp._pika import pika_errors
+
+    node = rabbitmq_testbed.nodes[0]
+    with socket.create_connection((node.host, node.amqp_port), timeout=5) as real:  # the broker's own Start
+        real.sendall(b"AMQP\x00\x00\x09\x01")
+        start = real.recv(65536)
+    cutter = socket.create_server(("127.0.0.1", 0))
+
+    def start_then_cut() -> None:
+        conn, _ = cutter.accept()
+        conn.recv(8)
+        conn.sendall(start)
+        conn.recv(65536)  # the client's StartOk (its credentials): cut here
+        conn.close()
+
+    threading.Thread(target=start_then_cut, daemon=True).start()
+    guest = pika.PlainCredentials(rabbitmq_testbed.username, rabbitmq_testbed.password)
+    with pytest.raises(ConnectionFailed, match="cut during the handshake"), pika_errors("cut", vhost="/"):
+        pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", cutter.getsockname()[1], credentials=guest))
+    cutter.close()
+    wrong = pika.PlainCredentials(rabbitmq_testbed.username, "not-the-password")
+    with pytest.raises(AuthenticationFailed, match="refused the credentials"), pika_errors("wrong", vhost="/"):
+        pika.BlockingConnection(pika.ConnectionParameters(node.host, node.amqp_port, credentials=wrong))

@@ -89,6 +89,11 @@ def test_the_lists_name_every_private_pika_name_the_seam_touches() -> None:
 @pytest.mark.parametrize(("raised", "error", "message"), [
     (px.ProbableAuthenticationError("ACCESS_REFUSED"), AuthenticationFailed, "refused the credentials"),
     (px.ProbableAccessDeniedError(530, "NOT_ALLOWED"), AuthenticationFailed, "no access to vhost 'v'"),
+    # pika's guess from a socket cut in the handshake (its repr of the StreamLostError): a connection failure
+    (px.ProbableAuthenticationError("StreamLostError: ('Transport indicated EOF',)"), ConnectionFailed,
+     "cut during the handshake"),
+    (px.ProbableAccessDeniedError("StreamLostError: (\"Stream connection lost: ConnectionResetError(104)\",)"),
+     ConnectionFailed, "cut during the handshake"),
     (px.UnroutableError([]), PublishFailed, "returned the message"),
     (px.NackError([]), PublishFailed, "basic.nack"),
     (px.ChannelClosedByBroker(404, "NOT_FOUND - no queue"), ConnectionFailed, r"channel was closed \(404 NOT_FOUND"),
