@@ -84,6 +84,11 @@ class OffsetSpec:
             f"offset {value!r} must be 'first', 'last', 'next', an int, a datetime or an interval like '1h'"
         )
 
+    @property
+    def start(self) -> int | None:
+        """The offset a subscription at this spec starts from, when that is known without asking the broker."""
+        return int(self.value or 0) if self.kind == "offset" else 0 if self.kind == "first" else None
+
     def timestamp_ms(self, now: float | None = None) -> int | None:
         """The timestamp this spec starts from, in ms (for an interval, counted back from ``now``)."""
         if self.kind == "timestamp":

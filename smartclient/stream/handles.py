@@ -28,7 +28,7 @@ from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
-from smartclient.stream.unreported import confirm_leader, start_of, watch_confirms, watch_deliveries
+from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
 
 if TYPE_CHECKING:
     from smartclient.stream.host import PlacementRecord, StreamHost
@@ -393,7 +393,7 @@ class Consumer(_Handle):
 
     @property
     def waiting_for(self) -> int | None:  # the next offset it expects, once known (a delivery, an absolute start)
-        return max(self.last_offset + 1, self._start or 0) if self.last_offset is not None else self._start
+        return max(last + 1, self._start or 0) if (last := self.last_offset) is not None else self._start
 
     @property
     def handing_over(self) -> bool:  # a chunk waits for, or is in, the callback
@@ -444,7 +444,7 @@ class Consumer(_Handle):
                     self._last_offset = None  # the application chose where to resume, maybe earlier
                 else:
                     spec = await self._resume_point() if is_active else OffsetSpec.next()
-                self._start = start_of(parsed := OffsetSpec.parse(spec))  # where it resumes (the delivery watch)
+                self._start = (parsed := OffsetSpec.parse(spec)).start  # where it resumes (the delivery watch)
                 return _rstream.consumer_update_answer(parsed)
 
             listener = consumer_update
@@ -507,7 +507,7 @@ class Consumer(_Handle):
         self.subscription_id, self._subscriber = await _rstream.subscribe(
             self._carrier, self.stream, self._deliver, offset, **how)
         self._initial_position = _rstream.position(self._subscriber) if self._subscriber is not None else 0
-        self._start = start_of(offset)
+        self._start = offset.start
 
     async def _reattach(self) -> str:
         from smartclient.stream import _rstream

@@ -41,11 +41,10 @@ from smartclient.core.deadline import attempt
 
 if TYPE_CHECKING:
     from smartclient.core.address import Address
-    from smartclient.core.offsets import OffsetSpec
     from smartclient.core.topology import Role
     from smartclient.stream.host import StreamHost
 
-__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "start_of", "watch_confirms", "watch_deliveries"]
+__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +161,6 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
 def _paused(consumer: _Consumer) -> bool:
     """Closed, recovering, an inactive single active consumer, or a chunk waits for or is in the callback."""
     return consumer.closed or consumer.recovering or consumer.active is False or consumer.handing_over
-
-
-def start_of(spec: OffsetSpec) -> int | None:
-    """The offset a subscription at ``spec`` starts from, when that is known without asking the broker."""
-    return int(spec.value or 0) if spec.kind == "offset" else 0 if spec.kind == "first" else None
 
 
 async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,

@@ -334,8 +334,7 @@ class LocalTestBed(TestBed):
         """Suspend ``stream``'s member process on ``node`` (the writer on the leader, a replica elsewhere) for
         ``seconds`` (``sys:suspend``, then ``sys:resume``, in the node): its connections stay, and it neither
         writes, confirms nor replicates meanwhile."""
-        self._suspend(node, f'element(2, rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, <<"{stream}">>))',
-                      seconds)
+        self._suspend(node, _member(stream, vhost), seconds)
 
     def _suspend(self, node: str, pid: str, seconds: float) -> None:
         """Suspend the process the Erlang expression ``pid`` names on ``node`` for ``seconds``; a process in the
@@ -403,9 +402,8 @@ class LocalTestBed(TestBed):
                             held.append((row["node"], "whereis(osiris_server_sup)"))
                         except TestBedError as exc:
                             log.info("moving the leader of %s: %s is not held back (%s)", stream, row["node"], exc)
-                member = f'element(2, rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, <<"{stream}">>))'
-                self._suspend(writer, member, 5.0)
-                held.append((writer, member))
+                self._suspend(writer, _member(stream, vhost), 5.0)
+                held.append((writer, _member(stream, vhost)))
                 wait_until(target_caught_up, 3, f"the member of {stream} on {target} to hold the writer's tail",
                            interval=0.05)
                 self.brokers[0].tool(
@@ -531,3 +529,8 @@ class LocalTestBed(TestBed):
         if any(n.advertised_host != "localhost" for n in self.nodes):
             self.advertise_hostnames(False)
         self._wait_lb_backends_up()
+
+
+def _member(stream: str, vhost: str) -> str:
+    """The Erlang expression for ``stream``'s member process on the node it is evaluated on."""
+    return f'element(2, rabbit_stream_manager:lookup_local_member(<<"{vhost}">>, <<"{stream}">>))'

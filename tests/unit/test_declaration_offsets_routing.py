@@ -120,3 +120,10 @@ def test_stream_stats_frames() -> None:
     assert decode_stream_stats(body, "s1") == {"first_chunk_id": 0, "committed_chunk_id": 42}
     with pytest.raises(StreamNotFound):
         decode_stream_stats(struct.pack(">HHIHi", 0x801C, 1, 7, 2, 0), "s1")
+
+
+def test_an_offset_spec_knows_its_start_only_when_it_is_absolute() -> None:
+    from smartclient import OffsetSpec
+
+    assert (OffsetSpec.at(42).start, OffsetSpec.first().start) == (42, 0)
+    assert OffsetSpec.next().start is None and OffsetSpec.last().start is None and OffsetSpec.parse("1h").start is None
