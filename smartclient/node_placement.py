@@ -217,6 +217,11 @@ class NodePlacer(Generic[C]):
             f"the management API did not list {self.protocol} connection {name!r} within the timeout"
         )
 
+    def _identify(self, connection: C, name: str, newer_than: int) -> tuple[str, int]:
+        """The node of a connection just opened through a load balancer, and when it was listed: the
+        management API's connection listing (a protocol may know a quicker way)."""
+        return self._listing(name, None, newer_than)
+
     def route(self, target: Address) -> Route:
         """Where a connection aimed at ``target`` goes: what to dial and which name TLS verifies."""
         return self.resolution.route_sync(target)
@@ -300,7 +305,7 @@ class NodePlacer(Generic[C]):
         if self.via is None:
             return Landed(connection, by_address[target].name, dialled, name)
         try:
-            node, listed_at = self._listing(name, None, newer_than)
+            node, listed_at = self._identify(connection, name, newer_than)
             return Landed(connection, node, dialled, name, listed_at=listed_at)
         except BaseException:
             self._close(connection)

@@ -190,6 +190,29 @@ def open_connection(
         return BlockingConnection(params)
 
 
+def probe_node(connection: Any, node_of_queue: Callable[[str], Any]) -> str | None:
+    """Declare an exclusive server-named queue on a channel of its own, ask ``node_of_queue(name)`` (the
+    management API's row of it), delete the queue, close the channel, and return the row's ``node``.
+
+    :raises ConnectionFailed: the channel or the declaration was refused, or the connection failed.
+    """
+    with pika_errors("declaring a queue to find the connection's node"):
+        channel = connection.channel()
+        try:
+            queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+            try:
+                row = node_of_queue(queue)
+            finally:
+                with contextlib.suppress(Exception):
+                    channel.queue_delete(queue)  # else it goes with its connection
+        finally:
+            with contextlib.suppress(Exception):
+                if channel.is_open:
+                    channel.close()
+    node = row.get("node") if isinstance(row, dict) else None
+    return str(node) if node else None
+
+
 def close_quietly(connection: Any) -> None:
     """Close a connection if it is open; never raises (a broken one has nothing to close)."""
     try:

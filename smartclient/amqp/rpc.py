@@ -39,7 +39,8 @@ __all__ = ["Coverage", "RpcClient", "RpcServer", "coverage", "declare_local_rand
 log = logging.getLogger(__name__)
 
 API_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # waiting for the management API to show a binding
-SERVE_AGAIN = Backoff(initial=0.2, factor=2.0, max=5.0, jitter=0.2)  # a lost server placing itself again
+SERVE_AGAIN = Backoff(initial=0.2, factor=2.0, max=2.0, jitter=0.2)  # a lost server placing itself again
+NODE_POLL = 0.5  # while the management API says a lost server's node is down: how often it asks again
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
@@ -133,11 +134,24 @@ class _NodeServer(threading.Thread):
                 if failures == 1 or failures % 20 == 0:
                     log.warning("the RPC server on %s lost its connection (%s, %d tries): serving again once the node "
                                 "is back", self.node, exc, failures)
+                if not self._node_running():  # no connections through the LB while its node is away
+                    while not self._stopping.wait(NODE_POLL) and not self._node_running():
+                        pass
+                    failures = 1  # it is back: place again soon (the LB may need a few health checks)
                 self._stopping.wait(SERVE_AGAIN.delay(failures))
             finally:
                 if placed is not None:
                     placed.close()
                     placed = None
+
+    def _node_running(self) -> bool:
+        """What the management API says of this server's node (True when it cannot say: try placing)."""
+        try:
+            row = self.placer.management.get(f"/api/nodes/{quote(self.node, safe='')}?columns=running")
+        except Exception as exc:  # the API is down too, or the node left the cluster: placing will say
+            log.debug("asking the management API whether %s runs: %s", self.node, exc)
+            return True
+        return not isinstance(row, dict) or bool(row.get("running", True))
 
     def _serve(self, placed: PlacedConnection) -> None:
         channel = placed.channel()

@@ -54,6 +54,9 @@ class RetryPolicy:
     :param backoff_initial: first delay after a failed connection, in seconds (wrong landings do not wait:
         a round-robin LB gives the next node to the very next connection).
     :param backoff_max: longest delay.
+    :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
+        beside it, and the first to open wins (0: never).  A load balancer holds a connection it sent to a
+        node that has just died while it retries that node (HAProxy: 3 s); the second goes to another node.
     """
 
     max_attempts: int = 40
@@ -62,12 +65,15 @@ class RetryPolicy:
     backoff_initial: float = 0.05
     backoff_max: float = 1.0
     backoff_factor: float = 2.0
+    hedge_after: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigurationError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
         if self.max_time <= 0:
             raise ConfigurationError(f"RetryPolicy.max_time must be positive, not {self.max_time}")
+        if self.hedge_after < 0:
+            raise ConfigurationError(f"RetryPolicy.hedge_after must be 0 (never) or positive, not {self.hedge_after}")
         if self.sticky_window < 2:
             raise ConfigurationError(f"RetryPolicy.sticky_window must be at least 2, not {self.sticky_window}")
         if self.backoff_initial < 0 or self.backoff_max < self.backoff_initial or self.backoff_factor < 1:

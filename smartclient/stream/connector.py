@@ -123,7 +123,28 @@ class StreamConnector:
         return await self.resolution.dial_address(advertised)
 
     async def dial(self, target: Address, name: str, client_class: type[Any] | None = None) -> Connection:
-        """Open one authenticated connection aimed at ``target`` and return it with the node it reports."""
+        """Open one authenticated connection aimed at ``target`` and return it with the node it reports.
+
+        One still opening after ``retry.hedge_after`` seconds gets a second dial beside it; the first to open
+        wins and the other is closed.  (An LB holds a connection it sent to a node that has just died while it
+        retries that node; the second dial goes to the next one.)
+        """
+        first = asyncio.ensure_future(self._dial_once(target, name, client_class))
+        hedge = self.retry.hedge_after
+        if not hedge:
+            return await first
+        try:
+            done, _ = await asyncio.wait({first}, timeout=hedge)
+        except BaseException:
+            await _settle([first], self)
+            raise
+        if done:
+            return first.result()
+        log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
+        second = asyncio.ensure_future(self._dial_once(target, name, client_class))
+        return await _first_opened([first, second], self)
+
+    async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:
         route = await self.resolution.route(target)
         dialled = route.dial
         holder: dict[str, Connection] = {}
@@ -236,6 +257,36 @@ class StreamConnector:
             self._reaper.cancel()
         for conn in list(self.connections):
             await self.close_connection(conn)
+
+
+async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector) -> Connection:
+    """The first of ``dials`` to open; the others are cancelled, or closed if they opened too.  When all fail,
+    the first failure is raised; a refusal that another node would repeat is raised at once."""
+    pending = set(dials)
+    failures: list[BaseException] = []
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=dials.index):
+                error = task.exception()
+                if error is None:
+                    pending |= done - {task}
+                    return task.result()
+                if isinstance(error, (AuthenticationFailed, CertificateRejected, ResolutionError)):
+                    raise error
+                failures.append(error)
+        raise failures[0]
+    finally:
+        await _settle(list(pending), connector)
+
+
+async def _settle(dials: list[asyncio.Future[Connection]], connector: StreamConnector) -> None:
+    """Cancel dials no one waits for any more, and close those that opened all the same."""
+    for task in dials:
+        task.cancel()
+    for outcome in await asyncio.gather(*dials, return_exceptions=True):
+        if isinstance(outcome, Connection):
+            await connector.close_connection(outcome)
 
 
 async def _quietly_close(client: Any) -> None:

@@ -13,7 +13,9 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 * ``deliver``: ``client`` (a consumer), ``stream``, ``offset``, handed to the application;
 * ``subscribe``: ``client`` (a consumer), ``stream``, ``stored_offset`` (the offset stored for its name when it
   (re)subscribed, or None), ``tracked`` (bool);
-* ``op``: ``client`` (an RPC or MQTT client), ``ok`` (bool), ``error`` (the type of the failure);
+* ``op``: ``client`` (an RPC or MQTT client), ``ok`` (bool), ``error`` (the type of the failure), and
+  ``setup`` (true for a one-off step such as starting the RPC servers: its errors are counted, but it is no
+  client that keeps making progress, so it is not timed against the faults that follow it);
 * ``fault`` / ``heal``: ``what`` and ``target``.
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
@@ -205,9 +207,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             for name in clients:
                 waiting[name].append(t)
             continue
-        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op"):
+        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op") and not r.get("setup"):
             clients.add(client)
-        made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok"))
+        made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok") and not r.get("setup"))
         if made_progress and waiting.get(client):
             progress[client].extend(t - at for at in waiting[client])
             waiting[client] = []

@@ -129,6 +129,37 @@ def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
 
 
 @pytest.mark.faults
+def test_through_the_lb_a_connection_is_known_by_the_queue_it_declares_else_by_its_listing(
+    rabbitmq_testbed: TestBed, lb_placer: AmqpPlacer, rabbitmq_unique_name: str
+) -> None:
+    """An exclusive queue lives on its connection's node and the management API shows it at once, where
+    it lists the connection only after a statistics round (up to 5 s).  Without the configure permission
+    the queue needs, the listing answers.  The probe queue is gone either way."""
+    from smartclient import Credentials
+
+    host, port = rabbitmq_testbed.lb("amqp")
+
+    def probe_queues(api: Any) -> list[str]:
+        return [q["name"] for q in api.get("/api/queues/%2F?columns=name,exclusive")
+                if q.get("exclusive") and q["name"].startswith("amq.gen-")]
+
+    user = f"{rabbitmq_unique_name}-noconfigure"
+    with rabbitmq_testbed.management() as api:
+        before = probe_queues(api)
+        api.put(f"/api/users/{user}", {"password": "s3cret-noconf", "tags": ""})
+        api.put(f"/api/permissions/%2F/{user}", {"configure": "^$", "write": ".*", "read": ".*"})
+        try:
+            restricted = AmqpPlacer(api, via=Address(host, port), credentials=Credentials(user, "s3cret-noconf"))
+            for chosen in (lb_placer, restricted):
+                for node in rabbitmq_testbed.nodes:
+                    with chosen.connect(node.short) as placed:
+                        assert placed.node == node.name == lb_placer.node_of(placed.name)
+                        assert placed.connection.is_open  # the refused declaration closed a channel only
+            assert probe_queues(api) == before
+        finally:
+            api.delete(f"/api/users/{user}")
+
+
 def test_an_rpc_server_whose_node_restarts_serves_there_again(
     rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:

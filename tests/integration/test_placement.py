@@ -316,3 +316,46 @@ async def test_dns_resolver_caches_for_the_ttl_then_fails_typed(rabbitmq_faulty_
     error = await wait_until(expired, 2 + 10, "the cached answer to expire", interval=0.1)
     assert time.monotonic() - resolved_at >= 2  # not before the TTL
     assert "short-lived.smartclient.test" in str(error)
+
+
+async def test_a_connection_the_lb_holds_gets_a_second_dial_beside_it(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """An LB that sent a connection to a node that has just died holds it while it retries that node (HAProxy:
+    3 s, then it closes it).  A dial still opening after ``RetryPolicy.hedge_after`` gets a second one beside it.
+    Here a proxy in front of the test bed's LB holds the first connection it accepts, silent, for 20 s."""
+    lb = Address(*rabbitmq_testbed.lb("stream"))
+    accepted: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append("held" if not accepted else "forwarded")
+        if accepted[-1] == "held":
+            await reader.read(1 << 16)
+            await asyncio.sleep(20)
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(lb.host, lb.port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(1 << 16):
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 1)
+    try:
+        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri("127.0.0.1", port),
+                               resolver=LoadBalancer(f"127.0.0.1:{port}")) as env:
+            producer = await env.producer(rabbitmq_unique_name)  # the locator's dial is the one held
+            assert producer.node == members_of(rabbitmq_testbed, rabbitmq_unique_name)[0]
+            await producer.send_wait(b"through the second dial")
+            assert accepted[0] == "held" and len(accepted) >= 2
+    finally:
+        proxy.close()
+        await delete(rabbitmq_testbed, rabbitmq_unique_name)

@@ -114,6 +114,18 @@ def test_progress_after_each_fault_worst_and_p99() -> None:
     assert "lost 2" in report.summary()  # 3 and 4 were confirmed but never read back
 
 
+def test_a_setup_step_is_counted_but_not_timed_against_later_faults() -> None:
+    """Starting the RPC servers is a one-off: a fault after it must not wait on it forever."""
+    history = [{"kind": "op", "t": 0.1, "client": "rpc-server", "ok": False, "error": "ConnectionFailed", "setup": True},
+               {"kind": "op", "t": 0.2, "client": "rpc", "ok": True},
+               {"kind": "fault", "t": 1.0, "what": "kill", "target": "rabbit-1"},
+               {"kind": "op", "t": 1.3, "client": "rpc", "ok": True},
+               {"kind": "op", "t": 40.0, "client": "rpc-server", "ok": True, "setup": True}]
+    report = check(history)
+    assert report.progress == {"rpc": pytest.approx([0.3])}
+    assert report.op_errors["rpc-server"] == {"ConnectionFailed": 1} and report.ops_ok["rpc-server"] == 1
+
+
 def test_a_saved_history_is_read_back_and_a_bad_line_is_named(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in _producer("p", range(3), [0, 1, 2])) + "\n")

@@ -141,9 +141,47 @@ def test_the_lists_cover_every_private_name_the_seam_touches_and_nothing_else_im
     outside = [str(p.relative_to(root)) for top in ("smartclient", "resolvers") for p in (root / top).rglob("*.py")
                if seam not in p.parents and re.search(r"^\s*(import|from) rstream\b", p.read_text(), re.M)]
     assert outside == [], f"only the seam imports rstream: {outside}"
-    generic = {"_lock", "_tasks", "_ssl_context", "_listener", "_on_close", "_on_heartbeat", "_reader", "_writer"}
+    generic = {"_lock", "_tasks", "_ssl_context", "_listener", "_on_close", "_on_heartbeat", "_reader", "_writer",
+               "_waiters"}  # names our own classes use too
     pattern = re.compile(r"\.(" + "|".join(sorted((listed | {"_pool"}) - generic)) + r")\b")
     touching = [f"{p.relative_to(root)}: {m.group(0)}" for top in ("smartclient", "resolvers")
                 for p in (root / top).rglob("*.py") if seam not in p.parents
                 for m in pattern.finditer(p.read_text())]
     assert touching == [], f"only the seam touches rstream's private names: {touching}"
+
+
+def test_a_connection_closed_before_the_answer_fails_the_open_at_once_not_at_rstreams_timeout() -> None:
+    """What an LB does when the backend it picked has just died: it takes the client's connection, tries the
+    dead node, and closes it (HAProxy: after its 3 retries, 3 s).  rstream left the pending PeerProperties to
+    its 10 s timeout; the seam fails every pending request as soon as its reader stops."""
+    import asyncio
+    import time
+
+    import pytest
+
+    from smartclient import ConnectionFailed
+    from smartclient.core.deadline import attempt
+    from smartclient.stream import _rstream
+
+    async def scenario() -> float:
+        async def read_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(64)  # the client's PeerProperties
+            await asyncio.sleep(0.2)
+            writer.close()
+
+        server = await asyncio.start_server(read_then_close, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = _rstream.new_client(None, host="127.0.0.1", port=port, tls=None, frame_max=1 << 20, heartbeat=60,
+                                     name="cut", on_closed=None, max_ids=10, server_hostname=None)
+        began = time.monotonic()
+        try:
+            with attempt(30.0, "opening"), _rstream.map_stream_errors("opening 127.0.0.1"):
+                await client.start()
+                await client.authenticate(vhost="/", username="u", password="p")
+        finally:
+            await _rstream.abort(client)
+            server.close()
+        return time.monotonic() - began
+
+    with pytest.raises(ConnectionFailed, match="closed the connection before answering"):
+        asyncio.run(scenario())

@@ -23,6 +23,7 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "client.Client._frame_max",  # the negotiated frame max (Publish frames are packed here)
     "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions
     "client.Client._listener",  # NamedClient.start mirrors rstream's start: reader task ...
+    "client.Client._waiters",  # ... whose pending requests NamedClient fails once it stops
     "client.Client._on_heartbeat",  # ... heartbeat handler ...
     "client.Client._on_close",  # ... close handler
     "client.Client._ssl_context",  # read by NamedClient.start

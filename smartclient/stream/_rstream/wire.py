@@ -100,6 +100,23 @@ class NamedClient(Client):
         self.add_handler(schema.Heartbeat, self._on_heartbeat)
         self.add_handler(schema.Close, self._on_close)
 
+    async def _listener(self) -> None:
+        """rstream's reader, then: every request still waiting for an answer fails at once.  rstream leaves
+        them to their timeouts, so a connection an LB closes during the handshake (its backend just died)
+        hung an open for 10 s, and a metadata query on a dying connection for its whole bound."""
+        try:
+            await super()._listener()
+        finally:
+            self.fail_pending()
+
+    def fail_pending(self) -> None:
+        text = f"{self.host}:{self.port} closed the connection before answering"
+        conn = self._conn
+        extra = conn.extra_waiters.values() if isinstance(conn, _NamedConnection) else ()
+        for waiter in [*self._waiters.values(), *extra]:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError(text))
+
 
 class LocatorClient(NamedClient):
     """The Environment's shared metadata connection.  rstream closes its locator after each lookup;
