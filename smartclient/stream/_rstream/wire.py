@@ -116,6 +116,7 @@ class NamedClient(Client):
         for waiter in [*self._waiters.values(), *extra]:
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError(text))
+                waiter.exception()  # retrieved here: one nobody awaits any more must not log "never retrieved"
 
 
 class LocatorClient(NamedClient):
