@@ -92,6 +92,9 @@ def main() -> int:
     print(f"progress after a fault: smartclient worst {report.worst_progress():.2f} s, p99 {p99:.2f} s; "
           f"anchor (raw rstream) worst {report.worst_progress(True):.2f} s, p99 {anchor_p99:.2f} s, lost "
           f"{report.count('lost', True)}, duplicated {report.count('duplicated', True)}; ratio p99 {ratio:.2f}")
+    if report.elections:
+        print(f"broker: every leader named again after a node fault in {sorted(report.elections)[-1]:.2f} s at worst; "
+              f"smartclient's progress after that: p99 {report.p99_beyond_broker():.2f} s")
     ok = report.lost == 0 and report.duplicated == 0 and p99 < TARGET_P99 and report.ok
     print(f"nemesis: p99_progress={p99:.2f}s target < {TARGET_P99:g}s with lost=0 dup=0 (lost={report.lost} "
           f"dup={report.duplicated}) {'PASS' if ok else 'MISS'}")

@@ -16,7 +16,9 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 * ``op``: ``client`` (an RPC or MQTT client), ``ok`` (bool), ``error`` (the type of the failure), and
   ``setup`` (true for a one-off step such as starting the RPC servers: its errors are counted, but it is no
   client that keeps making progress, so it is not timed against the faults that follow it);
-* ``fault`` / ``heal``: ``what`` and ``target``.
+* ``fault`` / ``heal``: ``what`` and ``target``;
+* ``leaders``: after a node fault (``kill``, ``stop_app``), when the broker named a live leader for every
+  stream again: ``fault_t`` (the fault's ``t``) and ``missing`` (streams still without one when it gave up).
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
 publishing order; every failed id has a reason; nothing is stored that was never sent or that the broker
@@ -24,7 +26,8 @@ refused (an id still in flight at the end, or given up by the client, may be sto
 apart).  Per consumer: no gap between the first and the last offset it was handed (of the offsets that hold
 messages, when the stream was read back: offset tracking spends offsets too), duplicates counted, and a
 tracked consumer resumes after its stored offset.
-Per fault: how long each client took to make progress after it (worst, p99).
+Per fault: how long each client took to make progress after it (worst, p99), and, after a node fault, how
+long after the broker had named every leader again (the part of the wait that is the client's).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class Report:
     faults: Counter[str]
     op_errors: dict[str, Counter[str]]  # client -> error type -> count
     ops_ok: Counter[str]
+    #: client -> seconds from the later of each fault and the broker naming every leader again to its progress
+    beyond_broker: dict[str, list[float]] = field(default_factory=dict)
+    elections: list[float] = field(default_factory=list)  # per node fault: seconds until every leader was named
 
     @property
     def lost(self) -> int:
@@ -112,6 +118,10 @@ class Report:
         if not times:
             return 0.0
         return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+
+    def p99_beyond_broker(self) -> float:
+        times = sorted(t for client, ts in self.beyond_broker.items() if not is_anchor(client) for t in ts)
+        return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)] if times else 0.0
 
     @property
     def ok(self) -> bool:
@@ -146,6 +156,12 @@ class Report:
         lines.append(f"faults: {dict(sorted(self.faults.items()))}")
         lines.append(f"progress after a fault: worst {self.worst_progress():.2f} s, p99 {self.p99_progress():.2f} s "
                      f"({len(self.progress_times())} measured)")
+        if self.elections:
+            ordered = sorted(self.elections)
+            median = ordered[len(ordered) // 2]
+            lines.append(f"after a node fault the broker named every leader again in {median:.2f} s "
+                         f"(median), {ordered[-1]:.2f} s at worst ({len(ordered)} faults); client progress after "
+                         f"that (and after the fault): p99 {self.p99_beyond_broker():.2f} s")
         slowest = sorted(((max(t), c) for c, t in self.progress.items() if t and not is_anchor(c)), reverse=True)
         lines.append("  slowest: " + ", ".join(f"{c} {worst:.2f} s" for worst, c in slowest[:6]))
         if self.progress_times(anchor=True) or any(is_anchor(n) for n in self.producers):
@@ -194,6 +210,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     fault_times: list[float] = []
     progress: dict[str, list[float]] = defaultdict(list)
     waiting: dict[str, list[float]] = defaultdict(list)  # client -> faults it has not progressed since
+    progressed: list[tuple[str, float, float]] = []  # (client, fault time, progress time)
+    elected: dict[float, float] = {}  # node fault time -> when the broker had named every leader again
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -209,9 +227,13 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             continue
         if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op") and not r.get("setup"):
             clients.add(client)
+        if kind == "leaders":
+            elected[float(r["fault_t"])] = t
+            continue
         made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok") and not r.get("setup"))
         if made_progress and waiting.get(client):
             progress[client].extend(t - at for at in waiting[client])
+            progressed.extend((client, at, t) for at in waiting[client])
             waiting[client] = []
         if kind == "send":
             sent[client].add(int(r["id"]))
@@ -285,4 +307,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             if stored_at is not None and first <= stored_at:
                 seen.resumed_before_stored.append(first)
 
-    return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok)
+    beyond: dict[str, list[float]] = defaultdict(list)
+    for client, at, t in progressed:
+        beyond[client].append(max(0.0, t - max(at, elected.get(at, at))))
+    elections = [back - at for at, back in elected.items()]
+    return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok, dict(beyond),
+                  elections)

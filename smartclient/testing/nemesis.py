@@ -106,20 +106,51 @@ class History:
         self.start = time.monotonic()
         self._file: IO[str] | None = Path(path).open("w") if path else None  # noqa: SIM115  (closed by close())
 
-    def add(self, kind: str, **fields: Any) -> None:
+    def add(self, kind: str, **fields: Any) -> float:
+        """Record an event now; return its ``t``."""
         with self._lock:
-            record = {"kind": kind, "t": round(time.monotonic() - self.start, 4), **fields}
+            t = round(time.monotonic() - self.start, 4)
+            record = {"kind": kind, "t": t, **fields}
             self.records.append(record)
             if self._file is not None:
                 self._file.write(json.dumps(record) + "\n")
+            return t
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
 
 
-async def _inject(bed: Any, fault: Fault, history: History) -> None:
-    """Apply ``fault``, hold it, heal it (each test-bed call off the event loop)."""
+async def _leaders_back(bed: Any, streams: list[str], victim: str, fault_t: float, history: History) -> None:
+    """After a node fault: ask another node's Metadata every 50 ms until every stream has a leader that is not
+    on ``victim``, and record when (the broker's part of the wait; up to 60 s)."""
+    from smartclient.testing.streams import raw_stream_client
+
+    gone = next(n for n in bed.nodes if n.name == victim)
+    survivor = next(n for n in bed.nodes if n.name != victim)
+    pending = set(streams)
+    deadline = time.monotonic() + 60
+    try:
+        async with raw_stream_client(bed, survivor.host, survivor.stream_port, name="nemesis-probe") as client:
+            while pending and time.monotonic() < deadline:
+                for stream in sorted(pending):
+                    try:
+                        leader, _ = await asyncio.wait_for(client.query_leader_and_replicas(stream), 2)
+                    except Exception:  # no leader yet (or a slow answer): ask again
+                        continue
+                    if (leader.host, leader.port) != gone.advertised:
+                        pending.discard(stream)
+                if pending:
+                    await asyncio.sleep(0.05)
+    except Exception as exc:  # the probe's node went down too: the checker then has no figure for this fault
+        history.add("fault_error", what="leaders probe", error=f"{type(exc).__name__}: {exc}")
+        return
+    history.add("leaders", fault_t=fault_t, target=victim, missing=len(pending))
+
+
+async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] | None = None) -> None:
+    """Apply ``fault``, hold it, heal it (each test-bed call off the event loop); after a node fault, record
+    when the broker has a leader for each of ``streams`` again."""
     call: Callable[..., Any]
     heal: Callable[[], Any] | None = None
     if fault.what == "kill":
@@ -139,11 +170,15 @@ async def _inject(bed: Any, fault: Fault, history: History) -> None:
         call = bed.restart_lb
     else:
         call, heal = bed.stop_dns, bed.start_dns
-    history.add("fault", what=fault.what, target=fault.target)
+    fault_t = history.add("fault", what=fault.what, target=fault.target)
+    probe = None
     try:
         await asyncio.to_thread(call)
     except Exception as exc:  # a fault that could not be injected is recorded, not fatal
         history.add("fault_error", what=fault.what, error=f"{type(exc).__name__}: {exc}")
+    else:
+        if streams and fault.what in ("kill", "stop_app"):
+            probe = asyncio.create_task(_leaders_back(bed, streams, fault.target, fault_t, history))
     if heal is not None:
         await asyncio.sleep(fault.hold)
         try:
@@ -151,6 +186,8 @@ async def _inject(bed: Any, fault: Fault, history: History) -> None:
         except Exception as exc:
             history.add("fault_error", what=f"heal {fault.what}", error=f"{type(exc).__name__}: {exc}")
         history.add("heal", what=fault.what, target=fault.target)
+    if probe is not None:
+        await probe
 
 
 def _close_one_connection(bed: Any, seed: float) -> None:
@@ -240,7 +277,7 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             for fault in faults:
                 await asyncio.sleep(max(0.0, started + fault.at - time.monotonic()))
                 say(f"{fault.at:7.1f} s  {fault.what} {fault.target}".rstrip())
-                injections.append(asyncio.create_task(_inject(bed, fault, history)))
+                injections.append(asyncio.create_task(_inject(bed, fault, history, [*streams, *partitions])))
             await asyncio.gather(*injections)
             await asyncio.sleep(max(0.0, started + plan.minutes * 60 - time.monotonic()))
             stop.set()

@@ -116,7 +116,8 @@ def test_progress_after_each_fault_worst_and_p99() -> None:
 
 def test_a_setup_step_is_counted_but_not_timed_against_later_faults() -> None:
     """Starting the RPC servers is a one-off: a fault after it must not wait on it forever."""
-    history = [{"kind": "op", "t": 0.1, "client": "rpc-server", "ok": False, "error": "ConnectionFailed", "setup": True},
+    history = [{"kind": "op", "t": 0.1, "client": "rpc-server", "ok": False, "error": "ConnectionFailed",
+                "setup": True},
                {"kind": "op", "t": 0.2, "client": "rpc", "ok": True},
                {"kind": "fault", "t": 1.0, "what": "kill", "target": "rabbit-1"},
                {"kind": "op", "t": 1.3, "client": "rpc", "ok": True},
@@ -124,6 +125,21 @@ def test_a_setup_step_is_counted_but_not_timed_against_later_faults() -> None:
     report = check(history)
     assert report.progress == {"rpc": pytest.approx([0.3])}
     assert report.op_errors["rpc-server"] == {"ConnectionFailed": 1} and report.ops_ok["rpc-server"] == 1
+
+
+def test_progress_is_also_timed_from_when_the_broker_had_every_leader_again() -> None:
+    """A kill whose election took the broker 4 s: a producer on that stream progressed 4.3 s after the fault,
+    0.3 s after the broker could let it; one on another stream progressed at once."""
+    history = [{"kind": "send", "t": 9.0, "client": "p", "id": 1}, {"kind": "send", "t": 9.0, "client": "q", "id": 1},
+               {"kind": "fault", "t": 10.0, "what": "kill", "target": "rabbit-1"},
+               {"kind": "confirm", "t": 10.1, "client": "q", "id": 1},
+               {"kind": "leaders", "t": 14.0, "fault_t": 10.0, "target": "rabbit-1", "missing": 0},
+               {"kind": "confirm", "t": 14.3, "client": "p", "id": 1}]
+    report = check(history)
+    assert report.progress == {"p": pytest.approx([4.3]), "q": pytest.approx([0.1])}
+    assert report.beyond_broker == {"p": pytest.approx([0.3]), "q": [0.0]}
+    assert report.elections == pytest.approx([4.0]) and report.p99_beyond_broker() == pytest.approx(0.3)
+    assert "named every leader again in 4.00 s" in report.summary()
 
 
 def test_a_saved_history_is_read_back_and_a_bad_line_is_named(tmp_path: Path) -> None:
