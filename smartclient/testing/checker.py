@@ -18,7 +18,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   client that keeps making progress, so it is not timed against the faults that follow it);
 * ``fault`` / ``heal``: ``what`` and ``target``;
 * ``leaders``: after a node fault (``kill``, ``stop_app``), when the broker named a live leader for every
-  stream again: ``fault_t`` (the fault's ``t``) and ``missing`` (streams still without one when it gave up).
+  stream again: ``fault_t`` (the fault's ``t``), ``streams`` (stream -> the ``t`` its leader was named) and
+  ``missing`` (streams still without one when it gave up).
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
 publishing order; every failed id has a reason; nothing is stored that was never sent or that the broker
@@ -86,7 +87,8 @@ class Report:
     faults: Counter[str]
     op_errors: dict[str, Counter[str]]  # client -> error type -> count
     ops_ok: Counter[str]
-    #: client -> seconds from the later of each fault and the broker naming every leader again to its progress
+    #: client -> seconds from each fault, or from the last time the broker named every leader again after a node
+    #: fault (if that came later), to the client's next progress
     beyond_broker: dict[str, list[float]] = field(default_factory=dict)
     elections: list[float] = field(default_factory=list)  # per node fault: seconds until every leader was named
 
@@ -212,6 +214,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     waiting: dict[str, list[float]] = defaultdict(list)  # client -> faults it has not progressed since
     progressed: list[tuple[str, float, float]] = []  # (client, fault time, progress time)
     elected: dict[float, float] = {}  # node fault time -> when the broker had named every leader again
+    named: dict[str, list[float]] = defaultdict(list)  # stream -> each time a node fault's new leader was named
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -229,6 +232,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             clients.add(client)
         if kind == "leaders":
             elected[float(r["fault_t"])] = t
+            for stream, back in dict(r.get("streams") or {}).items():
+                named[str(stream)].append(float(back))
             continue
         made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok") and not r.get("setup"))
         if made_progress and waiting.get(client):
@@ -307,9 +312,15 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             if stored_at is not None and first <= stored_at:
                 seen.resumed_before_stored.append(first)
 
+    streams_of: dict[str, set[str]] = defaultdict(set)  # a client's streams: what it stored, or was handed
+    for client, rows in stored.items():
+        streams_of[client].update(stream for stream, _, _ in rows)
+    for client, stream in consumer_stream.items():
+        streams_of[client].add(stream)
     beyond: dict[str, list[float]] = defaultdict(list)
-    for client, at, t in progressed:
-        beyond[client].append(max(0.0, t - max(at, elected.get(at, at))))
+    for client, at, t in progressed:  # from the last election of its streams that ended before (faults overlap)
+        ended = [end for stream in streams_of.get(client, ()) for end in named.get(stream, ()) if at <= end <= t]
+        beyond[client].append(t - max([at, *ended]))
     elections = [back - at for at, back in elected.items()]
     return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok, dict(beyond),
                   elections)

@@ -129,6 +129,7 @@ async def _leaders_back(bed: Any, streams: list[str], victim: str, fault_t: floa
     gone = next(n for n in bed.nodes if n.name == victim)
     survivor = next(n for n in bed.nodes if n.name != victim)
     pending = set(streams)
+    back: dict[str, float] = {}  # stream -> when its leader was named (the history's clock)
     deadline = time.monotonic() + 60
     try:
         async with raw_stream_client(bed, survivor.host, survivor.stream_port, name="nemesis-probe") as client:
@@ -140,12 +141,13 @@ async def _leaders_back(bed: Any, streams: list[str], victim: str, fault_t: floa
                         continue
                     if (leader.host, leader.port) != gone.advertised:
                         pending.discard(stream)
+                        back[stream] = round(time.monotonic() - history.start, 4)
                 if pending:
                     await asyncio.sleep(0.05)
     except Exception as exc:  # the probe's node went down too: the checker then has no figure for this fault
         history.add("fault_error", what="leaders probe", error=f"{type(exc).__name__}: {exc}")
         return
-    history.add("leaders", fault_t=fault_t, target=victim, missing=len(pending))
+    history.add("leaders", fault_t=fault_t, target=victim, missing=len(pending), streams=back)
 
 
 async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] | None = None) -> None:
