@@ -372,7 +372,6 @@ class Consumer(_Handle):
     _last_offset: int | None = None
     redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
     _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
-    _initial_position: int = 0
     _start: int | None = None  # an absolute start (delivery watch)
 
     @property
@@ -381,10 +380,9 @@ class Consumer(_Handle):
         consumer, it is read on rstream's subscriber per chunk, so the hot path pays nothing for it)."""
         from smartclient.stream import _rstream
 
-        if self._untracked:
-            subscriber = self._subscriber
-            if subscriber is not None and _rstream.position(subscriber) != self._initial_position:
-                return _rstream.position(subscriber) - 1
+        subscriber = self._subscriber
+        if self._untracked and subscriber is not None and (moved := _rstream.position(subscriber)) is not None:
+            return moved - 1
         return self._last_offset
 
     @last_offset.setter
@@ -506,7 +504,6 @@ class Consumer(_Handle):
             how["properties"] = dict(how["properties"])  # rstream adds the filter keys to it
         self.subscription_id, self._subscriber = await _rstream.subscribe(
             self._carrier, self.stream, self._deliver, offset, **how)
-        self._initial_position = _rstream.position(self._subscriber) if self._subscriber is not None else 0
         self._start = offset.start
 
     async def _reattach(self) -> str:

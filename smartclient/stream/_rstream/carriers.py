@@ -183,6 +183,7 @@ class PlacedConsumer(_Placed, RConsumer):
         end = frame.chunk_first_offset + frame.num_entries
         if subscriber.offset is None or end > subscriber.offset:
             subscriber.offset = end
+            subscriber.smartclient_moved = True  # a chunk was handed over: see position()
 
     async def _on_deliver(self, frame: schema.Deliver, subscriber: Any, filter_value: Any) -> None:
         # rstream's, the one delivery loop: the chunk's credit goes where the stream's ConsumerFlow says (by
@@ -420,8 +421,13 @@ async def _abandon_subscription(carrier: Any, stream: str) -> None:
     await forget_subscriber(carrier, stream, keep=sids)
 
 
-def position(subscriber: Any) -> int:
-    return int(subscriber.offset)
+def position(subscriber: Any) -> int | None:
+    """The offset after the last chunk handed to the callback, or None before the first.  rstream's subscriber
+    starts at the subscription's offset, so its offset alone cannot tell whether a chunk came; comparing it
+    with its value when ``subscribe()`` returned missed a first chunk handed over before that (the broker
+    sends it right after its answer): a plain consumer's ``last_offset`` then stayed None on an idle stream,
+    which was the Spark source's silent read of a last chunk (issue 18, anomaly 2)."""
+    return int(subscriber.offset) if getattr(subscriber, "smartclient_moved", False) else None
 
 
 def busy(subscriber: Any) -> bool:
