@@ -149,3 +149,22 @@ def _redact(uri: str) -> str:
         return parts._replace(netloc=netloc).geturl()
     except ValueError:
         return "<unparseable URI>"
+
+
+def parse_entry_points(items: list[str | Address]) -> list[StreamURI]:
+    """Each entry point as a :class:`StreamURI`: a ``rabbitmq-stream[+tls]://`` URI, ``host:port`` or an Address.
+
+    :raises ConfigurationError: none given, or one is malformed.
+    """
+    if not items:
+        raise ConfigurationError("no entry point given")
+    uris = []
+    for item in items:
+        if isinstance(item, Address):
+            uris.append(StreamURI(item, False, None, None))
+        elif "://" in item:
+            uris.append(parse_stream_uri(item))
+        else:
+            uris.append(StreamURI(Address.parse(item, default_port=5552), False, None, None))
+    return uris
+

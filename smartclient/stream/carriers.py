@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from smartclient.core.settings import ConnectSettings, PoolLimits
     from smartclient.stream.host import Connection
     from smartclient.stream.placement import StreamPlacement
+    from smartclient.stream.telemetry import StreamTelemetry
     from smartclient.stream.topology_cache import TopologyCache
 
 __all__ = ["Carriers"]
@@ -38,7 +39,10 @@ class Carriers:
     """The carriers, the open handles, and the hand-over of losses to them."""
 
     def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ConnectSettings,
-                 limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address) -> None:
+                 limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address,
+                 meter_provider: Any = None) -> None:
+        from smartclient import _otel
+
         self.placement = placement
         self.topologies = topologies
         self.settings = settings
@@ -50,6 +54,15 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
+        self.telemetry: StreamTelemetry | None = None
+        if (meter := _otel.meter(meter_provider)) is not None:
+            from smartclient.stream.telemetry import StreamTelemetry
+
+            self.telemetry = StreamTelemetry(self, meter)
+
+    def carriers(self, role: Role) -> list[Any]:
+        """rstream's carriers of ``role`` (a consumer carrier counts what it hands over, per stream)."""
+        return [carrier for carrier, _ in self._carriers[role]]
 
     def carrier(self, role: Role, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> Any:
         """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's."""
@@ -88,8 +101,10 @@ class Carriers:
     async def unused(self, conn: Connection) -> None:
         await self.placement.unused(conn)
 
-    def recovering(self, role: Role, stream: str, active: bool) -> None:
+    def recovering(self, role: Role, stream: str, active: bool, handle: Any = None) -> None:
         self.placement.recovering[(role, stream)] += 1 if active else -1
+        if self.telemetry is not None and handle is not None:
+            self.telemetry.recovering(handle, active)
 
     def drop_topology(self, stream: str) -> None:
         self.topologies.drop(stream=stream)
@@ -121,6 +136,8 @@ class Carriers:
         self.placement.forget(handle._carrier, handle.stream)
         if handle in self.handles:
             self.handles.remove(handle)
+            if self.telemetry is not None:
+                self.telemetry.retire(handle)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step

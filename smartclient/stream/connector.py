@@ -15,6 +15,7 @@ import inspect
 import itertools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,7 @@ class StreamConnector:
         self._ids = _CONNECTION_IDS  # one count per process: no two connections of it share a name
         self._reaper: asyncio.Task[None] | None = None
         self.opened = 0  # connections opened (LB sessions, when dialling an LB)
+        self.mismatches: Counter[str] = Counter()  # connections that reached another node, by reason
         self.connections: set[Connection] = set()
 
     async def resolve(self, advertised: Address) -> Address:
@@ -205,6 +207,7 @@ class StreamConnector:
                 log.info("node mismatch: expected %s, got %s, candidates %s (dialled %s)",
                          candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
                          step.node, candidates, step.connection.dialled)
+                self.mismatches["stale topology" if step.stale else "another node"] += 1
                 if step.stale and self.on_mismatch is not None:
                     self.on_mismatch(step.connection.dialled, step.node, candidates)
                 await self.park(step.connection)

@@ -36,7 +36,7 @@ from smartclient.core.settings import (
     Credentials,
     PoolLimits,
     StreamURI,
-    parse_stream_uri,
+    parse_entry_points,
 )
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
@@ -79,6 +79,8 @@ class Environment:
         the one smartclient works out (the LB's name, or the advertised node name; see smartclient.stream.tls).
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
         cannot do (creating a super stream without the CreateSuperStream command).
+    :param meter_provider: an OpenTelemetry ``MeterProvider`` for this Environment's metrics (default: the global
+        one; without ``smartclient[otel]`` nothing is recorded; see ``docs/observability.md``).
 
     Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
     """
@@ -104,6 +106,7 @@ class Environment:
         recovery: RecoveryPolicy = RecoveryPolicy(),
         management: ManagementClient | None = None,
         tls_server_name: str | None = None,
+        meter_provider: Any = None,
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from smartclient.core.redaction import install_log_redaction
@@ -115,16 +118,7 @@ class Environment:
         if isinstance(entry_points, SrvDiscovery):
             self._srv = entry_points
         else:
-            items = [entry_points] if isinstance(entry_points, str | Address) else list(entry_points)
-            if not items:
-                raise ConfigurationError("no entry point given")
-            for item in items:
-                if isinstance(item, Address):
-                    uris.append(StreamURI(item, False, None, None))
-                elif "://" in item:
-                    uris.append(parse_stream_uri(item))
-                else:
-                    uris.append(StreamURI(Address.parse(item, default_port=5552), False, None, None))
+            uris = parse_entry_points([entry_points] if isinstance(entry_points, str | Address) else list(entry_points))
         creds = {u.credentials for u in uris if u.credentials}
         vhosts = {u.vhost for u in uris if u.vhost is not None}
         if len(creds) > 1 and username is None:
@@ -171,7 +165,7 @@ class Environment:
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, connection_name)
         entry = self.entry_points[0] if self.entry_points else Address("srv-discovered", 5552)
         self._carriers = Carriers(self._placement, self._topologies, self.settings, pool, recovery,
-                                  connection_name, entry)
+                                  connection_name, entry, meter_provider)
         self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, self.settings.vhost,
                                   management, connection_name)
         self._amqp_placers: dict[str, AmqpPlacer] = {}

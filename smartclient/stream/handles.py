@@ -126,7 +126,7 @@ class _Handle:
         if not policy.enabled:
             self._give_up(f"lost ({reason}) and recovery is disabled")
             return
-        self._host.recovering(self.role, self.stream, True)
+        self._host.recovering(self.role, self.stream, True, self)
         try:
             while not self.closed:
                 seen = self._losses
@@ -167,7 +167,7 @@ class _Handle:
                          attempts, time.monotonic() - began, type(last).__name__, last, deadline.log(), delay)
                 await asyncio.sleep(delay)
         finally:
-            self._host.recovering(self.role, self.stream, False)
+            self._host.recovering(self.role, self.stream, False, self)
 
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))

@@ -90,8 +90,9 @@ class StreamHost(Protocol):
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more."""
 
-    def recovering(self, role: Role, stream: str, active: bool) -> None:
-        """A recovery of ``stream``'s producer or consumer starts (or ends): placements use short attempts."""
+    def recovering(self, role: Role, stream: str, active: bool, handle: Any = None) -> None:
+        """A recovery of ``stream``'s producer or consumer (``handle``) starts (or ends): placements use short
+        attempts, and the telemetry times it."""
 
     def drop_topology(self, stream: str) -> None:
         """Forget the cached topology of ``stream``."""

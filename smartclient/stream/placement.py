@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,7 @@ class StreamPlacement:
         self._locks: dict[tuple[Role, tuple[Address, ...]], asyncio.Lock] = {}
         self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
+        self.on_placed: Callable[[Role, float], None] | None = None  # told each placement's time (telemetry)
         connector.on_closed = self.on_connection_closed
         connector.on_mismatch = self.on_mismatch
 
@@ -58,6 +61,7 @@ class StreamPlacement:
         """A connection for ``stream`` on a node of its candidates: a shared one of this role on a tier-0
         node with a free id, or one from the connector."""
         role: Role = pool.role
+        began = time.monotonic()
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
         # placements that would dial the same nodes wait for one another, then share what the first opened
         lock = self._locks.setdefault((role, candidates.tiers[0]), asyncio.Lock())
@@ -76,6 +80,8 @@ class StreamPlacement:
             self._record(pool, stream, conn, closed_handler)
         finally:
             lock.release()
+        if self.on_placed is not None:
+            self.on_placed(role, time.monotonic() - began)
         return conn
 
     def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -154,6 +155,11 @@ class PlacedConsumer(_Placed, RConsumer):
     """rstream's Consumer, placed by smartclient, with subscription ids per connection and its recovery
     handed to the smartclient Consumer of the stream."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.smartclient_consumed: Counter[str] = Counter()  # messages handed to callbacks, per stream (telemetry)
+        self.smartclient_chunks: Counter[str] = Counter()  # chunks received, per stream
+
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
         pool = self._pool
@@ -197,8 +203,10 @@ class PlacedConsumer(_Placed, RConsumer):
             await subscriber.client.credit(subscriber.subscription_id, 1)
         first = frame.chunk_first_offset
         subscriber.smartclient_busy = True  # a chunk is in the callback (the delivery watch waits for it)
+        handed = 0
         try:
             for offset, message in self._filter_messages(frame, subscriber, filter_value):
+                handed += 1
                 context = MessageContext(self, subscriber.stream, subscriber.subscription_id, subscriber.reference,
                                          offset, frame.timestamp)
                 maybe_coro = subscriber.callback(subscriber.decoder(message), context)
@@ -213,6 +221,8 @@ class PlacedConsumer(_Placed, RConsumer):
             raise
         finally:
             subscriber.smartclient_busy = False
+            self.smartclient_consumed[subscriber.stream] += handed  # per chunk: read by the telemetry
+            self.smartclient_chunks[subscriber.stream] += 1
         if not credited:  # the chunk's last entries were filtered out, or were sub-entries
             await subscriber.client.credit(subscriber.subscription_id, 1)
 

@@ -1,0 +1,125 @@
+"""bench/observability.py: what OpenTelemetry metrics cost the publish and consume paths.
+
+The workloads of bench/publish.py and bench/consume.py (200,000 messages of 100 bytes; smartclient's
+per-message send() then flush(); a plain consumer on a replica), each run with metrics off (no meter
+provider: OpenTelemetry's API hands out no-op instruments) and on (the SDK's MeterProvider with a periodic
+reader collecting every second into a no-op exporter), alternating, three rounds; medians compared.
+
+Target (issue 19): metrics on at least 0.95 of metrics off, for both workloads.
+Run from the repository root with the test bed up (./dev demo): python bench/observability.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+from smartclient import Environment
+from smartclient.testing import from_env
+from smartclient.testing.local import LocalTestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+MESSAGES = 200_000
+BODY = b"x" * 100
+ROUNDS = 3
+TARGET = 0.95
+
+
+def provider(on: bool) -> Any:
+    if not on:
+        return None
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
+
+    class Discard(MetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            return None
+
+    return MeterProvider(metric_readers=[PeriodicExportingMetricReader(Discard(), export_interval_millis=1000)])
+
+
+async def publish(bed: LocalTestBed, stream: str, on: bool) -> float:
+    node = bed.nodes[0]
+    meters = provider(on)
+    async with Environment(bed.stream_uri(node.host, node.stream_port), meter_provider=meters) as env:
+        producer = await env.producer(stream)
+        await producer.send_wait(b"warm-up")
+        started = time.perf_counter()
+        for _ in range(MESSAGES):
+            await producer.send(BODY)
+        await producer.flush()
+        rate = MESSAGES / (time.perf_counter() - started)
+    if meters is not None:
+        meters.shutdown()
+    return rate
+
+
+async def consume(bed: LocalTestBed, stream: str, on: bool) -> float:
+    node = bed.nodes[0]
+    meters = provider(on)
+    done = asyncio.Event()
+    clock = [0.0, 0.0]
+    count = 0
+
+    def on_message(message: Any, context: Any) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            clock[0] = time.perf_counter()
+        elif count == MESSAGES:
+            clock[1] = time.perf_counter()
+            done.set()
+
+    async with Environment(bed.stream_uri(node.host, node.stream_port), meter_provider=meters) as env:
+        await env.consumer(stream, on_message, offset="first")
+        await asyncio.wait_for(done.wait(), 120)
+    if meters is not None:
+        meters.shutdown()
+    return (MESSAGES - 1) / (clock[1] - clock[0])
+
+
+async def main() -> int:
+    bed = from_env()
+    if isinstance(bed, LocalTestBed):
+        bed.up()
+    rates: dict[tuple[str, bool], list[float]] = {}
+    filled = f"bench-observability-{uuid.uuid4().hex[:6]}"
+    await create_stream_led_by(bed, filled, 0, size=2)
+    try:
+        await publish(bed, filled, False)  # fills the stream the consume rounds read
+        for round_ in range(ROUNDS):
+            for on in ((False, True) if round_ % 2 == 0 else (True, False)):
+                stream = f"bench-observability-{uuid.uuid4().hex[:6]}"
+                await create_stream_led_by(bed, stream, 0)
+                try:
+                    rates.setdefault(("publish", on), []).append(await publish(bed, stream, on))
+                finally:
+                    await delete_streams(bed, stream)
+                rates.setdefault(("consume", on), []).append(await consume(bed, filled, on))
+                print(f"round {round_ + 1}, metrics {'on ' if on else 'off'}: publish "
+                      f"{rates[('publish', on)][-1]:,.0f} msg/s, consume {rates[('consume', on)][-1]:,.0f} msg/s",
+                      flush=True)
+    finally:
+        await delete_streams(bed, filled)
+    ratios = {}
+    for workload in ("publish", "consume"):
+        off, on_ = statistics.median(rates[(workload, False)]), statistics.median(rates[(workload, True)])
+        ratios[workload] = on_ / off
+        print(f"{workload}: metrics off {off:,.0f} msg/s, on {on_:,.0f} msg/s, ratio {ratios[workload]:.3f}")
+    ratio = min(ratios.values())
+    print(f"observability: metrics_on_ratio={ratio:.3f} target >= {TARGET} {'PASS' if ratio >= TARGET else 'MISS'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,78 @@
+"""The ONE place that imports OpenTelemetry: its API only (``pip install smartclient[otel]``), never the SDK.
+
+Without the package, :func:`meter` is None and smartclient records nothing.  With it but no meter provider
+configured, the API's instruments are no-ops.  Every instrument smartclient makes is created here, so the
+names, units and descriptions of ``docs/observability.md`` live in one table (:data:`INSTRUMENTS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["INSTRUMENTS", "Meter", "meter", "observation", "observed", "recorded"]
+
+Attributes = Mapping[str, str | int]
+Reading = Callable[[], Iterable[tuple[float, Attributes]]]
+
+#: name -> (kind, unit, description).  Kinds: ``counter`` and ``gauge`` are observed (read from counters the
+#: client keeps anyway, when the reader collects: nothing on the publish path); ``sum`` is an observed
+#: up-down counter; ``count`` and ``histogram`` are recorded when the event happens (placements, recoveries).
+INSTRUMENTS: dict[str, tuple[str, str, str]] = {
+    # the names the Java, Go and .NET stream clients share
+    "rabbitmq.stream.connections": ("sum", "{connection}", "open stream connections"),
+    "rabbitmq.stream.published": ("counter", "{message}", "messages handed to the broker"),
+    "rabbitmq.stream.confirmed": ("counter", "{message}", "messages the broker confirmed"),
+    "rabbitmq.stream.errored": ("counter", "{message}", "messages that failed (broker refusal or the client gave up)"),
+    "rabbitmq.stream.outstanding_publish_confirm": ("sum", "{message}", "messages sent and not yet confirmed"),
+    "rabbitmq.stream.consumed": ("counter", "{message}", "messages handed to consumer callbacks"),
+    "rabbitmq.stream.chunk": ("counter", "{chunk}", "chunks received by consumers"),
+    # the OpenTelemetry messaging semantic conventions
+    "messaging.client.sent.messages": ("counter", "{message}", "messages sent"),
+    "messaging.client.consumed.messages": ("counter", "{message}", "messages delivered to the application"),
+    # what only smartclient knows
+    "smartclient.connections": ("sum", "{connection}", "producer and consumer placements, by node and role"),
+    "smartclient.placement.sessions": ("counter", "{connection}", "connections opened to place (LB sessions)"),
+    "smartclient.placement.mismatches": ("counter", "{connection}", "connections that reached another node"),
+    "smartclient.placement.duration": ("histogram", "s", "time to place a producer or consumer"),
+    "smartclient.recoveries": ("counter", "{recovery}", "completed recoveries of producers and consumers"),
+    "smartclient.recovery.duration": ("histogram", "s", "time from a loss to the handle working again"),
+    "smartclient.recovery.resent": ("counter", "{message}", "unconfirmed messages sent again after a recovery"),
+}
+
+Meter = Any  # opentelemetry.metrics.Meter, or None
+
+
+def meter(provider: Any = None, name: str = "smartclient") -> Meter:
+    """``provider``'s meter for smartclient (the global meter provider's if None), or None when OpenTelemetry
+    is not installed."""
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        return None
+    return metrics.get_meter(name, meter_provider=provider)
+
+
+def observation(value: float, attributes: Attributes) -> Any:
+    from opentelemetry.metrics import Observation
+
+    return Observation(value, dict(attributes))
+
+
+def observed(m: Meter, name: str, reading: Reading) -> Any:
+    """An observable instrument named ``name`` (from :data:`INSTRUMENTS`) whose values ``reading`` gives."""
+    kind, unit, description = INSTRUMENTS[name]
+
+    def callback(options: Any) -> Iterable[Any]:
+        return [observation(value, attributes) for value, attributes in reading()]
+
+    make = {"counter": m.create_observable_counter, "sum": m.create_observable_up_down_counter,
+            "gauge": m.create_observable_gauge}[kind]
+    return make(name, callbacks=[callback], unit=unit, description=description)
+
+
+def recorded(m: Meter, name: str) -> Any:
+    """A synchronous counter or histogram named ``name`` (from :data:`INSTRUMENTS`)."""
+    kind, unit, description = INSTRUMENTS[name]
+    make = m.create_counter if kind == "count" else m.create_histogram
+    return make(name, unit=unit, description=description)

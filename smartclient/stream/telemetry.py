@@ -1,0 +1,115 @@
+"""OpenTelemetry metrics of one Environment's stream wing (``docs/observability.md``).
+
+Most instruments are *observed*: the reader's collection reads counters the client keeps anyway (each
+producer's sent, confirmed and failed counts, each consumer carrier's per-stream counts, the connector's
+sessions and mismatches), so the publish and deliver paths pay nothing for them, and nothing at all when
+OpenTelemetry is not installed.  A producer or consumer that closes leaves its totals behind (:meth:`retire`),
+so the counters never go down.  Placement and recovery times are recorded when they happen (rare events).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from smartclient import _otel
+from smartclient.core.topology import Role
+
+__all__ = ["StreamTelemetry"]
+
+_SYSTEM = {"messaging.system": "rabbitmq"}
+_PRODUCER_COUNTS = {"published": "sent", "confirmed": "confirmed", "errored": "failed", "resent": "resent"}
+
+
+def _on(stream: str) -> dict[str, str]:
+    return {**_SYSTEM, "messaging.destination.name": stream}
+
+
+class StreamTelemetry:
+    """The instruments of one Environment (``carriers`` holds its handles, placement and connector)."""
+
+    def __init__(self, carriers: Any, meter: Any) -> None:  # a smartclient.stream.carriers.Carriers
+        self.carriers = carriers
+        self.retired: dict[str, Counter[str]] = {key: Counter() for key in (*_PRODUCER_COUNTS, "recoveries")}
+        self._began: dict[int, float] = {}  # id(handle) -> when its recovery began
+        observed = {
+            "rabbitmq.stream.published": lambda: self._producers("published"),
+            "messaging.client.sent.messages": lambda: self._producers("published"),
+            "rabbitmq.stream.confirmed": lambda: self._producers("confirmed"),
+            "rabbitmq.stream.errored": lambda: self._producers("errored"),
+            "smartclient.recovery.resent": lambda: self._producers("resent"),
+            "rabbitmq.stream.outstanding_publish_confirm": self._outstanding,
+            "rabbitmq.stream.consumed": lambda: self._consumers("smartclient_consumed"),
+            "messaging.client.consumed.messages": lambda: self._consumers("smartclient_consumed"),
+            "rabbitmq.stream.chunk": lambda: self._consumers("smartclient_chunks"),
+            "rabbitmq.stream.connections": self._connections,
+            "smartclient.connections": self._placements,
+            "smartclient.placement.sessions": lambda: [(carriers.placement.connector.opened, _SYSTEM)],
+            "smartclient.placement.mismatches": self._mismatches,
+            "smartclient.recoveries": self._recoveries,
+        }
+        self.instruments = [_otel.observed(meter, name, reading) for name, reading in observed.items()]
+        self.placement_time = _otel.recorded(meter, "smartclient.placement.duration")
+        self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
+        carriers.placement.on_placed = self.placed
+
+    # -- readings (called by the reader's collection) --------------------------------------------------
+    def _producers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
+        totals = Counter(self.retired[what])
+        for handle in self.carriers.handles:
+            if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
+                totals[handle.stream] += getattr(handle.buffer, _PRODUCER_COUNTS[what])
+        return [(value, _on(stream)) for stream, value in sorted(totals.items())]
+
+    def _outstanding(self) -> Iterable[tuple[float, dict[str, str]]]:
+        totals: Counter[str] = Counter()
+        for handle in self.carriers.handles:
+            if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
+                totals[handle.stream] += handle.buffer.in_flight
+        return [(value, _on(stream)) for stream, value in sorted(totals.items())]
+
+    def _consumers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
+        totals: Counter[str] = Counter()
+        for carrier in self.carriers.carriers(Role.CONSUMER):
+            totals.update(getattr(carrier, what, {}))
+        return [(value, _on(stream)) for stream, value in sorted(totals.items())]
+
+    def _connections(self) -> Iterable[tuple[float, dict[str, str]]]:
+        return [(len(self.carriers.placement.connector.connections), _SYSTEM)]
+
+    def _placements(self) -> Iterable[tuple[float, dict[str, str]]]:
+        counts = Counter((str(r.node), r.role.value) for r in self.carriers.placement.placements())
+        return [(n, {**_SYSTEM, "server.node": node, "smartclient.role": role})
+                for (node, role), n in sorted(counts.items())]
+
+    def _mismatches(self) -> Iterable[tuple[float, dict[str, str]]]:
+        found = self.carriers.placement.connector.mismatches
+        return [(n, {**_SYSTEM, "smartclient.reason": reason}) for reason, n in sorted(found.items())] or \
+            [(0, {**_SYSTEM, "smartclient.reason": "another node"})]
+
+    def _recoveries(self) -> Iterable[tuple[float, dict[str, str]]]:
+        totals = Counter(self.retired["recoveries"])
+        for handle in self.carriers.handles:
+            totals[handle.stream] += handle.recoveries
+        return [(value, _on(stream)) for stream, value in sorted(totals.items())]
+
+    # -- events ------------------------------------------------------------------------------------------
+    def placed(self, role: Role, seconds: float) -> None:
+        self.placement_time.record(seconds, {**_SYSTEM, "smartclient.role": role.value})
+
+    def recovering(self, handle: Any, active: bool) -> None:
+        if active:
+            self._began[id(handle)] = time.monotonic()
+        elif (began := self._began.pop(id(handle), None)) is not None:
+            outcome = "gave up" if handle.failure else "recovered"
+            self.recovery_time.record(time.monotonic() - began, {**_on(handle.stream), "smartclient.role":
+                                                                 handle.role.value, "smartclient.outcome": outcome})
+
+    def retire(self, handle: Any) -> None:
+        """A closing handle's totals stay counted."""
+        self.retired["recoveries"][handle.stream] += handle.recoveries
+        if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
+            for what, attribute in _PRODUCER_COUNTS.items():
+                self.retired[what][handle.stream] += getattr(handle.buffer, attribute)

@@ -1,0 +1,115 @@
+"""OpenTelemetry metrics against the test bed, read with the SDK's in-memory reader (issue 19)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import Environment
+from smartclient.testing import TestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+from .conftest import wait_until
+
+sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
+export = pytest.importorskip("opentelemetry.sdk.metrics.export")
+
+
+def read(reader: Any) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    """instrument name -> [(attributes, value)]: a sum's value, a histogram's count."""
+    out: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out[metric.name] = [(dict(p.attributes or {}), getattr(p, "value", None) if hasattr(p, "value")
+                                     else p.count) for p in metric.data.data_points]
+    return out
+
+
+def total(metrics: dict[str, list[tuple[dict[str, Any], float]]], name: str, **attributes: Any) -> float:
+    return sum(v for a, v in metrics.get(name, []) if all(a.get(k) == w for k, w in attributes.items()))
+
+
+async def test_a_placement_through_the_lb_and_publishing_are_counted(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    reader = export.InMemoryMetricReader()
+    provider = sdk.MeterProvider(metric_readers=[reader])
+    host, port = rabbitmq_testbed.lb("stream")
+    stream = rabbitmq_unique_name
+    await create_stream_led_by(rabbitmq_testbed, stream, 1)
+    got: list[int] = []
+    try:
+        async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
+                               meter_provider=provider) as env:
+            producer = await env.producer(stream)
+            consumer = await env.consumer(stream, lambda message, context: got.append(context.offset), offset="first")
+            for i in range(300):
+                await producer.send(b"m%d" % i)
+            await producer.flush()
+            await wait_until(lambda: len(got) == 300, 10, "300 messages")
+            metrics = read(reader)
+            on = {"messaging.destination.name": stream}
+            assert total(metrics, "rabbitmq.stream.published", **on) == 300
+            assert total(metrics, "messaging.client.sent.messages", **on) == 300
+            assert total(metrics, "rabbitmq.stream.confirmed", **on) == 300
+            assert total(metrics, "rabbitmq.stream.errored", **on) == 0
+            assert total(metrics, "rabbitmq.stream.outstanding_publish_confirm", **on) == 0
+            assert total(metrics, "rabbitmq.stream.consumed", **on) == 300
+            assert total(metrics, "rabbitmq.stream.chunk", **on) >= 1
+            # what only smartclient knows: the LB sessions it opened, the wrong landings among them, where
+            # each handle sits, and how long placing took
+            assert total(metrics, "smartclient.placement.sessions") == env.connector.opened
+            assert total(metrics, "smartclient.placement.mismatches") == sum(env.connector.mismatches.values())
+            placed = {(a["server.node"], a["smartclient.role"]): v for a, v in metrics["smartclient.connections"]}
+            assert placed == {(str(producer.node), "producer"): 1, (str(consumer.node), "consumer"): 1}
+            assert total(metrics, "smartclient.placement.duration") == 2  # two placements, one sample each
+            await producer.close()
+            assert total(read(reader), "rabbitmq.stream.published", **on) == 300  # a closed producer's stay
+    finally:
+        await delete_streams(rabbitmq_testbed, stream)
+        provider.shutdown()
+
+
+async def test_a_leader_kill_records_one_recovery_its_time_and_the_messages_resent(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    bed = rabbitmq_faulty_testbed
+    reader = export.InMemoryMetricReader()
+    provider = sdk.MeterProvider(metric_readers=[reader])
+    stream = rabbitmq_unique_name
+    await create_stream_led_by(bed, stream, 1)
+    try:
+        async with Environment([bed.stream_uri(n.host, n.stream_port) for n in bed.nodes],
+                               meter_provider=provider) as env:
+            producer = await env.producer(stream, name="observed")
+            stop = asyncio.Event()
+
+            async def publish() -> None:
+                i = 0
+                while not stop.is_set():
+                    await producer.send(b"m%d" % i)
+                    i += 1
+                    await asyncio.sleep(0.002)
+
+            task = asyncio.create_task(publish())
+            await wait_until(lambda: producer.buffer is not None and producer.buffer.confirmed > 200, 10, "confirms")
+            bed.kill_node(bed.nodes[1].name)  # the leader, by PID
+            await wait_until(lambda: producer.recoveries >= 1, 30, "the producer to recover")
+            stop.set()
+            await task
+            await producer.flush()
+            metrics = read(reader)
+            on = {"messaging.destination.name": stream}
+            assert total(metrics, "smartclient.recoveries", **on) == producer.recoveries == 1
+            assert total(metrics, "smartclient.recovery.duration", **on, **{"smartclient.outcome": "recovered"}) == 1
+            assert total(metrics, "smartclient.recovery.resent", **on) == producer.buffer.resent
+            assert total(metrics, "rabbitmq.stream.outstanding_publish_confirm", **on) == 0
+    finally:
+        bed.heal()
+        await delete_streams(bed, stream)
+        provider.shutdown()
