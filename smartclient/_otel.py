@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["INSTRUMENTS", "Meter", "meter", "observation", "observed", "recorded"]
+__all__ = ["INSTRUMENTS", "Meter", "configured", "meter", "observation", "observed", "recorded"]
 
 Attributes = Mapping[str, str | int]
 Reading = Callable[[], Iterable[tuple[float, Attributes]]]
@@ -30,6 +30,7 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     # the OpenTelemetry messaging semantic conventions
     "messaging.client.sent.messages": ("counter", "{message}", "messages sent"),
     "messaging.client.consumed.messages": ("counter", "{message}", "messages delivered to the application"),
+    "messaging.client.operation.duration": ("histogram", "s", "publish to confirm, once per confirm frame"),
     # what only smartclient knows
     "smartclient.connections": ("sum", "{connection}", "producer and consumer placements, by node and role"),
     "smartclient.placement.sessions": ("counter", "{connection}", "connections opened to place (LB sessions)"),
@@ -51,6 +52,17 @@ def meter(provider: Any = None, name: str = "smartclient") -> Meter:
     except ImportError:
         return None
     return metrics.get_meter(name, meter_provider=provider)
+
+
+def configured(provider: Any = None) -> bool:
+    """Whether metrics go anywhere: a provider was given, or the global one is set (not the API's proxy or
+    no-op default).  What costs something per Publish frame (confirm timing) is only done then; a provider
+    set after the Environment was made still gets every observed instrument, through the API's proxy."""
+    if provider is not None:
+        return True
+    from opentelemetry import metrics
+
+    return type(metrics.get_meter_provider()).__name__ not in ("_ProxyMeterProvider", "NoOpMeterProvider")
 
 
 def observation(value: float, attributes: Attributes) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConfigurationError, SmartClientError
@@ -58,7 +59,7 @@ class Carriers:
         if (meter := _otel.meter(meter_provider)) is not None:
             from smartclient.stream.telemetry import StreamTelemetry
 
-            self.telemetry = StreamTelemetry(self, meter)
+            self.telemetry = StreamTelemetry(self, meter, timed=_otel.configured(meter_provider))
 
     def carriers(self, role: Role) -> list[Any]:
         """rstream's carriers of ``role`` (a consumer carrier counts what it hands over, per stream)."""
@@ -105,6 +106,9 @@ class Carriers:
         self.placement.recovering[(role, stream)] += 1 if active else -1
         if self.telemetry is not None and handle is not None:
             self.telemetry.recovering(handle, active)
+
+    def confirm_timer(self, stream: str) -> Callable[[float], None] | None:
+        return self.telemetry.confirm_timer(stream) if self.telemetry is not None else None
 
     def drop_topology(self, stream: str) -> None:
         self.topologies.drop(stream=stream)

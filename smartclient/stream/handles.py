@@ -233,7 +233,8 @@ class Producer(_Handle):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if self.name:
                 self._ids.stored = await _rstream.stored_sequence(client, self.stream, self.name)
-        self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost)
+        self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
+                                     on_confirm_time=self._host.confirm_timer(self.stream))
         self._setup_done()
         if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
             self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))

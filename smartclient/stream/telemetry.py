@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from smartclient import _otel
@@ -30,8 +30,9 @@ def _on(stream: str) -> dict[str, str]:
 class StreamTelemetry:
     """The instruments of one Environment (``carriers`` holds its handles, placement and connector)."""
 
-    def __init__(self, carriers: Any, meter: Any) -> None:  # a smartclient.stream.carriers.Carriers
+    def __init__(self, carriers: Any, meter: Any, timed: bool = True) -> None:  # carriers: a Carriers
         self.carriers = carriers
+        self.timed = timed  # publish-to-confirm times are taken (a little work per Publish frame)
         self.retired: dict[str, Counter[str]] = {key: Counter() for key in (*_PRODUCER_COUNTS, "recoveries")}
         self._began: dict[int, float] = {}  # id(handle) -> when its recovery began
         observed = {
@@ -53,6 +54,7 @@ class StreamTelemetry:
         self.instruments = [_otel.observed(meter, name, reading) for name, reading in observed.items()]
         self.placement_time = _otel.recorded(meter, "smartclient.placement.duration")
         self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
+        self.confirm_time = _otel.recorded(meter, "messaging.client.operation.duration")
         carriers.placement.on_placed = self.placed
 
     # -- readings (called by the reader's collection) --------------------------------------------------
@@ -96,6 +98,13 @@ class StreamTelemetry:
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     # -- events ------------------------------------------------------------------------------------------
+    def confirm_timer(self, stream: str) -> Callable[[float], None] | None:
+        """Records a producer's publish-to-confirm times (one per confirm frame: the frame's highest id)."""
+        if not self.timed:
+            return None
+        attributes = {**_on(stream), "messaging.operation.name": "publish", "messaging.operation.type": "send"}
+        return lambda seconds: self.confirm_time.record(seconds, attributes)
+
     def placed(self, role: Role, seconds: float) -> None:
         self.placement_time.record(seconds, {**_SYSTEM, "smartclient.role": role.value})
 

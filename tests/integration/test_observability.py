@@ -61,6 +61,8 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
             assert total(metrics, "rabbitmq.stream.outstanding_publish_confirm", **on) == 0
             assert total(metrics, "rabbitmq.stream.consumed", **on) == 300
             assert total(metrics, "rabbitmq.stream.chunk", **on) >= 1
+            # publish to confirm: one sample per confirm frame, at least one, at most one per message
+            assert 1 <= total(metrics, "messaging.client.operation.duration", **on) <= 300
             # what only smartclient knows: the LB sessions it opened, the wrong landings among them, where
             # each handle sits, and how long placing took
             assert total(metrics, "smartclient.placement.sessions") == env.connector.opened

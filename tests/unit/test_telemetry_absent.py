@@ -22,3 +22,10 @@ def test_every_instrument_has_a_known_kind_a_unit_and_a_description() -> None:
     for name, (kind, unit, description) in _otel.INSTRUMENTS.items():
         assert kind in {"counter", "sum", "gauge", "count", "histogram"}, name
         assert unit and description, name
+
+
+def test_confirm_timing_only_with_a_provider_given_or_set() -> None:
+    """What costs a little per Publish frame is done only when metrics go somewhere."""
+    pytest.importorskip("opentelemetry.metrics")
+    assert _otel.configured(object()) is True
+    assert _otel.configured() is False  # the API's default proxy: nobody set a global provider in the tests
