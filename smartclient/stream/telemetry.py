@@ -41,7 +41,7 @@ class StreamTelemetry:
             "rabbitmq.stream.confirmed": lambda: self._producers("confirmed"),
             "rabbitmq.stream.errored": lambda: self._producers("errored"),
             "smartclient.recovery.resent": lambda: self._producers("resent"),
-            "rabbitmq.stream.outstanding_publish_confirm": self._outstanding,
+            "rabbitmq.stream.outstanding_publish_confirm": lambda: self._producers("in_flight"),
             "rabbitmq.stream.consumed": lambda: self._consumers("smartclient_consumed"),
             "messaging.client.consumed.messages": lambda: self._consumers("smartclient_consumed"),
             "rabbitmq.stream.chunk": lambda: self._consumers("smartclient_chunks"),
@@ -59,17 +59,13 @@ class StreamTelemetry:
 
     # -- readings (called by the reader's collection) --------------------------------------------------
     def _producers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
-        totals = Counter(self.retired[what])
+        """Per stream: a producer count (``what`` in _PRODUCER_COUNTS, closed handles' totals included), or the
+        messages in flight (``in_flight``: live handles only)."""
+        totals = Counter(self.retired.get(what, {}))
+        attribute = _PRODUCER_COUNTS.get(what, what)
         for handle in self.carriers.handles:
-            if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
-                totals[handle.stream] += getattr(handle.buffer, _PRODUCER_COUNTS[what])
-        return [(value, _on(stream)) for stream, value in sorted(totals.items())]
-
-    def _outstanding(self) -> Iterable[tuple[float, dict[str, str]]]:
-        totals: Counter[str] = Counter()
-        for handle in self.carriers.handles:
-            if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
-                totals[handle.stream] += handle.buffer.in_flight
+            if handle.role is Role.PRODUCER and (buffer := getattr(handle, "buffer", None)) is not None:
+                totals[handle.stream] += getattr(buffer, attribute)
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     def _consumers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
