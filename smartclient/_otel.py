@@ -1,7 +1,8 @@
 """The ONE place that imports OpenTelemetry: its API only (``pip install smartclient[otel]``), never the SDK.
 
-Without the package, :func:`meter` is None and smartclient records nothing.  With it but no meter provider
-configured, the API's instruments are no-ops.  Every instrument smartclient makes is created here, so the
+Without the package, :func:`meter` and :func:`tracer` are None and smartclient records nothing.  With it but no
+meter provider configured, the API's instruments are no-ops; with no tracer provider given or set, there is no
+tracer, so no span is ever started.  Every instrument smartclient makes is created here, so the
 names, units and descriptions of ``docs/observability.md`` live in one table (:data:`INSTRUMENTS`).
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["INSTRUMENTS", "Meter", "configured", "meter", "observation", "observed", "recorded"]
+__all__ = ["INSTRUMENTS", "Meter", "SpanKind", "Tracer", "configured", "current", "extract", "inject", "meter",
+           "observation", "observed", "recorded", "tracer", "use"]
 
 Attributes = Mapping[str, str | int]
 Reading = Callable[[], Iterable[tuple[float, Attributes]]]
@@ -27,6 +29,7 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "rabbitmq.stream.outstanding_publish_confirm": ("sum", "{message}", "messages sent and not yet confirmed"),
     "rabbitmq.stream.consumed": ("counter", "{message}", "messages handed to consumer callbacks"),
     "rabbitmq.stream.chunk": ("counter", "{chunk}", "chunks received by consumers"),
+    "rabbitmq.stream.chunk_size": ("histogram", "{message}", "messages per chunk received"),
     # the OpenTelemetry messaging semantic conventions
     "messaging.client.sent.messages": ("counter", "{message}", "messages sent"),
     "messaging.client.consumed.messages": ("counter", "{message}", "messages delivered to the application"),
@@ -36,6 +39,7 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "smartclient.placement.sessions": ("counter", "{connection}", "connections opened to place (LB sessions)"),
     "smartclient.placement.mismatches": ("counter", "{connection}", "connections that reached another node"),
     "smartclient.placement.duration": ("histogram", "s", "time to place a producer or consumer"),
+    "smartclient.placement.reused": ("counter", "{connection}", "placements that took a kept (parked) connection"),
     "smartclient.recoveries": ("counter", "{recovery}", "completed recoveries of producers and consumers"),
     "smartclient.recovery.duration": ("histogram", "s", "time from a loss to the handle working again"),
     "smartclient.recovery.resent": ("counter", "{message}", "unconfirmed messages sent again after a recovery"),
@@ -88,3 +92,91 @@ def recorded(m: Meter, name: str) -> Any:
     kind, unit, description = INSTRUMENTS[name]
     make = m.create_counter if kind == "count" else m.create_histogram
     return make(name, unit=unit, description=description)
+
+
+# -- traces ------------------------------------------------------------------------------------------------
+class SpanKind:
+    """The span kinds smartclient starts (names of ``opentelemetry.trace.SpanKind``)."""
+
+    INTERNAL = "INTERNAL"
+    PRODUCER = "PRODUCER"
+    CONSUMER = "CONSUMER"
+    CLIENT = "CLIENT"
+    SERVER = "SERVER"
+
+
+class Tracer:
+    """An OpenTelemetry tracer, with the few calls smartclient makes (start, link, make current)."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry import trace
+
+        self._tracer = tracer
+        self._trace = trace
+
+    def start(self, name: str, kind: str = SpanKind.INTERNAL, attributes: Attributes | None = None,
+              start_time: int | None = None, links: Iterable[Any] = (), parent: Any = None) -> Any:
+        """A started span (``parent``: a span context; default: the current span)."""
+        context = None
+        if parent is not None:
+            context = self._trace.set_span_in_context(self._trace.NonRecordingSpan(parent))
+        return self._tracer.start_span(name, context=context, kind=getattr(self._trace.SpanKind, kind),
+                                       attributes=dict(attributes or {}), start_time=start_time,
+                                       links=[self._trace.Link(c) for c in links] or None)
+
+    def error(self, span: Any, exc: BaseException) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def tracer(provider: Any = None, name: str = "smartclient") -> Tracer | None:
+    """``provider``'s tracer for smartclient, or the global one's if it was set; None when OpenTelemetry is not
+    installed or no tracer provider is given or set (then no span is started: nothing costs anything)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    if provider is None and type(trace.get_tracer_provider()).__name__ in ("ProxyTracerProvider",
+                                                                           "NoOpTracerProvider"):
+        return None
+    return Tracer(trace.get_tracer(name, tracer_provider=provider))
+
+
+def current() -> Any:
+    """The current span (a no-op one when there is none)."""
+    from opentelemetry import trace
+
+    return trace.get_current_span()
+
+
+def use(span: Any, end: bool = True) -> Any:
+    """A context manager making ``span`` the current one (ended on exit when ``end``; errors recorded)."""
+    from opentelemetry import trace
+
+    return trace.use_span(span, end_on_exit=end, record_exception=True, set_status_on_exception=True)
+
+
+def inject(span: Any) -> dict[str, str]:
+    """The W3C trace context of ``span``: ``traceparent`` (and ``tracestate`` if any)."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def extract(carrier: Mapping[str, Any]) -> Any:
+    """The span context a W3C ``traceparent`` (and ``tracestate``) names, or None."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    text = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in carrier.items()
+            if k in ("traceparent", "tracestate")}
+    if "traceparent" not in text:
+        return None
+    span = trace.get_current_span(TraceContextTextMapPropagator().extract(text))
+    context = span.get_span_context()
+    return context if context.is_valid else None

@@ -10,6 +10,7 @@ the handles are given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from smartclient.stream.placement import StreamPlacement
     from smartclient.stream.telemetry import StreamTelemetry
     from smartclient.stream.topology_cache import TopologyCache
+    from smartclient.stream.tracing import StreamTracing
 
 __all__ = ["Carriers"]
 
@@ -41,7 +43,7 @@ class Carriers:
 
     def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ConnectSettings,
                  limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address,
-                 meter_provider: Any = None) -> None:
+                 meter_provider: Any = None, tracer_provider: Any = None, propagate: bool = False) -> None:
         from smartclient import _otel
 
         self.placement = placement
@@ -60,6 +62,27 @@ class Carriers:
             from smartclient.stream.telemetry import StreamTelemetry
 
             self.telemetry = StreamTelemetry(self, meter, timed=_otel.configured(meter_provider))
+        self.tracing: StreamTracing | None = None
+        if (tracer := _otel.tracer(tracer_provider)) is not None:
+            from smartclient.stream.tracing import StreamTracing
+
+            self.tracing = StreamTracing(tracer, propagate)
+            placement.tracing = self.tracing
+            placement.connector.on_attempt = self.tracing.attempt
+        self._around_chunk = self._chunk_hook()
+
+    def _chunk_hook(self) -> Callable[[str, int, int], Any] | None:
+        """What a consumer carrier runs each chunk's callbacks in (None when there is nothing to record)."""
+        sizes = self.telemetry.chunk_size if self.telemetry is not None and self.telemetry.timed else None
+        spans = self.tracing.chunk if self.tracing is not None else None
+        if sizes is None and spans is None:
+            return None
+
+        def around(stream: str, count: int, first: int) -> Any:
+            if sizes is not None:
+                sizes(stream, count)
+            return spans(stream, count, first) if spans is not None else contextlib.nullcontext()
+        return around
 
     def carriers(self, role: Role) -> list[Any]:
         """rstream's carriers of ``role`` (a consumer carrier counts what it hands over, per stream)."""
@@ -74,6 +97,8 @@ class Carriers:
                 return carrier
         carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
                                        f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
+        if role is Role.CONSUMER:
+            carrier.smartclient_around_chunk = self._around_chunk
         _rstream.name_stream(carrier, stream, name, flow)
         self._carriers[role].append((carrier, {stream}))
         return carrier
@@ -107,8 +132,25 @@ class Carriers:
         if self.telemetry is not None and handle is not None:
             self.telemetry.recovering(handle, active)
 
-    def confirm_timer(self, stream: str) -> Callable[[float], None] | None:
-        return self.telemetry.confirm_timer(stream) if self.telemetry is not None else None
+    def confirm_watch(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
+        timer = self.telemetry.confirm_timer(stream) if self.telemetry is not None else None
+        spans = self.tracing.frames(stream) if self.tracing is not None else None
+        if timer is None or spans is None:
+            return timer or spans
+
+        def both(now: float, frames: list[tuple[int, float, int]]) -> None:
+            timer(now, frames)
+            spans(now, frames)
+        return both
+
+    def traced(self, handle: Any) -> None:
+        """A producer just placed: with trace-context propagation on, its messages carry their span's."""
+        if self.tracing is not None and self.tracing.propagate:
+            self.tracing.stamp(handle)
+
+    def traced_callback(self, stream: str, callback: Any) -> Any:
+        """A consumer's callback, in a span per message when trace-context propagation is on."""
+        return self.tracing.each(stream, callback) if self.tracing is not None else callback
 
     def drop_topology(self, stream: str) -> None:
         self.topologies.drop(stream=stream)

@@ -18,12 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Done, GiveUp, Keep, Placement
+from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ConnectSettings, PoolLimits
 from smartclient.core.topology import Candidates
@@ -31,9 +31,6 @@ from smartclient.resolution import Resolution
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import Connection
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
 
@@ -118,6 +115,8 @@ class StreamConnector:
         self._reaper: asyncio.Task[None] | None = None
         self.opened = 0  # connections opened (LB sessions, when dialling an LB)
         self.mismatches: Counter[str] = Counter()  # connections that reached another node, by reason
+        self.reused = 0  # placements that took a parked connection
+        self.on_attempt: Callable[[Attempt], None] | None = None  # told each attempt of a placement (traces)
         self.connections: set[Connection] = set()
 
     async def resolve(self, advertised: Address) -> Address:
@@ -200,6 +199,9 @@ class StreamConnector:
             if isinstance(step, Done):
                 if step.reused:
                     log.debug("placement of %s reuses a kept connection to %s", candidates.stream, step.connection.node)
+                    self.reused += 1
+                    self._attempted(Attempt(step.connection.node, step.connection.dialled, step.connection.node,
+                                            "reused a kept connection"))
                 return step.connection
             if isinstance(step, GiveUp):
                 raise step.error
@@ -223,6 +225,11 @@ class StreamConnector:
                 step = plan.failed(step.target, None, exc)
             else:
                 step = plan.landed(step.target, conn.dialled, conn.node, conn)
+            self._attempted(plan.landing.attempts[-1])
+
+    def _attempted(self, attempt: Attempt) -> None:
+        if self.on_attempt is not None:
+            self.on_attempt(attempt)
 
     async def park(self, conn: Connection) -> None:
         evicted = self.parking.put(conn)

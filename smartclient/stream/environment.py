@@ -81,6 +81,8 @@ class Environment:
         cannot do (creating a super stream without the CreateSuperStream command).
     :param meter_provider: an OpenTelemetry ``MeterProvider`` for this Environment's metrics (default: the global
         one; without ``smartclient[otel]`` nothing is recorded; see ``docs/observability.md``).
+    :param tracer_provider: an OpenTelemetry ``TracerProvider`` for its spans (default: the global one, if set).
+    :param trace_context: each message carries its W3C trace context, linking consumer to producer spans (costly).
 
     Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
     """
@@ -107,6 +109,8 @@ class Environment:
         management: ManagementClient | None = None,
         tls_server_name: str | None = None,
         meter_provider: Any = None,
+        tracer_provider: Any = None,
+        trace_context: bool = False,
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from smartclient.core.redaction import install_log_redaction
@@ -165,7 +169,7 @@ class Environment:
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, connection_name)
         entry = self.entry_points[0] if self.entry_points else Address("srv-discovered", 5552)
         self._carriers = Carriers(self._placement, self._topologies, self.settings, pool, recovery,
-                                  connection_name, entry, meter_provider)
+                                  connection_name, entry, meter_provider, tracer_provider, trace_context)
         self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, self.settings.vhost,
                                   management, connection_name)
         self._amqp_placers: dict[str, AmqpPlacer] = {}
@@ -271,6 +275,7 @@ class Environment:
             with attempt(self.retry.max_time, f"placing the producer of {stream!r}") as deadline:
                 await handle._place(batching or self.batching, filter_value)
             log.debug("%r placed: %s", handle, deadline.log())
+            self._carriers.traced(handle)
         except BaseException:
             await asyncio.shield(handle._close(flush=False))  # nothing of it stays behind in rstream
             raise
@@ -328,7 +333,8 @@ class Environment:
             with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:
                 if not single_active:  # (a single active consumer's start is decided when it becomes active)
                     spec = await self._admin.concrete_offset(stream, spec, filter)
-                await handle._subscribe(callback, spec, single_active=single_active, on_update=on_update,
+                traced = self._carriers.traced_callback(stream, callback)
+                await handle._subscribe(traced, spec, single_active=single_active, on_update=on_update,
                                         tracking=tracking, super_stream=_super_stream, stream_filter=filter)
             log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:

@@ -234,7 +234,7 @@ class Producer(_Handle):
             if self.name:
                 self._ids.stored = await _rstream.stored_sequence(client, self.stream, self.name)
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
-                                     on_confirm_time=self._host.confirm_timer(self.stream))
+                                     on_confirmed=self._host.confirm_watch(self.stream))
         self._setup_done()
         if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
             self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))

@@ -94,8 +94,9 @@ class StreamHost(Protocol):
         """A recovery of ``stream``'s producer or consumer (``handle``) starts (or ends): placements use short
         attempts, and the telemetry times it."""
 
-    def confirm_timer(self, stream: str) -> Callable[[float], None] | None:
-        """What a producer of ``stream`` tells each publish-to-confirm time (None: metrics are off)."""
+    def confirm_watch(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
+        """What a producer of ``stream`` tells of each confirm frame: the time, and the Publish frames it
+        confirmed (last id, written at, messages).  None: metrics and traces are off."""
 
     def drop_topology(self, stream: str) -> None:
         """Forget the cached topology of ``stream``."""

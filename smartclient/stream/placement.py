@@ -10,6 +10,7 @@ connector for one (a parked connection, or new ones until one lands on a candida
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -29,10 +30,12 @@ if TYPE_CHECKING:
     from smartclient.stream.connector import StreamConnector
     from smartclient.stream.host import Connection
     from smartclient.stream.topology_cache import TopologyCache
+    from smartclient.stream.tracing import StreamTracing
 
 __all__ = ["StreamPlacement"]
 
 log = logging.getLogger(__name__)
+_NOTHING = contextlib.nullcontext()
 
 
 class StreamPlacement:
@@ -51,6 +54,7 @@ class StreamPlacement:
         self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
         self.on_placed: Callable[[Role, float], None] | None = None  # told each placement's time (telemetry)
+        self.tracing: StreamTracing | None = None  # a span per placement, when tracing
         connector.on_closed = self.on_connection_closed
         connector.on_mismatch = self.on_mismatch
 
@@ -59,9 +63,18 @@ class StreamPlacement:
 
     async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
         """A connection for ``stream`` on a node of its candidates: a shared one of this role on a tier-0
-        node with a free id, or one from the connector."""
+        node with a free id, or one from the connector (in a ``smartclient.place`` span when tracing)."""
         role: Role = pool.role
         began = time.monotonic()
+        with _NOTHING if self.tracing is None else self.tracing.placing(role, stream) as placed:
+            conn = await self._place(pool, stream, closed_handler, role)
+            if placed is not None:
+                placed["conn"] = conn
+        if self.on_placed is not None:
+            self.on_placed(role, time.monotonic() - began)
+        return conn
+
+    async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> Connection:
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
         # placements that would dial the same nodes wait for one another, then share what the first opened
         lock = self._locks.setdefault((role, candidates.tiers[0]), asyncio.Lock())
@@ -80,8 +93,6 @@ class StreamPlacement:
             self._record(pool, stream, conn, closed_handler)
         finally:
             lock.release()
-        if self.on_placed is not None:
-            self.on_placed(role, time.monotonic() - began)
         return conn
 
     def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:

@@ -104,7 +104,7 @@ class PublishBuffer:
     def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
                  filter_value: Callable[[Any], str] | None = None,
                  on_lost: Callable[[str], None] | None = None,
-                 on_confirm_time: Callable[[float], None] | None = None) -> None:
+                 on_confirmed: Callable[[float, list[tuple[int, float, int]]], None] | None = None) -> None:
         self.stream = stream
         self.policy = policy
         self.filter_value = filter_value
@@ -130,9 +130,9 @@ class PublishBuffer:
         self._expiry: asyncio.TimerHandle | None = None
         self._marks: deque[tuple[float, int]] = deque()  # (tick time, highest publishing id queued then)
         self.timed_out = 0
-        #: told, once per confirm frame, how long ago the frame holding its highest id was written (telemetry)
-        self.on_confirm_time = on_confirm_time
-        self._written: deque[tuple[int, float]] = deque()  # (last publishing id of a frame, when written)
+        #: told, once per confirm frame, the time and the Publish frames it confirmed (metrics and traces)
+        self.on_confirmed = on_confirmed
+        self._written: deque[tuple[int, float, int]] = deque()  # (a frame's last publishing id, written at, size)
         self._bind(client, publisher_id)
 
     @property
@@ -314,8 +314,8 @@ class PublishBuffer:
             return
         header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
         frame = header + b"".join(self._parts)
-        if self.on_confirm_time is not None:  # per frame, and only with metrics on
-            self._written.append((self._ids[-1], time.monotonic()))
+        if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
+            self._written.append((self._ids[-1], time.monotonic(), count))
         self._ids = []
         self._parts = []
         self._bytes = _FRAME_OVERHEAD
@@ -372,12 +372,12 @@ class PublishBuffer:
         if frame.publisher_id != self.publisher_id:
             return
         ids = frame.publishing_ids
-        if self.on_confirm_time is not None and self._written and ids:
-            highest, written, at = max(ids), self._written, None
+        if self.on_confirmed is not None and self._written and ids:
+            highest, written, frames = max(ids), self._written, []
             while written and written[0][0] <= highest:
-                at = written.popleft()[1]
-            if at is not None:
-                self.on_confirm_time(time.monotonic() - at)
+                frames.append(written.popleft())
+            if frames:
+                self.on_confirmed(time.monotonic(), frames)
         self._settle(ids, True, 1)
 
     def _on_error(self, frame: Any) -> None:

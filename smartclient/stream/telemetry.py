@@ -49,12 +49,14 @@ class StreamTelemetry:
             "smartclient.connections": self._placements,
             "smartclient.placement.sessions": lambda: [(carriers.placement.connector.opened, _SYSTEM)],
             "smartclient.placement.mismatches": self._mismatches,
+            "smartclient.placement.reused": lambda: [(carriers.placement.connector.reused, _SYSTEM)],
             "smartclient.recoveries": self._recoveries,
         }
         self.instruments = [_otel.observed(meter, name, reading) for name, reading in observed.items()]
         self.placement_time = _otel.recorded(meter, "smartclient.placement.duration")
         self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
         self.confirm_time = _otel.recorded(meter, "messaging.client.operation.duration")
+        self.chunk_sizes = _otel.recorded(meter, "rabbitmq.stream.chunk_size")
         carriers.placement.on_placed = self.placed
 
     # -- readings (called by the reader's collection) --------------------------------------------------
@@ -94,12 +96,17 @@ class StreamTelemetry:
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     # -- events ------------------------------------------------------------------------------------------
-    def confirm_timer(self, stream: str) -> Callable[[float], None] | None:
-        """Records a producer's publish-to-confirm times (one per confirm frame: the frame's highest id)."""
+    def confirm_timer(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
+        """Records a producer's publish-to-confirm times: one per confirm frame, from the write of the last
+        Publish frame it confirmed (the frame of its highest id)."""
         if not self.timed:
             return None
         attributes = {**_on(stream), "messaging.operation.name": "publish", "messaging.operation.type": "send"}
-        return lambda seconds: self.confirm_time.record(seconds, attributes)
+        return lambda now, frames: self.confirm_time.record(now - frames[-1][1], attributes)
+
+    def chunk_size(self, stream: str, messages: int) -> None:
+        """A chunk arrived for a consumer of ``stream`` (recorded only when ``timed``: once per chunk)."""
+        self.chunk_sizes.record(messages, _on(stream))
 
     def placed(self, role: Role, seconds: float) -> None:
         self.placement_time.record(seconds, {**_SYSTEM, "smartclient.role": role.value})

@@ -11,9 +11,10 @@ broker has not confirmed stays out of use until it does.  Recovery is taken over
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,7 @@ class PlacedClientPool(ClientPool):
         self._clients.clear()  # the connections are the Environment's: it closes them
 
 
+_NOTHING = contextlib.nullcontext()  # around a chunk, when metrics and traces are off
 _PLACED = Addr("placed-by-smartclient", 0)  # rstream wants an address; the Environment chooses the node
 
 
@@ -159,6 +161,9 @@ class PlacedConsumer(_Placed, RConsumer):
         super().__init__(*args, **kwargs)
         self.smartclient_consumed: Counter[str] = Counter()  # messages handed to callbacks, per stream (telemetry)
         self.smartclient_chunks: Counter[str] = Counter()  # chunks received, per stream
+        #: (stream, messages, first offset) -> a context the chunk's callbacks run in: its span, its size
+        #: recorded (None: metrics and traces are off; one check per chunk)
+        self.smartclient_around_chunk: Callable[[str, int, int], Any] | None = None
 
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
@@ -204,17 +209,19 @@ class PlacedConsumer(_Placed, RConsumer):
         first = frame.chunk_first_offset
         subscriber.smartclient_busy = True  # a chunk is in the callback (the delivery watch waits for it)
         handed = 0
+        around = self.smartclient_around_chunk
         try:
-            for offset, message in self._filter_messages(frame, subscriber, filter_value):
-                handed += 1
-                context = MessageContext(self, subscriber.stream, subscriber.subscription_id, subscriber.reference,
-                                         offset, frame.timestamp)
-                maybe_coro = subscriber.callback(subscriber.decoder(message), context)
-                if maybe_coro is not None:
-                    await maybe_coro
-                if not credited and offset - first + 1 >= at:
-                    credited = True
-                    await subscriber.client.credit(subscriber.subscription_id, 1)
+            with _NOTHING if around is None else around(subscriber.stream, frame.num_entries, first):
+                for offset, message in self._filter_messages(frame, subscriber, filter_value):
+                    handed += 1
+                    context = MessageContext(self, subscriber.stream, subscriber.subscription_id,
+                                             subscriber.reference, offset, frame.timestamp)
+                    maybe_coro = subscriber.callback(subscriber.decoder(message), context)
+                    if maybe_coro is not None:
+                        await maybe_coro
+                    if not credited and offset - first + 1 >= at:
+                        credited = True
+                        await subscriber.client.credit(subscriber.subscription_id, 1)
         except Exception:  # a callback that raised (rstream logs it) must not stop the credit
             if not credited:
                 await subscriber.client.credit(subscriber.subscription_id, 1)
