@@ -37,6 +37,8 @@ class DnsResolver:
         self._resolver = dns_resolver_for(nameservers, port, timeout)
         self._cache: dict[str, tuple[str, float]] = {}
         self._clock = clock
+        self.lookups = 0  # answers asked of a name server (metrics: smartclient.dns.lookups)
+        self.cache_hits = 0  # answers taken from the cache
 
     async def resolve(self, address: Address) -> Address:
         """The address with its host resolved to an IP (the port is kept).
@@ -54,7 +56,9 @@ class DnsResolver:
             return Address("127.0.0.1", address.port)  # RFC 6761 6.3: never sent to a name server
         cached = self._cache.get(host.lower())
         if cached and cached[1] > self._clock():
+            self.cache_hits += 1
             return Address(cached[0], address.port)
+        self.lookups += 1
         ip, ttl = await self._lookup(host)
         self._cache[host.lower()] = (ip, self._clock() + ttl)
         return Address(ip, address.port)

@@ -43,6 +43,9 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "smartclient.recoveries": ("counter", "{recovery}", "completed recoveries of producers and consumers"),
     "smartclient.recovery.duration": ("histogram", "s", "time from a loss to the handle working again"),
     "smartclient.recovery.resent": ("counter", "{message}", "unconfirmed messages sent again after a recovery"),
+    "smartclient.resolution.duration": ("histogram", "s", "time the resolver took to answer for one connection"),
+    "smartclient.dns.lookups": ("counter", "{lookup}", "DNS resolver answers: asked of a name server, or cached"),
+    "smartclient.clients": ("sum", "{connection}", "connected AMQP and MQTT clients placed, by node"),
 }
 
 Meter = Any  # opentelemetry.metrics.Meter, or None

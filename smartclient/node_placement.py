@@ -20,6 +20,8 @@ import itertools
 import logging
 import ssl
 import time
+import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -119,6 +121,7 @@ class NodePlacer(Generic[C]):
         self.entry_points = entry_points
         self._nodes: list[BrokerNode] | None = None
         self.opened = 0
+        self.live: weakref.WeakSet[Any] = weakref.WeakSet()  # what this placer placed (metrics: clients per node)
 
     # -- to implement ------------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> C:
@@ -133,6 +136,19 @@ class NodePlacer(Generic[C]):
 
     def _new_name(self, purpose: str) -> str:
         raise NotImplementedError
+
+    def _node_if_up(self, placed: Any) -> str | None:
+        """The node a placed client sits on, None if it is not connected now."""
+        raise NotImplementedError
+
+    def clients_per_node(self) -> Counter[str]:
+        """The connected clients this placer placed, by node (read from the metrics reader's thread)."""
+        for _ in range(3):  # the set may change under a reader on another thread: read it again
+            try:
+                return Counter(node for placed in list(self.live) if (node := self._node_if_up(placed)))
+            except RuntimeError:
+                continue
+        return Counter()
 
     # -- nodes -------------------------------------------------------------------------------
     def _api(self) -> ManagementClient:

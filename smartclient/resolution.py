@@ -14,19 +14,44 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable
+import time
+import warnings
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.tls_names import tls_server_name
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
 
-__all__ = ["Resolution", "Route", "run_sync"]
+__all__ = ["Resolution", "Route", "run_sync", "through"]
 
 T = TypeVar("T")
+
+
+def through(resolver: ResolverLike, protocol: str, via: str | Address | None) -> str | Address | None:
+    """Where ``protocol`` connections go through: the load balancer resolver's listener for it, ``via``
+    (deprecated, warns), or None (each connection goes where the resolver says).
+
+    :raises ConfigurationError: the resolver is a load balancer without a listener for ``protocol``."""
+    from resolvers.base import ListensPerProtocol
+
+    option = protocol.replace("/ssl", "_tls")
+    if via is not None:
+        warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
+                      f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=3)
+        return via
+    if isinstance(resolver, ListensPerProtocol):
+        listener = resolver.address_for(protocol)
+        if listener is None:
+            raise ConfigurationError(
+                f"the resolver sends every address to the load balancer {resolver!r}, which has no "
+                f"{protocol} listener: LoadBalancer(..., {option}=PORT)")
+        return listener
+    return None
 
 
 @dataclass(frozen=True)
@@ -57,10 +82,18 @@ class Resolution:
         self.tls = tls
         self.tls_override = tls_override
         self.via = via
+        self.on_resolved: Callable[[float], None] | None = None  # told each resolver call's time (metrics)
 
     async def dial_address(self, target: Address) -> Address:
         """What to dial for ``target`` (resolver or ``via``, then the allow-list)."""
-        dialled = self.via if self.via is not None else await self._resolve(target)
+        if self.via is not None:
+            dialled = self.via
+        elif self.on_resolved is None:
+            dialled = await self._resolve(target)
+        else:
+            began = time.monotonic()
+            dialled = await self._resolve(target)
+            self.on_resolved(time.monotonic() - began)
         if self.allow is not None:
             self.allow.check(dialled, why=f"resolved from {target}")
         return dialled

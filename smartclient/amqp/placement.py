@@ -110,7 +110,12 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
         landed = self.place(node)
-        return PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
+        placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
+        self.live.add(placed)
+        return placed
+
+    def _node_if_up(self, placed: Any) -> str | None:
+        return placed.node if placed.connection.is_open else None
 
     def _new_name(self, purpose: str) -> str:
         return f"{self.connection_name}-{purpose}-{uuid.uuid4().hex[:8]}-{next(_ids)}"

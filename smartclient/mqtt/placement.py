@@ -265,10 +265,14 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         opts = self.options
         client = PlacedMqttClient.create(client_id, opts.version, opts.clean_start)
         client._setup(self, subscriptions)
+        self.live.add(client)
         user = self.credentials.username if self.vhost == "/" else f"{self.vhost}:{self.credentials.username}"
         client.configure(user, self.credentials.password, reconnect_delay=opts.reconnect_delay,
                          connect_timeout=opts.connect_timeout, tls=self.tls)
         return client
+
+    def _node_if_up(self, placed: Any) -> str | None:
+        return placed.node if placed.is_connected() else None
 
     def begin_connect(self, client: PlacedMqttClient, target: Address, dialled: Address) -> None:
         """Send CONNECT to ``dialled`` (aimed at ``target``).  The TCP/TLS connect blocks, bounded by

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, SmartClientError
 from smartclient.core.address import Address
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["Carriers"]
 
 log = logging.getLogger(__name__)
+P = TypeVar("P")
 
 
 class Carriers:
@@ -142,6 +143,12 @@ class Carriers:
             timer(now, frames)
             spans(now, frames)
         return both
+
+    def watch(self, placer: P) -> P:
+        """An AMQP or MQTT placer of this Environment: its clients per node and resolution times are measured."""
+        if self.telemetry is not None:
+            self.telemetry.watch(placer)
+        return placer
 
     def traced(self, handle: Any) -> None:
         """A producer just placed: with trace-context propagation on, its messages carry their span's."""

@@ -16,12 +16,10 @@ import asyncio
 import datetime
 import logging
 import ssl
-import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from resolvers.base import ListensPerProtocol
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
@@ -41,6 +39,7 @@ from smartclient.core.settings import (
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
 from smartclient.management import ManagementClient
+from smartclient.resolution import through
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.publishing import BatchingPolicy
 
@@ -441,22 +440,6 @@ class Environment:
         return await self._admin.route(super_stream, routing_key)
 
     # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
-    def _through(self, protocol: str, via: str | Address | None) -> str | Address | None:
-        """Where ``protocol`` connections go through: the LB resolver's listener, ``via`` (deprecated), or none."""
-        option = protocol.replace("/ssl", "_tls")
-        if via is not None:
-            warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
-                          f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=3)
-            return via
-        if isinstance(self.resolver, ListensPerProtocol):
-            listener = self.resolver.address_for(protocol)
-            if listener is None:
-                raise ConfigurationError(
-                    f"the resolver sends every address to the load balancer {self.resolver!r}, which has no "
-                    f"{protocol} listener: LoadBalancer(..., {option}=PORT)")
-            return listener
-        return None
-
     def amqp_placer(self, *, via: str | Address | None = None) -> AmqpPlacer:
         """An :class:`AmqpPlacer` with this Environment's credentials, vhost, resolver, allow-list and retry
         policy; through the load balancer's AMQP listener when the resolver is one
@@ -473,13 +456,14 @@ class Environment:
                 "AMQP placement needs the management API (it lists the nodes' AMQP listeners and says which node "
                 "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
             )
-        via = self._through("amqp", via)
+        via = through(self.resolver, "amqp", via)
         key = str(via)
         placer = self._amqp_placers.get(key)
         if placer is None:
             placer = AmqpPlacer(self.management, settings=self.client_settings, connection_name=self.connection_name,
                                 via=via)
             self._amqp_placers[key] = placer
+            self._carriers.watch(placer)
         return placer
 
     def amqp_connection(self, node: str | None = None, *, via: str | Address | None = None) -> PlacedConnection:
@@ -517,9 +501,10 @@ class Environment:
         context = self.settings.tls if tls is None or tls is True else (tls or None)
         if tls is True and context is None:
             context = ssl.create_default_context()
-        via = self._through("mqtt/ssl" if context is not None else "mqtt", via)
-        return MqttPlacer(self.management, settings=replace(self.client_settings, tls=context), via=via,
-                          entry_points=entry_points, options=options if options is not None else MqttOptions())
+        via = through(self.resolver, "mqtt/ssl" if context is not None else "mqtt", via)
+        placer = MqttPlacer(self.management, settings=replace(self.client_settings, tls=context), via=via,
+                            entry_points=entry_points, options=options if options is not None else MqttOptions())
+        return self._carriers.watch(placer)
 
     def mqtt_client(
         self,

@@ -10,6 +10,7 @@ so the counters never go down.  Placement and recovery times are recorded when t
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -35,6 +36,7 @@ class StreamTelemetry:
         self.timed = timed  # publish-to-confirm times are taken (a little work per Publish frame)
         self.retired: dict[str, Counter[str]] = {key: Counter() for key in (*_PRODUCER_COUNTS, "recoveries")}
         self._began: dict[int, float] = {}  # id(handle) -> when its recovery began
+        self.placers: weakref.WeakSet[Any] = weakref.WeakSet()  # the Environment's AMQP and MQTT placers
         observed = {
             "rabbitmq.stream.published": lambda: self._producers("published"),
             "messaging.client.sent.messages": lambda: self._producers("published"),
@@ -51,12 +53,16 @@ class StreamTelemetry:
             "smartclient.placement.mismatches": self._mismatches,
             "smartclient.placement.reused": lambda: [(carriers.placement.connector.reused, _SYSTEM)],
             "smartclient.recoveries": self._recoveries,
+            "smartclient.clients": self._placed_clients,
+            "smartclient.dns.lookups": self._dns,
         }
         self.instruments = [_otel.observed(meter, name, reading) for name, reading in observed.items()]
         self.placement_time = _otel.recorded(meter, "smartclient.placement.duration")
         self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
         self.confirm_time = _otel.recorded(meter, "messaging.client.operation.duration")
         self.chunk_sizes = _otel.recorded(meter, "rabbitmq.stream.chunk_size")
+        self.resolution_time = _otel.recorded(meter, "smartclient.resolution.duration")
+        self._time_resolution(carriers.placement.connector.resolution)
         carriers.placement.on_placed = self.placed
 
     # -- readings (called by the reader's collection) --------------------------------------------------
@@ -95,6 +101,27 @@ class StreamTelemetry:
             totals[handle.stream] += handle.recoveries
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
+    def _placed_clients(self) -> Iterable[tuple[float, dict[str, str]]]:
+        counts: Counter[tuple[str, str]] = Counter()
+        for placer in list(self.placers):
+            for node, n in placer.clients_per_node().items():
+                counts[(placer.protocol, node)] += n
+        return [(n, {**_SYSTEM, "network.protocol.name": protocol, "server.node": node})
+                for (protocol, node), n in sorted(counts.items())]
+
+    def _dns(self) -> Iterable[tuple[float, dict[str, str]]]:
+        """Lookups of the DNS resolvers in use (the Environment's, a chain's steps): asked, or from the cache."""
+        resolvers, seen = [self.carriers.placement.connector.resolution.resolver], list[Any]()
+        while resolvers:
+            resolver = resolvers.pop()
+            resolvers.extend(getattr(resolver, "resolvers", ()))  # a Chain's steps
+            if hasattr(resolver, "cache_hits") and all(resolver is not r for r in seen):
+                seen.append(resolver)
+        if not seen:
+            return []
+        return [(sum(r.lookups for r in seen), {**_SYSTEM, "smartclient.cache": "miss"}),
+                (sum(r.cache_hits for r in seen), {**_SYSTEM, "smartclient.cache": "hit"})]
+
     # -- events ------------------------------------------------------------------------------------------
     def confirm_timer(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
         """Records a producer's publish-to-confirm times: one per confirm frame, from the write of the last
@@ -103,6 +130,16 @@ class StreamTelemetry:
             return None
         attributes = {**_on(stream), "messaging.operation.name": "publish", "messaging.operation.type": "send"}
         return lambda now, frames: self.confirm_time.record(now - frames[-1][1], attributes)
+
+    def watch(self, placer: Any) -> None:
+        """An AMQP or MQTT placer: its clients are counted per node, its resolver calls timed."""
+        self.placers.add(placer)
+        self._time_resolution(placer.resolution)
+
+    def _time_resolution(self, resolution: Any) -> None:
+        if self.timed:
+            attributes = {**_SYSTEM, "smartclient.resolver": type(resolution.resolver).__name__}
+            resolution.on_resolved = lambda seconds: self.resolution_time.record(seconds, attributes)
 
     def chunk_size(self, stream: str, messages: int) -> None:
         """A chunk arrived for a consumer of ``stream`` (recorded only when ``timed``: once per chunk)."""

@@ -115,3 +115,44 @@ async def test_a_leader_kill_records_one_recovery_its_time_and_the_messages_rese
         bed.heal()
         await delete_streams(bed, stream)
         provider.shutdown()
+
+
+async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_are_recorded(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    import uuid
+
+    from resolvers import DnsResolver, SrvDiscovery
+
+    bed = rabbitmq_testbed
+    reader = export.InMemoryMetricReader()
+    provider = sdk.MeterProvider(metric_readers=[reader])
+    host, port = bed.dns_address
+    dns = DnsResolver([host], port=port)
+    await create_stream_led_by(bed, rabbitmq_unique_name, 2)
+    try:
+        # the SRV targets are rabbit-N.smartclient.test names: each connection to one asks the DNS resolver
+        async with Environment(SrvDiscovery("_rabbitmq-stream._tcp.smartclient.test", [host], port=port),
+                               username=bed.username, password=bed.password, resolver=dns,
+                               management=bed.management(), meter_provider=provider) as env:
+            await env.producer(rabbitmq_unique_name)
+            amqp = env.amqp_connection(bed.nodes[1].name)
+            mqtt = env.mqtt_client(f"observed-{uuid.uuid4().hex[:6]}", bed.nodes[2].name)
+            try:
+                metrics = read(reader)
+                assert dns.lookups >= 1
+                assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "miss"}) == dns.lookups
+                assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "hit"}) == dns.cache_hits
+                # one resolver call per connection dialled: the stream ones, and the AMQP and MQTT placers' own
+                assert total(metrics, "smartclient.resolution.duration",
+                              **{"smartclient.resolver": "DnsResolver"}) >= env.connector.opened + 2
+                clients = {(a["network.protocol.name"], a["server.node"]): v for a, v in metrics["smartclient.clients"]}
+                assert clients == {("amqp", bed.nodes[1].name): 1, ("mqtt", bed.nodes[2].name): 1}
+            finally:
+                amqp.close()
+                mqtt.disconnect()
+                mqtt.loop_stop()
+            await wait_until(lambda: not read(reader).get("smartclient.clients"), 5, "no client left")
+    finally:
+        await delete_streams(bed, rabbitmq_unique_name)
+        provider.shutdown()
