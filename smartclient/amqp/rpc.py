@@ -6,6 +6,10 @@ its own node-placed connection with an exclusive queue bound to the exchange; :f
 from the management API, which nodes have a server and which have none.  :class:`RpcClient` publishes
 with ``mandatory`` and publisher confirms, so a node without a server is a typed
 :class:`NoRpcServer` naming that node at once, not a timeout; replies come over direct reply-to.
+
+With tracing (a ``tracer_provider`` given, or the global one set; ``smartclient[otel]``), each call is a
+``send {exchange}`` client span whose W3C context travels in the request's headers, and each request a
+``process {exchange}`` server span, its child, on the node that served it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from smartclient import _otel
 from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
@@ -44,6 +49,11 @@ NODE_POLL = 0.5  # while the management API says a lost server's node is down: h
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
+
+
+def _span_attributes(exchange: str, node: str, operation: str) -> dict[str, str]:
+    return {"messaging.system": "rabbitmq", "messaging.destination.name": exchange, "server.node": node,
+            "messaging.operation.name": operation, "messaging.operation.type": operation}
 
 
 def declare_local_random_exchange(channel: Any, exchange: str) -> None:
@@ -98,7 +108,7 @@ class _NodeServer(threading.Thread):
     new connection on the same node, with back-off, until the node is back or the server is stopped."""
 
     def __init__(self, placer: AmqpPlacer, placed: PlacedConnection, exchange: str, handler: Handler,
-                 prefetch: int) -> None:
+                 prefetch: int, tracer: _otel.Tracer | None = None) -> None:
         super().__init__(name=f"smartclient-rpc-{placed.node}", daemon=True)
         self.placer = placer
         self.node = placed.node
@@ -106,6 +116,7 @@ class _NodeServer(threading.Thread):
         self.exchange = exchange
         self.handler = handler
         self.prefetch = prefetch
+        self.tracer = tracer
         self.queue = ""
         self.handled = 0
         self.restarts = 0  # times it served again after losing its connection
@@ -169,13 +180,23 @@ class _NodeServer(threading.Thread):
                 placed.connection.process_data_events(time_limit=0.2)
 
     def _on_request(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        span = None
+        if self.tracer is not None:  # a server span, the child of the caller's (its context is in the headers)
+            span = self.tracer.start(f"process {self.exchange}", _otel.SpanKind.SERVER,
+                                     {**_span_attributes(self.exchange, self.placed.node, "process"),
+                                      "messaging.message.conversation_id": str(properties.correlation_id)},
+                                     parent=_otel.extract(properties.headers or {}))
         try:
             reply = self.handler(body, properties)
         except Exception as exc:  # the client gets the error as the reply, flagged in a header
             log.warning("RPC handler on %s failed: %s", self.placed.node, exc)
             reply, headers = str(exc).encode(), {"x-rpc-error": type(exc).__name__}
+            if span is not None and self.tracer is not None:
+                self.tracer.error(span, exc)
         else:
             headers = {}
+        if span is not None:
+            span.end()
         if properties.reply_to:
             channel.basic_publish(
                 "", properties.reply_to, reply,
@@ -195,11 +216,13 @@ class RpcServer:
     :param handler: ``(body, properties) -> reply body``.
     :param require_full_coverage: :meth:`start` raises :class:`NoRpcServer` when a node of the cluster
         is left without a server (otherwise it logs a warning).
+    :param tracer_provider: an OpenTelemetry ``TracerProvider`` for a span per request (default: the global one,
+        if set).
     """
 
     def __init__(self, placer: AmqpPlacer, exchange: str, handler: Handler, *,
                  nodes: Sequence[str] | None = None, per_node: int = 1, prefetch: int = 10,
-                 require_full_coverage: bool = False) -> None:
+                 require_full_coverage: bool = False, tracer_provider: Any = None) -> None:
         if per_node < 1:
             raise ConfigurationError(f"per_node must be at least 1, not {per_node}")
         if not exchange:
@@ -211,6 +234,7 @@ class RpcServer:
         self.per_node = per_node
         self.prefetch = prefetch
         self.require_full_coverage = require_full_coverage
+        self.tracer = _otel.tracer(tracer_provider)
         self.servers: list[_NodeServer] = []
 
     def start(self, timeout: float = 30.0) -> Coverage:
@@ -219,7 +243,7 @@ class RpcServer:
         for node in names:
             for _ in range(self.per_node):
                 server = _NodeServer(self.placer, self.placer.connect(node), self.exchange, self.handler,
-                                     self.prefetch)
+                                     self.prefetch, self.tracer)
                 server.start()
                 self.servers.append(server)
         for server in self.servers:
@@ -283,12 +307,15 @@ class RpcClient:
 
     :raises NoRpcServer: from :meth:`call`, when no server queue on the connection's node is bound.
     :raises RpcTimeout: from :meth:`call`, when no reply came within the timeout.
+    :param tracer_provider: an OpenTelemetry ``TracerProvider`` for a span per call (default: the global one, if set).
     """
 
-    def __init__(self, placed: PlacedConnection, exchange: str, timeout: float = 5.0) -> None:
+    def __init__(self, placed: PlacedConnection, exchange: str, timeout: float = 5.0, *,
+                 tracer_provider: Any = None) -> None:
         self.placed = placed
         self.exchange = exchange
         self.timeout = timeout
+        self.tracer = _otel.tracer(tracer_provider)
         self.channel = placed.channel()
         self._replies: dict[str, Reply] = {}
         with pika_errors(f"the RPC client on {placed.node}"):
@@ -316,10 +343,22 @@ class RpcClient:
             )
 
         correlation_id = uuid.uuid4().hex
+        if self.tracer is None:
+            return self._call(body, timeout, correlation_id, no_server, None)
+        span = self.tracer.start(f"send {self.exchange}", _otel.SpanKind.CLIENT, {
+            **_span_attributes(self.exchange, node, "send"), "messaging.message.conversation_id": correlation_id})
+        with _otel.use(span):
+            reply = self._call(body, timeout, correlation_id, no_server, _otel.inject(span))
+            span.set_attribute("smartclient.rpc.replied_by", reply.node)
+            return reply
+
+    def _call(self, body: bytes, timeout: float | None, correlation_id: str, no_server: Callable[[], NoRpcServer],
+              headers: dict[str, str] | None) -> Reply:
+        node = self.placed.node
         with pika_errors(f"an RPC request to {self.exchange!r} on {node}", returned=no_server):
             self.channel.basic_publish(
                 self.exchange, "", body,
-                basic_properties(reply_to=REPLY_TO, correlation_id=correlation_id), mandatory=True,
+                basic_properties(reply_to=REPLY_TO, correlation_id=correlation_id, headers=headers), mandatory=True,
             )
             deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
             while correlation_id not in self._replies:

@@ -15,6 +15,10 @@ broker's deduplication drops them:
 4. publishing id = ``(batch_id << 32) | position of the row within its slot in this batch``;
 5. the task waits for every confirm before it ends.
 
+With an OpenTelemetry tracer provider given (``tracer_provider=``) or set on the driver (``smartclient[otel]``),
+each batch is a ``send {stream}`` span there (its batch id, rows written and slots), around the Spark job
+that publishes it.
+
 A new checkpoint needs a new ``app_id``: batch ids restart at 0 with a new checkpoint, and the
 broker would drop them as duplicates of the old run's.  ``spark.speculation`` must stay off: a
 speculative task copy would be a second live producer with the same name.
@@ -24,9 +28,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from smartclient import _otel
 from smartclient._errors import ConfigurationError
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
@@ -91,6 +96,8 @@ class ExactlyOnceSink:
     :param slots: number of slots (producers) for a plain stream.
     :param body_column: the message body (binary or string); other ``property_columns`` become
         application properties.  Or give ``to_message(row) -> bytes | AMQPMessage``.
+    :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
+        global one, if set); never sent to the executors.
     """
 
     connection: StreamConnection
@@ -103,6 +110,7 @@ class ExactlyOnceSink:
     body_column: str = "body"
     property_columns: Sequence[str] = ()
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
+    tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if (self.stream is None) == (self.super_stream is None):
@@ -132,7 +140,7 @@ class ExactlyOnceSink:
             slotted = slotted.withColumn(self.body_column, F.col(self.body_column).cast("binary"))
         ordered = (slotted.withColumn(PART_COLUMN, _partition_keys(spark, len(targets))[F.col(SLOT_COLUMN)])
                    .repartition(len(targets), PART_COLUMN).sortWithinPartitions(SLOT_COLUMN, *self.order_columns))
-        sink = self
+        sink = replace(self, tracer_provider=None)  # what the executors get
 
         def write(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -142,7 +150,18 @@ class ExactlyOnceSink:
 
         # Arrow batches, not Row objects: handing Python one pickled Row per row would cost far more
         # than publishing it.
-        ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
+        tracer = _otel.tracer(self.tracer_provider)  # the driver's, once per batch
+        if tracer is None:
+            ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
+            return
+        target = self.stream or self.super_stream
+        with _otel.use(tracer.start(f"send {target}", _otel.SpanKind.PRODUCER, {
+                "messaging.system": "rabbitmq", "messaging.destination.name": str(target),
+                "messaging.operation.name": "send", "messaging.operation.type": "send",
+                "smartclient.spark.batch_id": batch_id, "smartclient.spark.app_id": self.app_id,
+                "smartclient.spark.slots": len(targets)})) as span:
+            [row] = ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
+            span.set_attribute("messaging.batch.message_count", int(row[0] or 0))
 
     def _targets(self) -> list[str]:
         """The stream of each slot: the stream itself, or the super stream's partitions in order."""

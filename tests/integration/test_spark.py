@@ -64,6 +64,31 @@ async def test_sink_is_idempotent_for_a_batch_id(
     assert sorted(m["id"] for m in got) == list(range(200))
 
 
+async def test_a_traced_sink_batch_is_one_span_on_the_driver_with_its_rows(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    trace_sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK is needed")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace_sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host,
+                                                       rabbitmq_testbed.nodes[0].stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
+    sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
+                           stream=rabbitmq_unique_name, key_columns=["user"], order_columns=["id"], slots=2,
+                           tracer_provider=provider)
+    await asyncio.to_thread(sink, rows(rabbitmq_spark, 0, 50), 3)
+    [span] = [s for s in exporter.get_finished_spans() if s.name == f"send {rabbitmq_unique_name}"]
+    assert span.attributes["smartclient.spark.batch_id"] == 3
+    assert span.attributes["messaging.batch.message_count"] == 50
+    assert span.attributes["smartclient.spark.slots"] == 2
+    assert len(await read_stream(rabbitmq_testbed, rabbitmq_unique_name)) == 50
+    provider.shutdown()
+
+
 async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:

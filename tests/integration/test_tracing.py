@@ -133,3 +133,32 @@ async def test_without_a_tracer_provider_no_tracing_is_set_up(rabbitmq_testbed: 
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
         assert env._carriers.tracing is None
         assert env.connector.on_attempt is None
+
+
+def test_an_rpc_call_is_a_client_span_and_its_request_a_server_span_on_the_callers_node(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    from smartclient import Address
+    from smartclient.amqp.placement import AmqpPlacer
+    from smartclient.amqp.rpc import RpcClient, RpcServer
+
+    provider, exporter = tracing()
+    exchange = f"{rabbitmq_unique_name}-rpc"
+    node = rabbitmq_testbed.nodes[2]
+    host, port = rabbitmq_testbed.lb("amqp")
+    with rabbitmq_testbed.management() as api:
+        placer = AmqpPlacer(api, via=Address(host, port))
+        with RpcServer(placer, exchange, lambda body, properties: b"re:" + body, nodes=[node.name],
+                       tracer_provider=provider) as server:
+            server.start()
+            with placer.connect(node.short) as placed:
+                client = RpcClient(placed, exchange, tracer_provider=provider)
+                assert client.call(b"ping").body == b"re:ping"
+        api.delete(f"/api/exchanges/%2F/{exchange}")
+    [call] = named(exporter, f"send {exchange}")
+    [served] = named(exporter, f"process {exchange}")
+    assert call.kind.name == "CLIENT" and served.kind.name == "SERVER"
+    assert served.parent is not None and served.parent.span_id == call.context.span_id
+    assert served.context.trace_id == call.context.trace_id
+    assert call.attributes["server.node"] == served.attributes["server.node"] == node.name
+    assert call.attributes["smartclient.rpc.replied_by"] == node.name
