@@ -39,6 +39,8 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "smartclient.placement.sessions": ("counter", "{connection}", "connections opened to place (LB sessions)"),
     "smartclient.placement.mismatches": ("counter", "{connection}", "connections that reached another node"),
     "smartclient.placement.duration": ("histogram", "s", "time to place a producer or consumer"),
+    "smartclient.placement.attempts": (
+        "histogram", "{connection}", "connections one placement opened or tried: 0 when it shared or reused one"),
     "smartclient.placement.reused": ("counter", "{connection}", "placements that took a kept (parked) connection"),
     "smartclient.recoveries": ("counter", "{recovery}", "completed recoveries of producers and consumers"),
     "smartclient.recovery.duration": ("histogram", "s", "time from a loss to the handle working again"),
@@ -46,6 +48,14 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "smartclient.resolution.duration": ("histogram", "s", "time the resolver took to answer for one connection"),
     "smartclient.dns.lookups": ("counter", "{lookup}", "DNS resolver answers: asked of a name server, or cached"),
     "smartclient.clients": ("sum", "{connection}", "connected AMQP and MQTT clients placed, by node"),
+}
+
+#: histogram bucket boundaries smartclient advises (the SDK's default ones suit milliseconds, not these)
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0)
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "rabbitmq.stream.chunk_size": (1, 2, 5, 10, 50, 100, 500, 1000, 5000, 10000),
+    "smartclient.placement.attempts": (0, 1, 2, 3, 4, 6, 8, 12, 16, 32),
+    **{name: _SECONDS for name, (_, unit, _) in INSTRUMENTS.items() if unit == "s"},
 }
 
 Meter = Any  # opentelemetry.metrics.Meter, or None
@@ -93,8 +103,10 @@ def observed(m: Meter, name: str, reading: Reading) -> Any:
 def recorded(m: Meter, name: str) -> Any:
     """A synchronous counter or histogram named ``name`` (from :data:`INSTRUMENTS`)."""
     kind, unit, description = INSTRUMENTS[name]
-    make = m.create_counter if kind == "count" else m.create_histogram
-    return make(name, unit=unit, description=description)
+    if kind == "count":
+        return m.create_counter(name, unit=unit, description=description)
+    return m.create_histogram(name, unit=unit, description=description,  # (advice: API 1.23+; the extra needs 1.27)
+                              explicit_bucket_boundaries_advisory=list(BUCKETS.get(name, _SECONDS)))
 
 
 # -- traces ------------------------------------------------------------------------------------------------

@@ -202,6 +202,7 @@ class StreamConnector:
                     self.reused += 1
                     self._attempted(Attempt(step.connection.node, step.connection.dialled, step.connection.node,
                                             "reused a kept connection"))
+                step.connection.sessions = 0 if step.reused else plan.attempts
                 return step.connection
             if isinstance(step, GiveUp):
                 raise step.error

@@ -53,7 +53,8 @@ class StreamPlacement:
         self._locks: dict[tuple[Role, tuple[Address, ...]], asyncio.Lock] = {}
         self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
-        self.on_placed: Callable[[Role, float], None] | None = None  # told each placement's time (telemetry)
+        #: told each placement's time and the connections it opened (telemetry)
+        self.on_placed: Callable[[Role, float, int], None] | None = None
         self.tracing: StreamTracing | None = None  # a span per placement, when tracing
         connector.on_closed = self.on_connection_closed
         connector.on_mismatch = self.on_mismatch
@@ -67,14 +68,14 @@ class StreamPlacement:
         role: Role = pool.role
         began = time.monotonic()
         with _NOTHING if self.tracing is None else self.tracing.placing(role, stream) as placed:
-            conn = await self._place(pool, stream, closed_handler, role)
+            conn, sessions = await self._place(pool, stream, closed_handler, role)
             if placed is not None:
                 placed["conn"] = conn
         if self.on_placed is not None:
-            self.on_placed(role, time.monotonic() - began)
+            self.on_placed(role, time.monotonic() - began, sessions)
         return conn
 
-    async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> Connection:
+    async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
         # placements that would dial the same nodes wait for one another, then share what the first opened
         lock = self._locks.setdefault((role, candidates.tiers[0]), asyncio.Lock())
@@ -84,16 +85,18 @@ class StreamPlacement:
             shared = self.shared[role]
             shared[:] = [c for c in shared if c.alive()]
             conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
+            sessions = 0
             if conn is None:
                 retry = self.recovery_retry if self.recovering[(role, stream)] else None
                 conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
+                sessions = conn.sessions
                 _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
                 if conn.alive() and all(c is not conn for c in shared):
                     shared.append(conn)
             self._record(pool, stream, conn, closed_handler)
         finally:
             lock.release()
-        return conn
+        return conn, sessions
 
     def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:
         role: Role = pool.role

@@ -61,6 +61,7 @@ class StreamTelemetry:
         self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
         self.confirm_time = _otel.recorded(meter, "messaging.client.operation.duration")
         self.chunk_sizes = _otel.recorded(meter, "rabbitmq.stream.chunk_size")
+        self.placement_sessions = _otel.recorded(meter, "smartclient.placement.attempts")
         self.resolution_time = _otel.recorded(meter, "smartclient.resolution.duration")
         self._time_resolution(carriers.placement.connector.resolution)
         carriers.placement.on_placed = self.placed
@@ -145,8 +146,10 @@ class StreamTelemetry:
         """A chunk arrived for a consumer of ``stream`` (recorded only when ``timed``: once per chunk)."""
         self.chunk_sizes.record(messages, _on(stream))
 
-    def placed(self, role: Role, seconds: float) -> None:
-        self.placement_time.record(seconds, {**_SYSTEM, "smartclient.role": role.value})
+    def placed(self, role: Role, seconds: float, sessions: int) -> None:
+        attributes = {**_SYSTEM, "smartclient.role": role.value}
+        self.placement_time.record(seconds, attributes)
+        self.placement_sessions.record(sessions, attributes)
 
     def recovering(self, handle: Any, active: bool) -> None:
         if active:

@@ -70,6 +70,12 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
             placed = {(a["server.node"], a["smartclient.role"]): v for a, v in metrics["smartclient.connections"]}
             assert placed == {(str(producer.node), "producer"): 1, (str(consumer.node), "consumer"): 1}
             assert total(metrics, "smartclient.placement.duration") == 2  # two placements, one sample each
+            # the LB sessions of each placement: the locator's is the one connection no placement opened
+            sessions = [p for m in reader.get_metrics_data().resource_metrics for sc in m.scope_metrics
+                        for metric in sc.metrics if metric.name == "smartclient.placement.attempts"
+                        for p in metric.data.data_points]
+            assert sum(p.count for p in sessions) == 2
+            assert sum(p.sum for p in sessions) == env.connector.opened - 1
             await producer.close()
             assert total(read(reader), "rabbitmq.stream.published", **on) == 300  # a closed producer's stay
     finally:
