@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -29,103 +30,97 @@ def named(exporter: Any, name: str) -> list[Any]:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
 
-async def test_a_placement_through_the_lb_is_a_span_with_each_lb_session_as_an_attempt_event(
-    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
-) -> None:
+@pytest.fixture
+async def traced(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> AsyncIterator[tuple[Any, Any, str]]:
+    """A tracer provider with an in-memory exporter, and a stream led by the second node (deleted after)."""
     provider, exporter = tracing()
-    host, port = rabbitmq_testbed.lb("stream")
-    stream = rabbitmq_unique_name
-    await create_stream_led_by(rabbitmq_testbed, stream, 1)
+    await create_stream_led_by(rabbitmq_testbed, rabbitmq_unique_name, 1)
     try:
-        async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
-                               tracer_provider=provider) as env:
-            before = env.connector.opened
-            producer = await env.producer(stream)
-            dialled = env.connector.opened - before
-            [place] = named(exporter, "smartclient.place")
-            attempts = [e for e in place.events if e.name == "attempt"]
-            # one event per LB session the placement opened (a hedged second dial is one attempt), the last one
-            # accepted on the leader, every earlier one a landing on another node (kept for later)
-            assert 1 <= len(attempts) <= dialled
-            assert attempts[-1].attributes["smartclient.accepted"] is True
-            assert attempts[-1].attributes["smartclient.reported"] == str(producer.node)
-            assert all(not e.attributes["smartclient.accepted"] for e in attempts[:-1])
-            assert all(e.attributes["smartclient.dialled"] == f"{host}:{port}" for e in attempts)
-            assert place.attributes["smartclient.role"] == "producer"
-            assert place.attributes["server.node"] == str(producer.node)
-            assert place.attributes["messaging.destination.name"] == stream
+        yield provider, exporter, rabbitmq_unique_name
     finally:
-        await delete_streams(rabbitmq_testbed, stream)
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
         provider.shutdown()
+
+
+async def test_a_placement_through_the_lb_is_a_span_with_each_lb_session_as_an_attempt_event(
+    rabbitmq_testbed: TestBed, traced: tuple[Any, Any, str]
+) -> None:
+    provider, exporter, stream = traced
+    host, port = rabbitmq_testbed.lb("stream")
+    async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
+                           tracer_provider=provider) as env:
+        before = env.connector.opened
+        producer = await env.producer(stream)
+        dialled = env.connector.opened - before
+        [place] = named(exporter, "smartclient.place")
+        attempts = [e for e in place.events if e.name == "attempt"]
+        # one event per LB session the placement opened (a hedged second dial is one attempt), the last one
+        # accepted on the leader, every earlier one a landing on another node (kept for later)
+        assert 1 <= len(attempts) <= dialled
+        assert attempts[-1].attributes["smartclient.accepted"] is True
+        assert attempts[-1].attributes["smartclient.reported"] == str(producer.node)
+        assert all(not e.attributes["smartclient.accepted"] for e in attempts[:-1])
+        assert all(e.attributes["smartclient.dialled"] == f"{host}:{port}" for e in attempts)
+        assert place.attributes["smartclient.role"] == "producer"
+        assert place.attributes["server.node"] == str(producer.node)
+        assert place.attributes["messaging.destination.name"] == stream
 
 
 async def test_publish_frames_and_chunks_are_spans_that_count_every_message(
-    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, traced: tuple[Any, Any, str]
 ) -> None:
-    provider, exporter = tracing()
-    node = rabbitmq_testbed.nodes[0]
-    stream = rabbitmq_unique_name
-    await create_stream_led_by(rabbitmq_testbed, stream, 0)
+    provider, exporter, stream = traced
+    node = rabbitmq_testbed.nodes[1]
     got: list[int] = []
-    try:
-        async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
-                               tracer_provider=provider) as env:
-            producer = await env.producer(stream)
-            await env.consumer(stream, lambda message, context: got.append(context.offset), offset="first")
-            await producer.send_many([b"m%d" % i for i in range(500)])
-            await producer.flush()
-            await wait_until(lambda: len(got) == 500, 10, "500 messages")
-            sends = named(exporter, f"send {stream}")
-            assert sum(s.attributes["messaging.batch.message_count"] for s in sends) == 500
-            assert all(s.kind.name == "PRODUCER" and s.end_time >= s.start_time for s in sends)
-            await wait_until(lambda: sum(s.attributes["messaging.batch.message_count"]
-                                         for s in named(exporter, f"process {stream}")) == 500, 5, "chunk spans")
-            processes = named(exporter, f"process {stream}")
-            assert all(s.kind.name == "CONSUMER" and s.attributes["messaging.operation.type"] == "process"
-                       for s in processes)
-            assert not named(exporter, f"create {stream}")  # no span per message without propagation
-    finally:
-        await delete_streams(rabbitmq_testbed, stream)
-        provider.shutdown()
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                           tracer_provider=provider) as env:
+        producer = await env.producer(stream)
+        await env.consumer(stream, lambda message, context: got.append(context.offset), offset="first")
+        await producer.send_many([b"m%d" % i for i in range(500)])
+        await producer.flush()
+        await wait_until(lambda: len(got) == 500, 10, "500 messages")
+        sends = named(exporter, f"send {stream}")
+        assert sum(s.attributes["messaging.batch.message_count"] for s in sends) == 500
+        assert all(s.kind.name == "PRODUCER" and s.end_time >= s.start_time for s in sends)
+        await wait_until(lambda: sum(s.attributes["messaging.batch.message_count"]
+                                     for s in named(exporter, f"process {stream}")) == 500, 5, "chunk spans")
+        processes = named(exporter, f"process {stream}")
+        assert all(s.kind.name == "CONSUMER" and s.attributes["messaging.operation.type"] == "process"
+                   for s in processes)
+        assert not named(exporter, f"create {stream}")  # no span per message without propagation
 
 
 async def test_a_consumer_span_links_to_its_producer_span_when_propagation_is_on(
-    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, traced: tuple[Any, Any, str]
 ) -> None:
     from opentelemetry import trace
 
-    provider, exporter = tracing()
-    node = rabbitmq_testbed.nodes[0]
-    stream = rabbitmq_unique_name
-    await create_stream_led_by(rabbitmq_testbed, stream, 0)
+    provider, exporter, stream = traced
+    node = rabbitmq_testbed.nodes[1]
     inside: list[Any] = []
-    try:
-        uri = rabbitmq_testbed.stream_uri(node.host, node.stream_port)
-        async with Environment(uri, tracer_provider=provider, trace_context=True) as producing, \
-                Environment(uri, tracer_provider=provider, trace_context=True) as consuming:
-            producer = await producing.producer(stream)
-            await consuming.consumer(
-                stream, lambda message, context: inside.append(trace.get_current_span().get_span_context()),
-                offset="first")
-            tracer = provider.get_tracer("the application")
-            with tracer.start_as_current_span("order placed") as app:
-                await producer.send(b"order 1")
-                await producer.send_many([b"order 2", b"order 3"])
-            await producer.flush()
-            await wait_until(lambda: len(inside) == 3, 10, "3 messages")
-            creates = named(exporter, f"create {stream}")
-            assert len(creates) == 3
-            assert all(c.parent.span_id == app.get_span_context().span_id for c in creates)
-            processes = [s for s in named(exporter, f"process {stream}")
-                         if "messaging.batch.message_count" not in s.attributes]
-            assert len(processes) == 3
-            linked = {link.context.span_id for p in processes for link in p.links}
-            assert linked == {c.context.span_id for c in creates}
-            # the callback ran inside its message's process span
-            assert {c.span_id for c in inside} == {p.context.span_id for p in processes}
-    finally:
-        await delete_streams(rabbitmq_testbed, stream)
-        provider.shutdown()
+    uri = rabbitmq_testbed.stream_uri(node.host, node.stream_port)
+    async with Environment(uri, tracer_provider=provider, trace_context=True) as producing, \
+            Environment(uri, tracer_provider=provider, trace_context=True) as consuming:
+        producer = await producing.producer(stream)
+        await consuming.consumer(
+            stream, lambda message, context: inside.append(trace.get_current_span().get_span_context()),
+            offset="first")
+        tracer = provider.get_tracer("the application")
+        with tracer.start_as_current_span("order placed") as app:
+            await producer.send(b"order 1")
+            await producer.send_many([b"order 2", b"order 3"])
+        await producer.flush()
+        await wait_until(lambda: len(inside) == 3, 10, "3 messages")
+        creates = named(exporter, f"create {stream}")
+        assert len(creates) == 3
+        assert all(c.parent.span_id == app.get_span_context().span_id for c in creates)
+        processes = [s for s in named(exporter, f"process {stream}")
+                     if "messaging.batch.message_count" not in s.attributes]
+        assert len(processes) == 3
+        linked = {link.context.span_id for p in processes for link in p.links}
+        assert linked == {c.context.span_id for c in creates}
+        # the callback ran inside its message's process span
+        assert {c.span_id for c in inside} == {p.context.span_id for p in processes}
 
 
 async def test_without_a_tracer_provider_no_tracing_is_set_up(rabbitmq_testbed: TestBed) -> None:
