@@ -4,6 +4,7 @@
     smartclient probe --via lb:5552 -n 30         # which nodes a load balancer reaches, how often
     smartclient place orders                      # where a producer and a consumer land now
     smartclient bench publish                     # run bench/publish.py with a progress display
+    smartclient top --metrics http://svc:9464/metrics   # a live view of a service's smartclient metrics
 
 Every subcommand reads the same settings: ``--uri`` (or ``SMARTCLIENT_URI``), a resolver from ``--lb``
 (``SMARTCLIENT_LB``), ``--dns`` (``SMARTCLIENT_DNS``, ``host:port`` of a nameserver) or ``--map
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("stream")
     p = sub.add_parser("bench", parents=[common], help="run a benchmark script with a progress display")
     p.add_argument("name", help="a script of bench/, without .py (e.g. publish, failover, mqtt_fleet)")
+    p = sub.add_parser("top", help="a live view of a service's smartclient metrics (its Prometheus endpoint)")
+    p.add_argument("--metrics", default=os.environ.get("SMARTCLIENT_METRICS", "http://localhost:9464/metrics"),
+                   help="the service's Prometheus endpoint (SMARTCLIENT_METRICS; default http://localhost:9464/metrics)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
+    p.add_argument("--once", action="store_true", help="poll twice, print one frame and exit (no terminal codes)")
     return parser
 
 
@@ -237,6 +243,14 @@ def _bench(args: argparse.Namespace, console: Any) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "top":  # plain text: no rich needed
+        from smartclient.top import run
+
+        try:
+            return run(args.metrics, args.interval, args.once)
+        except SmartClientError as exc:
+            print(f"smartclient top: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
     console = _console()
     try:
         if args.command == "bench":

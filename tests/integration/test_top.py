@@ -1,0 +1,81 @@
+"""``smartclient top`` against a service's real Prometheus endpoint (the OpenTelemetry Prometheus exporter)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from typing import Any
+
+import pytest
+
+from resolvers import LoadBalancer
+from smartclient import Environment
+from smartclient.testing import TestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
+exporter = pytest.importorskip("opentelemetry.exporter.prometheus",
+                               reason="opentelemetry-exporter-prometheus (smartclient[dev]) is needed")
+prometheus = pytest.importorskip("prometheus_client")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def top(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "smartclient.cli", "top", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_service(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    port = free_port()
+    server, thread = prometheus.start_http_server(port, addr="127.0.0.1")
+    provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
+    host, lb_port = rabbitmq_testbed.lb("stream")
+    stream = rabbitmq_unique_name
+    await create_stream_led_by(rabbitmq_testbed, stream, 2)
+    stop = asyncio.Event()
+    try:
+        async with Environment(rabbitmq_testbed.stream_uri(host, lb_port), resolver=LoadBalancer(f"{host}:{lb_port}"),
+                               meter_provider=provider) as env:
+            producer = await env.producer(stream)
+            consumer = await env.consumer(stream, lambda message, context: None, offset="first")
+
+            async def publish() -> None:
+                while not stop.is_set():
+                    await producer.send_many([b"x" * 50] * 200)
+                    await asyncio.sleep(0.01)
+
+            task = asyncio.create_task(publish())
+            code, out, err = await top("--metrics", f"http://127.0.0.1:{port}/metrics", "--once", "--interval", "1")
+            stop.set()
+            await task
+            assert code == 0, err
+            print(out)
+            assert f"{producer.node}" in out and f"{consumer.node}" in out
+            [producer_row] = [line for line in out.splitlines() if str(producer.node) in line and "producer" in line]
+            assert producer_row.split()[-1] == "1"
+            [row] = [line for line in out.splitlines() if stream in line]
+            publish_rate = row.split()[2]
+            assert publish_rate.endswith("/s") and int(publish_rate[:-2].replace(",", "")) > 0
+            assert "LB sessions" in out and "\x1b[" not in out
+    finally:
+        stop.set()
+        provider.shutdown()
+        server.shutdown()
+        await delete_streams(rabbitmq_testbed, stream)
+
+
+async def test_top_says_when_the_endpoint_does_not_answer() -> None:
+    code, out, err = await top("--metrics", f"http://127.0.0.1:{free_port()}/metrics", "--once", "--interval", "0.1")
+    assert code == 2 and "could not read" in err and out == ""
+    code, _, err = await top("--metrics", "localhost:9464", "--once")
+    assert code == 2 and "ConfigurationError" in err
