@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from typing import Any
 
 import pytest
 
@@ -37,7 +36,7 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
     rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
     port = free_port()
-    server, thread = prometheus.start_http_server(port, addr="127.0.0.1")
+    server, _thread = prometheus.start_http_server(port, addr="127.0.0.1")
     provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
     host, lb_port = rabbitmq_testbed.lb("stream")
     stream = rabbitmq_unique_name
