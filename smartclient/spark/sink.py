@@ -19,6 +19,15 @@ With an OpenTelemetry tracer provider given (``tracer_provider=``) or set on the
 each batch is a ``send {stream}`` span there (its batch id, rows written and slots), around the Spark job
 that publishes it.
 
+**A shuffle-free mode** (``partitioning="input"``) is for inputs whose partitions are the same on every
+replay of a batch (smartclient's own source, whose partitions are offset ranges written in Spark's offset
+log; Kafka-style sources; files): each input partition is written in its own order by a producer named
+``{app_id}-p{partition}``, with publishing id ``(batch_id << 32) | position of the row in its partition``.
+No repartition and no sort.  The sink refuses it when the batch's plan shows a shuffle (an ``Exchange``:
+an aggregation, a join that is not broadcast, ``repartition``, ``orderBy``, ``dropDuplicates``, a global
+``limit``) or a non-deterministic expression (``rand()``, ``monotonically_increasing_id()``, a UDF marked
+non-deterministic), since then a replayed batch could put other rows in a partition.
+
 A new checkpoint needs a new ``app_id``: batch ids restart at 0 with a new checkpoint, and the
 broker would drop them as duplicates of the old run's.  ``spark.speculation`` must stay off: a
 speculative task copy would be a second live producer with the same name.
@@ -27,6 +36,9 @@ speculative task copy would be a second live producer with the same name.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,6 +49,8 @@ from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 
 __all__ = ["ExactlyOnceSink", "row_to_message"]
+
+log = logging.getLogger(__name__)
 
 SLOT_COLUMN = "__smartclient_slot"
 PART_COLUMN = "__smartclient_partition_key"
@@ -83,17 +97,26 @@ def _partition_keys(spark: Any, count: int) -> Any:
     return F.create_map(*[F.lit(v) for slot in range(count) for v in (slot, keys[slot])])
 
 
+PARTITIONINGS = ("slots", "input")
+
+
 @dataclass(frozen=True)
 class ExactlyOnceSink:
     """Call it as ``df.writeStream.foreachBatch(ExactlyOnceSink(...))``.
 
     :param connection: how executors reach the cluster (:class:`StreamConnection`).
-    :param app_id: names the producers (``{app_id}-{slot}``); a new checkpoint needs a new app_id.
+    :param app_id: names the producers (``{app_id}-{slot}``, or ``{app_id}-p{partition}`` with
+        ``partitioning="input"``); a new checkpoint needs a new app_id.
     :param stream: the target stream, or
     :param super_stream: the target super stream (then ``slots`` is its partition count).
-    :param key_columns: the columns whose hash picks the slot.
-    :param order_columns: the columns that, with the slot, totally order the rows of a batch.
-    :param slots: number of slots (producers) for a plain stream.
+    :param key_columns: the columns whose hash picks the slot (with ``partitioning="input"``: a super
+        stream's routing key only).
+    :param order_columns: the columns that, with the slot, totally order the rows of a batch (not with
+        ``partitioning="input"``: there the input's own order is kept).
+    :param slots: number of slots (producers) for a plain stream (default 4; not with ``partitioning="input"``).
+    :param partitioning: ``"slots"`` (default: rows repartitioned by slot and sorted) or ``"input"`` (each
+        input partition written in its own order, no shuffle: only for inputs replayed with the same
+        partitions; see the module's documentation).
     :param body_column: the message body (binary or string); other ``property_columns`` become
         application properties.  Or give ``to_message(row) -> bytes | AMQPMessage``.
     :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
@@ -102,11 +125,12 @@ class ExactlyOnceSink:
 
     connection: StreamConnection
     app_id: str
-    key_columns: Sequence[str]
-    order_columns: Sequence[str]
+    key_columns: Sequence[str] = ()
+    order_columns: Sequence[str] = ()
     stream: str | None = None
     super_stream: str | None = None
-    slots: int = 4
+    slots: int | None = None
+    partitioning: str = "slots"
     body_column: str = "body"
     property_columns: Sequence[str] = ()
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
@@ -117,13 +141,59 @@ class ExactlyOnceSink:
             raise ConfigurationError("give ExactlyOnceSink either stream= or super_stream=")
         if not self.app_id:
             raise ConfigurationError("app_id must not be empty: it names the producers")
-        if not self.key_columns or not self.order_columns:
+        if self.partitioning not in PARTITIONINGS:
+            raise ConfigurationError(f"partitioning={self.partitioning!r}: use 'slots' or 'input'")
+        if self.partitioning == "input":
+            if self.order_columns or self.slots is not None:
+                raise ConfigurationError(
+                    "partitioning='input' writes each input partition in its own order, one producer per partition: "
+                    "order_columns and slots belong to partitioning='slots'")
+            if self.super_stream is not None and not self.key_columns:
+                raise ConfigurationError("partitioning='input' to a super stream needs key_columns: the routing key")
+            if self.stream is not None and self.key_columns:
+                raise ConfigurationError("partitioning='input' to a stream takes no key_columns: no slot is picked")
+        elif not self.key_columns or not self.order_columns:
             raise ConfigurationError("ExactlyOnceSink needs key_columns and order_columns (a total order)")
-        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or not 1 <= self.slots <= 200:
-            raise ConfigurationError(f"slots must be between 1 and 200, not {self.slots!r}")
+        slots = self.slots
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 200):
+            raise ConfigurationError(f"slots must be between 1 and 200, not {slots!r}")
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:
+        prepared, targets = self.prepare(df, batch_id)
+        sink = replace(self, tracer_provider=None)  # what the executors get
+        shuffle_free = self.partitioning == "input"
+
+        def write(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            partition = _partition_id() if shuffle_free else None
+            written = sink._write_partition(batches, batch_id, targets, partition)
+            yield pa.RecordBatch.from_pydict({"written": [written]})
+
+        # Arrow batches, not Row objects: handing Python one pickled Row per row would cost far more
+        # than publishing it.
+        tracer = _otel.tracer(self.tracer_provider)  # the driver's, once per batch
+        if tracer is None:
+            prepared.mapInArrow(write, "written long").groupBy().sum("written").collect()
+            return
+        target = self.stream or self.super_stream
+        with _otel.use(tracer.start(f"send {target}", _otel.SpanKind.PRODUCER, {
+                "messaging.system": "rabbitmq", "messaging.destination.name": str(target),
+                "messaging.operation.name": "send", "messaging.operation.type": "send",
+                "smartclient.spark.batch_id": batch_id, "smartclient.spark.app_id": self.app_id,
+                "smartclient.spark.partitioning": self.partitioning,
+                "smartclient.spark.slots": len(targets)})) as span:
+            [row] = prepared.mapInArrow(write, "written long").groupBy().sum("written").collect()
+            span.set_attribute("messaging.batch.message_count", int(row[0] or 0))
+
+    def prepare(self, df: Any, batch_id: int = 0) -> tuple[Any, list[str]]:
+        """The batch as the sink's writers get it, and the stream of each slot: every check, and all the
+        work Spark does before a message is published (the slot column; with ``partitioning="slots"``
+        the repartition by slot and the sort).  ``bench/spark_sink.py`` times it alone as the floor.
+
+        :raises ConfigurationError: speculation is on, the batch id does not fit, or (``"input"``) the
+            plan has a shuffle or a non-deterministic expression."""
         from pyspark.sql import functions as F
 
         spark = df.sparkSession
@@ -134,39 +204,23 @@ class ExactlyOnceSink:
             )
         if not 0 <= batch_id < (1 << 31):
             raise ConfigurationError(f"batch id {batch_id} does not fit the publishing-id layout")
+        if self.partitioning == "input":
+            _require_replayable_partitions(df)
         targets = self._targets()
-        slotted = self._with_slots(df, len(targets))
+        slotted = self._with_slots(df, len(targets)) if len(targets) > 1 or self.partitioning == "slots" else df
         if self.to_message is None and not self.property_columns:  # bodies reach Python as bytes already
             slotted = slotted.withColumn(self.body_column, F.col(self.body_column).cast("binary"))
+        if self.partitioning == "input":
+            return slotted, targets
         ordered = (slotted.withColumn(PART_COLUMN, _partition_keys(spark, len(targets))[F.col(SLOT_COLUMN)])
                    .repartition(len(targets), PART_COLUMN).sortWithinPartitions(SLOT_COLUMN, *self.order_columns))
-        sink = replace(self, tracer_provider=None)  # what the executors get
-
-        def write(batches: Iterator[Any]) -> Iterator[Any]:
-            import pyarrow as pa
-
-            written = sink._write_partition(batches, batch_id, targets)
-            yield pa.RecordBatch.from_pydict({"written": [written]})
-
-        # Arrow batches, not Row objects: handing Python one pickled Row per row would cost far more
-        # than publishing it.
-        tracer = _otel.tracer(self.tracer_provider)  # the driver's, once per batch
-        if tracer is None:
-            ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
-            return
-        target = self.stream or self.super_stream
-        with _otel.use(tracer.start(f"send {target}", _otel.SpanKind.PRODUCER, {
-                "messaging.system": "rabbitmq", "messaging.destination.name": str(target),
-                "messaging.operation.name": "send", "messaging.operation.type": "send",
-                "smartclient.spark.batch_id": batch_id, "smartclient.spark.app_id": self.app_id,
-                "smartclient.spark.slots": len(targets)})) as span:
-            [row] = ordered.mapInArrow(write, "written long").groupBy().sum("written").collect()
-            span.set_attribute("messaging.batch.message_count", int(row[0] or 0))
+        return ordered, targets
 
     def _targets(self) -> list[str]:
-        """The stream of each slot: the stream itself, or the super stream's partitions in order."""
+        """The stream of each slot: the stream itself (once per slot; once in ``"input"`` mode), or the
+        super stream's partitions in order."""
         if self.stream is not None:
-            return [self.stream] * self.slots
+            return [self.stream] * (1 if self.partitioning == "input" else self.slots or DEFAULT_SLOTS)
         super_stream = self.super_stream
         assert super_stream is not None
 
@@ -194,58 +248,121 @@ class ExactlyOnceSink:
         return df.withColumn(SLOT_COLUMN, F.udf(java_slot, IntegerType(), useArrow=False)(key))
 
     # -- executor side --------------------------------------------------------------------------
-    def _write_partition(self, batches: Iterator[Any], batch_id: int, targets: list[str]) -> int:
-        """Publish one Spark partition (Arrow record batches, sorted by slot then order); return the rows."""
+    def _write_partition(self, batches: Iterator[Any], batch_id: int, targets: list[str],
+                         partition: int | None = None) -> int:
+        """Publish one Spark partition's Arrow record batches; return the rows.  With ``partition`` (the
+        ``"input"`` mode) the rows are in the input's order, and go out under ``{app_id}-p{partition}``;
+        without, they are sorted by slot then order, and slot ``s`` goes out under ``{app_id}-{s}``."""
         convert = self.to_message
         if convert is None and self.property_columns:
             def convert(row: Any) -> Any:
                 return row_to_message(row, self.body_column, self.property_columns)
-        # One producer per slot met in this task, all kept open until the end of the task; then every
-        # confirm is awaited at once (slots are distinct producer names, so they may be live together).
-        producers: dict[int, Any] = {}
-        positions: dict[int, int] = {}
-        state = {"written": 0}
-
-        async def publish(env: Any, slots: list[int], bodies: list[Any]) -> None:
-            start = 0
-            while start < len(slots):  # one run of equal slots at a time: the rows are sorted by slot
-                slot = slots[start]
-                end = start
-                while end < len(slots) and slots[end] == slot:
-                    end += 1
-                producer = producers.get(slot)
-                if producer is None:
-                    producer = producers[slot] = await env.producer(targets[slot], name=f"{self.app_id}-{slot}")
-                position = positions.get(slot, 0)
-                if position + (end - start) > MAX_ROWS_PER_SLOT:
-                    raise ConfigurationError(f"more than 2**32 rows in slot {slot} of batch {batch_id}")
-                await producer.send_many(bodies[start:end], first_publishing_id=(batch_id << 32) | position)
-                positions[slot] = position + (end - start)
-                start = end
-            state["written"] += len(bodies)
-
-        async def finish(env: Any) -> None:
-            try:
-                await asyncio.gather(*(p.flush() for p in producers.values()))  # every confirm, before the end
-            finally:
-                for producer in producers.values():
-                    await producer.close()
-
+        writer = _TaskWriter(batch_id)
         try:
             for batch in batches:
-                slots = batch.column(SLOT_COLUMN).to_pylist()
+                if batch.num_rows == 0:
+                    continue
                 if convert is not None:
                     bodies = [convert(row) for row in batch.to_pylist()]
                 else:
-                    bodies = [b.encode() if isinstance(b, str) else b
-                              for b in batch.column(self.body_column).to_pylist()]
-                    if any(b is None for b in bodies):
+                    bodies = batch.column(self.body_column).to_pylist()
+                    if batch.column(self.body_column).null_count:
                         raise ConfigurationError(f"a row has a null body column {self.body_column!r}")
-
-                async def chunk(env: Any, slots: list[int] = slots, bodies: list[Any] = bodies) -> None:
-                    await publish(env, slots, bodies)
-
-                run_with_environment(self.connection, chunk)
+                runs = self._runs(batch, targets, partition, bodies)
+                run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
         finally:
-            run_with_environment(self.connection, finish)
-        return int(state["written"])
+            run_with_environment(self.connection, writer.finish)
+        return writer.written
+
+    def _runs(self, batch: Any, targets: list[str], partition: int | None,
+              bodies: list[Any]) -> list[tuple[str, str, list[Any]]]:
+        """``(stream, producer name, bodies in order)`` for one Arrow batch."""
+        if partition is not None and len(targets) == 1:
+            return [(targets[0], f"{self.app_id}-p{partition}", bodies)]
+        slots = batch.column(SLOT_COLUMN)
+        if partition is not None:  # the input's order, spread over a super stream's partitions
+            grouped: dict[int, list[Any]] = {}
+            for slot, body in zip(slots.to_pylist(), bodies, strict=True):
+                grouped.setdefault(slot, []).append(body)
+            return [(targets[slot], f"{self.app_id}-p{partition}", group) for slot, group in grouped.items()]
+        import pyarrow.compute as pc
+
+        runs = pc.run_end_encode(slots)  # sorted by slot: one run per slot
+        out = []
+        start = 0
+        for slot, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            out.append((targets[slot], f"{self.app_id}-{slot}", bodies[start:end]))
+            start = end
+        return out
+
+
+DEFAULT_SLOTS = 4
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:  # pragma: no cover - only ever called inside a Spark task
+        raise ConfigurationError("partitioning='input' runs inside a Spark task only")
+    return int(context.partitionId())
+
+
+def _same(batches: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - planned, never run
+    return batches
+
+
+def _require_replayable_partitions(df: Any) -> None:
+    """Refuse the ``"input"`` mode when the batch's plan shows a shuffle or a non-deterministic
+    expression: then a replayed batch may put other rows, or other orders, in a partition."""
+    try:
+        # as the writers will run it: under a Python map (a limit at the top of a plan shows its shuffle then)
+        execution = df.mapInArrow(_same, df.schema)._jdf.queryExecution()
+        deterministic = bool(execution.optimizedPlan().deterministic())
+        plan = str(execution.executedPlan().toString())
+    except Exception:  # Spark Connect (no JVM plan to look at)
+        log.warning("partitioning='input': the batch's plan cannot be inspected here; it is assumed to have "
+                    "no shuffle and no non-deterministic expression")
+        return
+    if not deterministic:
+        raise ConfigurationError(
+            "partitioning='input' needs a deterministic batch, and its plan has a non-deterministic expression "
+            "(rand(), monotonically_increasing_id(), a UDF marked non-deterministic...): a replay could differ; "
+            "use partitioning='slots'")
+    shuffles = [line.strip(" +-:*") for line in plan.splitlines()
+                if re.search(r"(^|[\s+\-:*])(Exchange|ShuffleExchange)\b", line)]
+    if shuffles:
+        raise ConfigurationError(
+            f"partitioning='input' needs a batch without a shuffle, and its plan has one ({shuffles[0]}): a replay "
+            "could put other rows in a partition; use partitioning='slots'")
+
+
+class _TaskWriter:
+    """One task's producers: one per (stream, name) met, all kept open to the end of the task, then
+    every confirm awaited at once (the names are distinct, so they may be live together)."""
+
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.producers: dict[tuple[str, str], Any] = {}
+        self.positions: dict[tuple[str, str], int] = {}
+        self.written = 0
+
+    async def publish_runs(self, env: Any, runs: list[tuple[str, str, list[Any]]]) -> None:
+        for stream, name, bodies in runs:
+            key = (stream, name)
+            producer = self.producers.get(key)
+            if producer is None:
+                producer = self.producers[key] = await env.producer(stream, name=name)
+            position = self.positions.get(key, 0)
+            if position + len(bodies) > MAX_ROWS_PER_SLOT:
+                raise ConfigurationError(f"more than 2**32 rows for producer {name} of batch {self.batch_id}")
+            await producer.send_many(bodies, first_publishing_id=(self.batch_id << 32) | position)
+            self.positions[key] = position + len(bodies)
+            self.written += len(bodies)
+
+    async def finish(self, env: Any) -> None:
+        try:
+            await asyncio.gather(*(p.flush() for p in self.producers.values()))  # every confirm, before the end
+        finally:
+            for producer in self.producers.values():
+                await producer.close()

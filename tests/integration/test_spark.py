@@ -89,8 +89,9 @@ async def test_a_traced_sink_batch_is_one_span_on_the_driver_with_its_rows(
     provider.shutdown()
 
 
+@pytest.mark.parametrize("partitioning", ["slots", "input"])
 async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
-    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path, partitioning: str
 ) -> None:
     async with Environment(rabbitmq_testbed.stream_uri(rabbitmq_testbed.nodes[0].host,
                                                        rabbitmq_testbed.nodes[0].stream_port)) as env:
@@ -109,9 +110,10 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
             raise RuntimeError("injected task failure")
         return row["body"].encode()
 
+    shape: dict[str, Any] = ({"partitioning": "input"} if partitioning == "input" else
+                             {"key_columns": ["user"], "order_columns": ["id"], "slots": 3})
     sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
-                           stream=rabbitmq_unique_name, key_columns=["user"], order_columns=["id"], slots=3,
-                           to_message=to_message)
+                           stream=rabbitmq_unique_name, to_message=to_message, **shape)
     query = (rabbitmq_spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)
              .json(str(source)).writeStream.foreachBatch(sink)
              .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
@@ -123,6 +125,8 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name)
     ids = [m["id"] for m in got]
     assert len(ids) == 900 and sorted(ids) == list(range(900))  # 0 missing, 0 duplicated
+    if partitioning == "input":  # one file, one input partition per batch: written in the file's order
+        assert ids == list(range(900))
     by_user: dict[str, list[int]] = defaultdict(list)
     for m in got:
         by_user[m["user"]].append(m["id"])

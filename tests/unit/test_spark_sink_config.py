@@ -29,6 +29,11 @@ def test_connection_crosses_to_executors_and_hides_the_password() -> None:
     ({"stream": "s", "app_id": ""}, "app_id must not be empty"),
     ({"stream": "s", "key_columns": []}, "key_columns and order_columns"),
     ({"stream": "s", "slots": 0}, "between 1 and 200"),
+    ({"stream": "s", "partitioning": "hash"}, "use 'slots' or 'input'"),
+    ({"stream": "s", "partitioning": "input"}, "order_columns and slots belong to partitioning='slots'"),
+    ({"stream": "s", "partitioning": "input", "order_columns": [], "slots": 3}, "order_columns and slots belong"),
+    ({"stream": "s", "partitioning": "input", "order_columns": []}, "takes no key_columns"),
+    ({"super_stream": "t", "partitioning": "input", "order_columns": [], "key_columns": []}, "needs key_columns"),
 ])
 def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"app_id": "a", "key_columns": ["k"], "order_columns": ["o"], **kwargs}
@@ -42,3 +47,10 @@ def test_speculation_is_refused() -> None:
     sink = ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])
     with pytest.raises(ConfigurationError, match=r"spark\.speculation is on"):
         sink(df, 0)
+
+
+def test_the_input_mode_needs_no_order_and_no_slots() -> None:
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input")
+    assert pickle.loads(pickle.dumps(sink)) == sink
+    assert sink._targets() == ["s"]
+    assert ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])._targets() == ["s"] * 4
