@@ -78,23 +78,31 @@ def _amqp_value(value: Any) -> Any:
     return str(value)
 
 
+_PARTITION_KEYS: dict[int, dict[int, int]] = {}  # slot count -> {slot: key}, per driver process
+
+
 def _partition_keys(spark: Any, count: int) -> Any:
     """A map column ``slot -> key`` where Spark's hash partitioning sends ``key`` to partition ``slot``.
 
     Repartitioning by the slot itself hashes the values 0..count-1 into ``count`` partitions, and they
     collide (4 slots once filled only 2 of 4 partitions, one task carrying 70% of the rows).  The keys
-    are found with the very expression Spark's HashPartitioning uses: pmod(hash(key), count).
+    are found with the very expression Spark's HashPartitioning uses: pmod(hash(key), count), on longs,
+    and the map's values are longs too (hash() of an int differs from hash() of the same long).  One
+    small Spark job per slot count, the first time.
     """
     from pyspark.sql import functions as F
 
-    rows = spark.range(count * 64).select(
-        F.col("id"), F.pmod(F.hash(F.col("id")), F.lit(count)).alias("p")).collect()
-    keys: dict[int, int] = {}
-    for row in rows:
-        keys.setdefault(int(row["p"]), int(row["id"]))
-    if len(keys) < count:  # practically impossible; a plain repartition still works, only less evenly
-        keys = {slot: slot for slot in range(count)}
-    return F.create_map(*[F.lit(v) for slot in range(count) for v in (slot, keys[slot])])
+    keys = _PARTITION_KEYS.get(count)
+    if keys is None:
+        rows = spark.range(count * 64).select(
+            F.col("id"), F.pmod(F.hash(F.col("id")), F.lit(count)).alias("p")).collect()
+        keys = {}
+        for row in rows:
+            keys.setdefault(int(row["p"]), int(row["id"]))
+        if len(keys) < count:  # practically impossible; a plain repartition still works, only less evenly
+            keys = {slot: slot for slot in range(count)}
+        _PARTITION_KEYS[count] = keys
+    return F.create_map(*[F.lit(v).cast("long") for slot in range(count) for v in (slot, keys[slot])])
 
 
 PARTITIONINGS = ("slots", "input")

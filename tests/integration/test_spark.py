@@ -134,6 +134,22 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
         assert seq == sorted(seq), user  # the order within each slot is kept
 
 
+def test_every_slot_gets_a_spark_partition_of_its_own(rabbitmq_spark: Any) -> None:
+    """The sink repartitions by a key column chosen so that slot s lands in partition s: one producer
+    per task, and the tasks evenly loaded (the key's type once differed from the one the keys were
+    found for, and 4 slots filled 3 partitions, one of them with two slots)."""
+    from pyspark.sql import functions as F
+
+    from smartclient.spark.sink import PART_COLUMN, SLOT_COLUMN, _partition_keys
+
+    for count in (2, 4, 7):
+        slots = rabbitmq_spark.range(700).select((F.col("id") % count).cast("int").alias(SLOT_COLUMN))
+        spread = (slots.withColumn(PART_COLUMN, _partition_keys(rabbitmq_spark, count)[F.col(SLOT_COLUMN)])
+                  .repartition(count, PART_COLUMN).rdd
+                  .mapPartitionsWithIndex(lambda index, rows: [(index, sorted({row[0] for row in rows}))]).collect())
+        assert sorted(spread) == [(slot, [slot]) for slot in range(count)], (count, spread)
+
+
 async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
