@@ -17,7 +17,8 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   ├── NodeUnreachable         attempts kept landing on other nodes (a sticky LB)
     │   └── NoRpcServer             no RPC server bound on the node the request was published on
     ├── TopologyError               the broker could not describe the stream (no leader yet...)
-    │   └── StreamNotFound          the stream does not exist
+    │   ├── StreamNotFound          the stream does not exist
+    │   └── DataLoss                offsets asked for are gone from the stream (retention truncated it)
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── PublishFailed               the broker answered a message with an error instead of a confirm
     │   └── EnqueueTimeout          no room under max_in_flight within enqueue_timeout; not queued
@@ -41,6 +42,7 @@ __all__ = [
     "CertificateRejected",
     "ConfigurationError",
     "ConnectionFailed",
+    "DataLoss",
     "EnqueueTimeout",
     "FaultUnavailable",
     "FeatureNotSupported",
@@ -148,6 +150,18 @@ class TopologyError(SmartClientError):
 
 class StreamNotFound(TopologyError):
     """The stream does not exist on the broker."""
+
+
+class DataLoss(TopologyError):
+    """Offsets asked for are no longer in the stream: retention removed them.  The message names the
+    stream and the lost range; ``stream``, ``first`` and ``end`` (exclusive) hold them."""
+
+    def __init__(self, message: str, stream: str = "", first: int = 0, end: int = 0) -> None:
+        super().__init__(message)
+        self.stream, self.first, self.end = stream, first, end
+
+    def __reduce__(self) -> tuple[type[DataLoss], tuple[str, str, int, int]]:  # crosses processes intact
+        return (type(self), (str(self), self.stream, self.first, self.end))
 
 
 class FeatureNotSupported(SmartClientError):

@@ -17,12 +17,22 @@ Offsets are ``{stream: next offset}``.  Options:
 * ``streams``: comma-separated;
 * batch: ``startingOffsets`` / ``endingOffsets``: ``earliest``/``latest`` or JSON ``{"stream": offset}``;
 * ``maxRecordsPerPartition`` (default 50000): a range is split into partitions of at most that many;
+* ``minPartitions``: at least that many partitions per batch (the ranges split in proportion to their
+  size, as Kafka's source does), for parallelism when few streams carry much; partitions depend only on
+  the batch's offsets and these two options, so a replayed batch reads the same partitions;
+* ``failOnDataLoss`` (default ``true``): a range whose first offsets retention removed from the stream
+  fails the read with :class:`~smartclient.DataLoss`, naming the stream and the lost offsets; ``false``
+  skips them with a warning (in the executor's log) and reads what is left;
 * streaming: ``startingOffsets`` (``earliest``, default, or ``latest``); ``maxRecordsPerTrigger``: each
   micro-batch ends at most that many records past its start, summed over ``streams`` (shared out
   evenly, what one stream leaves unused going to the others).  It needs PySpark 4.2+, which gives
   Python stream readers admission control (``latestOffset(start, limit)`` and
   ``getDefaultReadLimit()``); on 4.0 and 4.1 the option is refused with a clear error.  On 4.2+
   ``Trigger.AvailableNow`` stops where the streams end when the query starts, in capped batches.
+
+How far a query lags: :func:`offsets_behind` of ``query.lastProgress`` gives, per stream, how many
+offsets the batch's end was behind the stream's end when the batch was planned (``reportLatestOffset``,
+PySpark 4.2+; Python sources cannot report custom source metrics).
 
 A stream's end comes from StreamStats: ``committed_offset`` + 1 where the broker reports it
 (RabbitMQ 4.3); otherwise (4.0) it is inferred by reading the last committed chunk.
@@ -36,6 +46,7 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,13 +54,13 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
-from smartclient._errors import ConfigurationError
+from smartclient._errors import ConfigurationError, DataLoss
 from smartclient.core.address import Address
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
 
-__all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets"]
+__all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets", "offsets_behind"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +105,41 @@ def _streams(options: dict[str, str]) -> list[str]:
     if not streams:
         raise ConfigurationError("the rabbitmq_stream source needs option('streams', 'a,b')")
     return streams
+
+
+def _bool_option(options: dict[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigurationError(f"option {name}={raw!r}: use 'true' or 'false'")
+    return value == "true"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The options every reader shares: how to reach the cluster, which streams, how to split and read."""
+
+    connection: StreamConnection
+    streams: list[str]
+    size: int
+    min_partitions: int | None
+    decode: bool
+    fail_on_data_loss: bool
+
+    @classmethod
+    def of(cls, options: dict[str, str]) -> _Reading:
+        return cls(_connection(options), _streams(options),
+                   _int_option(options, "maxrecordsperpartition", 50_000) or 50_000,
+                   _int_option(options, "minpartitions", None), _decode_option(options),
+                   _bool_option(options, "failondataloss", True))
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[OffsetRange]:
+        return _split(start, end, self.size, self.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        return _read(self.connection, partition, self.decode, self.fail_on_data_loss)
 
 
 def _int_option(options: dict[str, str], name: str, default: int | None) -> int | None:
@@ -211,16 +257,28 @@ def cap_batch_end(start: dict[str, int], latest: dict[str, int], max_records: in
     return {**latest, **end}
 
 
-def _split(start: dict[str, int], end: dict[str, int], size: int) -> list[OffsetRange]:
+def _split(start: dict[str, int], end: dict[str, int], size: int,
+           min_partitions: int | None = None) -> list[OffsetRange]:
+    """Each stream's range in pieces of at most ``size``; with ``min_partitions``, at least that many
+    pieces over all streams (as far as there are offsets), each range cut in proportion to its share."""
+    ranges = [(stream, first, end.get(stream, first)) for stream, first in start.items()]
+    total = sum(max(last - first, 0) for _, first, last in ranges)
     parts = []
-    for stream, first in start.items():
-        last = end.get(stream, first)
-        for lo in range(first, last, size):
-            parts.append(OffsetRange(stream, lo, min(lo + size, last)))
+    for stream, first, last in ranges:
+        count = last - first
+        if count <= 0:
+            continue
+        step = size
+        if min_partitions is not None and total:
+            pieces = max(math.ceil(count / size), math.ceil(count * min_partitions / total))
+            step = max(math.ceil(count / min(pieces, count)), 1)
+        for lo in range(first, last, step):
+            parts.append(OffsetRange(stream, lo, min(lo + step, last)))
     return parts
 
 
-def _read(connection: StreamConnection, partition: InputPartition, decode: bool = False) -> Iterator[Row]:
+def _read(connection: StreamConnection, partition: InputPartition, decode: bool = False,
+          fail_on_data_loss: bool = True) -> Iterator[Row]:
     if not isinstance(partition, OffsetRange):
         raise ConfigurationError(f"unexpected partition {partition!r} for the rabbitmq_stream source")
     part = partition
@@ -232,8 +290,11 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
 
         rows: list[Row] = []
         done = asyncio.Event()
+        first: list[int] = []  # the first offset delivered: after part.start only if retention removed it
 
         def on_message(message: Any, context: Any) -> None:
+            if not first:
+                first.append(context.offset)
             if part.start <= context.offset < part.end:
                 if decode:
                     body, key = decode_amqp(bytes(message), f"offset {context.offset} of stream {part.stream!r}")
@@ -248,25 +309,60 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
             await asyncio.wait_for(done.wait(), 60)
         finally:
             await consumer.close()
+        if first and first[0] > part.start:
+            _lost(part, min(first[0], part.end), fail_on_data_loss)
         return rows
 
     return iter(run_with_environment(connection, work))
 
 
+def _lost(part: OffsetRange, end: int, fail: bool) -> None:
+    what = (f"offsets {part.start} to {end - 1} of stream {part.stream!r} are gone: retention removed them "
+            f"before they were read")
+    if fail:
+        raise DataLoss(f"{what} (option failOnDataLoss=false skips them with a warning)", part.stream, part.start, end)
+    log.warning("%s; skipped (failOnDataLoss=false)", what)
+
+
+def offsets_behind(progress: Any) -> dict[str, int]:
+    """Per stream, how many offsets a micro-batch's end was behind the stream's end when the batch was
+    planned: ``latestOffset - endOffset`` of each source of ``progress`` (``query.lastProgress``, a
+    ``StreamingQueryProgress`` or its dict) whose offsets are ``{stream: offset}``, as this source's are.
+    Needs ``latestOffset`` in the progress (PySpark 4.2+ asks ``reportLatestOffset``); empty without."""
+    sources = progress.get("sources") if isinstance(progress, dict) else getattr(progress, "sources", None)
+    behind: dict[str, int] = {}
+    for source in sources or ():
+        end, latest = (_offsets(source.get(key) if isinstance(source, dict) else getattr(source, key, None))
+                       for key in ("endOffset", "latestOffset"))
+        for stream, offset in latest.items():
+            if stream in end:
+                behind[stream] = max(offset - end[stream], 0)
+    return behind
+
+
+def _offsets(value: Any) -> dict[str, int]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
 class _BatchReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.connection = _connection(options)
-        streams = _streams(options)
-        self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
-        self.start = _resolve(options.get("startingoffsets"), "earliest", streams, self.connection)
-        self.end = _resolve(options.get("endingoffsets"), "latest", streams, self.connection)
-        self.decode = _decode_option(options)
+        self.reading = _Reading.of(options)
+        connection, streams = self.reading.connection, self.reading.streams
+        self.start = _resolve(options.get("startingoffsets"), "earliest", streams, connection)
+        self.end = _resolve(options.get("endingoffsets"), "latest", streams, connection)
 
     def partitions(self) -> Sequence[InputPartition]:
-        return _split(self.start, self.end, self.size)
+        return self.reading.partitions(self.start, self.end)
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
-        return _read(self.connection, partition, self.decode)
+        return self.reading.read(partition)
 
 
 class _StreamReader(DataSourceStreamReader):
@@ -278,9 +374,8 @@ class _StreamReader(DataSourceStreamReader):
     """
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.connection = _connection(options)
-        self.streams = _streams(options)
-        self.size = _int_option(options, "maxrecordsperpartition", 50_000) or 50_000
+        self.reading = _Reading.of(options)
+        self.connection, self.streams = self.reading.connection, self.reading.streams
         self.max_per_trigger = _int_option(options, "maxrecordspertrigger", None)
         if self.max_per_trigger is not None and not admission_control_supported():
             import pyspark
@@ -291,7 +386,6 @@ class _StreamReader(DataSourceStreamReader):
                 f"latestOffset() gets no start and no limit); split the work with maxRecordsPerPartition instead"
             )
         self.starting = options.get("startingoffsets", "earliest")
-        self.decode = _decode_option(options)
         self.latest: dict[str, int] | None = None  # where the streams ended at the last latestOffset
         self.available_now: dict[str, int] | None = None  # Trigger.AvailableNow: where the query stops
 
@@ -327,10 +421,10 @@ class _StreamReader(DataSourceStreamReader):
         return self.latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        return _split(start, end, self.size)
+        return self.reading.partitions(start, end)
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
-        return _read(self.connection, partition, self.decode)
+        return self.reading.read(partition)
 
     def commit(self, end: dict[str, int]) -> None:
         return None  # nothing to release: offsets live in Spark's checkpoint

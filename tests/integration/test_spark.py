@@ -215,6 +215,35 @@ async def test_batch_read_returns_exactly_an_offset_range(
     assert everything == 100  # earliest to latest by default
 
 
+async def test_a_range_retention_removed_fails_naming_the_lost_offsets_or_is_skipped_with_fail_on_data_loss_off(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    from smartclient import StreamArguments
+
+    stream = rabbitmq_unique_name
+    host, port = rabbitmq_testbed.lb("stream")
+    async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        await env.create_stream(stream, StreamArguments(max_length_bytes=60_000, max_segment_size_bytes=20_000))
+        producer = await env.producer(stream)
+        for start in range(0, 600, 50):  # 600 messages of about 1 kB, a chunk of 50 at a time: segments roll
+            await producer.send_batch([json.dumps({"id": i, "pad": "x" * 1000}).encode()
+                                       for i in range(start, start + 50)])
+        first: list[int] = []
+
+        async def truncated() -> bool:
+            first[:] = [int((await env.stream_stats(stream)).get("first_chunk_id", 0))]
+            return first[0] > 0
+
+        await wait_until(truncated, 30, lambda: f"retention to remove the first segment of {stream}")
+    df = source(rabbitmq_spark, rabbitmq_testbed, stream).option("startingOffsets", json.dumps({stream: 0}))
+    with pytest.raises(Exception, match=rf"offsets 0 to \d+ of stream '{stream}' are gone") as failed:
+        await asyncio.to_thread(df.load().collect)
+    print(f"failOnDataLoss=true: {str(failed.value).splitlines()[0][:200]}")
+    got = await asyncio.to_thread(df.option("failOnDataLoss", "false").load().collect)
+    offsets = sorted(r.offset for r in got)
+    assert offsets == list(range(offsets[0], 600)) and offsets[0] >= first[0] > 0  # what is left, once
+
+
 def micro_batches(spark: Any, bed: TestBed, streams: str, checkpoint: Path, available_now: bool = False,
                   **options: str) -> list[list[tuple[str, int]]]:
     """Run a streaming query of the source until it has caught up (with ``available_now``: until it

@@ -1,9 +1,11 @@
 """The Spark source's decisions that need no broker: how a capped micro-batch ends, how the reader
-answers Spark's admission-control calls, and where a stream ends with and without ``committed_offset``."""
+answers Spark's admission-control calls, where a stream ends with and without ``committed_offset``, how
+ranges split (``minPartitions``), and how far a query lags."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 
 from smartclient import ConfigurationError
 from smartclient.spark import RabbitStreamDataSource, source
-from smartclient.spark.source import _next_offset, admission_control_supported, cap_batch_end
+from smartclient.spark.source import _next_offset, _split, admission_control_supported, cap_batch_end, offsets_behind
 
 OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
 
@@ -140,3 +142,39 @@ def test_without_committed_offset_the_end_is_read_from_the_last_chunk() -> None:
     assert env.subscribed == [OffsetSpec.at(96)]
     empty = FakeEnvironment({"committed_chunk_id": -1, "first_chunk_id": -1, "last_chunk_id": -1})
     assert asyncio.run(_next_offset(empty, "s")) == 0 and empty.subscribed == []
+
+
+def test_min_partitions_cuts_the_ranges_in_proportion_and_covers_each_offset_once() -> None:
+    start, end = {"a": 0, "b": 100, "c": 5}, {"a": 900, "b": 200, "c": 5}
+    assert len(_split(start, end, 50_000)) == 2  # one piece per non-empty stream without it
+    parts = _split(start, end, 50_000, min_partitions=10)
+    assert len(parts) >= 10
+    assert len([p for p in parts if p.stream == "a"]) == 9 and len([p for p in parts if p.stream == "b"]) == 1
+    for stream in ("a", "b"):
+        covered = [o for p in parts if p.stream == stream for o in range(p.start, p.end)]
+        assert covered == list(range(start[stream], end[stream]))
+    assert _split(start, end, 50_000, min_partitions=10) == parts  # the same offsets, the same partitions
+    assert len(_split({"a": 0}, {"a": 3}, 50_000, min_partitions=10)) == 3  # never an empty piece
+    assert _split({"a": 0}, {"a": 100}, 20, min_partitions=2) == _split({"a": 0}, {"a": 100}, 20)
+
+
+def test_offsets_behind_reads_latest_minus_end_from_a_query_progress() -> None:
+    progress = {"sources": [
+        {"description": "rabbitmq_stream", "endOffset": '{"a": 10, "b": 7}', "latestOffset": '{"a": 25, "b": 7}'},
+        {"description": "kafka", "endOffset": {"t": {"0": 5}}, "latestOffset": {"t": {"0": 9}}},
+    ]}
+    assert offsets_behind(progress) == {"a": 15, "b": 0}
+    assert offsets_behind({"sources": [{"endOffset": '{"a": 1}', "latestOffset": None}]}) == {}
+    assert offsets_behind(None) == {}
+
+
+@pytest.mark.parametrize("value, error", [("maybe", "failondataloss='maybe': use 'true' or 'false'"),
+                                          ("0", "minpartitions=0 must be positive")])
+def test_bad_source_options_are_refused_by_name(value: str, error: str) -> None:
+    from smartclient.spark.source import _Reading
+
+    name = "failOnDataLoss" if "failondataloss" in error else "minPartitions"
+    options = {"uri": "rabbitmq-stream://u:p@lb:5552/", "streams": "a", name.lower(): value}
+    with pytest.raises(ConfigurationError, match=re.escape(error)):
+        _Reading.of(options)
+    assert _Reading.of({"uri": "rabbitmq-stream://u:p@lb:5552/", "streams": "a"}).fail_on_data_loss is True
