@@ -8,7 +8,8 @@ names, units and descriptions of ``docs/observability.md`` live in one table (:d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["INSTRUMENTS", "Meter", "SpanKind", "Tracer", "configured", "current", "extract", "inject", "meter",
@@ -105,8 +106,11 @@ def recorded(m: Meter, name: str) -> Any:
     kind, unit, description = INSTRUMENTS[name]
     if kind == "count":
         return m.create_counter(name, unit=unit, description=description)
-    return m.create_histogram(name, unit=unit, description=description,  # (advice: API 1.23+; the extra needs 1.27)
-                              explicit_bucket_boundaries_advisory=list(BUCKETS.get(name, _SECONDS)))
+    try:
+        return m.create_histogram(name, unit=unit, description=description,
+                                  explicit_bucket_boundaries_advisory=list(BUCKETS.get(name, _SECONDS)))
+    except TypeError:  # an opentelemetry-api before 1.23 (installed by something else) takes no bucket advice
+        return m.create_histogram(name, unit=unit, description=description)
 
 
 # -- traces ------------------------------------------------------------------------------------------------
@@ -130,20 +134,21 @@ class Tracer:
         self._trace = trace
 
     def start(self, name: str, kind: str = SpanKind.INTERNAL, attributes: Attributes | None = None,
-              start_time: int | None = None, links: Iterable[Any] = (), parent: Any = None) -> Any:
-        """A started span (``parent``: a span context; default: the current span)."""
+              start_time: int | None = None, links: Iterable[Any] = (), parent: Any = None,
+              root: bool = False) -> Any:
+        """A started span (``parent``: a span context; default: the current span; ``root``: none, a trace
+        of its own, for spans made in the client's long-lived tasks, whose current span is stale)."""
         context = None
         if parent is not None:
             context = self._trace.set_span_in_context(self._trace.NonRecordingSpan(parent))
+        elif root:
+            from opentelemetry.context import Context
+
+            context = Context()
         return self._tracer.start_span(name, context=context, kind=getattr(self._trace.SpanKind, kind),
                                        attributes=dict(attributes or {}), start_time=start_time,
                                        links=[self._trace.Link(c) for c in links] or None)
 
-    def error(self, span: Any, exc: BaseException) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def tracer(provider: Any = None, name: str = "smartclient") -> Tracer | None:
@@ -157,6 +162,23 @@ def tracer(provider: Any = None, name: str = "smartclient") -> Tracer | None:
                                                                            "NoOpTracerProvider"):
         return None
     return Tracer(trace.get_tracer(name, tracer_provider=provider))
+
+
+@contextlib.contextmanager
+def detached() -> Iterator[None]:
+    """No current span inside: tasks created here (a connection's reader, its dial) do not keep the span of
+    whatever called them as their current span for their whole life.  Other context variables (deadlines)
+    still travel.  Nothing to do without OpenTelemetry."""
+    try:
+        from opentelemetry import context
+    except ImportError:
+        yield
+        return
+    token = context.attach(context.Context())
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def current() -> Any:

@@ -14,6 +14,7 @@ With tracing (a ``tracer_provider`` given, or the global one set; ``smartclient[
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -187,16 +188,16 @@ class _NodeServer(threading.Thread):
                                       "messaging.message.conversation_id": str(properties.correlation_id)},
                                      parent=_otel.extract(properties.headers or {}))
         try:
-            reply = self.handler(body, properties)
+            with contextlib.nullcontext() if span is None else _otel.use(span, end=False):  # the handler's spans nest
+                reply = self.handler(body, properties)
         except Exception as exc:  # the client gets the error as the reply, flagged in a header
             log.warning("RPC handler on %s failed: %s", self.placed.node, exc)
-            reply, headers = str(exc).encode(), {"x-rpc-error": type(exc).__name__}
-            if span is not None and self.tracer is not None:
-                self.tracer.error(span, exc)
+            reply, headers = str(exc).encode(), {"x-rpc-error": type(exc).__name__}  # (the span recorded it)
         else:
             headers = {}
-        if span is not None:
-            span.end()
+        finally:
+            if span is not None:
+                span.end()
         if properties.reply_to:
             channel.basic_publish(
                 "", properties.reply_to, reply,

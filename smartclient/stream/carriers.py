@@ -188,8 +188,11 @@ class Carriers:
                 streams.discard(handle.stream)
         self.placement.forget(handle._carrier, handle.stream)
         if handle in self.handles:
-            self.handles.remove(handle)
-            if self.telemetry is not None:
+            if self.telemetry is None:
+                self.handles.remove(handle)
+                return
+            with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
+                self.handles.remove(handle)
                 self.telemetry.retire(handle)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
@@ -230,6 +233,10 @@ class Carriers:
                 log.debug("closing %r: %s", handle, result)
             elif isinstance(result, BaseException):
                 raise result
-        for carriers in self._carriers.values():
-            for carrier, _ in carriers:
-                await carrier.close()
+        try:
+            for carriers in self._carriers.values():
+                for carrier, _ in carriers:
+                    await carrier.close()
+        finally:
+            if self.telemetry is not None:
+                self.telemetry.close()

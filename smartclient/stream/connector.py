@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+from smartclient import _otel
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
@@ -130,7 +131,8 @@ class StreamConnector:
         wins and the other is closed.  (An LB holds a connection it sent to a node that has just died while it
         retries that node; the second dial goes to the next one.)
         """
-        first = asyncio.ensure_future(self._dial_once(target, name, client_class))
+        with _otel.detached():  # the connection's tasks outlive the caller's span
+            first = asyncio.ensure_future(self._dial_once(target, name, client_class))
         hedge = self.retry.hedge_after
         if not hedge:
             return await first
@@ -142,7 +144,8 @@ class StreamConnector:
         if done:
             return first.result()
         log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
-        second = asyncio.ensure_future(self._dial_once(target, name, client_class))
+        with _otel.detached():
+            second = asyncio.ensure_future(self._dial_once(target, name, client_class))
         return await _first_opened([first, second], self)
 
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:

@@ -40,6 +40,7 @@ _PUBLISH_KEY = 0x0002
 _HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
 _ENTRY = struct.Struct(">QI")  # publishing id, message size
 _ENTRY_V2 = struct.Struct(">Qh")  # publishing id, filter value size (-1: none)
+_WRITTEN_FRAMES = 4096  # frames awaiting their confirm that are timed (metrics and traces)
 _FRAME_OVERHEAD = _HEADER.size  # 13 bytes
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
 CONNECTION_LOST = -1  # Confirmation.code of a message failed by the client (recovery gave up, producer closed)
@@ -132,7 +133,10 @@ class PublishBuffer:
         self.timed_out = 0
         #: told, once per confirm frame, the time and the Publish frames it confirmed (metrics and traces)
         self.on_confirmed = on_confirmed
-        self._written: deque[tuple[int, float, int]] = deque()  # (a frame's last publishing id, written at, size)
+        # (a frame's last publishing id, written at, size): cleared on a recovery or close, bounded if confirms
+        # never come (timing is lost then, never a message)
+        self._written: deque[tuple[int, float, int]] = deque(maxlen=_WRITTEN_FRAMES)
+        self._high = -1  # the highest publishing id written so far: what is at or below it is written again
         self._bind(client, publisher_id)
 
     @property
@@ -172,7 +176,8 @@ class PublishBuffer:
         self._ids = []
         self._parts = []
         self._bytes = _FRAME_OVERHEAD
-        count = 0
+        self._written.clear()  # their confirms would time the outage; the frames written again are timed anew
+        count, sent = 0, self.sent
         for pid in sorted(self._pending):  # synchronous: no send can slip in between
             entry = self._pending[pid]
             if len(entry) + _FRAME_OVERHEAD > self.frame_max:
@@ -185,7 +190,7 @@ class PublishBuffer:
             self._bytes += len(entry)
             count += 1
         self._write()
-        self.resent += count
+        self.resent += count - (self.sent - sent)  # not those queued while suspended and written the first time
         return count
 
     def fail_all(self, reason: str) -> None:
@@ -199,6 +204,7 @@ class PublishBuffer:
         self._ids = []
         self._parts = []
         self._bytes = _FRAME_OVERHEAD
+        self._written.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -312,14 +318,17 @@ class PublishBuffer:
             self._parts = []
             self._bytes = _FRAME_OVERHEAD
             return
+        ids = self._ids
         header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
         frame = header + b"".join(self._parts)
         if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
-            self._written.append((self._ids[-1], time.monotonic(), count))
+            self._written.append((ids[-1], time.monotonic(), count))
+        # ids rise within a frame and from frame to frame; only a recovery writes some again
+        self.sent += count if ids[0] > self._high else sum(1 for pid in ids if pid > self._high)
+        self._high = max(self._high, ids[-1])
         self._ids = []
         self._parts = []
         self._bytes = _FRAME_OVERHEAD
-        self.sent += count
         try:
             self._seam.writer_of(self.client).write(frame)
         except (AttributeError, RuntimeError, OSError) as exc:  # closed under us: recover, nothing is lost
@@ -384,6 +393,10 @@ class PublishBuffer:
         if frame.publisher_id != self.publisher_id:
             return
         retry = None
+        if self._written and frame.errors:  # frames that end at or below a refused id are not confirmed ones
+            highest = max(error.publishing_id for error in frame.errors)
+            while self._written and self._written[0][0] <= highest:
+                self._written.popleft()
         for error in frame.errors:
             if error.response_code in _RETRIABLE:
                 retry = _RETRIABLE[error.response_code]  # stays pending; sent again after recovery

@@ -9,6 +9,8 @@ so the counters never go down.  Placement and recovery times are recorded when t
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 import weakref
 from collections import Counter
@@ -28,6 +30,64 @@ def _on(stream: str) -> dict[str, str]:
     return {**_SYSTEM, "messaging.destination.name": stream}
 
 
+Reading = Callable[[], Iterable[tuple[float, dict[str, str]]]]
+AttributeKey = tuple[tuple[str, str], ...]
+
+
+class _Shared:
+    """The instruments of one meter, made once: the SDK hands back the first instrument of a name, with its
+    first callbacks, when an Environment asks again.  Each observed reading adds up the live Environments'
+    readings and, for counters, what closed ones left behind.  ``lock`` is held while reading, and by the
+    event loop while a handle's totals move from live to retired, so a reading never sees them twice or
+    not at all."""
+
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+        self.lock = threading.Lock()
+        self.live: list[StreamTelemetry] = []
+        self.left: dict[str, dict[AttributeKey, float]] = {}
+        self.instruments = [_otel.observed(meter, name, functools.partial(self.read, name)) for name in OBSERVED]
+        self.recorded = {name: _otel.recorded(meter, name) for name in RECORDED}
+
+    def read(self, name: str) -> Iterable[tuple[float, dict[str, str]]]:
+        with self.lock:
+            totals = dict(self.left.get(name, {}))
+            for telemetry in self.live:
+                for value, attributes in telemetry.readings[name]():
+                    key = tuple(sorted(attributes.items()))
+                    totals[key] = totals.get(key, 0) + value
+        return [(value, dict(key)) for key, value in sorted(totals.items())]
+
+    def join(self, telemetry: StreamTelemetry) -> None:
+        with self.lock:
+            self.live.append(telemetry)
+
+    def leave(self, telemetry: StreamTelemetry) -> None:
+        """A closed Environment: its counters' totals stay counted; its gauges and up-down counters go."""
+        with self.lock:
+            if telemetry not in self.live:
+                return
+            for name in OBSERVED:
+                if _otel.INSTRUMENTS[name][0] == "counter":
+                    left = self.left.setdefault(name, {})
+                    for value, attributes in telemetry.readings[name]():
+                        key = tuple(sorted(attributes.items()))
+                        left[key] = left.get(key, 0) + value
+            self.live.remove(telemetry)
+
+
+_SHARED: dict[int, _Shared] = {}  # id(meter) -> its instruments (the _Shared holds the meter)
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(meter: Any) -> _Shared:
+    with _SHARED_LOCK:
+        shared = _SHARED.get(id(meter))
+        if shared is None or shared.meter is not meter:
+            shared = _SHARED[id(meter)] = _Shared(meter)
+        return shared
+
+
 class StreamTelemetry:
     """The instruments of one Environment (``carriers`` holds its handles, placement and connector)."""
 
@@ -37,7 +97,7 @@ class StreamTelemetry:
         self.retired: dict[str, Counter[str]] = {key: Counter() for key in (*_PRODUCER_COUNTS, "recoveries")}
         self._began: dict[int, float] = {}  # id(handle) -> when its recovery began
         self.placers: weakref.WeakSet[Any] = weakref.WeakSet()  # the Environment's AMQP and MQTT placers
-        observed = {
+        self.readings: dict[str, Reading] = {
             "rabbitmq.stream.published": lambda: self._producers("published"),
             "messaging.client.sent.messages": lambda: self._producers("published"),
             "rabbitmq.stream.confirmed": lambda: self._producers("confirmed"),
@@ -56,15 +116,22 @@ class StreamTelemetry:
             "smartclient.clients": self._placed_clients,
             "smartclient.dns.lookups": self._dns,
         }
-        self.instruments = [_otel.observed(meter, name, reading) for name, reading in observed.items()]
-        self.placement_time = _otel.recorded(meter, "smartclient.placement.duration")
-        self.recovery_time = _otel.recorded(meter, "smartclient.recovery.duration")
-        self.confirm_time = _otel.recorded(meter, "messaging.client.operation.duration")
-        self.chunk_sizes = _otel.recorded(meter, "rabbitmq.stream.chunk_size")
-        self.placement_sessions = _otel.recorded(meter, "smartclient.placement.attempts")
-        self.resolution_time = _otel.recorded(meter, "smartclient.resolution.duration")
+        self.shared = _shared(meter)
+        self.lock = self.shared.lock
+        recorded = self.shared.recorded
+        self.placement_time = recorded["smartclient.placement.duration"]
+        self.recovery_time = recorded["smartclient.recovery.duration"]
+        self.confirm_time = recorded["messaging.client.operation.duration"]
+        self.chunk_sizes = recorded["rabbitmq.stream.chunk_size"]
+        self.placement_sessions = recorded["smartclient.placement.attempts"]
+        self.resolution_time = recorded["smartclient.resolution.duration"]
         self._time_resolution(carriers.placement.connector.resolution)
         carriers.placement.on_placed = self.placed
+        self.shared.join(self)
+
+    def close(self) -> None:
+        """The Environment closed: its counters' totals stay in the meter's readings, the rest goes."""
+        self.shared.leave(self)
 
     # -- readings (called by the reader's collection) --------------------------------------------------
     def _producers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
@@ -72,7 +139,7 @@ class StreamTelemetry:
         messages in flight (``in_flight``: live handles only)."""
         totals = Counter(self.retired.get(what, {}))
         attribute = _PRODUCER_COUNTS.get(what, what)
-        for handle in self.carriers.handles:
+        for handle in list(self.carriers.handles):
             if handle.role is Role.PRODUCER and (buffer := getattr(handle, "buffer", None)) is not None:
                 totals[handle.stream] += getattr(buffer, attribute)
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
@@ -80,7 +147,7 @@ class StreamTelemetry:
     def _consumers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
         totals: Counter[str] = Counter()
         for carrier in self.carriers.carriers(Role.CONSUMER):
-            totals.update(getattr(carrier, what, {}))
+            totals.update(dict(getattr(carrier, what, {})))  # a copy: the event loop adds streams meanwhile
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     def _connections(self) -> Iterable[tuple[float, dict[str, str]]]:
@@ -98,13 +165,13 @@ class StreamTelemetry:
 
     def _recoveries(self) -> Iterable[tuple[float, dict[str, str]]]:
         totals = Counter(self.retired["recoveries"])
-        for handle in self.carriers.handles:
+        for handle in list(self.carriers.handles):
             totals[handle.stream] += handle.recoveries
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     def _placed_clients(self) -> Iterable[tuple[float, dict[str, str]]]:
         counts: Counter[tuple[str, str]] = Counter()
-        for placer in list(self.placers):
+        for placer in _copy(self.placers):
             for node, n in placer.clients_per_node().items():
                 counts[(placer.protocol, node)] += n
         return [(n, {**_SYSTEM, "network.protocol.name": protocol, "server.node": node})
@@ -165,3 +232,27 @@ class StreamTelemetry:
         if handle.role is Role.PRODUCER and getattr(handle, "buffer", None) is not None:
             for what, attribute in _PRODUCER_COUNTS.items():
                 self.retired[what][handle.stream] += getattr(handle.buffer, attribute)
+
+
+def _copy(items: Iterable[Any]) -> list[Any]:
+    """A copy of a set the event loop may change while the reader's thread copies it."""
+    for _ in range(8):
+        try:
+            return list(items)
+        except RuntimeError:  # "changed size during iteration": try again
+            continue
+    return []
+
+
+OBSERVED = (
+    "rabbitmq.stream.published", "messaging.client.sent.messages", "rabbitmq.stream.confirmed",
+    "rabbitmq.stream.errored", "smartclient.recovery.resent", "rabbitmq.stream.outstanding_publish_confirm",
+    "rabbitmq.stream.consumed", "messaging.client.consumed.messages", "rabbitmq.stream.chunk",
+    "rabbitmq.stream.connections", "smartclient.connections", "smartclient.placement.sessions",
+    "smartclient.placement.mismatches", "smartclient.placement.reused", "smartclient.recoveries",
+    "smartclient.clients", "smartclient.dns.lookups",
+)
+RECORDED = (
+    "smartclient.placement.duration", "smartclient.recovery.duration", "messaging.client.operation.duration",
+    "rabbitmq.stream.chunk_size", "smartclient.placement.attempts", "smartclient.resolution.duration",
+)

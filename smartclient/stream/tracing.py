@@ -7,6 +7,9 @@ runs.  With tracing on, every span is per placement, per Publish frame or per ch
 - ``send {stream}`` per Publish frame, from its write to its confirm (made when the confirm arrives);
 - ``process {stream}`` per chunk, current while the chunk's messages are in the callback.
 
+Frame and chunk spans are roots: they are made in the connection's reader and delivery tasks, whose own
+current span would be whatever was current when they were created.
+
 With trace-context propagation on (off by default: it adds about 90 bytes and an AMQP 1.0 envelope to each
 message), each message also gets a ``create {stream}`` span whose W3C context it carries in its application
 properties, and each delivered message a ``process {stream}`` span that links to it.
@@ -58,8 +61,11 @@ class StreamTracing:
 
     def attempt(self, attempt: Attempt) -> None:
         """One attempt of the placement under way (an event of its span)."""
+        span = _otel.current()
+        if not span.is_recording() or getattr(span, "name", None) != "smartclient.place":
+            return  # an attempt outside a placement (a statistics connection): no span of its own to add to
         accepted = attempt.outcome.startswith(("accepted", "reused"))
-        _otel.current().add_event("attempt", {
+        span.add_event("attempt", {
             "smartclient.target": str(attempt.target), "smartclient.dialled": str(attempt.dialled or ""),
             "smartclient.reported": str(attempt.reported or ""), "smartclient.accepted": accepted,
             "smartclient.outcome": attempt.outcome})
@@ -74,7 +80,7 @@ class StreamTracing:
             for last, written, count in frames:
                 span = start(name, _otel.SpanKind.PRODUCER, {**attributes, "messaging.batch.message_count": count,
                                                               "messaging.message.id": str(last)},
-                             start_time=wall - int((now - written) * 1e9))
+                             start_time=wall - int((now - written) * 1e9), root=True)
                 span.end(end_time=wall)
         return confirmed
 
@@ -110,7 +116,7 @@ class StreamTracing:
         """What a consumer carrier runs each chunk's callbacks in: a current ``process {stream}`` span."""
         return _otel.use(self.tracer.start(f"process {stream}", _otel.SpanKind.CONSUMER, {
             **_on(stream, "process"), "messaging.batch.message_count": count,
-            "messaging.rabbitmq.stream.offset": first}))
+            "messaging.rabbitmq.stream.offset": first}, root=True))
 
     def each(self, stream: str, callback: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """With propagation on: ``callback`` runs in a ``process {stream}`` span per message, linked to the span

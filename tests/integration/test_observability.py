@@ -162,3 +162,34 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
     finally:
         await delete_streams(bed, rabbitmq_unique_name)
         provider.shutdown()
+
+
+async def test_two_environments_on_one_meter_provider_each_count_and_a_closed_one_keeps_its_totals(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """The SDK hands the second Environment the first one's instruments (same meter, same names): the readings
+    add up every live Environment, and what a closed one counted stays counted."""
+    reader = export.InMemoryMetricReader()
+    provider = sdk.MeterProvider(metric_readers=[reader])
+    node = rabbitmq_testbed.nodes[0]
+    streams = [f"{rabbitmq_unique_name}-{i}" for i in (1, 2)]
+    try:
+        first = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), meter_provider=provider)
+        async with first, Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                                      meter_provider=provider) as second:
+            for env, stream, count in ((first, streams[0], 100), (second, streams[1], 70)):
+                await env.create_stream(stream)
+                producer = await env.producer(stream)
+                await producer.send_many([b"m"] * count)
+                await producer.flush()
+            metrics = read(reader)
+            assert [total(metrics, "rabbitmq.stream.published", **{"messaging.destination.name": s})
+                    for s in streams] == [100, 70]
+            assert total(metrics, "rabbitmq.stream.connections") >= 2
+        metrics = read(reader)  # both closed: their totals stay, their connections go
+        assert [total(metrics, "rabbitmq.stream.confirmed", **{"messaging.destination.name": s})
+                for s in streams] == [100, 70]
+        assert total(metrics, "rabbitmq.stream.connections") == 0
+    finally:
+        await delete_streams(rabbitmq_testbed, *streams)
+        provider.shutdown()

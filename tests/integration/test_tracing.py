@@ -82,11 +82,13 @@ async def test_publish_frames_and_chunks_are_spans_that_count_every_message(
         sends = named(exporter, f"send {stream}")
         assert sum(s.attributes["messaging.batch.message_count"] for s in sends) == 500
         assert all(s.kind.name == "PRODUCER" and s.end_time >= s.start_time for s in sends)
+        # roots: made in the connection's tasks, which must not keep the placement's span as their parent
+        assert all(s.parent is None for s in sends)
         await wait_until(lambda: sum(s.attributes["messaging.batch.message_count"]
                                      for s in named(exporter, f"process {stream}")) == 500, 5, "chunk spans")
         processes = named(exporter, f"process {stream}")
         assert all(s.kind.name == "CONSUMER" and s.attributes["messaging.operation.type"] == "process"
-                   for s in processes)
+                   and s.parent is None for s in processes)
         assert not named(exporter, f"create {stream}")  # no span per message without propagation
 
 

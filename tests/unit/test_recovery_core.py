@@ -119,7 +119,8 @@ async def test_resume_writes_every_unconfirmed_message_again_in_order_before_lat
     confirm(buffer, 3, 4, 5, 6, 7)
     await asyncio.wait_for(buffer.flush(), 1)
     assert [f.result().publishing_id for f in futures] == [1, 2, 3, 4, 5]
-    assert buffer.confirmed == 7 and buffer.in_flight == 0 and buffer.resent == 4
+    # 3, 4 and 5 were written again; 6 was queued while suspended and written the first time; each counted once
+    assert buffer.confirmed == 7 and buffer.in_flight == 0 and buffer.resent == 3 and buffer.sent == 7
 
 
 async def test_fail_all_settles_every_pending_message_with_the_reason_and_refuses_later_sends() -> None:
@@ -192,3 +193,24 @@ def test_one_back_off_rule_for_every_loop() -> None:
     assert RECONNECT.max == 5.0 and RECONNECT.jitter == 0.2
     with pytest.raises(ConfigurationError):
         Backoff(initial=2.0, max=1.0)
+
+
+async def test_frame_timing_records_drop_refused_frames_and_restart_after_a_recovery() -> None:
+    """The per-frame records that time publish-to-confirm never outlive their frames: a refused frame's go,
+    a recovery starts them afresh (their confirms would time the outage), and confirms that never come
+    cannot make them grow past a bound."""
+    timed: list[list[int]] = []
+    client = FakeClient()
+    buffer = PublishBuffer(client, 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=10),
+                           on_confirmed=lambda now, frames: timed.append([f[0] for f in frames]))
+    for pid in range(1, 5):
+        await buffer.add(pid, b"x")
+    buffer._flush()
+    assert [f[0] for f in buffer._written] == [2, 4]
+    error(buffer, 16, 1, 2)  # refused (not retriable): its frame is not a confirmed one
+    assert [f[0] for f in buffer._written] == [4]
+    buffer.suspend()
+    assert buffer.resume(FakeClient(), 1) == 2 and [f[0] for f in buffer._written] == [4]  # written again
+    confirm(buffer, 3, 4)
+    assert timed == [[4]] and not buffer._written
+    assert buffer._written.maxlen is not None and buffer._written.maxlen <= 4096
