@@ -9,7 +9,8 @@ from smartclient.spark.config import StreamConnection
 from smartclient.spark.sink import ExactlyOnceSink, row_to_message
 
 __all__ = [
-    "ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "local_session", "next_offsets", "row_to_message",
+    "ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "local_session", "next_offsets", "offsets_behind",
+    "row_to_message",
 ]
 
 
@@ -18,7 +19,7 @@ def __getattr__(name: str) -> Any:
         from smartclient.spark.session import local_session
 
         return local_session
-    if name in ("RabbitStreamDataSource", "next_offsets"):  # needs pyspark: imported on first use
+    if name in ("RabbitStreamDataSource", "next_offsets", "offsets_behind"):  # needs pyspark: imported on first use
         from smartclient.spark import source
 
         return getattr(source, name)
