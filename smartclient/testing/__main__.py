@@ -1,10 +1,12 @@
-"""``python -m smartclient.testing up|down|status|brokers N|nemesis``: drive the test bed from a shell."""
+"""``python -m smartclient.testing up|down|status|brokers N|nemesis|spark up|down|status``: drive the test bed from
+a shell."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import time
 
 from smartclient._errors import SmartClientError
 from smartclient.testing import from_env
@@ -28,11 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     nemesis.add_argument("--faults", default=None, metavar="KIND,...",
                          help="draw only these faults (default: all): kill, stop_app, move_leader, close_connection, "
                               "lb_backend, lb_sessions, lb_restart, dns")
+    spark = sub.add_parser("spark", help="the Spark standalone cluster (a master and two workers) on 127.0.0.1")
+    spark.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
 
     try:
+        if args.command == "spark":
+            return _spark(args.action)
         bed = from_env()
         if args.command == "up":
             if isinstance(bed, LocalTestBed):
@@ -56,6 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     except SmartClientError as exc:
         print(f"smartclient test bed: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _spark(action: str) -> int:
+    from smartclient.testing.spark_cluster import SparkCluster
+
+    cluster = SparkCluster.from_env()
+    if action == "up":
+        started = time.monotonic()
+        done = cluster.start()
+        print(f"Spark cluster up in {time.monotonic() - started:.1f}s: "
+              f"{'; '.join(done) or 'reused the running cluster'}\n")
+    elif action == "down":
+        cluster.stop()
+        print("Spark cluster stopped")
+        return 0
+    print(cluster.status_table())
     return 0
 
 
