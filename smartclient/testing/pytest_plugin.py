@@ -13,7 +13,13 @@ Every fixture carries the ``rabbitmq_`` prefix, so none collides with a fixture 
   the external cluster named by ``SMARTCLIENT_TESTBED_EXTERNAL``;
 * ``rabbitmq_faulty_testbed``: the same, healed after the test, for tests that inject faults;
 * ``rabbitmq_unique_name``: a stream/queue name unique to the test;
-* ``rabbitmq_spark`` (session): one local Spark session (needs ``smartclient[spark]`` and Java 17).
+* ``rabbitmq_spark``: one local Spark session for the whole test session (needs ``smartclient[spark]`` and
+  Java 17);
+* ``rabbitmq_spark_cluster``: the test bed's Spark standalone cluster (a master and two workers, started once
+  per test session) and a Spark session on it (:class:`SparkOnCluster`).
+
+A driver JVM holds one SparkContext, so one session-scoped owner keeps "the current Spark session": asking
+for the local one stops the one on the cluster, and the other way round.
 
 A test that needs a feature of a newer RabbitMQ line says so with ``@pytest.mark.requires_rabbitmq("4.3")``:
 on an older test bed it is skipped, and the reason names both versions.
@@ -24,9 +30,11 @@ says why; a missing prerequisite fails with one sentence, not a stack trace.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -34,6 +42,7 @@ import pytest
 from smartclient._errors import FaultUnavailable, PrerequisiteMissing
 from smartclient.testing import from_env
 from smartclient.testing.local import LocalTestBed
+from smartclient.testing.spark_cluster import SparkCluster
 from smartclient.testing.testbed import TestBed
 
 
@@ -78,23 +87,103 @@ def rabbitmq_faulty_testbed(rabbitmq_testbed: TestBed) -> Iterator[TestBed]:
     rabbitmq_testbed.heal()
 
 
-@pytest.fixture(scope="session")
-def rabbitmq_spark() -> Iterator[Any]:
-    """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
-    to 4 times), with the Python of this interpreter on the executors."""
-    from smartclient.testing.prerequisites import require_java
+@dataclass(frozen=True)
+class SparkOnCluster:
+    """What ``rabbitmq_spark_cluster`` gives: the running :class:`SparkCluster` and a ``SparkSession`` on its
+    master with one executor per worker registered."""
 
+    cluster: SparkCluster
+    session: Any
+
+
+class _SparkSessions:
+    """The one Spark session of this driver: the local one or the one on the cluster, never both.
+
+    The cluster is started on first use (idempotently: one a developer started is reused), healed on every later
+    use (a worker a test killed runs again) and stopped at the end if this test session started it."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.session: Any = None
+        self.cluster: SparkCluster | None = None
+        self.stop_cluster = False
+
+    def _current(self, kind: str) -> bool:
+        return self.kind == kind and self.session.sparkContext._jsc is not None  # None once stopped
+
+    def _stop_session(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+        self.kind = self.session = None
+
+    def local(self) -> Any:
+        if not self._current("local"):
+            from smartclient.spark.session import local_session
+
+            self._stop_session()
+            self.session = local_session("local[2,4]", "smartclient-tests", log_level="WARN",
+                                         spark_driver_memory="1g")
+            self.kind = "local"
+        return self.session
+
+    def on_cluster(self) -> SparkOnCluster:
+        if self.cluster is None:
+            cluster = SparkCluster.from_env()
+            self.stop_cluster = not cluster.running()
+            self.cluster = cluster
+        self.cluster.start()
+        if self._current("cluster"):
+            self.cluster.wait_executors(self.session)
+        else:
+            self._stop_session()
+            self.session = self.cluster.session("smartclient-tests", spark_driver_memory="1g")
+            self.kind = "cluster"
+        return SparkOnCluster(self.cluster, self.session)
+
+    def close(self) -> None:
+        self._stop_session()
+        if self.cluster is not None and self.stop_cluster:
+            self.cluster.stop()
+
+
+@contextlib.contextmanager
+def _spark_prerequisites() -> Iterator[None]:
     try:
+        from smartclient.testing.prerequisites import require_java
+
         require_java(17)
-        from smartclient.spark.session import local_session
+        import pyspark  # noqa: F401
+        yield
     except PrerequisiteMissing as exc:
         pytest.fail(f"Spark cannot start: {exc}", pytrace=False)
     except ImportError:
         pytest.fail("Spark cannot start: pyspark is not installed (pip install 'smartclient[spark]')",
                     pytrace=False)
-    session = local_session("local[2,4]", "smartclient-tests", log_level="WARN", spark_driver_memory="1g")
-    yield session
-    session.stop()
+
+
+@pytest.fixture(scope="session")
+def _rabbitmq_spark_sessions() -> Iterator[_SparkSessions]:
+    sessions = _SparkSessions()
+    yield sessions
+    sessions.close()
+
+
+@pytest.fixture
+def rabbitmq_spark(_rabbitmq_spark_sessions: _SparkSessions) -> Any:
+    """One local Spark session for the whole test session (``local[2,4]``: 2 cores, tasks retried up
+    to 4 times), with the Python of this interpreter on the executors."""
+    with _spark_prerequisites():
+        return _rabbitmq_spark_sessions.local()
+
+
+@pytest.fixture
+def rabbitmq_spark_cluster(_rabbitmq_spark_sessions: _SparkSessions) -> SparkOnCluster:
+    """The test bed's Spark standalone cluster (a master and two workers, each its own JVM, on 127.0.0.1; see
+    :mod:`smartclient.testing.spark_cluster`), with every worker running, and a Spark session on its master with
+    one executor per worker registered: ``.cluster`` and ``.session``.  Started once per test session, stopped at
+    its end unless it already ran before."""
+    with _spark_prerequisites():
+        return _rabbitmq_spark_sessions.on_cluster()
 
 
 @pytest.fixture
