@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from resolvers import LoadBalancer
@@ -26,8 +27,10 @@ from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, StreamCon
 DEFAULT_URI = "rabbitmq-stream://guest:guest@127.0.0.1:20052/"  # the test bed's round-robin HAProxy
 
 
-def run(spark: Any, uri: str, source: str, target: str, app_id: str, checkpoint: str) -> None:
-    """The pipeline itself: stream source -> transform -> exactly-once stream sink; until caught up."""
+def run(spark: Any, uri: str, source: str, target: str, app_id: str, checkpoint: str, *,
+        to_message: Callable[[Any], Any] | None = None) -> None:
+    """The pipeline itself: stream source -> transform -> exactly-once stream sink; until caught up.
+    ``to_message(row) -> bytes`` replaces the sink's default (the ``body`` column as it is)."""
     from pyspark.sql import functions as F
 
     lb = Address.parse(uri.split("@")[-1].split("/")[0])
@@ -43,7 +46,7 @@ def run(spark: Any, uri: str, source: str, target: str, app_id: str, checkpoint:
                            F.round(F.col("o.amount") * 1.2, 2).alias("with_tax"))).alias("body"),
     )
     sink = ExactlyOnceSink(StreamConnection(uri, resolver=LoadBalancer(lb)), app_id=app_id, stream=target,
-                           key_columns=["customer"], order_columns=["offset"], slots=3)
+                           key_columns=["customer"], order_columns=["offset"], slots=3, to_message=to_message)
     query = taxed.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).start()
     try:
         query.processAllAvailable()
