@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -98,10 +100,15 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
         await env.create_stream(rabbitmq_unique_name)
     source = tmp_path / "in"
     source.mkdir()
+    now = int(time.time())
     for part in range(3):  # three files, one batch each
         lines = [json.dumps({"id": i, "user": f"user-{i % 7}", "body": json.dumps({"id": i, "user": f"user-{i % 7}"})})
                  for i in range(part * 300, part * 300 + 300)]
-        (source / f"part-{part}.json").write_text("\n".join(lines) + "\n")
+        path = source / f"part-{part}.json"
+        path.write_text("\n".join(lines) + "\n")
+        # Spark's file source takes files in modification-time order; files written within the same tick
+        # tie, and a tie is broken in no set order (CI once read part-2 before part-1)
+        os.utime(path, (now - 10 + part, now - 10 + part))
     marker = tmp_path / "failed-once"
 
     def to_message(row: Any) -> bytes:
