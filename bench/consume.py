@@ -1,12 +1,20 @@
-"""bench/consume.py: consuming throughput, a smartclient consumer beside a raw rstream consumer.
+"""bench/consume.py: consuming throughput against the machine's limit, in one run.
 
-A stream with a leader and one replica is filled with 100-byte messages; then, alternating, a raw
-rstream Consumer and a smartclient consumer (placed on a replica: the only one) read it from the first
-offset, both from the same node, so the two differ only in the client.  The rate is measured
-from the first message delivered to the last, so connection set-up does not blur the throughput.
-The median of the rounds is reported.
+A stream with a leader and one replica is filled with 1,000,000 100-byte messages; then every reader reads it
+from the first offset, from the replica (where smartclient's placement goes too), so they differ only in the
+client.  Each round runs, in an order that turns from round to round:
 
-Target (issue 4): smartclient at least 0.95x raw rstream.
+* **raw reader**: one connection counting the records of each Deliver frame from its header, granting a credit
+  per chunk, decoding nothing (bench/raw_frames.py): the limit;
+* **rstream**: its ``Consumer`` with a plain callback counting messages;
+* **smartclient per message**: ``env.consumer(stream, callback)``, the same callback;
+* **smartclient chunks**: ``env.consumer(stream, on_chunk=...)`` counting ``len(chunk.bodies)`` (the bodies split
+  out of each chunk, as an application that reads them needs).
+
+A rate runs from the first message (or chunk) delivered to the last, so connection set-up does not blur it.
+
+Targets (issue 21): the per-message consumer at 1.5x rstream's or more, and the chunk API at 0.3 of the raw
+reader or more (medians of the rounds' own ratios).
 Run from the repository root with the test bed up (./dev demo): python bench/consume.py
 """
 
@@ -19,21 +27,24 @@ import time
 import uuid
 from typing import Any
 
+from raw_frames import raw_read
+
 from smartclient import Environment
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
 MESSAGES = 1_000_000
 ROUNDS = 5
-TARGET = 0.95
+PER_MESSAGE_TARGET = 1.5
+CHUNK_TARGET = 0.3
 
 
 async def fill(bed: LocalTestBed, stream: str) -> None:
     node = bed.nodes[0]
     async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
         producer = await env.producer(stream)
-        for _ in range(MESSAGES):
-            await producer.send(b"x" * 100)
+        for _ in range(MESSAGES // 1000):
+            await producer.send_many([b"x" * 100] * 1000)
         await producer.flush()
 
 
@@ -55,12 +66,21 @@ def counter() -> tuple[Any, asyncio.Event, list[float]]:
     return on_message, done, clock
 
 
+def replica_node(bed: LocalTestBed, stream: str) -> Any:
+    _, replicas = stream_members(bed, stream)
+    (replica,) = replicas  # the stream's only replica, where smartclient's placement goes too
+    return bed.node_by_advertised(replica.host, replica.port)
+
+
+async def raw_reader(bed: LocalTestBed, stream: str) -> float:
+    node = replica_node(bed, stream)
+    return await raw_read(bed, node.host, node.stream_port, stream, MESSAGES)
+
+
 async def rstream_consume(bed: LocalTestBed, stream: str) -> float:
     from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
-    _, replicas = stream_members(bed, stream)
-    (replica,) = replicas  # the stream's only replica, where smartclient's placement goes too
-    node = bed.node_by_advertised(replica.host, replica.port)
+    node = replica_node(bed, stream)
     on_message, done, clock = counter()
     async with Consumer(node.host, node.stream_port, username=bed.username, password=bed.password) as consumer:
         await consumer.subscribe(stream, on_message,
@@ -80,30 +100,58 @@ async def smartclient_consume(bed: LocalTestBed, stream: str) -> float:
         return rate
 
 
+async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
+    node = bed.nodes[0]
+    done = asyncio.Event()
+    clock = [0.0, 0.0]
+    count = 0
+
+    def on_chunk(chunk: Any) -> None:
+        nonlocal count
+        if not count:
+            clock[0] = time.perf_counter()
+        count += len(chunk.bodies)
+        if count >= MESSAGES and not done.is_set():
+            clock[1] = time.perf_counter()
+            done.set()
+
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        consumer = await env.consumer(stream, on_chunk=on_chunk, offset="first")
+        await done.wait()
+        assert consumer.node != (await env.topology(stream)).leader  # on a replica
+        return count / (clock[1] - clock[0])
+
+
 async def main() -> int:
     bed = LocalTestBed.from_env()
     bed.up()
     stream = f"bench-consume-{uuid.uuid4().hex[:8]}"
     await create_stream_led_by(bed, stream, 0, size=2)
-    rates: dict[str, list[float]] = {"rstream": [], "smartclient": []}
+    modes = {"raw reader": raw_reader, "rstream": rstream_consume, "smartclient per message": smartclient_consume,
+             "smartclient chunks": smartclient_chunks}
+    rates: dict[str, list[float]] = {name: [] for name in modes}
     try:
         await fill(bed, stream)
         for round_no in range(ROUNDS):
-            order = [("rstream", rstream_consume), ("smartclient", smartclient_consume)]
-            if round_no % 2:
-                order.reverse()
+            order = list(modes.items())
+            order = order[round_no % len(order):] + order[:round_no % len(order)]
             for name, run in order:
-                rate = await run(bed, stream)
-                rates[name].append(rate)
-                print(f"round {round_no + 1}: {name:<12} {rate / 1000:7.1f}k msg/s")
+                rates[name].append(await run(bed, stream))
+            print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1] / 1000:.0f}k" for name in modes),
+                  flush=True)
     finally:
         await delete_streams(bed, stream)
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    for name, value in medians.items():
-        print(f"median {name:<12} {value / 1000:7.1f}k msg/s")
-    ratio = medians["smartclient"] / medians["rstream"]
-    verdict = "PASS" if ratio >= TARGET else "MISS"
-    print(f"consume: consumer_ratio={ratio:.2f} target >= {TARGET} {verdict}")
+    print()
+    limit = rates["raw reader"]
+    for name in modes:
+        share = statistics.median(a / b for a, b in zip(rates[name], limit, strict=True))
+        print(f"median {name:<24} {statistics.median(rates[name]) / 1000:8.1f}k msg/s  {share:.3f} of the raw reader")
+    per_message = statistics.median(a / b for a, b in zip(rates["smartclient per message"], rates["rstream"],
+                                                          strict=True))
+    chunks = statistics.median(a / b for a, b in zip(rates["smartclient chunks"], limit, strict=True))
+    ok = per_message >= PER_MESSAGE_TARGET and chunks >= CHUNK_TARGET
+    print(f"consume: per_message_vs_rstream={per_message:.2f} target >= {PER_MESSAGE_TARGET} and "
+          f"chunk_share_of_raw={chunks:.2f} target >= {CHUNK_TARGET} {'PASS' if ok else 'MISS'}")
     return 0
 
 

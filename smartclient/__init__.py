@@ -39,6 +39,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
+from smartclient.core.delivery import Chunk, MessageContext
 from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.landing import Attempt
@@ -49,8 +50,9 @@ from smartclient.core.routing import hash_partition
 from smartclient.core.settings import Credentials, PoolLimits, parse_stream_uri
 from smartclient.core.stream_arguments import StreamArguments
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
+from smartclient.stream.consumer import Consumer
 from smartclient.stream.environment import Environment, PlacementRecord
-from smartclient.stream.handles import Consumer, Producer
+from smartclient.stream.handles import Producer
 from smartclient.stream.publishing import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
 
 __version__ = "0.1.0"
@@ -65,6 +67,7 @@ __all__ = [
     "BatchingPolicy",
     "Candidates",
     "CertificateRejected",
+    "Chunk",
     "ConfigurationError",
     "Confirmation",
     "ConnectionFailed",
@@ -78,6 +81,7 @@ __all__ = [
     "FeatureNotSupported",
     "HandleClosed",
     "ManagementError",
+    "MessageContext",
     "MessageTooLarge",
     "NoCandidateNode",
     "NoRpcServer",

@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from smartclient._errors import ConnectionFailed
 from smartclient.core.topology import StreamTopology
+from smartclient.stream.consumer import Consumer
 from smartclient.stream.environment import Environment, PlacementRecord
-from smartclient.stream.handles import Consumer, Producer
+from smartclient.stream.handles import Producer
 from smartclient.stream.publishing import Confirmation
 from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
@@ -209,10 +210,10 @@ class SyncEnvironment:
         """See :meth:`Environment.producer <smartclient.Environment.producer>`."""
         return SyncProducer(self._loop, self._loop.run(self.aio.producer(stream, **options)))
 
-    def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None],
+    def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
                  **options: Any) -> SyncConsumer:
-        """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` runs on the
-        facade's loop thread."""
+        """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` (or ``on_chunk=``)
+        runs on the facade's loop thread."""
         return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(stream, callback, **options)))
 
     def super_stream_producer(self, super_stream: str, **options: Any) -> SyncSuperStreamProducer:
@@ -220,10 +221,11 @@ class SyncEnvironment:
         handle = self._loop.run(self.aio.super_stream_producer(super_stream, **options))
         return SyncSuperStreamProducer(self._loop, handle)
 
-    def super_stream_consumer(self, super_stream: str, callback: Callable[[Any, Any], Awaitable[None] | None],
+    def super_stream_consumer(self, super_stream: str,
+                              callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
                               **options: Any) -> SyncSuperStreamConsumer:
         """See :meth:`Environment.super_stream_consumer <smartclient.Environment.super_stream_consumer>`;
-        ``callback`` runs on the facade's loop thread."""
+        ``callback`` (or ``on_chunk=``) runs on the facade's loop thread."""
         handle = self._loop.run(self.aio.super_stream_consumer(super_stream, callback, **options))
         return SyncSuperStreamConsumer(self._loop, handle)
 

@@ -30,26 +30,25 @@ class PublishingIds:
         :raises ConfigurationError: an id given to an unnamed producer, or not a non-negative int.
         :raises PublishingIdNotIncreasing: a given id not above the highest one sent.
         """
+        if publishing_id is None:  # the common case first: the next id after the stored and the sent ones
+            highest = self.highest
+            first = (highest if highest is not None and highest > self.stored else self.stored) + 1
+            self.highest = first + count - 1
+            return first
         if self.name is None:
-            if publishing_id is not None:
-                raise ConfigurationError(
-                    f"publishing id {publishing_id} given to an unnamed producer on {self.stream!r}: "
-                    f"deduplication needs a producer name"
-                )
-            first = max(self.stored, self.highest or 0) + 1
-        elif publishing_id is not None:
-            if isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
-                raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
-            if self.highest is not None and publishing_id <= self.highest:
-                raise PublishingIdNotIncreasing(
-                    f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater "
-                    f"than {self.highest}, the highest it sent: the broker would confirm it and drop it"
-                )
-            first = publishing_id
-        else:
-            first = max(self.stored, self.highest or 0) + 1
-        self.highest = first + count - 1
-        return first
+            raise ConfigurationError(
+                f"publishing id {publishing_id} given to an unnamed producer on {self.stream!r}: "
+                f"deduplication needs a producer name"
+            )
+        if isinstance(publishing_id, bool) or not isinstance(publishing_id, int) or publishing_id < 0:
+            raise ConfigurationError(f"publishing id {publishing_id!r} must be a non-negative int")
+        if self.highest is not None and publishing_id <= self.highest:
+            raise PublishingIdNotIncreasing(
+                f"publishing id {publishing_id} of producer {self.name!r} on {self.stream!r} is not greater "
+                f"than {self.highest}, the highest it sent: the broker would confirm it and drop it"
+            )
+        self.highest = publishing_id + count - 1
+        return publishing_id
 
     def give_back(self, first: int) -> None:
         """Ids from ``first`` on were not queued: the next :meth:`take` may use them again."""

@@ -56,6 +56,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 
 from smartclient._errors import ConfigurationError, DataLoss
 from smartclient.core.address import Address
+from smartclient.core.delivery import Chunk
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
@@ -291,20 +292,25 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
         rows: list[Row] = []
         done = asyncio.Event()
         first: list[int] = []  # the first offset delivered: after part.start only if retention removed it
+        stream = part.stream
 
-        def on_message(message: Any, context: Any) -> None:
+        def on_chunk(chunk: Chunk) -> None:  # a chunk at a time: the first user of the chunk API (issue 21)
             if not first:
-                first.append(context.offset)
-            if part.start <= context.offset < part.end:
-                if decode:
-                    body, key = decode_amqp(bytes(message), f"offset {context.offset} of stream {part.stream!r}")
-                    rows.append((part.stream, context.offset, context.timestamp, body, key))
-                else:
-                    rows.append((part.stream, context.offset, context.timestamp, bytes(message)))
-            if context.offset >= part.end - 1:
+                first.append(chunk.first_offset)
+            start, end, timestamp = part.start, part.end, chunk.timestamp
+            for offset, body in chunk:
+                if offset >= end:
+                    break
+                if offset >= start:
+                    if decode:
+                        value, key = decode_amqp(body, f"offset {offset} of stream {stream!r}")
+                        rows.append((stream, offset, timestamp, value, key))
+                    else:
+                        rows.append((stream, offset, timestamp, body))
+            if chunk.last_offset >= end - 1:
                 done.set()
 
-        consumer = await env.consumer(part.stream, on_message, offset=OffsetSpec.at(part.start))
+        consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(part.start))
         try:
             await asyncio.wait_for(done.wait(), 60)
         finally:

@@ -7,6 +7,10 @@ _HANDLES = ("Consumer", "Producer", "RecoveryAttempt")  # what the old module sm
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Consumer":
+        from smartclient.stream.consumer import Consumer
+
+        return Consumer
     if name in _HANDLES:
         from smartclient.stream import handles
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
+from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
     from smartclient.mqtt.fleet import MqttFleet
     from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
-    from smartclient.stream.handles import Consumer, Producer
+    from smartclient.stream.consumer import Consumer
+    from smartclient.stream.handles import Producer
     from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
     EntryPoints = str | Address | Sequence[str | Address] | SrvDiscovery
@@ -283,8 +285,9 @@ class Environment:
     async def consumer(
         self,
         stream: str,
-        callback: Callable[[Any, Any], Awaitable[None] | None],
+        callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
         *,
+        on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
         offset: OffsetSpec | str | int | datetime.datetime = "next",
         name: str | None = None,
         single_active: bool = False,
@@ -296,7 +299,9 @@ class Environment:
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
 
-        :param callback: called with each message and its context.
+        :param callback: called with each message (``bytes``) and its :class:`MessageContext`; or
+        :param on_chunk: called with each :class:`Chunk` instead (its offsets, its bodies split when asked for,
+            decoded on demand): one call per chunk, for code that works on batches.  Give one of the two.
         :param offset: an :class:`OffsetSpec`, or ``"first"``, ``"last"``, ``"next"``, an absolute offset,
             a ``datetime`` or an interval such as ``"1h"``.
         :param name: consumer name: needed for offset tracking and single active consumer.
@@ -312,13 +317,16 @@ class Environment:
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
-        from smartclient.stream.handles import Consumer
+        from smartclient.stream.consumer import Consumer
 
         self._check_open()
         validate_stream_name(stream)
-        if not callable(callback):
+        if (callback is None) == (on_chunk is None):
+            raise ConfigurationError(f"a consumer on {stream!r} takes a callback or on_chunk, and only one of them")
+        if not callable(handler := callback if on_chunk is None else on_chunk):
             raise ConfigurationError(
-                f"the callback of a consumer on {stream!r} must be callable (message, context), not {callback!r}")
+                f"the {'callback' if on_chunk is None else 'on_chunk'} of a consumer on {stream!r} must be callable "
+                f"({'message, context' if on_chunk is None else 'chunk'}), not {handler!r}")
         spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
         if (single_active or tracking is not None) and not name:
             raise ConfigurationError(
@@ -332,8 +340,9 @@ class Environment:
             with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:
                 if not single_active:  # (a single active consumer's start is decided when it becomes active)
                     spec = await self._admin.concrete_offset(stream, spec, filter)
-                traced = self._carriers.traced_callback(stream, callback)
-                await handle._subscribe(traced, spec, single_active=single_active, on_update=on_update,
+                traced = handler if on_chunk is not None else self._carriers.traced_callback(stream, handler)
+                await handle._subscribe(traced, spec, chunks=on_chunk is not None, single_active=single_active,
+                                        on_update=on_update,
                                         tracking=tracking, super_stream=_super_stream, stream_filter=filter)
             log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
@@ -560,25 +569,28 @@ class Environment:
     async def super_stream_consumer(
         self,
         super_stream: str,
-        callback: Callable[[Any, Any], Awaitable[None] | None],
+        callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
         *,
+        on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
         offset: OffsetSpec | str | int | datetime.datetime = "next",
         name: str | None = None,
         single_active: bool = False,
         tracking: OffsetTracking | None = None,
         flow: ConsumerFlow | None = None,
     ) -> SuperStreamConsumer:
-        """A consumer on every partition (each with ``flow``).  With ``name`` and ``single_active``, the broker
-        keeps one active consumer per partition across every instance of the name, and fails over between them."""
+        """A consumer on every partition (each with ``flow``), with a ``callback`` per message or ``on_chunk`` per
+        chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
+        per partition across every instance of the name, and fails over between them."""
         from smartclient.stream.super_stream import SuperStreamConsumer
 
         self._check_open()
         spec = OffsetSpec.parse(offset)
-        if not callable(callback):
-            raise ConfigurationError(f"the callback of a consumer of {super_stream!r} must be callable: {callback!r}")
+        if (callback is None) == (on_chunk is None) or not callable(callback or on_chunk):
+            raise ConfigurationError(f"a consumer of {super_stream!r} takes one callable, callback or on_chunk: "
+                                     f"{callback or on_chunk!r}")
         handle = SuperStreamConsumer(self, super_stream, await self.partitions(super_stream))
         try:
-            await handle._open(callback, spec, name, single_active, tracking, flow)
+            await handle._open(callback, spec, name, single_active, tracking, flow, on_chunk)
         except BaseException:
             await handle.close()
             raise

@@ -1,10 +1,10 @@
-"""The producer and consumer handles an Environment returns: thin wrappers over rstream's."""
+"""The producer handle an Environment returns, and what it shares with the consumer handle (placement and
+recovery after a loss): thin wrappers over rstream's.  The consumer is in :mod:`smartclient.stream.consumer`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,17 +23,22 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt, detach
-from smartclient.core.filters import StreamFilter
-from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
-from smartclient.stream.publishing import BatchingPolicy, Confirmation, ConfirmCallback, PublishBuffer
-from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
+from smartclient.stream.publishing import (
+    QUEUED,
+    QUEUED_DRAIN,
+    BatchingPolicy,
+    Confirmation,
+    ConfirmCallback,
+    PublishBuffer,
+)
+from smartclient.stream.unreported import confirm_leader, watch_confirms
 
 if TYPE_CHECKING:
     from smartclient.stream.host import PlacementRecord, StreamHost
 
-__all__ = ["Consumer", "Producer", "RecoveryAttempt"]
+__all__ = ["Producer", "RecoveryAttempt"]
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 10.0  # seconds Producer.close() waits for the confirms of what was sent, by default
@@ -275,8 +280,15 @@ class Producer(_Handle):
         if self.closed:
             self._check_open()
         first = self._ids.take(publishing_id)
-        try:  # (inline, not through _queue: one coroutine less per message)
-            await self._buffer.add(first, body, on_confirm)
+        buffer = self._buffer
+        queued = buffer.put(first, body, on_confirm)  # the hot path: no coroutine below this one
+        if queued == QUEUED:
+            return
+        if queued == QUEUED_DRAIN:
+            await buffer.drain()
+            return
+        try:
+            await buffer.add(first, body, on_confirm)
         except EnqueueTimeout:
             self._ids.give_back(first)
             raise
@@ -352,247 +364,3 @@ class Producer(_Handle):
         finally:
             self._host.release(self)
 
-
-class Consumer(_Handle):
-    """Reads one stream from a node that hosts a replica (or the leader, as the fallback).
-
-    A *named* consumer can store its offset (:meth:`store_offset`, or :class:`OffsetTracking`) and be one of
-    a group of *single active* consumers: one instance of the name receives at a time; when it goes away
-    another takes over where the consumer-update handler says (by default: after the last stored offset).
-
-    Lost, or when the stream's members change, it subscribes again, on another member if need be, after
-    the last message it handed to the callback: no gap, and with tracking or single active consumer (where
-    that offset is known per message) no duplicate; without either, after the last whole chunk delivered.
-    """
-
-    role = Role.CONSUMER
-    _closing = False
-    subscription_id: int | None = None
-    active: bool | None = None  # for a single active consumer: whether this instance receives now
-    _untracked = False
-    _last_offset: int | None = None
-    redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
-    _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
-    _start: int | None = None  # an absolute start (delivery watch)
-
-    @property
-    def last_offset(self) -> int | None:
-        """Offset of the last message handed to the callback (without tracking or single active
-        consumer, it is read on rstream's subscriber per chunk, so the hot path pays nothing for it)."""
-        from smartclient.stream import _rstream
-
-        subscriber = self._subscriber
-        if self._untracked and subscriber is not None and (moved := _rstream.position(subscriber)) is not None:
-            return moved - 1
-        return self._last_offset
-
-    @last_offset.setter
-    def last_offset(self, value: int | None) -> None:
-        self._last_offset = value
-
-    @property
-    def waiting_for(self) -> int | None:  # the next offset it expects, once known (a delivery, an absolute start)
-        return max(last + 1, self._start or 0) if (last := self.last_offset) is not None else self._start
-
-    @property
-    def handing_over(self) -> bool:  # a chunk waits for, or is in, the callback
-        from smartclient.stream._rstream import busy
-        return self._subscriber is not None and (busy(self._subscriber) or self.queued_chunks > 0)
-
-    @property
-    def queued_chunks(self) -> int:
-        """Chunks received and waiting for the callback: at most the flow's ``initial_credit`` (ConsumerFlow)."""
-        from smartclient.stream import _rstream
-
-        return _rstream.queued_chunks(self._subscriber) if self._subscriber is not None else 0
-
-    async def _subscribe(
-        self,
-        callback: Callable[[Any, Any], Awaitable[None] | None],
-        offset: OffsetSpec,
-        *,
-        single_active: bool = False,
-        on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
-        tracking: OffsetTracking | None = None,
-        super_stream: str | None = None,
-        stream_filter: StreamFilter | None = None,
-    ) -> None:
-        from smartclient.stream import _rstream
-        from smartclient.stream._rstream import map_stream_errors
-
-        self.offset = offset
-        self._tracking = tracking
-        self._stored: int | None = None
-        self._since_store = 0
-        self._last_store_at = time.monotonic()
-        self._tracker: asyncio.Task[None] | None = None
-        self._storing: asyncio.Future[None] | None = None
-        properties: dict[str, str] | None = None
-        listener = None
-        if single_active:
-            properties = {"single-active-consumer": "true", "name": str(self.name)}
-            if super_stream is not None:  # one active consumer per partition across the group
-                properties["super-stream"] = super_stream
-            self.active = False
-
-            async def consumer_update(is_active: bool, context: Any) -> Any:
-                self.active = is_active
-                if on_update is not None:
-                    chosen = on_update(is_active, self)
-                    spec = await chosen if inspect.isawaitable(chosen) else chosen
-                    self._last_offset = None  # the application chose where to resume, maybe earlier
-                else:
-                    spec = await self._resume_point() if is_active else OffsetSpec.next()
-                self._start = (parsed := OffsetSpec.parse(spec)).start  # where it resumes (the delivery watch)
-                return _rstream.consumer_update_answer(parsed)
-
-            listener = consumer_update
-
-        tracked = tracking is not None
-        every = tracking.every if tracking is not None else None
-
-        def after(context: Any) -> None:
-            self.last_offset = context.offset
-            if tracked:
-                self._since_store += 1
-                if every is not None and self._since_store >= every and self._storing is None:
-                    self._storing = asyncio.ensure_future(self._auto_store())
-                    self._storing.add_done_callback(lambda _: setattr(self, "_storing", None))
-
-        deliver: Callable[[Any, Any], Any]
-        if not tracked and not single_active:
-            deliver = callback  # nothing to do per message: rstream calls the application directly
-            self._untracked = True
-        elif inspect.iscoroutinefunction(callback):
-            async def deliver_async(message: Any, context: Any) -> Any:
-                last = self._last_offset
-                if last is not None and context.offset <= last:  # handed over already: counted, not hidden
-                    return await self._again(context.offset, last, callback(message, context))
-                await callback(message, context)
-                after(context)
-
-            deliver = deliver_async
-        else:
-            # a plain callback gets a plain wrapper: no coroutine per message on the hot path
-            def deliver_sync(message: Any, context: Any) -> Any:
-                last = self._last_offset
-                if last is not None and context.offset <= last:  # handed over already: counted, not hidden
-                    return self._again(context.offset, last, callback(message, context))
-                result = callback(message, context)
-                after(context)
-                return result  # a callable object may still return an awaitable; rstream awaits it
-
-            deliver = deliver_sync
-
-        self._how: dict[str, Any] = dict(
-            subscriber_name=self.name, properties=properties, consumer_update_listener=listener,
-            filter_input=_rstream.filter_config(stream_filter) if stream_filter is not None else None,
-        )
-        self._deliver = deliver
-        with map_stream_errors(f"subscribing to {self.stream!r}"):
-            await self._subscribe_at(offset)
-        if tracking is not None and tracking.interval is not None:
-            self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
-        self._setup_done()
-        if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
-            self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
-
-    async def _subscribe_at(self, offset: OffsetSpec) -> None:
-        from smartclient.stream import _rstream
-
-        how = dict(self._how)
-        if how["properties"] is not None:
-            how["properties"] = dict(how["properties"])  # rstream adds the filter keys to it
-        self.subscription_id, self._subscriber = await _rstream.subscribe(
-            self._carrier, self.stream, self._deliver, offset, **how)
-        self._start = offset.start
-
-    async def _reattach(self) -> str:
-        from smartclient.stream import _rstream
-        from smartclient.stream._rstream import map_stream_errors
-
-        await _rstream.close_subscriber(self._carrier, self.stream)  # stops delivery first: last_offset is final
-        self._last_offset = self.last_offset
-        self._subscriber = None
-        resume = OffsetSpec.at(self._last_offset + 1) if self._last_offset is not None else self.offset
-        with map_stream_errors(f"recovering the consumer on {self.stream!r}"):
-            await self._subscribe_at(resume)
-        return f"subscribed again from {resume} (subscription {self.subscription_id})"
-
-    def _again(self, offset: int, last: int, result: Any) -> Any:  # a repeat: handed over, counted, said
-        self.redelivered += 1
-        if self.redelivered % 1000 == 1:
-            log.warning("%r got offset %d again (had up to %d): %d repeats", self, offset, last, self.redelivered)
-        return result
-
-    async def _resume_point(self) -> OffsetSpec:
-        """Where a single active consumer starts when it becomes active: after the stored offset, or
-        after its own last message if that is further (it was active before a recovery)."""
-        stored = await self.stored_offset()
-        after = [value + 1 for value in (stored, self._last_offset) if value is not None]
-        return OffsetSpec.at(max(after)) if after else self.offset
-
-    async def _track_by_time(self, interval: float) -> None:
-        while not self.closed:
-            await asyncio.sleep(interval / 4)
-            if self._since_store and time.monotonic() - self._last_store_at >= interval:
-                await self._auto_store()
-
-    async def _auto_store(self) -> None:
-        if self.closed or self.last_offset is None or self.last_offset == self._stored:
-            return
-        try:
-            await self.store_offset(self.last_offset)
-        except SmartClientError as exc:  # a later store (or the one on close) will catch up
-            log.warning("automatic offset store for %s on %s failed: %s", self.name, self.stream, exc)
-
-    async def store_offset(self, offset: int | None = None) -> None:
-        """Store ``offset`` (default: the last one delivered) on the server under this consumer's name."""
-        from smartclient.stream import _rstream
-        from smartclient.stream._rstream import map_stream_errors
-
-        self._check_open()
-        if not self.name:
-            raise ConfigurationError(f"storing an offset on {self.stream!r} needs a named consumer")
-        value = self.last_offset if offset is None else offset
-        if value is None:
-            raise ConfigurationError(f"consumer {self.name!r} on {self.stream!r} has no offset to store yet")
-        with map_stream_errors(f"storing the offset of {self.name!r} on {self.stream!r}"):
-            await _rstream.store_offset(self._carrier, self.stream, self.name, value)
-        self._stored = value
-        self._since_store = 0
-        self._last_store_at = time.monotonic()
-
-    async def stored_offset(self) -> int | None:
-        """The offset stored on the server for this consumer's name, or None if there is none (after
-        ``close()``, ask :meth:`Environment.stored_offset`)."""
-        self._check_open()
-        if not self.name:
-            raise ConfigurationError(f"querying a stored offset on {self.stream!r} needs a named consumer")
-        return await self._host.stored_offset(self.stream, self.name)
-
-    async def _close(self, flush: bool) -> None:
-        from smartclient.stream import _rstream
-
-        if self.closed or self._closing:
-            return
-        self._closing = True
-        try:
-            await self._stop_recovery()
-            tracker = getattr(self, "_tracker", None)
-            if tracker is not None:
-                tracker.cancel()
-            if flush and getattr(self, "_tracking", None) is not None and self._since_store:
-                with attempt(5.0, f"storing the offset of {self!r}"):
-                    await self._auto_store()
-        finally:  # even if close() itself is cancelled: the handle ends closed and unsubscribed
-            self.closed = True
-            await asyncio.shield(self._teardown(_rstream.close_subscriber))
-
-    async def _teardown(self, close: Callable[[Any, str], Awaitable[None]]) -> None:
-        try:
-            await self._stop_recovery()
-            with attempt(5.0, f"closing {self!r}"):
-                await close(self._carrier, self.stream)
-        finally:
-            self._host.release(self)

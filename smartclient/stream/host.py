@@ -123,8 +123,8 @@ class StreamOpener(Protocol):
 
     async def producer(self, stream: str, *, name: str | None = None) -> Any: ...
 
-    async def consumer(self, stream: str, callback: Any, *, offset: Any = ..., name: str | None = ...,
-                       single_active: bool = ..., tracking: Any = ..., flow: Any = ...,
+    async def consumer(self, stream: str, callback: Any = ..., *, on_chunk: Any = ..., offset: Any = ...,
+                       name: str | None = ..., single_active: bool = ..., tracking: Any = ..., flow: Any = ...,
                        _super_stream: str | None = ...) -> Any: ...
 
     async def route(self, super_stream: str, routing_key: str) -> list[str]: ...

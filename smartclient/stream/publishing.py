@@ -26,15 +26,17 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
 
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "BatchingPolicy", "Confirmation", "PublishBuffer"]
+__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "NOT_QUEUED", "QUEUED", "QUEUED_DRAIN", "BatchingPolicy",
+           "Confirmation", "PublishBuffer"]
 
 _PUBLISH_KEY = 0x0002
 _HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
@@ -48,6 +50,9 @@ CONFIRM_TIMEOUT = -2  # Confirmation.code of a message not confirmed within Batc
 # PublishError codes that mean "this publisher is gone from this node", not "this message is bad":
 # the message stays pending and is sent again once the producer has recovered.
 _RETRIABLE = {6: "stream not available", 18: "publisher does not exist"}
+# what PublishBuffer.put() did with a message
+NOT_QUEUED, QUEUED, QUEUED_DRAIN = 0, 1, 2
+_drain: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 
 ConfirmCallback = Callable[["Confirmation"], Awaitable[None] | None]
 
@@ -100,7 +105,12 @@ class Confirmation:
 
 
 class PublishBuffer:
-    """Batches and publishes for one publisher on one connection."""
+    """Batches and publishes for one publisher on one connection.
+
+    A message is kept as it came (its body, or with a filter value its packed entry) in ``_pending`` and in the
+    batch being built; a Publish frame's entry headers are packed when the frame is written, in one pass over
+    the batch.  Confirms arrive as one array of ids per frame (the seam decodes them) and are settled in one
+    pass too."""
 
     def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
                  filter_value: Callable[[Any], str] | None = None,
@@ -111,11 +121,15 @@ class PublishBuffer:
         self.filter_value = filter_value
         self.on_lost = on_lost  # told when the broker says this publisher is gone (see _RETRIABLE)
         self._version = 2 if filter_value is not None else 1
+        # what the frame adds to each kept part: a version 1 part is the body alone, a version 2 one its entry
+        self._overhead = _ENTRY.size if self._version == 1 else 0
+        self._cap = policy.max_in_flight
+        self._batch_size = policy.batch_size
         self._ids: list[int] = []
         self._parts: list[bytes] = []
         self._bytes = _FRAME_OVERHEAD
         self._waiters: dict[int, asyncio.Future[Confirmation] | ConfirmCallback] = {}
-        self._pending: dict[int, bytes] = {}  # publishing id -> packed entry, until confirmed or failed
+        self._pending: dict[int, bytes] = {}  # publishing id -> its part, until confirmed or failed
         self._suspended = False
         self.resent = 0
         self.sent = 0
@@ -123,7 +137,7 @@ class PublishBuffer:
         self.failed = 0
         self._space = asyncio.Event()
         self._space.set()
-        self._idle = asyncio.Event()
+        self._idle = asyncio.Event()  # set exactly while nothing is pending
         self._idle.set()
         self._timer: asyncio.TimerHandle | None = None
         self._error: BaseException | None = None
@@ -156,6 +170,11 @@ class PublishBuffer:
     def _unbind(self) -> None:
         self._seam.off_publish_frames(self.client, f"smartclient-{self.publisher_id}")
 
+    def _clear_batch(self) -> None:
+        self._ids = []
+        self._parts = []
+        self._bytes = _FRAME_OVERHEAD
+
     # -- recovery -------------------------------------------------------------------------------
     @property
     def suspended(self) -> bool:
@@ -173,21 +192,20 @@ class PublishBuffer:
         order, before anything sent later.  Returns how many were written again."""
         self._bind(client, publisher_id)
         self._suspended = False
-        self._ids = []
-        self._parts = []
-        self._bytes = _FRAME_OVERHEAD
+        self._clear_batch()
         self._written.clear()  # their confirms would time the outage; the frames written again are timed anew
-        count, sent = 0, self.sent
+        count, sent, overhead = 0, self.sent, self._overhead
         for pid in sorted(self._pending):  # synchronous: no send can slip in between
-            entry = self._pending[pid]
-            if len(entry) + _FRAME_OVERHEAD > self.frame_max:
+            part = self._pending[pid]
+            size = len(part) + overhead
+            if size + _FRAME_OVERHEAD > self.frame_max:
                 self._settle([pid], False, CONNECTION_LOST, f"it no longer fits the frame max of {self.frame_max}")
                 continue
-            if self._bytes + len(entry) > self.frame_max or len(self._ids) >= self.policy.batch_size:
+            if self._bytes + size > self.frame_max or len(self._ids) >= self._batch_size:
                 self._write()
             self._ids.append(pid)
-            self._parts.append(entry)
-            self._bytes += len(entry)
+            self._parts.append(part)
+            self._bytes += size
             count += 1
         self._write()
         self.resent += count - (self.sent - sent)  # not those queued while suspended and written the first time
@@ -201,9 +219,7 @@ class PublishBuffer:
         """Stop for good: every pending message fails with ``reason``; every later send raises ``error``."""
         self._suspended = True
         self._unbind()
-        self._ids = []
-        self._parts = []
-        self._bytes = _FRAME_OVERHEAD
+        self._clear_batch()
         self._written.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -216,49 +232,97 @@ class PublishBuffer:
         self._space.set()  # a send waiting for room wakes up and raises the error
 
     # -- sending --------------------------------------------------------------------------------
+    def put(self, publishing_id: int, body: Any, waiter: asyncio.Future[Confirmation] | ConfirmCallback | None
+            ) -> int:
+        """Queue one message if that needs no wait and no check can fail: the hot path of ``send()``, no
+        coroutine.  Returns ``QUEUED``, ``QUEUED_DRAIN`` (queued; await :meth:`drain`) or ``NOT_QUEUED`` (nothing
+        was done: call :meth:`add`, which waits for room, makes room in the frame, or raises)."""
+        pending = self._pending
+        if (type(body) is not bytes or self._overhead == 0 or len(pending) >= self._cap
+                or self._error is not None):
+            return NOT_QUEUED
+        size = len(body) + _ENTRY.size
+        if self._bytes + size > self.frame_max:
+            return NOT_QUEUED
+        if waiter is not None:
+            self._waiters[publishing_id] = waiter
+        if not pending:
+            self._idle.clear()
+        pending[publishing_id] = body
+        ids = self._ids
+        ids.append(publishing_id)
+        self._parts.append(body)
+        self._bytes += size
+        if len(ids) >= self._batch_size:
+            self._flush()
+            return QUEUED_DRAIN if self._must_drain() else QUEUED
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+        return QUEUED
+
+    async def drain(self) -> None:
+        """Wait until the socket takes more (after a flush left over ``_WRITE_HIGH_WATER`` bytes in its buffer)."""
+        await self._seam.writer_of(self.client).drain()
+
     async def add(self, publishing_id: int, body: Any, waiter: asyncio.Future[Confirmation] | ConfirmCallback | None
                   = None) -> None:
         data = body if type(body) is bytes else bytes(body)
         if self._version == 1:
-            entry = _ENTRY.pack(publishing_id, len(data)) + data
+            part = data
         else:
             value = self.filter_value(body) if self.filter_value is not None else None
             encoded = value.encode() if value is not None else b""
-            entry = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
-                     + len(data).to_bytes(4, "big") + data)
+            part = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
+                    + len(data).to_bytes(4, "big") + data)
         if waiter is not None:  # before queueing: a flush may be followed by an await, and the confirm by it
             self._waiters[publishing_id] = waiter
         try:
-            if len(self._pending) >= self.policy.max_in_flight:
+            if len(self._pending) >= self._cap:
                 await self._wait_for_room()
-            drain = self._append(publishing_id, entry, len(data))
+            drain = self._append(publishing_id, part, len(data))
         except BaseException:
             self._waiters.pop(publishing_id, None)
             raise
         if drain:
-            await self._seam.writer_of(self.client).drain()
-        self._idle.clear()
-        if self._ids and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+            await self.drain()
 
     async def add_many(self, first_id: int, bodies: list[bytes]) -> None:
-        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters):
-        the same checks as :meth:`add`, in one loop, without packing a frame object per message."""
+        """Queue ``bodies`` with consecutive publishing ids from ``first_id`` (no per-message waiters): the
+        same checks as :meth:`add`, a batch's worth of messages at a time where they are all ``bytes`` and fit."""
         if self._version != 1:
             for offset, body in enumerate(bodies):
                 await self.add(first_id + offset, body)
             return
-        pack = _ENTRY.pack
-        cap = self.policy.max_in_flight
-        pending = self._pending
-        self._idle.clear()  # before any wait: a flush() meanwhile must wait for what this call queues
-        for pid, body in enumerate(bodies, first_id):
-            data = body if type(body) is bytes else bytes(body)
-            if len(pending) >= cap:
-                await self._wait_for_room(pid - first_id)
-            if self._append(pid, pack(pid, len(data)) + data, len(data)):
-                await self._seam.writer_of(self.client).drain()
-        self._idle.clear()
+        done, total, pending = 0, len(bodies), self._pending
+        while done < total:
+            if self._error is not None:
+                raise self._error
+            if len(self._ids) >= self._batch_size:  # (a full batch is always written at once: never met)
+                self._flush()
+            room = self._cap - len(pending)
+            if room <= 0:
+                await self._wait_for_room(done)
+                continue
+            take = min(total - done, room, self._batch_size - len(self._ids))
+            part = bodies[done:done + take]
+            size = sum(map(len, part)) + _ENTRY.size * take if set(map(type, part)) == {bytes} else -1
+            if 0 <= size <= self.frame_max - self._bytes:
+                ids = range(first_id + done, first_id + done + take)
+                if not pending:
+                    self._idle.clear()
+                pending.update(zip(ids, part, strict=True))
+                self._ids.extend(ids)
+                self._parts.extend(part)
+                self._bytes += size
+                drain = len(self._ids) >= self._batch_size and self._flush_drain()
+                done += take
+            else:  # one at a time: converted, a frame flushed when full, a message too large refused
+                body = part[0]
+                data = body if type(body) is bytes else bytes(body)
+                drain = self._append(first_id + done, data, len(data))
+                done += 1
+            if drain:
+                await self.drain()
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
@@ -273,9 +337,9 @@ class PublishBuffer:
                 f"{len(self._pending)} message(s) wait for a confirm (max_in_flight {self.policy.max_in_flight})"
                 + ("; the producer is recovering" if self._suspended else ""), queued) from None
 
-    def _append(self, publishing_id: int, entry: bytes, body_size: int) -> bool:
+    def _append(self, publishing_id: int, part: bytes, body_size: int) -> bool:
         """The checks and bookkeeping of one message (no await); True if the socket should be drained."""
-        size = len(entry)
+        size = len(part) + self._overhead
         if size + _FRAME_OVERHEAD > self.frame_max:
             raise MessageTooLarge(
                 f"a message of {body_size} bytes for {self.stream!r} does not fit the negotiated frame max of "
@@ -285,14 +349,25 @@ class PublishBuffer:
             raise self._error
         if self._bytes + size > self.frame_max:
             self._flush()
+        if not self._pending:
+            self._idle.clear()
         self._ids.append(publishing_id)
-        self._parts.append(entry)
-        self._pending[publishing_id] = entry
+        self._parts.append(part)
+        self._pending[publishing_id] = part
         self._bytes += size
-        if len(self._ids) >= self.policy.batch_size:
-            self._flush()
-            return not self._suspended and self._write_buffer_size() > _WRITE_HIGH_WATER
+        if len(self._ids) >= self._batch_size:
+            return self._flush_drain()
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
         return False
+
+    def _flush_drain(self) -> bool:
+        """Write the batch; True if the socket should be drained."""
+        self._flush()
+        return self._must_drain()
+
+    def _must_drain(self) -> bool:
+        return not self._suspended and self._write_buffer_size() > _WRITE_HIGH_WATER
 
     def _write_buffer_size(self) -> int:
         try:
@@ -308,27 +383,25 @@ class PublishBuffer:
             self._write()
 
     def _write(self) -> None:
-        count = len(self._ids)
+        ids, parts = self._ids, self._parts
+        count = len(ids)
         if not count:
             return
         if self._expiry is None and self.policy.confirm_timeout:
             self._expiry = asyncio.get_running_loop().call_later(self.policy.confirm_timeout / 4, self._expire)
-        if self._suspended:  # the entries stay in _pending; resume() writes them
-            self._ids = []
-            self._parts = []
-            self._bytes = _FRAME_OVERHEAD
+        if self._suspended:  # the parts stay in _pending; resume() writes them
+            self._clear_batch()
             return
-        ids = self._ids
         header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
-        frame = header + b"".join(self._parts)
+        entries: Iterable[bytes] = (chain.from_iterable(zip(map(_ENTRY.pack, ids, map(len, parts)), parts, strict=True))
+                                    if self._overhead else parts)
+        frame = b"".join(chain((header,), entries))
         if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
             self._written.append((ids[-1], time.monotonic(), count))
         # ids rise within a frame and from frame to frame; only a recovery writes some again
         self.sent += count if ids[0] > self._high else sum(1 for pid in ids if pid > self._high)
         self._high = max(self._high, ids[-1])
-        self._ids = []
-        self._parts = []
-        self._bytes = _FRAME_OVERHEAD
+        self._clear_batch()
         try:
             self._seam.writer_of(self.client).write(frame)
         except (AttributeError, RuntimeError, OSError) as exc:  # closed under us: recover, nothing is lost
@@ -406,12 +479,10 @@ class PublishBuffer:
         if retry is not None and not self._suspended:
             self._lost(f"the broker answered {retry!r}")
 
-    def _settle(self, ids: list[int], ok: bool, code: int, reason: str = "") -> None:
+    def _settle(self, ids: Iterable[int], ok: bool, code: int, reason: str = "") -> None:
         pending = self._pending
         before = len(pending)
-        pop = pending.pop
-        for pid in ids:
-            pop(pid, None)
+        _drain(map(pending.pop, ids, repeat(None)))  # one pass in C: a confirm frame's ids, or a failure's
         count = before - len(pending)
         if ok:
             self.confirmed += count

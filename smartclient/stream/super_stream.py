@@ -20,7 +20,8 @@ from smartclient.stream.admin import partition_names
 if TYPE_CHECKING:
     from smartclient.core.flow import ConsumerFlow
     from smartclient.core.offsets import OffsetSpec, OffsetTracking
-    from smartclient.stream.handles import Consumer, Producer
+    from smartclient.stream.consumer import Consumer
+    from smartclient.stream.handles import Producer
     from smartclient.stream.host import StreamOpener
     from smartclient.stream.publishing import Confirmation, ConfirmCallback
 
@@ -234,12 +235,13 @@ class SuperStreamConsumer:
     def __repr__(self) -> str:
         return f"SuperStreamConsumer(super_stream={self.super_stream!r})"
 
-    async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None], offset: OffsetSpec,
+    async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None] | None, offset: OffsetSpec,
                     name: str | None, single_active: bool, tracking: OffsetTracking | None,
-                    flow: ConsumerFlow | None = None) -> None:
+                    flow: ConsumerFlow | None = None, on_chunk: Callable[[Any], Any] | None = None) -> None:
         for partition in self.partitions:
             self.consumers[partition] = await self.env.consumer(
-                partition, callback, offset=offset, name=name, single_active=single_active, tracking=tracking,
+                partition, callback, on_chunk=on_chunk, offset=offset, name=name, single_active=single_active,
+                tracking=tracking,
                 flow=flow, _super_stream=self.super_stream if single_active else None,
             )
 

@@ -115,9 +115,19 @@ async def _(ctx: Ctx) -> None:
 
 
 # -- streams and their arguments ------------------------------------------------------------------------
-@case("consumer without a callback", ConfigurationError, "must be callable")
+@case("consumer without a callback", ConfigurationError, "takes a callback or on_chunk, and only one of them")
 async def _(ctx: Ctx) -> None:
-    await ctx.env.consumer(ctx.ok, None)  # type: ignore[arg-type]
+    await ctx.env.consumer(ctx.ok, None)
+
+
+@case("consumer with a callback and on_chunk", ConfigurationError, "takes a callback or on_chunk, and only one")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, lambda message, context: None, on_chunk=lambda chunk: None)
+
+
+@case("consumer with an on_chunk that cannot be called", ConfigurationError, "on_chunk of a consumer .* must be callable")
+async def _(ctx: Ctx) -> None:
+    await ctx.env.consumer(ctx.ok, on_chunk="print")  # type: ignore[arg-type]
 
 
 @case("existing stream, other arguments", TopologyError, r"already exists with other arguments")

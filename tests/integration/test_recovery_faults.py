@@ -100,6 +100,13 @@ class Collector:
     def __call__(self, message: Any, context: Any) -> None:
         self.items.append((context.offset, int(bytes(message))))
 
+    def chunk(self, chunk: Any) -> None:  # the same, a chunk at a time (on_chunk)
+        self.items.extend((offset, int(body)) for offset, body in chunk)
+
+    def handler(self, mode: str) -> dict[str, Any]:
+        """The consumer's keyword for ``mode``: a callback per message, or on_chunk."""
+        return {"callback": self} if mode == "message" else {"on_chunk": self.chunk}
+
     def bodies(self) -> list[int]:
         return [body for _, body in self.items]
 
@@ -208,13 +215,14 @@ async def test_leader_move_producer_and_consumer_progress(
         collector.assert_no_gap(publisher.sent)
 
 
+@pytest.mark.parametrize("mode", ["message", "chunk"])
 async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_duplicate(
-    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, mode: str
 ) -> None:
     bed = rabbitmq_faulty_testbed
     async with stream_led_by(bed, rabbitmq_unique_name, 0) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
-        consumer: Consumer = await env.consumer(stream, collector, offset="first", name="tracked",
+        consumer: Consumer = await env.consumer(stream, **collector.handler(mode), offset="first", name="tracked",
                                                 tracking=OffsetTracking(every=100))
         victim = node_index(bed, consumer.node)
         assert victim != 0  # on a replica
@@ -233,13 +241,14 @@ async def test_consumer_node_killed_resumes_on_another_member_without_gap_or_dup
         assert await consumer.stored_offset() == collector.items[-1][0]
 
 
+@pytest.mark.parametrize("mode", ["message", "chunk"])
 async def test_untracked_consumer_connection_closed_by_management_api_recovers_without_gap(
-    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str, mode: str
 ) -> None:
     bed = rabbitmq_faulty_testbed
     async with stream_led_by(bed, rabbitmq_unique_name, 2) as stream, Environment(all_nodes(bed)) as env:
         collector = Collector()
-        consumer = await env.consumer(stream, collector, offset="first")
+        consumer = await env.consumer(stream, **collector.handler(mode), offset="first")
         producer = await env.producer(stream, name="p")
         publisher = Publisher(producer).start()
         await collector.wait_for(500)

@@ -1,8 +1,9 @@
 """The ONE place that touches rstream: its internals, its client, its errors (``tests/unit/test_rstream_seam.py``
 checks every internal it relies on; the version range is pinned in ``pyproject.toml``).
 
-:mod:`.wire`: the client, error mapping, frames and values; :mod:`.carriers`: rstream's Producer and Consumer,
-placed by smartclient.
+:mod:`.wire`: the client, error mapping, frames and values; :mod:`.frames`: the socket read in large pieces and
+the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into rstream's frame classes with one
+``struct`` call each; :mod:`.carriers`: rstream's Producer and Consumer, placed by smartclient.
 """
 
 from smartclient.stream._rstream.carriers import *  # noqa: F403
@@ -30,8 +31,8 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "connection.Connection._reader",  # NamedConnection.open sets both, with the TLS name we choose
     "connection.Connection._writer",
     "connection.Connection._ssl_context",
-    "connection.Connection._read_frame_raw",  # StreamStats: one raw frame read while the reader is stopped;
-    # and NamedConnection.read_frame reads raw to catch the responses rstream does not know
+    "connection.Connection._read_frame_raw",  # overridden: a frame in two readexactly calls (frames.py); StreamStats
+    # reads one raw frame with it while the reader is stopped, and read_frame reads raw to decode frames itself
     "connection.Connection._write_frame_raw",  # extra_request writes its frame through it
     "connection.Connection.read_frame",  # overridden by NamedConnection (extra responses)
     # rstream.Producer / rstream.Consumer (the carriers)
@@ -46,8 +47,7 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "Producer._get_next_available_id",  # only without a placed connection (never in practice)
     "Producer._get_or_create_publisher",  # overridden: the id is taken per connection
     "Consumer._subscribers",  # id -> subscriber
-    "Consumer._on_deliver",  # overridden: the credit goes where the ConsumerFlow says ...
-    "Consumer._filter_messages",  # ... and the chunk's messages are read as rstream reads them
+    "Consumer._on_deliver",  # overridden: the one delivery loop (credit by ConsumerFlow, chunks, no moving back)
     "producer._Publisher",  # built by our _get_or_create_publisher
     "client.ClientPool._clients",  # cleared by PlacedClientPool.close
 )
@@ -66,6 +66,7 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "exceptions.VirtualHostAccessFailure", "schema.PublishConfirm", "schema.PublishError", "schema.MetadataUpdate",
     "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
-    "schema.OffsetSpecification", "encoding.decode_frame", "consumer.MessageContext",
+    "schema.OffsetSpecification", "encoding.decode_frame", "schema.PublishingError", "schema.SubEntryChunk",
+    "connection.ConnectionClosed",
 )
 """The public names of rstream the seam imports or uses."""

@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from rstream import Consumer as RConsumer
@@ -24,12 +25,12 @@ from rstream import Producer as RProducer
 from rstream import exceptions as rx
 from rstream.client import Addr, Client, ClientPool
 from rstream.constants import SlasMechanism
-from rstream.consumer import MessageContext
 from rstream.producer import _Publisher
 from rstream.utils import MonotonicSeq, OnClosedErrorInfo
 
 from smartclient.core.address import Address
 from smartclient.core.deadline import step
+from smartclient.core.delivery import Chunk, ChunkHandler, MessageContext
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
 
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from smartclient.core.settings import ConnectSettings
     from smartclient.stream.host import Connection, StreamHost
 
-from smartclient.stream._rstream.wire import offset_spec
+from smartclient.stream._rstream.frames import messages_of
+from smartclient.stream._rstream.wire import decode_amqp_message, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
@@ -176,62 +178,93 @@ class PlacedConsumer(_Placed, RConsumer):
     async def maybe_restart_subscriber(self, reason: str, stream: str) -> None:
         self.smartclient_host.lost(Role.CONSUMER, self, stream, reason)
 
-    @staticmethod
-    def _filter_messages(frame: schema.Deliver, subscriber: Any, filter_value: Any = None) -> Iterator[tuple[int, Any]]:
-        # rstream's, except that the position never moves back.  A replica whose log ends before the offset
-        # asked for attaches the reader at its own end (osiris_log:init_offset_reader0, "retry_with next"),
-        # so the first chunks can lie before that offset; rstream drops the messages before it in the first
-        # chunk only, then sets the position to that chunk's end and delivers the next ones again
-        # (the "tracked consumer got 1,897 offsets again" of the nemesis, issue 18).
-        floor = subscriber.offset if subscriber.offset_type is OffsetType.OFFSET else -1
-        post = filter_value.post_filler() if filter_value is not None else None
-        offset = frame.chunk_first_offset - 1
-        for message in frame.get_messages():
-            offset += 1
-            if offset < floor or (post is not None and not post(subscriber.decoder(message))):
-                continue
-            yield offset, message
-        end = frame.chunk_first_offset + frame.num_entries
-        if subscriber.offset is None or end > subscriber.offset:
-            subscriber.offset = end
-            subscriber.smartclient_moved = True  # a chunk was handed over: see position()
-
     async def _on_deliver(self, frame: schema.Deliver, subscriber: Any, filter_value: Any) -> None:
-        # rstream's, the one delivery loop: the chunk's credit goes where the stream's ConsumerFlow says (by
-        # default, as rstream does, when its processing starts), and always once, even if a callback raises
+        # rstream's, the one delivery loop, with these differences:
+        # - the chunk's credit goes where the stream's ConsumerFlow says (by default, as rstream does, when its
+        #   processing starts), and always once, even if a callback raises;
+        # - the messages are split out of the frame in one pass (frames.messages_of), and each message's context
+        #   is built in C (a tuple); without a filter, the loop does nothing else per message;
+        # - a ChunkHandler gets the whole chunk (messages split only if it asks for them);
+        # - the position never moves back.  A replica whose log ends before the offset asked for attaches the
+        #   reader at its own end (osiris_log:init_offset_reader0, "retry_with next"), so the first chunks can
+        #   lie before that offset; rstream drops the messages before it in the first chunk only, then sets the
+        #   position to that chunk's end and delivers the next ones again (the "tracked consumer got 1,897
+        #   offsets again" of the nemesis, issue 18).  And it moves by the chunk's records, not its entries
+        #   (rstream's), which differ for a sub-entry batch.
+        # subscriber.decoder is not applied: smartclient subscribes without one (rstream's is the identity).
         if frame.subscription_id != subscriber.subscription_id:
             return
+        sid = subscriber.subscription_id
         flow: ConsumerFlow | None = self._pool.flows.get(subscriber.stream)  # type: ignore[attr-defined]
         at = flow.credit_at(frame.num_entries) if flow is not None else 0
         credited = at == 0
         if credited:
-            await subscriber.client.credit(subscriber.subscription_id, 1)
-        first = frame.chunk_first_offset
+            await subscriber.client.credit(sid, 1)
+        first, count = frame.chunk_first_offset, frame.num_records
+        floor = subscriber.offset if subscriber.offset_type is OffsetType.OFFSET else -1
+        skip = min(floor - first, count) if floor > first else 0  # before the consumer's offset: not handed over
+        stream, callback = subscriber.stream, subscriber.callback
+        post = filter_value.post_filler() if filter_value is not None else None
         subscriber.smartclient_busy = True  # a chunk is in the callback (the delivery watch waits for it)
         handed = 0
         around = self.smartclient_around_chunk
         try:
-            with _NOTHING if around is None else around(subscriber.stream, frame.num_entries, first):
-                for offset, message in self._filter_messages(frame, subscriber, filter_value):
-                    handed += 1
-                    context = MessageContext(self, subscriber.stream, subscriber.subscription_id,
-                                             subscriber.reference, offset, frame.timestamp)
-                    maybe_coro = subscriber.callback(subscriber.decoder(message), context)
-                    if maybe_coro is not None:
-                        await maybe_coro
-                    if not credited and offset - first + 1 >= at:
-                        credited = True
-                        await subscriber.client.credit(subscriber.subscription_id, 1)
+            with _NOTHING if around is None else around(stream, count, first):
+                if type(callback) is ChunkHandler:
+                    chunk = _chunk(frame, stream, first + skip, first + count, skip, post)
+                    handed = len(chunk)
+                    if handed:
+                        maybe_coro = callback(chunk)
+                        if maybe_coro is not None:
+                            await maybe_coro
+                else:
+                    messages = messages_of(frame)
+                    offsets: Iterable[int] = range(first, first + len(messages))
+                    if post is not None:
+                        kept = [(o, m) for o, m in zip(offsets, messages, strict=True) if o >= first + skip and post(m)]
+                        offsets, messages = [o for o, _ in kept], [m for _, m in kept]
+                        skip = 0
+                    # the credit goes after the message at index `cut` (all of them before it: a share of them)
+                    cut = len(messages) if credited else min(max(at, skip + 1), len(messages))
+                    for lo, hi in ((skip, cut), (cut, len(messages))):
+                        contexts = map(tuple.__new__, repeat(MessageContext), zip(
+                            repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),
+                            islice(offsets, lo, hi), repeat(frame.timestamp)))
+                        for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
+                            handed += 1
+                            maybe_coro = callback(message, context)
+                            if maybe_coro is not None:
+                                await maybe_coro
+                        if not credited:
+                            credited = True
+                            await subscriber.client.credit(sid, 1)
         except Exception:  # a callback that raised (rstream logs it) must not stop the credit
             if not credited:
-                await subscriber.client.credit(subscriber.subscription_id, 1)
+                await subscriber.client.credit(sid, 1)
             raise
         finally:
             subscriber.smartclient_busy = False
-            self.smartclient_consumed[subscriber.stream] += handed  # per chunk: read by the telemetry
-            self.smartclient_chunks[subscriber.stream] += 1
-        if not credited:  # the chunk's last entries were filtered out, or were sub-entries
-            await subscriber.client.credit(subscriber.subscription_id, 1)
+            self.smartclient_consumed[stream] += handed  # per chunk: read by the telemetry
+            self.smartclient_chunks[stream] += 1
+        end = first + count
+        if subscriber.offset is None or end > subscriber.offset:
+            subscriber.offset = end
+            subscriber.smartclient_moved = True  # a chunk was handed over: see position()
+        if not credited:  # every message was before the consumer's offset, or filtered out
+            await subscriber.client.credit(sid, 1)
+
+
+def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) -> Chunk:
+    """The chunk a ChunkHandler gets: the messages from ``start``, split when it asks for them (at once with
+    a filter, which reads each message)."""
+    if post is None:
+        return Chunk(stream, range(start, end), frame.timestamp,
+                     (lambda: messages_of(frame)[skip:]) if skip else partial(messages_of, frame),
+                     decode_amqp_message)
+    kept = [(offset, message) for offset, message in zip(range(start, end), messages_of(frame)[skip:], strict=True)
+            if post(message)]
+    return Chunk(stream, [offset for offset, _ in kept], frame.timestamp, [message for _, message in kept],
+                 decode_amqp_message)
 
 
 def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: Address, name: str,

@@ -30,6 +30,7 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
+from smartclient.stream._rstream.frames import READ_LIMIT, decode_hot, read_frame_raw
 
 if TYPE_CHECKING:
     from smartclient.stream.host import Connection
@@ -60,14 +61,22 @@ class _NamedConnection(RConnection):
         #: (response key, correlation id) -> the future of a request smartclient sent itself
         self.extra_waiters: dict[tuple[int, int], asyncio.Future[bytes]] = {}
 
+    async def _read_frame_raw(self) -> bytes:  # type: ignore[override]  # bytes, where rstream's is a bytearray
+        assert self._reader is not None
+        return await read_frame_raw(self._reader)  # not 256 bytes at a time, as rstream reads
+
     async def read_frame(self) -> schema.Frame:
-        """rstream's read_frame, except that a response to a command rstream does not know answers the
-        request smartclient sent (:func:`extra_request`) instead of stopping rstream's reader."""
+        """rstream's read_frame, except that the frames of the hot paths are decoded by :mod:`.frames`, and
+        a response to a command rstream does not know answers the request smartclient sent
+        (:func:`extra_request`) instead of stopping rstream's reader."""
         while True:
             raw = await self._read_frame_raw()
+            frame = decode_hot(raw)
+            if frame is not None:
+                return frame  # type: ignore[no-any-return]
             key = (raw[0] << 8) | raw[1]
             if key not in EXTRA_RESPONSES:
-                return decode_frame(raw)  # type: ignore[arg-type]  # rstream passes its bytearray too
+                return decode_frame(raw)
             (corr,) = struct.unpack_from(">I", raw, 4)
             waiter = self.extra_waiters.pop((key, corr), None)
             if waiter is not None and not waiter.done():
@@ -79,7 +88,8 @@ class _NamedConnection(RConnection):
             kwargs["server_hostname"] = self.server_hostname
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(host=self.host, port=self.port, ssl=self._ssl_context, **kwargs),
+                asyncio.open_connection(host=self.host, port=self.port, ssl=self._ssl_context,
+                                        limit=READ_LIMIT, **kwargs),
                 timeout=remaining(),  # the attempt's time left, not a fixed timeout of its own
             )
         except asyncio.TimeoutError:

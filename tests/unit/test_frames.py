@@ -1,0 +1,178 @@
+"""The seam's frame side (smartclient/stream/_rstream/frames.py) against rstream's own encoder and decoder, and
+the one delivery loop (PlacedConsumer._on_deliver) over frames built here.  No broker."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import struct
+import zlib
+from collections import Counter
+from dataclasses import fields
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rstream import OffsetType, schema
+from rstream.connection import ConnectionClosed
+from rstream.encoding import decode_frame, encode_frame
+
+from smartclient.core.delivery import Chunk, ChunkHandler, MessageContext
+from smartclient.core.flow import ConsumerFlow
+from smartclient.stream._rstream.carriers import PlacedConsumer
+from smartclient.stream._rstream.frames import decode_hot, messages_of, read_frame_raw
+
+
+def raw_of(frame: Any) -> bytes:
+    return encode_frame(frame)[4:]  # without the size prefix, as a reader hands it over
+
+
+def simple(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def sub_batch(bodies: list[bytes], compression: int = 0) -> bytes:
+    records = b"".join(simple(b) for b in bodies)
+    data = gzip.compress(records) if compression == 1 else records
+    return bytes([0x80 | compression << 4]) + struct.pack(">HII", len(bodies), len(records), len(data)) + data
+
+
+def deliver(entries: list[bytes], records: int, first: int = 100, subscription: int = 1) -> bytes:
+    data = b"".join(entries)
+    return raw_of(schema.Deliver(subscription_id=subscription, magic_version=5, chunk_type=0, num_entries=len(entries),
+                                 num_records=records, timestamp=1_700_000_000_123, epoch=7, chunk_first_offset=first,
+                                 chunk_crc=zlib.crc32(data), data_length=len(data), trailer_length=0, _reserved=0,
+                                 data=data))
+
+
+def test_a_confirm_frame_decodes_to_rstreams_frame_with_its_ids_in_one_array() -> None:
+    ids = [1, 2, 3, 2**40, 2**64 - 1]
+    raw = raw_of(schema.PublishConfirm(publisher_id=7, publishing_ids=ids))
+    ours, theirs = decode_hot(raw), decode_frame(raw)
+    assert type(ours) is schema.PublishConfirm and ours.publisher_id == theirs.publisher_id == 7
+    assert list(ours.publishing_ids) == theirs.publishing_ids == ids
+    assert ours.corr_id is None  # rstream's listener asks every frame for it
+
+
+def test_an_error_frame_decodes_to_rstreams_frame() -> None:
+    errors = [schema.PublishingError(5, 18), schema.PublishingError(9, 6)]
+    raw = raw_of(schema.PublishError(publisher_id=3, errors=errors))
+    ours = decode_hot(raw)
+    assert type(ours) is schema.PublishError and ours.publisher_id == 3
+    assert ours.errors == decode_frame(raw).errors == errors
+
+
+def test_a_deliver_frame_decodes_with_every_field_and_its_messages_as_rstream_reads_them() -> None:
+    bodies = [b"a", b"", b"x" * 300]
+    entries = [simple(b) for b in bodies] + [sub_batch([b"s1", b"s2"]), sub_batch([b"g1", b"g2", b"g3"], 1),
+                                             simple(b"last")]
+    raw = deliver(entries, records=9)
+    ours, theirs = decode_hot(raw), decode_frame(raw)
+    assert type(ours) is schema.Deliver
+    names = [f.name for f in fields(schema.Deliver)]  # every field rstream's class has, set as it sets them
+    assert {n: getattr(ours, n) for n in names if n != "data"} == {n: getattr(theirs, n) for n in names if n != "data"}
+    assert bytes(ours.data) == theirs.data
+    expected = [bytes(m) for m in theirs.get_messages()]
+    assert messages_of(ours) == expected == [b"a", b"", b"x" * 300, b"s1", b"s2", b"g1", b"g2", b"g3", b"last"]
+    assert all(type(m) is bytes for m in messages_of(ours))
+    assert messages_of(theirs) == expected  # a frame rstream decoded splits the same
+
+
+def test_frames_decoded_here_fall_back_to_rstream_on_what_they_do_not_expect() -> None:
+    raw = bytearray(deliver([simple(b"abc")], records=1))
+    raw[-1] ^= 0xFF  # the CRC no longer matches: rstream's decoder raises, as it always did
+    assert decode_hot(bytes(raw)) is None
+    with pytest.raises(ValueError):
+        decode_frame(bytes(raw))
+    assert decode_hot(raw_of(schema.Heartbeat())) is None  # not a hot-path frame: rstream decodes it
+
+
+def test_frames_are_read_whole_from_one_read_and_a_closed_socket_ends_the_reader_as_rstream_expects() -> None:
+    async def scenario() -> list[bytes]:
+        reader = asyncio.StreamReader()
+        frames = [raw_of(schema.PublishConfirm(publisher_id=1, publishing_ids=[i])) for i in range(3)]
+        reader.feed_data(b"".join(struct.pack(">I", len(f)) + f for f in frames) + b"\x00\x00")  # and a torn one
+        reader.feed_eof()
+        got = [await read_frame_raw(reader) for _ in frames]
+        with pytest.raises(ConnectionClosed):
+            await read_frame_raw(reader)
+        return got
+
+    assert [list(decode_hot(raw).publishing_ids) for raw in asyncio.run(scenario())] == [[0], [1], [2]]
+
+
+# -- the delivery loop ------------------------------------------------------------------------------------
+class Subscriber(SimpleNamespace):
+    pass
+
+
+def subscriber(callback: Any, offset: int | None = None) -> tuple[Subscriber, list[str]]:
+    credits: list[str] = []
+
+    async def credit(sid: int, count: int) -> None:
+        credits.append(f"credit after {len(handed)}")
+
+    handed: list[Any] = []
+
+    def record(*args: Any) -> Any:
+        handed.append(args)
+        return callback(*args)
+
+    sub = Subscriber(subscription_id=1, stream="s", reference="name", callback=record,
+                     offset_type=OffsetType.OFFSET if offset is not None else OffsetType.FIRST, offset=offset,
+                     client=SimpleNamespace(credit=credit))
+    sub.handed = handed
+    return sub, credits
+
+
+def carrier(flow: ConsumerFlow | None = None) -> Any:
+    return SimpleNamespace(_pool=SimpleNamespace(flows={"s": flow} if flow else {}), smartclient_around_chunk=None,
+                           smartclient_consumed=Counter(), smartclient_chunks=Counter())
+
+
+def run(consumer: Any, raw: bytes, sub: Subscriber) -> None:
+    asyncio.run(PlacedConsumer._on_deliver(consumer, decode_hot(raw), sub, None))  # type: ignore[arg-type]
+
+
+def test_each_message_gets_its_context_and_the_credit_goes_where_the_flow_says() -> None:
+    sub, credits = subscriber(lambda message, context: None)
+    consumer = carrier(ConsumerFlow(credit_after=0.5))
+    run(consumer, deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
+    assert [m for m, _ in sub.handed] == [b"m0", b"m1", b"m2", b"m3"]
+    contexts = [c for _, c in sub.handed]
+    assert all(type(c) is MessageContext for c in contexts)
+    assert [c.offset for c in contexts] == [100, 101, 102, 103]
+    assert contexts[0] == MessageContext(consumer, "s", 1, "name", 100, 1_700_000_000_123)
+    assert credits == ["credit after 2"]  # half of the chunk, then the credit, once
+    assert sub.offset == 104 and sub.smartclient_moved and consumer.smartclient_consumed["s"] == 4
+
+
+def test_messages_before_the_consumers_offset_are_not_handed_over_and_the_position_moves_by_records() -> None:
+    sub, credits = subscriber(lambda message, context: None, offset=102)
+    run(carrier(), deliver([simple(b"m0"), simple(b"m1"), sub_batch([b"s2", b"s3", b"s4"])], records=5), sub)
+    assert [(m, c.offset) for m, c in sub.handed] == [(b"s2", 102), (b"s3", 103), (b"s4", 104)]
+    assert credits == ["credit after 0"] and sub.offset == 105  # records, not entries (rstream moves by 3)
+
+
+def test_a_chunk_handler_gets_the_whole_chunk_once_split_only_when_asked() -> None:
+    chunks: list[Chunk] = []
+    sub, credits = subscriber(None, offset=101)
+    sub.callback = ChunkHandler(chunks.append)
+    run(carrier(), deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
+    (chunk,) = chunks
+    assert chunk._bodies is None and len(chunk) == 3 and chunk.offsets == range(101, 104)  # not split yet
+    assert chunk.bodies == [b"m1", b"m2", b"m3"] and list(chunk) == [(101, b"m1"), (102, b"m2"), (103, b"m3")]
+    assert chunk.timestamp == 1_700_000_000_123 and (chunk.first_offset, chunk.last_offset) == (101, 103)
+    assert chunk.after(101).offsets == range(102, 104) and chunk.after(99) is chunk and len(chunk.after(103)) == 0
+    assert credits == ["credit after 0"] and sub.offset == 104
+
+
+def test_a_callback_that_raises_still_gives_the_credit_once_and_the_position_stays() -> None:
+    def fail(message: Any, context: Any) -> None:
+        if context.offset == 101:
+            raise RuntimeError("the application's")
+
+    sub, credits = subscriber(fail, offset=None)
+    with pytest.raises(RuntimeError):
+        run(carrier(ConsumerFlow(credit_after=1.0)), deliver([simple(b"a"), simple(b"b"), simple(b"c")], 3), sub)
+    assert credits == ["credit after 2"] and sub.offset is None  # the chunk was not handed over whole
