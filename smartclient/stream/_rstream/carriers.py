@@ -230,11 +230,15 @@ class PlacedConsumer(_Placed, RConsumer):
                         contexts = map(tuple.__new__, repeat(MessageContext), zip(
                             repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),
                             islice(offsets, lo, hi), repeat(frame.timestamp)))
-                        for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
-                            handed += 1
-                            maybe_coro = callback(message, context)
-                            if maybe_coro is not None:
-                                await maybe_coro
+                        try:
+                            for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
+                                maybe_coro = callback(message, context)
+                                if maybe_coro is not None:
+                                    await maybe_coro
+                        except BaseException:
+                            handed += list(offsets).index(context.offset) - lo + 1  # (telemetry) the one that raised
+                            raise
+                        handed += hi - lo
                         if not credited:
                             credited = True
                             await subscriber.client.credit(sid, 1)

@@ -114,15 +114,15 @@ def messages_of(frame: Any) -> list[bytes]:
     out: list[bytes] = []
     append = out.append
     unpack = _SIZE.unpack_from
-    pos = DELIVER_DATA
-    for _ in range(frame.num_entries):
-        (size,) = unpack(raw, pos)
-        if size & 0x80000000:  # a sub-entry batch: its type byte, then records, sizes and (compressed) data
+    pos, end = DELIVER_DATA, len(raw)  # the data ends the frame (checked when it was decoded)
+    while pos < end:
+        size = unpack(raw, pos)[0]
+        if size > 0x7FFFFFFF:  # a sub-entry batch: its type byte, then records, sizes and (compressed) data
             records, used = schema.SubEntryChunk.read(raw, raw[pos], pos + 1)
             out.extend(bytes(r) for r in records)
             pos += 1 + used
             continue
-        pos += 4
-        append(raw[pos:pos + size])
-        pos += size
+        after = pos + 4 + size
+        append(raw[pos + 4:after])
+        pos = after
     return out
