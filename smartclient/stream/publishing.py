@@ -317,10 +317,11 @@ class PublishBuffer:
                 drain = len(self._ids) >= self._batch_size and self._flush_drain()
                 done += take
             else:  # one at a time: converted, a frame flushed when full, a message too large refused
-                body = part[0]
-                data = body if type(body) is bytes else bytes(body)
-                drain = self._append(first_id + done, data, len(data))
-                done += 1
+                drain = False
+                for body in part:
+                    data = body if type(body) is bytes else bytes(body)
+                    drain = self._append(first_id + done, data, len(data)) or drain
+                    done += 1
             if drain:
                 await self.drain()
         if self._ids and self._timer is None:

@@ -176,3 +176,46 @@ def test_a_callback_that_raises_still_gives_the_credit_once_and_the_position_sta
     with pytest.raises(RuntimeError):
         run(carrier(ConsumerFlow(credit_after=1.0)), deliver([simple(b"a"), simple(b"b"), simple(b"c")], 3), sub)
     assert credits == ["credit after 2"] and sub.offset is None  # the chunk was not handed over whole
+
+
+# -- the publish path's frames ------------------------------------------------------------------------------
+def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
+    """put() (send's hot path), add(), add_many() with bodies of other types, resume() after a loss, and a
+    filter value's version 2: each frame is byte for byte the one rstream encodes for the same messages."""
+    from rstream.encoding import encode_publish
+
+    from smartclient import BatchingPolicy
+    from smartclient.stream.publishing import QUEUED, PublishBuffer
+
+    from .test_recovery_core import FakeClient
+
+    def rstreams(publisher: int, messages: list[tuple[int, bytes, str | None]], version: int = 1) -> bytes:
+        return encode_publish(schema.Publish(publisher_id=publisher, messages=[
+            schema.Message(publishing_id=pid, filter_value=value, data=body) for pid, body, value in messages]),
+            version)
+
+    async def scenario() -> None:
+        client = FakeClient()
+        buffer = PublishBuffer(client, 4, "s", BatchingPolicy(batch_size=3, linger=5))
+        assert [buffer.put(pid, b"m%d" % pid, None) for pid in (1, 2)] == [QUEUED, QUEUED]
+        await buffer.add(3, bytearray(b"third"))  # not bytes: the slow path, the same frame
+        await buffer.add_many(4, [b"a", memoryview(b"bb"), b"ccc", b"dddd"])  # 3 fill a frame, 1 waits
+        buffer._flush()
+        assert client.frames == [rstreams(4, [(1, b"m1", None), (2, b"m2", None), (3, b"third", None)]),
+                                 rstreams(4, [(4, b"a", None), (5, b"bb", None), (6, b"ccc", None)]),
+                                 rstreams(4, [(7, b"dddd", None)])]
+        buffer.suspend()
+        client.frames.clear()
+        assert buffer.resume(client, 9) == 7  # every pending message again, in order, on the new publisher
+        assert client.frames == [rstreams(9, [(1, b"m1", None), (2, b"m2", None), (3, b"third", None)]),
+                                 rstreams(9, [(4, b"a", None), (5, b"bb", None), (6, b"ccc", None)]),
+                                 rstreams(9, [(7, b"dddd", None)])]
+        filtered_client = FakeClient()
+        filtered = PublishBuffer(filtered_client, 2, "s", BatchingPolicy(batch_size=2, linger=5),
+                                 filter_value=lambda body: body[:1].decode())
+        assert filtered.put(1, b"x1", None) == 0  # a filter value: never the hot path
+        await filtered.add(1, b"x1")
+        await filtered.add_many(2, [b"y2"])
+        assert filtered_client.frames == [rstreams(2, [(1, b"x1", "x"), (2, b"y2", "y")], 2)]
+
+    asyncio.run(scenario())
