@@ -230,13 +230,14 @@ class PlacedConsumer(_Placed, RConsumer):
                         contexts = map(tuple.__new__, repeat(MessageContext), zip(
                             repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),
                             islice(offsets, lo, hi), repeat(frame.timestamp)))
+                        context = None
                         try:
                             for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
                                 maybe_coro = callback(message, context)
                                 if maybe_coro is not None:
                                     await maybe_coro
-                        except BaseException:
-                            handed += list(offsets).index(context.offset) - lo + 1  # (telemetry) the one that raised
+                        except BaseException:  # (telemetry) counted up to the one that raised
+                            handed += 0 if context is None else list(offsets).index(context.offset) - lo + 1
                             raise
                         handed += hi - lo
                         if not credited:
