@@ -8,6 +8,7 @@ when :meth:`Chunk.messages` is called.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -73,11 +74,15 @@ class Chunk:
         :raises Exception: whatever the decoder raises for a body that is not an AMQP 1.0 message."""
         return [self._decode(body) for body in self.bodies]
 
+    def repeated(self, last: int) -> int:
+        """How many of its messages are at or before offset ``last`` (nothing is split to count them)."""
+        return bisect_right(self.offsets, last)
+
     def after(self, offset: int) -> Chunk:
-        """The part of this chunk after ``offset`` (a chunk with the same bodies if none is at or before it)."""
-        if not self.offsets or self.offsets[0] > offset:
+        """The part of this chunk after ``offset`` (this very chunk if none of it is at or before it)."""
+        keep = self.repeated(offset)
+        if not keep:
             return self
-        keep = next((i for i, value in enumerate(self.offsets) if value > offset), len(self.offsets))
         return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode)
 
     def __repr__(self) -> str:

@@ -137,20 +137,26 @@ class Consumer(_Handle):
             deliver = ChunkHandler(callback) if chunks else callback
             self._untracked = True
         elif chunks:
-            def repeats(chunk: Chunk) -> None:
+            def repeats(chunk: Chunk) -> int:  # how many were handed over already: counted, not hidden
                 last = self._last_offset
-                if last is not None and chunk.first_offset <= last:  # handed over already: counted, not hidden
-                    self._again(chunk.first_offset, last, None, len(chunk) - len(chunk.after(last)))
+                if last is None or not (count := chunk.repeated(last)):
+                    return 0
+                self._again(chunk.first_offset, last, None, count)
+                return count
+
+            def done(chunk: Chunk, repeated: int) -> None:  # the position never moves back, repeats are not new
+                if repeated < len(chunk):
+                    after(chunk.last_offset, len(chunk) - repeated)
 
             async def chunk_async(chunk: Chunk) -> None:
-                repeats(chunk)
+                repeated = repeats(chunk)
                 await callback(chunk)  # type: ignore[misc]  # a coroutine function's call
-                after(chunk.last_offset, len(chunk))
+                done(chunk, repeated)
 
             def chunk_sync(chunk: Chunk) -> Any:
-                repeats(chunk)
+                repeated = repeats(chunk)
                 result = callback(chunk)
-                after(chunk.last_offset, len(chunk))
+                done(chunk, repeated)
                 return result
 
             deliver = ChunkHandler(chunk_async if inspect.iscoroutinefunction(callback) else chunk_sync)

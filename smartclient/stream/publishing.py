@@ -25,10 +25,11 @@ import asyncio
 import logging
 import struct
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from typing import Any
 
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
@@ -291,33 +292,40 @@ class PublishBuffer:
         same checks as :meth:`add`, a batch's worth of messages at a time where they are all ``bytes`` and fit."""
         if self._version != 1:
             for offset, body in enumerate(bodies):
-                await self.add(first_id + offset, body)
+                try:
+                    await self.add(first_id + offset, body)
+                except EnqueueTimeout as exc:
+                    exc.queued = offset  # the ones before it are queued: their ids must not be given back
+                    raise
             return
         done, total, pending = 0, len(bodies), self._pending
         while done < total:
             if self._error is not None:
                 raise self._error
-            if len(self._ids) >= self._batch_size:  # (a full batch is always written at once: never met)
-                self._flush()
             room = self._cap - len(pending)
             if room <= 0:
                 await self._wait_for_room(done)
                 continue
-            take = min(total - done, room, self._batch_size - len(self._ids))
-            part = bodies[done:done + take]
-            size = sum(map(len, part)) + _ENTRY.size * take if set(map(type, part)) == {bytes} else -1
-            if 0 <= size <= self.frame_max - self._bytes:
+            part = bodies[done:done + min(total - done, room, self._batch_size - len(self._ids))]
+            take, drain, plain = 0, False, set(map(type, part)) == {bytes}
+            if plain:
+                # as many as fit the frame: the running sizes of their entries, against the room left in it
+                ends = list(accumulate(map(_ENTRY.size.__add__, map(len, part))))
+                take = bisect_right(ends, self.frame_max - self._bytes)
+            if take:
                 ids = range(first_id + done, first_id + done + take)
                 if not pending:
                     self._idle.clear()
-                pending.update(zip(ids, part, strict=True))
+                pending.update(zip(ids, part[:take], strict=True))
                 self._ids.extend(ids)
-                self._parts.extend(part)
-                self._bytes += size
-                drain = len(self._ids) >= self._batch_size and self._flush_drain()
+                self._parts.extend(part[:take])
+                self._bytes += ends[take - 1]
                 done += take
-            else:  # one at a time: converted, a frame flushed when full, a message too large refused
-                drain = False
+                if len(self._ids) >= self._batch_size or take < len(part):
+                    drain = self._flush_drain()  # a full batch, or a full frame
+            elif plain and self._ids:
+                drain = self._flush_drain()  # the frame is full: the next pass starts a new one
+            else:  # bodies of other types, or one too large for a frame: one at a time (converted, or refused)
                 for body in part:
                     data = body if type(body) is bytes else bytes(body)
                     drain = self._append(first_id + done, data, len(data)) or drain

@@ -85,6 +85,7 @@ def test_frames_decoded_here_fall_back_to_rstream_on_what_they_do_not_expect() -
     with pytest.raises(ValueError):
         decode_frame(bytes(raw))
     assert decode_hot(raw_of(schema.Heartbeat())) is None  # not a hot-path frame: rstream decodes it
+    assert decode_hot(deliver([simple(b"abc")], records=1)[:20]) is None  # cut short: rstream raises
 
 
 def test_frames_are_read_whole_from_one_read_and_a_closed_socket_ends_the_reader_as_rstream_expects() -> None:
@@ -130,8 +131,9 @@ def carrier(flow: ConsumerFlow | None = None) -> Any:
                            smartclient_consumed=Counter(), smartclient_chunks=Counter())
 
 
-def run(consumer: Any, raw: bytes, sub: Subscriber) -> None:
-    asyncio.run(PlacedConsumer._on_deliver(consumer, decode_hot(raw), sub, None))  # type: ignore[arg-type]
+def run(consumer: Any, raw: bytes, sub: Subscriber, keep: Any = None) -> None:
+    post = SimpleNamespace(post_filler=lambda: keep) if keep is not None else None
+    asyncio.run(PlacedConsumer._on_deliver(consumer, decode_hot(raw), sub, post))  # type: ignore[arg-type]
 
 
 def test_each_message_gets_its_context_and_the_credit_goes_where_the_flow_says() -> None:
@@ -145,6 +147,14 @@ def test_each_message_gets_its_context_and_the_credit_goes_where_the_flow_says()
     assert contexts[0] == MessageContext(consumer, "s", 1, "name", 100, 1_700_000_000_123)
     assert credits == ["credit after 2"]  # half of the chunk, then the credit, once
     assert sub.offset == 104 and sub.smartclient_moved and consumer.smartclient_consumed["s"] == 4
+
+
+def test_with_a_filter_the_credit_still_goes_at_its_share_of_the_chunk_not_of_what_passed() -> None:
+    sub, credits = subscriber(lambda message, context: None)
+    run(carrier(ConsumerFlow(credit_after=0.5)), deliver([simple(b"m%d" % i) for i in range(10)], records=10), sub,
+        keep=lambda message: message >= b"m4")
+    assert [c.offset for _, c in sub.handed] == [104, 105, 106, 107, 108, 109]
+    assert credits == ["credit after 1"]  # the 5th of 10 is the first handed over: the credit goes after it
 
 
 def test_messages_before_the_consumers_offset_are_not_handed_over_and_the_position_moves_by_records() -> None:
@@ -217,5 +227,33 @@ def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
         await filtered.add(1, b"x1")
         await filtered.add_many(2, [b"y2"])
         assert filtered_client.frames == [rstreams(2, [(1, b"x1", "x"), (2, b"y2", "y")], 2)]
+
+    asyncio.run(scenario())
+
+
+def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what_it_queued_with_a_filter() -> None:
+    from rstream.encoding import encode_publish
+
+    from smartclient import BatchingPolicy, EnqueueTimeout
+    from smartclient.stream.publishing import PublishBuffer
+
+    from .test_recovery_core import FakeClient
+
+    async def scenario() -> None:
+        client = FakeClient()
+        client._frame_max = 1000  # 13 bytes of header, then 312 per 300-byte message: 3 to a frame
+        buffer = PublishBuffer(client, 1, "s", BatchingPolicy(batch_size=100, linger=5))
+        bodies = [bytes([65 + i]) * 300 for i in range(7)]
+        await buffer.add_many(1, bodies)
+        buffer._flush()
+        assert client.frames == [encode_publish(schema.Publish(publisher_id=1, messages=[
+            schema.Message(publishing_id=1 + i, filter_value=None, data=bodies[i]) for i in part]))
+            for part in ((0, 1, 2), (3, 4, 5), (6,))]
+        filtered = PublishBuffer(FakeClient(), 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=4,
+                                                                      enqueue_timeout=0.05),
+                                 filter_value=lambda body: "v")
+        with pytest.raises(EnqueueTimeout) as caught:
+            await filtered.add_many(1, [b"m"] * 7)
+        assert caught.value.queued == 4 and sorted(filtered._pending) == [1, 2, 3, 4]  # ids 1-4 stay taken
 
     asyncio.run(scenario())

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
@@ -219,13 +220,15 @@ class PlacedConsumer(_Placed, RConsumer):
                             await maybe_coro
                 else:
                     messages = messages_of(frame)
-                    offsets: Iterable[int] = range(first, first + len(messages))
+                    offsets: Sequence[int] = range(first, first + len(messages))
                     if post is not None:
                         kept = [(o, m) for o, m in zip(offsets, messages, strict=True) if o >= first + skip and post(m)]
                         offsets, messages = [o for o, _ in kept], [m for _, m in kept]
                         skip = 0
-                    # the credit goes after the message at index `cut` (all of them before it: a share of them)
-                    cut = len(messages) if credited else min(max(at, skip + 1), len(messages))
+                    # the credit goes after the first message handed over at or past the chunk's `at`-th position
+                    # (a share of the chunk, whatever a filter dropped): messages[:cut], the credit, the rest
+                    cut = len(messages) if credited else min(max(bisect_left(offsets, first + at - 1), skip) + 1,
+                                                             len(messages))
                     for lo, hi in ((skip, cut), (cut, len(messages))):
                         contexts = map(tuple.__new__, repeat(MessageContext), zip(
                             repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),

@@ -34,6 +34,7 @@ READ_LIMIT = 1 << 21  # the stream reader's buffer: 2 MiB holds a full frame (fr
 
 _SIZE = struct.Struct(">I")
 _ID_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, count (PublishConfirm, PublishError)
+_ERROR_ENTRY = struct.Struct(">QH")  # a PublishError's publishing id and code
 # key, version, subscription id, then the Osiris chunk header: magic, chunk type, entries, records, timestamp,
 # epoch, first offset, CRC, data length, trailer length, reserved
 _DELIVER = struct.Struct(">HHBbbHIqQQIIII")
@@ -55,14 +56,18 @@ async def read_frame_raw(reader: asyncio.StreamReader) -> bytes:
 
 
 def decode_hot(raw: bytes) -> Any:
-    """rstream's frame for ``raw`` if it is one decoded here, else None."""
+    """rstream's frame for ``raw`` if it is one decoded here, else None (a frame too short for its header
+    included: rstream's decoder raises for it)."""
     key = raw[0] << 8 | raw[1]
-    if key == _DELIVER_KEY:
-        return _deliver(raw)
-    if key == _CONFIRM:
-        return _confirm(raw)
-    if key == _ERROR:
-        return _error(raw)
+    try:
+        if key == _DELIVER_KEY:
+            return _deliver(raw)
+        if key == _CONFIRM:
+            return _confirm(raw)
+        if key == _ERROR:
+            return _error(raw)
+    except struct.error:
+        return None
     return None
 
 
@@ -84,10 +89,9 @@ def _error(raw: bytes) -> Any:
     _, version, publisher_id, count = _ID_HEAD.unpack_from(raw)
     if version != 1 or len(raw) != _ID_HEAD.size + 10 * count:
         return None
-    values = struct.unpack_from(">" + "QH" * count, raw, _ID_HEAD.size)
     frame = _new(schema.PublishError)
     frame.publisher_id = publisher_id
-    frame.errors = [schema.PublishingError(values[i], values[i + 1]) for i in range(0, 2 * count, 2)]
+    frame.errors = [schema.PublishingError(pid, code) for pid, code in _ERROR_ENTRY.iter_unpack(raw[_ID_HEAD.size:])]
     return frame
 
 
