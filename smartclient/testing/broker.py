@@ -143,7 +143,8 @@ class BrokerProcess:
         return any(port_accepts(p, timeout=0.2) for p in (self.spec.amqp_port, self.spec.stream_port))
 
     def render_conf(self) -> str:
-        return render_rabbitmq_conf(self.spec, self.extra_conf, tls_dir=self.layout.inner_base_dir / "tls")
+        return render_rabbitmq_conf(self.spec, [*self.layout.release.conf, *self.extra_conf],
+                                    tls_dir=self.layout.inner_base_dir / "tls")
 
     def config_current(self) -> bool:
         """True if the node's config file is what this version of the test bed renders."""

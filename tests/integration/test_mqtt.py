@@ -262,8 +262,9 @@ def test_killed_node_the_client_fails_over_and_its_persistent_qos1_subscription_
         bed.kill_node(bed.nodes[2].name)
         publish(200)  # while the subscriber is down or moving: its quorum queue keeps them
         # A message the queue had handed to the subscriber on the killed node comes back only after the quorum
-        # queue's consumer_disconnected_timeout: 60 s from RabbitMQ 4.3 (rabbit_fifo holds a suspected-down
-        # consumer's messages in case its node returns); 4.0 returned it at once.
+        # queue's consumer_disconnected_timeout: 60 s by default from RabbitMQ 4.3 (rabbit_fifo holds a
+        # suspected-down consumer's messages in case its node returns), 5 s on the test bed; 4.0 returned it
+        # at once.
         wait_until_sync(lambda: len(set(got)) >= sent, 90, lambda: f"{sent} messages ({len(set(got))} in)")
         assert sorted(set(got)) == list(range(sent))
         assert sub.failovers >= 1 and sub.node in (bed.nodes[0].name, bed.nodes[1].name)

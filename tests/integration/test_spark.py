@@ -252,9 +252,10 @@ async def test_a_range_retention_removed_fails_naming_the_lost_offsets_or_is_ski
 
 
 def micro_batches(spark: Any, bed: TestBed, streams: str, checkpoint: Path, available_now: bool = False,
-                  **options: str) -> list[list[tuple[str, int]]]:
+                  progress: list[Any] | None = None, **options: str) -> list[list[tuple[str, int]]]:
     """Run a streaming query of the source until it has caught up (with ``available_now``: until it
-    ends); the ``(stream, offset)`` rows of each micro-batch."""
+    ends); the ``(stream, offset)`` rows of each micro-batch (and, into ``progress``, the query's progress
+    of each batch that read rows)."""
     batches: list[list[tuple[str, int]]] = []
     reader = source(spark, bed, streams, streaming=True)
     for name, value in options.items():
@@ -262,7 +263,10 @@ def micro_batches(spark: Any, bed: TestBed, streams: str, checkpoint: Path, avai
     writer = (reader.load().writeStream.option("checkpointLocation", str(checkpoint))
               .foreachBatch(lambda df, batch_id: batches.append([(r.stream, r.offset) for r in df.collect()])))
     if available_now:
-        writer.trigger(availableNow=True).start().awaitTermination()
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+        if progress is not None:
+            progress.extend(p for p in query.recentProgress if p.numInputRows)
         return batches
     query = writer.start()
     try:
@@ -323,12 +327,17 @@ async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record
 async def test_trigger_available_now_reads_everything_in_capped_batches(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
+    from smartclient.spark.source import offsets_behind
+
     stream = rabbitmq_unique_name
     await fill(rabbitmq_testbed, stream, 0, 1000)
+    progress: list[Any] = []
     batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, stream, tmp_path / "cp",
-                                      available_now=True, maxRecordsPerTrigger="300")
+                                      available_now=True, progress=progress, maxRecordsPerTrigger="300")
     assert [len(batch) for batch in batches] == [300, 300, 300, 100]
     assert every_row(batches) == rows_of(stream, 0, 1000)
+    # the source's metric: how far each batch's end was behind the stream's end when it was planned
+    assert [offsets_behind(p) for p in progress] == [{stream: 700}, {stream: 400}, {stream: 100}, {stream: 0}]
 
 
 class WithoutCommittedOffset:
