@@ -127,6 +127,11 @@ class ExactlyOnceSink:
         partitions; see the module's documentation).
     :param body_column: the message body (binary or string); other ``property_columns`` become
         application properties.  Or give ``to_message(row) -> bytes | AMQPMessage``.
+    :param sub_entry_size: rows per sub-entry (1, the default: one entry per row).  Above 1, each producer's
+        rows go in sub-entries of that many, grouped by their position in the producer's sequence (so a replay
+        groups them alike), each with the position of its first row as its publishing id: the broker stores
+        and confirms one entry per group, which cuts its work per row several times.  Stream clients read
+        sub-entries as separate messages; AMQP 0.9.1 and 1.0 consumers of the stream too (uncompressed).
     :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
         global one, if set); never sent to the executors.
     """
@@ -142,6 +147,7 @@ class ExactlyOnceSink:
     body_column: str = "body"
     property_columns: Sequence[str] = ()
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
+    sub_entry_size: int = 1
     tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +171,9 @@ class ExactlyOnceSink:
         slots = self.slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 200):
             raise ConfigurationError(f"slots must be between 1 and 200, not {slots!r}")
+        size = self.sub_entry_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 0xFFFF:
+            raise ConfigurationError(f"sub_entry_size must be between 1 and 65535 rows, not {size!r}")
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -265,7 +274,7 @@ class ExactlyOnceSink:
         if convert is None and self.property_columns:
             def convert(row: Any) -> Any:
                 return row_to_message(row, self.body_column, self.property_columns)
-        writer = _TaskWriter(batch_id)
+        writer = _TaskWriter(batch_id, self.sub_entry_size)
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -347,12 +356,15 @@ def _require_replayable_partitions(df: Any) -> None:
 
 class _TaskWriter:
     """One task's producers: one per (stream, name) met, all kept open to the end of the task, then
-    every confirm awaited at once (the names are distinct, so they may be live together)."""
+    every confirm awaited at once (the names are distinct, so they may be live together).  With sub-entries,
+    the rows of a group not yet full wait here for the next run of the same producer, or for the end."""
 
-    def __init__(self, batch_id: int) -> None:
+    def __init__(self, batch_id: int, sub_entry_size: int = 1) -> None:
         self.batch_id = batch_id
+        self.sub_entry_size = sub_entry_size
         self.producers: dict[tuple[str, str], Any] = {}
         self.positions: dict[tuple[str, str], int] = {}
+        self.held: dict[tuple[str, str], list[Any]] = {}  # rows of an unfinished sub-entry, per producer
         self.written = 0
 
     async def publish_runs(self, env: Any, runs: list[tuple[str, str, list[Any]]]) -> None:
@@ -364,12 +376,30 @@ class _TaskWriter:
             position = self.positions.get(key, 0)
             if position + len(bodies) > MAX_ROWS_PER_SLOT:
                 raise ConfigurationError(f"more than 2**32 rows for producer {name} of batch {self.batch_id}")
-            await producer.send_many(bodies, first_publishing_id=(self.batch_id << 32) | position)
+            if self.sub_entry_size == 1:
+                await producer.send_many(bodies, first_publishing_id=(self.batch_id << 32) | position)
+            else:
+                await self._sub_entries(key, producer, bodies, position)
             self.positions[key] = position + len(bodies)
             self.written += len(bodies)
 
+    async def _sub_entries(self, key: tuple[str, str], producer: Any, bodies: list[Any], position: int) -> None:
+        """Every full group of ``sub_entry_size`` rows, by position in the producer's sequence, as one sub-entry
+        whose publishing id is its first row's position; the rest waits for more rows, or for :meth:`finish`."""
+        rows = self.held.pop(key, []) + bodies
+        start, size = position + len(bodies) - len(rows), self.sub_entry_size
+        full = len(rows) - len(rows) % size
+        for first in range(0, full, size):
+            await producer.send_sub_entry(rows[first:first + size],
+                                          publishing_id=(self.batch_id << 32) | (start + first))
+        if full < len(rows):
+            self.held[key] = rows[full:]
+
     async def finish(self, env: Any) -> None:
         try:
+            for key, rows in self.held.items():  # the last group of each producer, however short
+                await self.producers[key].send_sub_entry(
+                    rows, publishing_id=(self.batch_id << 32) | (self.positions[key] - len(rows)))
             await asyncio.gather(*(p.flush() for p in self.producers.values()))  # every confirm, before the end
         finally:
             for producer in self.producers.values():

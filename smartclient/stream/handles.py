@@ -32,6 +32,7 @@ from smartclient.stream.publishing import (
     Confirmation,
     ConfirmCallback,
     PublishBuffer,
+    sub_entry,
 )
 from smartclient.stream.unreported import confirm_leader, watch_confirms
 
@@ -307,6 +308,29 @@ class Producer(_Handle):
         if not bodies:
             return
         await self._queue(self._ids.take(first_publishing_id, len(bodies)), list(bodies), None, many=True)
+
+    async def send_sub_entry(self, bodies: Sequence[bytes | Any], *, publishing_id: int | None = None,
+                             compression: str = "none", on_confirm: ConfirmCallback | None = None) -> None:
+        """Queue ``bodies`` as one sub-entry: the broker stores them as one entry, with one publishing id
+        (deduplicated, confirmed and failed as a whole: ``on_confirm`` gets one :class:`Confirmation`), and hands
+        them to every consumer as separate messages with consecutive offsets.  The broker's work per message
+        drops with the sub-entry's size.  Uncompressed ("none"), AMQP 0.9.1 and 1.0 consumers of the stream read
+        them too; "gzip" only stream clients (smartclient's, rstream, Java, Go, .NET).
+
+        :raises ConfigurationError: no bodies or more than 65,535, an unknown compression, or a producer with a
+            filter value (a sub-entry's messages cannot carry one each).
+        :raises MessageTooLarge: the sub-entry does not fit the negotiated frame max.
+        :raises PublishingIdNotIncreasing: a named producer was given an id not above its last one.
+        :raises EnqueueTimeout: no room within ``enqueue_timeout``: not queued.
+        """
+        self._check_open()
+        entry = sub_entry(list(bodies), compression)  # bad input fails here, before an id is taken
+        first = self._ids.take(publishing_id)
+        try:
+            await self._buffer.add_entry(first, entry, len(bodies), on_confirm)
+        except (EnqueueTimeout, ConfigurationError):
+            self._ids.give_back(first)
+            raise
 
     async def submit(self, body: bytes | Any, *, publishing_id: int | None = None) -> asyncio.Future[Confirmation]:
         """Queue one message and return a future of its :class:`Confirmation` (``PublishFailed`` if refused)."""

@@ -22,32 +22,35 @@ nothing).  While the producer recovers, the clock stops: the recovery is bounded
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import struct
 import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
 from typing import Any
 
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
+from smartclient.core.batching import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "NOT_QUEUED", "QUEUED", "QUEUED_DRAIN", "BatchingPolicy",
-           "Confirmation", "PublishBuffer"]
+__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "NOT_QUEUED", "QUEUED", "QUEUED_DRAIN", "SUB_ENTRY_COMPRESSIONS",
+           "BatchingPolicy", "Confirmation", "PublishBuffer", "sub_entry"]
 
 _PUBLISH_KEY = 0x0002
 _HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
 _ENTRY = struct.Struct(">QI")  # publishing id, message size
 _ENTRY_V2 = struct.Struct(">Qh")  # publishing id, filter value size (-1: none)
+_PID = struct.Struct(">Q")  # a sub-entry's publishing id: the entry that follows says its own size
+_SUB_ENTRY = struct.Struct(">BHII")  # 0x80 | compression << 4, records, uncompressed size, size
+_SIZE = struct.Struct(">I")
+SUB_ENTRY_COMPRESSIONS = {"none": 0, "gzip": 1}  # the stream protocol's codes (rstream decodes both)
 _WRITTEN_FRAMES = 4096  # frames awaiting their confirm that are timed (metrics and traces)
 _FRAME_OVERHEAD = _HEADER.size  # 13 bytes
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
-CONNECTION_LOST = -1  # Confirmation.code of a message failed by the client (recovery gave up, producer closed)
-CONFIRM_TIMEOUT = -2  # Confirmation.code of a message not confirmed within BatchingPolicy.confirm_timeout
 # PublishError codes that mean "this publisher is gone from this node", not "this message is bad":
 # the message stays pending and is sent again once the producer has recovered.
 _RETRIABLE = {6: "stream not available", 18: "publisher does not exist"}
@@ -55,54 +58,23 @@ _RETRIABLE = {6: "stream not available", 18: "publisher does not exist"}
 NOT_QUEUED, QUEUED, QUEUED_DRAIN = 0, 1, 2
 _drain: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 
-ConfirmCallback = Callable[["Confirmation"], Awaitable[None] | None]
+ConfirmCallback = Callable[[Confirmation], Awaitable[None] | None]
 
 
-@dataclass(frozen=True)
-class BatchingPolicy:
-    """How ``send()`` batches.
+def sub_entry(bodies: list[Any], compression: str = "none") -> bytes:
+    """One sub-entry of ``bodies`` (each ``bytes``, or what ``bytes()`` makes of it): the records, each with
+    its size, compressed as a whole with ``compression`` ("none" or "gzip"), behind the sub-entry header.
 
-    :param batch_size: messages per Publish frame, at most.
-    :param linger: seconds a partial batch waits for more messages before it is sent.
-    :param max_in_flight: messages sent or queued but not yet confirmed, at most: ``send()`` waits
-        (back-pressure) while the producer is at this cap.
-    :param enqueue_timeout: seconds a ``send()`` waits for room under ``max_in_flight`` before it raises
-        :class:`EnqueueTimeout` (the message was not queued).  30 s leaves room for a recovery to finish.
-    :param confirm_timeout: seconds after which a queued message still not confirmed fails with code
-        ``CONFIRM_TIMEOUT`` and a reason (it is not sent again; a named producer may send it again with its
-        publishing id, and the broker stores it once).  0 turns it off.
-    """
-
-    batch_size: int = 1000
-    linger: float = 0.002
-    max_in_flight: int = 20_000
-    enqueue_timeout: float = 30.0
-    confirm_timeout: float = 60.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be a positive int, not {self.batch_size!r}")
-        if not 0 <= self.linger <= 10:
-            raise ConfigurationError(f"linger must be between 0 and 10 seconds, not {self.linger!r}")
-        if self.max_in_flight < self.batch_size:
-            raise ConfigurationError(f"max_in_flight ({self.max_in_flight}) must be at least batch_size "
-                                     f"({self.batch_size})")
-        if not 0 < self.enqueue_timeout <= 3600:
-            raise ConfigurationError(f"enqueue_timeout must be more than 0 and at most 3600 seconds, not "
-                                     f"{self.enqueue_timeout!r}")
-        if not 0 <= self.confirm_timeout <= 86400:
-            raise ConfigurationError(f"confirm_timeout must be 0 (off) to 86400 seconds, not {self.confirm_timeout!r}")
-
-
-@dataclass(frozen=True)
-class Confirmation:
-    """The fate of one message: confirmed, or failed with the broker's code (``CONNECTION_LOST``, -1,
-    when the client gave up on it) and a reason."""
-
-    publishing_id: int
-    confirmed: bool
-    code: int = 1
-    reason: str = ""
+    :raises ConfigurationError: no bodies, more than 65,535, or an unknown compression."""
+    if not bodies or len(bodies) > 0xFFFF:
+        raise ConfigurationError(f"a sub-entry holds 1 to 65535 messages, not {len(bodies)}")
+    if compression not in SUB_ENTRY_COMPRESSIONS:
+        raise ConfigurationError(f"sub-entry compression {compression!r}: use one of {sorted(SUB_ENTRY_COMPRESSIONS)}")
+    data = [body if type(body) is bytes else bytes(body) for body in bodies]
+    records = b"".join(chain.from_iterable(zip(map(_SIZE.pack, map(len, data)), data, strict=True)))
+    packed = gzip.compress(records, compresslevel=1) if compression == "gzip" else records
+    code = SUB_ENTRY_COMPRESSIONS[compression]
+    return _SUB_ENTRY.pack(0x80 | code << 4, len(data), len(records), len(packed)) + packed
 
 
 class PublishBuffer:
@@ -131,6 +103,8 @@ class PublishBuffer:
         self._bytes = _FRAME_OVERHEAD
         self._waiters: dict[int, asyncio.Future[Confirmation] | ConfirmCallback] = {}
         self._pending: dict[int, bytes] = {}  # publishing id -> its part, until confirmed or failed
+        self._sub_counts: dict[int, int] = {}  # publishing id of a pending sub-entry -> its messages
+        self._sub_batch = False  # the batch being built holds sub-entries (they go in frames of their own)
         self._suspended = False
         self.resent = 0
         self.sent = 0
@@ -175,6 +149,7 @@ class PublishBuffer:
         self._ids = []
         self._parts = []
         self._bytes = _FRAME_OVERHEAD
+        self._sub_batch = False
 
     # -- recovery -------------------------------------------------------------------------------
     @property
@@ -198,12 +173,15 @@ class PublishBuffer:
         count, sent, overhead = 0, self.sent, self._overhead
         for pid in sorted(self._pending):  # synchronous: no send can slip in between
             part = self._pending[pid]
-            size = len(part) + overhead
+            sub = pid in self._sub_counts
+            size = len(part) + (_PID.size if sub else overhead)
             if size + _FRAME_OVERHEAD > self.frame_max:
                 self._settle([pid], False, CONNECTION_LOST, f"it no longer fits the frame max of {self.frame_max}")
                 continue
-            if self._bytes + size > self.frame_max or len(self._ids) >= self._batch_size:
+            if (self._bytes + size > self.frame_max or len(self._ids) >= self._batch_size
+                    or (self._ids and sub != self._sub_batch)):
                 self._write()
+            self._sub_batch = sub
             self._ids.append(pid)
             self._parts.append(part)
             self._bytes += size
@@ -240,7 +218,7 @@ class PublishBuffer:
         was done: call :meth:`add`, which waits for room, makes room in the frame, or raises)."""
         pending = self._pending
         if (type(body) is not bytes or self._overhead == 0 or len(pending) >= self._cap
-                or self._error is not None):
+                or self._error is not None or self._sub_batch):
             return NOT_QUEUED
         size = len(body) + _ENTRY.size
         if self._bytes + size > self.frame_max:
@@ -306,6 +284,8 @@ class PublishBuffer:
             if room <= 0:
                 await self._wait_for_room(done)
                 continue
+            if self._sub_batch:  # sub-entries go in frames of their own
+                self._flush()
             part = bodies[done:done + min(total - done, room, self._batch_size - len(self._ids))]
             take, drain, plain = 0, False, set(map(type, part)) == {bytes}
             if plain:
@@ -335,6 +315,43 @@ class PublishBuffer:
         if self._ids and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
 
+    async def add_entry(self, publishing_id: int, entry: bytes, messages: int,
+                        waiter: asyncio.Future[Confirmation] | ConfirmCallback | None = None) -> None:
+        """Queue one sub-entry (:func:`sub_entry`) of ``messages`` messages under one publishing id: the broker
+        stores it as one entry and confirms it once.  Sub-entries go in Publish frames of their own."""
+        if self._version != 1:
+            raise ConfigurationError(f"the producer on {self.stream!r} has a filter value: a sub-entry's messages "
+                                     f"cannot carry one each")
+        if waiter is not None:
+            self._waiters[publishing_id] = waiter
+        try:
+            if len(self._pending) >= self._cap:
+                await self._wait_for_room()
+            size = _PID.size + len(entry)
+            if size + _FRAME_OVERHEAD > self.frame_max:
+                raise MessageTooLarge(f"a sub-entry of {messages} messages ({len(entry)} bytes) for {self.stream!r} "
+                                      f"does not fit the negotiated frame max of {self.frame_max} bytes")
+            if self._error is not None:
+                raise self._error
+            if (self._ids and not self._sub_batch) or self._bytes + size > self.frame_max:
+                self._flush()
+        except BaseException:
+            self._waiters.pop(publishing_id, None)
+            raise
+        self._sub_batch = True
+        if not self._pending:
+            self._idle.clear()
+        self._ids.append(publishing_id)
+        self._parts.append(entry)
+        self._pending[publishing_id] = entry
+        self._sub_counts[publishing_id] = messages
+        self._bytes += size
+        if len(self._ids) >= self._batch_size:
+            if self._flush_drain():
+                await self.drain()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
+
     async def _wait_for_room(self, queued: int = 0) -> None:
         self._space.clear()
         self._flush()
@@ -356,7 +373,7 @@ class PublishBuffer:
             )
         if self._error is not None:
             raise self._error
-        if self._bytes + size > self.frame_max:
+        if self._bytes + size > self.frame_max or self._sub_batch:
             self._flush()
         if not self._pending:
             self._idle.clear()
@@ -402,13 +419,22 @@ class PublishBuffer:
             self._clear_batch()
             return
         header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
-        entries: Iterable[bytes] = (chain.from_iterable(zip(map(_ENTRY.pack, ids, map(len, parts)), parts, strict=True))
-                                    if self._overhead else parts)
+        entries: Iterable[bytes]
+        if self._sub_batch:  # each sub-entry says its own size
+            entries = chain.from_iterable(zip(map(_PID.pack, ids), parts, strict=True))
+        elif self._overhead:
+            entries = chain.from_iterable(zip(map(_ENTRY.pack, ids, map(len, parts)), parts, strict=True))
+        else:
+            entries = parts
         frame = b"".join(chain((header,), entries))
+        messages = sum(map(self._sub_counts.get, ids, repeat(1))) if self._sub_batch else count
         if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
-            self._written.append((ids[-1], time.monotonic(), count))
+            self._written.append((ids[-1], time.monotonic(), messages))
         # ids rise within a frame and from frame to frame; only a recovery writes some again
-        self.sent += count if ids[0] > self._high else sum(1 for pid in ids if pid > self._high)
+        if ids[0] > self._high:
+            self.sent += messages
+        else:
+            self.sent += sum(self._sub_counts.get(pid, 1) for pid in ids if pid > self._high)
         self._high = max(self._high, ids[-1])
         self._clear_batch()
         try:
@@ -493,6 +519,9 @@ class PublishBuffer:
         before = len(pending)
         _drain(map(pending.pop, ids, repeat(None)))  # one pass in C: a confirm frame's ids, or a failure's
         count = before - len(pending)
+        if self._sub_counts:  # a sub-entry counts its messages
+            subs = self._sub_counts
+            count += sum(subs.pop(pid) - 1 for pid in ids if pid in subs)
         if ok:
             self.confirmed += count
         else:

@@ -257,3 +257,61 @@ def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what
         assert caught.value.queued == 4 and sorted(filtered._pending) == [1, 2, 3, 4]  # ids 1-4 stay taken
 
     asyncio.run(scenario())
+
+
+def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_counts_its_messages() -> None:
+    """send_sub_entry's frames: a sub-entry frame is byte for byte rstream's PublishSubBatching; plain messages
+    and sub-entries never share a frame and go out in publishing-id order, on a resume too; a confirm of a
+    sub-entry counts its messages; a consumer splits it back into them (plain and gzip)."""
+    from smartclient import BatchingPolicy, ConfigurationError
+    from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer, sub_entry
+
+    from .test_recovery_core import FakeClient, confirm
+
+    bodies = [b"one", b"two", b"three"]
+    for compression, code in (("none", 0), ("gzip", 1)):
+        entry = sub_entry(bodies, compression)
+        records, used = schema.SubEntryChunk.read(entry, entry[0], 1)
+        assert [bytes(r) for r in records] == bodies and used == len(entry) - 1 and entry[0] == 0x80 | code << 4
+        assert messages_of(decode_hot(deliver([entry, simple(b"after")], records=4))) == [*bodies, b"after"]
+    for bad, match in (([], "1 to 65535"), ([b"x"] * 65536, "1 to 65535")):
+        with pytest.raises(ConfigurationError, match=match):
+            sub_entry(bad)
+    with pytest.raises(ConfigurationError, match="compression 'lz4'"):
+        sub_entry(bodies, "lz4")
+
+    async def scenario() -> None:
+        client = FakeClient()
+        buffer = PublishBuffer(client, 3, "s", BatchingPolicy(batch_size=10, linger=5))
+        assert buffer.put(1, b"plain-1", None) == QUEUED
+        await buffer.add_entry(2, sub_entry(bodies), 3)  # the plain batch goes first
+        await buffer.add_entry(3, sub_entry([b"four"]), 1)  # sub-entries share a frame
+        assert buffer.put(4, b"plain-4", None) == NOT_QUEUED  # not the hot path behind sub-entries: add() is
+        await buffer.add(4, b"plain-4")
+        buffer._flush()
+        records = b"".join(simple(b) for b in bodies)
+        rstreams_sub = encode_frame(schema.PublishSubBatching(
+            publisher_id=3, number_of_root_messages=1, publishing_id=2, compress_type=0x80,
+            subbatching_message_count=3, uncompressed_data_size=len(records), compressed_data_size=len(records),
+            messages=records))
+        two = struct.pack(">Q", 2) + sub_entry(bodies) + struct.pack(">Q", 3) + sub_entry([b"four"])
+        assert client.frames[1] == struct.pack(">IHHBI", 9 + len(two), 2, 1, 3, 2) + two
+        assert [struct.unpack_from(">Q", f, 13)[0] for f in client.frames] == [1, 2, 4]  # in id order
+        single = PublishBuffer(FakeClient(), 3, "s", BatchingPolicy(batch_size=10, linger=5))
+        await single.add_entry(2, sub_entry(bodies), 3)
+        single._flush()
+        assert single.client.frames == [rstreams_sub]  # one sub-entry: exactly rstream's frame
+        assert buffer.sent == 1 + 3 + 1 + 1 and buffer.in_flight == 4
+        written = list(client.frames)
+        buffer.suspend()
+        client.frames.clear()
+        assert buffer.resume(client, 3) == 4 and client.frames == written  # the same frames, the same order
+        confirm(buffer, 1, 2)
+        assert buffer.confirmed == 4 and buffer.in_flight == 2  # 1 plain + a sub-entry of 3
+        confirm(buffer, 2, 3, 4)
+        assert buffer.confirmed == 6 and buffer.in_flight == 0 and not buffer._sub_counts
+        filtered = PublishBuffer(FakeClient(), 0, "s", BatchingPolicy(), filter_value=lambda body: "v")
+        with pytest.raises(ConfigurationError, match="filter value"):
+            await filtered.add_entry(1, sub_entry(bodies), 3)
+
+    asyncio.run(scenario())

@@ -34,6 +34,8 @@ def test_connection_crosses_to_executors_and_hides_the_password() -> None:
     ({"stream": "s", "partitioning": "input", "order_columns": [], "slots": 3}, "order_columns and slots belong"),
     ({"stream": "s", "partitioning": "input", "order_columns": []}, "takes no key_columns"),
     ({"super_stream": "t", "partitioning": "input", "order_columns": [], "key_columns": []}, "needs key_columns"),
+    ({"stream": "s", "sub_entry_size": 0}, "sub_entry_size must be between 1 and 65535"),
+    ({"stream": "s", "sub_entry_size": True}, "sub_entry_size must be between 1 and 65535"),
 ])
 def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"app_id": "a", "key_columns": ["k"], "order_columns": ["o"], **kwargs}
@@ -54,3 +56,37 @@ def test_the_input_mode_needs_no_order_and_no_slots() -> None:
     assert pickle.loads(pickle.dumps(sink)) == sink
     assert sink._targets() == ["s"]
     assert ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])._targets() == ["s"] * 4
+
+
+def test_sub_entries_group_rows_by_their_position_whatever_the_arrow_batches() -> None:
+    """With sub_entry_size, a producer's rows go in groups by position in its sequence, each group's publishing
+    id its first row's position: batches cut anywhere give the same groups, so a replay sends the same ones."""
+    import asyncio
+
+    from smartclient.spark.sink import _TaskWriter
+
+    def groups(cuts: list[int]) -> list[tuple[int, list[int]]]:
+        sent: list[tuple[int, list[int]]] = []
+
+        class Producer:
+            async def send_sub_entry(self, rows: list[int], *, publishing_id: int) -> None:
+                sent.append((publishing_id & 0xFFFFFFFF, rows))
+
+            async def flush(self) -> None: ...
+            async def close(self) -> None: ...
+
+        async def env_producer(stream: str, name: str) -> Producer:
+            return Producer()
+
+        writer = _TaskWriter(batch_id=5, sub_entry_size=4)
+        env = SimpleNamespace(producer=env_producer)
+        rows, start = list(range(10)), 0
+        for end in [*cuts, len(rows)]:
+            asyncio.run(writer.publish_runs(env, [("s", "app-0", rows[start:end])]))
+            start = end
+        asyncio.run(writer.finish(env))
+        assert writer.written == 10
+        return sent
+
+    expected = [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
+    assert groups([]) == groups([3]) == groups([1, 2, 7]) == groups([4, 8]) == expected
