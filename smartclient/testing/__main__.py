@@ -1,5 +1,5 @@
-"""``python -m smartclient.testing up|down|status|brokers N|nemesis|spark up|down|status``: drive the test bed from
-a shell."""
+"""``python -m smartclient.testing up|down|status|provision|brokers N|nemesis|spark up|down|status``: drive the test
+bed from a shell."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     down = sub.add_parser("down", help="stop everything the local test bed started")
     down.add_argument("--wipe", action="store_true", help="also delete node data")
     sub.add_parser("status", help="print the status table")
+    sub.add_parser("provision", help="build the RabbitMQ chroot if it is not cached, and start nothing")
     brokers = sub.add_parser("brokers", help="start N extra independent single-node brokers")
     brokers.add_argument("count", type=int)
     nemesis = sub.add_parser("nemesis", help="run the stream workload under randomized faults, then check it")
@@ -53,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             print("test bed stopped")
         elif args.command == "status":
             print(bed.status_table())
+        elif args.command == "provision":
+            if isinstance(bed, LocalTestBed):
+                took = bed.chroot.provision()
+                print(f"RabbitMQ {bed.chroot.rabbitmq_version()} in {bed.chroot.root}: "
+                      + (f"provisioned in {took:.1f}s" if took else "cached"))
         elif args.command == "nemesis":
             return _nemesis(bed, args)
         elif args.command == "brokers":
