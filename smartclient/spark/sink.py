@@ -287,6 +287,11 @@ class ExactlyOnceSink:
                         raise ConfigurationError(f"a row has a null body column {self.body_column!r}")
                 runs = self._runs(batch, targets, partition, bodies)
                 run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
+        except BaseException:
+            # a failed task's unfinished sub-entries are not sent short: its retry sends those rows in whole
+            # groups under the same ids, which the broker would drop as duplicates of the short ones
+            writer.held.clear()
+            raise
         finally:
             run_with_environment(self.connection, writer.finish)
         return writer.written

@@ -72,7 +72,7 @@ def sub_entry(bodies: list[Any], compression: str = "none") -> bytes:
         raise ConfigurationError(f"sub-entry compression {compression!r}: use one of {sorted(SUB_ENTRY_COMPRESSIONS)}")
     data = [body if type(body) is bytes else bytes(body) for body in bodies]
     records = b"".join(chain.from_iterable(zip(map(_SIZE.pack, map(len, data)), data, strict=True)))
-    packed = gzip.compress(records, compresslevel=1) if compression == "gzip" else records
+    packed = gzip.compress(records, compresslevel=1, mtime=0) if compression == "gzip" else records
     code = SUB_ENTRY_COMPRESSIONS[compression]
     return _SUB_ENTRY.pack(0x80 | code << 4, len(data), len(records), len(packed)) + packed
 
@@ -185,7 +185,7 @@ class PublishBuffer:
             self._ids.append(pid)
             self._parts.append(part)
             self._bytes += size
-            count += 1
+            count += self._sub_counts[pid] if sub else 1  # messages, as `sent` counts them
         self._write()
         self.resent += count - (self.sent - sent)  # not those queued while suspended and written the first time
         return count
@@ -322,15 +322,15 @@ class PublishBuffer:
         if self._version != 1:
             raise ConfigurationError(f"the producer on {self.stream!r} has a filter value: a sub-entry's messages "
                                      f"cannot carry one each")
+        size = _PID.size + len(entry)
+        if size + _FRAME_OVERHEAD > self.frame_max:  # before any wait: it would never fit
+            raise MessageTooLarge(f"a sub-entry of {messages} messages ({len(entry)} bytes) for {self.stream!r} "
+                                  f"does not fit the negotiated frame max of {self.frame_max} bytes")
         if waiter is not None:
             self._waiters[publishing_id] = waiter
         try:
             if len(self._pending) >= self._cap:
                 await self._wait_for_room()
-            size = _PID.size + len(entry)
-            if size + _FRAME_OVERHEAD > self.frame_max:
-                raise MessageTooLarge(f"a sub-entry of {messages} messages ({len(entry)} bytes) for {self.stream!r} "
-                                      f"does not fit the negotiated frame max of {self.frame_max} bytes")
             if self._error is not None:
                 raise self._error
             if (self._ids and not self._sub_batch) or self._bytes + size > self.frame_max:
@@ -467,7 +467,7 @@ class PublishBuffer:
                     break
                 expired.append(pid)
             if expired:
-                self.timed_out += len(expired)
+                self.timed_out += sum(self._sub_counts.get(pid, 1) for pid in expired)
                 self._settle(expired, False, CONFIRM_TIMEOUT, f"not confirmed within {timeout:g} s")
         if pending and self._error is None:
             self._expiry = asyncio.get_running_loop().call_later(timeout / 4, self._expire)

@@ -305,7 +305,8 @@ def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_cou
         written = list(client.frames)
         buffer.suspend()
         client.frames.clear()
-        assert buffer.resume(client, 3) == 4 and client.frames == written  # the same frames, the same order
+        assert buffer.resume(client, 3) == 6 and client.frames == written  # 6 messages again: the same frames, in order
+        assert buffer.resent == 6
         confirm(buffer, 1, 2)
         assert buffer.confirmed == 4 and buffer.in_flight == 2  # 1 plain + a sub-entry of 3
         confirm(buffer, 2, 3, 4)

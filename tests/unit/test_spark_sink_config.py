@@ -90,3 +90,46 @@ def test_sub_entries_group_rows_by_their_position_whatever_the_arrow_batches() -
 
     expected = [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
     assert groups([]) == groups([3]) == groups([1, 2, 7]) == groups([4, 8]) == expected
+
+
+def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task that fails after some full groups sends those, but not the rows of its unfinished group: its retry
+    sends them in a whole group under the same id, which a short group already stored would have made the broker
+    drop (rows lost)."""
+    import asyncio
+
+    import pyarrow as pa
+
+    from smartclient.spark import sink as sink_module
+
+    sent: list[tuple[int, list[bytes]]] = []
+
+    class Producer:
+        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int) -> None:
+            sent.append((publishing_id, rows))
+
+        async def flush(self) -> None: ...
+        async def close(self) -> None: ...
+
+    async def env_producer(stream: str, name: str) -> Producer:
+        return Producer()
+
+    env = SimpleNamespace(producer=env_producer)
+    monkeypatch.setattr(sink_module, "run_with_environment", lambda connection, work: asyncio.run(work(env)))
+
+    def to_message(row: dict[str, object]) -> bytes:
+        if row["id"] == 30:
+            raise RuntimeError("the application's")
+        return b"%d" % row["id"]  # type: ignore[str-bytes-safe]
+
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", sub_entry_size=10,
+                           to_message=to_message)
+    batches = [pa.RecordBatch.from_pydict({"id": list(range(start, start + 25))}) for start in (0, 25)]
+    with pytest.raises(RuntimeError, match="the application's"):
+        sink._write_partition(iter(batches), 0, ["s"], partition=3)
+    assert [(pid, len(rows)) for pid, rows in sent] == [(0, 10), (10, 10)]  # rows 20-24 wait for the retry
+    sent.clear()
+    batches = [pa.RecordBatch.from_pydict({"body": [b"%d" % i for i in range(start, start + 25)]}) for start in (0, 25)]
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", sub_entry_size=10)
+    assert sink._write_partition(iter(batches), 0, ["s"], partition=3) == 50  # the whole task: the last group too
+    assert [(pid, len(rows)) for pid, rows in sent] == [(0, 10), (10, 10), (20, 10), (30, 10), (40, 10)]
