@@ -192,6 +192,7 @@ async def test_the_pipeline_on_the_cluster_is_exactly_once_when_a_worker_is_kill
         executor = int(holding.read_text())
         victim = next(i for i in (1, 2) if executor in cluster.executor_pids(i))
         worker = cluster.worker_pid(victim)
+        killed_at = time.monotonic()
         killed = await asyncio.to_thread(cluster.kill_worker, victim)
         assert killed[0] == worker and executor in killed
         log.info("killed Spark worker %d (PIDs %s) with %d of %d rows in %s and %d task(s) held", victim, killed,
@@ -200,6 +201,7 @@ async def test_the_pipeline_on_the_cluster_is_exactly_once_when_a_worker_is_kill
         assert not run.done()  # the batch cannot end: every task that reaches its row 201 holds until released
         await asyncio.to_thread(cluster.restart_worker, victim)
         await asyncio.to_thread(cluster.wait_executors, spark, 2, 120)  # a new executor on the new worker
+        log.info("worker %d back with a new executor %.1f s after the kill", victim, time.monotonic() - killed_at)
         assert len(cluster.executor_pids(victim)) == 1 and executor not in cluster.executor_pids(victim)
     except BaseException:
         for query in spark.streams.active:  # leave the session as the next test needs it
@@ -208,7 +210,9 @@ async def test_the_pipeline_on_the_cluster_is_exactly_once_when_a_worker_is_kill
         raise
     finally:
         (shared / "release").write_text("go")
+    released_at = time.monotonic()
     await finish(run, spark, 300, "the pipeline after the worker's kill")
+    log.info("the batch ended %.1f s after its held tasks were let go", time.monotonic() - released_at)
     spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert 0 < before < ORDERS  # the kill came mid-batch
     check_exactly_once(await read_stream(rabbitmq_testbed, target), range(ORDERS))
