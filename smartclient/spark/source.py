@@ -23,12 +23,21 @@ Offsets are ``{stream: next offset}``.  Options:
 * ``failOnDataLoss`` (default ``true``): a range whose first offsets retention removed from the stream
   fails the read with :class:`~smartclient.DataLoss`, naming the stream and the lost offsets; ``false``
   skips them with a warning (in the executor's log) and reads what is left;
-* streaming: ``startingOffsets`` (``earliest``, default, or ``latest``); ``maxRecordsPerTrigger``: each
-  micro-batch ends at most that many records past its start, summed over ``streams`` (shared out
-  evenly, what one stream leaves unused going to the others).  It needs PySpark 4.2+, which gives
-  Python stream readers admission control (``latestOffset(start, limit)`` and
-  ``getDefaultReadLimit()``); on 4.0 and 4.1 the option is refused with a clear error.  On 4.2+
-  ``Trigger.AvailableNow`` stops where the streams end when the query starts, in capped batches.
+* streaming: ``startingOffsets`` (``earliest``, default, or ``latest``), and admission control
+  (:mod:`smartclient.spark.admission`), which needs PySpark 4.2+ (``latestOffset(start, limit)`` and
+  ``getDefaultReadLimit()``; on 4.0 and 4.1 these options are refused with a clear error):
+
+  - ``maxRecordsPerTrigger``: each micro-batch ends at most that many records past its start, summed
+    over ``streams`` (shared out evenly, what one stream leaves unused going to the others);
+  - ``maxBytesPerTrigger``: at most about that many bytes (messages as stored), shared out the same
+    way, each stream's records weighed at the mean size of the chunk where its batch starts (read on
+    the driver when that start moved); a record over the budget goes alone;
+  - ``minOffsetsPerTrigger``: no batch until that many records are new over ``streams``, or
+    ``maxTriggerDelay`` (default ``15m``; ``30s``, ``5m``...) has passed since the last trigger that was
+    not held back (the query's first trigger never waits), as Kafka's source does.
+
+  On 4.2+ ``Trigger.AvailableNow`` stops where the streams end when the query starts, in capped batches
+  (never held back by ``minOffsetsPerTrigger``); ``Trigger.Once`` reads all there is in one batch.
 
 How far a query lags: :func:`offsets_behind` of ``query.lastProgress`` gives, per stream, how many
 offsets the batch's end was behind the stream's end when the batch was planned (``reportLatestOffset``,
@@ -57,6 +66,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from smartclient._errors import ConfigurationError, DataLoss
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
+from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, duration_seconds, hold_batch
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
@@ -205,6 +215,42 @@ def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[s
     return run_with_environment(connection, work)
 
 
+async def _record_bytes(env: Any, stream: str, offset: int, wait: float = 10.0) -> float | None:
+    """The mean size in bytes (as stored) of the records in the chunk that holds ``offset`` of ``stream``:
+    ``maxBytesPerTrigger``'s estimate of what the next records weigh.  ``None`` if no chunk came within
+    ``wait`` seconds."""
+    from smartclient.core.offsets import OffsetSpec
+
+    sizes: list[float] = []
+    got = asyncio.Event()
+
+    def on_chunk(chunk: Chunk) -> None:
+        if not sizes and len(chunk):
+            sizes.append(sum(map(len, chunk.bodies)) / len(chunk))
+            got.set()
+
+    consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(offset))
+    try:
+        await asyncio.wait_for(got.wait(), wait)
+    except asyncio.TimeoutError:
+        log.warning("no chunk of %r at offset %d within %g s: its records count %g bytes each for "
+                    "maxBytesPerTrigger", stream, offset, wait, DEFAULT_RECORD_BYTES)
+    finally:
+        await consumer.close()
+    return sizes[0] if sizes else None
+
+
+def record_bytes(connection: StreamConnection, at: dict[str, int]) -> dict[str, float]:
+    """``{stream: mean record size}`` of the chunk at each ``{stream: offset}``; streams not sampled are left
+    out (they count :data:`~smartclient.spark.admission.DEFAULT_RECORD_BYTES`)."""
+
+    async def work(env: Any) -> dict[str, float]:
+        sizes = {stream: await _record_bytes(env, stream, offset) for stream, offset in at.items()}
+        return {stream: size for stream, size in sizes.items() if size is not None}
+
+    return run_with_environment(connection, work)
+
+
 def _resolve(spec: str | None, default: str, streams: list[str], connection: StreamConnection) -> dict[str, int]:
     value = (spec or default).strip()
     if value == "earliest":
@@ -224,6 +270,18 @@ def _resolve(spec: str | None, default: str, streams: list[str], connection: Str
 ADMISSION_CONTROL_SINCE = "4.2"
 
 
+def _require_admission_control(option: str, limit: str) -> None:
+    """Refuse ``option`` where this PySpark lacks admission control for Python sources, or ``limit``."""
+    if admission_control_supported() and hasattr(importlib.import_module("pyspark.sql.streaming.datasource"), limit):
+        return
+    import pyspark
+
+    raise ConfigurationError(
+        f"{option} needs admission control for Python data sources, which PySpark {pyspark.__version__} does "
+        f"not offer (it came in PySpark {ADMISSION_CONTROL_SINCE}: before, latestOffset() gets no start and no "
+        f"limit; {limit} is what Spark hands back); split the work with maxRecordsPerPartition instead")
+
+
 def admission_control_supported() -> bool:
     """Whether this PySpark gives Python stream readers admission control: 4.2 added
     ``DataSourceStreamReader.latestOffset(start, limit)``, ``getDefaultReadLimit()`` and ``ReadMaxRows``."""
@@ -232,30 +290,6 @@ def admission_control_supported() -> bool:
     except ImportError:
         return False
     return hasattr(limits, "ReadMaxRows") and hasattr(DataSourceStreamReader, "getDefaultReadLimit")
-
-
-def cap_batch_end(start: dict[str, int], latest: dict[str, int], max_records: int) -> dict[str, int]:
-    """The end of a micro-batch that starts at ``start`` and may reach ``latest``, holding at most
-    ``max_records`` records over all streams.
-
-    The budget is shared out evenly and what a stream cannot use goes to the others, in the order of
-    ``start``; the answer depends on its arguments only.  No stream goes back: one whose latest offset
-    is behind its start (a stream deleted and created again) stays where it is.  A stream that
-    ``start`` does not have is given its latest offset, as an uncapped batch would.
-    """
-    room = {stream: max(latest.get(stream, first) - first, 0) for stream, first in start.items()}
-    take = dict.fromkeys(room, 0)
-    budget = max_records
-    hungry = [stream for stream, free in room.items() if free > 0]
-    while budget > 0 and hungry:
-        share = max(budget // len(hungry), 1)
-        for stream in hungry:
-            got = min(share, room[stream] - take[stream], budget)
-            take[stream] += got
-            budget -= got
-        hungry = [stream for stream in hungry if take[stream] < room[stream]]
-    end = {stream: first + take[stream] for stream, first in start.items()}
-    return {**latest, **end}
 
 
 def _split(start: dict[str, int], end: dict[str, int], size: int,
@@ -383,39 +417,72 @@ class _StreamReader(DataSourceStreamReader):
         self.reading = _Reading.of(options)
         self.connection, self.streams = self.reading.connection, self.reading.streams
         self.max_per_trigger = _int_option(options, "maxrecordspertrigger", None)
-        if self.max_per_trigger is not None and not admission_control_supported():
-            import pyspark
-
-            raise ConfigurationError(
-                f"maxRecordsPerTrigger needs admission control for Python data sources, which PySpark "
-                f"{pyspark.__version__} does not offer (it came in PySpark {ADMISSION_CONTROL_SINCE}: before, "
-                f"latestOffset() gets no start and no limit); split the work with maxRecordsPerPartition instead"
-            )
+        self.max_bytes = _int_option(options, "maxbytespertrigger", None)
+        self.min_per_trigger = _int_option(options, "minoffsetspertrigger", None)
+        self.max_delay = duration_seconds("maxTriggerDelay", options.get("maxtriggerdelay", "15m"))
+        for name, value, limit in (("maxRecordsPerTrigger", self.max_per_trigger, "ReadMaxRows"),
+                                   ("maxBytesPerTrigger", self.max_bytes, "ReadMaxBytes"),
+                                   ("minOffsetsPerTrigger", self.min_per_trigger, "ReadMinRows")):
+            if value is not None:
+                _require_admission_control(name, limit)
         self.starting = options.get("startingoffsets", "earliest")
         self.latest: dict[str, int] | None = None  # where the streams ended at the last latestOffset
         self.available_now: dict[str, int] | None = None  # Trigger.AvailableNow: where the query stops
+        self.last_batch: float | None = None  # (monotonic) when the last micro-batch was let through
+        self.sizes: dict[str, float] = {}  # maxBytesPerTrigger: each stream's last sampled record size
+        self.sampled: dict[str, int] = {}  # ... and the offset it was sampled at
 
     def initialOffset(self) -> dict[str, int]:
         return _resolve(self.starting, "earliest", self.streams, self.connection)
 
     def getDefaultReadLimit(self) -> Any:
-        """``ReadMaxRows(maxRecordsPerTrigger)``, or ``ReadAllAvailable()`` (PySpark 4.2+ only)."""
+        """The limit Spark hands back to ``latestOffset`` on each trigger (PySpark 4.2+ only; Spark passes
+        ``ReadAllAvailable`` instead under ``Trigger.Once``): ``ReadMaxRows``, else ``ReadMaxBytes``, else
+        ``ReadMinRows`` from the options (a limit of PySpark's is one kind only; ``latestOffset`` applies
+        every option given), or ``ReadAllAvailable``."""
         limits = importlib.import_module("pyspark.sql.streaming.datasource")
-        if self.max_per_trigger is None:
-            return limits.ReadAllAvailable()
-        return limits.ReadMaxRows(self.max_per_trigger)
+        if self.max_per_trigger is not None:
+            return limits.ReadMaxRows(self.max_per_trigger)
+        if self.max_bytes is not None:
+            return limits.ReadMaxBytes(self.max_bytes)
+        if self.min_per_trigger is not None:
+            return limits.ReadMinRows(self.min_per_trigger)
+        return limits.ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-        """Where the next micro-batch ends: where the streams end now, or, under a ``ReadMaxRows``
-        limit, at most ``limit.max_rows`` records past ``start`` (:func:`cap_batch_end`).  Spark logs
-        the answer before the batch runs and replays exactly that range after a failure."""
+        """Where the next micro-batch ends: where the streams end now, capped by ``maxRecordsPerTrigger``
+        and ``maxBytesPerTrigger`` (:func:`~smartclient.spark.admission.cap_batch_end`); or ``start``
+        itself (no batch yet) while ``minOffsetsPerTrigger`` holds it back
+        (:func:`~smartclient.spark.admission.hold_batch`).  Under ``ReadAllAvailable`` (``Trigger.Once``)
+        nothing is capped; under ``Trigger.AvailableNow`` nothing is held back.  Spark logs the answer
+        before the batch runs and replays exactly that range after a failure."""
         latest = self.latest = next_offsets(self.connection, self.streams)
         if self.available_now is not None:
             latest = {stream: min(offset, self.available_now.get(stream, offset)) for stream, offset in latest.items()}
-        max_rows = getattr(limit, "max_rows", None)  # ReadAllAvailable (Trigger.AvailableNow, Once) has none
-        if start is None or max_rows is None:
-            return latest
-        return cap_batch_end({s: int(o) for s, o in start.items()}, latest, int(max_rows))
+        if start is None or not any(hasattr(limit, attr) for attr in ("max_rows", "max_bytes", "min_rows")):
+            return latest  # PySpark 4.0/4.1 (no start), or ReadAllAvailable
+        first = {stream: int(offset) for stream, offset in start.items()}
+        max_rows = self.max_per_trigger or getattr(limit, "max_rows", None)
+        max_bytes = self.max_bytes or getattr(limit, "max_bytes", None)
+        min_rows = self.min_per_trigger or getattr(limit, "min_rows", None)
+        now = time.monotonic()
+        if min_rows is not None and self.available_now is None:
+            since = None if self.last_batch is None else now - self.last_batch
+            if hold_batch(first, latest, int(min_rows), since, self.max_delay):
+                return {**latest, **first}
+        self.last_batch = now  # (as Kafka's source: the delay runs from the last trigger not held back)
+        sizes = self._sizes(first, latest) if max_bytes is not None else None
+        return cap_batch_end(first, latest, None if max_rows is None else int(max_rows),
+                             max_bytes=None if max_bytes is None else int(max_bytes), record_bytes=sizes)
+
+    def _sizes(self, start: dict[str, int], latest: dict[str, int]) -> dict[str, float]:
+        """Each stream's record size where its next batch starts, sampled again when that moved."""
+        due = {stream: offset for stream, offset in start.items()
+               if latest.get(stream, offset) > offset and self.sampled.get(stream) != offset}
+        if due:
+            self.sizes.update(record_bytes(self.connection, due))
+            self.sampled.update(due)
+        return self.sizes
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow`` (PySpark 4.2+): the query ends where the streams end now, in batches

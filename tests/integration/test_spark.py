@@ -10,6 +10,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,12 +182,14 @@ async def test_super_stream_sink_routes_every_row_by_the_java_compatible_hash(
             await env.delete_super_stream(rabbitmq_unique_name)
 
 
-async def fill(bed: TestBed, stream: str, start: int, count: int) -> None:
+async def fill(bed: TestBed, stream: str, start: int, count: int, size: int | None = None) -> None:
+    """``count`` messages ``{"id": i}`` from ``start``; with ``size``, bodies of exactly that many bytes."""
     node = bed.nodes[0]
     async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
         await env.create_stream(stream, exists_ok=True)
         producer = await env.producer(stream)
-        await producer.send_batch([json.dumps({"id": i}).encode() for i in range(start, start + count)])
+        bodies = [json.dumps({"id": i}).encode() for i in range(start, start + count)]
+        await producer.send_batch(bodies if size is None else [body.ljust(size) for body in bodies])
         await producer.close()
 
 
@@ -340,6 +343,77 @@ async def test_trigger_available_now_reads_everything_in_capped_batches(
     assert every_row(batches) == rows_of(stream, 0, 1000)
     # the source's metric: how far each batch's end was behind the stream's end when it was planned
     assert [offsets_behind(p) for p in progress] == [{stream: 700}, {stream: 400}, {stream: 100}, {stream: 0}]
+
+
+@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+async def test_max_bytes_per_trigger_caps_batches_by_the_sampled_record_sizes(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
+) -> None:
+    a, b = f"{rabbitmq_unique_name}-a", f"{rabbitmq_unique_name}-b"
+    await fill(rabbitmq_testbed, a, 0, 400, size=1000)
+    await fill(rabbitmq_testbed, b, 0, 400, size=100)
+    batches = await asyncio.to_thread(micro_batches, rabbitmq_spark, rabbitmq_testbed, f"{a},{b}", tmp_path / "cp",
+                                      available_now=True, maxBytesPerTrigger="110000")
+    # 55 kB each: a takes 55 records, b all 400 (40 kB), and a the 15 kB b left; then 110 of a at a time
+    sizes = [(sum(s == a for s, _ in batch), sum(s == b for s, _ in batch)) for batch in batches]
+    assert sizes == [(70, 400), (110, 0), (110, 0), (110, 0)], sizes
+    assert every_row(batches) == rows_of(a, 0, 400) + rows_of(b, 0, 400)
+
+
+def progress_of(query: Any, timeout: float, what: str, test: Any) -> Any:
+    """The first of ``query``'s recent progress reports that passes ``test``, waiting up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for progress in query.recentProgress:
+            if test(progress):
+                return progress
+        if query.exception() is not None:
+            raise AssertionError(f"the query failed waiting for {what}: {query.exception()}")
+        time.sleep(0.05)
+    raise AssertionError(f"no progress report showed {what} within {timeout:g} s: {query.recentProgress}")
+
+
+def source_offsets(progress: Any, key: str) -> dict[str, int]:
+    value = getattr(progress.sources[0], key)
+    return json.loads(value) if isinstance(value, str) else {}
+
+
+@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+async def test_min_offsets_per_trigger_holds_batches_until_enough_records_or_max_trigger_delay(
+    rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
+) -> None:
+    stream = rabbitmq_unique_name
+    await fill(rabbitmq_testbed, stream, 0, 100)
+    batches: list[list[int]] = []
+    # a progress report for every trigger, those with no batch too, so the test can see one held back
+    rabbitmq_spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
+    query = (source(rabbitmq_spark, rabbitmq_testbed, stream, streaming=True)
+             .option("minOffsetsPerTrigger", "250").option("maxTriggerDelay", "8s").load().writeStream
+             .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="200 milliseconds")
+             .foreachBatch(lambda df, _: batches.append(sorted(r.offset for r in df.collect()))).start())
+    try:
+        # the query's first trigger takes what there is, as Kafka's source does
+        await wait_until(lambda: batches and batches[-1] == list(range(100)), 60, "the first batch")
+        await fill(rabbitmq_testbed, stream, 100, 100)  # 100 new: fewer than 250, held back...
+        held = await asyncio.to_thread(progress_of, query, 30, "a trigger that saw 100 new records and held them",
+                                       lambda p: source_offsets(p, "latestOffset") == {stream: 200}
+                                       and source_offsets(p, "endOffset") == {stream: 100})
+        assert held.numInputRows == 0
+        await fill(rabbitmq_testbed, stream, 200, 200)  # ... until there are 300
+        await wait_until(lambda: len(batches) >= 2 and batches[-1], 60, "the batch of 300")
+        assert [b for b in batches if b] == [list(range(100)), list(range(100, 400))]
+        # too few, but the delay is up: 20 new records go on their own, 8 s or more after the last batch
+        await fill(rabbitmq_testbed, stream, 400, 20)
+        await wait_until(lambda: batches[-1] == list(range(400, 420)), 60, "the 20 records after the delay")
+        ran = {n: await asyncio.to_thread(progress_of, query, 30, f"the batch of {n}",
+                                          lambda p, n=n: p.numInputRows == n)
+               for n in (300, 20)}  # (a batch's progress is reported after its foreachBatch has run)
+        started = {n: datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")) for n, p in ran.items()}
+        waited = (started[20] - started[300]).total_seconds()
+        assert waited >= 8 - 0.5, f"20 records under minOffsetsPerTrigger went {waited:.1f} s after the last batch"
+    finally:
+        query.stop()
+        rabbitmq_spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
 
 
 class WithoutCommittedOffset:

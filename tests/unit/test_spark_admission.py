@@ -1,0 +1,166 @@
+"""The source's admission control without Spark or a broker: byte caps from sampled record sizes,
+``minOffsetsPerTrigger`` with ``maxTriggerDelay``, and how the stream reader answers Spark with them."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from smartclient import ConfigurationError
+from smartclient.spark import RabbitStreamDataSource, source
+from smartclient.spark.admission import cap_batch_end, duration_seconds, hold_batch, new_records
+from smartclient.spark.source import admission_control_supported
+
+OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
+
+
+@pytest.mark.parametrize("start, latest, max_bytes, sizes, end", [
+    ({"a": 0}, {"a": 1000}, 250_000, {"a": 1000.0}, {"a": 250}),
+    ({"a": 0}, {"a": 1000}, 250_999, {"a": 1000.0}, {"a": 250}),            # no part of a record
+    ({"a": 0, "b": 0}, {"a": 400, "b": 400}, 110_000, {"a": 1000.0, "b": 100.0}, {"a": 70, "b": 400}),
+    ({"a": 0, "b": 0}, {"a": 400, "b": 400}, 100_000, {"a": 1000.0, "b": 1000.0}, {"a": 50, "b": 50}),
+    ({"a": 0}, {"a": 10}, 100, {"a": 5000.0}, {"a": 1}),                    # one record over the budget: alone
+    ({"a": 0}, {"a": 10}, 4096, {}, {"a": 4}),                              # not sampled: 1 KiB a record
+    ({"a": 5, "b": 0}, {"a": 5, "b": 0}, 10, {}, {"a": 5, "b": 0}),         # nothing new
+])
+def test_a_byte_capped_batch_holds_at_most_the_budget_at_the_sampled_sizes(
+    start: dict[str, int], latest: dict[str, int], max_bytes: int, sizes: dict[str, float], end: dict[str, int]
+) -> None:
+    assert cap_batch_end(start, latest, max_bytes=max_bytes, record_bytes=sizes) == end
+    taken = {s: end[s] - start[s] for s in start}
+    assert sum(n * sizes.get(s, 1024.0) for s, n in taken.items()) <= max_bytes or sum(taken.values()) == 1
+
+
+def test_records_and_bytes_caps_apply_together() -> None:
+    start, latest = {"a": 0, "b": 0}, {"a": 1000, "b": 1000}
+    assert cap_batch_end(start, latest, 300, max_bytes=10**9, record_bytes={"a": 1.0, "b": 1.0}) == {"a": 150, "b": 150}
+    assert cap_batch_end(start, latest, 300, max_bytes=20_000, record_bytes={"a": 100.0, "b": 100.0}) == {
+        "a": 100, "b": 100}
+
+
+def test_successive_byte_capped_batches_reach_the_end_once() -> None:
+    start, latest, sizes = {"a": 0, "b": 0}, {"a": 700, "b": 300}, {"a": 200.0, "b": 50.0}
+    batches = []
+    while start != latest:
+        end = cap_batch_end(start, latest, max_bytes=40_000, record_bytes=sizes)
+        batches.append({s: end[s] - start[s] for s in start})
+        assert sum(n * sizes[s] for s, n in batches[-1].items()) <= 40_000
+        start = end
+    assert sum(b["a"] for b in batches) == 700 and sum(b["b"] for b in batches) == 300
+
+
+@pytest.mark.parametrize("since, new, held", [
+    (None, 10, False),   # the query's first trigger never waits
+    (5.0, 10, True),     # too few, too soon
+    (5.0, 250, False),   # enough
+    (60.0, 10, False),   # the delay is up
+    (59.9, 0, True),
+])
+def test_min_offsets_per_trigger_holds_a_batch_until_enough_or_the_delay(
+    since: float | None, new: int, held: bool
+) -> None:
+    start = {"a": 100, "b": 0}
+    latest = {"a": 100 + new // 2, "b": new - new // 2}
+    assert new_records(start, latest) == new
+    assert hold_batch(start, latest, 250, since, 60.0) is held
+
+
+@pytest.mark.parametrize("raw, seconds", [("15m", 900.0), ("30s", 30.0), ("500ms", 0.5), ("1h", 3600.0),
+                                          ("2 min", 120.0), ("1d", 86400.0), ("1500", 1.5), ("0.5s", 0.5)])
+def test_durations_read_as_spark_writes_them(raw: str, seconds: float) -> None:
+    assert duration_seconds("maxTriggerDelay", raw) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("raw, error", [("soon", "is not a duration"), ("5 weeks", "is not a duration"),
+                                        ("0s", "must be a positive duration"), ("-1s", "is not a duration")])
+def test_bad_durations_are_refused_by_name(raw: str, error: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"maxTriggerDelay={re.escape(repr(raw))} {error}"):
+        duration_seconds("maxTriggerDelay", raw)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def reader(monkeypatch: pytest.MonkeyPatch, latest: dict[str, int], **options: str) -> Any:
+    state = {"latest": dict(latest)}
+    monkeypatch.setattr(source, "next_offsets", lambda connection, streams: dict(state["latest"]))
+    r = RabbitStreamDataSource({**OPTIONS, **options}).streamReader(None)
+    r.test_latest = state
+    return r
+
+
+def test_the_reader_holds_small_batches_back_until_enough_or_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(source.time, "monotonic", clock.monotonic)
+    r = reader(monkeypatch, {"a": 100, "b": 0}, minOffsetsPerTrigger="250", maxTriggerDelay="60s")
+    limit = SimpleNamespace(min_rows=250)
+    assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 100, "b": 0}  # the first trigger: what there is
+    r.test_latest["latest"] = {"a": 150, "b": 50}
+    clock.now += 5
+    assert r.latestOffset({"a": 100, "b": 0}, limit) == {"a": 100, "b": 0}  # 100 new: held (no batch)
+    assert r.reportLatestOffset() == {"a": 150, "b": 50}
+    r.test_latest["latest"] = {"a": 250, "b": 100}
+    clock.now += 5
+    assert r.latestOffset({"a": 100, "b": 0}, limit) == {"a": 250, "b": 100}  # 250 new: a batch
+    r.test_latest["latest"] = {"a": 260, "b": 100}
+    clock.now += 59
+    assert r.latestOffset({"a": 250, "b": 100}, limit) == {"a": 250, "b": 100}
+    clock.now += 1
+    assert r.latestOffset({"a": 250, "b": 100}, limit) == {"a": 260, "b": 100}  # the delay is up: 10 go
+    assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace()) == {"a": 260, "b": 100}  # Trigger.Once: all
+    r.prepareForTriggerAvailableNow()
+    r.test_latest["latest"] = {"a": 270, "b": 100}
+    assert r.latestOffset({"a": 260, "b": 100}, limit) == {"a": 260, "b": 100}  # nothing new before its end
+    r.available_now = {"a": 270, "b": 100}
+    assert r.latestOffset({"a": 260, "b": 100}, limit) == {"a": 270, "b": 100}  # AvailableNow: never held
+
+
+def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampled: list[dict[str, int]] = []
+
+    def record_bytes(connection: Any, at: dict[str, int]) -> dict[str, float]:
+        sampled.append(dict(at))
+        return {stream: {"a": 1000.0, "b": 100.0}[stream] for stream in at}
+
+    monkeypatch.setattr(source, "record_bytes", record_bytes)
+    r = reader(monkeypatch, {"a": 400, "b": 400}, maxBytesPerTrigger="110000", maxRecordsPerTrigger="1000")
+    limit = SimpleNamespace(max_rows=1000)  # the one limit Spark hands back; the byte cap still applies
+    assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 70, "b": 400}
+    assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 70, "b": 400}  # the same start: no new sample
+    assert r.latestOffset({"a": 70, "b": 400}, limit) == {"a": 180, "b": 400}  # b has nothing new: not sampled
+    assert sampled == [{"a": 0, "b": 0}, {"a": 70}]
+
+
+@pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
+def test_the_default_read_limit_names_one_kind_and_the_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql.streaming.datasource import (  # type: ignore[import-not-found,unused-ignore]
+        ReadMaxBytes,
+        ReadMaxRows,
+        ReadMinRows,
+    )
+
+    assert reader(monkeypatch, {}, maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxBytes(5000)
+    assert reader(monkeypatch, {}, minOffsetsPerTrigger="50").getDefaultReadLimit() == ReadMinRows(50)
+    assert reader(monkeypatch, {}, minOffsetsPerTrigger="50", maxRecordsPerTrigger="9",
+                  maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxRows(9)
+    with pytest.raises(ConfigurationError, match="maxbytespertrigger=0 must be positive"):
+        reader(monkeypatch, {}, maxBytesPerTrigger="0")
+    with pytest.raises(ConfigurationError, match="maxTriggerDelay='later' is not a duration"):
+        reader(monkeypatch, {}, minOffsetsPerTrigger="5", maxTriggerDelay="later")
+
+
+@pytest.mark.parametrize("option", ["maxBytesPerTrigger", "minOffsetsPerTrigger"])
+def test_byte_and_min_limits_are_refused_naming_the_version(monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+    import pyspark
+
+    monkeypatch.setattr(source, "admission_control_supported", lambda: False)
+    with pytest.raises(ConfigurationError, match=rf"{option} needs admission control .* PySpark {pyspark.__version__}"):
+        reader(monkeypatch, {}, **{option: "300"})
