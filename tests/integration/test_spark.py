@@ -309,7 +309,11 @@ def _pyspark_has_admission_control() -> bool:
     return admission_control_supported()
 
 
-@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+needs_admission_control = pytest.mark.skipif(not _pyspark_has_admission_control(),
+                                             reason="admission control needs PySpark 4.2+")
+
+
+@needs_admission_control
 async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record_once(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
@@ -328,7 +332,7 @@ async def test_max_records_per_trigger_caps_every_batch_and_delivers_each_record
     assert every_row(batches) == rows_of(a, 700, 800) and max(len(batch) for batch in batches) <= 300
 
 
-@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+@needs_admission_control
 async def test_trigger_available_now_reads_everything_in_capped_batches(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
@@ -345,7 +349,7 @@ async def test_trigger_available_now_reads_everything_in_capped_batches(
     assert [offsets_behind(p) for p in progress] == [{stream: 700}, {stream: 400}, {stream: 100}, {stream: 0}]
 
 
-@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+@needs_admission_control
 async def test_max_bytes_per_trigger_caps_batches_by_the_sampled_record_sizes(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
@@ -378,7 +382,7 @@ def source_offsets(progress: Any, key: str) -> dict[str, int]:
     return json.loads(value) if isinstance(value, str) else {}
 
 
-@pytest.mark.skipif(not _pyspark_has_admission_control(), reason="admission control needs PySpark 4.2+")
+@needs_admission_control
 async def test_min_offsets_per_trigger_holds_batches_until_enough_records_or_max_trigger_delay(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
