@@ -21,31 +21,73 @@ __all__ = ["DEFAULT_RECORD_BYTES", "cap_batch_end", "duration_seconds", "hold_ba
 DEFAULT_RECORD_BYTES = 1024.0  # a stream whose records were not sampled counts this much per record
 
 
-def _share(room: Mapping[str, int], budget: float, cost: Mapping[str, float]) -> dict[str, int]:
-    """How many of its ``room`` records each stream takes, each record costing ``cost[stream]`` of
-    ``budget``: the budget is shared out evenly over the streams that have records left, again and again,
-    until it is spent or nothing is left; shares too small for a whole record go a record at a time, in
-    the order of ``room``.  The answer depends on its arguments only."""
+def _turn(start: Mapping[str, int], count: int) -> int:
+    """Which stream goes first this batch: a mix of the start offsets, so the turn moves as they do and
+    no stream is always last (the answer depends on the arguments only)."""
+    mixed = 0
+    for offset in start.values():
+        mixed = (mixed * 1_000_003 + offset) % (1 << 61)
+    return (mixed * 2_654_435_761 >> 16) % count if count else 0
+
+
+def _share(room: Mapping[str, int], max_records: float, max_bytes: float, cost: Mapping[str, float],
+           turn: int) -> dict[str, int]:
+    """How many of its ``room`` records each stream takes, within ``max_records`` records and ``max_bytes``
+    bytes, a record of a stream costing ``cost[stream]`` bytes (either budget may be ``inf``, not both).
+
+    1. A record each, in turn from stream ``turn``, as long as it fits: a stream of large records never
+       waits behind the others' backlog.
+    2. The rest is shared out evenly: each stream takes ``level * weight`` records (as far as it has
+       them), ``weight`` being how many of its records the tighter budget holds, at the highest level
+       both budgets allow (found by bisection: a few dozen passes, whatever the budgets).
+    3. What the rounding left goes a record at a time, in turn.
+    """
     take = dict.fromkeys(room, 0)
-    hungry = [stream for stream, free in room.items() if free > 0]
-    while budget > 0 and hungry:
-        share = budget / len(hungry)
+    streams = [stream for stream, free in room.items() if free > 0]
+    if not streams:
+        return take
+    order = streams[turn % len(streams):] + streams[:turn % len(streams)]
+    left = [float(max_records), float(max_bytes)]
+
+    def give(stream: str, count: int) -> None:
+        take[stream] += count
+        left[0] -= count
+        left[1] -= count * cost[stream]
+
+    def a_record_each() -> bool:
         moved = False
-        for stream in hungry:
-            got = min(int(min(share, budget) // cost[stream]), room[stream] - take[stream])
-            if got > 0:
-                take[stream] += got
-                budget -= got * cost[stream]
+        for stream in order:
+            if take[stream] < room[stream] and left[0] >= 1 and cost[stream] <= left[1]:
+                give(stream, 1)
                 moved = True
-        if not moved:  # every share is under a record: whole records in order, while the budget lasts
-            for stream in hungry:
-                if cost[stream] <= budget:
-                    take[stream] += 1
-                    budget -= cost[stream]
-                    moved = True
-        if not moved:
-            break
-        hungry = [stream for stream in hungry if take[stream] < room[stream]]
+        return moved
+
+    a_record_each()
+    free = {stream: room[stream] - take[stream] for stream in streams}
+    weight = {stream: min(left[0], left[1] / cost[stream]) for stream in streams}
+
+    def at(level: float) -> dict[str, int]:
+        return {stream: min(free[stream], math.floor(level * weight[stream])) if weight[stream] > 0 else 0
+                for stream in streams}
+
+    def fits(counts: dict[str, int]) -> bool:
+        return (sum(counts.values()) <= left[0]
+                and sum(n * cost[stream] for stream, n in counts.items()) <= left[1])
+
+    low, high = 0.0, 1.0  # every weight is a whole budget's worth: level 1 overfills unless rooms run out
+    if fits(at(high)):
+        low = high
+    else:
+        for _ in range(64):
+            middle = (low + high) / 2
+            if fits(at(middle)):
+                low = middle
+            else:
+                high = middle
+    for stream, count in at(low).items():
+        give(stream, count)
+    while a_record_each():
+        pass
     return take
 
 
@@ -54,28 +96,31 @@ def cap_batch_end(start: Mapping[str, int], latest: Mapping[str, int], max_recor
     """The end of a micro-batch that starts at ``start`` and may reach ``latest``, holding at most
     ``max_records`` records over all streams, and records of at most ``max_bytes`` bytes in all, a record
     of a stream counting ``record_bytes[stream]`` (an estimate; :data:`DEFAULT_RECORD_BYTES` where not
-    given).  With ``max_bytes``, a batch still takes one record when even that one is over the budget, so
-    a query never stalls on a large message.
+    given).  The budgets are shared out evenly over the streams that have new records, what one cannot
+    use going to the others (:func:`_share`).  The streams take turns going first (:func:`_turn`); a
+    stream whose record is over ``max_bytes`` goes alone, one record, on its turn, so a query never
+    stalls on a large message.
 
     No stream goes back: one whose latest offset is behind its start (a stream deleted and created again)
     stays where it is.  A stream that ``start`` does not have is given its latest offset, as an uncapped
-    batch would.
+    batch would.  The streams keep ``start``'s order (Spark compares offsets as JSON text).
     """
     room = {stream: max(latest.get(stream, first) - first, 0) for stream, first in start.items()}
     take = dict(room)
-    if max_records is not None:
-        take = _share(take, max_records, dict.fromkeys(take, 1.0))
-    if max_bytes is not None:
+    if max_records is not None or max_bytes is not None:
         sizes = record_bytes or {}
-        cost = {stream: max(float(sizes.get(stream, DEFAULT_RECORD_BYTES)), 1.0) for stream in take}
-        capped = _share(take, max_bytes, cost)
-        if not any(capped.values()):  # one record over the budget: it goes alone
-            first = next((stream for stream, n in take.items() if n > 0), None)
-            if first is not None:
-                capped[first] = 1
-        take = capped
+        cost = {stream: max(float(sizes.get(stream, DEFAULT_RECORD_BYTES)), 1.0) if max_bytes is not None else 1.0
+                for stream in room}
+        hungry = [stream for stream, free in room.items() if free > 0]
+        turn = _turn(start, len(hungry))
+        if hungry and max_bytes is not None and cost[hungry[turn]] > max_bytes:
+            take = dict.fromkeys(room, 0)  # its turn, and its record is over the budget: it goes alone
+            take[hungry[turn]] = 1
+        else:
+            take = _share(room, math.inf if max_records is None else max_records,
+                          math.inf if max_bytes is None else max_bytes, cost, turn)
     end = {stream: first + take[stream] for stream, first in start.items()}
-    return {**latest, **end}
+    return {**end, **{stream: offset for stream, offset in latest.items() if stream not in end}}
 
 
 def new_records(start: Mapping[str, int], latest: Mapping[str, int]) -> int:

@@ -29,9 +29,9 @@ Offsets are ``{stream: next offset}``.  Options:
 
   - ``maxRecordsPerTrigger``: each micro-batch ends at most that many records past its start, summed
     over ``streams`` (shared out evenly, what one stream leaves unused going to the others);
-  - ``maxBytesPerTrigger``: at most about that many bytes (messages as stored), shared out the same
-    way, each stream's records weighed at the mean size of the chunk where its batch starts (read on
-    the driver when that start moved); a record over the budget goes alone;
+  - ``maxBytesPerTrigger``: at most about that many bytes, shared out the same way, each stream's
+    records weighed at the mean size of up to 64 records from where its batch starts (read on the
+    driver when that moved); a record over the budget goes alone, on its stream's turn;
   - ``minOffsetsPerTrigger``: no batch until that many records are new over ``streams``, or
     ``maxTriggerDelay`` (default ``15m``; ``30s``, ``5m``...) has passed since the last trigger that was
     not held back (the query's first trigger never waits), as Kafka's source does.
@@ -118,13 +118,18 @@ def _streams(options: dict[str, str]) -> list[str]:
     return streams
 
 
+_OPTION_NAMES = {name.lower(): name for name in (
+    "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger",
+    "failOnDataLoss")}
+
+
 def _bool_option(options: dict[str, str], name: str, default: bool) -> bool:
     raw = options.get(name)
     if raw is None:
         return default
     value = raw.strip().lower()
     if value not in ("true", "false"):
-        raise ConfigurationError(f"option {name}={raw!r}: use 'true' or 'false'")
+        raise ConfigurationError(f"option {_OPTION_NAMES.get(name, name)}={raw!r}: use 'true' or 'false'")
     return value == "true"
 
 
@@ -154,15 +159,18 @@ class _Reading:
 
 
 def _int_option(options: dict[str, str], name: str, default: int | None) -> int | None:
+    """Option ``name`` (lower-cased, as Spark passes it) as a positive whole number; errors use the name as
+    documented (``maxBytesPerTrigger``)."""
     raw = options.get(name)
     if raw is None:
         return default
+    shown = _OPTION_NAMES.get(name, name)
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigurationError(f"option {name}={raw!r} is not a whole number") from None
+        raise ConfigurationError(f"option {shown}={raw!r} is not a whole number") from None
     if value < 1:
-        raise ConfigurationError(f"option {name}={value} must be positive")
+        raise ConfigurationError(f"option {shown}={value} must be positive")
     return value
 
 
@@ -215,38 +223,56 @@ def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[s
     return run_with_environment(connection, work)
 
 
-async def _record_bytes(env: Any, stream: str, offset: int, wait: float = 10.0) -> float | None:
-    """The mean size in bytes (as stored) of the records in the chunk that holds ``offset`` of ``stream``:
-    ``maxBytesPerTrigger``'s estimate of what the next records weigh.  ``None`` if no chunk came within
-    ``wait`` seconds."""
+SAMPLE_RECORDS = 64  # maxBytesPerTrigger weighs a stream's records by the mean of up to this many
+
+
+async def _record_bytes(env: Any, stream: str, offset: int, available: int) -> float:
+    """The mean size in bytes of up to :data:`SAMPLE_RECORDS` records of ``stream`` from ``offset`` (of
+    which ``available`` are there), as read (a compressed sub-entry's messages decompressed):
+    ``maxBytesPerTrigger``'s estimate of what the next records weigh."""
     from smartclient.core.offsets import OffsetSpec
 
-    sizes: list[float] = []
+    want = max(min(SAMPLE_RECORDS, available), 1)
+    sizes: list[int] = []
     got = asyncio.Event()
 
     def on_chunk(chunk: Chunk) -> None:
-        if not sizes and len(chunk):
-            sizes.append(sum(map(len, chunk.bodies)) / len(chunk))
-            got.set()
+        if len(sizes) < want:
+            sizes.extend(len(body) for _, body in chunk)
+            if len(sizes) >= want:
+                got.set()
 
     consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(offset))
     try:
-        await asyncio.wait_for(got.wait(), wait)
-    except asyncio.TimeoutError:
-        log.warning("no chunk of %r at offset %d within %g s: its records count %g bytes each for "
-                    "maxBytesPerTrigger", stream, offset, wait, DEFAULT_RECORD_BYTES)
+        await got.wait()
     finally:
         await consumer.close()
-    return sizes[0] if sizes else None
+    return sum(sizes[:want]) / want
 
 
-def record_bytes(connection: StreamConnection, at: dict[str, int]) -> dict[str, float]:
-    """``{stream: mean record size}`` of the chunk at each ``{stream: offset}``; streams not sampled are left
-    out (they count :data:`~smartclient.spark.admission.DEFAULT_RECORD_BYTES`)."""
+def record_bytes(connection: StreamConnection, at: dict[str, int], available: dict[str, int],
+                 wait: float = 10.0) -> dict[str, float]:
+    """``{stream: mean record size}`` from each ``{stream: offset}`` (the streams read at once, for up to
+    ``wait`` seconds in all); a stream that could not be read in time, or failed, is left out with a
+    warning: it keeps its last size, or counts :data:`~smartclient.spark.admission.DEFAULT_RECORD_BYTES`,
+    and is tried again at the next trigger."""
 
     async def work(env: Any) -> dict[str, float]:
-        sizes = {stream: await _record_bytes(env, stream, offset) for stream, offset in at.items()}
-        return {stream: size for stream, size in sizes.items() if size is not None}
+        streams = list(at)
+        tasks = [asyncio.ensure_future(_record_bytes(env, s, at[s], available.get(s, 1))) for s in streams]
+        done, pending = await asyncio.wait(tasks, timeout=wait)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        sizes: dict[str, float] = {}
+        for stream, task in zip(streams, tasks, strict=True):
+            if task in done and task.exception() is None:
+                sizes[stream] = task.result()
+            else:
+                why = f"failed: {task.exception()!r}" if task in done else f"was not read within {wait:g} s"
+                log.warning("maxBytesPerTrigger: sampling %r from offset %d %s; its records count as before "
+                            "(%g bytes each at first)", stream, at[stream], why, DEFAULT_RECORD_BYTES)
+        return sizes
 
     return run_with_environment(connection, work)
 
@@ -469,7 +495,7 @@ class _StreamReader(DataSourceStreamReader):
         if min_rows is not None and self.available_now is None:
             since = None if self.last_batch is None else now - self.last_batch
             if hold_batch(first, latest, int(min_rows), since, self.max_delay):
-                return {**latest, **first}
+                return {**first, **{stream: offset for stream, offset in latest.items() if stream not in first}}
         self.last_batch = now  # (as Kafka's source: the delay runs from the last trigger not held back)
         sizes = self._sizes(first, latest) if max_bytes is not None else None
         return cap_batch_end(first, latest, None if max_rows is None else int(max_rows),
@@ -480,8 +506,9 @@ class _StreamReader(DataSourceStreamReader):
         due = {stream: offset for stream, offset in start.items()
                if latest.get(stream, offset) > offset and self.sampled.get(stream) != offset}
         if due:
-            self.sizes.update(record_bytes(self.connection, due))
-            self.sampled.update(due)
+            sampled = record_bytes(self.connection, due, {s: latest[s] - offset for s, offset in due.items()})
+            self.sizes.update(sampled)
+            self.sampled.update({stream: due[stream] for stream in sampled})  # the others: again next time
         return self.sizes
 
     def prepareForTriggerAvailableNow(self) -> None:

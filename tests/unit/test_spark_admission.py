@@ -39,6 +39,45 @@ def test_records_and_bytes_caps_apply_together() -> None:
     assert cap_batch_end(start, latest, 300, max_bytes=10**9, record_bytes={"a": 1.0, "b": 1.0}) == {"a": 150, "b": 150}
     assert cap_batch_end(start, latest, 300, max_bytes=20_000, record_bytes={"a": 100.0, "b": 100.0}) == {
         "a": 100, "b": 100}
+    # what the record cap would give b, b's bytes cannot use: a takes it (999 records, 91,909 bytes)
+    end = cap_batch_end(start, latest, 1000, max_bytes=100_000, record_bytes={"a": 1.0, "b": 1000.0})
+    assert end == {"a": 909, "b": 91}
+
+
+def batches_until(start: dict[str, int], latest: dict[str, int], count: int, **caps: Any) -> list[dict[str, int]]:
+    taken = []
+    for _ in range(count):
+        end = cap_batch_end(start, latest, **caps)
+        taken.append({stream: end[stream] - start[stream] for stream in start})
+        start = end
+    return taken
+
+
+def test_a_stream_of_large_records_is_not_starved_by_the_others_backlog() -> None:
+    start, latest = {"big": 0, "small": 0}, {"big": 100, "small": 10**9}
+    # a 600 kB record fits a 1 MB budget: it goes in every batch beside the small ones
+    for batch in batches_until(start, latest, 5, max_bytes=1_000_000, record_bytes={"big": 6e5, "small": 100.0}):
+        assert batch == {"big": 1, "small": 4000}
+    # a 2 MB record never fits: it goes alone on its turn, and the turns come round
+    batches = batches_until(start, latest, 12, max_bytes=1_000_000, record_bytes={"big": 2e6, "small": 100.0})
+    assert {"big": 1, "small": 0} in batches and {"big": 0, "small": 10_000} in batches
+    # more streams with new records than the record cap: every one moves in turn
+    five = dict.fromkeys("abcde", 0)
+    moved = {s for batch in batches_until(five, dict.fromkeys(five, 10**6), 10, max_records=2)
+             for s, n in batch.items() if n}
+    assert moved == set(five)
+
+
+def test_sharing_many_streams_stays_cheap() -> None:
+    start = {f"s{i}": 0 for i in range(1000)}
+    sizes = {s: (1.0 if s == "s0" else 1e7) for s in start}
+    end = cap_batch_end(start, dict.fromkeys(start, 10**9), max_bytes=int(1000 * 1e7) - 1, record_bytes=sizes)
+    assert sum(end[s] * sizes[s] for s in start) <= 1000 * 1e7 - 1 and sum(1 for s in start if end[s]) >= 999
+
+
+def test_the_end_keeps_the_order_of_the_start() -> None:
+    end = cap_batch_end({"b": 0, "a": 0}, {"a": 10, "b": 10, "c": 3}, 4)
+    assert list(end) == ["b", "a", "c"] and end == {"b": 2, "a": 2, "c": 3}
 
 
 def test_successive_byte_capped_batches_reach_the_end_once() -> None:
@@ -126,9 +165,11 @@ def test_the_reader_holds_small_batches_back_until_enough_or_the_delay(monkeypat
 def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     sampled: list[dict[str, int]] = []
 
-    def record_bytes(connection: Any, at: dict[str, int]) -> dict[str, float]:
+    def record_bytes(connection: Any, at: dict[str, int], available: dict[str, int]) -> dict[str, float]:
         sampled.append(dict(at))
-        return {stream: {"a": 1000.0, "b": 100.0}[stream] for stream in at}
+        return {stream: {"a": 1000.0, "b": 100.0}[stream] for stream in at if stream != failing}
+
+    failing = "none"
 
     monkeypatch.setattr(source, "record_bytes", record_bytes)
     r = reader(monkeypatch, {"a": 400, "b": 400}, maxBytesPerTrigger="110000", maxRecordsPerTrigger="1000")
@@ -137,6 +178,10 @@ def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypa
     assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 70, "b": 400}  # the same start: no new sample
     assert r.latestOffset({"a": 70, "b": 400}, limit) == {"a": 180, "b": 400}  # b has nothing new: not sampled
     assert sampled == [{"a": 0, "b": 0}, {"a": 70}]
+    failing = "a"  # a sample that fails or times out keeps the last size, and is tried again next time
+    assert r.latestOffset({"a": 180, "b": 400}, limit) == {"a": 290, "b": 400}
+    assert r.latestOffset({"a": 180, "b": 400}, limit) == {"a": 290, "b": 400}
+    assert sampled[-2:] == [{"a": 180}, {"a": 180}]
 
 
 @pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
@@ -151,7 +196,7 @@ def test_the_default_read_limit_names_one_kind_and_the_options_are_checked(monke
     assert reader(monkeypatch, {}, minOffsetsPerTrigger="50").getDefaultReadLimit() == ReadMinRows(50)
     assert reader(monkeypatch, {}, minOffsetsPerTrigger="50", maxRecordsPerTrigger="9",
                   maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxRows(9)
-    with pytest.raises(ConfigurationError, match="maxbytespertrigger=0 must be positive"):
+    with pytest.raises(ConfigurationError, match="maxBytesPerTrigger=0 must be positive"):
         reader(monkeypatch, {}, maxBytesPerTrigger="0")
     with pytest.raises(ConfigurationError, match="maxTriggerDelay='later' is not a duration"):
         reader(monkeypatch, {}, minOffsetsPerTrigger="5", maxTriggerDelay="later")
@@ -164,3 +209,28 @@ def test_byte_and_min_limits_are_refused_naming_the_version(monkeypatch: pytest.
     monkeypatch.setattr(source, "admission_control_supported", lambda: False)
     with pytest.raises(ConfigurationError, match=rf"{option} needs admission control .* PySpark {pyspark.__version__}"):
         reader(monkeypatch, {}, **{option: "300"})
+
+
+def test_the_sampler_weighs_what_it_reads_and_leaves_out_what_fails_or_is_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from smartclient.core.delivery import Chunk
+
+    class Consumer:
+        async def close(self) -> None:
+            closed.append(1)
+
+    class Env:
+        async def consumer(self, stream: str, on_chunk: Any, offset: Any) -> Consumer:
+            if stream == "broken":
+                raise ConnectionError("no route")
+            if stream == "sized":  # two chunks: 40 records of 10 bytes, then 40 of 30
+                on_chunk(Chunk(stream, list(range(40)), 0, [b"x" * 10] * 40, bytes))
+                on_chunk(Chunk(stream, list(range(40, 80)), 0, [b"x" * 30] * 40, bytes))
+            return Consumer()  # "late": no chunk ever comes
+
+    closed: list[int] = []
+    monkeypatch.setattr(source, "run_with_environment", lambda connection, work: asyncio.run(work(Env())))
+    sizes = source.record_bytes(None, {"sized": 0, "broken": 0, "late": 0}, {"sized": 80, "late": 5}, wait=0.2)
+    assert sizes == {"sized": (40 * 10 + 24 * 30) / 64}  # the first 64 records
+    assert len(closed) == 2  # the late stream's consumer too

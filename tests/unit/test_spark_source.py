@@ -168,12 +168,12 @@ def test_offsets_behind_reads_latest_minus_end_from_a_query_progress() -> None:
     assert offsets_behind(None) == {}
 
 
-@pytest.mark.parametrize("value, error", [("maybe", "failondataloss='maybe': use 'true' or 'false'"),
-                                          ("0", "minpartitions=0 must be positive")])
+@pytest.mark.parametrize("value, error", [("maybe", "failOnDataLoss='maybe': use 'true' or 'false'"),
+                                          ("0", "minPartitions=0 must be positive")])
 def test_bad_source_options_are_refused_by_name(value: str, error: str) -> None:
     from smartclient.spark.source import _Reading
 
-    name = "failOnDataLoss" if "failondataloss" in error else "minPartitions"
+    name = "failOnDataLoss" if "failOnDataLoss" in error else "minPartitions"
     options = {"uri": "rabbitmq-stream://u:p@lb:5552/", "streams": "a", name.lower(): value}
     with pytest.raises(ConfigurationError, match=re.escape(error)):
         _Reading.of(options)
