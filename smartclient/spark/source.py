@@ -454,7 +454,7 @@ class _StreamReader(DataSourceStreamReader):
         self.starting = options.get("startingoffsets", "earliest")
         self.latest: dict[str, int] | None = None  # where the streams ended at the last latestOffset
         self.available_now: dict[str, int] | None = None  # Trigger.AvailableNow: where the query stops
-        self.last_batch: float | None = None  # (monotonic) when the last micro-batch was let through
+        self.last_batch: float | None = None  # (monotonic) the last trigger minOffsetsPerTrigger did not hold
         self.sizes: dict[str, float] = {}  # maxBytesPerTrigger: each stream's last sampled record size
         self.sampled: dict[str, int] = {}  # ... and the offset it was sampled at
 
