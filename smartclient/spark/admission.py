@@ -10,6 +10,7 @@ Pure decisions (no Spark, no broker), made on the driver from ``{stream: offset}
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -22,12 +23,18 @@ DEFAULT_RECORD_BYTES = 1024.0  # a stream whose records were not sampled counts 
 
 
 def _turn(start: Mapping[str, int], count: int) -> int:
-    """Which stream goes first this batch: a mix of the start offsets, so the turn moves as they do and
-    no stream is always last (the answer depends on the arguments only)."""
-    mixed = 0
-    for offset in start.values():
-        mixed = (mixed * 1_000_003 + offset) % (1 << 61)
-    return (mixed * 2_654_435_761 >> 16) % count if count else 0
+    """Which of ``count`` streams goes first this batch: a hash of the start offsets, so the turn moves
+    whenever they do, with no stream always last however the offsets advance (the answer depends on the
+    arguments only)."""
+    if count <= 0:
+        return 0
+    digest = hashlib.blake2b(",".join(map(str, start.values())).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def _whole(amount: float) -> int:
+    """``floor(amount)``, an unlimited budget counting as more records than any stream has."""
+    return math.floor(amount) if amount < 2**62 else 2**62
 
 
 def _share(room: Mapping[str, int], max_records: float, max_bytes: float, cost: Mapping[str, float],
@@ -40,7 +47,7 @@ def _share(room: Mapping[str, int], max_records: float, max_bytes: float, cost: 
     2. The rest is shared out evenly: each stream takes ``level * weight`` records (as far as it has
        them), ``weight`` being how many of its records the tighter budget holds, at the highest level
        both budgets allow (found by bisection: a few dozen passes, whatever the budgets).
-    3. What the rounding left goes a record at a time, in turn.
+    3. What the rounding left goes to the streams in turn, as many records as fit.
     """
     take = dict.fromkeys(room, 0)
     streams = [stream for stream, free in room.items() if free > 0]
@@ -54,15 +61,9 @@ def _share(room: Mapping[str, int], max_records: float, max_bytes: float, cost: 
         left[0] -= count
         left[1] -= count * cost[stream]
 
-    def a_record_each() -> bool:
-        moved = False
-        for stream in order:
-            if take[stream] < room[stream] and left[0] >= 1 and cost[stream] <= left[1]:
-                give(stream, 1)
-                moved = True
-        return moved
-
-    a_record_each()
+    for stream in order:
+        if left[0] >= 1 and cost[stream] <= left[1]:
+            give(stream, 1)
     free = {stream: room[stream] - take[stream] for stream in streams}
     weight = {stream: min(left[0], left[1] / cost[stream]) for stream in streams}
 
@@ -86,8 +87,10 @@ def _share(room: Mapping[str, int], max_records: float, max_bytes: float, cost: 
                 high = middle
     for stream, count in at(low).items():
         give(stream, count)
-    while a_record_each():
-        pass
+    for stream in order:  # what the rounding left: as many as fit, in turn (a cheap stream may fit many)
+        fit = min(room[stream] - take[stream], _whole(left[0]), _whole(left[1] / cost[stream]))
+        if fit > 0:
+            give(stream, fit)
     return take
 
 

@@ -73,6 +73,13 @@ def test_sharing_many_streams_stays_cheap() -> None:
     sizes = {s: (1.0 if s == "s0" else 1e7) for s in start}
     end = cap_batch_end(start, dict.fromkeys(start, 10**9), max_bytes=int(1000 * 1e7) - 1, record_bytes=sizes)
     assert sum(end[s] * sizes[s] for s in start) <= 1000 * 1e7 - 1 and sum(1 for s in start if end[s]) >= 999
+    # bytes bind, and the slack the expensive streams' rounding leaves is millions of the cheap stream's
+    # records: they go in one step (they once went a record a pass: 3 million passes, seconds)
+    start = {"cheap": 0, "dear": 0, "dearer": 0}
+    sizes = {"cheap": 1.0, "dear": 5_639_397.0, "dearer": 6_741_949.0}
+    end = cap_batch_end(start, dict.fromkeys(start, 10**11), 508_141_372, max_bytes=180_116_828_061, record_bytes=sizes)
+    used = sum(end[s] * sizes[s] for s in start)
+    assert used <= 180_116_828_061 and 180_116_828_061 - used < sizes["dearer"] and sum(end.values()) <= 508_141_372
 
 
 def test_the_end_keeps_the_order_of_the_start() -> None:
