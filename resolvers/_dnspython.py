@@ -13,11 +13,12 @@ dnspython is imported here, lazily, and nowhere else in the library (the ``[dns]
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from smartclient._errors import ConfigurationError, ResolutionError, ResolutionTimeout, SmartClientError
+from smartclient.core.validation import number, refuse, whole
 
 __all__ = ["dns_resolver_for", "dnspython_errors", "servers_asked"]
 
@@ -75,12 +76,11 @@ def dns_resolver_for(nameservers: Sequence[str] | None, port: int, timeout: floa
         import dns.asyncresolver
     except ImportError as exc:  # pragma: no cover - depends on the extras installed
         raise ConfigurationError("DNS resolution needs dnspython: pip install 'smartclient[dns]'") from exc
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise ConfigurationError(f"DNS timeout must be positive, not {timeout!r}")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ConfigurationError(f"DNS port {port!r} must be an int from 1 to 65535")
-    if isinstance(nameservers, str):
-        raise ConfigurationError(f"name servers must be a list of IP addresses, not the string {nameservers!r}")
+    number("timeout", timeout, above=0, note="seconds, for one lookup")
+    whole("port", port, low=1, high=65535, note="the name servers' port")
+    if nameservers is not None and (isinstance(nameservers, str | bytes | Mapping) or
+                                    not isinstance(nameservers, Collection)):
+        refuse("nameservers", "a list of name servers' IP addresses, or None (the system's)", nameservers)
     with dnspython_errors("the system's DNS configuration"):
         resolver = dns.asyncresolver.Resolver(configure=nameservers is None)
     if nameservers is not None:
@@ -89,7 +89,8 @@ def dns_resolver_for(nameservers: Sequence[str] | None, port: int, timeout: floa
             raise ConfigurationError("DnsResolver needs at least one name server")
         for server in servers:  # one at a time, so that the error names the bad one
             if not isinstance(server, str):
-                raise ConfigurationError(f"bad name server {server!r}: give an IP address as a str")
+                raise ConfigurationError(f"bad name server {server!r} in nameservers {servers!r}: give an IP "
+                                         f"address as a str")
             with dnspython_errors(f"name server {server!r}"):
                 resolver.nameservers = [server]
         resolver.nameservers = servers

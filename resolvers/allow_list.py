@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from smartclient._errors import AddressNotAllowed, ConfigurationError
 from smartclient.core.address import Address
+from smartclient.core.validation import texts
 
 __all__ = ["AllowList"]
 
@@ -23,6 +24,9 @@ class AllowList:
         self.hosts: set[str] = set()
         self.suffixes: list[str] = []
         self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        if isinstance(entries, Iterable) and not isinstance(entries, str | bytes | Mapping):
+            entries = list(entries)
+        texts("AllowList.entries", entries, empty=True, note="hosts, *.suffixes and networks")
         for raw in entries:
             entry = raw.strip().lower()
             if not entry:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from smartclient.core import validation
 from smartclient.core.address import Address
 
 from .base import NamesTls, ResolverLike, as_async
@@ -13,6 +14,8 @@ class Chain:
     """``Chain(StaticMap(...), DnsResolver(...))``: remap names, then resolve them."""
 
     def __init__(self, *resolvers: ResolverLike) -> None:
+        for i, step in enumerate(resolvers):
+            validation.resolver(f"resolver {i} of the Chain", step, optional=False)
         self.resolvers = resolvers
         self._steps = [as_async(r) for r in resolvers]
 

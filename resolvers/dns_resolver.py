@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from smartclient._errors import ResolutionError
 from smartclient.core.address import Address
+from smartclient.core.validation import function
 
 from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
 
@@ -32,9 +33,10 @@ class DnsResolver:
 
     def __init__(self, nameservers: Sequence[str] | None = None, port: int = 53, timeout: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self._resolver = dns_resolver_for(nameservers, port, timeout)
+        function("clock", clock, optional=False, takes="() -> seconds")
         self.nameservers = tuple(nameservers) if nameservers is not None else None
         self.port = port
-        self._resolver = dns_resolver_for(nameservers, port, timeout)
         self._cache: dict[str, tuple[str, float]] = {}
         self._clock = clock
         self.lookups = 0  # answers asked of a name server (metrics: smartclient.dns.lookups)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from smartclient.core.address import Address
+from smartclient.core.validation import instance, whole
 
 __all__ = ["LoadBalancer"]
 
@@ -24,22 +25,22 @@ class LoadBalancer:
 
     def __init__(self, address: str | Address, *, amqp: int | str | Address | None = None,
                  mqtt: int | str | Address | None = None, mqtt_tls: int | str | Address | None = None) -> None:
+        instance("address", address, (str, Address), optional=False, what="'host:port' or an Address")
         self.address = address if isinstance(address, Address) else Address.parse(address)
         self.listeners: dict[str, Address] = {"stream": self.address}
-        for protocol, value in (("amqp", amqp), ("mqtt", mqtt), ("mqtt/ssl", mqtt_tls)):
+        for option, protocol, value in (("amqp", "amqp", amqp), ("mqtt", "mqtt", mqtt),
+                                        ("mqtt_tls", "mqtt/ssl", mqtt_tls)):
             if value is not None:
-                self.listeners[protocol] = self._listener(value)
+                self.listeners[protocol] = self._listener(option, value)
 
-    def _listener(self, value: int | str | Address) -> Address:
+    def _listener(self, option: str, value: int | str | Address) -> Address:
         if isinstance(value, Address):
             return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            return Address(self.address.host, value)
         if isinstance(value, str):
             return Address.parse(value)
-        from smartclient._errors import ConfigurationError
-
-        raise ConfigurationError(f"a load balancer listener must be a port, 'host:port' or an Address, not {value!r}")
+        whole(f"the load balancer's {option} listener", value, low=1, high=65535,
+              note="a port on the same host; or 'host:port', or an Address")
+        return Address(self.address.host, value)
 
     def address_for(self, protocol: str) -> Address | None:
         """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``mqtt``, ``mqtt/ssl``), if it has one."""

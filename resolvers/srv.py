@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from smartclient._errors import ResolutionError
 from smartclient.core.address import Address
+from smartclient.core.validation import text
 
 from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
 
@@ -24,10 +25,11 @@ class SrvDiscovery:
 
     def __init__(self, name: str, nameservers: Sequence[str] | None = None, port: int = 53,
                  timeout: float = 2.0) -> None:
+        text("SrvDiscovery.name", name, note="an SRV name, such as _streams._tcp.example.com")
+        self._resolver = dns_resolver_for(nameservers, port, timeout)
         self.name = name
         self.nameservers = tuple(nameservers) if nameservers is not None else None
         self.port = port
-        self._resolver = dns_resolver_for(nameservers, port, timeout)
 
     async def discover(self) -> list[Address]:
         """The SRV targets, by priority then weight.

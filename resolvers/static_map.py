@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from smartclient._errors import ConfigurationError, ResolutionError
 from smartclient.core.address import Address
+from smartclient.core.validation import flag, refuse
 
 __all__ = ["StaticMap"]
 
@@ -22,6 +23,10 @@ class StaticMap:
     blocking = False
 
     def __init__(self, mapping: Mapping[str, str], strict: bool = False) -> None:
+        if not isinstance(mapping, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in mapping.items()):
+            refuse("mapping", "a mapping of 'host[:port]' to 'host[:port]' strs", mapping)
+        flag("strict", strict)
         self._exact: dict[Address, tuple[str, int | None]] = {}
         self._hosts: dict[str, tuple[str, int | None]] = {}
         self.strict = strict

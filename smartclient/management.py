@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, ManagementError
+from smartclient.core.validation import number, text, texts
 
 if TYPE_CHECKING:
     import httpx
@@ -28,12 +29,14 @@ class ManagementClient:
     """
 
     def __init__(self, base_url: str | Sequence[str], username: str, password: str, timeout: float = 10.0) -> None:
-        urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        if not urls:
-            raise ConfigurationError("a management client needs at least one URL")
+        urls = [base_url] if isinstance(base_url, str) else base_url
+        texts("base_url", urls, note="the management API's http:// or https:// URL, or several nodes'")
         for url in urls:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            if not url.startswith(("http://", "https://")):
                 raise ConfigurationError(f"management URL {url!r} must start with http:// or https://")
+        text("ManagementClient.username", username)
+        text("ManagementClient.password", password, empty=True)
+        number("ManagementClient.timeout", timeout, above=0, note="seconds")
         try:
             import httpx
         except ImportError as exc:  # pragma: no cover - depends on the extras installed

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import text, whole
 
 __all__ = ["Address"]
 
@@ -17,10 +18,8 @@ class Address:
     port: int
 
     def __post_init__(self) -> None:
-        if not self.host:
-            raise ConfigurationError("an address needs a host")
-        if not isinstance(self.port, int) or not 0 < self.port < 65536:
-            raise ConfigurationError(f"port {self.port!r} of {self.host} is not between 1 and 65535")
+        text("Address.host", self.host)
+        whole(f"the port of {self.host}", self.port, low=1, high=65535)
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import number, whole
 
 __all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "BatchingPolicy", "Confirmation"]
 
@@ -36,18 +37,14 @@ class BatchingPolicy:
     confirm_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be a positive int, not {self.batch_size!r}")
-        if not 0 <= self.linger <= 10:
-            raise ConfigurationError(f"linger must be between 0 and 10 seconds, not {self.linger!r}")
+        whole("BatchingPolicy.batch_size", self.batch_size, low=1)
+        number("BatchingPolicy.linger", self.linger, low=0, high=10, note="seconds")
+        whole("BatchingPolicy.max_in_flight", self.max_in_flight, low=1)
         if self.max_in_flight < self.batch_size:
-            raise ConfigurationError(f"max_in_flight ({self.max_in_flight}) must be at least batch_size "
+            raise ConfigurationError(f"BatchingPolicy.max_in_flight ({self.max_in_flight}) must be at least batch_size "
                                      f"({self.batch_size})")
-        if not 0 < self.enqueue_timeout <= 3600:
-            raise ConfigurationError(f"enqueue_timeout must be more than 0 and at most 3600 seconds, not "
-                                     f"{self.enqueue_timeout!r}")
-        if not 0 <= self.confirm_timeout <= 86400:
-            raise ConfigurationError(f"confirm_timeout must be 0 (off) to 86400 seconds, not {self.confirm_timeout!r}")
+        number("BatchingPolicy.enqueue_timeout", self.enqueue_timeout, above=0, high=3600, note="seconds")
+        number("BatchingPolicy.confirm_timeout", self.confirm_timeout, low=0, high=86400, note="seconds; 0: off")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartclient._errors import ConfigurationError
+from smartclient.core.validation import flag, function, texts
 
 __all__ = ["StreamFilter"]
 
@@ -29,7 +29,6 @@ class StreamFilter:
     match_unfiltered: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.values, str) or not self.values:
-            raise ConfigurationError("a StreamFilter needs a non-empty list of filter values (not a str)")
-        if not all(isinstance(v, str) and v for v in self.values):
-            raise ConfigurationError(f"filter values {list(self.values)!r} must be non-empty strings")
+        texts("StreamFilter.values", self.values, note="the filter values wanted")
+        function("StreamFilter.post_filter", self.post_filter, takes="message -> bool")
+        flag("StreamFilter.match_unfiltered", self.match_unfiltered)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from smartclient._errors import ConfigurationError
+from smartclient.core.validation import number, whole
 
 __all__ = ["ConsumerFlow"]
 
@@ -37,13 +37,8 @@ class ConsumerFlow:
     credit_after: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.initial_credit, bool) or not isinstance(self.initial_credit, int) or not (
-                1 <= self.initial_credit <= 1000):
-            raise ConfigurationError(f"ConsumerFlow.initial_credit must be an int from 1 to 1000, not "
-                                     f"{self.initial_credit!r}")
-        if not 0 <= self.credit_after <= 1:
-            raise ConfigurationError(f"ConsumerFlow.credit_after must be a share from 0 to 1, not "
-                                     f"{self.credit_after!r}")
+        whole("ConsumerFlow.initial_credit", self.initial_credit, low=1, high=1000)
+        number("ConsumerFlow.credit_after", self.credit_after, low=0, high=1, note="a share of the chunk")
 
     def credit_at(self, entries: int) -> int:
         """The number of entries of a chunk of ``entries`` to process before its credit goes (0: at once)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.stream_arguments import parse_duration
+from smartclient.core.validation import choice, number, refuse, text, whole
 
 __all__ = ["OffsetSpec", "OffsetTracking"]
 
@@ -28,14 +29,15 @@ class OffsetSpec:
     value: int | str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ConfigurationError(f"offset kind {self.kind!r} must be one of {_KINDS}")
-        if self.kind == "offset" and (isinstance(self.value, bool) or not isinstance(self.value, int)
-                                      or self.value < 0):
-            raise ConfigurationError(f"an absolute offset must be a non-negative int, not {self.value!r}")
-        if self.kind == "timestamp" and (not isinstance(self.value, int) or self.value < 0):
-            raise ConfigurationError(f"a timestamp must be non-negative milliseconds, not {self.value!r}")
+        choice("OffsetSpec.kind", self.kind, _KINDS)
+        if self.kind in ("first", "last", "next") and self.value is not None:
+            refuse("OffsetSpec.value", f"None for {self.kind!r}", self.value)
+        if self.kind == "offset":
+            whole("OffsetSpec.value", self.value, low=0, note="an absolute offset")
+        if self.kind == "timestamp":
+            whole("OffsetSpec.value", self.value, low=0, note="a timestamp, in milliseconds")
         if self.kind == "interval":
+            text("OffsetSpec.value", self.value, note="an interval, such as '1h'")
             parse_duration(str(self.value), "offset interval")
 
     @classmethod
@@ -73,6 +75,7 @@ class OffsetSpec:
         if isinstance(value, bool):
             raise ConfigurationError(f"offset {value!r} is a bool, not an offset")
         if isinstance(value, int):
+            whole("offset", value, low=0, note="an absolute offset")
             return cls.at(value)
         if isinstance(value, dt.datetime):
             return cls.timestamp(value)
@@ -127,8 +130,5 @@ class OffsetTracking:
     def __post_init__(self) -> None:
         if self.every is None and self.interval is None:
             raise ConfigurationError("OffsetTracking needs every= or interval= (or both)")
-        if self.every is not None and (isinstance(self.every, bool) or not isinstance(self.every, int)
-                                       or self.every < 1):
-            raise ConfigurationError(f"OffsetTracking.every must be a positive int, not {self.every!r}")
-        if self.interval is not None and not self.interval > 0:
-            raise ConfigurationError(f"OffsetTracking.interval must be positive, not {self.interval!r}")
+        whole("OffsetTracking.every", self.every, low=1, optional=True, note="messages")
+        number("OffsetTracking.interval", self.interval, above=0, optional=True, note="seconds")

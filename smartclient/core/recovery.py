@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.retry import Backoff
+from smartclient.core.validation import flag, number, whole
 
 __all__ = ["RecoveryPolicy"]
 
@@ -55,17 +56,19 @@ class RecoveryPolicy:
     stall_check: float = 5.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.initial_delay <= self.max_delay:
-            raise ConfigurationError("RecoveryPolicy needs 0 <= initial_delay <= max_delay")
-        if self.factor < 1:
-            raise ConfigurationError(f"RecoveryPolicy.factor must be at least 1, not {self.factor}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigurationError(f"RecoveryPolicy.jitter must be in [0, 1), not {self.jitter}")
-        if self.max_attempts < 1 or self.max_time <= 0 or self.attempt_time <= 0:
-            raise ConfigurationError("RecoveryPolicy needs max_attempts >= 1, max_time > 0 and attempt_time > 0")
-        if not 0 <= self.stall_check <= 3600:
-            raise ConfigurationError(f"RecoveryPolicy.stall_check must be 0 (off) to 3600 seconds, not "
-                                     f"{self.stall_check!r}")
+        flag("RecoveryPolicy.enabled", self.enabled)
+        number("RecoveryPolicy.initial_delay", self.initial_delay, low=0, note="seconds")
+        number("RecoveryPolicy.factor", self.factor, low=1)
+        number("RecoveryPolicy.max_delay", self.max_delay, low=0, note="seconds")
+        if self.max_delay < self.initial_delay:
+            raise ConfigurationError(f"RecoveryPolicy needs initial_delay ({self.initial_delay}) <= max_delay "
+                                     f"({self.max_delay})")
+        number("RecoveryPolicy.jitter", self.jitter, low=0, below=1, note="a fraction of each delay")
+        whole("RecoveryPolicy.max_attempts", self.max_attempts, low=1)
+        number("RecoveryPolicy.max_time", self.max_time, above=0, note="seconds")
+        number("RecoveryPolicy.attempt_time", self.attempt_time, above=0, note="seconds")
+        flag("RecoveryPolicy.retry_authentication", self.retry_authentication)
+        number("RecoveryPolicy.stall_check", self.stall_check, low=0, high=3600, note="seconds; 0: off")
 
     def next_delay(self, attempts: int, elapsed: float, *, authentication: bool = False,
                    rng: random.Random | None = None) -> float | None:

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import number, whole
 
 __all__ = ["Backoff", "RetryPolicy"]
 
@@ -68,15 +69,14 @@ class RetryPolicy:
     hedge_after: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigurationError(f"RetryPolicy.max_attempts must be at least 1, not {self.max_attempts}")
-        if self.max_time <= 0:
-            raise ConfigurationError(f"RetryPolicy.max_time must be positive, not {self.max_time}")
-        if self.hedge_after < 0:
-            raise ConfigurationError(f"RetryPolicy.hedge_after must be 0 (never) or positive, not {self.hedge_after}")
-        if self.sticky_window < 2:
-            raise ConfigurationError(f"RetryPolicy.sticky_window must be at least 2, not {self.sticky_window}")
-        if self.backoff_initial < 0 or self.backoff_max < self.backoff_initial or self.backoff_factor < 1:
+        whole("RetryPolicy.max_attempts", self.max_attempts, low=1)
+        number("RetryPolicy.max_time", self.max_time, above=0, note="seconds")
+        whole("RetryPolicy.sticky_window", self.sticky_window, low=2)
+        number("RetryPolicy.backoff_initial", self.backoff_initial, low=0, note="seconds")
+        number("RetryPolicy.backoff_max", self.backoff_max, low=0, note="seconds")
+        number("RetryPolicy.backoff_factor", self.backoff_factor, low=1)
+        number("RetryPolicy.hedge_after", self.hedge_after, low=0, note="seconds; 0: never")
+        if self.backoff_max < self.backoff_initial:
             raise ConfigurationError(
                 "RetryPolicy back-off needs 0 <= backoff_initial <= backoff_max and backoff_factor >= 1"
             )

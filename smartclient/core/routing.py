@@ -8,9 +8,10 @@ rstream and a Java service sharing a super stream put about two keys in three on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import refuse, texts
 
 __all__ = ["HASH_SEED", "hash_partition", "murmur3_32"]
 
@@ -28,9 +29,16 @@ def murmur3_32(data: bytes, seed: int = HASH_SEED) -> int:
 
 def hash_partition(key: str, partitions: Sequence[str]) -> str:
     """The partition of ``partitions`` that ``key`` routes to."""
+    if not isinstance(key, str):
+        refuse("the routing key", "a str", key)
+    if isinstance(partitions, str | Mapping) or not isinstance(partitions, Sequence):
+        texts("partitions", partitions)
     if not partitions:
         raise ConfigurationError("a super stream with no partitions cannot route")
-    return partitions[murmur3_32(key.encode("utf-8")) % len(partitions)]
+    chosen = partitions[murmur3_32(key.encode("utf-8")) % len(partitions)]
+    if not isinstance(chosen, str):  # (only the one chosen is looked at: this runs for every message)
+        texts("partitions", partitions)
+    return chosen
 
 
 def _murmur3_32_py(data: bytes, seed: int) -> int:

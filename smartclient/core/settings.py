@@ -9,6 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
+from smartclient.core.validation import number, refuse, text, whole
 
 __all__ = ["ClientSettings", "ConnectSettings", "Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
 
@@ -25,8 +26,8 @@ class Credentials:
     password: str = field(default="guest", repr=False)
 
     def __post_init__(self) -> None:
-        if not self.username:
-            raise ConfigurationError("the username is empty")
+        text("Credentials.username", self.username)
+        text("Credentials.password", self.password, empty=True)
 
     def __str__(self) -> str:
         return f"{self.username}:***"
@@ -49,14 +50,10 @@ class PoolLimits:
     max_parked_per_node: int = 4
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_streams_per_connection <= 200:  # rstream.constants.MAX_ITEM_ALLOWED
-            raise ConfigurationError(
-                f"max_streams_per_connection must be between 1 and 200, not {self.max_streams_per_connection}"
-            )
-        if self.idle_timeout < 0:
-            raise ConfigurationError(f"idle_timeout must not be negative, not {self.idle_timeout}")
-        if self.max_parked_per_node < 0:
-            raise ConfigurationError(f"max_parked_per_node must not be negative, not {self.max_parked_per_node}")
+        # (200: rstream.constants.MAX_ITEM_ALLOWED)
+        whole("PoolLimits.max_streams_per_connection", self.max_streams_per_connection, low=1, high=200)
+        number("PoolLimits.idle_timeout", self.idle_timeout, low=0, note="seconds")
+        whole("PoolLimits.max_parked_per_node", self.max_parked_per_node, low=0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +106,7 @@ def parse_stream_uri(uri: str) -> StreamURI:
 
     :raises ConfigurationError: unsupported scheme, a user without a password, a bad port, extra path.
     """
+    text("uri", uri, note="a stream URI: rabbitmq-stream[+tls]://...")
     try:
         parts = urlsplit(uri)
         port = parts.port
@@ -160,6 +158,8 @@ def parse_entry_points(items: list[str | Address]) -> list[StreamURI]:
         raise ConfigurationError("no entry point given")
     uris = []
     for item in items:
+        if not isinstance(item, str | Address):
+            refuse("entry_points", "a URI, 'host:port' or an Address, or a list of them, or an SrvDiscovery", item)
         if isinstance(item, Address):
             uris.append(StreamURI(item, False, None, None))
         elif "://" in item:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import choice, instance, text, whole
 
 __all__ = ["LEADER_LOCATORS", "StreamArguments", "parse_duration", "validate_stream_name"]
 
@@ -46,20 +47,18 @@ def parse_duration(text: str, what: str = "duration") -> int:
     return value * _UNIT_SECONDS[unit]
 
 
-def validate_stream_name(name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"stream name {name!r} must be a non-empty string")
+def validate_stream_name(name: str, option: str = "stream") -> str:
+    """``name``, if it can name a stream (``option`` is what the caller calls it, for the message).
+
+    :raises ConfigurationError: not a str, empty, or longer than 255 bytes."""
+    text(option, name, note="a stream's name")
     if len(name.encode()) > 255:
         raise ConfigurationError(f"stream name {name[:40]!r}... is longer than 255 bytes")
     return name
 
 
 def _positive_int(name: str, value: Any, low: int = 1, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{name} must be a whole number, not {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise ConfigurationError(f"{name} must be {bounds}, not {value}")
+    whole(f"StreamArguments.{name}", value, low=low, high=high)
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,8 @@ class StreamArguments:
             _positive_int("filter_size_bytes", self.filter_size_bytes, 16, 255)
         if self.initial_cluster_size is not None:
             _positive_int("initial_cluster_size", self.initial_cluster_size)
-        if self.leader_locator is not None and self.leader_locator not in LEADER_LOCATORS:
-            raise ConfigurationError(f"leader_locator {self.leader_locator!r} must be one of {LEADER_LOCATORS}")
+        if self.leader_locator is not None:
+            choice("StreamArguments.leader_locator", self.leader_locator, LEADER_LOCATORS)
 
     @classmethod
     def coerce(cls, value: StreamArguments | Mapping[str, Any] | None) -> StreamArguments:
@@ -107,6 +106,8 @@ class StreamArguments:
             return cls()
         if isinstance(value, StreamArguments):
             return value
+        if not isinstance(value, Mapping):
+            instance("arguments", value, cls, what="a StreamArguments or a mapping of stream arguments")
         by_key = {k: k for k in _KEYS}
         by_key.update({v: k for k, v in _KEYS.items()})
         by_key.update({f"x-{v}": k for k, v in _KEYS.items()})

@@ -14,6 +14,7 @@ from enum import Enum
 
 from smartclient._errors import ConfigurationError, NoCandidateNode
 from smartclient.core.address import Address
+from smartclient.core.validation import flag
 
 __all__ = [
     "Candidates",
@@ -42,6 +43,10 @@ class PlacementPolicy:
 
     force_leader_for_producers: bool = True
     force_replica_for_consumers: bool = False
+
+    def __post_init__(self) -> None:
+        flag("PlacementPolicy.force_leader_for_producers", self.force_leader_for_producers)
+        flag("PlacementPolicy.force_replica_for_consumers", self.force_replica_for_consumers)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreac
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
 from smartclient.core.retry import Backoff
+from smartclient.core.validation import function, number, text, texts, whole
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
 from smartclient.mqtt.topics import validate_filter, validate_topic
@@ -116,12 +117,13 @@ class MqttFleet:
         tolerance: float = 1.05,
         rebalance_rounds: int = 10,
     ) -> None:
-        if size < 1:
-            raise ConfigurationError(f"a fleet needs at least one connection, not {size}")
-        if window < 1:
-            raise ConfigurationError(f"window must be at least 1, not {window}")
-        if tolerance < 1.0:
-            raise ConfigurationError(f"tolerance is a max/min ratio, at least 1.0, not {tolerance}")
+        whole("size", size, low=1, note="connections")
+        text("client_id_prefix", client_id_prefix)
+        texts("nodes", nodes, optional=True, note="node names")
+        whole("window", window, low=1, note="connections opening at once")
+        function("on_message", on_message, takes="client, userdata, message")
+        number("tolerance", tolerance, low=1, note="the most connections on a node over the fewest")
+        whole("rebalance_rounds", rebalance_rounds, low=0)
         if placer.via is not None and placer.management is None:
             raise ConfigurationError("a fleet behind a load balancer needs the management API to see where it landed")
         self.placer = placer

@@ -25,6 +25,7 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.validation import flag, number, refuse, whole
 from smartclient.mqtt._paho import MQTTProtocolVersion, PahoClient, Properties, session_properties
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
@@ -73,15 +74,15 @@ class MqttOptions:
 
     def __post_init__(self) -> None:
         mqtt_protocol(self.protocol)
-        if not 0 < self.keepalive <= 65535:
-            raise ConfigurationError(f"keepalive must be 1..65535 seconds, not {self.keepalive}")
-        if self.session_expiry is not None and not 0 <= self.session_expiry <= 0xFFFFFFFF:
-            raise ConfigurationError(f"session_expiry must be 0..4294967295 seconds, not {self.session_expiry}")
-        if self.connect_timeout <= 0:
-            raise ConfigurationError(f"connect_timeout must be positive, not {self.connect_timeout}")
-        low, high = self.reconnect_delay
-        if not 0 < low <= high:
-            raise ConfigurationError(f"reconnect_delay must be (first, max) with 0 < first <= max, not {low, high}")
+        whole("MqttOptions.keepalive", self.keepalive, low=1, high=65535, note="seconds")
+        flag("MqttOptions.clean_start", self.clean_start)
+        whole("MqttOptions.session_expiry", self.session_expiry, low=0, high=0xFFFFFFFF, optional=True, note="seconds")
+        number("MqttOptions.connect_timeout", self.connect_timeout, above=0, note="seconds")
+        delay = self.reconnect_delay
+        if not isinstance(delay, tuple | list) or len(delay) != 2:
+            refuse("MqttOptions.reconnect_delay", "(first, max) seconds", delay)
+        number("MqttOptions.reconnect_delay's first", delay[0], above=0, note="seconds")
+        number("MqttOptions.reconnect_delay's max", delay[1], low=delay[0], note="seconds, at least the first")
 
     @property
     def version(self) -> MQTTProtocolVersion:

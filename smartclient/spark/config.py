@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from smartclient.core.settings import parse_stream_uri
+from smartclient.core.validation import resolver, text
 
 if TYPE_CHECKING:
     from smartclient.stream.environment import Environment
@@ -28,6 +29,9 @@ class StreamConnection:
 
     def __post_init__(self) -> None:
         parse_stream_uri(self.uri)  # a bad URI fails on the driver, not on every executor
+        text("StreamConnection.username", self.username, optional=True)
+        text("StreamConnection.password", self.password, empty=True, optional=True)
+        resolver("StreamConnection.resolver", self.resolver)
 
     @property
     def key(self) -> tuple[Any, ...]:

@@ -45,6 +45,7 @@ from typing import Any
 
 from smartclient import _otel
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import choice, function, instance, provider, text, texts, whole
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 
@@ -151,12 +152,18 @@ class ExactlyOnceSink:
     tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        instance("ExactlyOnceSink.connection", self.connection, StreamConnection, optional=False)
+        text("ExactlyOnceSink.app_id", self.app_id, note="it names the producers")
+        for name in ("key_columns", "order_columns", "property_columns"):
+            texts(f"ExactlyOnceSink.{name}", getattr(self, name), empty=True, note="column names")
+        text("ExactlyOnceSink.stream", self.stream, optional=True)
+        text("ExactlyOnceSink.super_stream", self.super_stream, optional=True)
+        choice("ExactlyOnceSink.partitioning", self.partitioning, PARTITIONINGS)
+        text("ExactlyOnceSink.body_column", self.body_column)
+        function("ExactlyOnceSink.to_message", self.to_message, takes="row -> bytes or an AMQP message")
+        provider("ExactlyOnceSink.tracer_provider", self.tracer_provider, "get_tracer", "TracerProvider")
         if (self.stream is None) == (self.super_stream is None):
             raise ConfigurationError("give ExactlyOnceSink either stream= or super_stream=")
-        if not self.app_id:
-            raise ConfigurationError("app_id must not be empty: it names the producers")
-        if self.partitioning not in PARTITIONINGS:
-            raise ConfigurationError(f"partitioning={self.partitioning!r}: use 'slots' or 'input'")
         if self.partitioning == "input":
             if self.order_columns or self.slots is not None:
                 raise ConfigurationError(
@@ -168,12 +175,8 @@ class ExactlyOnceSink:
                 raise ConfigurationError("partitioning='input' to a stream takes no key_columns: no slot is picked")
         elif not self.key_columns or not self.order_columns:
             raise ConfigurationError("ExactlyOnceSink needs key_columns and order_columns (a total order)")
-        slots = self.slots
-        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 200):
-            raise ConfigurationError(f"slots must be between 1 and 200, not {slots!r}")
-        size = self.sub_entry_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 0xFFFF:
-            raise ConfigurationError(f"sub_entry_size must be between 1 and 65535 rows, not {size!r}")
+        whole("ExactlyOnceSink.slots", self.slots, low=1, high=200, optional=True)
+        whole("ExactlyOnceSink.sub_entry_size", self.sub_entry_size, low=1, high=0xFFFF, note="rows")
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:

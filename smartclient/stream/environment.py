@@ -39,9 +39,11 @@ from smartclient.core.settings import (
 )
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
+from smartclient.core.validation import checked
 from smartclient.management import ManagementClient
 from smartclient.resolution import through
 from smartclient.stream.host import PlacementRecord
+from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.publishing import BatchingPolicy
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ __all__ = ["Environment", "PlacementRecord"]
 log = logging.getLogger(__name__)
 
 
+@checked(ENVIRONMENT_OPTIONS)  # every option of every method, when given, before the method runs
 class Environment:
     """Connections to a RabbitMQ cluster's streams, each placed on the right node.
 
@@ -135,15 +138,6 @@ class Environment:
                                   password if password is not None else base.password)
         if any(u.tls for u in uris) and tls is None:
             tls = ssl.create_default_context()
-        if topology_max_age <= 0:
-            raise ConfigurationError(f"topology_max_age must be positive, not {topology_max_age}")
-        if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or not 0 <= heartbeat <= 3600:
-            raise ConfigurationError(
-                f"heartbeat must be a whole number of seconds from 0 (off) to 3600, not {heartbeat!r}")
-        if isinstance(frame_max, bool) or not isinstance(frame_max, int) or not 8192 <= frame_max <= 2**31 - 1:
-            raise ConfigurationError(f"frame_max must be an int from 8192 to 2**31-1 bytes, not {frame_max!r}")
-        if not isinstance(connection_name, str) or not connection_name:
-            raise ConfigurationError(f"connection_name must be a non-empty str, not {connection_name!r}")
         self.entry_points = tuple(u.address for u in uris)
         self.settings = ConnectSettings(credentials, vhost if vhost is not None else next(iter(vhosts), "/"),
                                         tls, frame_max, heartbeat, tls_server_name)
@@ -264,10 +258,6 @@ class Environment:
 
         self._check_open()
         validate_stream_name(stream)
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigurationError(f"a producer name must be a non-empty str or None, not {name!r}")
-        if filter_value is not None and not callable(filter_value):
-            raise ConfigurationError(f"filter_value of a producer on {stream!r} must be callable, not {filter_value!r}")
         if filter_value is not None:
             await self._admin.require_filtering()
         handle = Producer(self._carriers, self._carriers.carrier(Role.PRODUCER, stream, name), stream, name)
@@ -378,8 +368,6 @@ class Environment:
         :raises StreamNotFound: the stream does not exist.
         """
         self._check_open()
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"a consumer name must be a non-empty str, not {name!r}")
         return await self._carriers.stored_offset(stream, name)
 
     async def stream_stats(self, stream: str) -> dict[str, int]:

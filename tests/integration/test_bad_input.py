@@ -19,8 +19,10 @@ from smartclient import (
     Address,
     AddressNotAllowed,
     AuthenticationFailed,
+    BatchingPolicy,
     ConfigurationError,
     ConnectionFailed,
+    ConsumerFlow,
     Environment,
     MessageTooLarge,
     NodeUnreachable,
@@ -104,7 +106,7 @@ async def _(ctx: Ctx) -> None:
         pass
 
 
-@case("negative heartbeat", ConfigurationError, "heartbeat must be a whole number of seconds from 0")
+@case("negative heartbeat", ConfigurationError, r"heartbeat must be an int from 0 to 3600 \(seconds; 0: off\), not -1")
 async def _(ctx: Ctx) -> None:
     _direct(ctx, heartbeat=-1)
 
@@ -112,6 +114,35 @@ async def _(ctx: Ctx) -> None:
 @case("frame max too small", ConfigurationError, "frame_max must be an int from 8192")
 async def _(ctx: Ctx) -> None:
     _direct(ctx, frame_max=100)
+
+
+@case("meter provider without get_meter", ConfigurationError, r"meter_provider must be an OpenTelemetry MeterProvider")
+async def _(ctx: Ctx) -> None:
+    _direct(ctx, meter_provider=object())
+
+
+@case("tracer provider without get_tracer", ConfigurationError, r"tracer_provider must be an OpenTelemetry TracerProv")
+async def _(ctx: Ctx) -> None:
+    _direct(ctx, tracer_provider=object())
+
+
+@case("credit_after given as a str", ConfigurationError, r"ConsumerFlow.credit_after must be .*'half' \(a str\)")
+async def _(ctx: Ctx) -> None:
+    ConsumerFlow(credit_after="half")  # type: ignore[arg-type]
+
+
+@case("confirm_timeout given as a str", ConfigurationError, r"BatchingPolicy.confirm_timeout .*, not '60' \(a str\)")
+async def _(ctx: Ctx) -> None:
+    BatchingPolicy(confirm_timeout="60")  # type: ignore[arg-type]
+
+
+@case("flow given as a dict", ConfigurationError, r"flow must be a ConsumerFlow .*: pass ConsumerFlow\(initial_")
+async def _(ctx: Ctx) -> None:
+    before = ctx.env.placements()
+    try:
+        await ctx.env.consumer(ctx.ok, on_chunk=lambda chunk: None, flow={"initial_credit": 5})  # type: ignore[arg-type]
+    finally:
+        assert ctx.env.placements() == before  # refused before any placement
 
 
 # -- streams and their arguments ------------------------------------------------------------------------
@@ -155,7 +186,7 @@ async def _(ctx: Ctx) -> None:
     await ctx.env.partitions(ctx.missing)
 
 
-@case("empty stream name", ConfigurationError, "non-empty string")
+@case("empty stream name", ConfigurationError, "stream must be a non-empty str")
 async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream("")
 
@@ -165,12 +196,12 @@ async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream(ctx.missing, {"max-age": "7"})
 
 
-@case("filter size over 255", ConfigurationError, "between 16 and 255")
+@case("filter size over 255", ConfigurationError, "filter_size_bytes must be an int from 16 to 255")
 async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream(ctx.missing, StreamArguments(filter_size_bytes=300))
 
 
-@case("segment size over 3 GB", ConfigurationError, "max_segment_size_bytes must be between")
+@case("segment size over 3 GB", ConfigurationError, "max_segment_size_bytes must be an int from 1 to")
 async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream(ctx.missing, StreamArguments(max_segment_size_bytes=4_000_000_000))
 
@@ -180,7 +211,7 @@ async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream(ctx.missing, {"x-queue-mode": "lazy"})
 
 
-@case("initial cluster size 0", ConfigurationError, "initial_cluster_size must be at least 1")
+@case("initial cluster size 0", ConfigurationError, "initial_cluster_size must be a positive int")
 async def _(ctx: Ctx) -> None:
     await ctx.env.create_stream(ctx.missing, StreamArguments(initial_cluster_size=0))
 
@@ -211,7 +242,7 @@ async def _(ctx: Ctx) -> None:
     await ctx.env.consumer(ctx.ok, lambda m, c: None, tracking=OffsetTracking())
 
 
-@case("filter given as a str", ConfigurationError, "not a str")
+@case("filter given as a str", ConfigurationError, r"StreamFilter.values must be .*, not 'eu' \(a str\)")
 async def _(ctx: Ctx) -> None:
     await ctx.env.consumer(ctx.ok, lambda m, c: None, filter=StreamFilter("eu"))
 

@@ -366,7 +366,7 @@ async def test_filtering_bloom_filter_selects_chunks_and_post_filter_selects_mes
             print("the broker wrote a:mixed and b:mixed in two chunks: the coarse consumer rightly lacks a:mixed")
         assert (b"a:mixed" in chunks) == one_chunk
         assert b"a:0" not in chunks and not any(m.startswith(b"c:") for m in chunks)
-        with pytest.raises(ConfigurationError, match="non-empty list of filter values"):
+        with pytest.raises(ConfigurationError, match="StreamFilter.values must be a non-empty list"):
             StreamFilter("b")
     finally:
         await env.delete_stream(rabbitmq_unique_name)

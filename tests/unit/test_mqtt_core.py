@@ -125,7 +125,7 @@ def test_fleet_spread_arithmetic() -> None:
 
 def test_fleet_input_is_checked_before_any_io() -> None:
     placer = MqttPlacer(entry_points=["x:1"])
-    with pytest.raises(ConfigurationError, match="at least one connection"):
+    with pytest.raises(ConfigurationError, match="size must be a positive int"):
         MqttFleet(placer, 0)
     with pytest.raises(ConfigurationError, match="tolerance"):
         MqttFleet(placer, 10, tolerance=0.9)

@@ -26,16 +26,16 @@ def test_connection_crosses_to_executors_and_hides_the_password() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"stream": "s", "super_stream": "t"}, "either stream= or super_stream="),
     ({}, "either stream= or super_stream="),
-    ({"stream": "s", "app_id": ""}, "app_id must not be empty"),
+    ({"stream": "s", "app_id": ""}, "app_id must be a non-empty str"),
     ({"stream": "s", "key_columns": []}, "key_columns and order_columns"),
-    ({"stream": "s", "slots": 0}, "between 1 and 200"),
-    ({"stream": "s", "partitioning": "hash"}, "use 'slots' or 'input'"),
+    ({"stream": "s", "slots": 0}, "slots must be an int from 1 to 200"),
+    ({"stream": "s", "partitioning": "hash"}, "partitioning must be one of 'slots', 'input', not 'hash'"),
     ({"stream": "s", "partitioning": "input"}, "order_columns and slots belong to partitioning='slots'"),
     ({"stream": "s", "partitioning": "input", "order_columns": [], "slots": 3}, "order_columns and slots belong"),
     ({"stream": "s", "partitioning": "input", "order_columns": []}, "takes no key_columns"),
     ({"super_stream": "t", "partitioning": "input", "order_columns": [], "key_columns": []}, "needs key_columns"),
-    ({"stream": "s", "sub_entry_size": 0}, "sub_entry_size must be between 1 and 65535"),
-    ({"stream": "s", "sub_entry_size": True}, "sub_entry_size must be between 1 and 65535"),
+    ({"stream": "s", "sub_entry_size": 0}, "sub_entry_size must be an int from 1 to 65535"),
+    ({"stream": "s", "sub_entry_size": True}, "sub_entry_size must be an int from 1 to 65535"),
 ])
 def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"app_id": "a", "key_columns": ["k"], "order_columns": ["o"], **kwargs}
