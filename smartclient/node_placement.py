@@ -33,6 +33,8 @@ from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.core.topology import Candidates, Role
+from smartclient.core.validation import checked
+from smartclient.options import CLIENT_OPTIONS
 from smartclient.resolution import Route, run_sync
 
 if TYPE_CHECKING:
@@ -59,6 +61,7 @@ class Landed(Generic[C]):
     listed_at: int = -1  # the management API's connected_at, when it was asked
 
 
+@checked(CLIENT_OPTIONS)  # every option, when given, before anything is dialled
 class NodePlacer(Generic[C]):
     """Opens connections of one protocol on chosen nodes.  Subclasses set :attr:`protocol`,
     :attr:`default_port`, :attr:`name_column` and implement :meth:`_dial` and :meth:`_close`.

@@ -11,6 +11,7 @@ import logging
 import ssl
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -19,7 +20,10 @@ from smartclient.amqp._pika import BlockingConnection, close_quietly, open_conne
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.validation import checked
 from smartclient.node_placement import NodePlacer
+from smartclient.options import CLIENT_OPTIONS
+from smartclient.options import management as check_management
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -62,6 +66,7 @@ class PlacedConnection:
         return f"PlacedConnection(node={self.node!r}, dialled={self.dialled}, name={self.name!r})"
 
 
+@checked({**CLIENT_OPTIONS, "__init__.management": partial(check_management, optional=False)})
 class AmqpPlacer(NodePlacer[BlockingConnection]):
     """Opens AMQP connections on chosen nodes.
 

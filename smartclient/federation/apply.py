@@ -31,6 +31,7 @@ from smartclient._errors import (
     FeatureNotSupported,
     TopologyError,
 )
+from smartclient.core.validation import flag, instance, number
 from smartclient.federation.topology import FederatedBroker, FederationTopology
 from smartclient.management import ManagementClient, ManagementError
 
@@ -63,6 +64,10 @@ class LinkStatus:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+
+def _topology(topology: object) -> None:
+    instance("topology", topology, FederationTopology, optional=False, what="a FederationTopology (pair(), ring()...)")
 
 
 def _upstream_name(topology: FederationTopology, upstream: str) -> str:
@@ -194,6 +199,8 @@ def apply(topology: FederationTopology, *, verify: bool = True) -> ApplyReport:
         only to show what a wrong value does).
     :raises ConfigurationError: the topology is not exactly-once (with ``verify``), or see :func:`preflight`.
     """
+    _topology(topology)
+    flag("verify", verify)
     if verify:
         wrong = {pair: n for pair, n in topology.copies().items() if n > 1 or
                  (n == 0 and pair[1] in topology.reachable(pair[0]))}
@@ -232,6 +239,8 @@ def _own_upstreams(api: _Broker, topology: FederationTopology) -> set[str]:
 def remove(topology: FederationTopology, *, exchanges: bool = True) -> ApplyReport:
     """Delete the policy, upstream set and upstreams of ``topology`` on every broker that answers, and (with
     ``exchanges``) the exchanges.  Missing pieces are skipped."""
+    _topology(topology)
+    flag("exchanges", exchanges)
     report = ApplyReport()
     for broker in topology.brokers:
         with _api(broker) as api:
@@ -250,6 +259,7 @@ def remove(topology: FederationTopology, *, exchanges: bool = True) -> ApplyRepo
 
 def status(topology: FederationTopology) -> list[LinkStatus]:
     """Every link of ``topology`` as its downstream broker reports it (``GET /api/federation-links``)."""
+    _topology(topology)
     out: list[LinkStatus] = []
     for broker in topology.brokers:
         links = topology.upstreams_of(broker.name)
@@ -280,6 +290,8 @@ def wait_running(topology: FederationTopology, timeout: float = 30.0) -> list[Li
     """Wait until every link is running; return their status.
 
     :raises TopologyError: some link was not running within ``timeout`` seconds (the message lists them)."""
+    _topology(topology)
+    number("timeout", timeout, above=0, note="seconds")
     deadline = time.monotonic() + timeout
     while True:
         links = status(topology)

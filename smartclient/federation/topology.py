@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import choice, flag, instance, number, refuse, text, whole
 
 __all__ = [
     "FederatedBroker",
@@ -69,6 +70,9 @@ class FederatedBroker:
     vhost: str = "/"
 
     def __post_init__(self) -> None:
+        for option in ("name", "management_url", "amqp_uri", "username", "vhost"):
+            text(f"FederatedBroker.{option}", getattr(self, option))
+        text("FederatedBroker.password", self.password, empty=True)
         if not _NAME.match(self.name):
             raise ConfigurationError(f"broker name {self.name!r}: use 1-100 letters, digits or _.:-")
         if not self.management_url.startswith(("http://", "https://")):
@@ -112,19 +116,13 @@ class UpstreamOptions:
     tls_uri_params: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        checks: list[tuple[str, float | int | None, float]] = [
-            ("prefetch_count", self.prefetch_count, 1), ("reconnect_delay", self.reconnect_delay, 0.001),
-            ("heartbeat", self.heartbeat, 0), ("expires", self.expires, 1), ("message_ttl", self.message_ttl, 0),
-        ]
-        for name, value, low in checks:
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
-                raise ConfigurationError(f"upstream option {name} must be a number >= {low}, not {value!r}")
-            if name != "reconnect_delay" and not isinstance(value, int):
-                raise ConfigurationError(f"upstream option {name} must be a whole number, not {value!r}")
-        if self.ack_mode not in ("on-confirm", "on-publish", "no-ack"):
-            raise ConfigurationError(f"ack_mode must be on-confirm, on-publish or no-ack, not {self.ack_mode!r}")
+        whole("UpstreamOptions.prefetch_count", self.prefetch_count, low=1, optional=True)
+        number("UpstreamOptions.reconnect_delay", self.reconnect_delay, low=0.001, optional=True, note="seconds")
+        whole("UpstreamOptions.heartbeat", self.heartbeat, low=0, optional=True, note="seconds")
+        whole("UpstreamOptions.expires", self.expires, low=1, optional=True, note="ms")
+        whole("UpstreamOptions.message_ttl", self.message_ttl, low=0, optional=True, note="ms")
+        choice("UpstreamOptions.ack_mode", self.ack_mode, ("on-confirm", "on-publish", "no-ack"))
+        _pairs_of_strs("UpstreamOptions.tls_uri_params", self.tls_uri_params)
 
     def uri(self, base: str) -> str:
         """``base`` with the heartbeat and, for ``amqps``, the TLS parameters in its query string."""
@@ -158,8 +156,33 @@ class Link:
     downstream: str
     max_hops: int
 
+    def __post_init__(self) -> None:
+        text("Link.upstream", self.upstream)
+        text("Link.downstream", self.downstream)
+        whole("Link.max_hops", self.max_hops, low=1)
+
 
 Edge = tuple[str, str]
+
+
+def _pairs_of_strs(name: str, value: object) -> None:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        refuse(name, "a mapping of strs to strs", value)
+
+
+def _all_of(name: str, value: object, kind: type) -> None:
+    """``value`` is a list (or tuple) of ``kind``."""
+    if not isinstance(value, list | tuple) or not all(isinstance(item, kind) for item in value):
+        refuse(name, f"a list of {kind.__name__}", value)
+
+
+def _edges(name: str, value: object) -> list[Edge]:
+    """``value`` as a list of ``(upstream, downstream)`` names, if it is one (any iterable of such pairs)."""
+    given = list(value) if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping) else None
+    if given is None or not all(isinstance(e, tuple | list) and len(e) == 2 and all(isinstance(end, str) for end in e)
+                                for e in given):
+        refuse(name, "a list of (upstream, downstream) broker names", value)
+    return [(str(u), str(d)) for u, d in given]
 
 
 def _simple_paths(edges: Iterable[Edge], nodes: Sequence[str], limit: int) -> dict[Edge, list[tuple[Edge, ...]]]:
@@ -272,6 +295,12 @@ class FederationTopology:
     name: str = "smartclient"
 
     def __post_init__(self) -> None:
+        _all_of("FederationTopology.brokers", self.brokers, FederatedBroker)
+        _all_of("FederationTopology.links", self.links, Link)
+        text("FederationTopology.exchange", self.exchange)
+        choice("FederationTopology.exchange_type", self.exchange_type, EXCHANGE_TYPES)
+        instance("FederationTopology.options", self.options, UpstreamOptions, optional=False)
+        text("FederationTopology.name", self.name)
         names = [b.name for b in self.brokers]
         if len(names) < 2:
             raise ConfigurationError("federation needs at least two brokers")
@@ -279,10 +308,6 @@ class FederationTopology:
             raise ConfigurationError(f"broker names repeat: {sorted(n for n in names if names.count(n) > 1)}")
         if not _NAME.match(self.exchange) or self.exchange.startswith("amq."):
             raise ConfigurationError(f"exchange name {self.exchange!r}: 1-100 letters, digits or _.:-, not amq.*")
-        if self.exchange_type not in EXCHANGE_TYPES:
-            raise ConfigurationError(
-                f"unknown exchange type {self.exchange_type!r} for a federated exchange: use one of {EXCHANGE_TYPES}"
-            )
         if not _NAME.match(self.name):
             raise ConfigurationError(f"topology name {self.name!r}: use 1-100 letters, digits or _.:-")
         for link in self.links:
@@ -334,7 +359,9 @@ class FederationTopology:
 
 def graph(brokers: Sequence[FederatedBroker], edges: Iterable[Edge], exchange: str, **kw: object) -> FederationTopology:
     """Any graph of ``(upstream, downstream)`` links; max_hops computed (see :func:`compute_max_hops`)."""
-    edges = sorted(set(edges))
+    _all_of("brokers", brokers, FederatedBroker)
+    text("exchange", exchange)
+    edges = sorted(set(_edges("edges", edges)))
     names = [b.name for b in brokers]
     for u, d in edges:
         for end in (u, d):
@@ -347,16 +374,20 @@ def graph(brokers: Sequence[FederatedBroker], edges: Iterable[Edge], exchange: s
 
 def pair(a: FederatedBroker, b: FederatedBroker, exchange: str, **kw: object) -> FederationTopology:
     """Two brokers, each federating from the other (max_hops 1)."""
+    instance("a", a, FederatedBroker, optional=False, what="a FederatedBroker (one end of the pair)")
+    instance("b", b, FederatedBroker, optional=False, what="a FederatedBroker (the other end)")
     return graph([a, b], [(a.name, b.name), (b.name, a.name)], exchange, **kw)
 
 
 def complete(brokers: Sequence[FederatedBroker], exchange: str, **kw: object) -> FederationTopology:
     """Every broker federates from every other (max_hops 1)."""
+    _all_of("brokers", brokers, FederatedBroker)
     return graph(brokers, [(u.name, d.name) for u in brokers for d in brokers if u is not d], exchange, **kw)
 
 
 def ring(brokers: Sequence[FederatedBroker], exchange: str, **kw: object) -> FederationTopology:
     """Broker *i* federates from broker *i-1* (messages go round one way; max_hops n-1)."""
+    _all_of("brokers", brokers, FederatedBroker)
     n = len(brokers)
     if n < 3:
         raise ConfigurationError("a ring needs at least three brokers (two make a pair)")
@@ -371,6 +402,11 @@ def fan_out(brokers: Sequence[FederatedBroker], tree: Mapping[str, Sequence[str]
 
     :raises ConfigurationError: not a tree (a broker with two parents, a cycle, or several roots).
     """
+    _all_of("brokers", brokers, FederatedBroker)
+    if not isinstance(tree, Mapping) or not all(isinstance(p, str) and isinstance(c, list | tuple) and all(
+            isinstance(child, str) for child in c) for p, c in tree.items()):
+        refuse("tree", "a mapping of each parent's name to the names of its children", tree)
+    flag("both_ways", both_ways)
     parents: dict[str, str] = {}
     for parent, children in tree.items():
         for child in children:

@@ -38,7 +38,7 @@ from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreac
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
 from smartclient.core.retry import Backoff
-from smartclient.core.validation import function, number, text, texts, whole
+from smartclient.core.validation import function, instance, number, text, texts, whole
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
 from smartclient.mqtt.topics import validate_filter, validate_topic
@@ -117,6 +117,7 @@ class MqttFleet:
         tolerance: float = 1.05,
         rebalance_rounds: int = 10,
     ) -> None:
+        instance("placer", placer, MqttPlacer, optional=False, what="an MqttPlacer (Environment.mqtt_placer())")
         whole("size", size, low=1, note="connections")
         text("client_id_prefix", client_id_prefix)
         texts("nodes", nodes, optional=True, note="node names")

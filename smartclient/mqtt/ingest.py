@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, StreamNotFound
+from smartclient.core.stream_arguments import validate_stream_name
+from smartclient.core.validation import refuse, text
 from smartclient.mqtt.topics import filter_to_binding_key
+from smartclient.options import management
 
 if TYPE_CHECKING:
     from smartclient.management import ManagementClient
@@ -31,6 +34,22 @@ MQTT_EXCHANGE = "amq.topic"
 
 def _path(vhost: str, exchange: str, stream: str) -> str:
     return f"/api/bindings/{quote(vhost, safe='')}/e/{quote(exchange, safe='')}/q/{quote(stream, safe='')}"
+
+
+def _checked(api: object, stream: object, exchange: object, vhost: object, topic_filters: object = ()) -> list[str]:
+    """Each argument checked, before any request; the topic filters as a list."""
+    management("api", api, optional=False)
+    validate_stream_name(stream)  # type: ignore[arg-type]
+    text("exchange", exchange)
+    text("vhost", vhost)
+    if isinstance(topic_filters, str):
+        return [topic_filters]
+    if isinstance(topic_filters, bytes | dict) or not isinstance(topic_filters, Iterable):
+        refuse("topic_filters", "an MQTT topic filter, or a list of them", topic_filters)
+    filters = list(topic_filters)
+    if not all(isinstance(f, str) for f in filters):
+        refuse("topic_filters", "an MQTT topic filter, or a list of them", topic_filters)
+    return filters
 
 
 def _check_stream(api: ManagementClient, vhost: str, stream: str) -> None:
@@ -50,10 +69,11 @@ def _check_stream(api: ManagementClient, vhost: str, stream: str) -> None:
 
 def mqtt_bindings(api: ManagementClient, stream: str, *, exchange: str = MQTT_EXCHANGE, vhost: str = "/") -> set[str]:
     """The binding keys from ``exchange`` to ``stream``."""
+    _checked(api, stream, exchange, vhost)
     return {str(b["routing_key"]) for b in api.get(_path(vhost, exchange, stream))}
 
 
-def bind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: Iterable[str], *,
+def bind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: str | Iterable[str], *,
                      exchange: str = MQTT_EXCHANGE, vhost: str = "/") -> list[str]:
     """Bind ``stream`` to what MQTT clients publish under ``topic_filters``; return the binding keys.
     Binding again is a no-op.
@@ -61,7 +81,7 @@ def bind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: Iterable
     :raises ConfigurationError: a bad filter (or one RabbitMQ's mapping cannot express), or not a stream.
     :raises StreamNotFound: there is no such stream.
     """
-    keys = [filter_to_binding_key(f) for f in ([topic_filters] if isinstance(topic_filters, str) else topic_filters)]
+    keys = [filter_to_binding_key(f) for f in _checked(api, stream, exchange, vhost, topic_filters)]
     if not keys:
         raise ConfigurationError("no MQTT topic filter given")
     _check_stream(api, vhost, stream)
@@ -72,11 +92,11 @@ def bind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: Iterable
     return keys
 
 
-def unbind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: Iterable[str], *,
+def unbind_mqtt_topics(api: ManagementClient, stream: str, topic_filters: str | Iterable[str], *,
                        exchange: str = MQTT_EXCHANGE, vhost: str = "/") -> None:
     """Remove the bindings :func:`bind_mqtt_topics` made (missing ones are ignored)."""
-    filters = [topic_filters] if isinstance(topic_filters, str) else list(topic_filters)
+    keys = [filter_to_binding_key(f) for f in _checked(api, stream, exchange, vhost, topic_filters)]
     existing = {str(b["routing_key"]): str(b["properties_key"]) for b in api.get(_path(vhost, exchange, stream))}
-    for key in (filter_to_binding_key(f) for f in filters):
+    for key in keys:
         if key in existing:
             api.delete(f"{_path(vhost, exchange, stream)}/{quote(existing[key], safe='')}")

@@ -25,10 +25,11 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
-from smartclient.core.validation import flag, number, refuse, whole
+from smartclient.core.validation import checked, flag, number, refuse, whole
 from smartclient.mqtt._paho import MQTTProtocolVersion, PahoClient, Properties, session_properties
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
+from smartclient.options import CLIENT_OPTIONS, settings
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -146,6 +147,7 @@ class PlacedMqttClient(PahoClient):
                 f"dialled={self.dialled}, failovers={self.failovers})")
 
 
+@checked({**CLIENT_OPTIONS, "options": settings(MqttOptions, optional=False)})
 class MqttPlacer(NodePlacer[PlacedMqttClient]):
     """Opens paho MQTT clients on chosen nodes, directly through the resolver or through a load balancer.
 

@@ -13,15 +13,15 @@ match other topics than the filter.
 from __future__ import annotations
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.validation import text
 
 __all__ = ["filter_to_binding_key", "topic_to_routing_key", "validate_filter", "validate_topic"]
 
 _MAX = 65535
 
 
-def _check_text(kind: str, value: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"an MQTT {kind} must be a non-empty string, not {value!r}")
+def _check_text(kind: str, value: str, option: str) -> None:
+    text(option, value, note=f"an MQTT {kind}")
     if len(value.encode()) > _MAX:
         raise ConfigurationError(f"an MQTT {kind} is at most {_MAX} bytes, not {len(value.encode())}")
     if "\x00" in value:
@@ -30,9 +30,10 @@ def _check_text(kind: str, value: str) -> None:
 
 def validate_topic(topic: str) -> str:
     """A topic name to publish to: no wildcards.  :raises ConfigurationError: it is not one."""
-    _check_text("topic name", topic)
+    _check_text("topic name", topic, "topic")
     if "+" in topic or "#" in topic:
-        raise ConfigurationError(f"cannot publish to {topic!r}: '+' and '#' are wildcards, for subscriptions only")
+        raise ConfigurationError(f"cannot publish to topic {topic!r}: '+' and '#' are wildcards, for subscriptions "
+                                 f"only")
     return topic
 
 
@@ -40,7 +41,7 @@ def validate_filter(topic_filter: str) -> str:
     """A topic filter to subscribe with: ``+`` fills a whole level, ``#`` only the whole last one.
 
     :raises ConfigurationError: it is not one."""
-    _check_text("topic filter", topic_filter)
+    _check_text("topic filter", topic_filter, "topic_filter")
     levels = topic_filter.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):

@@ -4,9 +4,9 @@ a provider, NaN, infinity or a negative number), raises a typed error that names
 no connection is attempted first.  No broker: every socket is refused while a case runs, so a check that came
 after I/O shows up as an attempted connection, never as a slow test.
 
-What is covered is found, not listed: the names exported by ``smartclient``, ``resolvers``, ``smartclient.sync``
-and ``smartclient.spark``, every public method of ``Environment`` and ``SyncEnvironment``, and every settings
-class an annotation of theirs names.  A new public name, method or parameter is in the catalogue at once;
+What is covered is found, not listed: the names exported by every public module (test_public_api's list, less
+the test bed's and the command line's), every public method of ``Environment`` and ``SyncEnvironment``, and
+every settings class an annotation of theirs names.  A new public name, method or parameter is in the catalogue at once;
 the catalogue fails if it does not know what a parameter takes (an annotation it cannot read, ``Any``, a
 ``**kwargs`` it cannot follow) until it is taught here, in the tables below.
 """
@@ -17,6 +17,7 @@ import ast
 import asyncio
 import datetime
 import functools
+import importlib
 import inspect
 import math
 import socket
@@ -27,10 +28,6 @@ from typing import Any
 
 import pytest
 
-import resolvers
-import smartclient
-import smartclient.spark
-import smartclient.sync
 from resolvers import AllowList, Identity, SrvDiscovery
 from smartclient import (
     Address,
@@ -50,11 +47,22 @@ from smartclient import (
     StreamArguments,
     StreamFilter,
 )
+from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient
 from smartclient.mqtt.fleet import MqttFleet
-from smartclient.mqtt.placement import MqttOptions
+from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 from smartclient.spark import StreamConnection
 from smartclient.sync import SyncEnvironment
+
+from .test_public_api import PUBLIC_MODULES
+
+# The public modules whose names are in the catalogue, and why the others are not.
+NOT_IN_THE_CATALOGUE = {
+    "smartclient.testing": "the test bed: what it is given is the test bed's own layout, checked by test_layout",
+    "smartclient.cli": "main(argv): argparse checks the command line",
+}
+MODULES = [importlib.import_module(name) for name in PUBLIC_MODULES if name not in NOT_IN_THE_CATALOGUE]
 
 ENTRY = "rabbitmq-stream://guest:guest@127.0.0.1:1/"  # nothing listens there, and nothing may dial it anyway
 MANAGEMENT = "http://127.0.0.1:1"
@@ -78,7 +86,9 @@ PROBES: tuple[tuple[str, Any], ...] = (
 # catalogue (or in NOT_BUILT_BY_APPLICATIONS): a settings object a factory takes has its own options checked.
 TYPES: dict[str, type] = {
     "Address": Address, "AllowList": AllowList, "BatchingPolicy": BatchingPolicy, "ConsumerFlow": ConsumerFlow,
-    "ManagementClient": ManagementClient, "MqttOptions": MqttOptions,
+    "ManagementClient": ManagementClient, "MqttOptions": MqttOptions, "MqttPlacer": MqttPlacer,
+    "ClientSettings": ClientSettings, "Credentials": Credentials, "FederatedBroker": FederatedBroker,
+    "FederationTopology": FederationTopology, "Link": Link, "UpstreamOptions": UpstreamOptions,
     "OffsetSpec": OffsetSpec, "OffsetTracking": OffsetTracking, "PlacementPolicy": PlacementPolicy,
     "PoolLimits": PoolLimits, "RecoveryPolicy": RecoveryPolicy, "RetryPolicy": RetryPolicy, "Role": Role,
     "SrvDiscovery": SrvDiscovery, "StreamArguments": StreamArguments, "StreamConnection": StreamConnection,
@@ -88,6 +98,7 @@ TYPES: dict[str, type] = {
 ALIASES = {
     "EntryPoints": "str | Address | Sequence[str | Address] | SrvDiscovery",
     "OnError": "Literal['stop', 'skip'] | Callable",
+    "Edge": "tuple[str, str]",
 }
 CALLABLES = {"Callable", "ConfirmCallback", "MessageCallback"}
 
@@ -171,8 +182,9 @@ ANY: dict[str, tuple[str, list[Any]]] = {
     "Environment(tracer_provider)": ("an OpenTelemetry TracerProvider: get_tracer()", [object(), "otel"]),
     "ExactlyOnceSink(tracer_provider)": ("an OpenTelemetry TracerProvider: get_tracer()", [object()]),
     "StreamConnection(resolver)": ("a resolver: resolve() or a callable", [5, "lb:5552"]),
-    **{f"Environment.{m}(entry_points)": ("MQTT listeners: 'host:port' strs or Addresses, or an SrvDiscovery",
-                                          [5, object(), [1, 2]]) for m in ("mqtt_placer", "mqtt_client", "mqtt_fleet")},
+    **{f"{m}(entry_points)": ("listeners: 'host:port' strs or Addresses, or an SrvDiscovery", [5, object(), [1, 2]])
+       for m in ("Environment.mqtt_placer", "Environment.mqtt_client", "Environment.mqtt_fleet", "NodePlacer",
+                 "AmqpPlacer", "MqttPlacer")},
 }
 # Values of the right type that no option takes: what the annotation cannot tell.
 MORE: dict[str, list[Any]] = {
@@ -181,6 +193,9 @@ MORE: dict[str, list[Any]] = {
     "MqttOptions(protocol)": ["half", 6],
     "OffsetSpec(kind)": ["half"],
     "StreamArguments(leader_locator)": ["nearest"],
+    "UpstreamOptions(ack_mode)": ["always"],
+    "FederationTopology(exchange_type)": ["x-consistent-hash"],
+    "validate_topic(topic)": ["a/+/b"],
     "Environment(connection_name)": [""],
     "Environment(frame_max)": [100],
     "Environment(heartbeat)": [3601],
@@ -213,7 +228,17 @@ NOT_BUILT_BY_APPLICATIONS = {
     "SyncSuperStreamProducer": "made by SyncEnvironment.super_stream_producer()",
     "SyncSuperStreamConsumer": "made by SyncEnvironment.super_stream_consumer()",
     "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/test_spark_source.py",
-    "MqttPlacer": "made by Environment.mqtt_placer(), whose options are in the catalogue",
+    "ClientSettings": "made by the Environment for its placers (Environment.client_settings)",
+    "Landed": "where one placement landed, from NodePlacer.place()",
+    "PlacedConnection": "made by AmqpPlacer.connect()",
+    "PlacedMqttClient": "made by MqttPlacer.connect(): a paho Client",
+    "FleetReport": "what MqttFleet.start() reports",
+    "ApplyReport": "what federation's apply() and remove() report",
+    "LinkStatus": "a row of federation's status()",
+    "run_sync": "runs an awaitable to its end: it takes no option",
+    "decode_amqp": "decodes a message body, which is data, not an option",
+    "compute_max_hops": "the arithmetic FederationTopology checks its links by",
+    "copies": "the arithmetic FederationTopology checks its links by",
     "local_session": "a test and example helper that starts a local Spark",
     "next_offsets": "a query of the broker, not an option",
     "offsets_behind": "reads a Spark progress report",
@@ -226,6 +251,7 @@ def _callback(message: Any, context: Any) -> None:
     pass
 
 
+_BROKERS = [FederatedBroker(name, MANAGEMENT, "amqp://127.0.0.1:1") for name in ("a", "b", "c")]
 # Valid values of the parameters each target needs; a case replaces one of them, or adds one.
 BASE: dict[str, dict[str, Any]] = {
     "Address": {"host": "h", "port": 1},
@@ -246,6 +272,28 @@ BASE: dict[str, dict[str, Any]] = {
                         "key_columns": ["k"], "order_columns": ["o"]},
     "StreamConnection": {"uri": "rabbitmq-stream://h"},
     "ManagementClient": {"base_url": MANAGEMENT, "username": "u", "password": "p"},
+    "NodePlacer": {"management": None},
+    "AmqpPlacer": {"management": ManagementClient(MANAGEMENT, "u", "p")},
+    "MqttPlacer": {"entry_points": ["127.0.0.1:1"]},
+    "MqttFleet": {"placer": MqttPlacer(entry_points=["127.0.0.1:1"]), "size": 1},
+    "mqtt_protocol": {"version": 5},
+    "validate_topic": {"topic": "a/b"},
+    "validate_filter": {"topic_filter": "a/#"},
+    "topic_to_routing_key": {"topic": "a/b"},
+    "filter_to_binding_key": {"topic_filter": "a/#"},
+    **{f: {"api": ManagementClient(MANAGEMENT, "u", "p"), "stream": "s", "topic_filters": ["a/#"]}
+       for f in ("bind_mqtt_topics", "unbind_mqtt_topics")},
+    "mqtt_bindings": {"api": ManagementClient(MANAGEMENT, "u", "p"), "stream": "s"},
+    "FederatedBroker": {"name": "a", "management_url": MANAGEMENT, "amqp_uri": "amqp://127.0.0.1:1"},
+    "Link": {"upstream": "a", "downstream": "b", "max_hops": 1},
+    "FederationTopology": {"brokers": tuple(_BROKERS[:2]), "links": (Link("a", "b", 1), Link("b", "a", 1)),
+                           "exchange": "x"},
+    "graph": {"brokers": _BROKERS, "edges": [("a", "b"), ("a", "c")], "exchange": "x"},
+    "pair": {"a": _BROKERS[0], "b": _BROKERS[1], "exchange": "x"},
+    "complete": {"brokers": _BROKERS, "exchange": "x"},
+    "ring": {"brokers": _BROKERS, "exchange": "x"},
+    "fan_out": {"brokers": _BROKERS, "tree": {"a": ["b", "c"]}, "exchange": "x"},
+    **{f: {"topology": pair(*_BROKERS[:2], "x")} for f in ("apply", "remove", "status", "wait_running")},
     ".producer": {"stream": "s"},
     ".consumer": {"stream": "s", "callback": _callback},
     ".super_stream_producer": {"super_stream": "ss"},
@@ -269,6 +317,8 @@ LEAVES_OUT = {"on_chunk": ("callback",), "binding_keys": ("partitions",), "super
 FORWARDS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "SyncEnvironment": (Environment.__init__, ("entry_points",)),
     "Environment.mqtt_fleet": (MqttFleet.__init__, ("placer", "size")),
+    **{builder: (FederationTopology, ("brokers", "links", "exchange")) for builder in (
+        "graph", "pair", "complete", "ring", "fan_out")},
     **{f"SyncEnvironment.{m}": (getattr(Environment, m), ()) for m in (
         "producer", "consumer", "super_stream_producer", "super_stream_consumer")},
 }
@@ -340,7 +390,7 @@ def _public_methods(cls: type) -> Iterator[str]:
 def _targets() -> list[Target]:
     targets: list[Target] = []
     exported = {}
-    for module in (smartclient, resolvers, smartclient.sync, smartclient.spark):
+    for module in MODULES:
         for name in module.__all__:
             value = getattr(module, name)
             if (isinstance(value, type) and issubclass(value, BaseException)) or not callable(value):
@@ -479,15 +529,14 @@ def _names(message: str, case: Case, value: Any) -> bool:
 # -- the tests ---------------------------------------------------------------------------------------------
 def test_every_public_name_is_in_the_catalogue_or_said_why_not() -> None:
     covered = {target.name for target in TARGETS}
-    for module in (smartclient, resolvers, smartclient.sync, smartclient.spark):
+    for module in MODULES:
         for name in module.__all__:
             value = getattr(module, name)
             if callable(value) and not (isinstance(value, type) and issubclass(value, BaseException)):
                 assert name in covered or name in NOT_BUILT_BY_APPLICATIONS, f"{module.__name__}.{name}"
     assert {"Environment.consumer", "Environment.producer", "SyncEnvironment.consumer", "ConsumerFlow",
             "BatchingPolicy", "ExactlyOnceSink", "MqttOptions", "LoadBalancer"} <= covered
-    assert set(NOT_BUILT_BY_APPLICATIONS) - {"MqttPlacer"} <= {
-        name for module in (smartclient, resolvers, smartclient.sync, smartclient.spark) for name in module.__all__}
+    assert set(NOT_BUILT_BY_APPLICATIONS) <= {name for module in MODULES for name in module.__all__} | set(TYPES)
 
 
 def test_the_catalogue_knows_every_parameter() -> None:
