@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,15 @@ __all__ = ["Resolution", "Route", "run_sync", "through"]
 T = TypeVar("T")
 
 
+def _application() -> int:
+    """The stack level, from the caller, of the first frame outside smartclient: where a warning should point (the
+    application's line, however many of smartclient's calls and option checks lie between)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("smartclient"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def through(resolver: ResolverLike, protocol: str, via: str | Address | None) -> str | Address | None:
     """Where ``protocol`` connections go through: the load balancer resolver's listener for it, ``via``
     (deprecated, warns), or None (each connection goes where the resolver says).
@@ -42,7 +52,7 @@ def through(resolver: ResolverLike, protocol: str, via: str | Address | None) ->
     option = protocol.replace("/ssl", "_tls")
     if via is not None:
         warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
-                      f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=3)
+                      f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=_application())
         return via
     if isinstance(resolver, ListensPerProtocol):
         listener = resolver.address_for(protocol)
