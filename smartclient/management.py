@@ -35,7 +35,7 @@ class ManagementClient:
             if not url.startswith(("http://", "https://")):
                 raise ConfigurationError(f"management URL {url!r} must start with http:// or https://")
         text("ManagementClient.username", username)
-        text("ManagementClient.password", password, empty=True)
+        text("ManagementClient.password", password, empty=True, secret=True)
         number("ManagementClient.timeout", timeout, above=0, note="seconds")
         try:
             import httpx

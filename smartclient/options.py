@@ -62,7 +62,7 @@ def _subscriptions(name: str, value: Any) -> None:
 
 CLIENT_OPTIONS: dict[str, Check | None] = {
     "username": partial(text, optional=True),
-    "password": partial(text, empty=True, optional=True),
+    "password": partial(text, empty=True, optional=True, secret=True),
     "credentials": settings(Credentials),
     "vhost": partial(text, optional=True),
     "tls": settings(ssl.SSLContext),

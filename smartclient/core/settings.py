@@ -27,7 +27,7 @@ class Credentials:
 
     def __post_init__(self) -> None:
         text("Credentials.username", self.username)
-        text("Credentials.password", self.password, empty=True)
+        text("Credentials.password", self.password, empty=True, secret=True)
 
     def __str__(self) -> str:
         return f"{self.username}:***"

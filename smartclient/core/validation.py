@@ -4,7 +4,7 @@ Every public constructor and factory method checks each option it is given with 
 a wrong value fails at once with :class:`ConfigurationError` (a ``ValueError`` too), and the message names
 the option, what it takes and what it got::
 
-    ConsumerFlow.credit_after must be a number from 0 to 1, not 'half' (a str)
+    ConsumerFlow.credit_after must be a number from 0 to 1 (a share of the chunk), not 'half' (a str)
     flow must be a ConsumerFlow or None, not {'initial_credit': 5} (a dict): pass ConsumerFlow(initial_credit=5)
 
 Numbers are never bools (``True`` is an ``int`` to Python, never a count to us), and never NaN or infinite:
@@ -28,14 +28,17 @@ __all__ = ["Check", "checked", "choice", "flag", "function", "instance", "number
            "text", "texts", "whole"]
 
 
-def refuse(name: str, wants: str, value: object, *, wrong_type: bool = True, hint: str = "") -> NoReturn:
-    """Raise the one message of a refused option: ``{name} must be {wants}, not {value!r} (a {type})``."""
-    shown = repr(value)
+def refuse(name: str, wants: str, value: object, *, wrong_type: bool = True, hint: str = "",
+           secret: bool = False) -> NoReturn:
+    """Raise the one message of a refused option: ``{name} must be {wants}, not {value!r} (a {type})``; a
+    ``secret`` (a password) is never shown, only its type."""
+    kind = type(value).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    shown = f"{article} {kind} (not shown)" if secret else repr(value)
     if len(shown) > 120:
         shown = shown[:117] + "..."
-    if wrong_type:
-        kind = type(value).__name__
-        shown += f" ({'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind})"
+    if wrong_type and not secret:
+        shown += f" ({article} {kind})"
     raise ConfigurationError(f"{name} must be {wants}, not {shown}{': ' + hint if hint else ''}")
 
 
@@ -112,8 +115,9 @@ def flag(name: str, value: Any) -> None:
         refuse(name, "True or False", value)
 
 
-def text(name: str, value: Any, *, empty: bool = False, optional: bool = False, note: str = "") -> None:
-    """``value`` is a str, non-empty unless ``empty``; None too if ``optional``.
+def text(name: str, value: Any, *, empty: bool = False, optional: bool = False, note: str = "",
+         secret: bool = False) -> None:
+    """``value`` is a str, non-empty unless ``empty``; None too if ``optional``.  A ``secret`` is not shown.
 
     :raises ConfigurationError: otherwise, naming ``name``.
     """
@@ -121,9 +125,9 @@ def text(name: str, value: Any, *, empty: bool = False, optional: bool = False, 
         return
     wants = _noted("a str" if empty else "a non-empty str", note, optional)
     if not isinstance(value, str):
-        refuse(name, wants, value)
+        refuse(name, wants, value, secret=secret)
     if not value and not empty:
-        refuse(name, wants, value, wrong_type=False)
+        refuse(name, wants, value, wrong_type=False, secret=secret)
 
 
 def texts(name: str, value: Any, *, empty: bool = False, optional: bool = False, note: str = "") -> None:

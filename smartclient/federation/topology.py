@@ -72,7 +72,7 @@ class FederatedBroker:
     def __post_init__(self) -> None:
         for option in ("name", "management_url", "amqp_uri", "username", "vhost"):
             text(f"FederatedBroker.{option}", getattr(self, option))
-        text("FederatedBroker.password", self.password, empty=True)
+        text("FederatedBroker.password", self.password, empty=True, secret=True)
         if not _NAME.match(self.name):
             raise ConfigurationError(f"broker name {self.name!r}: use 1-100 letters, digits or _.:-")
         if not self.management_url.startswith(("http://", "https://")):

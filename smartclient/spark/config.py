@@ -30,7 +30,7 @@ class StreamConnection:
     def __post_init__(self) -> None:
         parse_stream_uri(self.uri)  # a bad URI fails on the driver, not on every executor
         text("StreamConnection.username", self.username, optional=True)
-        text("StreamConnection.password", self.password, empty=True, optional=True)
+        text("StreamConnection.password", self.password, empty=True, optional=True, secret=True)
         resolver("StreamConnection.resolver", self.resolver)
 
     @property
