@@ -20,6 +20,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   ├── StreamNotFound          the stream does not exist
     │   └── DataLoss                offsets asked for are gone from the stream (retention truncated it)
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
+    ├── MessageDecodeError          a stored message is not what it was read as (raw bytes as AMQP 1.0)
     ├── PublishFailed               the broker answered a message with an error instead of a confirm
     │   └── EnqueueTimeout          no room under max_in_flight within enqueue_timeout; not queued
     ├── RpcTimeout                  an RPC request got no reply in time
@@ -48,6 +49,7 @@ __all__ = [
     "FeatureNotSupported",
     "HandleClosed",
     "ManagementError",
+    "MessageDecodeError",
     "MessageTooLarge",
     "NoCandidateNode",
     "NoRpcServer",
@@ -167,6 +169,18 @@ class DataLoss(TopologyError):
 class FeatureNotSupported(SmartClientError):
     """The broker does not support a feature that was asked for; the message names it and the version needed."""
 
+
+class MessageDecodeError(SmartClientError, ValueError):
+    """A message read from a stream could not be decoded as asked: for example bytes that a producer wrote with
+    ``encoding="raw"``, decoded as an AMQP 1.0 message.  ``stream`` and ``offset`` name it when known (the message
+    says them too); the decoder's own error, if any, is the ``__cause__``."""
+
+    def __init__(self, message: str, stream: str = "", offset: int | None = None) -> None:
+        super().__init__(message)
+        self.stream, self.offset = stream, offset
+
+    def __reduce__(self) -> tuple[type[MessageDecodeError], tuple[str, str, int | None]]:  # crosses processes intact
+        return (type(self), (str(self), self.stream, self.offset))
 
 class ConnectionFailed(SmartClientError):
     """A connection could not be opened, authenticated or kept."""

@@ -3,7 +3,8 @@
 Pure values, no I/O.  The stream wing's seam builds them from each Deliver frame: a per-message consumer gets
 ``callback(body, context)`` for each message; a chunk consumer (``on_chunk=``) gets one :class:`Chunk` per
 frame, whose bodies are split out of the frame only when asked for, and decoded as AMQP 1.0 messages only
-when :meth:`Chunk.messages` is called.
+when :meth:`Chunk.messages` is called.  A body is the message as it was sent: a message that is exactly one
+AMQP 1.0 data section (what smartclient's producers write by default) is handed over as the bytes inside it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
+
+from smartclient._errors import MessageDecodeError
 
 __all__ = ["Chunk", "ChunkHandler", "MessageContext"]
 
@@ -31,21 +34,28 @@ class Chunk:
 
     :attr offsets: the offsets of the messages handed over, in order (a ``range`` unless a filter dropped some;
         a first chunk may begin before the consumer's offset: those messages are not in it).
-    :attr bodies: the message bodies (``bytes``), split out of the frame the first time they are asked for.
+    :attr bodies: the message bodies (``bytes``), split out of the frame the first time they are asked for: the
+        body a producer sent, whether it went as an AMQP 1.0 data section (the default) or raw.
+    :attr stored: the messages as stored (an AMQP 1.0 message whole, its data section header included): what
+        :meth:`messages` decodes, and what an application that decodes AMQP 1.0 itself reads.
     :attr timestamp: the chunk's timestamp, in milliseconds since the epoch.
 
     ``len(chunk)`` counts the messages without splitting them; iterating gives ``(offset, body)`` pairs.
     """
 
-    __slots__ = ("_bodies", "_decode", "_split", "offsets", "stream", "timestamp")
+    __slots__ = ("_bodies", "_decode", "_split", "_split_stored", "_stored", "offsets", "stream", "timestamp")
 
     def __init__(self, stream: str, offsets: Sequence[int], timestamp: int,
-                 bodies: list[bytes] | Callable[[], list[bytes]], decode: Callable[[bytes], Any]) -> None:
+                 bodies: list[bytes] | Callable[[], list[bytes]], decode: Callable[[bytes], Any],
+                 stored: list[bytes] | Callable[[], list[bytes]] | None = None) -> None:
         self.stream = stream
         self.offsets = offsets
         self.timestamp = timestamp
         self._bodies = bodies if isinstance(bodies, list) else None
         self._split = None if isinstance(bodies, list) else bodies
+        # None and None: the messages as stored are the bodies
+        self._stored = stored if isinstance(stored, list) else None
+        self._split_stored = None if isinstance(stored, list) else stored
         self._decode = decode
 
     def __len__(self) -> int:
@@ -59,6 +69,14 @@ class Chunk:
         return self._bodies
 
     @property
+    def stored(self) -> list[bytes]:
+        if self._stored is None:
+            if self._split_stored is None:
+                return self.bodies
+            self._stored, self._split_stored = self._split_stored(), None
+        return self._stored
+
+    @property
     def first_offset(self) -> int:
         return self.offsets[0]
 
@@ -70,9 +88,20 @@ class Chunk:
         return zip(self.offsets, self.bodies, strict=True)
 
     def messages(self) -> list[Any]:
-        """The bodies decoded as AMQP 1.0 messages (body, application properties...), as rstream decodes them.
-        :raises Exception: whatever the decoder raises for a body that is not an AMQP 1.0 message."""
-        return [self._decode(body) for body in self.bodies]
+        """The messages decoded as AMQP 1.0 messages (rstream's ``AMQPMessage``: body, application properties...),
+        from the messages as stored (:attr:`stored`).
+
+        :raises MessageDecodeError: a message is not an AMQP 1.0 message (a producer wrote it with
+            ``encoding="raw"``); ``offset`` and ``stream`` name it, the decoder's own error is the cause."""
+        decode, out = self._decode, []
+        try:
+            for message in self.stored:
+                out.append(decode(message))
+        except MessageDecodeError as exc:
+            offset = self.offsets[len(out)]
+            raise MessageDecodeError(f"offset {offset} of stream {self.stream!r}: {exc}", self.stream,
+                                     offset) from exc.__cause__
+        return out
 
     def repeated(self, last: int) -> int:
         """How many of its messages are at or before offset ``last`` (nothing is split to count them)."""
@@ -83,7 +112,10 @@ class Chunk:
         keep = self.repeated(offset)
         if not keep:
             return self
-        return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode)
+        stored: list[bytes] | Callable[[], list[bytes]] | None = None
+        if self._stored is not None or self._split_stored is not None:  # split as late as the rest of it
+            stored = self._stored[keep:] if self._stored is not None else (lambda: self.stored[keep:])
+        return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode, stored)
 
     def __repr__(self) -> str:
         span = f"{self.offsets[0]}..{self.offsets[-1]}" if self.offsets else "empty"

@@ -8,10 +8,12 @@
 Rows: ``stream`` string, ``offset`` long, ``timestamp`` long (the chunk's, in ms), ``body`` binary.
 Offsets are ``{stream: next offset}``.  Options:
 
-* ``decode``: ``none`` (default: ``body`` is the message as stored) or ``amqp``: each message is an AMQP
-  1.0 message (what RabbitMQ stores for MQTT and AMQP 0.9.1 publishers, and for rstream's
-  ``AMQPMessage``), decoded by rstream; ``body`` is its body, and a ``routing_key`` string column holds
-  the ``x-routing-key`` annotation (for MQTT: the topic, ``/`` turned into ``.``);
+* ``decode``: ``none`` (default: ``body`` is the message as a stream consumer hands it over: the bytes a
+  smartclient producer sent, else the message as stored) or ``amqp``: each message is an AMQP 1.0 message (what
+  smartclient's producers write by default, and RabbitMQ stores for MQTT and AMQP 0.9.1 publishers and rstream's
+  ``AMQPMessage``), decoded by rstream; ``body`` is its body, and a ``routing_key`` string column holds the
+  ``x-routing-key`` annotation (for MQTT: the topic, ``/`` turned into ``.``); a message that is not one (written
+  with ``encoding="raw"``) fails the batch with :class:`MessageDecodeError`, naming its offset;
 
 * ``uri`` (required), ``loadBalancer`` (``host:port``: dial only the LB, placement still checked);
 * ``streams``: comma-separated;
@@ -63,7 +65,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 
-from smartclient._errors import ConfigurationError, DataLoss
+from smartclient._errors import ConfigurationError, DataLoss, MessageDecodeError
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
 from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, duration_seconds, hold_batch
@@ -352,18 +354,25 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
         rows: list[Row] = []
         done = asyncio.Event()
         first: list[int] = []  # the first offset delivered: after part.start only if retention removed it
+        failed: list[MessageDecodeError] = []  # a message decode=amqp cannot read: the task fails with it
         stream = part.stream
 
         def on_chunk(chunk: Chunk) -> None:  # a chunk at a time: the first user of the chunk API (issue 21)
             if not first:
                 first.append(chunk.first_offset)
             start, end, timestamp = part.start, part.end, chunk.timestamp
-            for offset, body in chunk:
+            # decoded: from the messages as stored (a body sent as one data section is handed over without it)
+            for offset, body in zip(chunk.offsets, chunk.stored if decode else chunk.bodies, strict=True):
                 if offset >= end:
                     break
                 if offset >= start:
                     if decode:
-                        value, key = decode_amqp(body, f"offset {offset} of stream {stream!r}")
+                        try:
+                            value, key = decode_amqp(body, stream=stream, offset=offset)
+                        except MessageDecodeError as exc:
+                            failed.append(exc)
+                            done.set()
+                            return
                         rows.append((stream, offset, timestamp, value, key))
                     else:
                         rows.append((stream, offset, timestamp, body))
@@ -375,6 +384,8 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
             await asyncio.wait_for(done.wait(), 60)
         finally:
             await consumer.close()
+        if failed:
+            raise failed[0]
         if first and first[0] > part.start:
             _lost(part, min(first[0], part.end), fail_on_data_loss)
         return rows

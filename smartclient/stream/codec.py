@@ -2,28 +2,28 @@
 
 RabbitMQ stores what MQTT devices and AMQP 0.9.1 clients publish to a stream as AMQP 1.0 messages
 (header, message annotations with ``x-exchange`` and ``x-routing-key``, data sections).  rstream's
-decoder reads them; :func:`decode_amqp` gives the two parts a reader usually wants.
+decoder reads them; :func:`decode_amqp` gives the two parts a reader usually wants.  A consumer hands over a
+message that is exactly one data section (what smartclient's producers write by default) as its body: decode
+``chunk.stored`` (the messages as stored), not ``chunk.bodies``, to read those too.
 """
 
 from __future__ import annotations
 
-from smartclient._errors import ConfigurationError
-
 __all__ = ["decode_amqp"]
 
 
-def decode_amqp(raw: bytes, where: str = "a message") -> tuple[bytes, str | None]:
+def decode_amqp(raw: bytes, where: str | None = None, *, stream: str = "", offset: int | None = None
+                ) -> tuple[bytes, str | None]:
     """``(body, x-routing-key)`` of an AMQP 1.0 encoded message (rstream's decoder).
 
-    :raises ConfigurationError: ``raw`` is not an AMQP 1.0 message."""
+    :param where: how the error names the message (default: by ``offset`` and ``stream``, if given).
+    :raises MessageDecodeError: ``raw`` is not an AMQP 1.0 message (for example a message a producer wrote with
+        ``encoding="raw"``); it carries ``stream`` and ``offset``."""
     from smartclient.stream._rstream import decode_amqp_message
 
-    try:
-        message = decode_amqp_message(raw)
-    except Exception as exc:  # rstream raises TypeError/IndexError on bytes that are not AMQP 1.0
-        raise ConfigurationError(
-            f"{where} is not an AMQP 1.0 message ({type(exc).__name__}); read it with option decode=none"
-        ) from exc
+    if where is None:
+        where = "the message" if offset is None else f"the message at offset {offset} of stream {stream!r}"
+    message = decode_amqp_message(raw, where, stream, offset)
     body = message.body
     if isinstance(body, list):  # several data sections
         body = b"".join(bytes(b) for b in body)

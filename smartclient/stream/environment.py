@@ -243,28 +243,35 @@ class Environment:
     # -- producers and consumers -------------------------------------------------------------------
     async def producer(self, stream: str, *, name: str | None = None,
                        filter_value: Callable[[Any], str] | None = None,
-                       batching: BatchingPolicy | None = None) -> Producer:
+                       batching: BatchingPolicy | None = None, encoding: str = "amqp") -> Producer:
         """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
 
         :param name: producer name, for deduplication (unique per stream).
         :param filter_value: returns the filter value of a message (its body, as given to ``send``),
             for consumers with a :class:`StreamFilter`.
         :param batching: how ``send()`` batches (default: the Environment's :class:`BatchingPolicy`).
+        :param encoding: ``"amqp"`` (default): each ``bytes`` body goes as an AMQP 1.0 message of one data section
+            (5 to 8 bytes more), which every client reads (AMQP 0.9.1 and 1.0 consumers, the other stream clients);
+            ``"raw"``: the body alone, which only stream clients read as bytes (the broker closes an AMQP 0.9.1
+            consumer's connection on it).  smartclient's consumers hand back the body either way.
+        :raises ConfigurationError: a bad name, ``filter_value`` or ``encoding`` (before any I/O).
         :raises FeatureNotSupported: ``filter_value`` on a broker without filtering.
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
+        from smartclient.core.amqp_data import check_encoding
         from smartclient.stream.handles import Producer
 
         self._check_open()
         validate_stream_name(stream)
+        check_encoding(encoding, f"a producer on {stream!r}")
         if filter_value is not None:
             await self._admin.require_filtering()
         handle = Producer(self._carriers, self._carriers.carrier(Role.PRODUCER, stream, name), stream, name)
         self._carriers.add(handle)
         try:
             with attempt(self.retry.max_time, f"placing the producer of {stream!r}") as deadline:
-                await handle._place(batching or self.batching, filter_value)
+                await handle._place(batching or self.batching, filter_value, encoding)
             log.debug("%r placed: %s", handle, deadline.log())
             self._carriers.traced(handle)
         except BaseException:
@@ -534,7 +541,7 @@ class Environment:
 
     async def super_stream_producer(
         self, super_stream: str, *, routing: str = "hash", key: Callable[[Any], str] | None = None,
-        name: str | None = None,
+        name: str | None = None, encoding: str = "amqp",
     ) -> SuperStreamProducer:
         """A producer on every partition of ``super_stream``, each on its partition's leader.
 
@@ -542,11 +549,15 @@ class Environment:
             broker's bindings, through the Route command).
         :param key: extracts the routing key from a message (or pass ``key=`` to ``send``).
         :param name: producer name for deduplication (the same name on every partition).
+        :param encoding: ``"amqp"`` (default) or ``"raw"``, for every partition (see :meth:`producer`).
         """
+        from smartclient.core.amqp_data import check_encoding
         from smartclient.stream.super_stream import SuperStreamProducer
 
         self._check_open()
-        handle = SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key, name)
+        check_encoding(encoding, f"a producer on super stream {super_stream!r}")
+        handle = SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key, name,
+                                     encoding)
         try:
             await handle._open()
         except BaseException:

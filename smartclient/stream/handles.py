@@ -25,6 +25,7 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import attempt, detach
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
+from smartclient.stream.publish_frames import sub_entry
 from smartclient.stream.publishing import (
     QUEUED,
     QUEUED_DRAIN,
@@ -32,7 +33,6 @@ from smartclient.stream.publishing import (
     Confirmation,
     ConfirmCallback,
     PublishBuffer,
-    sub_entry,
 )
 from smartclient.stream.unreported import confirm_leader, watch_confirms
 
@@ -214,9 +214,14 @@ class Producer(_Handle):
     the messages sent again after a recovery are stored once. Ids must increase: an id not above the
     highest one this producer has sent raises :class:`PublishingIdNotIncreasing` before the broker can
     confirm-and-drop it; ids up to :attr:`last_publishing_id` may be sent again after a restart (filtered).
+
+    A ``bytes`` body goes as an AMQP 1.0 message of one data section (:attr:`encoding` ``"amqp"``, the default),
+    which every client of the stream reads; with ``"raw"``, as the bytes alone, which only stream clients read.
+    An ``AMQPMessage`` goes as it encodes itself.  See docs/streams.md, "What is on the wire".
     """
 
     role = Role.PRODUCER
+    encoding = "amqp"  #: how a body goes on the wire: "amqp" (one AMQP 1.0 data section) or "raw"
     _closing = False
     _buffer: PublishBuffer
     _ids: PublishingIds  # the core decides every publishing id
@@ -228,19 +233,21 @@ class Producer(_Handle):
         is why automatically numbered ids start at 1.  ``None`` for an unnamed producer (no stored sequence)."""
         return self._ids.stored if self.name else None
 
-    async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None) -> None:
+    async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None,
+                     encoding: str = "amqp") -> None:
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
         self._ids = PublishingIds(self.stream, self.name)
+        self.encoding = encoding
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if self.name:
                 self._ids.stored = await _rstream.stored_sequence(client, self.stream, self.name)
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
-                                     on_confirmed=self._host.confirm_watch(self.stream))
+                                     on_confirmed=self._host.confirm_watch(self.stream), encoding=encoding)
         self._setup_done()
         if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
             self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))
@@ -324,7 +331,7 @@ class Producer(_Handle):
         :raises EnqueueTimeout: no room within ``enqueue_timeout``: not queued.
         """
         self._check_open()
-        entry = sub_entry(list(bodies), compression)  # bad input fails here, before an id is taken
+        entry = sub_entry(list(bodies), compression, self.encoding)  # bad input fails here, before an id is taken
         first = self._ids.take(publishing_id)
         try:
             await self._buffer.add_entry(first, entry, len(bodies), on_confirm)

@@ -121,7 +121,7 @@ class StreamHost(Protocol):
 class StreamOpener(Protocol):
     """What a super stream needs: producers and consumers of its partitions, and the broker's routes."""
 
-    async def producer(self, stream: str, *, name: str | None = None) -> Any: ...
+    async def producer(self, stream: str, *, name: str | None = None, encoding: str = ...) -> Any: ...
 
     async def consumer(self, stream: str, callback: Any = ..., *, on_chunk: Any = ..., offset: Any = ...,
                        name: str | None = ..., single_active: bool = ..., tracking: Any = ..., flow: Any = ...,

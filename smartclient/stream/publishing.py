@@ -1,8 +1,10 @@
 """The publish path of a producer: batching, confirms, back-pressure, frame-size checks.
 
 rstream declares the publisher and owns the connection; this module packs Publish frames itself
-(one ``struct`` call and one join per batch, instead of a frame object and a ``BytesIO`` per
-message), writes them on rstream's connection, and tracks confirms with a handler of its own.
+(one ``struct`` call per entry and one join per batch, instead of a frame object and a ``BytesIO`` per
+message: :mod:`smartclient.stream.publish_frames`), writes them on rstream's connection, and tracks confirms
+with a handler of its own.  By default each body goes as an AMQP 1.0 message of one data section, whose header
+is packed with the entry's (``encoding="raw"``: the body alone).
 A ``send()`` appends to a buffer that is flushed when it holds ``batch_size`` messages, when the
 next message would not fit the negotiated frame max, or ``linger`` seconds after its first message.
 
@@ -22,9 +24,7 @@ nothing).  While the producer recovers, the clock stops: the recovery is bounded
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
-import struct
 import time
 from bisect import bisect_right
 from collections import deque
@@ -33,23 +33,27 @@ from itertools import accumulate, chain, repeat
 from typing import Any
 
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
+from smartclient.core.amqp_data import SHORT
 from smartclient.core.batching import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
+from smartclient.stream.publish_frames import (
+    FRAME_OVERHEAD,
+    HEADER,
+    PID,
+    PUBLISH_KEY,
+    Encoded,
+    as_part,
+    entries,
+    entry_size,
+    entry_sizes,
+    filtered_entry,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "NOT_QUEUED", "QUEUED", "QUEUED_DRAIN", "SUB_ENTRY_COMPRESSIONS",
-           "BatchingPolicy", "Confirmation", "PublishBuffer", "sub_entry"]
+__all__ = ["CONFIRM_TIMEOUT", "CONNECTION_LOST", "NOT_QUEUED", "QUEUED", "QUEUED_DRAIN", "BatchingPolicy",
+           "Confirmation", "PublishBuffer"]
 
-_PUBLISH_KEY = 0x0002
-_HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
-_ENTRY = struct.Struct(">QI")  # publishing id, message size
-_ENTRY_V2 = struct.Struct(">Qh")  # publishing id, filter value size (-1: none)
-_PID = struct.Struct(">Q")  # a sub-entry's publishing id: the entry that follows says its own size
-_SUB_ENTRY = struct.Struct(">BHII")  # 0x80 | compression << 4, records, uncompressed size, size
-_SIZE = struct.Struct(">I")
-SUB_ENTRY_COMPRESSIONS = {"none": 0, "gzip": 1}  # the stream protocol's codes (rstream decodes both)
 _WRITTEN_FRAMES = 4096  # frames awaiting their confirm that are timed (metrics and traces)
-_FRAME_OVERHEAD = _HEADER.size  # 13 bytes
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
 # PublishError codes that mean "this publisher is gone from this node", not "this message is bad":
 # the message stays pending and is sent again once the producer has recovered.
@@ -61,50 +65,40 @@ _drain: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iter
 ConfirmCallback = Callable[[Confirmation], Awaitable[None] | None]
 
 
-def sub_entry(bodies: list[Any], compression: str = "none") -> bytes:
-    """One sub-entry of ``bodies`` (each ``bytes``, or what ``bytes()`` makes of it): the records, each with
-    its size, compressed as a whole with ``compression`` ("none" or "gzip"), behind the sub-entry header.
-
-    :raises ConfigurationError: no bodies, more than 65,535, or an unknown compression."""
-    if not bodies or len(bodies) > 0xFFFF:
-        raise ConfigurationError(f"a sub-entry holds 1 to 65535 messages, not {len(bodies)}")
-    if compression not in SUB_ENTRY_COMPRESSIONS:
-        raise ConfigurationError(f"sub-entry compression {compression!r}: use one of {sorted(SUB_ENTRY_COMPRESSIONS)}")
-    data = [body if type(body) is bytes else bytes(body) for body in bodies]
-    records = b"".join(chain.from_iterable(zip(map(_SIZE.pack, map(len, data)), data, strict=True)))
-    packed = gzip.compress(records, compresslevel=1, mtime=0) if compression == "gzip" else records
-    code = SUB_ENTRY_COMPRESSIONS[compression]
-    return _SUB_ENTRY.pack(0x80 | code << 4, len(data), len(records), len(packed)) + packed
-
-
 class PublishBuffer:
     """Batches and publishes for one publisher on one connection.
 
     A message is kept as it came (its body, or with a filter value its packed entry) in ``_pending`` and in the
-    batch being built; a Publish frame's entry headers are packed when the frame is written, in one pass over
-    the batch.  Confirms arrive as one array of ids per frame (the seam decodes them) and are settled in one
-    pass too."""
+    batch being built; a Publish frame's entry headers (and, with ``encoding="amqp"``, each body's data section
+    header) are packed when the frame is written, in one pass over the batch.  Confirms arrive as one array of
+    ids per frame (the seam decodes them) and are settled in one pass too."""
 
     def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
                  filter_value: Callable[[Any], str] | None = None,
                  on_lost: Callable[[str], None] | None = None,
-                 on_confirmed: Callable[[float, list[tuple[int, float, int]]], None] | None = None) -> None:
+                 on_confirmed: Callable[[float, list[tuple[int, float, int]]], None] | None = None,
+                 encoding: str = "amqp") -> None:
         self.stream = stream
+        self.encoding = encoding
         self.policy = policy
         self.filter_value = filter_value
         self.on_lost = on_lost  # told when the broker says this publisher is gone (see _RETRIABLE)
         self._version = 2 if filter_value is not None else 1
-        # what the frame adds to each kept part: a version 1 part is the body alone, a version 2 one its entry
-        self._overhead = _ENTRY.size if self._version == 1 else 0
+        self._amqp = encoding == "amqp"  # each body in an AMQP 1.0 data section (publish_frames)
+        # what the frame adds to each kept part: a version 1 part is the body alone (its entry header, and its
+        # data section's header: 5 bytes under 256, else 8), a version 2 one is its entry already
+        self._overhead = (entry_size(b"", self._amqp) if self._version == 1 else 0)
+        self._wide = 3 if self._amqp and self._version == 1 else 0  # what a body of 256 bytes or more adds to it
         self._cap = policy.max_in_flight
         self._batch_size = policy.batch_size
         self._ids: list[int] = []
         self._parts: list[bytes] = []
-        self._bytes = _FRAME_OVERHEAD
+        self._bytes = FRAME_OVERHEAD
         self._waiters: dict[int, asyncio.Future[Confirmation] | ConfirmCallback] = {}
         self._pending: dict[int, bytes] = {}  # publishing id -> its part, until confirmed or failed
         self._sub_counts: dict[int, int] = {}  # publishing id of a pending sub-entry -> its messages
         self._sub_batch = False  # the batch being built holds sub-entries (they go in frames of their own)
+        self._encoded = False  # the batch being built holds an Encoded part (an AMQPMessage: no data section added)
         self._suspended = False
         self.resent = 0
         self.sent = 0
@@ -148,8 +142,9 @@ class PublishBuffer:
     def _clear_batch(self) -> None:
         self._ids = []
         self._parts = []
-        self._bytes = _FRAME_OVERHEAD
+        self._bytes = FRAME_OVERHEAD
         self._sub_batch = False
+        self._encoded = False
 
     # -- recovery -------------------------------------------------------------------------------
     @property
@@ -170,18 +165,19 @@ class PublishBuffer:
         self._suspended = False
         self._clear_batch()
         self._written.clear()  # their confirms would time the outage; the frames written again are timed anew
-        count, sent, overhead = 0, self.sent, self._overhead
+        count, sent = 0, self.sent
         for pid in sorted(self._pending):  # synchronous: no send can slip in between
             part = self._pending[pid]
             sub = pid in self._sub_counts
-            size = len(part) + (_PID.size if sub else overhead)
-            if size + _FRAME_OVERHEAD > self.frame_max:
+            size = len(part) + PID.size if sub else self._size_of(part)
+            if size + FRAME_OVERHEAD > self.frame_max:
                 self._settle([pid], False, CONNECTION_LOST, f"it no longer fits the frame max of {self.frame_max}")
                 continue
             if (self._bytes + size > self.frame_max or len(self._ids) >= self._batch_size
                     or (self._ids and sub != self._sub_batch)):
                 self._write()
             self._sub_batch = sub
+            self._encoded = self._encoded or type(part) is Encoded
             self._ids.append(pid)
             self._parts.append(part)
             self._bytes += size
@@ -220,7 +216,8 @@ class PublishBuffer:
         if (type(body) is not bytes or self._overhead == 0 or len(pending) >= self._cap
                 or self._error is not None or self._sub_batch):
             return NOT_QUEUED
-        size = len(body) + _ENTRY.size
+        size = len(body)
+        size += self._overhead if size < SHORT else self._overhead + self._wide
         if self._bytes + size > self.frame_max:
             return NOT_QUEUED
         if waiter is not None:
@@ -245,14 +242,12 @@ class PublishBuffer:
 
     async def add(self, publishing_id: int, body: Any, waiter: asyncio.Future[Confirmation] | ConfirmCallback | None
                   = None) -> None:
-        data = body if type(body) is bytes else bytes(body)
+        data = as_part(body)
         if self._version == 1:
             part = data
         else:
             value = self.filter_value(body) if self.filter_value is not None else None
-            encoded = value.encode() if value is not None else b""
-            part = (_ENTRY_V2.pack(publishing_id, len(encoded) if value is not None else -1) + encoded
-                    + len(data).to_bytes(4, "big") + data)
+            part = filtered_entry(publishing_id, value, data, self._amqp)
         if waiter is not None:  # before queueing: a flush may be followed by an await, and the confirm by it
             self._waiters[publishing_id] = waiter
         try:
@@ -290,7 +285,7 @@ class PublishBuffer:
             take, drain, plain = 0, False, set(map(type, part)) == {bytes}
             if plain:
                 # as many as fit the frame: the running sizes of their entries, against the room left in it
-                ends = list(accumulate(map(_ENTRY.size.__add__, map(len, part))))
+                ends = list(accumulate(entry_sizes(part, self._amqp)))
                 take = bisect_right(ends, self.frame_max - self._bytes)
             if take:
                 ids = range(first_id + done, first_id + done + take)
@@ -307,7 +302,7 @@ class PublishBuffer:
                 drain = self._flush_drain()  # the frame is full: the next pass starts a new one
             else:  # bodies of other types, or one too large for a frame: one at a time (converted, or refused)
                 for body in part:
-                    data = body if type(body) is bytes else bytes(body)
+                    data = as_part(body)
                     drain = self._append(first_id + done, data, len(data)) or drain
                     done += 1
             if drain:
@@ -322,8 +317,8 @@ class PublishBuffer:
         if self._version != 1:
             raise ConfigurationError(f"the producer on {self.stream!r} has a filter value: a sub-entry's messages "
                                      f"cannot carry one each")
-        size = _PID.size + len(entry)
-        if size + _FRAME_OVERHEAD > self.frame_max:  # before any wait: it would never fit
+        size = PID.size + len(entry)
+        if size + FRAME_OVERHEAD > self.frame_max:  # before any wait: it would never fit
             raise MessageTooLarge(f"a sub-entry of {messages} messages ({len(entry)} bytes) for {self.stream!r} "
                                   f"does not fit the negotiated frame max of {self.frame_max} bytes")
         if waiter is not None:
@@ -365,8 +360,8 @@ class PublishBuffer:
 
     def _append(self, publishing_id: int, part: bytes, body_size: int) -> bool:
         """The checks and bookkeeping of one message (no await); True if the socket should be drained."""
-        size = len(part) + self._overhead
-        if size + _FRAME_OVERHEAD > self.frame_max:
+        size = self._size_of(part)
+        if size + FRAME_OVERHEAD > self.frame_max:
             raise MessageTooLarge(
                 f"a message of {body_size} bytes for {self.stream!r} does not fit the negotiated frame max of "
                 f"{self.frame_max} bytes"
@@ -377,6 +372,8 @@ class PublishBuffer:
             self._flush()
         if not self._pending:
             self._idle.clear()
+        if type(part) is Encoded:
+            self._encoded = True
         self._ids.append(publishing_id)
         self._parts.append(part)
         self._pending[publishing_id] = part
@@ -386,6 +383,10 @@ class PublishBuffer:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.policy.linger, self._flush)
         return False
+
+    def _size_of(self, part: bytes) -> int:
+        """What a kept part (not a sub-entry) adds to a frame."""
+        return entry_size(part, self._amqp) if self._version == 1 else len(part)
 
     def _flush_drain(self) -> bool:
         """Write the batch; True if the socket should be drained."""
@@ -418,15 +419,15 @@ class PublishBuffer:
         if self._suspended:  # the parts stay in _pending; resume() writes them
             self._clear_batch()
             return
-        header = _HEADER.pack(self._bytes - 4, _PUBLISH_KEY, self._version, self.publisher_id, count)
-        entries: Iterable[bytes]
+        header = HEADER.pack(self._bytes - 4, PUBLISH_KEY, self._version, self.publisher_id, count)
+        packed: Iterable[bytes]
         if self._sub_batch:  # each sub-entry says its own size
-            entries = chain.from_iterable(zip(map(_PID.pack, ids), parts, strict=True))
-        elif self._overhead:
-            entries = chain.from_iterable(zip(map(_ENTRY.pack, ids, map(len, parts)), parts, strict=True))
+            packed = chain.from_iterable(zip(map(PID.pack, ids), parts, strict=True))
+        elif self._version == 1:
+            packed = entries(ids, parts, self._amqp, self._encoded)
         else:
-            entries = parts
-        frame = b"".join(chain((header,), entries))
+            packed = parts
+        frame = b"".join(chain((header,), packed))
         messages = sum(map(self._sub_counts.get, ids, repeat(1))) if self._sub_batch else count
         if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
             self._written.append((ids[-1], time.monotonic(), messages))

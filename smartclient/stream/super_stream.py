@@ -53,7 +53,7 @@ class SuperStreamProducer:
     """
 
     def __init__(self, env: StreamOpener, super_stream: str, partitions: list[str], routing: str,
-                 key: Callable[[Any], str] | None, name: str | None) -> None:
+                 key: Callable[[Any], str] | None, name: str | None, encoding: str = "amqp") -> None:
         if routing not in ROUTINGS:
             raise ConfigurationError(f"routing {routing!r} must be one of {ROUTINGS}")
         self.env = env
@@ -62,6 +62,7 @@ class SuperStreamProducer:
         self.routing = routing
         self.key = key
         self.name = name
+        self.encoding = encoding  #: "amqp" or "raw", for every partition (see Environment.producer)
         self.producers: dict[str, Producer] = {}
         self.closed = False
         self._routes: dict[str, list[str]] = {}
@@ -75,7 +76,7 @@ class SuperStreamProducer:
 
     async def _open(self) -> None:
         for partition in self.partitions:
-            self.producers[partition] = await self.env.producer(partition, name=self.name)
+            self.producers[partition] = await self.env.producer(partition, name=self.name, encoding=self.encoding)
 
     async def route(self, body: Any, key: str | None = None) -> list[str]:
         """The partitions a message goes to (one for hash routing; those bound to the key for key routing).

@@ -191,7 +191,8 @@ def test_a_callback_that_raises_still_gives_the_credit_once_and_the_position_sta
 # -- the publish path's frames ------------------------------------------------------------------------------
 def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
     """put() (send's hot path), add(), add_many() with bodies of other types, resume() after a loss, and a
-    filter value's version 2: each frame is byte for byte the one rstream encodes for the same messages."""
+    filter value's version 2, with encoding="raw": each frame is byte for byte the one rstream encodes for the same
+    messages (the default encoding's frames: tests/unit/test_amqp_encoding.py)."""
     from rstream.encoding import encode_publish
 
     from smartclient import BatchingPolicy
@@ -206,7 +207,7 @@ def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
 
     async def scenario() -> None:
         client = FakeClient()
-        buffer = PublishBuffer(client, 4, "s", BatchingPolicy(batch_size=3, linger=5))
+        buffer = PublishBuffer(client, 4, "s", BatchingPolicy(batch_size=3, linger=5), encoding="raw")
         assert [buffer.put(pid, b"m%d" % pid, None) for pid in (1, 2)] == [QUEUED, QUEUED]
         await buffer.add(3, bytearray(b"third"))  # not bytes: the slow path, the same frame
         await buffer.add_many(4, [b"a", memoryview(b"bb"), b"ccc", b"dddd"])  # 3 fill a frame, 1 waits
@@ -222,7 +223,7 @@ def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
                                  rstreams(9, [(7, b"dddd", None)])]
         filtered_client = FakeClient()
         filtered = PublishBuffer(filtered_client, 2, "s", BatchingPolicy(batch_size=2, linger=5),
-                                 filter_value=lambda body: body[:1].decode())
+                                 filter_value=lambda body: body[:1].decode(), encoding="raw")
         assert filtered.put(1, b"x1", None) == 0  # a filter value: never the hot path
         await filtered.add(1, b"x1")
         await filtered.add_many(2, [b"y2"])
@@ -242,7 +243,7 @@ def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what
     async def scenario() -> None:
         client = FakeClient()
         client._frame_max = 1000  # 13 bytes of header, then 312 per 300-byte message: 3 to a frame
-        buffer = PublishBuffer(client, 1, "s", BatchingPolicy(batch_size=100, linger=5))
+        buffer = PublishBuffer(client, 1, "s", BatchingPolicy(batch_size=100, linger=5), encoding="raw")
         bodies = [bytes([65 + i]) * 300 for i in range(7)]
         await buffer.add_many(1, bodies)
         buffer._flush()
@@ -260,11 +261,15 @@ def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what
 
 
 def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_counts_its_messages() -> None:
-    """send_sub_entry's frames: a sub-entry frame is byte for byte rstream's PublishSubBatching; plain messages
-    and sub-entries never share a frame and go out in publishing-id order, on a resume too; a confirm of a
-    sub-entry counts its messages; a consumer splits it back into them (plain and gzip)."""
+    """send_sub_entry's frames (encoding="raw"): a sub-entry frame is byte for byte rstream's PublishSubBatching;
+    plain messages and sub-entries never share a frame and go out in publishing-id order, on a resume too; a
+    confirm of a sub-entry counts its messages; a consumer splits it back into them (plain and gzip)."""
     from smartclient import BatchingPolicy, ConfigurationError
-    from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer, sub_entry
+    from smartclient.stream.publish_frames import sub_entry as sub_entry_of
+    from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer
+
+    def sub_entry(bodies: list[bytes], compression: str = "none") -> bytes:
+        return sub_entry_of(bodies, compression, "raw")
 
     from .test_recovery_core import FakeClient, confirm
 
@@ -282,7 +287,7 @@ def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_cou
 
     async def scenario() -> None:
         client = FakeClient()
-        buffer = PublishBuffer(client, 3, "s", BatchingPolicy(batch_size=10, linger=5))
+        buffer = PublishBuffer(client, 3, "s", BatchingPolicy(batch_size=10, linger=5), encoding="raw")
         assert buffer.put(1, b"plain-1", None) == QUEUED
         await buffer.add_entry(2, sub_entry(bodies), 3)  # the plain batch goes first
         await buffer.add_entry(3, sub_entry([b"four"]), 1)  # sub-entries share a frame
@@ -297,7 +302,7 @@ def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_cou
         two = struct.pack(">Q", 2) + sub_entry(bodies) + struct.pack(">Q", 3) + sub_entry([b"four"])
         assert client.frames[1] == struct.pack(">IHHBI", 9 + len(two), 2, 1, 3, 2) + two
         assert [struct.unpack_from(">Q", f, 13)[0] for f in client.frames] == [1, 2, 4]  # in id order
-        single = PublishBuffer(FakeClient(), 3, "s", BatchingPolicy(batch_size=10, linger=5))
+        single = PublishBuffer(FakeClient(), 3, "s", BatchingPolicy(batch_size=10, linger=5), encoding="raw")
         await single.add_entry(2, sub_entry(bodies), 3)
         single._flush()
         assert single.client.frames == [rstreams_sub]  # one sub-entry: exactly rstream's frame

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from smartclient import Address, ConfigurationError
+from smartclient import Address, ConfigurationError, MessageDecodeError
 from smartclient.core.broker_nodes import evenly_spread, surplus
 from smartclient.mqtt.fleet import FleetReport, MqttFleet
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
@@ -135,5 +135,6 @@ def test_fleet_input_is_checked_before_any_io() -> None:
 
 def test_what_mqtt_stores_in_a_stream_decodes_to_payload_and_topic_key() -> None:
     assert decode_amqp(MQTT_IN_STREAM) == (b'{"i": 0}', "iot.dev-1.temp")
-    with pytest.raises(ConfigurationError, match=r"not an AMQP 1\.0 message"):
-        decode_amqp(b"plain bytes", "offset 3")
+    with pytest.raises(MessageDecodeError, match=r"offset 3 of stream 's' is not an AMQP 1\.0 message") as caught:
+        decode_amqp(b"plain bytes", stream="s", offset=3)
+    assert (caught.value.stream, caught.value.offset) == ("s", 3)

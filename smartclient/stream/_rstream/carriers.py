@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from smartclient.core.settings import ConnectSettings
     from smartclient.stream.host import Connection, StreamHost
 
-from smartclient.stream._rstream.frames import messages_of
+from smartclient.stream._rstream.frames import messages_of, stored_of
 from smartclient.stream._rstream.wire import decode_amqp_message, offset_spec
 
 __all__ = [
@@ -263,16 +263,22 @@ class PlacedConsumer(_Placed, RConsumer):
 
 
 def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) -> Chunk:
-    """The chunk a ChunkHandler gets: the messages from ``start``, split when it asks for them (at once with
-    a filter, which reads each message)."""
+    """The chunk a ChunkHandler gets: the messages from ``start``, split when it asks for them (the bodies at
+    once with a filter, which reads each one), and split as stored only if it decodes them."""
     if post is None:
         return Chunk(stream, range(start, end), frame.timestamp,
                      (lambda: messages_of(frame)[skip:]) if skip else partial(messages_of, frame),
-                     decode_amqp_message)
-    kept = [(offset, message) for offset, message in zip(range(start, end), messages_of(frame)[skip:], strict=True)
-            if post(message)]
-    return Chunk(stream, [offset for offset, _ in kept], frame.timestamp, [message for _, message in kept],
-                 decode_amqp_message)
+                     decode_amqp_message,
+                     (lambda: stored_of(frame)[skip:]) if skip else partial(stored_of, frame))
+    bodies = messages_of(frame)[skip:]
+    kept = [index for index, message in enumerate(bodies) if post(message)]
+
+    def stored() -> list[bytes]:
+        every = stored_of(frame)[skip:]
+        return [every[index] for index in kept]
+
+    return Chunk(stream, [start + index for index in kept], frame.timestamp, [bodies[index] for index in kept],
+                 decode_amqp_message, stored)
 
 
 def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: Address, name: str,

@@ -10,7 +10,9 @@ data out and then each message again (issue 21).  Here:
 * :func:`decode_hot` turns PublishConfirm, PublishError and Deliver (version 1) frames into rstream's own frame
   classes (its handlers are dispatched on the class), with the publishing ids as one ``array``, and a Deliver's
   data left in the frame it came in (no copy); any other frame, or one these do not expect, is left to rstream;
-* :func:`messages_of` splits a Deliver chunk into its message bodies, over the frame it came in.
+* :func:`messages_of` splits a Deliver chunk into its message bodies, over the frame it came in, a message that
+  is exactly one AMQP 1.0 data section (what smartclient's producers write by default) as the body inside it;
+  :func:`stored_of` splits it into the messages as stored (what an AMQP 1.0 decoder reads).
 
 What a frame must hold is checked as rstream checks it (the data length, the chunk type, the CRC): a frame that
 fails a check is handed to rstream's decoder, which raises as it always did.
@@ -28,11 +30,14 @@ from typing import Any
 from rstream import schema
 from rstream.connection import ConnectionClosed
 
-__all__ = ["READ_LIMIT", "decode_hot", "messages_of", "read_frame_raw"]
+from smartclient.core.amqp_data import DATA8, DATA32, strip_data
+
+__all__ = ["READ_LIMIT", "decode_hot", "messages_of", "read_frame_raw", "stored_of"]
 
 READ_LIMIT = 1 << 21  # the stream reader's buffer: 2 MiB holds a full frame (frame max 1 MiB) and the next ones
 
 _SIZE = struct.Struct(">I")
+_MESSAGE_HEAD = struct.Struct(">IIB")  # a message's size, then its first 5 bytes: a data section's header (vbin8)
 _ID_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, count (PublishConfirm, PublishError)
 _ERROR_ENTRY = struct.Struct(">QH")  # a PublishError's publishing id and code
 # key, version, subscription id, then the Osiris chunk header: magic, chunk type, entries, records, timestamp,
@@ -111,17 +116,49 @@ def _deliver(raw: bytes) -> Any:
 
 def messages_of(frame: Any) -> list[bytes]:
     """The message bodies of a Deliver chunk, in order (a sub-entry batch's records uncompressed, as rstream
-    does), each its own ``bytes``."""
+    does), each its own ``bytes``: a message that is exactly one AMQP 1.0 data section as the body in it, any
+    other (raw bytes, an AMQP 1.0 message with properties or annotations) whole."""
+    raw = frame.__dict__.get("smartclient_raw")
+    if raw is None:  # decoded by rstream
+        return [strip_data(bytes(m)) for m in frame.get_messages()]
+    out: list[bytes] = []
+    append = out.append
+    unpack_head, unpack = _MESSAGE_HEAD.unpack_from, _SIZE.unpack_from
+    data8, data32 = DATA8, DATA32
+    pos, end = DELIVER_DATA, len(raw)  # the data ends the frame (checked when it was decoded)
+    while pos < end:
+        try:  # one call: the size, and the data section header a message starts with if it is one
+            size, head, short = unpack_head(raw, pos)
+        except struct.error:  # under 9 bytes left: the frame's last message, shorter than 5 bytes
+            size, head, short = unpack(raw, pos)[0], 0, 0
+        if size > 0x7FFFFFFF:  # a sub-entry batch: its type byte, then records, sizes and (compressed) data
+            records, used = schema.SubEntryChunk.read(raw, raw[pos], pos + 1)
+            out.extend(strip_data(bytes(r)) for r in records)
+            pos += 1 + used
+            continue
+        after = pos + 4 + size
+        if head == data8 and short + 5 == size:  # exactly one data section, vbin8: the body
+            append(raw[pos + 9:after])
+        elif head == data32 and size >= 8 and unpack(raw, pos + 8)[0] + 8 == size:  # vbin32
+            append(raw[pos + 12:after])
+        else:
+            append(raw[pos + 4:after])
+        pos = after
+    return out
+
+
+def stored_of(frame: Any) -> list[bytes]:
+    """The messages of a Deliver chunk as stored (a data section included), in order, each its own ``bytes``."""
     raw = frame.__dict__.get("smartclient_raw")
     if raw is None:  # decoded by rstream
         return [bytes(m) for m in frame.get_messages()]
     out: list[bytes] = []
     append = out.append
     unpack = _SIZE.unpack_from
-    pos, end = DELIVER_DATA, len(raw)  # the data ends the frame (checked when it was decoded)
+    pos, end = DELIVER_DATA, len(raw)
     while pos < end:
         size = unpack(raw, pos)[0]
-        if size > 0x7FFFFFFF:  # a sub-entry batch: its type byte, then records, sizes and (compressed) data
+        if size > 0x7FFFFFFF:
             records, used = schema.SubEntryChunk.read(raw, raw[pos], pos + 1)
             out.extend(bytes(r) for r in records)
             pos += 1 + used

@@ -23,12 +23,14 @@ from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConnectionFailed,
+    MessageDecodeError,
     ResolutionError,
     SmartClientError,
     StreamNotFound,
     TopologyError,
 )
 from smartclient.core.address import Address
+from smartclient.core.amqp_data import starts_amqp
 from smartclient.core.deadline import remaining, step
 from smartclient.stream._rstream.frames import READ_LIMIT, decode_hot, read_frame_raw
 
@@ -362,7 +364,20 @@ def is_amqp_message(value: Any) -> bool:
     return isinstance(value, AMQPMessage)
 
 
-def decode_amqp_message(raw: bytes) -> Any:
-    return amqp_decoder(raw)
+def decode_amqp_message(raw: bytes, where: str = "the message", stream: str = "", offset: int | None = None) -> Any:
+    """rstream's ``AMQPMessage`` decoded from ``raw``, an AMQP 1.0 message as stored.
+
+    :raises MessageDecodeError: ``raw`` does not begin as an AMQP 1.0 message (a described section), or
+        rstream's decoder fails on it (its IndexError, TypeError... is the cause); it carries ``stream`` and
+        ``offset``, and its message begins with ``where``."""
+    if not starts_amqp(raw):
+        begins = f"it begins {bytes(raw[:8]).hex(' ')!r}" if raw else "it is empty"
+        raise MessageDecodeError(f"{where} is not an AMQP 1.0 message ({begins}, not with a section: written with "
+                                 f"encoding='raw'?)", stream, offset)
+    try:
+        return amqp_decoder(raw)
+    except (IndexError, TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
+        raise MessageDecodeError(f"{where} is not a valid AMQP 1.0 message ({type(exc).__name__}: {exc})", stream,
+                                 offset) from exc
 
 
