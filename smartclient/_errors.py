@@ -29,6 +29,9 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   ├── CertificateRejected     the TLS certificate does not verify for the name checked (never retried)
     │   └── StepTimeout             one step of a placement or recovery attempt ran out of the attempt's time
     ├── HandleClosed                the producer, consumer or Environment was closed; nothing was sent
+    ├── HandleStopped               a producer or consumer stopped on its own (its ``failure``)
+    │   ├── RecoveryFailed          recovery gave up (or is disabled) after a loss
+    │   └── CallbackFailed          a consumer's callback raised and ``on_error`` said stop
     ├── ManagementError             the management API answered an error (``status``) or was unreachable
     └── TestBedError                the local test bed could not do what was asked
         ├── PrerequisiteMissing     not root, no debootstrap, port taken, no Java...
@@ -40,6 +43,7 @@ from __future__ import annotations
 __all__ = [
     "AddressNotAllowed",
     "AuthenticationFailed",
+    "CallbackFailed",
     "CertificateRejected",
     "ConfigurationError",
     "ConnectionFailed",
@@ -48,6 +52,7 @@ __all__ = [
     "FaultUnavailable",
     "FeatureNotSupported",
     "HandleClosed",
+    "HandleStopped",
     "ManagementError",
     "MessageDecodeError",
     "MessageTooLarge",
@@ -58,6 +63,7 @@ __all__ = [
     "PrerequisiteMissing",
     "PublishFailed",
     "PublishingIdNotIncreasing",
+    "RecoveryFailed",
     "ResolutionError",
     "ResolutionTimeout",
     "RpcTimeout",
@@ -182,6 +188,7 @@ class MessageDecodeError(SmartClientError, ValueError):
     def __reduce__(self) -> tuple[type[MessageDecodeError], tuple[str, str, int | None]]:  # crosses processes intact
         return (type(self), (str(self), self.stream, self.offset))
 
+
 class ConnectionFailed(SmartClientError):
     """A connection could not be opened, authenticated or kept."""
 
@@ -203,6 +210,28 @@ class StepTimeout(ConnectionFailed):
 class HandleClosed(SmartClientError):
     """The producer, consumer or Environment was closed before (or while) this call was made; nothing was
     sent, and every message still pending at ``close()`` ended failed with a reason."""
+
+
+class HandleStopped(SmartClientError):
+    """Why a producer or consumer stopped on its own: its ``failure``.  It is closed; nothing more is sent or
+    delivered."""
+
+
+class RecoveryFailed(HandleStopped):
+    """The producer or consumer was lost and recovery gave up (or is disabled); the message says why."""
+
+
+class CallbackFailed(HandleStopped):
+    """A consumer's callback (or ``on_chunk`` handler) raised, and its ``on_error`` said stop.  ``stream`` and
+    ``offset`` name the message (for a chunk, its first offset) where it stopped; the callback's exception is
+    the ``__cause__``.  A tracked consumer's stored offset never passes that message: a restart resumes there."""
+
+    def __init__(self, message: str, stream: str = "", offset: int | None = None) -> None:
+        super().__init__(message)
+        self.stream, self.offset = stream, offset
+
+    def __reduce__(self) -> tuple[type[CallbackFailed], tuple[str, str, int | None]]:
+        return (type(self), (str(self), self.stream, self.offset))
 
 
 class ManagementError(SmartClientError):

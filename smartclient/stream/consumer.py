@@ -8,9 +8,9 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
-from smartclient._errors import ConfigurationError, SmartClientError
+from smartclient._errors import CallbackFailed, ConfigurationError, SmartClientError
 from smartclient.core.deadline import attempt
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.filters import StreamFilter
@@ -19,9 +19,13 @@ from smartclient.core.topology import Role
 from smartclient.stream.handles import _Handle
 from smartclient.stream.unreported import watch_deliveries
 
-__all__ = ["Consumer"]
+__all__ = ["Consumer", "OnError", "check_on_error", "consumer_handler"]
 
 log = logging.getLogger(__name__)
+
+OnError = Literal["stop", "skip"] | Callable[[Exception, Any], str]
+"""What a consumer does when its callback raises: ``"stop"``, ``"skip"``, or a function ``(exception, context or
+chunk) -> "skip" | "stop"`` (see :meth:`Environment.consumer`)."""
 
 
 class Consumer(_Handle):
@@ -34,6 +38,11 @@ class Consumer(_Handle):
     Lost, or when the stream's members change, it subscribes again, on another member if need be, after
     the last message it handed to the callback: no gap, and with tracking or single active consumer (where
     that offset is known per message) no duplicate; without either, after the last whole chunk delivered.
+    A chunk being handed to the callback when the connection is lost is handed over to its end first (an async
+    handler is never cancelled), and recovery resumes after it.
+
+    A callback that raises is handled as ``on_error`` says: stop there (:attr:`failure` is a
+    :class:`CallbackFailed`), or skip that message (or chunk), counted in :attr:`callback_errors`.
     """
 
     role = Role.CONSUMER
@@ -43,6 +52,8 @@ class Consumer(_Handle):
     _untracked = False
     _last_offset: int | None = None
     redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
+    callback_errors = 0  # messages (or chunks) whose callback raised and that on_error skipped
+    _on_error: OnError = "stop"
     _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
     _start: int | None = None  # an absolute start (delivery watch)
 
@@ -88,11 +99,13 @@ class Consumer(_Handle):
         tracking: OffsetTracking | None = None,
         super_stream: str | None = None,
         stream_filter: StreamFilter | None = None,
+        on_error: OnError = "stop",
     ) -> None:
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
         self.offset = offset
+        self._on_error = on_error
         self._tracking = tracking
         self._stored: int | None = None
         self._since_store = 0
@@ -186,6 +199,12 @@ class Consumer(_Handle):
             filter_input=_rstream.filter_config(stream_filter) if stream_filter is not None else None,
         )
         self._deliver = deliver
+        self._chunks = chunks
+        self._skipped: Callable[[Any], None] = (lambda where: None) if not tracked and not single_active else (
+            (lambda chunk: done(chunk, chunk.repeated(last) if (last := self._last_offset) is not None else 0))
+            if chunks else (lambda context: after(context.offset)
+                            if (last := self._last_offset) is None or context.offset > last else None))
+        _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
         with map_stream_errors(f"subscribing to {self.stream!r}"):
             await self._subscribe_at(offset)
         if tracking is not None and tracking.interval is not None:
@@ -215,6 +234,37 @@ class Consumer(_Handle):
         with map_stream_errors(f"recovering the consumer on {self.stream!r}"):
             await self._subscribe_at(resume)
         return f"subscribed again from {resume} (subscription {self.subscription_id})"
+
+    def _callback_raised(self, exc: Exception, where: Any) -> bool:
+        """The delivery loop's question when the callback raised on ``where`` (a MessageContext, or a Chunk):
+        whether delivery goes on with the next message (or chunk).  Never raises."""
+        offset: int = where.first_offset if self._chunks else where.offset
+        verdict: Any = self._on_error
+        if callable(verdict):
+            try:
+                verdict = verdict(exc, where)
+            except Exception as inner:
+                log.error("%r: on_error raised %s: %s; stopping at offset %d", self, type(inner).__name__, inner,
+                          offset)
+                verdict = "stop"
+            if verdict not in ("skip", "stop"):
+                log.error("%r: on_error returned %r, not 'skip' or 'stop'; stopping at offset %d", self, verdict,
+                          offset)
+                verdict = "stop"
+        what = f"the {'on_chunk handler' if self._chunks else 'callback'} of {self!r}"
+        if verdict == "skip":
+            self.callback_errors += 1
+            log.warning("%s raised %s at offset %d: %s (skipped; %d so far)", what, type(exc).__name__, offset, exc,
+                        self.callback_errors, exc_info=self.callback_errors == 1)
+            self._skipped(where)
+            return True
+        failure = CallbackFailed(f"{what} raised {type(exc).__name__} at offset {offset}: {exc}; the consumer "
+                                 f"stopped there", self.stream, offset)
+        failure.__cause__ = exc
+        self.failure = failure
+        log.error("%s", failure, exc_info=exc)
+        self._stopping = asyncio.get_running_loop().create_task(self._close(flush=True))  # (not from this task)
+        return False
 
     def _again(self, offset: int, last: int, result: Any, count: int = 1) -> Any:
         """``count`` messages handed over again: handed over, counted, and said once in a thousand."""
@@ -293,4 +343,33 @@ class Consumer(_Handle):
             with attempt(5.0, f"closing {self!r}"):
                 await close(self._carrier, self.stream)
         finally:
+            from smartclient.stream import _rstream
+
+            _rstream.on_callback_error(self._carrier, self.stream, None)
             self._host.release(self)
+
+
+def consumer_handler(stream: str, callback: Any, on_chunk: Any, on_error: Any, *, name: str | None = None,
+                     single_active: bool = False, tracking: Any = None) -> Callable[..., Any]:
+    """The one handler of a consumer on ``stream`` (``callback`` or ``on_chunk``), its options checked.
+    :raises ConfigurationError: both or neither given, not callable, a bad ``on_error``, or tracking or single
+        active without a name (before any I/O)."""
+    if (callback is None) == (on_chunk is None):
+        raise ConfigurationError(f"a consumer on {stream!r} takes a callback or on_chunk, and only one of them")
+    if not callable(handler := callback if on_chunk is None else on_chunk):
+        raise ConfigurationError(
+            f"the {'callback' if on_chunk is None else 'on_chunk'} of a consumer on {stream!r} must be callable "
+            f"({'message, context' if on_chunk is None else 'chunk'}), not {handler!r}")
+    check_on_error(on_error, f"a consumer on {stream!r}")
+    if (single_active or tracking is not None) and not name:
+        raise ConfigurationError(f"a consumer on {stream!r} with single_active or offset tracking needs a name")
+    return handler  # type: ignore[no-any-return]
+
+
+def check_on_error(on_error: Any, where: str) -> OnError:
+    """``on_error`` as given, if it is one: ``"stop"``, ``"skip"`` or a callable.
+    :raises ConfigurationError: anything else (before any I/O)."""
+    if on_error in ("stop", "skip") or callable(on_error):
+        return on_error  # type: ignore[no-any-return]
+    raise ConfigurationError(f"on_error of {where} must be 'stop', 'skip' or a function (exception, context) -> "
+                             f"'skip' | 'stop', not {on_error!r}")

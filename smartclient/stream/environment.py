@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
     from smartclient.mqtt.fleet import MqttFleet
     from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
-    from smartclient.stream.consumer import Consumer
+    from smartclient.stream.consumer import Consumer, OnError
     from smartclient.stream.handles import Producer
     from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
@@ -292,6 +292,7 @@ class Environment:
         tracking: OffsetTracking | None = None,
         filter: StreamFilter | None = None,
         flow: ConsumerFlow | None = None,
+        on_error: OnError = "stop",
         _super_stream: str | None = None,
     ) -> Consumer:
         """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
@@ -309,26 +310,21 @@ class Environment:
         :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
         :param filter: only messages with these filter values (see :class:`StreamFilter`).
         :param flow: when credit is granted, so how many chunks wait in memory (see :class:`ConsumerFlow`).
+        :param on_error: when the callback raises: ``"stop"`` there (``consumer.failure``: :class:`CallbackFailed`;
+            a tracked offset never passes it), ``"skip"`` it (``consumer.callback_errors``), or a function
+            ``(exception, context or chunk) -> "skip" | "stop"``.
         :raises FeatureNotSupported: ``filter`` on a broker without filtering.
         :raises ConfigurationError: a bad offset, or tracking or single active without a name.
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
-        from smartclient.stream.consumer import Consumer
+        from smartclient.stream.consumer import Consumer, consumer_handler
 
         self._check_open()
         validate_stream_name(stream)
-        if (callback is None) == (on_chunk is None):
-            raise ConfigurationError(f"a consumer on {stream!r} takes a callback or on_chunk, and only one of them")
-        if not callable(handler := callback if on_chunk is None else on_chunk):
-            raise ConfigurationError(
-                f"the {'callback' if on_chunk is None else 'on_chunk'} of a consumer on {stream!r} must be callable "
-                f"({'message, context' if on_chunk is None else 'chunk'}), not {handler!r}")
+        handler = consumer_handler(stream, callback, on_chunk, on_error, name=name, single_active=single_active,
+                                   tracking=tracking)
         spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
-        if (single_active or tracking is not None) and not name:
-            raise ConfigurationError(
-                f"a consumer on {stream!r} with single_active or offset tracking needs a name"
-            )
         if filter is not None:
             await self._admin.require_filtering()
         handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow), stream, name)
@@ -339,7 +335,7 @@ class Environment:
                     spec = await self._admin.concrete_offset(stream, spec, filter)
                 traced = handler if on_chunk is not None else self._carriers.traced_callback(stream, handler)
                 await handle._subscribe(traced, spec, chunks=on_chunk is not None, single_active=single_active,
-                                        on_update=on_update,
+                                        on_update=on_update, on_error=on_error,
                                         tracking=tracking, super_stream=_super_stream, stream_filter=filter)
             log.debug("%r placed: %s", handle, deadline.log())
         except BaseException:
@@ -576,20 +572,21 @@ class Environment:
         single_active: bool = False,
         tracking: OffsetTracking | None = None,
         flow: ConsumerFlow | None = None,
+        on_error: OnError = "stop",
     ) -> SuperStreamConsumer:
         """A consumer on every partition (each with ``flow``), with a ``callback`` per message or ``on_chunk`` per
         chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
         per partition across every instance of the name, and fails over between them."""
+        from smartclient.stream.consumer import consumer_handler
         from smartclient.stream.super_stream import SuperStreamConsumer
 
         self._check_open()
         spec = OffsetSpec.parse(offset)
-        if (callback is None) == (on_chunk is None) or not callable(callback or on_chunk):
-            raise ConfigurationError(f"a consumer of {super_stream!r} takes one callable, callback or on_chunk: "
-                                     f"{callback or on_chunk!r}")
+        consumer_handler(super_stream, callback, on_chunk, on_error, name=name, single_active=single_active,
+                         tracking=tracking)
         handle = SuperStreamConsumer(self, super_stream, await self.partitions(super_stream))
         try:
-            await handle._open(callback, spec, name, single_active, tracking, flow, on_chunk)
+            await handle._open(callback, spec, name, single_active, tracking, flow, on_chunk, on_error)
         except BaseException:
             await handle.close()
             raise

@@ -17,7 +17,9 @@ from smartclient._errors import (
     ConfigurationError,
     EnqueueTimeout,
     HandleClosed,
+    HandleStopped,
     PublishFailed,
+    RecoveryFailed,
     SmartClientError,
     StreamNotFound,
 )
@@ -67,7 +69,9 @@ class _Handle:
         self.name = name
         self.closed = False
         self.recoveries = 0  # completed recoveries
-        self.failure: str | None = None  # why recovery gave up, if it did
+        #: why it stopped on its own, if it did: RecoveryFailed (recovery gave up), CallbackFailed (a consumer's
+        #: callback raised and on_error said stop), HandleStopped (the Environment deleted its stream)
+        self.failure: HandleStopped | None = None
         self._losses = 0
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
@@ -81,7 +85,7 @@ class _Handle:
 
     async def _end(self, reason: str) -> None:
         """Close quietly because the Environment itself ended the stream (it deleted it): no recovery."""
-        self.failure = reason
+        self.failure = HandleStopped(reason)
         await self._close(flush=False)
 
     async def close(self) -> None:
@@ -120,7 +124,7 @@ class _Handle:
         raise NotImplementedError
 
     def _give_up(self, reason: str) -> None:
-        self.failure = reason
+        self.failure = RecoveryFailed(reason)
         log.error("%r stopped: %s", self, reason)
 
     async def _recover(self, reason: str) -> None:
@@ -384,7 +388,7 @@ class Producer(_Handle):
             await asyncio.shield(self._teardown(_rstream.close_publisher))
 
     async def _teardown(self, close: Callable[[Any, str], Awaitable[None]]) -> None:
-        reason = self.failure or "the producer was closed before they were confirmed"
+        reason = str(self.failure or "the producer was closed before they were confirmed")
         try:
             await self._stop_recovery()
             buffer = getattr(self, "_buffer", None)

@@ -238,13 +238,24 @@ class SuperStreamConsumer:
 
     async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None] | None, offset: OffsetSpec,
                     name: str | None, single_active: bool, tracking: OffsetTracking | None,
-                    flow: ConsumerFlow | None = None, on_chunk: Callable[[Any], Any] | None = None) -> None:
+                    flow: ConsumerFlow | None = None, on_chunk: Callable[[Any], Any] | None = None,
+                    on_error: Any = "stop") -> None:
         for partition in self.partitions:
             self.consumers[partition] = await self.env.consumer(
                 partition, callback, on_chunk=on_chunk, offset=offset, name=name, single_active=single_active,
-                tracking=tracking,
+                tracking=tracking, on_error=on_error,
                 flow=flow, _super_stream=self.super_stream if single_active else None,
             )
+
+    @property
+    def callback_errors(self) -> int:
+        """Messages (or chunks) of every partition whose callback raised and that ``on_error`` skipped."""
+        return sum(c.callback_errors for c in self.consumers.values())
+
+    @property
+    def failures(self) -> dict[str, Any]:
+        """Partition -> why its consumer stopped on its own (e.g. :class:`CallbackFailed`), for those that did."""
+        return {p: c.failure for p, c in self.consumers.items() if c.failure is not None}
 
     @property
     def active_partitions(self) -> list[str]:

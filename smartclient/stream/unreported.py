@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from smartclient._errors import FeatureNotSupported
+from smartclient._errors import FeatureNotSupported, HandleStopped
 from smartclient.core.deadline import attempt
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class _Buffer(Protocol):
 
 class _Handle(Protocol):
     closed: bool
-    failure: str | None
+    failure: HandleStopped | None
     stream: str
     name: str | None
     role: Role

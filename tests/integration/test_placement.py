@@ -236,7 +236,7 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
 
             await wait_until(read_again, 10, "the cached topology to be dropped")
             await wait_until(lambda: producer.failure, 10, "the producer to fail")
-            assert "recovery is disabled" in producer.failure
+            assert "recovery is disabled" in str(producer.failure)
     finally:
         await delete(bed, rabbitmq_unique_name)
 

@@ -121,13 +121,16 @@ def subscriber(callback: Any, offset: int | None = None) -> tuple[Subscriber, li
 
     sub = Subscriber(subscription_id=1, stream="s", reference="name", callback=record,
                      offset_type=OffsetType.OFFSET if offset is not None else OffsetType.FIRST, offset=offset,
-                     client=SimpleNamespace(credit=credit))
+                     client=SimpleNamespace(credit=credit, smartclient_stopping=set(), smartclient_handing={},
+                                            is_connection_alive=lambda: True))
     sub.handed = handed
     return sub, credits
 
 
-def carrier(flow: ConsumerFlow | None = None) -> Any:
-    return SimpleNamespace(_pool=SimpleNamespace(flows={"s": flow} if flow else {}), smartclient_around_chunk=None,
+def carrier(flow: ConsumerFlow | None = None, on_error: Any = None) -> Any:
+    return SimpleNamespace(_pool=SimpleNamespace(flows={"s": flow} if flow else {},
+                                                 on_error={"s": on_error} if on_error else {}),
+                           smartclient_around_chunk=None,
                            smartclient_consumed=Counter(), smartclient_chunks=Counter())
 
 

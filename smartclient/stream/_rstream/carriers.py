@@ -45,7 +45,7 @@ from smartclient.stream._rstream.wire import decode_amqp_message, offset_spec
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
     "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
-    "new_carrier", "position", "queued_chunks", "store_offset", "stored_sequence", "subscribe",
+    "new_carrier", "on_callback_error", "position", "queued_chunks", "store_offset", "stored_sequence", "subscribe",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ class PlacedClientPool(ClientPool):
         self.carrier = carrier
         self.names: dict[str, str | None] = {}  # stream -> producer/consumer name, for the placement table
         self.flows: dict[str, ConsumerFlow] = {}  # stream -> a consumer's flow (credit strategy), if not rstream's
+        #: stream -> what a consumer does when its callback raises: (exception, context or chunk) -> go on?
+        self.on_error: dict[str, Callable[[Exception, Any], bool]] = {}
         self.last: Connection | None = None  # the connection the last placement returned (for its id)
 
     async def get(
@@ -191,33 +193,47 @@ class PlacedConsumer(_Placed, RConsumer):
         #   lie before that offset; rstream drops the messages before it in the first chunk only, then sets the
         #   position to that chunk's end and delivers the next ones again (the "tracked consumer got 1,897
         #   offsets again" of the nemesis, issue 18).  And it moves by the chunk's records, not its entries
-        #   (rstream's), which differ for a sub-entry batch.
+        #   (rstream's), which differ for a sub-entry batch;
+        # - a callback that raises is the consumer's on_error decision (skip: on with the next message or chunk;
+        #   stop: nothing more is handed over, the position ends before it); rstream logged it, lost the rest of
+        #   the chunk and went on with the next;
+        # - its handing over is never cut: stop_queue_listener_task waits for it (wire.NamedClient), and a credit
+        #   that cannot go out on a connection that is gone does not end it.
         # subscriber.decoder is not applied: smartclient subscribes without one (rstream's is the identity).
-        if frame.subscription_id != subscriber.subscription_id:
-            return
+        client = subscriber.client
         sid = subscriber.subscription_id
-        flow: ConsumerFlow | None = self._pool.flows.get(subscriber.stream)  # type: ignore[attr-defined]
+        if frame.subscription_id != sid or sid in client.smartclient_stopping:
+            return  # being stopped (a chunk in the callback is finished first), or its callback said stop
+        pool: PlacedClientPool = self._pool  # type: ignore[assignment]
+        flow: ConsumerFlow | None = pool.flows.get(subscriber.stream)
         at = flow.credit_at(frame.num_entries) if flow is not None else 0
         credited = at == 0
         if credited:
-            await subscriber.client.credit(sid, 1)
+            await _credit(client, sid)
         first, count = frame.chunk_first_offset, frame.num_records
         floor = subscriber.offset if subscriber.offset_type is OffsetType.OFFSET else -1
         skip = min(floor - first, count) if floor > first else 0  # before the consumer's offset: not handed over
         stream, callback = subscriber.stream, subscriber.callback
         post = filter_value.post_filler() if filter_value is not None else None
-        subscriber.smartclient_busy = True  # a chunk is in the callback (the delivery watch waits for it)
+        failed = pool.on_error.get(stream)  # (exception, context or chunk) -> whether delivery goes on
+        handing = client.smartclient_handing[sid] = asyncio.get_running_loop().create_future()
         handed = 0
+        stop_at: int | None = None  # the offset where a callback that raised said stop
         around = self.smartclient_around_chunk
         try:
             with _NOTHING if around is None else around(stream, count, first):
                 if type(callback) is ChunkHandler:
                     chunk = _chunk(frame, stream, first + skip, first + count, skip, post)
-                    handed = len(chunk)
-                    if handed:
-                        maybe_coro = callback(chunk)
-                        if maybe_coro is not None:
-                            await maybe_coro
+                    if handed := len(chunk):
+                        try:
+                            maybe_coro = callback(chunk)
+                            if maybe_coro is not None:
+                                await maybe_coro
+                        except Exception as exc:
+                            if failed is None:
+                                raise
+                            if not failed(exc, chunk):
+                                handed, stop_at = 0, chunk.first_offset
                 else:
                     messages = messages_of(frame)
                     offsets: Sequence[int] = range(first, first + len(messages))
@@ -230,36 +246,65 @@ class PlacedConsumer(_Placed, RConsumer):
                     cut = len(messages) if credited else min(max(bisect_left(offsets, first + at - 1), skip) + 1,
                                                              len(messages))
                     for lo, hi in ((skip, cut), (cut, len(messages))):
-                        contexts = map(tuple.__new__, repeat(MessageContext), zip(
-                            repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),
-                            islice(offsets, lo, hi), repeat(frame.timestamp)))
-                        context = None
-                        try:
-                            for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
-                                maybe_coro = callback(message, context)
-                                if maybe_coro is not None:
-                                    await maybe_coro
-                        except BaseException:  # (telemetry) counted up to the one that raised
-                            handed += 0 if context is None else list(offsets).index(context.offset) - lo + 1
-                            raise
-                        handed += hi - lo
+                        while lo < hi:  # a callback that raised and said skip: on from the next message
+                            contexts = map(tuple.__new__, repeat(MessageContext), zip(
+                                repeat(self), repeat(stream), repeat(sid), repeat(subscriber.reference),
+                                islice(offsets, lo, hi), repeat(frame.timestamp)))
+                            context = None
+                            try:
+                                for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
+                                    maybe_coro = callback(message, context)
+                                    if maybe_coro is not None:
+                                        await maybe_coro
+                            except Exception as exc:
+                                if failed is None or context is None:
+                                    raise
+                                at_fault = offsets.index(context.offset)
+                                handed += at_fault - lo
+                                if not failed(exc, context):
+                                    stop_at = context.offset
+                                    break
+                                handed, lo = handed + 1, at_fault + 1
+                                continue
+                            handed += hi - lo
+                            break
+                        if stop_at is not None:
+                            break
                         if not credited:
                             credited = True
-                            await subscriber.client.credit(sid, 1)
-        except Exception:  # a callback that raised (rstream logs it) must not stop the credit
+                            await _credit(client, sid)
+        except Exception:  # (with no on_error: rstream logs it) the credit is never lost
             if not credited:
-                await subscriber.client.credit(sid, 1)
+                await _credit(client, sid)
             raise
         finally:
-            subscriber.smartclient_busy = False
+            del client.smartclient_handing[sid]
+            handing.set_result(None)
             self.smartclient_consumed[stream] += handed  # per chunk: read by the telemetry
             self.smartclient_chunks[stream] += 1
+        if stop_at is not None:  # nothing more is handed over; the position ends before that message
+            client.smartclient_stopping.add(sid)
+            if stop_at > first + skip or getattr(subscriber, "smartclient_moved", False):
+                subscriber.offset = stop_at
+                subscriber.smartclient_moved = True
+            return
         end = first + count
         if subscriber.offset is None or end > subscriber.offset:
             subscriber.offset = end
             subscriber.smartclient_moved = True  # a chunk was handed over: see position()
         if not credited:  # every message was before the consumer's offset, or filtered out
-            await subscriber.client.credit(sid, 1)
+            await _credit(client, sid)
+
+
+async def _credit(client: Any, sid: int) -> None:
+    """One more chunk for subscription ``sid``; nothing on a connection that is gone (recovery follows), so
+    that a chunk's handing over is never cut by it."""
+    try:
+        await client.credit(sid, 1)
+    except Exception as exc:
+        if client.is_connection_alive():
+            raise
+        log.debug("no credit for subscription %d on a closed connection: %s", sid, exc)
 
 
 def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) -> Chunk:
@@ -314,6 +359,15 @@ def name_stream(carrier: Any, stream: str, name: str | None, flow: ConsumerFlow 
         carrier._pool.flows[stream] = flow
     else:
         carrier._pool.flows.pop(stream, None)
+
+
+def on_callback_error(carrier: Any, stream: str, decide: Callable[[Exception, Any], bool] | None) -> None:
+    """What the delivery loop does when the callback of ``stream``'s consumer raises: ``decide(exception, context
+    or chunk)`` says whether delivery goes on (None: forget it)."""
+    if decide is None:
+        carrier._pool.on_error.pop(stream, None)
+    else:
+        carrier._pool.on_error[stream] = decide
 
 
 def closed_forwarder(carrier: Any, client: Any, handler: Any) -> Any:
@@ -496,7 +550,7 @@ def position(subscriber: Any) -> int | None:
 
 def busy(subscriber: Any) -> bool:
     """Whether a chunk of ``subscriber`` is being handed to its callback now."""
-    return bool(getattr(subscriber, "smartclient_busy", False))
+    return subscriber.subscription_id in getattr(subscriber.client, "smartclient_handing", ())
 
 
 def queued_chunks(subscriber: Any) -> int:

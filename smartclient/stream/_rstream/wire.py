@@ -99,9 +99,30 @@ class _NamedConnection(RConnection):
 
 
 class NamedClient(Client):
-    """rstream's Client, opening its socket with ``server_hostname`` (set before :meth:`start`)."""
+    """rstream's Client, opening its socket with ``server_hostname`` (set before :meth:`start`), whose delivery
+    tasks are never stopped in the middle of an application's handler (:meth:`stop_queue_listener_task`)."""
 
     server_hostname: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: subscription id -> done when the chunk being handed to its callback has been (the delivery loop's)
+        self.smartclient_handing: dict[int, asyncio.Future[None]] = {}
+        #: subscriptions handed no further chunk: their delivery is being stopped, or their callback said stop
+        self.smartclient_stopping: set[int] = set()
+
+    async def stop_queue_listener_task(self, subscriber_id: int) -> None:
+        """rstream's, except that a chunk being handed to the application is never cut: no further chunk is
+        handed over, the one in the callback is finished, and then the delivery task stops.  rstream cancelled
+        the task, so an async handler got ``CancelledError`` in the middle of its chunk at every failover, and
+        recovery, which resumes after the last chunk handed over, delivered that chunk again (issue 29)."""
+        self.smartclient_stopping.add(subscriber_id)
+        handing = self.smartclient_handing.get(subscriber_id)
+        if handing is not None and self._tasks.get(f"run_delivery_handlers_{subscriber_id}") is not (
+                asyncio.current_task()):  # (from the handler itself, e.g. its consumer's close(): no wait)
+            await _handler_done(handing, subscriber_id)
+        await super().stop_queue_listener_task(subscriber_id)
+        self.smartclient_stopping.discard(subscriber_id)  # (not on a cancellation: it stays handed nothing)
 
     async def start(self) -> None:
         # rstream's Client.start, with our connection class (tests/unit/test_rstream_seam.py pins it)
@@ -129,6 +150,19 @@ class NamedClient(Client):
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError(text))
                 waiter.exception()  # retrieved here: one nobody awaits any more must not log "never retrieved"
+
+
+async def _handler_done(handing: asyncio.Future[None], subscriber_id: int, every: float = 10.0) -> None:
+    """Wait for the application's handler to finish its chunk, however long it takes, saying so now and then."""
+    waited = 0.0
+    while True:
+        try:
+            await asyncio.wait_for(asyncio.shield(handing), every)
+            return
+        except asyncio.TimeoutError:
+            waited += every
+            log.warning("subscription %d: its delivery stops once the application's handler has finished its "
+                        "chunk; waited %.0f s so far", subscriber_id, waited)
 
 
 class LocatorClient(NamedClient):
