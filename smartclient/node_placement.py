@@ -3,7 +3,7 @@
 Neither handshake names the node.  Each connection smartclient opens carries a name of its own (AMQP's
 client-provided ``connection_name``, MQTT's client id); the management API lists connections with it
 and their node, so a connection through a load balancer is checked, and kept or closed and retried, by
-the same :class:`~smartclient.core.landing.Landing` state machine as stream connections.  Directly, the
+the same :class:`~smartclient.core.landing.Placement` loop as stream connections.  Directly, the
 node's listener (from ``/api/overview``, from given entry points, or from DNS SRV) goes through the
 resolver and the allow-list, like any address.
 

@@ -39,7 +39,7 @@ def _get_loop() -> asyncio.AbstractEventLoop:
 
 async def _environment(connection: StreamConnection) -> Environment:
     env = _envs.get(connection.key)
-    if env is None or env._closed:
+    if env is None or env.closed:
         env = connection.environment()
         await env.start()
         _envs[connection.key] = env

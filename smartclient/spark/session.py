@@ -15,7 +15,7 @@ def local_session(master: str = "local[2]", app_name: str = "smartclient", *, lo
     every socket on 127.0.0.1, no UI, 4 shuffle partitions, the executors on ``sys.executable``.
     Extra ``config`` entries are passed as Spark configuration (``spark_driver_memory="1g"`` for
     ``spark.driver.memory``)."""
-    from pyspark.sql import SparkSession
+    from smartclient.spark._pyspark import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -67,7 +67,7 @@ def row_to_message(row: Any, body_column: str, property_columns: Sequence[str]) 
     data = body.encode() if isinstance(body, str) else bytes(body)
     if not property_columns:
         return data
-    from smartclient.stream._rstream import amqp_message
+    from smartclient.stream.codec import amqp_message
 
     properties = {name: _amqp_value(row[name]) for name in property_columns}
     return amqp_message(data, properties)
@@ -91,7 +91,7 @@ def _partition_keys(spark: Any, count: int) -> Any:
     and the map's values are longs too (hash() of an int differs from hash() of the same long).  One
     small Spark job per slot count, the first time.
     """
-    from pyspark.sql import functions as F
+    from smartclient.spark._pyspark import functions as F
 
     keys = _PARTITION_KEYS.get(count)
     if keys is None:
@@ -214,7 +214,7 @@ class ExactlyOnceSink:
 
         :raises ConfigurationError: speculation is on, the batch id does not fit, or (``"input"``) the
             plan has a shuffle or a non-deterministic expression."""
-        from pyspark.sql import functions as F
+        from smartclient.spark._pyspark import functions as F
 
         spark = df.sparkSession
         if str(spark.conf.get("spark.speculation", "false")).lower() == "true":
@@ -250,8 +250,8 @@ class ExactlyOnceSink:
         return run_with_environment(self.connection, partitions)
 
     def _with_slots(self, df: Any, count: int) -> Any:
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import IntegerType
+        from smartclient.spark._pyspark import IntegerType
+        from smartclient.spark._pyspark import functions as F
 
         if self.stream is not None:
             return df.withColumn(SLOT_COLUMN, F.pmod(F.xxhash64(*[F.col(c) for c in self.key_columns]),
@@ -325,12 +325,12 @@ DEFAULT_SLOTS = 4
 
 
 def _partition_id() -> int:
-    from pyspark import TaskContext
+    from smartclient.spark._pyspark import partition_id
 
-    context = TaskContext.get()
-    if context is None:  # pragma: no cover - only ever called inside a Spark task
+    partition = partition_id()
+    if partition is None:  # pragma: no cover - only ever called inside a Spark task
         raise ConfigurationError("partitioning='input' runs inside a Spark task only")
-    return int(context.partitionId())
+    return partition
 
 
 def _same(batches: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - planned, never run
@@ -340,11 +340,11 @@ def _same(batches: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - planne
 def _require_replayable_partitions(df: Any) -> None:
     """Refuse the ``"input"`` mode when the batch's plan shows a shuffle or a non-deterministic
     expression: then a replayed batch may put other rows, or other orders, in a partition."""
+    from smartclient.spark._pyspark import jvm_plan
+
     try:
         # as the writers will run it: under a Python map (a limit at the top of a plan shows its shuffle then)
-        execution = df.mapInArrow(_same, df.schema)._jdf.queryExecution()
-        deterministic = bool(execution.optimizedPlan().deterministic())
-        plan = str(execution.executedPlan().toString())
+        deterministic, plan = jvm_plan(df.mapInArrow(_same, df.schema))
     except Exception:  # Spark Connect (no JVM plan to look at)
         log.warning("partitioning='input': the batch's plan cannot be inspected here; it is assumed to have "
                     "no shuffle and no non-deterministic expression")

@@ -54,7 +54,6 @@ Readers run on the executors and are placed on replicas like any smartclient con
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import math
@@ -63,11 +62,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-
 from smartclient._errors import ConfigurationError, DataLoss, MessageDecodeError
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
+from smartclient.spark._pyspark import (
+    PYSPARK_VERSION,
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    read_limits,
+)
 from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, duration_seconds, hold_batch
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
@@ -300,12 +305,10 @@ ADMISSION_CONTROL_SINCE = "4.2"
 
 def _require_admission_control(option: str, limit: str) -> None:
     """Refuse ``option`` where this PySpark lacks admission control for Python sources, or ``limit``."""
-    if admission_control_supported() and hasattr(importlib.import_module("pyspark.sql.streaming.datasource"), limit):
+    if admission_control_supported() and hasattr(read_limits(), limit):
         return
-    import pyspark
-
     raise ConfigurationError(
-        f"{option} needs admission control for Python data sources, which PySpark {pyspark.__version__} does "
+        f"{option} needs admission control for Python data sources, which PySpark {PYSPARK_VERSION} does "
         f"not offer (it came in PySpark {ADMISSION_CONTROL_SINCE}: before, latestOffset() gets no start and no "
         f"limit; {limit} is what Spark hands back); split the work with maxRecordsPerPartition instead")
 
@@ -313,11 +316,7 @@ def _require_admission_control(option: str, limit: str) -> None:
 def admission_control_supported() -> bool:
     """Whether this PySpark gives Python stream readers admission control: 4.2 added
     ``DataSourceStreamReader.latestOffset(start, limit)``, ``getDefaultReadLimit()`` and ``ReadMaxRows``."""
-    try:
-        limits = importlib.import_module("pyspark.sql.streaming.datasource")
-    except ImportError:
-        return False
-    return hasattr(limits, "ReadMaxRows") and hasattr(DataSourceStreamReader, "getDefaultReadLimit")
+    return hasattr(read_limits(), "ReadMaxRows") and hasattr(DataSourceStreamReader, "getDefaultReadLimit")
 
 
 def _split(start: dict[str, int], end: dict[str, int], size: int,
@@ -477,7 +476,8 @@ class _StreamReader(DataSourceStreamReader):
         ``ReadAllAvailable`` instead under ``Trigger.Once``): ``ReadMaxRows``, else ``ReadMaxBytes``, else
         ``ReadMinRows`` from the options (a limit of PySpark's is one kind only; ``latestOffset`` applies
         every option given), or ``ReadAllAvailable``."""
-        limits = importlib.import_module("pyspark.sql.streaming.datasource")
+        limits = read_limits()
+        assert limits is not None, "only PySpark 4.2+ asks for a default read limit, and it has the limits"
         if self.max_per_trigger is not None:
             return limits.ReadMaxRows(self.max_per_trigger)
         if self.max_bytes is not None:
@@ -541,8 +541,9 @@ class _StreamReader(DataSourceStreamReader):
         return None  # nothing to release: offsets live in Spark's checkpoint
 
 
-if admission_control_supported():  # the mixin is an ABC that Spark checks with isinstance
-    importlib.import_module("pyspark.sql.streaming.datasource").SupportsTriggerAvailableNow.register(_StreamReader)
+_limits = read_limits()
+if _limits is not None and admission_control_supported():  # the mixin is an ABC that Spark checks with isinstance
+    _limits.SupportsTriggerAvailableNow.register(_StreamReader)
 
 
 class RabbitStreamDataSource(DataSource):

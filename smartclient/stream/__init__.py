@@ -1,5 +1,5 @@
 """The stream wing, over rstream: the Environment facade, placement shell, handles, publishing and super
-streams.  ``_rstream.py`` is the one module that touches rstream's internals."""
+streams.  The ``_rstream`` package is the one place that imports rstream and touches its internals."""
 
 from typing import Any
 

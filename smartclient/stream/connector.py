@@ -1,4 +1,4 @@
-"""The async stream shell around :class:`~smartclient.core.landing.Landing`.
+"""The async stream shell around :class:`~smartclient.core.landing.Placement`.
 
 Every stream connection smartclient opens goes through :meth:`StreamConnector.dial`:
 resolve the advertised address (the one resolution seam), check the allow-list,
@@ -119,6 +119,8 @@ class StreamConnector:
         self.reused = 0  # placements that took a parked connection
         self.on_attempt: Callable[[Attempt], None] | None = None  # told each attempt of a placement (traces)
         self.connections: set[Connection] = set()
+        #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
+        self.dialled: dict[Address, Address] = {}
 
     async def resolve(self, advertised: Address) -> Address:
         """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
@@ -150,7 +152,7 @@ class StreamConnector:
 
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:
         route = await self.resolution.route(target)
-        dialled = route.dial
+        dialled = self.dialled[target] = route.dial
         holder: dict[str, Connection] = {}
 
         async def closed(info: Any) -> None:
@@ -226,7 +228,7 @@ class StreamConnector:
             except (AuthenticationFailed, CertificateRejected, ResolutionError):
                 raise  # another node, or the same one again, would repeat it
             except ConnectionFailed as exc:
-                step = plan.failed(step.target, None, exc)
+                step = plan.failed(step.target, self.dialled.get(step.target), exc)
             else:
                 step = plan.landed(step.target, conn.dialled, conn.node, conn)
             self._attempted(plan.landing.attempts[-1])

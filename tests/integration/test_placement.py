@@ -180,6 +180,35 @@ async def test_allow_list_refuses_a_metadata_answer_outside_it(
         await delete(rabbitmq_testbed, rabbitmq_unique_name)
 
 
+async def test_a_placement_error_names_the_address_each_attempt_dialled(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """The leader's listener resolves to a closed port: every attempt of the producer's placement fails, and
+    each names that port, not "dialled ?"."""
+    import socket
+
+    from smartclient import PlacementError
+
+    bed = rabbitmq_testbed
+    closed = socket.create_server(("127.0.0.1", 0))
+    dead = Address("127.0.0.1", closed.getsockname()[1])
+    closed.close()
+    leader_port = bed.nodes[1].stream_port
+
+    def resolver(address: Address) -> Address:
+        return dead if address.port == leader_port else address
+
+    await create_with_leader_on(bed, rabbitmq_unique_name, 1)
+    try:
+        async with environment(bed, resolver=resolver, retry=RetryPolicy(max_attempts=3, max_time=5.0)) as env:
+            with pytest.raises(PlacementError) as info:
+                await env.producer(rabbitmq_unique_name)
+        assert info.value.attempts and all(a.dialled == dead for a in info.value.attempts), info.value.attempts
+        assert f"dialled {dead} for " in str(info.value) and "dialled ?" not in str(info.value)
+    finally:
+        await delete(bed, rabbitmq_unique_name)
+
+
 async def test_unknown_stream(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
     async with environment(rabbitmq_testbed) as env:
         with pytest.raises(StreamNotFound):

@@ -237,6 +237,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "LinkStatus": "a row of federation's status()",
     "run_sync": "runs an awaitable to its end: it takes no option",
     "decode_amqp": "decodes a message body, which is data, not an option",
+    "amqp_message": "builds a message from a body and its properties, which are data, not options",
     "compute_max_hops": "the arithmetic FederationTopology checks its links by",
     "copies": "the arithmetic FederationTopology checks its links by",
     "local_session": "a test and example helper that starts a local Spark",

@@ -195,3 +195,25 @@ def test_the_plan_alone_says_every_step() -> None:
     gave_up = Placement(LEADER, RetryPolicy(max_attempts=1)).failed(N1, None, ConnectionFailed("x"))
     assert isinstance(gave_up, GiveUp)
 
+
+def test_a_failed_stream_attempt_names_the_address_it_dialled() -> None:
+    """The real stream shell, its resolver sending each node to a closed local port: every attempt failed, and
+    each names the port it dialled (it once said "dialled ?")."""
+    import socket
+
+    from smartclient import PlacementError
+    from smartclient.resolution import Resolution
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    mapped = Address("127.0.0.1", port)
+    connector = StreamConnector(ConnectSettings(Credentials(), "/", None), Resolution(lambda target: mapped),
+                                retry=RetryPolicy(max_attempts=3, backoff_initial=0.0, backoff_max=0.0, hedge_after=0),
+                                limits=PoolLimits(idle_timeout=60))
+    with pytest.raises(PlacementError) as caught:
+        asyncio.run(connector.acquire(one_node(N1), "test"))
+    attempts = caught.value.attempts
+    assert len(attempts) == 3 and all(a.dialled == mapped and a.target == N1 for a in attempts)
+    assert f"dialled 127.0.0.1:{port} for n1:5552: reached nothing, failed: ConnectionFailed" in str(caught.value)
+    assert "dialled ?" not in str(caught.value)
