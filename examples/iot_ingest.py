@@ -36,9 +36,10 @@ MQTT_LB = os.environ.get("SMARTCLIENT_MQTT_LB", "127.0.0.1:20083")
 MANAGEMENT = os.environ.get("SMARTCLIENT_MANAGEMENT", "http://127.0.0.1:20115")
 
 
-def environment(uri: str, management: ManagementClient) -> Environment:
+def environment(uri: str, management: ManagementClient, mqtt_lb: str | None = None) -> Environment:
+    """Everything through the load balancer: streams through the URI's address, MQTT through ``mqtt_lb``."""
     lb = Address.parse(uri.split("@")[-1].split("/")[0])
-    return Environment(uri, resolver=LoadBalancer(lb), management=management)
+    return Environment(uri, resolver=LoadBalancer(lb, mqtt=mqtt_lb), management=management)
 
 
 async def setup(uri: str, management: ManagementClient, readings: str, averages: str) -> None:
@@ -52,8 +53,8 @@ def run_devices(uri: str, management: ManagementClient, mqtt_lb: str, prefix: st
                 readings_each: int) -> dict[str, int]:
     """Connect ``devices`` MQTT clients through the LB, spread over the nodes; each publishes its readings
     with QoS 1 (every PUBACK awaited).  Returns the fleet's connections per node."""
-    env = environment(uri, management)
-    with env.mqtt_fleet(devices, via=mqtt_lb, client_id_prefix=prefix) as fleet:
+    env = environment(uri, management, mqtt_lb)
+    with env.mqtt_fleet(devices, client_id_prefix=prefix) as fleet:
         infos = []
         for seq in range(readings_each):
             for device in range(devices):

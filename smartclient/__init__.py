@@ -8,7 +8,6 @@ imported lazily, so importing :mod:`smartclient` costs nothing.
 
 from __future__ import annotations
 
-from smartclient import _moved
 from smartclient._errors import (
     AddressNotAllowed,
     AuthenticationFailed,
@@ -54,9 +53,10 @@ from smartclient.core.routing import hash_partition
 from smartclient.core.settings import Credentials, PoolLimits, parse_stream_uri
 from smartclient.core.stream_arguments import StreamArguments
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
+from smartclient.environment import Environment
 from smartclient.stream.consumer import Consumer
-from smartclient.stream.environment import Environment, PlacementRecord
 from smartclient.stream.handles import Producer
+from smartclient.stream.host import PlacementRecord
 from smartclient.stream.publishing import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
 
 __version__ = "0.1.0"
@@ -123,5 +123,3 @@ __all__ = [
     "hash_partition",
     "parse_stream_uri",
 ]
-
-_moved.install()

@@ -112,21 +112,21 @@ def _entry_uri(args: argparse.Namespace) -> str:
 
 
 def _environment(args: argparse.Namespace) -> Any:
-    from smartclient.stream.environment import Environment
+    from smartclient.environment import Environment
 
     return Environment(_entry_uri(args), resolver=_resolver(args), connection_name="smartclient-cli")
 
 
-def _probe_environment(args: argparse.Namespace, via: Address) -> Any:
+def _probe_environment(args: argparse.Namespace, lb: Address) -> Any:
     """An Environment whose one entry point is the LB under test: the URI (if any) gives only the user,
     password, vhost and TLS."""
     from resolvers import Identity
     from smartclient.core.settings import parse_stream_uri
-    from smartclient.stream.environment import Environment
+    from smartclient.environment import Environment
 
     uri = parse_stream_uri(_entry_uri(args))
     return Environment(
-        f"rabbitmq-stream{'+tls' if uri.tls else ''}://{via}/",
+        f"rabbitmq-stream{'+tls' if uri.tls else ''}://{lb}/",
         username=uri.credentials.username if uri.credentials else None,
         password=uri.credentials.password if uri.credentials else None,
         vhost=uri.vhost, resolver=Identity(), connection_name="smartclient-probe",
@@ -156,21 +156,21 @@ async def _probe(args: argparse.Namespace, console: Any) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    via = Address.parse(args.via, default_port=5552)
+    lb = Address.parse(args.via, default_port=5552)
     reached: Counter[Address] = Counter()
     failures: list[str] = []
-    async with _probe_environment(args, via) as env:
+    async with _probe_environment(args, lb) as env:
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"connecting through {via}", total=args.connections)
+            task = progress.add_task(f"connecting through {lb}", total=args.connections)
             for _ in range(args.connections):
                 try:
-                    conn = await env.connector.dial(via, f"smartclient-probe-{uuid.uuid4().hex[:6]}")
+                    conn = await env.connector.dial(lb, f"smartclient-probe-{uuid.uuid4().hex[:6]}")
                     reached[conn.node] += 1
                     await env.connector.close_connection(conn)
                 except SmartClientError as exc:
                     failures.append(str(exc))
                 progress.advance(task)
-    table = Table(title=f"{args.connections} connections through {via}", header_style="bold")
+    table = Table(title=f"{args.connections} connections through {lb}", header_style="bold")
     table.add_column("node reached (advertised)")
     table.add_column("connections", justify="right")
     table.add_column("share", justify="right")

@@ -67,8 +67,6 @@ class NodePlacer(Generic[C]):
     :attr:`default_port`, :attr:`name_column` and implement :meth:`_dial` and :meth:`_close`.
 
     :param management: the management API, for the nodes' listeners and to find a connection's node.
-    :param via: a load balancer's address for this protocol: every connection goes through it, and is
-        checked.
     :param identify_timeout: seconds to wait for the management API to list a new connection (it lists
         connections after its next statistics round, up to 5 s by default).
     :param entry_points: where the nodes' listeners are, instead of the management API's overview:
@@ -96,7 +94,6 @@ class NodePlacer(Generic[C]):
         retry: RetryPolicy = RetryPolicy(),
         tls: ssl.SSLContext | None = None,
         tls_server_name: str | None = None,
-        via: str | Address | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
@@ -115,10 +112,11 @@ class NodePlacer(Generic[C]):
         self.retry = retry
         self.tls = tls
         self.tls_server_name = tls_server_name
-        self.via = Address.parse(via, default_port=self.default_port) if isinstance(via, str) else via
-        # the one resolution seam: what to dial (the resolver, or the load balancer), which name TLS verifies
+        # the one resolution seam: what to dial (the resolver, or the load balancer's listener for this protocol
+        # when the resolver is one), which name TLS verifies
         self.resolution = Resolution(resolver, allow, tls=tls is not None, tls_override=tls_server_name,
-                                     via=self.via)
+                                     protocol=getattr(self, "protocol", None))
+        self.lb = self.resolution.lb  #: the load balancer's listener every connection dials, if any (then checked)
         self.resolver = self.resolution.resolver
         self.identify_timeout = identify_timeout
         self.entry_points = entry_points
@@ -258,7 +256,7 @@ class NodePlacer(Generic[C]):
         :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
-        if node is None and self.via is None and self.management is None and self.entry_points is not None:
+        if node is None and self.lb is None and self.management is None and self.entry_points is not None:
             # any node, no way (and no need) to ask which: the first entry point that answers
             return self._first_entry_point(name)
         nodes = self.nodes()
@@ -293,7 +291,7 @@ class NodePlacer(Generic[C]):
                 except (AuthenticationFailed, CertificateRejected, ResolutionError):
                     raise
                 except ConnectionFailed as exc:
-                    step = plan.failed(step.target, self.via or step.target, exc)
+                    step = plan.failed(step.target, self.lb or step.target, exc)
                     continue
                 seen = max(seen, landed.listed_at)
                 reported = pick_node(nodes, str(landed.node)).address(self.protocol)
@@ -321,7 +319,7 @@ class NodePlacer(Generic[C]):
         dialled = self.resolve(target)
         name = name or self._new_name(self.protocol)
         connection = self._dial(target, dialled, name)
-        if self.via is None:
+        if self.lb is None:
             return Landed(connection, by_address[target].name, dialled, name)
         try:
             node, listed_at = self._identify(connection, name, newer_than)

@@ -74,7 +74,6 @@ CLIENT_OPTIONS: dict[str, Check | None] = {
     "management": management,
     "connection_name": text,
     "entry_points": entry_points,
-    "via": settings((str, Address)),
     "identify_timeout": partial(number, above=0, note="seconds"),
     "node": partial(text, optional=True),
     "client_id": partial(text, empty=True, optional=True),

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import sys
 import time
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -33,27 +31,14 @@ __all__ = ["Resolution", "Route", "run_sync", "through"]
 T = TypeVar("T")
 
 
-def _application() -> int:
-    """The stack level, from the caller, of the first frame outside smartclient: where a warning should point (the
-    application's line, however many of smartclient's calls and option checks lie between)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("smartclient"):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def through(resolver: ResolverLike, protocol: str, via: str | Address | None) -> str | Address | None:
-    """Where ``protocol`` connections go through: the load balancer resolver's listener for it, ``via``
-    (deprecated, warns), or None (each connection goes where the resolver says).
+def through(resolver: ResolverLike, protocol: str) -> Address | None:
+    """Where ``protocol`` connections go through: the load balancer resolver's listener for it, or None (each
+    connection goes where the resolver says).
 
     :raises ConfigurationError: the resolver is a load balancer without a listener for ``protocol``."""
     from resolvers.base import ListensPerProtocol
 
     option = protocol.replace("/ssl", "_tls")
-    if via is not None:
-        warnings.warn(f"via= is deprecated: give the load balancer its {protocol} listener instead, "
-                      f"LoadBalancer(..., {option}=PORT)", DeprecationWarning, stacklevel=_application())
-        return via
     if isinstance(resolver, ListensPerProtocol):
         listener = resolver.address_for(protocol)
         if listener is None:
@@ -77,12 +62,14 @@ class Route:
 class Resolution:
     """One resolver, allow-list and TLS rule, applied the same way for every connection of one client.
 
-    :param via: dial this address whatever the target (a load balancer's listener for the protocol); the
-        node each connection reached is then checked by the placement loop.
+    :param protocol: the protocol of the connections (``amqp``, ``mqtt``, ``mqtt/ssl``; None for streams): when the
+        resolver is a load balancer with a listener for it, every connection dials that listener (:attr:`lb`),
+        whatever the target, and the placement loop checks the node each one reached.
+    :raises ConfigurationError: the resolver is a load balancer without a listener for ``protocol``.
     """
 
     def __init__(self, resolver: ResolverLike | None, allow: AllowList | None = None, *, tls: bool = False,
-                 tls_override: str | None = None, via: Address | None = None) -> None:
+                 tls_override: str | None = None, protocol: str | None = None) -> None:
         from resolvers import Identity
         from resolvers.base import as_async
 
@@ -91,13 +78,13 @@ class Resolution:
         self.allow = allow
         self.tls = tls
         self.tls_override = tls_override
-        self.via = via
+        self.lb = through(self.resolver, protocol) if protocol is not None else None
         self.on_resolved: Callable[[float], None] | None = None  # told each resolver call's time (metrics)
 
     async def dial_address(self, target: Address) -> Address:
-        """What to dial for ``target`` (resolver or ``via``, then the allow-list)."""
-        if self.via is not None:
-            dialled = self.via
+        """What to dial for ``target`` (the load balancer's listener, or the resolver; then the allow-list)."""
+        if self.lb is not None:
+            dialled = self.lb
         elif self.on_resolved is None:
             dialled = await self._resolve(target)
         else:

@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 
 from smartclient._errors import ConnectionFailed
 from smartclient.core.topology import StreamTopology
+from smartclient.environment import Environment
 from smartclient.stream.consumer import Consumer
-from smartclient.stream.environment import Environment, PlacementRecord
 from smartclient.stream.handles import Producer
+from smartclient.stream.host import PlacementRecord
 from smartclient.stream.publishing import Confirmation
 from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 

@@ -71,7 +71,6 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
     """Opens AMQP connections on chosen nodes.
 
     :param management: the management API, for the nodes' listeners and to find a connection's node.
-    :param via: a load balancer's AMQP address: every connection goes through it, and is checked.
     :param identify_timeout: seconds to wait for the management API to list a new connection.
     :param entry_points: where the nodes' AMQP listeners are, instead of the management API's overview:
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery` (e.g.
@@ -95,12 +94,11 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         tls: ssl.SSLContext | None = None,
         heartbeat: int = 60,
         connection_name: str = "smartclient",
-        via: str | Address | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=tls, via=via, identify_timeout=identify_timeout,
+                         allow=allow, retry=retry, tls=tls, identify_timeout=identify_timeout,
                          entry_points=entry_points)
         self.management: ManagementClient = management
         self.heartbeat = heartbeat

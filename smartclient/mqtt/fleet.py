@@ -95,7 +95,7 @@ class _Member:
 class MqttFleet:
     """``size`` MQTT connections from this process, on one selector thread, spread evenly over the nodes.
 
-    :param placer: how to reach the cluster (resolver, allow-list, ``via`` load balancer, TLS, options).
+    :param placer: how to reach the cluster (resolver, allow-list, load balancer, TLS, options).
     :param client_id_prefix: client ids are ``<prefix>-<index>``.
     :param nodes: spread over these nodes only (full or short names; default: every node with a listener).
     :param window: most connections waiting for their CONNACK at once.
@@ -125,7 +125,7 @@ class MqttFleet:
         function("on_message", on_message, takes="client, userdata, message")
         number("tolerance", tolerance, low=1, note="the most connections on a node over the fewest")
         whole("rebalance_rounds", rebalance_rounds, low=0)
-        if placer.via is not None and placer.management is None:
+        if placer.lb is not None and placer.management is None:
             raise ConfigurationError("a fleet behind a load balancer needs the management API to see where it landed")
         self.placer = placer
         self.size = size
@@ -196,7 +196,7 @@ class MqttFleet:
             self._wait(lambda: self.connected + self._failed() >= self.size, deadline, "connect")
             if self._failed():
                 raise ConnectionFailed(f"{self._failed()} of {self.size} fleet connections failed; see the log")
-            rebalanced = self._rebalance(deadline) if self.placer.via is not None else 0
+            rebalanced = self._rebalance(deadline) if self.placer.lb is not None else 0
         except BaseException:
             self.close()
             raise
@@ -286,7 +286,7 @@ class MqttFleet:
         target, node = target_node
         m.started = True
         try:
-            dialled = target if self.placer.via is not None else self.placer.resolve(target)
+            dialled = target if self.placer.lb is not None else self.placer.resolve(target)
             self._awaiting.add(m.index)
             m.node = node
             m.client._failover = False  # this connect goes where the fleet says; reconnects fail over
@@ -314,7 +314,7 @@ class MqttFleet:
                 return moved
             if len(previous) >= 5 and all(self.members[i].node == node for i, node in previous.items()):
                 raise NodeUnreachable(
-                    f"the load balancer {self.placer.via} sent every reconnected client back where it was "
+                    f"the load balancer {self.placer.lb} sent every reconnected client back where it was "
                     f"({dict(counts)}): it looks sticky (balance source, or persistence); spread the fleet "
                     f"directly, or over a balancer that spreads"
                 )
@@ -329,7 +329,7 @@ class MqttFleet:
             self._call(functools.partial(self._redial, batch))
             self._wait(lambda: self.connected >= self.size and not self._awaiting, deadline, "rebalance")
         raise NodeUnreachable(
-            f"after {self.rebalance_rounds} rounds through {self.placer.via} the fleet is still uneven: "
+            f"after {self.rebalance_rounds} rounds through {self.placer.lb} the fleet is still uneven: "
             f"{dict(self.per_node())} (max/min above {self.tolerance})"
         )
 

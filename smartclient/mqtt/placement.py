@@ -155,7 +155,6 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         reached).  Optional with ``entry_points`` when no node is asked for.
     :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``, :class:`Address`) or a
         :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.example``), instead of the management API's overview.
-    :param via: a load balancer's MQTT address: every connection goes through it (and is checked).
     :param tls: a verifying ``ssl.SSLContext`` for the nodes' ``mqtt/ssl`` listeners.
     :param tls_server_name: the name every TLS connection verifies, instead of the one worked out.
     """
@@ -176,7 +175,6 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         retry: RetryPolicy = RetryPolicy(),
         tls: ssl.SSLContext | None = None,
         tls_server_name: str | None = None,
-        via: str | Address | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
         options: MqttOptions = MqttOptions(),
@@ -185,14 +183,13 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             entry_points = [entry_points]
         if isinstance(entry_points, list | tuple):
             entry_points = [_strip_scheme(e) if isinstance(e, str) else e for e in entry_points]
-        if isinstance(via, str):
-            via = _strip_scheme(via)
-        if management is None and entry_points is None and via is None:
-            raise ConfigurationError("MQTT needs entry_points=, via= a load balancer, or the management API")
         self.protocol = "mqtt/ssl" if tls is not None else "mqtt"
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=tls, tls_server_name=tls_server_name, via=via,
+                         allow=allow, retry=retry, tls=tls, tls_server_name=tls_server_name,
                          identify_timeout=identify_timeout, entry_points=entry_points)
+        if management is None and entry_points is None and self.lb is None:
+            raise ConfigurationError("MQTT needs entry_points=, the management API, or a load balancer resolver with "
+                                     "an MQTT listener: LoadBalancer(..., mqtt=PORT)")
         self.options = options
         self._placing = threading.Lock()
         self._call = _Call(None, [])
@@ -201,8 +198,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
     def failover_targets(self) -> list[tuple[Address, str | None]]:
         """Where a client may reconnect: the load balancer; else every node's listener (with its name), or
         the entry points when no management API can name nodes."""
-        if self.via is not None:
-            return [(self.via, None)]
+        if self.lb is not None:
+            return [(self.lb, None)]
         if self.management is None:
             return [(a, None) for a in self.entry_addresses()]
         return [(n.address(self.protocol), n.name) for n in self.nodes() if self.protocol in n.listeners]
@@ -246,7 +243,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             validate_filter(topic)
             if qos not in (0, 1, 2):
                 raise ConfigurationError(f"QoS must be 0, 1 or 2, not {qos!r} (for {topic!r})")
-        if (self.via is not None or node is not None) and self.management is None:
+        if (self.lb is not None or node is not None) and self.management is None:
             raise ConfigurationError("placing on a node, or checking a load balancer, needs the management API")
         with self._placing:
             self._call = _Call(setup, list(subscriptions))

@@ -9,7 +9,7 @@ from smartclient.core.settings import parse_stream_uri
 from smartclient.core.validation import resolver, text
 
 if TYPE_CHECKING:
-    from smartclient.stream.environment import Environment
+    from smartclient.stream.environment import StreamEnvironment
 
 __all__ = ["StreamConnection"]
 
@@ -37,8 +37,8 @@ class StreamConnection:
     def key(self) -> tuple[Any, ...]:
         return (self.uri, self.username, self.password, repr(self.resolver))
 
-    def environment(self) -> Environment:
-        from smartclient.stream.environment import Environment
+    def environment(self) -> StreamEnvironment:
+        from smartclient.stream.environment import StreamEnvironment
 
-        return Environment(self.uri, username=self.username, password=self.password, resolver=self.resolver,
+        return StreamEnvironment(self.uri, username=self.username, password=self.password, resolver=self.resolver,
                            connection_name="smartclient-spark")

@@ -1,6 +1,7 @@
-"""``Environment``: the entry point of the stream API, a thin facade over the stream machinery.
+"""``StreamEnvironment``: the stream wing's facade over its machinery; :class:`smartclient.Environment` (the face
+over every wing) is one.
 
-One Environment holds, each in a module of its own:
+One StreamEnvironment holds, each in a module of its own:
 
 * :class:`~smartclient.stream.topology_cache.TopologyCache`: the locator connection and each stream's members;
 * :class:`~smartclient.stream.placement.StreamPlacement`: shared connections by role, where each handle sits;
@@ -17,8 +18,7 @@ import datetime
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
@@ -41,30 +41,29 @@ from smartclient.core.stream_arguments import StreamArguments, validate_stream_n
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
 from smartclient.core.validation import checked
 from smartclient.management import ManagementClient
-from smartclient.resolution import through
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.publishing import BatchingPolicy
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike, SrvDiscovery
-    from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
-    from smartclient.mqtt.fleet import MqttFleet
-    from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
     from smartclient.stream.consumer import Consumer, OnError
     from smartclient.stream.handles import Producer
     from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
     EntryPoints = str | Address | Sequence[str | Address] | SrvDiscovery
 
-__all__ = ["Environment", "PlacementRecord"]
+__all__ = ["PlacementRecord", "StreamEnvironment"]
 
 log = logging.getLogger(__name__)
+E = TypeVar("E", bound="StreamEnvironment")
+P = TypeVar("P")
 
 
 @checked(ENVIRONMENT_OPTIONS)  # every option of every method, when given, before the method runs
-class Environment:
-    """Connections to a RabbitMQ cluster's streams, each placed on the right node.
+class StreamEnvironment:
+    """Connections to a RabbitMQ cluster's streams, each placed on the right node (the stream wing; use
+    :class:`smartclient.Environment`, which is one and adds the other protocols).
 
     :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
@@ -167,7 +166,6 @@ class Environment:
                                   connection_name, entry, meter_provider, tracer_provider, trace_context)
         self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, self.settings.vhost,
                                   management, connection_name)
-        self._amqp_placers: dict[str, AmqpPlacer] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -179,6 +177,16 @@ class Environment:
             raise HandleClosed(f"{self!r} is closed")
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: every call but ``close()`` then raises :class:`HandleClosed`."""
+        return self._closed
+
+    def _measure(self, placer: P) -> P:
+        """``placer`` (an AMQP or MQTT placer of this Environment) measured with its metrics: clients per node,
+        resolution times."""
+        return self._carriers.watch(placer)
+
+    @property
     def management(self) -> ManagementClient | None:
         """The management API client, for what the stream protocol of an older broker cannot do."""
         return self._admin.management
@@ -188,7 +196,7 @@ class Environment:
         self._admin.management = value
 
     # -- lifecycle -----------------------------------------------------------------------------
-    async def __aenter__(self) -> Environment:
+    async def __aenter__(self: E) -> E:
         await self.start()
         return self
 
@@ -438,102 +446,6 @@ class Environment:
         """The partitions the broker's bindings give for ``routing_key`` (the Route command)."""
         self._check_open()
         return await self._admin.route(super_stream, routing_key)
-
-    # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
-    def amqp_placer(self, *, via: str | Address | None = None) -> AmqpPlacer:
-        """An :class:`AmqpPlacer` with this Environment's credentials, vhost, resolver, allow-list and retry
-        policy; through the load balancer's AMQP listener when the resolver is one
-        (``LoadBalancer(..., amqp=PORT)``).  ``via`` (deprecated): a load balancer's AMQP address.
-
-        :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
-            resolver is a load balancer without an AMQP listener.
-        """
-        self._check_open()
-        from smartclient.amqp.placement import AmqpPlacer
-
-        if self.management is None:
-            raise ConfigurationError(
-                "AMQP placement needs the management API (it lists the nodes' AMQP listeners and says which node "
-                "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
-            )
-        via = through(self.resolver, "amqp", via)
-        key = str(via)
-        placer = self._amqp_placers.get(key)
-        if placer is None:
-            placer = AmqpPlacer(self.management, settings=self.client_settings, connection_name=self.connection_name,
-                                via=via)
-            self._amqp_placers[key] = placer
-            self._carriers.watch(placer)
-        return placer
-
-    def amqp_connection(self, node: str | None = None, *, via: str | Address | None = None) -> PlacedConnection:
-        """A pika ``BlockingConnection`` on ``node`` (full name or short name; any node if None), directly
-        through the resolver or through the load balancer ``via``, checked with the management API.
-
-        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
-        """
-        return self.amqp_placer(via=via).connect(node)  # (via= warns there)
-
-    # -- MQTT (paho-mqtt) --------------------------------------------------------------------------
-    def mqtt_placer(
-        self,
-        *,
-        via: str | Address | None = None,
-        entry_points: Any = None,
-        options: MqttOptions | None = None,
-        tls: ssl.SSLContext | bool | None = None,
-    ) -> MqttPlacer:
-        """An :class:`MqttPlacer` with this Environment's credentials, vhost, resolver, allow-list, retry
-        policy and TLS name rules.
-
-        :param via: (deprecated: give the ``LoadBalancer`` resolver ``mqtt=PORT``) a load balancer's MQTT
-            address; every client goes through it (checked with the management API, and by fleets).
-        :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``) or a
-            :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.<domain>``), instead of the management API's list.
-        :param tls: None: TLS if this Environment uses TLS (the nodes' ``mqtt/ssl`` listeners); False: no
-            TLS; or an ``ssl.SSLContext``.
-        :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no
-            ``via``), or the resolver is a load balancer without an MQTT listener.
-        """
-        self._check_open()
-        from smartclient.mqtt.placement import MqttOptions, MqttPlacer
-
-        context = self.settings.tls if tls is None or tls is True else (tls or None)
-        if tls is True and context is None:
-            context = ssl.create_default_context()
-        via = through(self.resolver, "mqtt/ssl" if context is not None else "mqtt", via)
-        placer = MqttPlacer(self.management, settings=replace(self.client_settings, tls=context), via=via,
-                            entry_points=entry_points, options=options if options is not None else MqttOptions())
-        return self._carriers.watch(placer)
-
-    def mqtt_client(
-        self,
-        client_id: str | None = None,
-        node: str | None = None,
-        *,
-        via: str | Address | None = None,
-        entry_points: Any = None,
-        options: MqttOptions | None = None,
-        subscriptions: Sequence[tuple[str, int]] = (),
-        setup: Callable[[PlacedMqttClient], None] | None = None,
-        start: bool = True,
-    ) -> PlacedMqttClient:
-        """A connected paho client (:class:`PlacedMqttClient`) on ``node`` (any node if None), that fails
-        over to the next node when its connection drops.  See :meth:`mqtt_placer` and
-        :meth:`MqttPlacer.connect`.
-
-        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
-        :raises AuthenticationFailed: refused credentials.  :raises ConnectionFailed: no node answered.
-        """
-        placer = self.mqtt_placer(via=via, entry_points=entry_points, options=options)
-        return placer.connect(client_id, node, subscriptions=subscriptions, setup=setup, start=start)
-
-    def mqtt_fleet(self, size: int, *, via: str | Address | None = None, entry_points: Any = None,
-                   options: MqttOptions | None = None, **fleet: Any) -> MqttFleet:
-        """An unstarted :class:`MqttFleet` of ``size`` connections (``with env.mqtt_fleet(1000) as fleet:``)."""
-        from smartclient.mqtt.fleet import MqttFleet
-
-        return MqttFleet(self.mqtt_placer(via=via, entry_points=entry_points, options=options), size, **fleet)
 
     async def super_stream_producer(
         self, super_stream: str, *, routing: str = "hash", key: Callable[[Any], str] | None = None,

@@ -1,4 +1,4 @@
-"""What each option of the :class:`~smartclient.Environment` takes, by name: the table its constructor and every
+"""What each option of the stream wing's ``StreamEnvironment`` takes, by name: the table its constructor and every
 public method check what they are given by, before anything else (so before any I/O).
 
 An option means the same in every method that takes it (``stream``, ``name``, ``flow``...); a method whose option
@@ -9,7 +9,6 @@ differs has an entry of its own (``"stored_offset.name"``: a name is needed ther
 
 from __future__ import annotations
 
-import ssl
 from functools import partial
 from typing import Any
 
@@ -22,7 +21,7 @@ from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.settings import PoolLimits
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import PlacementPolicy, Role
-from smartclient.core.validation import Check, choice, flag, function, instance, number, provider, text, texts, whole
+from smartclient.core.validation import Check, choice, flag, function, number, provider, text, texts, whole
 from smartclient.options import CLIENT_OPTIONS, entry_points, settings
 
 __all__ = ["ENVIRONMENT_OPTIONS"]
@@ -35,12 +34,6 @@ def _stream(name: str, value: Any) -> None:
 def _optional_stream(name: str, value: Any) -> None:
     if value is not None:
         validate_stream_name(value, name)
-
-
-def _mqtt_options(name: str, value: Any) -> None:
-    from smartclient.mqtt.placement import MqttOptions
-
-    instance(name, value, MqttOptions)
 
 
 def _offset(name: str, value: Any) -> None:
@@ -88,9 +81,5 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     "missing_ok": flag,
     "partitions": partial(whole, low=1, optional=True),
     "binding_keys": partial(texts, optional=True),
-    # AMQP 0.9.1 and MQTT
     "invalidate.node": settings(Address),
-    "options": _mqtt_options,
-    "mqtt_placer.tls": settings((ssl.SSLContext, bool)),
-    "size": partial(whole, low=1),
 }

@@ -30,7 +30,7 @@ def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
 def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        yield AmqpPlacer(api, via=Address(host, port))
+        yield AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
 
 
 def node_names(bed: TestBed) -> list[str]:
@@ -67,7 +67,7 @@ def test_unknown_node_is_a_typed_error(placer: AmqpPlacer) -> None:
         placer.connect("rabbit-9")
 
 
-async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_via(
+async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_without_an_amqp_listener(
     rabbitmq_testbed: TestBed
 ) -> None:
     host, port = rabbitmq_testbed.lb()
@@ -76,8 +76,10 @@ async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_withou
                                management=api) as env:
             with pytest.raises(ConfigurationError, match=r"no amqp listener: LoadBalancer\(\.\.\., amqp=PORT\)"):
                 env.amqp_connection(rabbitmq_testbed.nodes[1].short)
-            amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
-            with env.amqp_connection(rabbitmq_testbed.nodes[1].short, via=f"{amqp_host}:{amqp_port}") as placed:
+        amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
+        async with Environment(rabbitmq_testbed.stream_uri(host, port), management=api,
+                               resolver=LoadBalancer(Address(host, port), amqp=amqp_port)) as env:
+            with env.amqp_connection(rabbitmq_testbed.nodes[1].short) as placed:
                 assert placed.node == rabbitmq_testbed.nodes[1].name
     async with Environment(rabbitmq_testbed.stream_uri(host, port)) as env:
         with pytest.raises(ConfigurationError, match="management API"):
@@ -149,7 +151,7 @@ def test_through_the_lb_a_connection_is_known_by_the_queue_it_declares_else_by_i
         api.put(f"/api/users/{user}", {"password": "s3cret-noconf", "tags": ""})
         api.put(f"/api/permissions/%2F/{user}", {"configure": "^$", "write": ".*", "read": ".*"})
         try:
-            restricted = AmqpPlacer(api, via=Address(host, port), credentials=Credentials(user, "s3cret-noconf"))
+            restricted = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)), credentials=Credentials(user, "s3cret-noconf"))
             for chosen in (lb_placer, restricted):
                 for node in rabbitmq_testbed.nodes:
                     with chosen.connect(node.short) as placed:

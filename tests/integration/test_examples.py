@@ -12,12 +12,14 @@ import pytest
 from smartclient.testing import TestBed
 
 ROOT = Path(__file__).resolve().parents[2]
+#: every example runs with deprecation warnings as errors: what a user copies from one uses only current API
+PYTHON = (sys.executable, "-W", "error::DeprecationWarning")
 
 
 def test_quickstart_places_through_the_lb(rabbitmq_testbed: TestBed) -> None:
     host, port = rabbitmq_testbed.lb("stream")
     env = {**os.environ, "SMARTCLIENT_URI": rabbitmq_testbed.stream_uri(host, port)}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True,
+    proc = subprocess.run([*PYTHON, str(ROOT / "examples" / "quickstart.py")], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "placement OK" in proc.stdout
@@ -35,6 +37,6 @@ def test_every_example_runs_against_the_test_bed(rabbitmq_testbed: TestBed, exam
     env = {**os.environ, "SMARTCLIENT_URI": rabbitmq_testbed.stream_uri(host, port),
            "SMARTCLIENT_MQTT_LB": f"{mqtt_host}:{mqtt_port}",
            "SMARTCLIENT_MANAGEMENT": rabbitmq_testbed.nodes[0].management_url}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True,
+    proc = subprocess.run([*PYTHON, str(ROOT / "examples" / example)], capture_output=True, text=True,
                           env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, f"{example} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -1,5 +1,5 @@
 """One LoadBalancer value names the load balancer for every protocol: AMQP and MQTT connections go through
-its listeners with no via=, and via= still works, with a DeprecationWarning (issue 16)."""
+its listeners (issue 16)."""
 
 from __future__ import annotations
 
@@ -46,11 +46,3 @@ async def test_a_load_balancer_without_the_protocols_listener_is_a_typed_error(r
             env.amqp_connection()
         with pytest.raises(ConfigurationError, match=r"no mqtt listener"):
             env.mqtt_client("nobody")
-
-
-async def test_via_still_works_and_says_it_is_deprecated(rabbitmq_testbed: TestBed) -> None:
-    bed = rabbitmq_testbed
-    async with Environment(bed.stream_uri(*bed.lb("stream")), management=bed.management()) as env:
-        with pytest.warns(DeprecationWarning, match="via= is deprecated"):
-            amqp = env.amqp_connection(bed.nodes[0].name, via=Address(*bed.lb("amqp")))
-        amqp.close()

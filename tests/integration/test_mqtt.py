@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from resolvers import DnsResolver, SrvDiscovery
+from resolvers import DnsResolver, LoadBalancer, SrvDiscovery
 from smartclient import (
     AuthenticationFailed,
     CertificateRejected,
@@ -41,9 +41,10 @@ def api(rabbitmq_testbed: TestBed) -> Iterator[ManagementClient]:
         yield client
 
 
-def lb(bed: TestBed, balance: str = "roundrobin") -> str:
+def lb(bed: TestBed, balance: str = "roundrobin") -> LoadBalancer:
+    """A resolver sending every MQTT client through the test bed's MQTT listener ``balance``."""
     host, port = bed.lb("mqtt", balance)
-    return f"{host}:{port}"
+    return LoadBalancer(f"{host}:{port}", mqtt=port)
 
 
 def dns(bed: TestBed) -> DnsResolver:
@@ -85,7 +86,7 @@ def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
     rabbitmq_testbed: TestBed, api: ManagementClient, protocol: int | str
 ) -> None:
     options = MqttOptions(protocol=protocol)
-    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, via=lb(rabbitmq_testbed), options=options)
+    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, resolver=lb(rabbitmq_testbed), options=options)
     for placer in (direct, via_lb):
         for node in (rabbitmq_testbed.nodes[0], rabbitmq_testbed.nodes[2]):
             client_id = f"placed-{uuid.uuid4().hex[:8]}"
@@ -95,7 +96,7 @@ def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
                 # the truth, independently: the management API's view of this very client
                 assert direct.node_of(client_id) == node.name
                 if placer is via_lb:
-                    assert str(client.dialled) == lb(rabbitmq_testbed)
+                    assert client.dialled == lb(rabbitmq_testbed).address_for("mqtt")
                 else:
                     assert client.dialled.port == node.port("mqtt")
             finally:
@@ -130,7 +131,7 @@ def test_environment_mqtt_client_uses_the_environments_settings(
     env = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=api)
     sub = env.mqtt_client(f"env-sub-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short,
                           subscriptions=[("env/+/x", 1)], setup=collector(got))
-    pub = env.mqtt_client(via=lb(rabbitmq_testbed))
+    pub = MqttPlacer(api, resolver=lb(rabbitmq_testbed)).connect()
     try:
         assert sub.node == rabbitmq_testbed.nodes[2].name
         pub.publish("env/a/x", b"across nodes", qos=1).wait_for_publish(10)
@@ -174,14 +175,14 @@ def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(
     rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
     host, port = rabbitmq_testbed.lb("mqtt_tls")
-    placer = MqttPlacer(api, via=f"localhost:{port}", tls=rabbitmq_testbed.tls_context())
+    placer = MqttPlacer(api, resolver=LoadBalancer(f"localhost:{port}", mqtt_tls=port), tls=rabbitmq_testbed.tls_context())
     client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
     try:
         assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client.client_id)
         assert client.socket().server_hostname == "localhost"  # the name dialled (the LB's), not a node's
     finally:
         close(client)
-    wrong = MqttPlacer(api, via=f"{host}:{port}", tls=rabbitmq_testbed.tls_context(),
+    wrong = MqttPlacer(api, resolver=LoadBalancer(f"{host}:{port}", mqtt_tls=port), tls=rabbitmq_testbed.tls_context(),
                        tls_server_name="rabbit-9.smartclient.test")
     with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
         wrong.connect(f"tls-bad-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[0].short)
@@ -287,7 +288,7 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
     bed = rabbitmq_faulty_testbed
     got: list[int] = []
     sub_id = f"fo311-{uuid.uuid4().hex[:6]}"
-    placer = MqttPlacer(api, via=lb(bed), options=MqttOptions(protocol="3.1.1", clean_start=False))
+    placer = MqttPlacer(api, resolver=lb(bed), options=MqttOptions(protocol="3.1.1", clean_start=False))
     sub = placer.connect(sub_id, bed.nodes[1].short, subscriptions=[(f"fo311/{sub_id}", 1)],
                          setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
     pub = MqttPlacer(api).connect(f"fo311-pub-{uuid.uuid4().hex[:6]}", bed.nodes[0].short)
@@ -300,7 +301,7 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
         for i in range(50, 150):
             pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
         wait_until_sync(lambda: set(got) >= set(range(150)), 30, lambda: f"150 messages ({len(set(got))} in)")
-        assert sub.failovers >= 1 and str(sub.dialled) == lb(bed)
+        assert sub.failovers >= 1 and sub.dialled == lb(bed).address_for("mqtt")
     finally:
         bed.start_app(bed.nodes[1].name)
         close(sub, pub)
@@ -359,7 +360,7 @@ def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos
 def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(
     rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
-    placer = MqttPlacer(api, via=lb(rabbitmq_testbed, "random1"))  # random(1): lands unevenly
+    placer = MqttPlacer(api, resolver=lb(rabbitmq_testbed, "random1"))  # random(1): lands unevenly
     with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
         counts = fleet.per_node()
         assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
@@ -369,7 +370,7 @@ def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(
 
 
 def test_a_fleet_behind_a_sticky_lb_says_so(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
-    placer = MqttPlacer(api, via=lb(rabbitmq_testbed, "source"))  # every connection from 127.0.0.1 to one node
+    placer = MqttPlacer(api, resolver=lb(rabbitmq_testbed, "source"))  # every connection from 127.0.0.1 to one node
     fleet = MqttFleet(placer, 30, client_id_prefix=f"fst-{uuid.uuid4().hex[:6]}")
     with pytest.raises(NodeUnreachable, match="looks sticky"):
         fleet.start()
@@ -438,7 +439,8 @@ async def test_iot_example_devices_to_stream_to_spark_to_stream(
     readings, averages = f"{rabbitmq_unique_name}-r", f"{rabbitmq_unique_name}-a"
     await example.setup(uri, api, readings, averages)
     try:
-        per_node = await asyncio.to_thread(example.run_devices, uri, api, lb(rabbitmq_testbed), rabbitmq_unique_name,
+        per_node = await asyncio.to_thread(example.run_devices, uri, api, "%s:%d" % rabbitmq_testbed.lb("mqtt"),
+                                           rabbitmq_unique_name,
                                            30, 10)
         assert sorted(per_node.values()) == [10, 10, 10]
         await asyncio.to_thread(example.aggregate, rabbitmq_spark, uri, readings, averages, rabbitmq_unique_name,

@@ -144,7 +144,7 @@ def test_an_rpc_call_is_a_client_span_and_its_request_a_server_span_on_the_calle
     node = rabbitmq_testbed.nodes[2]
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        placer = AmqpPlacer(api, via=Address(host, port))
+        placer = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
         with RpcServer(placer, exchange, lambda body, properties: b"re:" + body, nodes=[node.name],
                        tracer_provider=provider) as server:
             server.start()

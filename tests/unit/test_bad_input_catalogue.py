@@ -383,9 +383,13 @@ def _plain(function: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str,
 
 
 def _public_methods(cls: type) -> Iterator[str]:
-    for name, member in vars(cls).items():
-        if not name.startswith("_") and inspect.isfunction(member):
-            yield name
+    """Its own and inherited ones (the Environment face inherits the stream wing's)."""
+    seen: set[str] = set()
+    for klass in cls.__mro__[:-1]:
+        for name, member in vars(klass).items():
+            if not name.startswith("_") and inspect.isfunction(member) and name not in seen:
+                seen.add(name)
+                yield name
 
 
 def _targets() -> list[Target]:

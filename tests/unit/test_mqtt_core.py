@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from resolvers import LoadBalancer
 from smartclient import Address, ConfigurationError, MessageDecodeError
 from smartclient.core.broker_nodes import evenly_spread, surplus
 from smartclient.mqtt.fleet import FleetReport, MqttFleet
@@ -73,7 +74,7 @@ def test_protocol_versions_and_options_are_checked_before_any_io() -> None:
 
 
 def test_a_placer_needs_a_way_to_find_nodes() -> None:
-    with pytest.raises(ConfigurationError, match="entry_points=, via= a load balancer, or the management API"):
+    with pytest.raises(ConfigurationError, match="entry_points=, the management API, or a load balancer resolver with an MQTT listener"):
         MqttPlacer()
 
 
@@ -83,8 +84,8 @@ def test_failover_goes_round_the_entry_points() -> None:
     assert placer.next_target(Address("b", 1884)) == (Address("c", 1885), None)
     assert placer.next_target(Address("c", 1885)) == (Address("a", 1883), None)
     assert placer.next_target(Address("elsewhere", 1)) == (Address("a", 1883), None)
-    via = MqttPlacer(via="mqtt://lb:1883")
-    assert via.next_target(Address("anything", 1)) == (Address("lb", 1883), None)
+    through = MqttPlacer(resolver=LoadBalancer("lb:5552", mqtt=1883))
+    assert through.next_target(Address("anything", 1)) == (Address("lb", 1883), None)
 
 
 class _Api:
@@ -130,7 +131,7 @@ def test_fleet_input_is_checked_before_any_io() -> None:
     with pytest.raises(ConfigurationError, match="tolerance"):
         MqttFleet(placer, 10, tolerance=0.9)
     with pytest.raises(ConfigurationError, match="needs the management API"):
-        MqttFleet(MqttPlacer(via="lb:1883"), 10)
+        MqttFleet(MqttPlacer(resolver=LoadBalancer("lb:5552", mqtt=1883)), 10)
 
 
 def test_what_mqtt_stores_in_a_stream_decodes_to_payload_and_topic_key() -> None:

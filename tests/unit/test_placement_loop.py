@@ -101,8 +101,8 @@ class FakeNodePlacer(NodePlacer[str]):
     name_column = "name"
 
     def __init__(self, protocol: str, network: Network, keep_fallbacks: bool) -> None:
-        super().__init__(None, retry=FAST)
         self.protocol = protocol
+        super().__init__(None, retry=FAST)
         self.network = network
         self.keep_fallbacks = keep_fallbacks  # type: ignore[misc]
         self._nodes = [BrokerNode(f"{n.host}@localhost", {protocol: n}) for n in NODES]

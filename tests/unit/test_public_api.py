@@ -2,6 +2,8 @@
 
 import importlib.util
 
+import pytest
+
 import smartclient
 import smartclient.testing
 
@@ -54,22 +56,11 @@ def test_importing_smartclient_imports_no_backend() -> None:
     assert out.strip() == "[]"
 
 
-def test_moved_modules_keep_their_old_import_paths() -> None:
+def test_no_old_import_path_is_kept() -> None:
+    """No shims before 1.0 (the CHANGELOG lists what moved): an old path is an ImportError, not a warning."""
     import importlib
-    import warnings
 
-    from smartclient._moved import MOVED
-
-    for old, new in MOVED.items():
-        if new.startswith(("smartclient.amqp.", "smartclient.mqtt.")) or new == "smartclient.stream._rstream":
-            continue  # these import their backend (pika, paho, rstream), checked where it is installed
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert module.__name__ == new and module.__spec__.name == new
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught) or \
-            old in __import__("sys").modules, old
-    from smartclient.stream import Consumer, Producer  # the old module smartclient.stream exported these
-
-    assert Producer is smartclient.Producer and Consumer is smartclient.Consumer
+    for old in ("smartclient.landing", "smartclient.mqtt_placement", "smartclient.stream_pool", "smartclient.tls"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert not hasattr(__import__("smartclient"), "_moved")

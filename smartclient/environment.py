@@ -1,0 +1,150 @@
+"""``Environment``: the one face over every wing.
+
+An Environment is the stream wing's :class:`~smartclient.stream.environment.StreamEnvironment` (producers,
+consumers, super streams, streams' topology and placement), and hands the same settings (credentials, vhost, TLS,
+resolver, allow-list, retry policy, management API) to its siblings: the AMQP 0.9.1 wing
+(:mod:`smartclient.amqp`) and the MQTT wing (:mod:`smartclient.mqtt`), each imported only when first used.  The
+wings import none of each other, and none of them imports this module::
+
+    smartclient.environment  (this face)
+        ├── smartclient.stream   (rstream)
+        ├── smartclient.amqp     (pika)
+        └── smartclient.mqtt     (paho-mqtt)
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from smartclient._errors import ConfigurationError
+from smartclient.core.validation import Check, checked, instance, whole
+from smartclient.options import settings
+from smartclient.stream.environment import StreamEnvironment
+from smartclient.stream.options import ENVIRONMENT_OPTIONS
+
+if TYPE_CHECKING:
+    from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
+    from smartclient.mqtt.fleet import MqttFleet
+    from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
+
+__all__ = ["Environment"]
+
+
+def _mqtt_options(name: str, value: Any) -> None:
+    from smartclient.mqtt.placement import MqttOptions
+
+    instance(name, value, MqttOptions)
+
+
+#: the stream wing's options, and those of the AMQP and MQTT methods
+OPTIONS: dict[str, Check | None] = {
+    **ENVIRONMENT_OPTIONS,
+    "options": _mqtt_options,
+    "mqtt_placer.tls": settings((ssl.SSLContext, bool)),
+    "size": partial(whole, low=1),
+}
+
+
+@checked(OPTIONS)  # every option of every method, when given, before the method runs
+class Environment(StreamEnvironment):
+    """Connections to a RabbitMQ cluster, each placed on the right node: stream producers on the leader,
+    consumers on replicas (see :class:`~smartclient.stream.environment.StreamEnvironment` for the arguments and
+    every stream method), AMQP 0.9.1 connections and MQTT clients on the nodes asked for, all through the same
+    resolver.  A :class:`resolvers.LoadBalancer` resolver with a listener per protocol (``amqp=``, ``mqtt=``,
+    ``mqtt_tls=``) sends each protocol's connections through its listener, and each one is checked.
+
+    Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
+    """
+
+    _amqp: AmqpPlacer | None = None
+
+    # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
+    def amqp_placer(self) -> AmqpPlacer:
+        """The :class:`AmqpPlacer` of this Environment (its credentials, vhost, resolver, allow-list and retry
+        policy); through the load balancer's AMQP listener when the resolver is one (``LoadBalancer(...,
+        amqp=PORT)``).
+
+        :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
+            resolver is a load balancer without an AMQP listener.
+        """
+        self._check_open()
+        from smartclient.amqp.placement import AmqpPlacer
+
+        if self.management is None:
+            raise ConfigurationError(
+                "AMQP placement needs the management API (it lists the nodes' AMQP listeners and says which node "
+                "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
+            )
+        if self._amqp is None:
+            self._amqp = self._measure(AmqpPlacer(self.management, settings=self.client_settings,
+                                                 connection_name=self.connection_name))
+        return self._amqp
+
+    def amqp_connection(self, node: str | None = None) -> PlacedConnection:
+        """A pika ``BlockingConnection`` on ``node`` (full name or short name; any node if None), through the
+        resolver (or the load balancer's AMQP listener), checked with the management API.
+
+        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
+        """
+        return self.amqp_placer().connect(node)
+
+    # -- MQTT (paho-mqtt) --------------------------------------------------------------------------
+    def mqtt_placer(
+        self,
+        *,
+        entry_points: Any = None,
+        options: MqttOptions | None = None,
+        tls: ssl.SSLContext | bool | None = None,
+    ) -> MqttPlacer:
+        """An :class:`MqttPlacer` with this Environment's credentials, vhost, resolver, allow-list, retry
+        policy and TLS name rules; through the load balancer's MQTT listener when the resolver is one
+        (``LoadBalancer(..., mqtt=PORT, mqtt_tls=PORT)``), every client checked.
+
+        :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``) or a
+            :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.<domain>``), instead of the management API's list.
+        :param tls: None: TLS if this Environment uses TLS (the nodes' ``mqtt/ssl`` listeners); False: no
+            TLS; or an ``ssl.SSLContext``.
+        :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no load
+            balancer), or the resolver is a load balancer without a listener for MQTT (or MQTT over TLS).
+        """
+        self._check_open()
+        from smartclient.mqtt.placement import MqttOptions, MqttPlacer
+
+        context = self.settings.tls if tls is None or tls is True else (tls or None)
+        if tls is True and context is None:
+            context = ssl.create_default_context()
+        return self._measure(MqttPlacer(self.management, settings=replace(self.client_settings, tls=context),
+                                       entry_points=entry_points,
+                                       options=options if options is not None else MqttOptions()))
+
+    def mqtt_client(
+        self,
+        client_id: str | None = None,
+        node: str | None = None,
+        *,
+        entry_points: Any = None,
+        options: MqttOptions | None = None,
+        subscriptions: Sequence[tuple[str, int]] = (),
+        setup: Callable[[PlacedMqttClient], None] | None = None,
+        start: bool = True,
+    ) -> PlacedMqttClient:
+        """A connected paho client (:class:`PlacedMqttClient`) on ``node`` (any node if None), that fails
+        over to the next node when its connection drops.  See :meth:`mqtt_placer` and
+        :meth:`MqttPlacer.connect`.
+
+        :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
+        :raises AuthenticationFailed: refused credentials.  :raises ConnectionFailed: no node answered.
+        """
+        placer = self.mqtt_placer(entry_points=entry_points, options=options)
+        return placer.connect(client_id, node, subscriptions=subscriptions, setup=setup, start=start)
+
+    def mqtt_fleet(self, size: int, *, entry_points: Any = None, options: MqttOptions | None = None,
+                   **fleet: Any) -> MqttFleet:
+        """An unstarted :class:`MqttFleet` of ``size`` connections (``with env.mqtt_fleet(1000) as fleet:``)."""
+        from smartclient.mqtt.fleet import MqttFleet
+
+        return MqttFleet(self.mqtt_placer(entry_points=entry_points, options=options), size, **fleet)
