@@ -26,9 +26,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    ResolutionError,
+    SmartClientError,
+)
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
+from smartclient.core.entry_points import EntryPoints
 from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
@@ -301,18 +308,16 @@ class NodePlacer(Generic[C]):
                 self._close(landed.connection)
 
     def _first_entry_point(self, name: str | None) -> Landed[C]:
-        errors: list[str] = []
-        for address in self.entry_addresses():
+        entries = EntryPoints(self.entry_addresses(), f"an {self.protocol} connection")
+        while (address := entries.next_entry()) is not None:
             dialled = self.resolve(address)
             try:
                 connection = self._dial(address, dialled, name or self._new_name(self.protocol))
-            except (AuthenticationFailed, CertificateRejected):
-                raise
-            except ConnectionFailed as exc:
-                errors.append(str(exc))
+            except SmartClientError as exc:
+                entries.failed(address, dialled, exc)  # refusals raise at once
                 continue
-            return Landed(connection, None, dialled, name or "", len(errors) + 1)
-        raise ConnectionFailed(f"no {self.protocol} entry point answered: " + "; ".join(errors))
+            return Landed(connection, None, dialled, name or "", entries.tried)
+        raise entries.error()
 
     def _open(self, target: Address, by_address: dict[Address, BrokerNode], name: str | None,
               newer_than: int = -1) -> Landed[C]:

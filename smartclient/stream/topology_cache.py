@@ -13,16 +13,10 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import (
-    AuthenticationFailed,
-    CertificateRejected,
-    ConnectionFailed,
-    HandleClosed,
-    SmartClientError,
-    TopologyError,
-)
+from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, TopologyError
 from smartclient.core.address import Address
 from smartclient.core.deadline import detach, remaining, step
+from smartclient.core.entry_points import EntryPoints
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, replica_wait
 from smartclient.stream import _rstream
@@ -71,20 +65,18 @@ class TopologyCache:
                 raise HandleClosed("the Environment is closed")
             if self._locator is not None and self._locator.is_connection_alive():
                 return self._locator
-            errors = []
-            entries = tuple(await self._srv.discover()) if self._srv is not None else self.entry_points
-            for entry in entries:
+            entries = EntryPoints(await self._srv.discover() if self._srv is not None else self.entry_points,
+                                  "the stream locator")
+            while (entry := entries.next_entry()) is not None:
                 try:
                     conn = await self.connector.dial(entry, f"{self.connection_name}-locator", _rstream.LocatorClient)
-                except (AuthenticationFailed, CertificateRejected):
-                    raise  # the same credentials (or name) would fail on every entry point: say so, typed
-                except ConnectionFailed as exc:
-                    errors.append(f"{entry}: {exc}")
+                except SmartClientError as exc:
+                    entries.failed(entry, self.connector.dialled.get(entry), exc)  # refusals raise at once
                     continue
                 self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
                 self._locator = conn.client
                 return conn.client
-            raise ConnectionFailed("no entry point could be reached: " + "; ".join(errors))
+            raise entries.error()
 
     async def close(self) -> None:
         self._closed = True

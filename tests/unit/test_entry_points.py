@@ -1,0 +1,151 @@
+"""The one "first entry point that answers" loop (smartclient.core.entry_points.EntryPoints), alone and driven
+by both shells with fake dialers: the stream locator (async) and the AMQP/MQTT node placer (sync).  No broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from smartclient import (
+    Address,
+    AddressNotAllowed,
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    StepTimeout,
+)
+from smartclient.core.entry_points import EntryPoints
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.topology import PlacementPolicy
+from smartclient.node_placement import NodePlacer
+from smartclient.stream.host import Connection
+from smartclient.stream.topology_cache import TopologyCache
+
+A, B, C = Address("a", 5552), Address("b", 5552), Address("c", 5552)
+
+
+def drive(entries: EntryPoints, answers: dict[Address, BaseException | str]) -> str:
+    """The loop every shell runs, with a dialer that answers from ``answers``."""
+    while (entry := entries.next_entry()) is not None:
+        answer = answers[entry]
+        if isinstance(answer, BaseException):
+            entries.failed(entry, Address("lb", 1), answer)
+            continue
+        return answer
+    raise entries.error()
+
+
+def test_the_first_entry_point_that_answers_is_used_in_order() -> None:
+    entries = EntryPoints((A, B, C), "a test")
+    assert drive(entries, {A: ConnectionFailed("down"), B: "b!", C: "c!"}) == "b!"
+    assert entries.tried == 2 and [a.target for a in entries.attempts] == [A]
+
+
+def test_when_none_answers_the_error_lists_each_and_chains_the_last() -> None:
+    entries = EntryPoints((A, B), "the stream locator")
+    down, slow = ConnectionFailed("refused"), StepTimeout("connect took too long")
+    with pytest.raises(ConnectionFailed) as caught:
+        drive(entries, {A: down, B: slow})
+    message = str(caught.value)
+    assert message.startswith("no entry point could be reached for the stream locator (2 tried): ")
+    assert "dialled lb:1 for a:5552: reached nothing, failed: ConnectionFailed: refused" in message
+    assert "for b:5552: reached nothing, failed: StepTimeout: connect took too long" in message
+    assert caught.value.__cause__ is slow
+
+
+@pytest.mark.parametrize("refusal", [AuthenticationFailed("no"), CertificateRejected("bad name"),
+                                     AddressNotAllowed("outside"), RuntimeError("a bug")])
+def test_a_refusal_every_entry_point_would_repeat_is_raised_at_once(refusal: BaseException) -> None:
+    entries = EntryPoints((A, B), "a test")
+    with pytest.raises(type(refusal)) as caught:
+        drive(entries, {A: refusal, B: "never dialled"})
+    assert caught.value is refusal and entries.tried == 1
+
+
+def test_no_entry_point_at_all_says_so() -> None:
+    entries = EntryPoints((), "a test")
+    assert entries.next_entry() is None
+    assert "none was given" in str(entries.error())
+
+
+# -- the async stream shell: the locator ------------------------------------------------------------------
+class _Client:
+    def is_connection_alive(self) -> bool:
+        return True
+
+
+class _StreamConnector:
+    def __init__(self, answers: dict[Address, BaseException | None]) -> None:
+        self.answers = answers
+        self.dialled: dict[Address, Address] = {}
+        self.connections: set[Connection] = set()
+        self.tried: list[Address] = []
+
+    async def dial(self, target: Address, name: str, client_class: Any = None) -> Connection:
+        self.tried.append(target)
+        self.dialled[target] = Address("mapped-" + target.host, target.port)
+        answer = self.answers[target]
+        if answer is not None:
+            raise answer
+        conn = Connection(_Client(), target, target, name)
+        self.connections.add(conn)
+        return conn
+
+
+def _cache(connector: _StreamConnector) -> TopologyCache:
+    return TopologyCache(connector, (A, B, C), None, "test", 60.0, PlacementPolicy(),  # type: ignore[arg-type]
+                         RetryPolicy())
+
+
+def test_the_stream_locator_drives_the_loop() -> None:
+    connector = _StreamConnector({A: ConnectionFailed("down"), B: None, C: None})
+    client = asyncio.run(_cache(connector).locator())
+    assert isinstance(client, _Client) and connector.tried == [A, B] and not connector.connections
+
+
+def test_the_stream_locator_names_what_each_entry_point_dialled() -> None:
+    connector = _StreamConnector({A: ConnectionFailed("down"), B: ConnectionFailed("down"),
+                                  C: AuthenticationFailed("no")})
+    with pytest.raises(AuthenticationFailed):
+        asyncio.run(_cache(connector).locator())
+    connector.answers[C] = ConnectionFailed("down too")
+    with pytest.raises(ConnectionFailed, match="no entry point could be reached for the stream locator") as caught:
+        asyncio.run(_cache(connector).locator())
+    assert "dialled mapped-a:5552 for a:5552" in str(caught.value)
+
+
+# -- the sync AMQP/MQTT shell: any node, entry points only ----------------------------------------------------
+class _Placer(NodePlacer[str]):
+    protocol = "amqp"
+    default_port = 5672
+    name_column = "name"
+
+    def __init__(self, answers: dict[Address, BaseException | None]) -> None:
+        super().__init__(None, entry_points=list(answers))
+        self.answers = answers
+
+    def _dial(self, target: Address, dialled: Address, name: str) -> str:
+        answer = self.answers[target]
+        if answer is not None:
+            raise answer
+        return f"connection to {target}"
+
+    def _close(self, connection: str) -> None:
+        pass
+
+    def _new_name(self, purpose: str) -> str:
+        return f"test-{purpose}"
+
+
+def test_the_node_placer_drives_the_same_loop() -> None:
+    placer = _Placer({A: ConnectionFailed("down"), B: ConnectionFailed("down"), C: None})
+    landed = placer.place()
+    assert landed.connection == "connection to c:5552" and landed.attempts == 3 and landed.node is None
+    placer = _Placer({A: ConnectionFailed("down"), B: CertificateRejected("name"), C: None})
+    with pytest.raises(CertificateRejected):
+        placer.place()
+    placer = _Placer({A: ConnectionFailed("down")})
+    with pytest.raises(ConnectionFailed, match=r"for an amqp connection \(1 tried\): dialled a:5552 for a:5552"):
+        placer.place()
