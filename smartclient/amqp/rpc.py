@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 API_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # waiting for the management API to show a binding
 SERVE_AGAIN = Backoff(initial=0.2, factor=2.0, max=2.0, jitter=0.2)  # a lost server placing itself again
-NODE_POLL = 0.5  # while the management API says a lost server's node is down: how often it asks again
+NODE_POLL = Backoff.steady(0.5)  # while the management API says a lost server's node is down: how often it asks again
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
@@ -147,7 +147,8 @@ class _NodeServer(threading.Thread):
                     log.warning("the RPC server on %s lost its connection (%s, %d tries): serving again once the node "
                                 "is back", self.node, exc, failures)
                 if not self._node_running():  # no connections through the LB while its node is away
-                    while not self._stopping.wait(NODE_POLL) and not self._node_running():
+                    polls = NODE_POLL.delays()
+                    while not self._stopping.wait(next(polls)) and not self._node_running():
                         pass
                     failures = 1  # it is back: place again soon (the LB may need a few health checks)
                 self._stopping.wait(SERVE_AGAIN.delay(failures))

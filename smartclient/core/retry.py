@@ -1,25 +1,32 @@
-"""``RetryPolicy``: how hard a placement tries, as one small frozen value.
+"""``RetryPolicy``: how hard a placement tries, as one small frozen value; and ``Backoff``, the one rule of
+every wait in the library (retry loops and polls alike).
 
-Unlike the Java client, every loop is capped twice: by attempts and by total
-time.  A load balancer that keeps returning the same nodes is detected after
-``sticky_window`` consecutive wrong landings that reach no node not seen
-before, long before either cap.
+Unlike the Java client, every loop is capped twice: by attempts and by total time.  A load balancer that
+keeps returning the same nodes is detected after ``sticky_window`` consecutive wrong landings that reach no
+node not seen before, long before either cap.
+
+Every wait is a :class:`Backoff`: a retry loop's grows (``factor`` above 1, often with ``jitter``), a poll's
+is steady (:meth:`Backoff.steady`).  Each is a named constant beside the loop that waits on it, with its
+reason, or a value here when more than one wing uses it (:data:`WATCH_POLL`).  The shells only sleep what
+the rule says (``time.sleep`` in the sync ones, ``await asyncio.sleep`` in the async ones), never a number
+of their own.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.validation import number, whole
 
-__all__ = ["Backoff", "RetryPolicy"]
+__all__ = ["WATCH_POLL", "Backoff", "RetryPolicy"]
 
 
 @dataclass(frozen=True)
 class Backoff:
-    """The one back-off rule of every retry loop: ``initial * factor ** (n - 1)`` seconds before the
+    """The one back-off rule of every retry loop and poll: ``initial * factor ** (n - 1)`` seconds before the
     (n+1)-th try, at most ``max``, spread by up to ``jitter`` (a fraction) either way so that many clients
     that failed together do not come back in lock step."""
 
@@ -29,18 +36,47 @@ class Backoff:
     jitter: float = 0.0
 
     def __post_init__(self) -> None:
+        for name, value in (("initial", self.initial), ("factor", self.factor), ("max", self.max),
+                            ("jitter", self.jitter)):
+            number(f"Backoff.{name}", value)
         if self.initial < 0 or self.max < self.initial or self.factor < 1 or not 0 <= self.jitter < 1:
             raise ConfigurationError(
                 f"a back-off needs 0 <= initial <= max, factor >= 1 and 0 <= jitter < 1, not {self!r}")
+
+    @classmethod
+    def steady(cls, seconds: float) -> Backoff:
+        """A poll at one pace: ``seconds`` before every look again."""
+        return cls(seconds, 1.0, seconds)
+
+    def scaled(self, by: float) -> Backoff:
+        """This rule in units of ``by`` seconds (for a rule written in periods of a setting)."""
+        number("Backoff.scaled(by)", by, low=0)
+        return replace(self, initial=self.initial * by, max=self.max * by)
 
     def delay(self, failures: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after ``failures`` failures in a row (none after none)."""
         if failures <= 0:
             return 0.0
-        base = min(self.max, self.initial * self.factor ** (failures - 1))
+        try:
+            base = min(self.max, self.initial * self.factor ** (failures - 1))
+        except OverflowError:  # a loop that ran long: the power passed the largest float long after max
+            base = self.max if self.initial else 0.0
         if not self.jitter:
             return base
         return base * (1 + (rng or random).uniform(-self.jitter, self.jitter))
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """The waits of a loop, one per ``next()``: after one failure (or look), two, and so on, endlessly."""
+        failures = 0
+        while True:
+            failures += 1
+            yield self.delay(failures, rng)
+
+
+WATCH_POLL = Backoff.steady(0.25)
+"""In periods: a watch that acts after a period of quiet (a producer's confirms, a consumer's deliveries, a
+time-based offset store) looks four times per period, so it acts at most a quarter of a period late, for
+four cheap looks at counters it keeps anyway.  ``WATCH_POLL.scaled(period)`` is the wait in seconds."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +91,9 @@ class RetryPolicy:
     :param backoff_initial: first delay after a failed connection, in seconds (wrong landings do not wait:
         a round-robin LB gives the next node to the very next connection).
     :param backoff_max: longest delay.
+    :param backoff_factor: each delay is this times the previous one, up to ``backoff_max``.
+    :param backoff_jitter: each delay is spread by up to this fraction either way (0: none, the default), so
+        that many clients whose connections failed together do not dial again in lock step.
     :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
         beside it, and the first to open wins (0: never).  A load balancer holds a connection it sent to a
         node that has just died while it retries that node (HAProxy: 3 s); the second goes to another node.
@@ -67,6 +106,7 @@ class RetryPolicy:
     backoff_max: float = 1.0
     backoff_factor: float = 2.0
     hedge_after: float = 1.0
+    backoff_jitter: float = 0.0
 
     def __post_init__(self) -> None:
         whole("RetryPolicy.max_attempts", self.max_attempts, low=1)
@@ -76,6 +116,7 @@ class RetryPolicy:
         number("RetryPolicy.backoff_max", self.backoff_max, low=0, note="seconds")
         number("RetryPolicy.backoff_factor", self.backoff_factor, low=1)
         number("RetryPolicy.hedge_after", self.hedge_after, low=0, note="seconds; 0: never")
+        number("RetryPolicy.backoff_jitter", self.backoff_jitter, low=0, below=1, note="a fraction of each delay")
         if self.backoff_max < self.backoff_initial:
             raise ConfigurationError(
                 "RetryPolicy back-off needs 0 <= backoff_initial <= backoff_max and backoff_factor >= 1"
@@ -83,8 +124,9 @@ class RetryPolicy:
 
     @property
     def backoff_rule(self) -> Backoff:
-        return Backoff(self.backoff_initial, self.backoff_factor, self.backoff_max)
+        """The policy's back-off as the one rule, jitter and all."""
+        return Backoff(self.backoff_initial, self.backoff_factor, self.backoff_max, self.backoff_jitter)
 
-    def backoff(self, consecutive_failures: int) -> float:
+    def backoff(self, consecutive_failures: int, rng: random.Random | None = None) -> float:
         """Delay before the next attempt after ``consecutive_failures`` failed connections in a row."""
-        return self.backoff_rule.delay(consecutive_failures)
+        return self.backoff_rule.delay(consecutive_failures, rng)

@@ -31,11 +31,15 @@ from smartclient._errors import (
     FeatureNotSupported,
     TopologyError,
 )
+from smartclient.core.retry import Backoff
 from smartclient.core.validation import flag, instance, number
 from smartclient.federation.topology import FederatedBroker, FederationTopology
 from smartclient.management import ManagementClient, ManagementError
 
 __all__ = ["ApplyReport", "LinkStatus", "apply", "remove", "status", "wait_running"]
+
+# how often wait_running reads the links' status: each read asks every broker's management API, so 4 times a second
+LINK_POLL = Backoff.steady(0.25)
 
 
 @dataclass
@@ -293,6 +297,7 @@ def wait_running(topology: FederationTopology, timeout: float = 30.0) -> list[Li
     _topology(topology)
     number("timeout", timeout, above=0, note="seconds")
     deadline = time.monotonic() + timeout
+    polls = LINK_POLL.delays()
     while True:
         links = status(topology)
         if all(link.running for link in links):
@@ -301,4 +306,4 @@ def wait_running(topology: FederationTopology, timeout: float = 30.0) -> list[Li
             down = [f"{k.upstream} -> {k.downstream}: {k.status}{f' ({k.error})' if k.error else ''}"
                     for k in links if not k.running]
             raise TopologyError(f"federation links not running after {timeout} s: {'; '.join(down)}")
-        time.sleep(0.25)
+        time.sleep(next(polls))

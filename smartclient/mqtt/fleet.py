@@ -48,6 +48,8 @@ __all__ = ["FleetReport", "MqttFleet", "process_rss"]
 log = logging.getLogger(__name__)
 
 RECONNECT = Backoff(initial=0.1, factor=2.0, max=5.0, jitter=0.2)  # a dropped client's next try
+LOOP_POLL = Backoff.steady(0.05)  # the caller's look at what the loop thread did: connects, CONNACKs, closes
+LISTING_POLL = Backoff.steady(0.5)  # the management API lists a new client within its statistics round
 
 MessageCallback = Callable[[int, MQTTMessage], None]
 
@@ -231,8 +233,9 @@ class MqttFleet:
 
         self._call(disconnect_all)
         deadline = time.monotonic() + timeout
+        polls = LOOP_POLL.delays()
         while time.monotonic() < deadline and any(m.client.socket() is not None for m in self.members):
-            time.sleep(0.05)
+            time.sleep(next(polls))
         self._stop = True
         self._wake()
         self._thread.join(timeout=5)
@@ -341,6 +344,7 @@ class MqttFleet:
 
     def _identify(self, deadline: float) -> None:
         ids = {m.client.client_id: m for m in self.members if m.up}
+        polls = LISTING_POLL.delays()
         while True:
             unknown = [c for c, m in ids.items() if m.node is None]
             seen = {c: ids[c].listed_at for c in unknown}
@@ -348,7 +352,7 @@ class MqttFleet:
                 ids[client_id].node, ids[client_id].listed_at = node, listed_at
             if all(m.node is not None for m in ids.values()) or time.monotonic() > deadline:
                 return
-            time.sleep(0.5)
+            time.sleep(next(polls))
 
     # -- the loop thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -404,13 +408,14 @@ class MqttFleet:
             self._call(fn)
 
     def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        polls = LOOP_POLL.delays()
         while not done():
             if time.monotonic() > deadline:
                 raise ConnectionFailed(
                     f"fleet {what}: {self.connected} of {self.size} connected when the time ran out "
                     f"({len(self._awaiting)} waiting for a CONNACK, {self._failed()} failed)"
                 )
-            time.sleep(0.05)
+            time.sleep(next(polls))
 
     # -- paho callbacks (loop thread, except register_write from a publishing thread) ------------
     def _member(self, userdata: Any) -> _Member:

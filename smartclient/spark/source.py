@@ -65,6 +65,7 @@ from typing import Any
 from smartclient._errors import ConfigurationError, DataLoss, MessageDecodeError
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
+from smartclient.core.retry import Backoff
 from smartclient.spark._pyspark import (
     PYSPARK_VERSION,
     DataSource,
@@ -81,6 +82,9 @@ from smartclient.stream.codec import decode_amqp
 __all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets", "offsets_behind"]
 
 log = logging.getLogger(__name__)
+
+# a consumer of the last chunk (on the driver, when planning a batch on 4.0) is handed it within milliseconds
+FIRST_CHUNK_POLL = Backoff.steady(0.01)
 
 SCHEMA = "stream string, offset long, timestamp long, body binary"
 AMQP_SCHEMA = SCHEMA + ", routing_key string"
@@ -210,8 +214,9 @@ async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: 
     consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
     try:
         deadline = time.monotonic() + wait
+        polls = FIRST_CHUNK_POLL.delays()
         while consumer.last_offset is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(next(polls))
         last, node = consumer.last_offset, consumer.node
     finally:
         await consumer.close()

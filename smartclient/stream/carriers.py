@@ -171,8 +171,8 @@ class Carriers:
     def lost(self, role: Role, carrier: Any, stream: str, reason: str) -> None:
         """rstream says the publisher or subscriber of ``stream`` on ``carrier`` is gone: hand it over."""
         for handle in self.handles:
-            if handle.role is role and handle._carrier is carrier and handle.stream == stream:
-                handle._lost(reason)
+            if handle.role is role and handle.control.carrier is carrier and handle.stream == stream:
+                handle.control.lost(reason)
                 return
         # nobody to hand it to (closed meanwhile): still clear rstream's state, or the next producer or
         # consumer of this stream on this carrier would get the dead connection
@@ -184,9 +184,9 @@ class Carriers:
 
     def release(self, handle: Any) -> None:
         for other, streams in self._carriers[handle.role]:
-            if other is handle._carrier:
+            if other is handle.control.carrier:
                 streams.discard(handle.stream)
-        self.placement.forget(handle._carrier, handle.stream)
+        self.placement.forget(handle.control.carrier, handle.stream)
         if handle in self.handles:
             if self.telemetry is None:
                 self.handles.remove(handle)
@@ -222,7 +222,7 @@ class Carriers:
         """Close the producers and consumers of ``streams`` quietly, before they are deleted: no recovery,
         and every message still pending fails with ``reason``."""
         for handle in [h for h in self.handles if h.stream in streams]:
-            await handle._end(reason)
+            await handle.control.end(reason)
 
     async def close(self) -> None:
         """Close every handle, all at once (each is bounded), then the carriers."""

@@ -15,6 +15,7 @@ from smartclient.core.deadline import attempt
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
+from smartclient.core.retry import WATCH_POLL
 from smartclient.core.topology import Role
 from smartclient.stream.handles import _Handle
 from smartclient.stream.unreported import watch_deliveries
@@ -87,6 +88,10 @@ class Consumer(_Handle):
         from smartclient.stream import _rstream
 
         return _rstream.queued_chunks(self._subscriber) if self._subscriber is not None else 0
+
+    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
+        offset = await place() if place is not None else options.pop("offset")
+        await self._subscribe(offset=offset, **options)
 
     async def _subscribe(
         self,
@@ -223,6 +228,9 @@ class Consumer(_Handle):
             self._carrier, self.stream, self._deliver, offset, **how)
         self._start = offset.start
 
+    def _subscriber_now(self) -> Any:
+        return self._subscriber
+
     async def _reattach(self) -> str:
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
@@ -281,8 +289,9 @@ class Consumer(_Handle):
         return OffsetSpec.at(max(after)) if after else self.offset
 
     async def _track_by_time(self, interval: float) -> None:
+        polls = WATCH_POLL.scaled(interval).delays()
         while not self.closed:
-            await asyncio.sleep(interval / 4)
+            await asyncio.sleep(next(polls))
             if self._since_store and time.monotonic() - self._last_store_at >= interval:
                 await self._auto_store()
 

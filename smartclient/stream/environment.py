@@ -13,7 +13,6 @@ One StreamEnvironment holds, each in a module of its own:
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import ssl
@@ -268,7 +267,7 @@ class StreamEnvironment:
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
         from smartclient.core.amqp_data import check_encoding
-        from smartclient.stream.handles import Producer
+        from smartclient.stream.handles import Producer, open_handle
 
         self._check_open()
         validate_stream_name(stream)
@@ -277,14 +276,9 @@ class StreamEnvironment:
             await self._admin.require_filtering()
         handle = Producer(self._carriers, self._carriers.carrier(Role.PRODUCER, stream, name), stream, name)
         self._carriers.add(handle)
-        try:
-            with attempt(self.retry.max_time, f"placing the producer of {stream!r}") as deadline:
-                await handle._place(batching or self.batching, filter_value, encoding)
-            log.debug("%r placed: %s", handle, deadline.log())
-            self._carriers.traced(handle)
-        except BaseException:
-            await asyncio.shield(handle._close(flush=False))  # nothing of it stays behind in rstream
-            raise
+        await open_handle(handle, self.retry.max_time, batching=batching or self.batching, filter_value=filter_value,
+                          encoding=encoding)
+        self._carriers.traced(handle)
         return handle
 
     async def consumer(
@@ -327,6 +321,7 @@ class StreamEnvironment:
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
         from smartclient.stream.consumer import Consumer, consumer_handler
+        from smartclient.stream.handles import open_handle
 
         self._check_open()
         validate_stream_name(stream)
@@ -337,19 +332,14 @@ class StreamEnvironment:
             await self._admin.require_filtering()
         handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow), stream, name)
         self._carriers.add(handle)
-        try:
-            with attempt(self.retry.max_time, f"placing the consumer of {stream!r}") as deadline:
-                if not single_active:  # (a single active consumer's start is decided when it becomes active)
-                    spec = await self._admin.concrete_offset(stream, spec, filter)
-                traced = handler if on_chunk is not None else self._carriers.traced_callback(stream, handler)
-                await handle._subscribe(traced, spec, chunks=on_chunk is not None, single_active=single_active,
-                                        on_update=on_update, on_error=on_error,
-                                        tracking=tracking, super_stream=_super_stream, stream_filter=filter)
-            log.debug("%r placed: %s", handle, deadline.log())
-        except BaseException:
-            await asyncio.shield(handle._close(flush=False))  # nothing of it stays behind in rstream
-            raise
-        return handle
+
+        async def start() -> OffsetSpec:  # (a single active consumer's start is decided when it becomes active)
+            return spec if single_active else await self._admin.concrete_offset(stream, spec, filter)
+
+        traced = handler if on_chunk is not None else self._carriers.traced_callback(stream, handler)
+        return await open_handle(handle, self.retry.max_time, start, callback=traced, chunks=on_chunk is not None,
+                                 single_active=single_active, on_update=on_update, on_error=on_error,
+                                 tracking=tracking, super_stream=_super_stream, stream_filter=filter)
 
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:
@@ -460,18 +450,12 @@ class StreamEnvironment:
         :param encoding: ``"amqp"`` (default) or ``"raw"``, for every partition (see :meth:`producer`).
         """
         from smartclient.core.amqp_data import check_encoding
-        from smartclient.stream.super_stream import SuperStreamProducer
+        from smartclient.stream.super_stream import SuperStreamProducer, opened
 
         self._check_open()
         check_encoding(encoding, f"a producer on super stream {super_stream!r}")
-        handle = SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key, name,
-                                     encoding)
-        try:
-            await handle._open()
-        except BaseException:
-            await handle.close()
-            raise
-        return handle
+        return await opened(SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key,
+                                                name, encoding))
 
     async def super_stream_consumer(
         self,
@@ -490,16 +474,11 @@ class StreamEnvironment:
         chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
         per partition across every instance of the name, and fails over between them."""
         from smartclient.stream.consumer import consumer_handler
-        from smartclient.stream.super_stream import SuperStreamConsumer
+        from smartclient.stream.super_stream import SuperStreamConsumer, opened
 
         self._check_open()
         spec = OffsetSpec.parse(offset)
         consumer_handler(super_stream, callback, on_chunk, on_error, name=name, single_active=single_active,
                          tracking=tracking)
-        handle = SuperStreamConsumer(self, super_stream, await self.partitions(super_stream))
-        try:
-            await handle._open(callback, spec, name, single_active, tracking, flow, on_chunk, on_error)
-        except BaseException:
-            await handle.close()
-            raise
-        return handle
+        return await opened(SuperStreamConsumer(self, super_stream, await self.partitions(super_stream)),
+                            callback, spec, name, single_active, tracking, flow, on_chunk, on_error)

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import (
     AuthenticationFailed,
@@ -39,11 +39,12 @@ from smartclient.stream.publishing import (
 from smartclient.stream.unreported import confirm_leader, watch_confirms
 
 if TYPE_CHECKING:
-    from smartclient.stream.host import PlacementRecord, StreamHost
+    from smartclient.stream.host import HandleControl, PlacementRecord, StreamHost
 
-__all__ = ["Producer", "RecoveryAttempt"]
+__all__ = ["Producer", "RecoveryAttempt", "open_handle"]
 
 log = logging.getLogger(__name__)
+H = TypeVar("H", bound="_Handle")
 CLOSE_TIMEOUT = 10.0  # seconds Producer.close() waits for the confirms of what was sent, by default
 
 
@@ -55,6 +56,43 @@ class RecoveryAttempt:
     seconds: float
     outcome: str
     steps: str
+
+
+async def open_handle(handle: H, seconds: float, place: Callable[[], Awaitable[Any]] | None = None,
+                      **options: Any) -> H:
+    """Place ``handle`` (a Producer, or a Consumer given ``place``, the work before it subscribes) within
+    ``seconds``; on any failure, or a cancellation, nothing of it stays behind in rstream."""
+    try:
+        with attempt(seconds, f"placing {handle!r}") as deadline:
+            await handle._open(place, **options)
+        log.debug("%r placed: %s", handle, deadline.log())
+    except BaseException:
+        await asyncio.shield(handle._close(flush=False))
+        raise
+    return handle
+
+
+class _Control:
+    """A handle's :class:`~smartclient.stream.host.HandleControl`: what the machinery may ask of it."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: _Handle) -> None:
+        self._handle = handle
+
+    @property
+    def carrier(self) -> Any:
+        return self._handle._carrier
+
+    @property
+    def subscriber(self) -> Any:
+        return self._handle._subscriber_now()
+
+    def lost(self, reason: str) -> None:
+        self._handle._lost(reason)
+
+    async def end(self, reason: str) -> None:
+        await self._handle._end(reason)
 
 
 class _Handle:
@@ -78,6 +116,10 @@ class _Handle:
         self._verify: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None  # its stall or delivery watch (smartclient.stream.unreported)
         self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
+        self.control: HandleControl = _Control(self)  # what the machinery may ask of it (stream/host.py)
+
+    def _subscriber_now(self) -> Any:
+        return None
 
     def _check_open(self) -> None:
         if self.closed:
@@ -94,6 +136,9 @@ class _Handle:
         await self._close(flush=True)
 
     async def _close(self, flush: bool) -> None:
+        raise NotImplementedError
+
+    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
         raise NotImplementedError
 
     @property
@@ -236,6 +281,9 @@ class Producer(_Handle):
         ``0`` means that nothing was stored, or that the stored id was 0: the protocol answers 0 for both, which
         is why automatically numbered ids start at 1.  ``None`` for an unnamed producer (no stored sequence)."""
         return self._ids.stored if self.name else None
+
+    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
+        await self._place(**options)
 
     async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None,
                      encoding: str = "amqp") -> None:

@@ -1,8 +1,11 @@
-"""What handles (and the rstream seam) may ask of the stream machinery they live in.
+"""What handles (and the rstream seam) may ask of the stream machinery they live in, and what the machinery may
+ask of a handle.
 
 Producers, consumers and super streams are given a :class:`StreamHost` (or a :class:`StreamOpener`), never
 the Environment: they place, report a loss, release, and read what they need through this small
-protocol, defined below everything that implements it, so no import runs back up.
+protocol, defined below everything that implements it, so no import runs back up.  The other way round, the
+machinery (the Environment's carriers, the watches) reaches a handle only through its :class:`HandleControl`
+(``handle.control``), never through its private state.
 """
 
 from __future__ import annotations
@@ -16,9 +19,28 @@ from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.topology import Role, StreamTopology
 
-__all__ = ["Connection", "PlacementRecord", "StreamHost", "StreamOpener"]
+__all__ = ["Connection", "HandleControl", "PlacementRecord", "StreamHost", "StreamOpener"]
 
 ClosedHandler = Callable[[Any], Any]
+
+
+class HandleControl(Protocol):
+    """What the stream machinery may ask of a producer or consumer (``handle.control``): where it sits, that it
+    was lost, that its stream ended; and of a consumer, rstream's subscriber it reads through."""
+
+    @property
+    def carrier(self) -> Any:
+        """The rstream carrier (Producer or Consumer) its stream is on."""
+
+    @property
+    def subscriber(self) -> Any:
+        """A consumer's rstream subscriber now (None for a producer, or before it subscribed)."""
+
+    def lost(self, reason: str) -> None:
+        """Its connection, publisher or subscription is gone: it recovers (see RecoveryPolicy)."""
+
+    async def end(self, reason: str) -> None:
+        """Its stream was deleted by this Environment: it closes quietly, with ``reason`` as its failure."""
 
 
 @dataclass(eq=False)

@@ -27,7 +27,19 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["SuperStreamConsumer", "SuperStreamProducer", "partition_names"]
+__all__ = ["SuperStreamConsumer", "SuperStreamProducer", "opened", "partition_names"]
+
+S = TypeVar("S", "SuperStreamProducer", "SuperStreamConsumer")
+
+
+async def opened(handle: S, *args: Any) -> S:
+    """``handle`` with every partition's producer (or consumer) open; on any failure, what opened is closed."""
+    try:
+        await handle._open(*args)
+    except BaseException:
+        await handle.close()
+        raise
+    return handle
 
 ROUTINGS = ("hash", "key")
 

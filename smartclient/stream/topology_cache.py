@@ -31,7 +31,9 @@ __all__ = ["TOPOLOGY_TIME", "TopologyCache"]
 log = logging.getLogger(__name__)
 
 TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
-ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)
+ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # a stream with no leader: asking again soon, then less
+# a new stream's replicas come up a moment after its leader (core.topology.replica_wait says how long to wait)
+REPLICA_POLL = Backoff.steady(0.1)
 
 
 class TopologyCache:
@@ -164,8 +166,9 @@ class TopologyCache:
         wait = replica_wait(topo, role, self.policy, self.retry.max_time)
         if wait:
             deadline = time.monotonic() + min(wait, remaining(wait))
+            polls = REPLICA_POLL.delays()
             while not topo.replicas and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(next(polls))
                 self.drop(stream=stream)
                 topo = await self.topology(stream)
         return topo.candidates(role, self.policy, load)

@@ -8,8 +8,8 @@ broker accepts that (the node writes to the remote leader), so confirms keep com
 the cluster once more, and no MetadataUpdate follows.  When the leader is not reachable that way, its
 messages wait for confirms that never come.  Two looks catch it:
 
-- :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 0.25, 1, 3 and
-  7 s later, and moves if its node is no longer the first choice;
+- :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 0.25, 1, 3.25
+  and 7.25 s later (:data:`LEADER_SETTLE`), and moves if its node is no longer the first choice;
 - :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
   ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; a named
   producer whose third look still finds it on the leader declares its publisher again (what is pending is
@@ -34,21 +34,33 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from itertools import islice
+from typing import TYPE_CHECKING, Protocol
 
 from smartclient._errors import FeatureNotSupported, HandleStopped
 from smartclient.core.deadline import attempt
+from smartclient.core.retry import WATCH_POLL, Backoff
 
 if TYPE_CHECKING:
     from smartclient.core.address import Address
     from smartclient.core.topology import Role
-    from smartclient.stream.host import StreamHost
+    from smartclient.stream.host import HandleControl, StreamHost
 
-__all__ = ["STALL_LOOKS", "confirm_leader", "leader_moved", "watch_confirms", "watch_deliveries"]
+__all__ = ["DECLARE_AGAIN", "IDLE_LOOKS", "LEADER_LOOKS", "LEADER_SETTLE", "STALL_LOOKS", "confirm_leader",
+           "leader_moved", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
 STALL_LOOKS = 3  # looks at the topology, on the leader, before the publisher is declared again
+# After a recovery from a leader change, the waits before each of LEADER_LOOKS looks (at 0.25, 1, 3.25 and
+# 7.25 s): an election settles within a second or so, and a broker may answer with the old leader meanwhile.
+LEADER_SETTLE = Backoff(initial=0.25, factor=3.0, max=4.0)
+LEADER_LOOKS = 4
+# In stall_check periods: a producer with no confirm looks once a period; each declaration in a row doubles
+# that, up to 16 periods, so a broker that is only slow is not flooded.
+DECLARE_AGAIN = Backoff(initial=1.0, factor=2.0, max=16.0)
+# In stall_check periods: each look that finds nothing missing doubles the wait before the next, up to 8.
+IDLE_LOOKS = Backoff(initial=1.0, factor=2.0, max=8.0)
 
 
 class _Buffer(Protocol):
@@ -75,12 +87,12 @@ class _Handle(Protocol):
     @property
     def node(self) -> Address | None: ...
 
-    def _lost(self, reason: str) -> None: ...
+    @property
+    def control(self) -> HandleControl: ...
 
 
 class _Consumer(_Handle, Protocol):
     active: bool | None
-    _subscriber: Any  # rstream's, one per subscription
 
     @property
     def waiting_for(self) -> int | None: ...  # the next offset it expects, when that is known
@@ -107,14 +119,16 @@ async def leader_moved(handle: _Handle, host: StreamHost, context: str) -> bool:
         log.debug("%r: the leader could not be confirmed (%s)", handle, exc)
         return False
     if handle.node is not None and topology.candidates(handle.role).tier_of(handle.node) != 0:  # the core decides
-        handle._lost(f"the leader moved to {topology.leader} {context}")
+        handle.control.lost(f"the leader moved to {topology.leader} {context}")
         return True
     return False
 
 
-async def confirm_leader(handle: _Handle, host: StreamHost, after: tuple[float, ...] = (0.25, 0.75, 2.0, 4.0)) -> None:
-    """After a recovery from a leader change: look again once the election settled, and move if need be."""
-    for delay in after:  # waits between looks: at 0.25, 1, 3 and 7 s
+async def confirm_leader(handle: _Handle, host: StreamHost, settle: Backoff = LEADER_SETTLE,
+                         looks: int = LEADER_LOOKS) -> None:
+    """After a recovery from a leader change: look again ``looks`` times, ``settle`` apart, once the election
+    settled, and move if need be."""
+    for delay in islice(settle.delays(), looks):
         await asyncio.sleep(delay)
         if await leader_moved(handle, host, "while it was recovering"):
             return
@@ -124,13 +138,14 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
                          now: Callable[[], float] = time.monotonic) -> None:
     """Run until ``producer`` closes or gives up; see the module.  Only a named producer declares its publisher
     again (what it sends again is stored once); an unnamed one only looks, since sending again could store
-    its messages twice.  Each declaration in a row doubles the wait before the next (up to 16 times), so a
-    broker that is only slow is not flooded."""
+    its messages twice.  Each declaration in a row doubles the wait before the next (up to 16 times,
+    :data:`DECLARE_AGAIN`), so a broker that is only slow is not flooded."""
     seen = -1
     since: float | None = None
     looks = declared = 0
+    polls, spacing = WATCH_POLL.scaled(every).delays(), DECLARE_AGAIN.scaled(every)
     while not producer.closed and producer.failure is None:
-        await asyncio.sleep(every / 4)
+        await asyncio.sleep(next(polls))
         buffer = producer.buffer
         if buffer is None:
             continue
@@ -144,7 +159,7 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
             since = now()
             continue
         waited = now() - since
-        if waited < every * (looks + 1) * 2 ** min(declared, 4):
+        if waited < spacing.delay(declared + 1) * (looks + 1):
             continue
         looks += 1
         why = f"no confirm for {waited:.1f} s with {buffer.in_flight} message(s) pending"
@@ -153,7 +168,7 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
         if looks >= STALL_LOOKS and producer.name is not None:
             looks, since, declared = 0, None, declared + 1
             log.warning("%r: %s, on the leader: declaring its publisher again", producer, why)
-            producer._lost(f"{why}: the publisher is declared again")
+            producer.control.lost(f"{why}: the publisher is declared again")
         else:
             log.info("%r: %s; it is still on the leader", producer, why)
 
@@ -166,16 +181,17 @@ def _paused(consumer: _Consumer) -> bool:
 async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
                            now: Callable[[], float] = time.monotonic) -> None:
     """Run until ``consumer`` closes or gives up; see the module.  Each look that finds nothing missing doubles
-    the wait before the next (up to 8 times).  A committed chunk that a resubscription did not bring (an
-    offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is not
-    acted on twice: only a later committed chunk is."""
+    the wait before the next (up to 8 times, :data:`IDLE_LOOKS`).  A committed chunk that a resubscription did
+    not bring (an offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is
+    not acted on twice: only a later committed chunk is."""
     seen: tuple[int | None, int] | None = None
     since: float | None = None
     idle = 0
     tried: int | None = None  # the committed chunk the last resubscription was for
+    polls, spacing = WATCH_POLL.scaled(every).delays(), IDLE_LOOKS.scaled(every)
     while not consumer.closed and consumer.failure is None:
-        await asyncio.sleep(every / 4)
-        mark = (consumer.waiting_for, id(consumer._subscriber))
+        await asyncio.sleep(next(polls))
+        mark = (consumer.waiting_for, id(consumer.control.subscriber))
         if _paused(consumer) or mark != seen:
             if seen is not None and mark[1] == seen[1] and mark[0] != seen[0]:
                 idle = 0  # deliveries came
@@ -185,7 +201,7 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
             since = now()
             continue
         waited = now() - since
-        if waited < every * 2 ** min(idle, 3) or mark[0] is None:
+        if waited < spacing.delay(idle + 1) or mark[0] is None:
             continue
         try:
             with attempt(host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):
@@ -200,11 +216,11 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
         if committed < mark[0] or (tried is not None and committed <= tried):
             idle, since = idle + 1, now()  # nothing missing, or nothing a resubscription would bring
             continue
-        if _paused(consumer) or (consumer.waiting_for, id(consumer._subscriber)) != mark:
+        if _paused(consumer) or (consumer.waiting_for, id(consumer.control.subscriber)) != mark:
             continue  # a chunk came meanwhile
         tried, since = committed, None
         why = (f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} and beyond, "
                f"waiting for offset {mark[0]}")
         # one chunk right at the offset awaited may be an offset-tracking chunk: said quietly
         log.log(logging.WARNING if committed > mark[0] else logging.INFO, "%r: %s: subscribing again", consumer, why)
-        consumer._lost(why)
+        consumer.control.lost(why)

@@ -17,7 +17,7 @@ from rstream.encoding import decode_frame, encode_frame, encode_publish
 from smartclient import BatchingPolicy, ConfigurationError, MessageDecodeError, MessageTooLarge
 from smartclient.core.amqp_data import check_encoding, data_section, starts_amqp, strip_data
 from smartclient.core.delivery import Chunk
-from smartclient.stream._rstream.carriers import _chunk
+from smartclient.stream._rstream.placed import _chunk
 from smartclient.stream._rstream.frames import decode_hot, messages_of, stored_of
 from smartclient.stream._rstream.wire import decode_amqp_message
 from smartclient.stream.codec import decode_amqp

@@ -19,7 +19,7 @@ from rstream.encoding import decode_frame, encode_frame
 
 from smartclient.core.delivery import Chunk, ChunkHandler, MessageContext
 from smartclient.core.flow import ConsumerFlow
-from smartclient.stream._rstream.carriers import PlacedConsumer
+from smartclient.stream._rstream.placed import PlacedConsumer
 from smartclient.stream._rstream.frames import decode_hot, messages_of, read_frame_raw
 
 

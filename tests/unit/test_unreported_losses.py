@@ -8,10 +8,13 @@ import asyncio
 from typing import Any
 
 from smartclient import Address, RecoveryPolicy
+from smartclient.core.retry import Backoff
 from smartclient.core.topology import Role, StreamTopology
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
+
+NOW = Backoff.steady(0.0)  # the looks after a recovery, without their waits
 
 
 class FakeHost:
@@ -45,18 +48,18 @@ def _producer(host: FakeHost) -> tuple[Producer, list[str]]:
 async def test_landed_on_the_old_leader_it_moves_again() -> None:
     host = FakeHost(node=Address("n1", 5552), leader=Address("n3", 5552))
     producer, losses = _producer(host)
-    await confirm_leader(producer, host, after=(0.0,))
+    await confirm_leader(producer, host, NOW, looks=1)
     assert losses == ["the leader moved to n3:5552 while it was recovering"] and host.dropped == 1
 
 
 async def test_on_the_leader_it_stays_and_a_closed_producer_is_left_alone() -> None:
     host = FakeHost(node=Address("n3", 5552), leader=Address("n3", 5552))
     producer, losses = _producer(host)
-    await confirm_leader(producer, host, after=(0.0, 0.0))
+    await confirm_leader(producer, host, NOW, looks=2)
     assert losses == [] and host.dropped == 2
     producer.closed = True
     host.leader = Address("n1", 5552)
-    await asyncio.wait_for(confirm_leader(producer, host, after=(0.0,)), 1)
+    await asyncio.wait_for(confirm_leader(producer, host, NOW, looks=1), 1)
     assert losses == []
 
 
@@ -134,6 +137,17 @@ class FakeConsumer:
     def _lost(self, reason: str) -> None:
         self.losses.append(reason)
         self._subscriber = object()  # what a recovery does: a new subscription
+
+    @property
+    def control(self) -> FakeConsumer:  # its own HandleControl
+        return self
+
+    @property
+    def subscriber(self) -> Any:
+        return self._subscriber
+
+    def lost(self, reason: str) -> None:
+        self._lost(reason)
 
 
 class StatsHost:

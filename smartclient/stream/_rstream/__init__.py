@@ -3,11 +3,11 @@ checks every internal it relies on; the version range is pinned in ``pyproject.t
 
 :mod:`.wire`: the client, error mapping, frames and values; :mod:`.frames`: the socket read in large pieces and
 the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into rstream's frame classes with one
-``struct`` call each; :mod:`.carriers`: rstream's Producer and Consumer, placed by smartclient.
+``struct`` call each; :mod:`.placed`: rstream's Producer and Consumer, placed by smartclient.
 """
 
-from smartclient.stream._rstream.carriers import *  # noqa: F403
-from smartclient.stream._rstream.carriers import __all__ as _carrier_names
+from smartclient.stream._rstream.placed import *  # noqa: F403
+from smartclient.stream._rstream.placed import __all__ as _carrier_names
 from smartclient.stream._rstream.wire import *  # noqa: F403
 from smartclient.stream._rstream.wire import __all__ as _wire_names
 
