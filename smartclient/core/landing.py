@@ -5,10 +5,10 @@ again: reuse a kept connection, dial a target, keep a connection that reached an
 a kept one, wait, or give up.  Every protocol shell drives it the same way and differs only in how it
 dials, how it learns the node a connection reached, and how it sleeps::
 
-    plan = Placement(candidates, policy, kept)   # kept: connections to nodes nobody needed yet
-    step = plan.start()
+    plan = Placement(candidates, policy, kept, shared=shared)   # shared: connections of this role in use
+    step = plan.start()                                         # kept: connections to nodes nobody needed yet
     while True:
-        if isinstance(step, Done): return step.connection          # landed right, or a kept one reused
+        if isinstance(step, Done): return step.connection          # landed right, or a shared or kept one
         if isinstance(step, GiveUp): raise step.error
         if isinstance(step, Keep):                                  # reached another node: keep it
             ... keep (park) step.connection; step = plan.next(); continue
@@ -17,6 +17,11 @@ dials, how it learns the node a connection reached, and how it sleeps::
 
 The connector for streams (async, node read from the Open response) and the node placer for AMQP and MQTT
 (sync, node read from the management API) are such shells.  :class:`Landing` underneath keeps the attempts.
+
+Before every dial the placement is offered what it already has: a shared connection of its role on a tier-0
+node with room for one more stream (:class:`Shared`), then a kept one to a tier-0 node.  A placement that
+falls back takes a shared connection to the fallback node first, then the kept one.  Placements running at
+the same time so share what the others opened meanwhile, instead of each dialling on.
 
 Which landings are acceptable:
 
@@ -30,7 +35,7 @@ Which landings are acceptable:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
@@ -41,10 +46,11 @@ from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates
 
 __all__ = ["Attempt", "Decision", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Landing", "Placement",
-           "UseFallback", "Wait", "summarise"]
+           "Shareable", "Shared", "UseFallback", "Wait", "summarise"]
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)
+S = TypeVar("S", bound="Shareable")
 
 
 class Decision(str, Enum):
@@ -207,12 +213,37 @@ class Dial:
     delay: float = 0.0
 
 
+class Shareable(Protocol):
+    """A connection several producers (or consumers) may share: the node it reached, and whether it can
+    take one more."""
+
+    @property
+    def node(self) -> Address: ...
+
+    def alive(self) -> bool: ...
+
+    def has_room(self) -> bool: ...
+
+
+class Shared(Generic[S]):
+    """The :class:`Kept` hook of the connections a role shares: the first one alive on one of ``nodes``
+    with room for another stream (it stays shared: taking it takes nothing away)."""
+
+    def __init__(self, connections: Sequence[S]) -> None:
+        self.connections = connections
+
+    def take(self, nodes: tuple[Address, ...]) -> S | None:
+        return next((c for c in self.connections if c.node in nodes and c.alive() and c.has_room()), None)
+
+
 @dataclass(frozen=True)
 class Done(Generic[C]):
-    """The placement is over: use ``connection`` (``reused``: a kept one, not dialled now)."""
+    """The placement is over: use ``connection`` (``reused``: one not dialled now, a kept one or, with
+    ``shared``, one the role already uses)."""
 
     connection: C
     reused: bool = False
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -233,17 +264,23 @@ class Placement(Generic[C]):
     """Every decision of one placement (see the module docstring for the loop that drives it)."""
 
     def __init__(self, candidates: Candidates, policy: RetryPolicy, kept: Kept[C] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, shared: Kept[C] | None = None) -> None:
         self.candidates = candidates
         self.landing = Landing(candidates, policy, clock)
         self.kept = kept
+        self.shared = shared
 
     def start(self) -> PlacementStep[C]:
-        """Reuse a kept connection to a tier-0 node, or dial the first target."""
-        reusable = self.kept.take(self.candidates.tiers[0]) if self.kept is not None else None
-        if reusable is not None:
-            return Done(reusable, reused=True)
-        return Dial(self.landing.next_target())
+        """Use a shared or kept connection to a tier-0 node, or dial the first target."""
+        return self._offered(self.candidates.tiers[0]) or Dial(self.landing.next_target())
+
+    def _offered(self, nodes: tuple[Address, ...]) -> Done[C] | None:
+        # what this placement is offered before it dials: a shared connection first, then a kept one
+        if self.shared is not None and (connection := self.shared.take(nodes)) is not None:
+            return Done(connection, reused=True, shared=True)
+        if self.kept is not None and (connection := self.kept.take(nodes)) is not None:
+            return Done(connection, reused=True)
+        return None
 
     def landed(self, target: Address, dialled: Address, reported: Address, connection: C) -> PlacementStep[C]:
         """The connection to ``dialled`` (aimed at ``target``) reached ``reported``."""
@@ -260,13 +297,17 @@ class Placement(Generic[C]):
         """After a kept landing or a failure: dial again (maybe after a back-off), fall back, or give up."""
         step = self.landing.next_step()
         if isinstance(step, UseFallback):
-            fallback = self.kept.take((step.node,)) if self.kept is not None else None
+            fallback = self._offered((step.node,))
             if fallback is not None:
-                return Done(fallback, reused=True)
+                return fallback
             self.landing.forget_fallback()  # it was closed meanwhile
             step = self.landing.next_step()
         if isinstance(step, GiveUp):
             return step
+        # another placement may have opened (or kept) a connection to a tier-0 node meanwhile
+        offered = self._offered(self.candidates.tiers[0])
+        if offered is not None:
+            return offered
         delay = step.seconds if isinstance(step, Wait) else 0.0
         return Dial(self.landing.next_target(), delay)
 

@@ -16,7 +16,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from smartclient import _otel
 from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement
+from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Shared
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ConnectSettings, PoolLimits
 from smartclient.core.topology import Candidates
@@ -188,8 +188,11 @@ class StreamConnector:
         self.connections.add(conn)
         return conn
 
-    async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None) -> Connection:
-        """A connection to a node of ``candidates``: a parked one, or new ones until one lands right.
+    async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None,
+                      shared: Sequence[Connection] = ()) -> Connection:
+        """A connection to a node of ``candidates``: one of ``shared`` (the connections its role shares) with
+        room, a parked one, or new ones until one lands right; before every dial, what is shared or parked is
+        offered again (see :class:`~smartclient.core.landing.Placement`).
 
         :raises PlacementError: the retry policy ran out (``NodeUnreachable`` when attempts kept landing
             on other nodes); the error lists every attempt.
@@ -198,16 +201,19 @@ class StreamConnector:
         """
         policy = retry or self.retry
         bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
-        plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking)
+        plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking,
+                                                shared=Shared(shared))
         step = plan.start()
         while True:
             if isinstance(step, Done):
-                if step.reused:
+                if step.shared:
+                    log.debug("placement of %s shares a connection to %s", candidates.stream, step.connection.node)
+                elif step.reused:
                     log.debug("placement of %s reuses a kept connection to %s", candidates.stream, step.connection.node)
                     self.reused += 1
                     self._attempted(Attempt(step.connection.node, step.connection.dialled, step.connection.node,
                                             "reused a kept connection"))
-                step.connection.sessions = 0 if step.reused else plan.attempts
+                step.connection.sessions = plan.attempts  # opened by this placement (0: shared or kept at once)
                 return step.connection
             if isinstance(step, GiveUp):
                 raise step.error

@@ -2,9 +2,10 @@
 
 An Environment's producers share one connection per node, and so do its consumers (up to
 ``PoolLimits.max_streams_per_connection`` each), so the placement cost grows with the nodes, not with the
-producers and consumers.  A placement takes a shared connection of its role to a tier-0 node, or asks the
-connector for one (a parked connection, or new ones until one lands on a candidate; see
-:mod:`smartclient.core.landing`).  A connection nobody uses any more is parked for the next placement.
+producers and consumers.  A placement asks the connector, which runs :class:`~smartclient.core.landing.Placement`
+with this role's shared connections behind its ``Kept`` hook: a shared connection to a tier-0 node with room, a
+parked one, or new ones until one lands on a candidate (offered the shared and parked ones again before each
+dial).  A connection nobody uses any more is parked for the next placement.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class StreamPlacement:
         return Counter(r.node for r in self.records.values() if r.role is Role.CONSUMER and r.stream == stream)
 
     async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
-        """A connection for ``stream`` on a node of its candidates: a shared one of this role on a tier-0
-        node with a free id, or one from the connector (in a ``smartclient.place`` span when tracing)."""
+        """A connection for ``stream`` on a node of its candidates, from the connector: a shared one of this role
+        with a free id, a parked one or a new one (in a ``smartclient.place`` span when tracing)."""
         role: Role = pool.role
         began = time.monotonic()
         with _NOTHING if self.tracing is None else self.tracing.placing(role, stream) as placed:
@@ -84,14 +85,12 @@ class StreamPlacement:
             candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
             shared = self.shared[role]
             shared[:] = [c for c in shared if c.alive()]
-            conn = next((c for c in shared if c.node in candidates.tiers[0] and c.has_room()), None)
-            sessions = 0
-            if conn is None:
-                retry = self.recovery_retry if self.recovering[(role, stream)] else None
-                conn = await self.connector.acquire(candidates, self.connection_name, retry=retry)
-                sessions = conn.sessions
+            retry = self.recovery_retry if self.recovering[(role, stream)] else None
+            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
+            sessions = conn.sessions
+            if all(c is not conn for c in shared):  # a new or parked one: shared from now on
                 _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
-                if conn.alive() and all(c is not conn for c in shared):
+                if conn.alive():
                     shared.append(conn)
             self._record(pool, stream, conn, closed_handler)
         finally:

@@ -117,10 +117,10 @@ async def test_placements_made_all_at_once_still_share_connections(rabbitmq_test
             print(f"all at once: {len(records)} placements on {len(connections)} connections "
                   f"({len(pairs)} role/node pairs), {env.connector.opened} opened")
             assert len(records) == 25 and len(connections) <= len(pairs) + 2  # in use: the minimum, or nearly
-            # LB sessions: 7 to 23 seen (23 on a loaded CI-like run) for a minimum of 7 (all 25 racing through one
-            # round-robin LB; placed one by one, as bench/lb_placement.py does, it is the minimum); never one per
-            # producer or consumer
-            assert env.connector.opened < len(records)
+            # LB sessions for a minimum of 7 (one per role and node, and the locator), all 25 racing through one
+            # round-robin LB: 7 to 10 over 22 runs (median 8) since each placement is offered what the others
+            # opened before every dial; 7 to 32 (median 12) when only its start was
+            assert env.connector.opened <= 2 * (len(pairs) + 1)
             for handle in handles:
                 await handle.close()
     finally:

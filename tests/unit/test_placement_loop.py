@@ -14,7 +14,7 @@ import pytest
 
 from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy, StreamTopology
 from smartclient.core.broker_nodes import BrokerNode
-from smartclient.core.landing import Dial, Done, GiveUp, Keep, Placement
+from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement, Shared
 from smartclient.core.settings import ConnectSettings, Credentials, PoolLimits
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
@@ -217,3 +217,67 @@ def test_a_failed_stream_attempt_names_the_address_it_dialled() -> None:
     assert len(attempts) == 3 and all(a.dialled == mapped and a.target == N1 for a in attempts)
     assert f"dialled 127.0.0.1:{port} for n1:5552: reached nothing, failed: ConnectionFailed" in str(caught.value)
     assert "dialled ?" not in str(caught.value)
+
+
+# -- the shared connections of a role, behind the Kept hook -----------------------------------------------------
+class _Shared:
+    def __init__(self, node: Address, alive: bool = True, room: bool = True) -> None:
+        self.node, self._alive, self._room = node, alive, room
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def has_room(self) -> bool:
+        return self._room
+
+
+def test_shared_offers_the_first_live_connection_with_room_on_the_nodes_and_keeps_it_shared() -> None:
+    full, dead, good = _Shared(N1, room=False), _Shared(N1, alive=False), _Shared(N1)
+    shared = Shared([_Shared(N2), full, dead, good])
+    assert shared.take((N1,)) is good and shared.take((N1, N3)) is good  # taking it takes nothing away
+    assert shared.take((N3,)) is None
+
+
+def test_a_shared_connection_comes_before_a_kept_one_and_before_any_dial() -> None:
+    kept: KeptList[Any] = KeptList()
+    parked = _Shared(N1)
+    kept.put(N1, parked)
+    in_use = _Shared(N1)
+    plan: Placement[Any] = Placement(LEADER, FAST, kept, shared=Shared([in_use]))
+    assert plan.start() == Done(in_use, reused=True, shared=True)
+    assert Placement(LEADER, FAST, kept, shared=Shared([])).start() == Done(parked, reused=True)
+
+
+def test_what_another_placement_opened_meanwhile_is_offered_before_the_next_dial() -> None:
+    opened_elsewhere: list[_Shared] = []
+    plan: Placement[Any] = Placement(LEADER, FAST, KeptList(), shared=Shared(opened_elsewhere))
+    assert plan.start() == Dial(N1)
+    assert isinstance(plan.landed(N1, LB, N2, _Shared(N2)), Keep)
+    other = _Shared(N1)
+    opened_elsewhere.append(other)  # a concurrent placement landed on n1 while this one dialled
+    assert plan.next() == Done(other, reused=True, shared=True) and plan.attempts == 1
+
+
+def test_a_fallback_takes_a_shared_connection_to_its_node_first() -> None:
+    consumer = StreamTopology("s", N1, (N2, N3)).candidates(Role.CONSUMER, load={N2: 0, N3: 0})
+    kept: KeptList[Any] = KeptList()
+    on_leader = _Shared(N1)
+    plan: Placement[Any] = Placement(consumer, RetryPolicy(max_attempts=1), kept, shared=Shared([on_leader]))
+    step = plan.start()
+    assert isinstance(step, Dial)
+    parked = _Shared(N1)
+    step = plan.landed(step.target, LB, N1, parked)  # the leader: tier 1, kept
+    assert isinstance(step, Keep)
+    kept.put(step.node, step.connection)
+    assert plan.next() == Done(on_leader, reused=True, shared=True)  # attempts ran out: fall back to the leader
+
+
+def test_the_stream_shell_shares_through_the_hook_without_dialling() -> None:
+    connector = FakeStreamConnector(sticky(N2))
+    in_use = Connection(_Client(), N1, LB, "in-use")
+    conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
+    assert conn is in_use and connector.opened == 0 and connector.reused == 0 and conn.sessions == 0
+    in_use.ids.update(range(in_use.max_ids))  # no free id: not offered
+    connector = FakeStreamConnector(round_robin())
+    conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
+    assert conn is not in_use and conn.node == N1 and conn.sessions == connector.opened
