@@ -2,7 +2,7 @@
 
     smartclient topology orders payments          # leader and replicas, advertised and dialled
     smartclient probe --via lb:5552 -n 30         # which nodes a load balancer reaches, how often
-    smartclient place orders                      # where a producer and a consumer land now
+    smartclient place orders                      # where a producer and a consumer land now, and why
     smartclient bench publish                     # run bench/publish.py with a progress display
     smartclient top --metrics http://svc:9464/metrics   # a live view of a service's smartclient metrics
 
@@ -30,6 +30,7 @@ from typing import Any
 
 from smartclient._errors import SmartClientError
 from smartclient.core.address import Address
+from smartclient.core.topology import Candidates, PlacementPolicy, Role
 
 __all__ = ["main"]
 
@@ -66,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--connections", type=int, default=30)
     p = sub.add_parser("place", parents=[common], help="where a producer and a consumer of a stream land")
     p.add_argument("stream")
+    p.add_argument("--force-leader-for-producers", action=argparse.BooleanOptionalAction, default=True,
+                   help="the PlacementPolicy: producers only on the leader (default), or on any member as a fallback")
+    p.add_argument("--force-replica-for-consumers", action=argparse.BooleanOptionalAction, default=False,
+                   help="the PlacementPolicy: consumers only on replicas, or the leader as a fallback (default)")
     p = sub.add_parser("bench", parents=[common], help="run a benchmark script with a progress display")
     p.add_argument("name", help="a script of bench/, without .py (e.g. publish, failover, mqtt_fleet)")
     p = sub.add_parser("top", help="a live view of a service's smartclient metrics (its Prometheus endpoint)")
@@ -111,10 +116,26 @@ def _entry_uri(args: argparse.Namespace) -> str:
     return DEFAULT_URI
 
 
+def _policy(args: argparse.Namespace) -> PlacementPolicy:
+    return PlacementPolicy(force_leader_for_producers=getattr(args, "force_leader_for_producers", True),
+                           force_replica_for_consumers=getattr(args, "force_replica_for_consumers", False))
+
+
 def _environment(args: argparse.Namespace) -> Any:
     from smartclient.environment import Environment
 
-    return Environment(_entry_uri(args), resolver=_resolver(args), connection_name="smartclient-cli")
+    return Environment(_entry_uri(args), resolver=_resolver(args), placement=_policy(args),
+                       connection_name="smartclient-cli")
+
+
+def _as_wanted(candidates: Candidates, node: Address) -> str:
+    """How the library's own placement decision judges where a connection landed: its candidates, tier by tier."""
+    tier = candidates.tier_of(node)
+    if tier == 0:
+        return "[green]yes[/green]"
+    if tier is not None:
+        return f"[yellow]fallback (tier {tier})[/yellow]"
+    return "[red]no: not a candidate[/red]"
 
 
 def _probe_environment(args: argparse.Namespace, lb: Address) -> Any:
@@ -193,8 +214,10 @@ async def _probe(args: argparse.Namespace, console: Any) -> int:
 async def _place(args: argparse.Namespace, console: Any) -> int:
     from rich.table import Table
 
+    policy = _policy(args)
     async with _environment(args) as env:
-        topo = await env.topology(args.stream)
+        # the Environment's own decision, under the policy given: each role's candidates before it is placed
+        candidates = {role: await env.candidates(args.stream, role) for role in (Role.PRODUCER, Role.CONSUMER)}
         started = time.monotonic()
         producer = await env.producer(args.stream)
         consumer = await env.consumer(args.stream, lambda message, context: None, offset="next")
@@ -203,13 +226,16 @@ async def _place(args: argparse.Namespace, console: Any) -> int:
         for column in ("role", "node (reported)", "dialled", "as wanted"):
             table.add_column(column)
         for record in env.placements():
-            wanted = (record.node == topo.leader) if record.role == "producer" else (record.node in topo.replicas)
-            table.add_row(record.role.value if hasattr(record.role, "value") else str(record.role),
-                          str(record.node), str(record.dialled),
-                          "[green]yes[/green]" if wanted else "[yellow]fallback[/yellow]")
+            table.add_row(record.role.value, str(record.node), str(record.dialled),
+                          _as_wanted(candidates[record.role], record.node))
         await consumer.close()
         await producer.close()
     console.print(table)
+    console.print(f"policy: force_leader_for_producers={policy.force_leader_for_producers}, "
+                  f"force_replica_for_consumers={policy.force_replica_for_consumers}", highlight=False)
+    for role, tiers in candidates.items():
+        console.print(f"candidates of the {role.value}, tier by tier: {tiers}", highlight=False, markup=False,
+                      soft_wrap=True)
     return 0
 
 

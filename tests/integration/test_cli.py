@@ -27,6 +27,12 @@ def run_bare(*args: str, environ: dict[str, str] | None = None) -> subprocess.Co
                           env=env | (environ or {}), timeout=120, cwd=ROOT)
 
 
+def candidates(out: str, role: str) -> list[set[str]]:
+    """The tiers ``place`` printed for ``role``: each a set of nodes, best first."""
+    line = next(line for line in out.splitlines() if line.startswith(f"candidates of the {role}, tier by tier: "))
+    return [set(tier.strip("{}").split(", ")) for tier in line.split(": ", 1)[1].split(" > ")]
+
+
 def guest_only(bed: TestBed) -> None:
     if (bed.username, bed.password) != ("guest", "guest"):
         raise FaultUnavailable("this test bed's credentials are not guest/guest, the command's default")
@@ -50,6 +56,18 @@ async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
         assert "yes" in producer and "yes" in consumer  # on the leader, on a replica, per its own topology
         landed = [next(n for n in nodes if n in line) for line in (producer, consumer)]
         assert landed[0] != landed[1]
+        # what was wanted is the Environment's own decision under the policy given (its candidates, by tier)
+        leader = {f"localhost:{rabbitmq_testbed.nodes[2].stream_port}"}
+        replicas = nodes - leader
+        assert "policy: force_leader_for_producers=True, force_replica_for_consumers=False" in placed.stdout
+        assert candidates(placed.stdout, "producer") == [leader]
+        assert candidates(placed.stdout, "consumer") == [replicas, leader]
+        other = run(rabbitmq_testbed, "place", rabbitmq_unique_name, "--no-force-leader-for-producers",
+                    "--force-replica-for-consumers")
+        assert other.returncode == 0, other.stderr
+        assert "policy: force_leader_for_producers=False, force_replica_for_consumers=True" in other.stdout
+        assert candidates(other.stdout, "producer") == [leader, replicas]
+        assert candidates(other.stdout, "consumer") == [replicas]
     finally:
         await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 
