@@ -1,15 +1,18 @@
 """bench/consume.py: consuming throughput against the machine's limit, in one run.
 
-A stream with a leader and one replica is filled with 1,000,000 100-byte messages; then every reader reads it
-from the first offset, from the replica (where smartclient's placement goes too), so they differ only in the
-client.  Each round runs, in an order that turns from round to round:
+A stream with a leader and one replica is filled with 1,000,000 100-byte messages, with the default encoding (each
+an AMQP 1.0 message of one data section, 105 bytes); then every reader reads it from the first offset, from the
+replica (where smartclient's placement goes too), so they differ only in the client.  Each round runs, in an order
+that turns from round to round:
 
 * **raw reader**: one connection counting the records of each Deliver frame from its header, granting a credit
   per chunk, decoding nothing (bench/raw_frames.py): the limit;
 * **rstream**: its ``Consumer`` with a plain callback counting messages;
 * **smartclient per message**: ``env.consumer(stream, callback)``, the same callback;
 * **smartclient chunks**: ``env.consumer(stream, on_chunk=...)`` counting ``len(chunk.bodies)`` (the bodies split
-  out of each chunk, as an application that reads them needs).
+  out of each chunk, as an application that reads them needs);
+* the two smartclient readers again on a second such stream filled with ``encoding="raw"`` (the bodies alone):
+  what handing back the body of a data section costs, in the same sitting (not part of the verdict).
 
 A rate runs from the first message (or chunk) delivered to the last, so connection set-up does not blur it.
 
@@ -39,10 +42,10 @@ PER_MESSAGE_TARGET = 1.5
 CHUNK_TARGET = 0.3
 
 
-async def fill(bed: LocalTestBed, stream: str) -> None:
+async def fill(bed: LocalTestBed, stream: str, encoding: str = "amqp") -> None:
     node = bed.nodes[0]
     async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
-        producer = await env.producer(stream)
+        producer = await env.producer(stream, encoding=encoding)
         for _ in range(MESSAGES // 1000):
             await producer.send_many([b"x" * 100] * 1000)
         await producer.flush()
@@ -126,12 +129,23 @@ async def main() -> int:
     bed = LocalTestBed.from_env()
     bed.up()
     stream = f"bench-consume-{uuid.uuid4().hex[:8]}"
+    raw_stream = f"{stream}-raw"
     await create_stream_led_by(bed, stream, 0, size=2)
+    await create_stream_led_by(bed, raw_stream, 0, size=2)
+
+    async def per_message_raw(bed: LocalTestBed, _: str) -> float:
+        return await smartclient_consume(bed, raw_stream)
+
+    async def chunks_raw(bed: LocalTestBed, _: str) -> float:
+        return await smartclient_chunks(bed, raw_stream)
+
     modes = {"raw reader": raw_reader, "rstream": rstream_consume, "smartclient per message": smartclient_consume,
-             "smartclient chunks": smartclient_chunks}
+             "smartclient chunks": smartclient_chunks, 'per message, "raw"': per_message_raw,
+             'chunks, "raw"': chunks_raw}
     rates: dict[str, list[float]] = {name: [] for name in modes}
     try:
         await fill(bed, stream)
+        await fill(bed, raw_stream, "raw")
         for round_no in range(ROUNDS):
             order = list(modes.items())
             order = order[round_no % len(order):] + order[:round_no % len(order)]
@@ -140,7 +154,7 @@ async def main() -> int:
             print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1] / 1000:.0f}k" for name in modes),
                   flush=True)
     finally:
-        await delete_streams(bed, stream)
+        await delete_streams(bed, stream, raw_stream)
     print()
     limit = rates["raw reader"]
     for name in modes:
@@ -150,6 +164,9 @@ async def main() -> int:
                                                           strict=True))
     chunks = statistics.median(a / b for a, b in zip(rates["smartclient chunks"], limit, strict=True))
     ok = per_message >= PER_MESSAGE_TARGET and chunks >= CHUNK_TARGET
+    pairs = (("smartclient per message", 'per message, "raw"'), ("smartclient chunks", 'chunks, "raw"'))
+    cost = [statistics.median(a / b for a, b in zip(rates[ours], rates[raw], strict=True)) for ours, raw in pairs]
+    print(f'encoding: "amqp" / "raw" stream = {cost[0]:.2f} per message, {cost[1]:.2f} per chunk (same rounds)')
     print(f"consume: per_message_vs_rstream={per_message:.2f} target >= {PER_MESSAGE_TARGET} and "
           f"chunk_share_of_raw={chunks:.2f} target >= {CHUNK_TARGET} {'PASS' if ok else 'MISS'}")
     return 0
