@@ -2,15 +2,16 @@
 
 * a callback that raises is ``on_error``'s decision: ``"skip"`` goes on with the next message (or chunk) and counts
   it, ``"stop"`` stops there with a typed failure, and a restart from the stored offset resumes at that message;
-* a failover never cancels an async handler: the chunk it holds is finished, and recovery resumes after it, for
+* a failover never cancels a handler: the chunk it holds is finished, and recovery resumes after it, for
   per-message and per-chunk consumers, sync and async, plain, tracked and single active: no duplicate, no gap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -182,6 +183,7 @@ class Holding(Seen):
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
         self.cancelled = 0
+        self.cut: Callable[[], None] | None = None  # closes the consumer's connection (sync handlers call it)
 
     async def _wait(self, offsets: list[int]) -> None:
         if self.hold in offsets and not self.holding.is_set():
@@ -192,7 +194,26 @@ class Holding(Seen):
                 self.cancelled += 1
                 raise
 
+    def _cut_here(self, offsets: list[int]) -> None:  # a sync handler: the connection is closed while it runs
+        if self.hold in offsets and not self.holding.is_set():
+            self.holding.set()
+            assert self.cut is not None
+            closing = threading.Thread(target=self.cut)
+            closing.start()
+            closing.join(10)
+
     def handler(self) -> dict[str, Any]:
+        if self.kind == "message-sync":
+            def on_message_sync(message: bytes, context: Any) -> None:
+                self._cut_here([context.offset])
+                self.offsets[context.offset] += 1
+            return {"callback": on_message_sync}
+        if self.kind == "chunk-sync":
+            def on_chunk_sync(chunk: Chunk) -> None:
+                self.offsets.update(chunk.offsets[:10])
+                self._cut_here(list(chunk.offsets))
+                self.offsets.update(chunk.offsets[10:])
+            return {"on_chunk": on_chunk_sync}
         if self.kind == "message-async":
             async def on_message(message: bytes, context: Any) -> None:
                 await self._wait([context.offset])
@@ -208,13 +229,12 @@ class Holding(Seen):
 
 @pytest.mark.faults
 @pytest.mark.parametrize("mode", ["plain", "tracked", "single-active"])
-@pytest.mark.parametrize("kind", ["message-async", "chunk-async"])
-async def test_a_failover_never_cancels_an_async_handler_and_recovery_resumes_after_its_chunk(
+@pytest.mark.parametrize("kind", ["message-async", "chunk-async", "message-sync", "chunk-sync"])
+async def test_a_failover_never_cancels_a_handler_and_recovery_resumes_after_its_chunk(
     rabbitmq_faulty_testbed: TestBed, env: Environment, stream: str, kind: str, mode: str
 ) -> None:
     bed = rabbitmq_faulty_testbed
     total = 3000
-    await publish(env, stream, total)
     seen = Holding(kind, hold=1234)
     options: dict[str, Any] = {"plain": {}, "tracked": {"name": "c", "tracking": OffsetTracking(every=100)},
                                "single-active": {"name": "c", "single_active": True}}[mode]
@@ -222,10 +242,13 @@ async def test_a_failover_never_cancels_an_async_handler_and_recovery_resumes_af
     record = consumer.placement
     assert record is not None
     server_name = await asyncio.to_thread(bed.connection_named, record.connection)
+    seen.cut = lambda: bed.close_connection(server_name)
+    await publish(env, stream, total)  # (once the cut is ready: a sync handler makes it itself)
     await asyncio.wait_for(seen.holding.wait(), 30)
-    await asyncio.to_thread(bed.close_connection, server_name)  # while the handler holds its chunk
-    await wait_until(lambda: consumer.recovering, 20, "the consumer to start recovering")
-    seen.release.set()
+    if kind.endswith("async"):
+        await asyncio.to_thread(bed.close_connection, server_name)  # while the handler holds its chunk
+        await wait_until(lambda: consumer.recovering, 20, "the consumer to start recovering")
+        seen.release.set()
     await wait_until(lambda: len(seen.offsets) == total, 30, lambda: f"{total} offsets, got {len(seen.offsets)}")
     await wait_until(lambda: consumer.recoveries >= 1, 20, "the recovery to end")
     assert seen.cancelled == 0
