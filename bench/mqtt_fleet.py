@@ -58,12 +58,12 @@ def broker_memory(api: object) -> dict[str, float]:
 
 def paho_threaded(placer: MqttPlacer, count: int) -> float:
     """RSS per connection of ``count`` plain paho clients, each with its own loop_start thread."""
-    nodes = placer.failover_targets()
+    nodes = list(placer.targets())
     gc.collect()
     before = process_rss()
     clients = []
     for i in range(count):
-        address = nodes[i % len(nodes)][0]
+        address = nodes[i % len(nodes)]
         c = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"anchor-{uuid.uuid4().hex[:6]}-{i}")
         c.username_pw_set("guest", "guest")
         c.connect(address.host, address.port, keepalive=20)

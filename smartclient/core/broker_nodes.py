@@ -6,19 +6,29 @@ protocol's metadata.  The management API's ``/api/overview`` lists every listene
 turns that into :class:`BrokerNode` values, whose *advertised* address for a protocol is the node's
 host name (or the listener's own IP when it is bound to one) with the listener's port.  The
 resolver maps it to what can be dialled, as for streams.
+
+It also decides where each connection of a protocol without streams may go, as candidate lists that the
+one placement loop (:class:`~smartclient.core.landing.Placement`) drives: a fleet's spread
+(:func:`spread_candidates`, :func:`rebalance`) and a dropped connection's reconnect
+(:func:`reconnect_candidates`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from smartclient._errors import ConfigurationError, NoCandidateNode
 from smartclient.core.address import Address
+from smartclient.core.topology import Candidates, Role
 
-__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "surplus"]
+__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "rebalance",
+           "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
+
+T = TypeVar("T")
 
 _ANY = {"::", "0.0.0.0", "", "[::]"}
 
@@ -92,3 +102,59 @@ def surplus(landed: Sequence[tuple[int, str | None]], nodes: Sequence[str], tota
         if seen[node] > share:
             moving.append(ident)
     return moving
+
+
+def rebalance(
+    landed: Sequence[tuple[int, str | None]], nodes: Sequence[str], total: int
+) -> tuple[list[int], tuple[str, ...]]:
+    """One round of evening out: the connections to move (:func:`surplus`), and the nodes they may go to:
+    those below their share once the moving ones have left (every node of ``nodes`` if none is)."""
+    moving = surplus(landed, nodes, total)
+    share = math.ceil(total / len(nodes))
+    gone = set(moving)
+    staying = Counter(node for ident, node in landed if ident not in gone and node is not None)
+    room = tuple(n for n in nodes if staying.get(n, 0) < share)
+    return moving, room or tuple(nodes)
+
+
+def rotated(items: Sequence[T], start: int) -> tuple[T, ...]:
+    """``items`` in turn from position ``start`` (modulo their number), round to the one before it."""
+    if not items:
+        return ()
+    k = start % len(items)
+    return (*items[k:], *items[:k])
+
+
+def spread_candidates(index: int, nodes: Sequence[Address], *, through_lb: bool, what: str = "fleet") -> Candidates:
+    """Where connection ``index`` of a fleet over ``nodes`` may go.
+
+    Directly: its own node (``index`` mod n, so the spread is exact), then, only when that one is out of
+    reach, the others in turn from the next.  Through a load balancer: any of ``nodes`` (the balancer picks;
+    :func:`rebalance` then evens the fleet out, and a landing on another node is a mismatch).
+
+    :raises ConfigurationError: no nodes.
+    """
+    if not nodes:
+        raise ConfigurationError(f"{what}: no node to spread over")
+    if through_lb:
+        return Candidates(f"{what} #{index}", Role.CONNECTION, (tuple(nodes),))
+    order = rotated(nodes, index)
+    tiers = (order[:1], order[1:]) if len(order) > 1 else (order,)
+    return Candidates(f"{what} #{index}", Role.CONNECTION, tiers)
+
+
+def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: str = "reconnect") -> Candidates:
+    """Where a connection that dropped off ``last`` may go: every other node, in turn from the one after
+    ``last`` (tier 0), then ``last`` itself (tier 1).  So a reconnect moves on, as a node that dropped a
+    connection may be going away; it goes back only when no other node answers (directly), or when a load
+    balancer never routes elsewhere (the kept landing there is the fallback).  With ``last`` not among
+    ``nodes`` (or alone), any node.
+
+    :raises ConfigurationError: no nodes.
+    """
+    if not nodes:
+        raise ConfigurationError(f"{what}: no node to reconnect to")
+    if last is None or last not in nodes or len(nodes) == 1:
+        return Candidates(what, Role.CONNECTION, (tuple(nodes),))
+    others = rotated(nodes, list(nodes).index(last) + 1)[:-1]
+    return Candidates(what, Role.CONNECTION, (others, (last,)))

@@ -322,18 +322,46 @@ class PahoClient(paho.Client):
             with paho_errors(Address(self._host, self._port)):
                 raise
 
-    def _before_reconnect(self) -> None:
-        """Called before every (re)connect paho makes; aim elsewhere here.  A :class:`SmartClientError` makes
-        that reconnect fail (paho's loop tries again after its reconnect delay)."""
+    def _before_reconnect(self) -> bool:
+        """Called before every (re)connect paho makes: aim elsewhere here and return False (paho then dials
+        where the client is aimed), or connect the client here (:meth:`reconnect_to`) and return True (paho
+        dials nothing).  A :class:`SmartClientError` makes that reconnect fail (paho's loop calls
+        ``on_connect_fail``, then tries again after its reconnect delay unless :meth:`stop_reconnecting`
+        was called)."""
+        return False
 
     # paho calls reconnect() for the first connect too, from connect() and from its loop
     def reconnect(self) -> MQTTErrorCode:
         try:
-            self._before_reconnect()
+            if self._before_reconnect():
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
         except SmartClientError as exc:
             # paho's loop (loop_forever, loop_start) retries a reconnect that raised OSError, after its delay
             raise ConnectionRefusedError(f"MQTT reconnect: {exc}") from exc
         return super().reconnect()
+
+    def reconnect_to(self, dialled: Address, server_name: str | None, timeout: float) -> bool:
+        """Connect again, to ``dialled`` (verifying ``server_name`` with TLS), with the CONNECT of the first
+        connect (keepalive, clean start, properties), and drive the socket until the CONNACK; return whether
+        a session was resumed.  :meth:`_before_reconnect` is not called: this is how it reconnects.
+
+        :raises AuthenticationFailed, CertificateRejected, ConnectionFailed: see :func:`paho_errors`.
+        """
+        self.last_connack = None
+        try:
+            with paho_errors(dialled):
+                self.aim_at(dialled, server_name)
+                paho.Client.reconnect(self)
+            return self.await_connack(timeout)
+        except BaseException:
+            self._sock_close()
+            raise
+
+    def stop_reconnecting(self) -> None:
+        """Drop the connection, if any, and make paho's loop (``loop_forever``, ``loop_start``'s thread)
+        return instead of reconnecting: paho marks a client without a socket disconnected."""
+        self._sock_close()
+        self.disconnect()
 
     def drop_connection(self) -> None:
         """Close the socket without DISCONNECT (``on_socket_close`` is called); paho may reconnect."""

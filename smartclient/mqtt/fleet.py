@@ -6,11 +6,14 @@ interface: every client's socket is registered with one ``selectors`` selector (
 ``loop_misc`` (keepalive) on every client once a second.  No thread per client, no socket pair per
 client: one file descriptor each.
 
-Spreading: directly, client *i* aims at node *i* mod *n* (through the resolver and the allow-list).
-Through a load balancer, every client goes through it; the management API then says where each landed,
-and clients on nodes above their share are reconnected through the balancer until every node holds its
-share (or the rounds run out).  A client whose connection drops reconnects to the next node, as a
-:class:`~smartclient.mqtt.placement.PlacedMqttClient` does.
+Every connection is a placement of the core's loop (``Placement``), driven by the loop thread's events, over
+candidates the core decides (:mod:`smartclient.core.broker_nodes`); every dial goes through the placer's
+resolution seam (the resolver and the allow-list, or the load balancer's listener).  Directly, client *i*
+aims at node *i* mod *n*, the others in turn if that one is out of reach (``spread_candidates``).  Through a
+load balancer, the management API says where each client landed, and those on nodes above their share
+(``rebalance``) are placed again on the nodes below theirs, round after round, until every node holds its
+share; a balancer that never routes them there is the core's to judge (``NodeUnreachable`` when a moved
+client's placement gives up).  A dropped client is placed again (``reconnect_candidates``, :data:`RECONNECT`).
 
 Thread safety: ``publish``/``subscribe`` may be called from any thread; socket registration changes made
 off the loop thread are handed to it.
@@ -18,6 +21,7 @@ off the loop thread are handed to it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import heapq
@@ -31,13 +35,23 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
-from smartclient._errors import ConfigurationError, ConnectionFailed, NodeUnreachable, SmartClientError
+from smartclient._errors import (
+    AddressNotAllowed,
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    NodeUnreachable,
+    SmartClientError,
+)
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import evenly_spread, pick_node, surplus
-from smartclient.core.retry import Backoff
+from smartclient.core.broker_nodes import evenly_spread, pick_node, rebalance, reconnect_candidates, spread_candidates
+from smartclient.core.landing import Done, GiveUp, Keep, Placement, PlacementStep
+from smartclient.core.retry import Backoff, RetryPolicy
+from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import function, instance, number, text, texts, whole
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
@@ -47,11 +61,12 @@ __all__ = ["FleetReport", "MqttFleet", "process_rss"]
 
 log = logging.getLogger(__name__)
 
-RECONNECT = Backoff(initial=0.1, factor=2.0, max=5.0, jitter=0.2)  # a dropped client's next try
+RECONNECT = Backoff(initial=0.1, factor=2.0, max=5.0, jitter=0.2)  # a dropped client's tries
 LOOP_POLL = Backoff.steady(0.05)  # the caller's look at what the loop thread did: connects, CONNACKs, closes
 LISTING_POLL = Backoff.steady(0.5)  # the management API lists a new client within its statistics round
 
 MessageCallback = Callable[[int, MQTTMessage], None]
+T = TypeVar("T")
 
 
 def process_rss() -> int:
@@ -88,10 +103,14 @@ class _Member:
     node: str | None = None
     up: bool = False
     closing: bool = False
-    retries: int = 0  # reconnects scheduled since it was last up
     failures: int = 0
     listed_at: int = -1  # the management API's connected_at when last identified
     started: bool = False  # its first connect was begun (later ones are reconnects)
+    was_up: bool = False  # connected once: a CONNACK without a session then means subscribing again
+    plan: Placement[_Member] | None = None  # the placement under way (first connect, move or reconnect)
+    target: Address | None = None  # what the last dial aimed at, and what it dialled
+    dialled: Address | None = None
+    failure: SmartClientError | None = None  # why its placement gave up
 
 
 class MqttFleet:
@@ -103,6 +122,10 @@ class MqttFleet:
     :param window: most connections waiting for their CONNACK at once.
     :param on_message: ``f(index, message)``, on the loop thread, for messages to subscribed clients.
     :param tolerance: through a load balancer, rebalance until max/min per node is at most this.
+    :param rebalance_rounds: through a load balancer, rounds of moving clients at most.
+
+    Each client's placement is capped by the placer's ``RetryPolicy`` (its attempts and time): one that
+    gives up is counted as failed (a reconnect's after :meth:`start`: the client stays disconnected).
 
     Use it as ``with MqttFleet(placer, 1000) as fleet:``; :meth:`start` connects (``__enter__`` calls it).
     """
@@ -137,7 +160,12 @@ class MqttFleet:
         self.tolerance = tolerance
         self.rebalance_rounds = rebalance_rounds
         self._wanted_nodes = nodes
-        self._targets: list[tuple[Address, str | None]] = []
+        self._targets: dict[Address, str | None] = {}  # the nodes spread over (listener -> name), in order
+        self._reconnect_policy = replace(placer.retry, backoff_initial=RECONNECT.initial,
+                                         backoff_factor=RECONNECT.factor, backoff_max=RECONNECT.max,
+                                         backoff_jitter=RECONNECT.jitter)
+        self._checking = False  # through a load balancer, start() identifies landings (else accepted unchecked)
+        self._deadline = 0.0
         self.members: list[_Member] = []
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -192,8 +220,9 @@ class MqttFleet:
         self._thread.start()
         for i in range(self.size):
             self.members.append(_Member(i, self._new_client(i)))
+        self._checking = self.placer.lb is not None
+        deadline = self._deadline = t0 + timeout
         self._call(self._pump)
-        deadline = t0 + timeout
         try:
             self._wait(lambda: self.connected + self._failed() >= self.size, deadline, "connect")
             if self._failed():
@@ -202,6 +231,8 @@ class MqttFleet:
         except BaseException:
             self.close()
             raise
+        finally:
+            self._checking = False
         seconds = time.monotonic() - t0
         return FleetReport(self.size, self.connected, dict(sorted(self.per_node().items())), seconds,
                            (process_rss() - rss0) / max(1, self.connected), rebalanced, self._failed())
@@ -217,7 +248,7 @@ class MqttFleet:
         validate_filter(topic_filter)
         _check_qos(qos)
         member = self.members[index]
-        member.client._subscriptions.append((topic_filter, qos))
+        member.client.remember_subscription(topic_filter, qos)
         member.client.subscribe(topic_filter, qos)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -254,11 +285,11 @@ class MqttFleet:
             return [n.name for n in nodes if self.placer.protocol in n.listeners]
         return [pick_node(nodes, wanted).name for wanted in self._wanted_nodes]
 
-    def _spread_targets(self) -> list[tuple[Address, str | None]]:
-        targets = self.placer.failover_targets()
+    def _spread_targets(self) -> dict[Address, str | None]:
+        targets = self.placer.targets()
         if self._wanted_nodes is not None:
             names = set(self._node_names())
-            targets = [t for t in targets if t[1] in names]
+            targets = {a: name for a, name in targets.items() if name in names}
             if not targets:
                 raise ConfigurationError(f"none of {self._wanted_nodes} has an MQTT listener")
         return targets
@@ -277,70 +308,124 @@ class MqttFleet:
         return client
 
     def _pump(self) -> None:
-        """Start connects while fewer than ``window`` wait for a CONNACK (loop thread)."""
+        """Start placements while fewer than ``window`` wait for a CONNACK (loop thread)."""
+        nodes = tuple(self._targets)
         for m in self.members:
             if len(self._awaiting) >= self.window:
                 break
             if m.started or m.closing:
                 continue
-            self._begin(m, self._targets[m.index % len(self._targets)])
+            m.started = True
+            candidates = spread_candidates(m.index, nodes, through_lb=self.placer.lb is not None, what=self.prefix)
+            m.plan = Placement(candidates, self._round_policy() if self._checking else self.placer.retry)
+            self._follow(m, m.plan.start())
 
-    def _begin(self, m: _Member, target_node: tuple[Address, str | None]) -> None:
-        target, node = target_node
-        m.started = True
+    def _follow(self, m: _Member, step: PlacementStep[_Member]) -> None:
+        """Do what a member's placement says (loop thread): dial now or later, or it is over."""
+        while isinstance(step, Keep):  # on a node the placement does not take: open until the next dial
+            assert m.plan is not None
+            step = m.plan.next()
+        if isinstance(step, Done):
+            m.plan = None
+        elif isinstance(step, GiveUp):
+            m.plan, m.failure = None, step.error
+            m.failures += 1
+            log.warning("fleet client %d: gave up: %s", m.index, step.error)
+        elif step.delay:
+            self._later(step.delay, functools.partial(self._dial, m, step.target))
+        else:
+            self._dial(m, step.target)
+
+    def _dial(self, m: _Member, target: Address) -> None:
+        """Dial ``target`` for ``m`` through the resolution seam (loop thread)."""
+        if m.closing or self._stop or m.plan is None:
+            return
+        m.client.drop_connection()
+        m.up, m.node, m.dialled = False, None, None
+        if m.was_up:
+            self.reconnects += 1
         try:
-            dialled = target if self.placer.lb is not None else self.placer.resolve(target)
+            route = self.placer.route(target)  # the resolver and the allow-list, or the load balancer
+            m.target, m.dialled = target, route.dial
             self._awaiting.add(m.index)
-            m.node = node
-            m.client._failover = False  # this connect goes where the fleet says; reconnects fail over
-            self.placer.begin_connect(m.client, target, dialled)
+            self.placer.begin_connect(m.client, target, route.dial)
+        except (AuthenticationFailed, CertificateRejected, AddressNotAllowed) as exc:  # never retried
+            self._awaiting.discard(m.index)
+            m.plan, m.failure = None, exc
+            m.failures += 1
+            log.warning("fleet client %d: %s", m.index, exc)
         except SmartClientError as exc:
             self._awaiting.discard(m.index)
-            log.warning("fleet client %d: connecting to %s failed (%s): trying the next node", m.index, target, exc)
-            m.client._failover = True
-            self._schedule_reconnect(m)
+            log.debug("fleet client %d: connecting to %s failed: %s", m.index, target, exc)
+            self._follow(m, m.plan.failed(target, m.dialled, exc))
+
+    def _round_policy(self) -> RetryPolicy:
+        """The placer's policy for a placement checked once per rebalance round (a landing per round, each
+        round a statistics round of the management API): capped by the rounds and :meth:`start`'s time."""
+        retry = self.placer.retry
+        return replace(retry, max_attempts=max(retry.max_attempts, self.rebalance_rounds + 1),
+                       max_time=max(1.0, self._deadline - time.monotonic()))
 
     def _failed(self) -> int:
         return sum(1 for m in self.members if m.failures and not m.up)
 
     def _rebalance(self, deadline: float) -> int:
-        """Through a load balancer: identify every client's node, move the surplus, until even."""
-        nodes = self._node_names()
+        """Through a load balancer: identify every client's node and even the fleet out, round by round
+        (the decisions are the core's: :func:`rebalance` and each moved client's placement)."""
+        names = [name for name in self._targets.values() if name is not None]
         moved = 0
-        previous: dict[int, str | None] = {}  # moved in the last round: index -> node it was moved off
         for _ in range(self.rebalance_rounds + 1):
             t = time.monotonic()
             self._identify(deadline)
-            counts = self.per_node()
-            log.info("fleet rebalance: identified in %.1f s: %s", time.monotonic() - t, dict(counts))
-            if evenly_spread(counts, nodes, self.size, self.tolerance):
+            log.info("fleet rebalance: identified in %.1f s: %s", time.monotonic() - t, dict(self.per_node()))
+            batch = self._on_loop_wait(functools.partial(self._round, names), deadline)
+            if batch is None:
                 return moved
-            if len(previous) >= 5 and all(self.members[i].node == node for i, node in previous.items()):
-                raise NodeUnreachable(
-                    f"the load balancer {self.placer.lb} sent every reconnected client back where it was "
-                    f"({dict(counts)}): it looks sticky (balance source, or persistence); spread the fleet "
-                    f"directly, or over a balancer that spreads"
-                )
-            batch = [self.members[i] for i in surplus([(m.index, m.node) for m in self.members if m.up], nodes,
-                                                      self.size)]
             if not batch:
                 break
-            previous = {m.index: m.node for m in batch}
-            for m in batch:
-                m.node, m.up = None, False  # before the loop thread redials: _wait must see them down
-            moved += len(batch)
-            self._call(functools.partial(self._redial, batch))
-            self._wait(lambda: self.connected >= self.size and not self._awaiting, deadline, "rebalance")
+            moved += batch
+            self._wait(lambda: self.connected + self._failed() >= self.size and not self._awaiting, deadline,
+                       "rebalance")
         raise NodeUnreachable(
             f"after {self.rebalance_rounds} rounds through {self.placer.lb} the fleet is still uneven: "
             f"{dict(self.per_node())} (max/min above {self.tolerance})"
         )
 
-    def _redial(self, batch: list[_Member]) -> None:
-        for m in batch:
-            m.up = False
-            m.client.drop_connection()
-            self._begin(m, self._targets[0])
+    def _round(self, names: list[str]) -> int | None:
+        """One rebalance round (loop thread): None if the fleet is even; else each identified landing goes
+        to its placement, the surplus gets placements on the nodes below their share, and every dial they
+        ask for is made; the number of clients dialled again.
+
+        :raises NodeUnreachable: a placement gave up (the balancer never routes to a candidate).
+        """
+        up = [m for m in self.members if m.up]
+        if evenly_spread(self.per_node(), names, self.size, self.tolerance):
+            for m in up:
+                m.plan = None  # wherever it landed suits the fleet
+            return None
+        steps: list[tuple[_Member, PlacementStep[_Member]]] = []
+        for m in up:
+            if m.plan is not None and m.node is not None and m.target is not None and m.dialled is not None:
+                step = m.plan.landed(m.target, m.dialled, self.placer.node_address(m.node), m)
+                if isinstance(step, Done):
+                    m.plan = None
+                else:
+                    steps.append((m, m.plan.next()))
+        placing = {m.index for m, _ in steps}
+        moving, room = rebalance([(m.index, m.node) for m in up if m.index not in placing], names, self.size)
+        if moving:
+            by_name = {name: address for address, name in self._targets.items()}
+            candidates = Candidates(f"{self.prefix} rebalance", Role.CONNECTION, (tuple(by_name[n] for n in room),))
+            for index in moving:
+                m = self.members[index]
+                m.plan = Placement(candidates, self._round_policy())
+                steps.append((m, m.plan.start()))
+        for _, step in steps:
+            if isinstance(step, GiveUp):
+                raise step.error
+        for m, step in steps:
+            self._follow(m, step)
+        return len(steps)
 
     def _identify(self, deadline: float) -> None:
         ids = {m.client.client_id: m for m in self.members if m.up}
@@ -407,6 +492,19 @@ class MqttFleet:
         else:
             self._call(fn)
 
+    def _on_loop_wait(self, fn: Callable[[], T], deadline: float) -> T:
+        """``fn()`` run on the loop thread, its result (or exception) handed back to this one."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._call(run)
+        return future.result(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+
     def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
         polls = LOOP_POLL.delays()
         while not done():
@@ -457,11 +555,17 @@ class MqttFleet:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         m = self._member(userdata)
         self._awaiting.discard(m.index)
-        code = m.client._on_connack(flags, reason)
+        code = m.client.take_connack(flags, reason, resubscribe=m.was_up)
         if code == 0:
-            m.up, m.retries, m.failures = True, 0, 0
-            m.client._failover = True
+            m.up, m.was_up, m.failures = True, True, 0
+            if m.plan is not None and self.placer.lb is None:  # directly: the node reached is the target
+                assert m.target is not None and m.dialled is not None
+                m.node = self._targets.get(m.target)
+                self._follow(m, m.plan.landed(m.target, m.dialled, m.target, m))
+            elif m.plan is not None and not self._checking:
+                m.plan = None  # through a load balancer after start(): not identified one by one
         else:
+            m.plan = None
             m.failures += 1
             log.warning("fleet client %d: refused (reason code %d)", m.index, code)
         if not self._stop:
@@ -473,29 +577,14 @@ class MqttFleet:
         self._awaiting.discard(m.index)
         if m.closing or self._stop or (m.failures and not was_up):
             return
-        if was_up:
+        if was_up:  # a reconnect: placed again, moving on from the node it was on, after a jittered wait
             self.disconnects += 1
-        self._schedule_reconnect(m)
+            candidates = reconnect_candidates(tuple(self._targets), m.target, f"{self.prefix} #{m.index} reconnect")
+            m.plan = Placement(candidates, self._reconnect_policy)
+            self._later(RECONNECT.delay(1), functools.partial(self._follow, m, m.plan.start()))
+        elif m.plan is not None and m.target is not None:  # closed before its CONNACK
+            self._follow(m, m.plan.failed(m.target, m.dialled, ConnectionFailed("closed before its CONNACK")))
         self._pump()
-
-    def _schedule_reconnect(self, m: _Member) -> None:
-        m.retries += 1
-        delay = RECONNECT.delay(m.retries)
-
-        def again() -> None:
-            if m.closing or self._stop or m.up or m.client.socket() is not None:
-                return
-            self.reconnects += 1
-            try:
-                self._awaiting.add(m.index)
-                m.client.reconnect_now()  # aims at the next node (PlacedMqttClient)
-                m.node = m.client.node
-            except SmartClientError as exc:
-                self._awaiting.discard(m.index)
-                log.debug("fleet client %d: reconnect failed: %s", m.index, exc)
-                self._schedule_reconnect(m)
-
-        self._later(delay, again)
 
     def _on_message(self, client: Any, userdata: Any, message: MQTTMessage) -> None:
         if self.on_message is not None:

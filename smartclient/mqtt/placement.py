@@ -1,11 +1,15 @@
 """MQTT clients (paho-mqtt) placed through the resolvers, on a chosen node or any, that fail over.
 
 paho connects to one host and, when the connection drops, reconnects to that same host.
-:class:`PlacedMqttClient` is a paho ``Client`` whose every reconnect aims at the next node instead
-(directly: the nodes' MQTT listeners in turn, through the resolver and the allow-list; through a load
-balancer: the balancer, which picks), so a persistent session carries on on another node when its node
-dies.  Placement and the node check work as for AMQP (:mod:`smartclient.node_placement`): the client id
-is the name the management API lists the connection by.
+:class:`PlacedMqttClient` is a paho ``Client`` whose every reconnect is a placement instead, driven by the
+one placement loop (:class:`~smartclient.core.landing.Placement`) over the candidates of
+:func:`~smartclient.core.broker_nodes.reconnect_candidates`: the other nodes in turn from the next one,
+then the node it was on.  Each attempt goes through the resolution seam (the resolver and the allow-list,
+or the load balancer's listener), the waits between attempts are a core :class:`~smartclient.core.retry.Backoff`,
+and the node each one reached is checked (through a load balancer: the management API lists the client id;
+directly: the target), so a persistent session carries on on another node when its node dies.  The first
+placement and the node check work as for AMQP (:mod:`smartclient.node_placement`): the client id is the
+name the management API lists the connection by.
 
 TLS verifies the same name as stream connections do (:func:`smartclient.core.tls_names.tls_server_name`): the
 load balancer's name, the advertised node name behind a remap, or an explicit ``tls_server_name``.
@@ -16,13 +20,25 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import ConfigurationError
+from smartclient._errors import (
+    AddressNotAllowed,
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    NoCandidateNode,
+    ResolutionError,
+    SmartClientError,
+)
 from smartclient.core.address import Address
+from smartclient.core.broker_nodes import pick_node, reconnect_candidates
+from smartclient.core.landing import Done, GiveUp, Keep, Placement
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.core.validation import checked, flag, number, refuse, whole
@@ -63,7 +79,9 @@ class MqttOptions:
     :param session_expiry: MQTT 5 session expiry interval in seconds (None: 0 with a clean start,
         one day without).
     :param connect_timeout: seconds for the TCP/TLS connect and the CONNACK.
-    :param reconnect_delay: (first, max) seconds paho waits between reconnects.
+    :param reconnect_delay: (first, max) seconds between the failed attempts of one reconnect (a core
+        :class:`~smartclient.core.retry.Backoff` doubling from the first, with the placer's
+        ``RetryPolicy`` jitter); the first attempt goes at once.
     """
 
     protocol: int | str = 5
@@ -97,54 +115,93 @@ class MqttOptions:
 
 
 class PlacedMqttClient(PahoClient):
-    """A paho ``Client`` that knows where it sits (:attr:`node`, :attr:`dialled`) and reconnects to the next
-    node rather than the same one.  Use it as any paho client: ``publish``, ``subscribe``, callbacks.
-    ``subscriptions`` given to :meth:`MqttPlacer.connect` are made again after every reconnect that did not
-    resume a session."""
+    """A paho ``Client`` that knows where it sits (:attr:`node`, :attr:`dialled`) and reconnects as a
+    placement rather than to the same host.  Use it as any paho client: ``publish``, ``subscribe``,
+    callbacks.  ``subscriptions`` given to :meth:`MqttPlacer.connect` are made again after every reconnect
+    that did not resume a session.  A reconnect that gives up (the placer's ``RetryPolicy`` ran out, a load
+    balancer never reached a candidate, refused credentials) leaves the client disconnected for good: paho
+    calls ``on_connect_fail`` and its loop ends, and :attr:`failure` says why."""
 
     node: str | None
     target: Address
     dialled: Address
     attempts: int
     failovers: int
+    listed_at: int  # the management API's connected_at when the node was last identified (-1: never)
+    failure: SmartClientError | None  # why the last reconnect gave up (then the client stays disconnected)
 
     def _setup(self, placer: MqttPlacer, subscriptions: Sequence[tuple[str, int]]) -> None:
         self._placer = placer
         self._subscriptions = list(subscriptions)
-        self._failover = False
+        self._failover = False  # reconnects are placements (set once placed by MqttPlacer.connect)
+        self._placing = False  # a reconnect is placing: CONNACKs are held until it keeps one
+        self._held: tuple[Any, ...] | None = None
+        self._user_on_connect: Any = None
         self._sc_lock = threading.Lock()
         self.node = None
         self.failovers = 0
+        self.listed_at = -1
+        self.failure = None
 
-    # paho calls reconnect() for the first connect too; after placement every one aims at the next node
-    def _before_reconnect(self) -> None:
-        if self._failover:
-            self._aim_at_next_node()
-
-    def _aim_at_next_node(self) -> None:
-        placer = self._placer
+    # paho calls reconnect() for the first connect too; after placement every one is a placement
+    def _before_reconnect(self) -> bool:
+        if not self._failover:
+            return False
         with self._sc_lock:
-            target, node = placer.next_target(self.target)
-            route = placer.route(target)
-            dialled = route.dial
-            self.failovers += 1
-            log.info("MQTT client %s: reconnecting to %s (%s) instead of %s", self.client_id,
-                     node or "a node the load balancer picks", dialled, self.dialled)
-            self.aim_at(dialled, route.tls_name)
-            self.target, self.dialled, self.node = target, dialled, node
+            self._placing, self._held = True, None
+            try:
+                self._placer.reconnect(self)
+            except SmartClientError as exc:
+                self.failure = exc
+                log.error("MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
+                self.stop_reconnecting()
+                raise
+            finally:
+                self._placing = False
+            held, self._held = self._held, None
+        if held is not None:  # the CONNACK of the connection kept, told now (not those of the ones dropped)
+            self._connack_received(*held)
+        return True
 
-    def _on_connack(self, flags: Any, reason: Any) -> int:
-        """Record a CONNACK (paho's VERSION2 ``on_connect`` arguments), re-subscribe after a reconnect that
-        did not resume a session; return the reason code."""
+    def take_connack(self, flags: Any, reason: Any, *, resubscribe: bool) -> int:
+        """Record a CONNACK (paho's VERSION2 ``on_connect`` arguments) and, if ``resubscribe`` and no session
+        was resumed, make the subscriptions again; return the reason code."""
         session_present, code = self.record_connack(flags, reason)
-        if code == 0 and not session_present and self._failover:
+        if code == 0 and not session_present and resubscribe:
             for topic, qos in self._subscriptions:
                 self.subscribe(topic, qos)
         return code
 
+    def remember_subscription(self, topic_filter: str, qos: int) -> None:
+        """Make this subscription again after every reconnect that does not resume a session."""
+        self._subscriptions.append((topic_filter, qos))
+
+    def _connack_received(self, c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if self._placing:  # one landing of a reconnect: told only if the placement keeps it
+            self.record_connack(flags, reason)
+            self._held = (c, userdata, flags, reason, properties)
+            return
+        self.take_connack(flags, reason, resubscribe=self._failover)
+        if self._user_on_connect is not None:
+            self._user_on_connect(c, userdata, flags, reason, properties)
+
     def __repr__(self) -> str:
         return (f"PlacedMqttClient(client_id={self.client_id!r}, node={self.node!r}, "
                 f"dialled={self.dialled}, failovers={self.failovers})")
+
+
+class _Current:
+    """The :class:`~smartclient.core.landing.Kept` hook of a reconnect: the client itself, while its
+    connection to a node the placement did not take stays open (an MQTT client id has one connection)."""
+
+    def __init__(self, client: PlacedMqttClient) -> None:
+        self.client = client
+        self.node: Address | None = None
+
+    def take(self, nodes: tuple[Address, ...]) -> PlacedMqttClient | None:
+        if self.node in nodes and self.client.is_connected():
+            return self.client
+        return None
 
 
 @checked({**CLIENT_OPTIONS, "options": settings(MqttOptions, optional=False)})
@@ -195,22 +252,24 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self._call = _Call(None, [])
 
     # -- where -------------------------------------------------------------------------------
-    def failover_targets(self) -> list[tuple[Address, str | None]]:
-        """Where a client may reconnect: the load balancer; else every node's listener (with its name), or
-        the entry points when no management API can name nodes."""
-        if self.lb is not None:
-            return [(self.lb, None)]
+    def targets(self) -> dict[Address, str | None]:
+        """What a connection may aim at, in order: every node's listener, with the node's name (through a
+        load balancer too: the balancer is what is dialled, the node what is checked); or the entry points,
+        unnamed, when no management API can name nodes."""
         if self.management is None:
-            return [(a, None) for a in self.entry_addresses()]
-        return [(n.address(self.protocol), n.name) for n in self.nodes() if self.protocol in n.listeners]
+            return dict.fromkeys(self.entry_addresses())
+        return {n.address(self.protocol): n.name for n in self.nodes() if self.protocol in n.listeners}
 
-    def next_target(self, target: Address) -> tuple[Address, str | None]:
-        """The target after ``target`` (round the list; the same one if it is alone)."""
-        targets = self.failover_targets()
-        for i, (address, _) in enumerate(targets):
-            if address == target:
-                return targets[(i + 1) % len(targets)]
-        return targets[0]
+    def node_address(self, node: str) -> Address:
+        """The listener of the node called ``node``, to check a landing against candidates (the node list
+        is read again once if it is not there); a node still not listed with one stands for itself (its
+        name, port 1), so a landing there is no candidate's."""
+        for refresh in (False, True):
+            try:
+                return pick_node(self.nodes(refresh=refresh), node).address(self.protocol)
+            except NoCandidateNode:
+                continue
+        return Address(node, 1)
 
     def server_name(self, target: Address, dialled: Address) -> str | None:
         """The name TLS verifies (the one resolution seam's rule)."""
@@ -249,13 +308,90 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             self._call = _Call(setup, list(subscriptions))
             landed = self.place(node, client_id or self._new_name("mqtt"))
         client = landed.connection
-        client.node, client.attempts = landed.node, landed.attempts
+        client.node, client.attempts, client.listed_at = landed.node, landed.attempts, landed.listed_at
         client._failover = True
         for topic, qos in subscriptions:
             client.subscribe(topic, qos)
         if start:
             client.loop_start()
         return client
+
+    def reconnect(self, client: PlacedMqttClient) -> None:
+        """Reconnect ``client``, whose connection dropped, as a placement over
+        :func:`~smartclient.core.broker_nodes.reconnect_candidates` (the other nodes in turn, then the one it
+        was on), driven by the core's loop: each attempt through the resolution seam, the node it reached
+        checked (through a load balancer: identified by the management API; directly: the target), a miss
+        dropped, the waits the back-off of ``options.reconnect_delay``, capped by the ``RetryPolicy``.
+        Blocks (on paho's thread, where paho reconnects).
+
+        :raises NodeUnreachable: through a load balancer, no attempt reached a candidate (and the client's
+            own node did not stay reachable as the fallback).  :raises PlacementError: the policy ran out.
+        :raises AuthenticationFailed, CertificateRejected, AddressNotAllowed: not retried.
+        """
+        nodes = self.targets()
+        last = client.target
+        candidates = reconnect_candidates(tuple(nodes), last, f"{self.protocol} reconnect of {client.client_id}")
+        first, most = self.options.reconnect_delay
+        policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
+        current = _Current(client)
+        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, current)
+        landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
+        step = plan.start()
+        while True:
+            if isinstance(step, Done):
+                if current.node is not None:
+                    client.target, client.dialled, client.node = landings[current.node]
+                client.attempts = plan.attempts
+                client.failovers += 1
+                log.info("MQTT client %s: reconnected to %s (%s) after %d attempts, was on %s", client.client_id,
+                         client.node or client.target, client.dialled, plan.attempts, last)
+                return
+            if isinstance(step, GiveUp):
+                raise step.error
+            if isinstance(step, Keep):  # left open: the fallback, should no candidate of tier 0 be reached
+                log.warning("MQTT client %s: reconnect expected %s, got %s, candidates %s", client.client_id,
+                            candidates.tiers[0], step.node, candidates)
+                current.node = step.node
+                step = plan.next()
+                continue
+            current.node = None
+            client.drop_connection()
+            if step.delay:
+                time.sleep(step.delay)
+            target = step.target
+            try:
+                route = self.route(target)
+            except AddressNotAllowed:
+                raise
+            except ResolutionError as exc:  # a resolver that failed now may answer for this node later
+                step = plan.failed(target, None, exc)
+                continue
+            try:
+                client.reconnect_to(route.dial, route.tls_name, self.options.connect_timeout)
+            except (AuthenticationFailed, CertificateRejected):
+                raise
+            except ConnectionFailed as exc:
+                step = plan.failed(target, route.dial, exc)
+                continue
+            try:
+                node, reported = self._reached(client, target, nodes)
+            except ConnectionFailed as exc:
+                client.drop_connection()
+                step = plan.failed(target, route.dial, exc)
+                continue
+            landings[reported] = (target, route.dial, node)
+            step = plan.landed(target, route.dial, reported, client)
+            if isinstance(step, Done):
+                current.node = reported
+
+    def _reached(self, client: PlacedMqttClient, target: Address,
+                 nodes: dict[Address, str | None]) -> tuple[str | None, Address]:
+        """The node a reconnect reached (its name, its listener): through a load balancer, the newest listing
+        of the client id by the management API; directly, the target."""
+        if self.lb is None:
+            return nodes.get(target), target
+        node, client.listed_at = self._identify(client, client.client_id, client.listed_at)
+        return node, self.node_address(node)
 
     def _new_name(self, purpose: str) -> str:
         return f"smartclient-{purpose}-{uuid.uuid4().hex[:12]}"
@@ -267,7 +403,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         client._setup(self, subscriptions)
         self.live.add(client)
         user = self.credentials.username if self.vhost == "/" else f"{self.vhost}:{self.credentials.username}"
-        client.configure(user, self.credentials.password, reconnect_delay=opts.reconnect_delay,
+        # paho waits nothing of its own before a reconnect: the reconnect's placement waits (reconnect())
+        client.configure(user, self.credentials.password, reconnect_delay=(0.0, 0.0),
                          connect_timeout=opts.connect_timeout, tls=self.tls)
         return client
 
@@ -313,15 +450,10 @@ class _Call:
 
 
 def _chain_on_connect(client: PlacedMqttClient) -> None:
-    """Record every CONNACK (for the dial and for re-subscribing), then call the user's on_connect."""
-    user: Any = client.on_connect
-
-    def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        client._on_connack(flags, reason)
-        if user is not None:
-            user(c, userdata, flags, reason, properties)
-
-    client.on_connect = on_connect
+    """Record every CONNACK (for the dial and for re-subscribing), then call the user's on_connect (after a
+    reconnect: once the reconnect's placement keeps the connection)."""
+    client._user_on_connect = client.on_connect
+    client.on_connect = client._connack_received
 
 
 def _strip_scheme(value: str) -> str:

@@ -1,16 +1,33 @@
-"""MQTT's pure parts: topic mapping, options, failover order, identification by the newest listing,
+"""MQTT's pure parts: topic mapping, options, reconnect and fleet candidates (and a reconnect driven
+through the core's placement loop over a fake network), identification by the newest listing,
 fleet spread arithmetic, AMQP 1.0 decoding of what MQTT stores in a stream.  No broker."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, ConfigurationError, MessageDecodeError
-from smartclient.core.broker_nodes import evenly_spread, surplus
+from smartclient import (
+    Address,
+    ConfigurationError,
+    ConnectionFailed,
+    MessageDecodeError,
+    NodeUnreachable,
+    PlacementError,
+    RetryPolicy,
+)
+from smartclient.core.broker_nodes import (
+    evenly_spread,
+    rebalance,
+    reconnect_candidates,
+    rotated,
+    spread_candidates,
+    surplus,
+)
 from smartclient.mqtt.fleet import FleetReport, MqttFleet
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
 from smartclient.mqtt.topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
@@ -78,14 +95,138 @@ def test_a_placer_needs_a_way_to_find_nodes() -> None:
         MqttPlacer()
 
 
-def test_failover_goes_round_the_entry_points() -> None:
+def test_what_a_placer_aims_at_is_every_node_or_the_entry_points() -> None:
     placer = MqttPlacer(entry_points=["mqtt://a:1883", "b:1884", Address("c", 1885)])
-    assert [t for t, _ in placer.failover_targets()] == [Address("a", 1883), Address("b", 1884), Address("c", 1885)]
-    assert placer.next_target(Address("b", 1884)) == (Address("c", 1885), None)
-    assert placer.next_target(Address("c", 1885)) == (Address("a", 1883), None)
-    assert placer.next_target(Address("elsewhere", 1)) == (Address("a", 1883), None)
-    through = MqttPlacer(resolver=LoadBalancer("lb:5552", mqtt=1883))
-    assert through.next_target(Address("anything", 1)) == (Address("lb", 1883), None)
+    assert placer.targets() == {Address("a", 1883): None, Address("b", 1884): None, Address("c", 1885): None}
+
+
+# -- the pure decisions (smartclient.core.broker_nodes) ----------------------------------------------
+A, B, C = (Address(f"n{i}", 1883) for i in (1, 2, 3))
+
+
+def test_a_reconnect_moves_on_and_comes_back_last() -> None:
+    assert reconnect_candidates((A, B, C), B).tiers == ((C, A), (B,))
+    assert reconnect_candidates((A, B, C), C).tiers == ((A, B), (C,))
+    assert reconnect_candidates((A, B, C), Address("gone", 1)).tiers == ((A, B, C),)  # any node
+    assert reconnect_candidates((A,), A).tiers == ((A,),)
+    with pytest.raises(ConfigurationError, match="no node"):
+        reconnect_candidates((), A)
+
+
+def test_each_fleet_client_gets_its_node_then_the_others_or_any_through_a_balancer() -> None:
+    assert spread_candidates(0, (A, B, C), through_lb=False).tiers == ((A,), (B, C))
+    assert spread_candidates(4, (A, B, C), through_lb=False).tiers == ((B,), (C, A))
+    assert spread_candidates(4, (A, B, C), through_lb=True).tiers == ((A, B, C),)
+    assert [spread_candidates(i, (A, B, C), through_lb=False).tiers[0][0] for i in range(6)] == [A, B, C] * 2
+    assert rotated("abc", 4) == ("b", "c", "a") and rotated((), 3) == ()
+
+
+def test_a_rebalance_moves_the_surplus_to_the_nodes_below_their_share() -> None:
+    landed = [(0, "a"), (1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, None)]
+    assert rebalance(landed, ["a", "b", "c"], 6) == ([2, 3, 5], ("b", "c"))
+    assert rebalance([(0, "a"), (1, "b")], ["a", "b"], 2) == ([], ("a", "b"))  # even: no room, any node
+
+
+# -- a reconnect driven through the core's placement loop, with a fake network ------------------------
+class _Client:
+    """What MqttPlacer.reconnect uses of a PlacedMqttClient; ``network(target, dialled)`` says which node
+    a connection reaches (raising ConnectionFailed when none)."""
+
+    def __init__(self, network: Any, target: Address) -> None:
+        self.network, self.target, self.client_id = network, target, "dev-1"
+        self.reached: Address | None = None
+        self.dials: list[tuple[Address, Address]] = []
+        self.listed_at, self.failovers, self.attempts, self.node, self.dialled = 1, 0, 1, "n?", target
+
+    def reconnect_to(self, dialled: Address, server_name: str | None, timeout: float) -> bool:
+        self.dials.append((self.target, dialled))
+        self.reached = self.network(dialled)
+        return False
+
+    def drop_connection(self) -> None:
+        self.reached = None
+
+    def is_connected(self) -> bool:
+        return self.reached is not None
+
+
+class _LbPlacer(MqttPlacer):
+    """Through a load balancer, the node a connection reached as the management API would list it."""
+
+    def _identify(self, connection: Any, name: str, newer_than: int) -> tuple[str, int]:
+        assert connection.reached is not None
+        return f"rabbit@{connection.reached.host}", newer_than + 1
+
+
+class _Overview:
+    def get(self, path: str) -> Any:
+        raise AssertionError(f"not asked here: {path}")
+
+    def overview(self) -> dict[str, Any]:
+        return {"listeners": [{"node": f"rabbit@{a.host}", "protocol": "mqtt", "ip_address": "::", "port": 1883}
+                              for a in (A, B, C)]}
+
+
+FAST = RetryPolicy(backoff_initial=0.0, backoff_max=0.0, sticky_window=4, max_time=5.0)
+QUICK = MqttOptions(reconnect_delay=(0.001, 0.001))
+
+
+def direct_network(down: set[Address]) -> Any:
+    def reach(dialled: Address) -> Address:
+        if dialled in down:
+            raise ConnectionFailed(f"{dialled} refused")
+        return dialled
+
+    return reach
+
+
+def test_a_direct_reconnect_goes_to_the_next_node_that_answers() -> None:
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK)
+    client = _Client(direct_network({C}), B)
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert [d for _, d in client.dials] == [C, A]  # the next node first, then the one after
+    assert (client.target, client.dialled, client.failovers, client.attempts) == (A, A, 1, 2)
+
+
+def test_a_direct_reconnect_goes_back_to_its_node_only_when_no_other_answers() -> None:
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK)
+    client = _Client(direct_network({A, C}), B)
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert [d for _, d in client.dials] == [C, A, B] and client.target == B
+
+
+def test_a_reconnect_that_reaches_nothing_gives_up_typed_after_the_policys_caps() -> None:
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], retry=replace(FAST, max_attempts=5), options=QUICK)
+    client = _Client(direct_network({A, B}), A)
+    with pytest.raises(PlacementError, match="within 5 attempts") as caught:
+        placer.reconnect(client)  # type: ignore[arg-type]
+    assert isinstance(caught.value.__cause__, ConnectionFailed) and len(client.dials) == 5
+
+
+def lb_placer() -> _LbPlacer:
+    return _LbPlacer(_Overview(), resolver=LoadBalancer("lb:5552", mqtt=1883), retry=FAST,  # type: ignore[arg-type]
+                     options=QUICK)
+
+
+def test_a_reconnect_through_a_balancer_is_checked_and_a_miss_dropped() -> None:
+    reached = iter([B, B, C])  # the balancer sends it back to its node twice, then elsewhere
+    client = _Client(lambda dialled: next(reached), B)
+    placer = lb_placer()
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert {d for _, d in client.dials} == {Address("lb", 1883)} and len(client.dials) == 3
+    assert (client.node, client.target, client.attempts, client.listed_at) == ("rabbit@n3", C, 3, 4)
+
+
+def test_a_reconnect_through_a_sticky_balancer_keeps_its_own_node_as_the_fallback() -> None:
+    client = _Client(lambda dialled: B, B)  # the balancer always sends it back where it was, and it is up
+    lb_placer().reconnect(client)  # type: ignore[arg-type]
+    assert client.node == "rabbit@n2" and client.is_connected() and client.attempts == 5  # the core's window
+
+
+def test_a_reconnect_through_a_balancer_that_never_reaches_a_cluster_node_is_node_unreachable() -> None:
+    client = _Client(lambda dialled: Address("elsewhere", 1883), B)
+    with pytest.raises(NodeUnreachable, match="never routes to a candidate"):
+        lb_placer().reconnect(client)  # type: ignore[arg-type]
 
 
 class _Api:
