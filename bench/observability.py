@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from smartclient import Environment
+from smartclient.core.settings import Telemetry
 from smartclient.testing import from_env
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
@@ -71,8 +72,8 @@ def provider(on: bool) -> Any:
 async def publish(bed: LocalTestBed, stream: str, on: bool, messages: int = MESSAGES) -> float:
     node = bed.nodes[0]
     meters, traces = provider(on), tracer_provider(on)
-    async with Environment(bed.stream_uri(node.host, node.stream_port), meter_provider=meters,
-                           tracer_provider=traces) as env:
+    async with Environment(bed.stream_uri(node.host, node.stream_port),
+                           telemetry=Telemetry(meter_provider=meters, tracer_provider=traces)) as env:
         producer = await env.producer(stream)
         await producer.send_wait(b"warm-up")
         started = time.perf_counter()
@@ -102,8 +103,8 @@ async def consume(bed: LocalTestBed, stream: str, on: bool) -> float:
             clock[1] = time.perf_counter()
             done.set()
 
-    async with Environment(bed.stream_uri(node.host, node.stream_port), meter_provider=meters,
-                           tracer_provider=traces) as env:
+    async with Environment(bed.stream_uri(node.host, node.stream_port),
+                           telemetry=Telemetry(meter_provider=meters, tracer_provider=traces)) as env:
         await env.consumer(stream, on_message, offset="first")
         await asyncio.wait_for(done.wait(), 120)
     if meters is not None:

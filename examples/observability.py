@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from resolvers import LoadBalancer
 from smartclient import Environment, parse_stream_uri
+from smartclient.core.settings import Telemetry
 from smartclient.testing import from_env
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@127.0.0.1:20052/"  # the test bed's round-robin HAProxy
@@ -68,8 +69,8 @@ async def main() -> int:
     traces.add_span_processor(SimpleSpanProcessor(spans))
     stream = f"smartclient-observability-{uuid.uuid4().hex[:6]}"
     got: list[int] = []
-    async with Environment(uri, resolver=LoadBalancer(parse_stream_uri(uri).address), meter_provider=meters,
-                           tracer_provider=traces) as env:
+    async with Environment(uri, resolver=LoadBalancer(parse_stream_uri(uri).address),
+                           telemetry=Telemetry(meter_provider=meters, tracer_provider=traces)) as env:
         await env.create_stream(stream, {"initial-cluster-size": 3})
         try:
             producer = await env.producer(stream, name="observed")

@@ -50,7 +50,14 @@ from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.routing import hash_partition
-from smartclient.core.settings import Credentials, PoolLimits, parse_stream_uri
+from smartclient.core.settings import (
+    ClientSettings,
+    ConnectionOptions,
+    Credentials,
+    PoolLimits,
+    Telemetry,
+    parse_stream_uri,
+)
 from smartclient.core.stream_arguments import StreamArguments
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
 from smartclient.environment import Environment
@@ -73,9 +80,11 @@ __all__ = [
     "Candidates",
     "CertificateRejected",
     "Chunk",
+    "ClientSettings",
     "ConfigurationError",
     "Confirmation",
     "ConnectionFailed",
+    "ConnectionOptions",
     "Consumer",
     "ConsumerFlow",
     "Credentials",
@@ -116,6 +125,7 @@ __all__ = [
     "StreamFilter",
     "StreamNotFound",
     "StreamTopology",
+    "Telemetry",
     "TestBedError",
     "TopologyError",
     "TopologyNode",

@@ -30,6 +30,7 @@ from typing import Any
 
 from smartclient._errors import SmartClientError
 from smartclient.core.address import Address
+from smartclient.core.settings import ConnectionOptions
 from smartclient.core.topology import Candidates, PlacementPolicy, Role
 
 __all__ = ["main"]
@@ -125,7 +126,7 @@ def _environment(args: argparse.Namespace) -> Any:
     from smartclient.environment import Environment
 
     return Environment(_entry_uri(args), resolver=_resolver(args), placement=_policy(args),
-                       connection_name="smartclient-cli")
+                       connection=ConnectionOptions(name="smartclient-cli"))
 
 
 def _as_wanted(candidates: Candidates, node: Address) -> str:
@@ -146,12 +147,8 @@ def _probe_environment(args: argparse.Namespace, lb: Address) -> Any:
     from smartclient.environment import Environment
 
     uri = parse_stream_uri(_entry_uri(args))
-    return Environment(
-        f"rabbitmq-stream{'+tls' if uri.tls else ''}://{lb}/",
-        username=uri.credentials.username if uri.credentials else None,
-        password=uri.credentials.password if uri.credentials else None,
-        vhost=uri.vhost, resolver=Identity(), connection_name="smartclient-probe",
-    )
+    return Environment(f"rabbitmq-stream{'+tls' if uri.tls else ''}://{lb}/", credentials=uri.credentials,
+                       vhost=uri.vhost, resolver=Identity(), connection=ConnectionOptions(name="smartclient-probe"))
 
 
 async def _topology(args: argparse.Namespace, console: Any) -> int:

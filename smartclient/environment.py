@@ -80,8 +80,7 @@ class Environment(StreamEnvironment):
                 "a connection reached): Environment(..., management=ManagementClient(url, user, password))"
             )
         if self._amqp is None:
-            self._amqp = self._measure(AmqpPlacer(self.management, settings=self.client_settings,
-                                                 connection_name=self.connection_name))
+            self._amqp = self._measure(AmqpPlacer(self.management, settings=self.settings))
         return self._amqp
 
     def amqp_connection(self, node: str | None = None) -> PlacedConnection:
@@ -117,7 +116,7 @@ class Environment(StreamEnvironment):
         context = self.settings.tls if tls is None or tls is True else (tls or None)
         if tls is True and context is None:
             context = ssl.create_default_context()
-        return self._measure(MqttPlacer(self.management, settings=replace(self.client_settings, tls=context),
+        return self._measure(MqttPlacer(self.management, settings=replace(self.settings, tls=context),
                                        entry_points=entry_points,
                                        options=options if options is not None else MqttOptions()))
 

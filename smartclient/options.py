@@ -72,7 +72,7 @@ CLIENT_OPTIONS: dict[str, Check | None] = {
     "retry": settings(RetryPolicy, optional=False),
     "settings": settings(ClientSettings),
     "management": management,
-    "connection_name": text,
+    "connection_name": partial(text, optional=True),
     "entry_points": entry_points,
     "identify_timeout": partial(number, above=0, note="seconds"),
     "node": partial(text, optional=True),

@@ -93,7 +93,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         retry: RetryPolicy = RetryPolicy(),
         tls: ssl.SSLContext | None = None,
         heartbeat: int = 60,
-        connection_name: str = "smartclient",
+        connection_name: str | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
     ) -> None:
@@ -102,7 +102,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
                          entry_points=entry_points)
         self.management: ManagementClient = management
         self.heartbeat = heartbeat
-        self.connection_name = connection_name
+        #: the connections' name prefix: given, else the settings' (an Environment's), else "smartclient"
+        self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
 
     def connect(self, node: str | None = None) -> PlacedConnection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.

@@ -1,4 +1,5 @@
-"""Small frozen settings: credentials, entry-point URIs, pool limits.  Validated on construction."""
+"""Small frozen settings: credentials, the one settings object every wing of an Environment is handed, connection
+options, telemetry, entry-point URIs, pool limits.  Validated on construction."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from urllib.parse import unquote, urlsplit
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
-from smartclient.core.validation import number, refuse, text, whole
+from smartclient.core.validation import flag, number, provider, refuse, text, whole
 
-__all__ = ["ClientSettings", "ConnectSettings", "Credentials", "PoolLimits", "StreamURI", "parse_stream_uri"]
+__all__ = ["ClientSettings", "ConnectionOptions", "Credentials", "PoolLimits", "StreamURI", "Telemetry",
+           "parse_stream_uri"]
 
 STREAM_PORT = 5552
 STREAM_TLS_PORT = 5551
@@ -57,31 +59,76 @@ class PoolLimits:
 
 
 @dataclass(frozen=True)
-class ConnectSettings:
-    """What every connection of an Environment shares: credentials, vhost, TLS, frame max, heartbeat, and the
-    name TLS must verify when it is given (see :mod:`smartclient.core.tls_names`)."""
+class ConnectionOptions:
+    """How an Environment's connections are opened: the name they carry (the management UI shows it, with a
+    number per connection), the frame max and heartbeat they negotiate, and how long a stream's cached
+    topology is trusted without an event that invalidates it.
 
-    credentials: Credentials
-    vhost: str
-    tls: ssl.SSLContext | None
+    :param name: the connections' name prefix (``smartclient-7``).
+    :param frame_max: bytes; the largest frame (so message) a connection carries.
+    :param heartbeat: seconds between heartbeats; 0: off.
+    :param topology_max_age: seconds a cached topology is trusted.
+    """
+
+    name: str = "smartclient"
     frame_max: int = 1024 * 1024
     heartbeat: int = 60
-    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
+    topology_max_age: float = 60.0
+
+    def __post_init__(self) -> None:
+        text("ConnectionOptions.name", self.name)
+        whole("ConnectionOptions.frame_max", self.frame_max, low=8192, high=2**31 - 1, note="bytes")
+        whole("ConnectionOptions.heartbeat", self.heartbeat, low=0, high=3600, note="seconds; 0: off")
+        number("ConnectionOptions.topology_max_age", self.topology_max_age, above=0, note="seconds")
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """Where an Environment's metrics and spans go (see ``docs/observability.md``; without ``smartclient[otel]``
+    nothing is recorded).
+
+    :param meter_provider: an OpenTelemetry ``MeterProvider`` (default: the global one).
+    :param tracer_provider: an OpenTelemetry ``TracerProvider`` (default: the global one, if set).
+    :param trace_context: each message carries its W3C trace context, linking consumer to producer spans (costly).
+    """
+
+    meter_provider: Any = None
+    tracer_provider: Any = None
+    trace_context: bool = False
+
+    def __post_init__(self) -> None:
+        provider("Telemetry.meter_provider", self.meter_provider, method="get_meter", kind="MeterProvider")
+        provider("Telemetry.tracer_provider", self.tracer_provider, method="get_tracer", kind="TracerProvider")
+        flag("Telemetry.trace_context", self.trace_context)
 
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """What every client of one Environment shares, whatever its protocol: credentials, vhost, TLS (and the
-    name it verifies, when given), the resolver, the allow-list and the retry policy.  The Environment makes
-    one; its AMQP and MQTT placers are built from it instead of from a pile of keyword arguments."""
+    """The one settings object an Environment hands every wing, whatever its protocol: credentials, vhost, TLS
+    (and the name it verifies, when given), the resolver, the allow-list, the retry policy, and how connections
+    are opened (name, frame max, heartbeat).  The stream connector, and the AMQP and MQTT placers, are built
+    from it instead of from a pile of keyword arguments."""
 
     credentials: Credentials = field(default_factory=Credentials)
     vhost: str = "/"
     tls: ssl.SSLContext | None = None
-    tls_server_name: str | None = None
+    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
     resolver: Any = None  # a resolvers.ResolverLike (None: Identity)
     allow: Any = None  # a resolvers.AllowList
     retry: Any = None  # a RetryPolicy (None: the default)
+    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+
+    @property
+    def frame_max(self) -> int:
+        return self.connection.frame_max
+
+    @property
+    def heartbeat(self) -> int:
+        return self.connection.heartbeat
+
+    @property
+    def connection_name(self) -> str:
+        return self.connection.name
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from smartclient.core.settings import parse_stream_uri
+from smartclient.core.settings import ConnectionOptions, Credentials, parse_stream_uri
 from smartclient.core.validation import resolver, text
 
 if TYPE_CHECKING:
@@ -40,5 +40,8 @@ class StreamConnection:
     def environment(self) -> StreamEnvironment:
         from smartclient.stream.environment import StreamEnvironment
 
-        return StreamEnvironment(self.uri, username=self.username, password=self.password, resolver=self.resolver,
-                           connection_name="smartclient-spark")
+        given = parse_stream_uri(self.uri).credentials or Credentials()
+        credentials = Credentials(self.username if self.username is not None else given.username,
+                                  self.password if self.password is not None else given.password)
+        return StreamEnvironment(self.uri, credentials=credentials, resolver=self.resolver,
+                                 connection=ConnectionOptions(name="smartclient-spark"))

@@ -26,7 +26,7 @@ from smartclient.stream.host import PlacementRecord
 
 if TYPE_CHECKING:
     from smartclient.core.flow import ConsumerFlow
-    from smartclient.core.settings import ConnectSettings, PoolLimits
+    from smartclient.core.settings import ClientSettings, PoolLimits
     from smartclient.stream.host import Connection
     from smartclient.stream.placement import StreamPlacement
     from smartclient.stream.telemetry import StreamTelemetry
@@ -42,7 +42,7 @@ P = TypeVar("P")
 class Carriers:
     """The carriers, the open handles, and the hand-over of losses to them."""
 
-    def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ConnectSettings,
+    def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ClientSettings,
                  limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address,
                  meter_provider: Any = None, tracer_provider: Any = None, propagate: bool = False) -> None:
         from smartclient import _otel

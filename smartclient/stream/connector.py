@@ -26,14 +26,14 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Shared
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ConnectSettings, PoolLimits
+from smartclient.core.settings import ClientSettings, PoolLimits
 from smartclient.core.topology import Candidates
 from smartclient.resolution import Resolution
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import Connection
 
-__all__ = ["ConnectSettings", "Connection", "ParkingLot", "StreamConnector"]
+__all__ = ["ClientSettings", "Connection", "ParkingLot", "StreamConnector"]
 
 #: numbers the connections of every Environment of this process, so that each name (``smartclient-7``) is
 #: unique in the management UI and in logs, even with several Environments using the same prefix
@@ -97,7 +97,7 @@ class StreamConnector:
 
     def __init__(
         self,
-        settings: ConnectSettings,
+        settings: ClientSettings,
         resolution: Resolution,
         *,
         retry: RetryPolicy = RetryPolicy(),

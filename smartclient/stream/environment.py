@@ -30,10 +30,11 @@ from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import (
     ClientSettings,
-    ConnectSettings,
+    ConnectionOptions,
     Credentials,
     PoolLimits,
     StreamURI,
+    Telemetry,
     parse_entry_points,
 )
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
@@ -66,53 +67,47 @@ class StreamEnvironment:
 
     :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
-    :param username: overrides the URI's user name; ``password``: its password (default guest for both).
+    :param credentials: a :class:`Credentials`, instead of the URI's user and password (default guest/guest).
     :param vhost: override the URI's vhost (default ``/``).
     :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
+    :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
+        the one smartclient works out (the LB's name, or the advertised node name; see smartclient.core.tls_names).
     :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).
+    :param allow: an :class:`resolvers.AllowList` checked on every address before it is dialled.
     :param placement: producers on the leader, consumers on replicas (see :class:`PlacementPolicy`).
     :param retry: caps and back-off of each placement (see :class:`RetryPolicy`).
-    :param allow: an :class:`resolvers.AllowList` checked on every address before it is dialled.
-    :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
-    :param topology_max_age: seconds a cached topology is trusted without any invalidating event.
-    :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
     :param recovery: how producers and consumers recover from a lost connection or a leader move (RecoveryPolicy).
-    :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
-        the one smartclient works out (the LB's name, or the advertised node name; see smartclient.stream.tls).
+    :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
+    :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
     :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
-        cannot do (creating a super stream without the CreateSuperStream command).
-    :param meter_provider: an OpenTelemetry ``MeterProvider`` for this Environment's metrics (default: the global
-        one; without ``smartclient[otel]`` nothing is recorded; see ``docs/observability.md``).
-    :param tracer_provider: an OpenTelemetry ``TracerProvider`` for its spans (default: the global one, if set).
-    :param trace_context: each message carries its W3C trace context, linking consumer to producer spans (costly).
+        cannot do (creating a super stream without the CreateSuperStream command), and for AMQP and MQTT.
+    :param connection: the connections' name, frame max, heartbeat, and how long a topology is cached
+        (see :class:`ConnectionOptions`).
+    :param telemetry: where metrics and spans go (see :class:`Telemetry`).
 
-    Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
+    Every option is a value: the Environment keeps them in one frozen :class:`ClientSettings` (``settings``),
+    which it hands to each wing.  Use it as ``async with Environment(...) as env:``; bad arguments raise
+    :class:`ConfigurationError` before any I/O.
     """
 
     def __init__(
         self,
         entry_points: EntryPoints,
         *,
-        username: str | None = None,
-        password: str | None = None,
+        credentials: Credentials | None = None,
         vhost: str | None = None,
         tls: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
         resolver: ResolverLike | None = None,
+        allow: AllowList | None = None,
         placement: PlacementPolicy = PlacementPolicy(),
         retry: RetryPolicy = RetryPolicy(),
-        allow: AllowList | None = None,
-        pool: PoolLimits = PoolLimits(),
-        topology_max_age: float = 60.0,
-        connection_name: str = "smartclient",
-        frame_max: int = 1024 * 1024,
-        heartbeat: int = 60,
-        batching: BatchingPolicy = BatchingPolicy(),
         recovery: RecoveryPolicy = RecoveryPolicy(),
+        batching: BatchingPolicy = BatchingPolicy(),
+        pool: PoolLimits = PoolLimits(),
         management: ManagementClient | None = None,
-        tls_server_name: str | None = None,
-        meter_provider: Any = None,
-        tracer_provider: Any = None,
-        trace_context: bool = False,
+        connection: ConnectionOptions = ConnectionOptions(),
+        telemetry: Telemetry = Telemetry(),
     ) -> None:
         from resolvers import Identity, SrvDiscovery
         from smartclient.core.redaction import install_log_redaction
@@ -127,25 +122,23 @@ class StreamEnvironment:
             uris = parse_entry_points([entry_points] if isinstance(entry_points, str | Address) else list(entry_points))
         creds = {u.credentials for u in uris if u.credentials}
         vhosts = {u.vhost for u in uris if u.vhost is not None}
-        if len(creds) > 1 and username is None:
-            raise ConfigurationError("the entry-point URIs carry different credentials; pass username/password")
+        if len(creds) > 1 and credentials is None:
+            raise ConfigurationError("the entry-point URIs carry different credentials; pass credentials=")
         if len(vhosts) > 1 and vhost is None:
             raise ConfigurationError(f"the entry-point URIs name different vhosts {sorted(vhosts)}; pass vhost=")
-        base = next(iter(creds), Credentials())
-        credentials = Credentials(username if username is not None else base.username,
-                                  password if password is not None else base.password)
         if any(u.tls for u in uris) and tls is None:
             tls = ssl.create_default_context()
         self.entry_points = tuple(u.address for u in uris)
-        self.settings = ConnectSettings(credentials, vhost if vhost is not None else next(iter(vhosts), "/"),
-                                        tls, frame_max, heartbeat, tls_server_name)
         self.resolver = resolver if resolver is not None else Identity()
+        self.settings = ClientSettings(
+            credentials if credentials is not None else next(iter(creds), Credentials()),
+            vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name, self.resolver, allow,
+            retry, connection)
         self.placement = placement
         self.retry = retry
         self.batching = batching
         self.recovery = recovery
-        self.connection_name = connection_name
-        self.topology_max_age = topology_max_age
+        self.telemetry = telemetry
         from smartclient.resolution import Resolution
         from smartclient.stream.admin import StreamAdmin  # imports rstream: only when an Environment is made
         from smartclient.stream.carriers import Carriers
@@ -153,18 +146,17 @@ class StreamEnvironment:
         from smartclient.stream.placement import StreamPlacement
         from smartclient.stream.topology_cache import TopologyCache
 
-        self.client_settings = ClientSettings(credentials, self.settings.vhost, tls, tls_server_name, self.resolver,
-                                              allow, retry)
+        name = connection.name
         resolution = Resolution(self.resolver, allow, tls=tls is not None, tls_override=tls_server_name)
         self.connector = StreamConnector(self.settings, resolution, retry=retry, limits=pool)
-        self._topologies = TopologyCache(self.connector, self.entry_points, self._srv, connection_name,
-                                         topology_max_age, placement, retry)
-        self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, connection_name)
+        self._topologies = TopologyCache(self.connector, self.entry_points, self._srv, name,
+                                         connection.topology_max_age, placement, retry)
+        self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, name)
         entry = self.entry_points[0] if self.entry_points else Address("srv-discovered", 5552)
-        self._carriers = Carriers(self._placement, self._topologies, self.settings, pool, recovery,
-                                  connection_name, entry, meter_provider, tracer_provider, trace_context)
+        self._carriers = Carriers(self._placement, self._topologies, self.settings, pool, recovery, name, entry,
+                                  telemetry.meter_provider, telemetry.tracer_provider, telemetry.trace_context)
         self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, self.settings.vhost,
-                                  management, connection_name)
+                                  management, name)
         self._closed = False
 
     def __repr__(self) -> str:

@@ -18,10 +18,10 @@ from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.settings import PoolLimits
+from smartclient.core.settings import ConnectionOptions, PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import PlacementPolicy, Role
-from smartclient.core.validation import Check, choice, flag, function, number, provider, text, texts, whole
+from smartclient.core.validation import Check, choice, flag, function, text, texts, whole
 from smartclient.options import CLIENT_OPTIONS, entry_points, settings
 
 __all__ = ["ENVIRONMENT_OPTIONS"]
@@ -50,14 +50,10 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     "__init__.entry_points": partial(entry_points, optional=False),
     "placement": settings(PlacementPolicy, optional=False),
     "pool": settings(PoolLimits, optional=False),
-    "topology_max_age": partial(number, above=0, note="seconds"),
-    "frame_max": partial(whole, low=8192, high=2**31 - 1, note="bytes"),
-    "heartbeat": partial(whole, low=0, high=3600, note="seconds; 0: off"),
+    "connection": settings(ConnectionOptions, optional=False),
+    "telemetry": settings(Telemetry, optional=False),
     "__init__.batching": settings(BatchingPolicy, optional=False),
     "recovery": settings(RecoveryPolicy, optional=False),
-    "meter_provider": partial(provider, method="get_meter", kind="MeterProvider"),
-    "tracer_provider": partial(provider, method="get_tracer", kind="TracerProvider"),
-    "trace_context": flag,
     # streams, producers and consumers
     "stream": _stream,
     "invalidate.stream": _optional_stream,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from smartclient._errors import ConfigurationError
+from smartclient.core.settings import ConnectionOptions
 from smartclient.testing.checker import Report, check
 
 __all__ = ["FAULTS", "Anchor", "Fault", "History", "Plan", "run", "schedule"]
@@ -219,7 +220,8 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
     stop = asyncio.Event()
     halt = threading.Event()  # the same, for the RPC and MQTT threads
     try:
-        async with Environment(uri, resolver=lb, connection_name="nemesis", management=bed.management()) as env:
+        async with Environment(uri, resolver=lb, connection=ConnectionOptions(name="nemesis"),
+                               management=bed.management()) as env:
             for stream in streams:
                 await env.create_stream(stream, {"initial-cluster-size": 3})
             partitions = await env.create_super_stream(super_stream, partitions=3)

@@ -36,6 +36,7 @@ from smartclient import (
     StreamNotFound,
     TopologyError,
 )
+from smartclient.core.settings import ConnectionOptions, Credentials, Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client
 
@@ -96,7 +97,7 @@ async def _(ctx: Ctx) -> None:
 
 @case("wrong credentials", AuthenticationFailed, "refused the credentials")
 async def _(ctx: Ctx) -> None:
-    async with _direct(ctx, username="guest", password="not-the-password"):
+    async with _direct(ctx, credentials=Credentials("guest", "not-the-password")):
         pass
 
 
@@ -108,22 +109,22 @@ async def _(ctx: Ctx) -> None:
 
 @case("negative heartbeat", ConfigurationError, r"heartbeat must be an int from 0 to 3600 \(seconds; 0: off\), not -1")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, heartbeat=-1)
+    _direct(ctx, connection=ConnectionOptions(heartbeat=-1))
 
 
 @case("frame max too small", ConfigurationError, "frame_max must be an int from 8192")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, frame_max=100)
+    _direct(ctx, connection=ConnectionOptions(frame_max=100))
 
 
 @case("meter provider without get_meter", ConfigurationError, r"meter_provider must be an OpenTelemetry MeterProvider")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, meter_provider=object())
+    _direct(ctx, telemetry=Telemetry(meter_provider=object()))
 
 
 @case("tracer provider without get_tracer", ConfigurationError, r"tracer_provider must be an OpenTelemetry TracerProv")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, tracer_provider=object())
+    _direct(ctx, telemetry=Telemetry(tracer_provider=object()))
 
 
 @case("credit_after given as a str", ConfigurationError, r"ConsumerFlow.credit_after must be .*'half' \(a str\)")

@@ -9,6 +9,7 @@ import pytest
 
 from resolvers import LoadBalancer
 from smartclient import Environment
+from smartclient.core.settings import Credentials, Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -45,7 +46,7 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
     got: list[int] = []
     try:
         async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
-                               meter_provider=provider) as env:
+                               telemetry=Telemetry(meter_provider=provider)) as env:
             producer = await env.producer(stream)
             consumer = await env.consumer(stream, lambda message, context: got.append(context.offset), offset="first")
             for i in range(300):
@@ -93,7 +94,7 @@ async def test_a_leader_kill_records_one_recovery_its_time_and_the_messages_rese
     await create_stream_led_by(bed, stream, 1)
     try:
         async with Environment([bed.stream_uri(n.host, n.stream_port) for n in bed.nodes],
-                               meter_provider=provider) as env:
+                               telemetry=Telemetry(meter_provider=provider)) as env:
             producer = await env.producer(stream, name="observed")
             stop = asyncio.Event()
 
@@ -139,8 +140,8 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
     try:
         # the SRV targets are rabbit-N.smartclient.test names: each connection to one asks the DNS resolver
         async with Environment(SrvDiscovery("_rabbitmq-stream._tcp.smartclient.test", [host], port=port),
-                               username=bed.username, password=bed.password, resolver=dns,
-                               management=bed.management(), meter_provider=provider) as env:
+                               credentials=Credentials(bed.username, bed.password), resolver=dns,
+                               management=bed.management(), telemetry=Telemetry(meter_provider=provider)) as env:
             await env.producer(rabbitmq_unique_name)
             amqp = env.amqp_connection(bed.nodes[1].name)
             mqtt = env.mqtt_client(f"observed-{uuid.uuid4().hex[:6]}", bed.nodes[2].name)
@@ -174,9 +175,10 @@ async def test_two_environments_on_one_meter_provider_each_count_and_a_closed_on
     node = rabbitmq_testbed.nodes[0]
     streams = [f"{rabbitmq_unique_name}-{i}" for i in (1, 2)]
     try:
-        first = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), meter_provider=provider)
+        first = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                            telemetry=Telemetry(meter_provider=provider))
         async with first, Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
-                                      meter_provider=provider) as second:
+                                      telemetry=Telemetry(meter_provider=provider)) as second:
             for env, stream, count in ((first, streams[0], 100), (second, streams[1], 70)):
                 await env.create_stream(stream)
                 producer = await env.producer(stream)

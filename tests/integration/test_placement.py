@@ -23,6 +23,7 @@ from smartclient import (
     Role,
     StreamNotFound,
 )
+from smartclient.core.settings import Credentials
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by as create_with_leader_on
 from smartclient.testing.streams import delete_streams as delete
@@ -315,7 +316,7 @@ async def test_entry_points_from_dns_srv(rabbitmq_testbed: TestBed, rabbitmq_uni
     await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 2)
     try:
         # the SRV targets are rabbit-N.smartclient.test: dialled through the DNS resolver, like any address
-        async with Environment(srv, username=rabbitmq_testbed.username, password=rabbitmq_testbed.password,
+        async with Environment(srv, credentials=Credentials(rabbitmq_testbed.username, rabbitmq_testbed.password),
                                resolver=DnsResolver([host], port=port)) as env:
             producer = await env.producer(rabbitmq_unique_name)
             assert producer.node == Address(*rabbitmq_testbed.nodes[2].advertised)

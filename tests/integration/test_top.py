@@ -10,6 +10,7 @@ import pytest
 
 from resolvers import LoadBalancer
 from smartclient import Environment
+from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -44,7 +45,7 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
     stop = asyncio.Event()
     try:
         async with Environment(rabbitmq_testbed.stream_uri(host, lb_port), resolver=LoadBalancer(f"{host}:{lb_port}"),
-                               meter_provider=provider) as env:
+                               telemetry=Telemetry(meter_provider=provider)) as env:
             producer = await env.producer(stream)
             consumer = await env.consumer(stream, lambda message, context: None, offset="first")
 

@@ -9,6 +9,7 @@ import pytest
 
 from resolvers import LoadBalancer
 from smartclient import Environment
+from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -48,7 +49,7 @@ async def test_a_placement_through_the_lb_is_a_span_with_each_lb_session_as_an_a
     provider, exporter, stream = traced
     host, port = rabbitmq_testbed.lb("stream")
     async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
-                           tracer_provider=provider) as env:
+                           telemetry=Telemetry(tracer_provider=provider)) as env:
         before = env.connector.opened
         producer = await env.producer(stream)
         dialled = env.connector.opened - before
@@ -73,7 +74,7 @@ async def test_publish_frames_and_chunks_are_spans_that_count_every_message(
     node = rabbitmq_testbed.nodes[1]
     got: list[int] = []
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
-                           tracer_provider=provider) as env:
+                           telemetry=Telemetry(tracer_provider=provider)) as env:
         producer = await env.producer(stream)
         await env.consumer(stream, lambda message, context: got.append(context.offset), offset="first")
         await producer.send_many([b"m%d" % i for i in range(500)])
@@ -101,8 +102,9 @@ async def test_a_consumer_span_links_to_its_producer_span_when_propagation_is_on
     node = rabbitmq_testbed.nodes[1]
     inside: list[Any] = []
     uri = rabbitmq_testbed.stream_uri(node.host, node.stream_port)
-    async with Environment(uri, tracer_provider=provider, trace_context=True) as producing, \
-            Environment(uri, tracer_provider=provider, trace_context=True) as consuming:
+    traced_messages = Telemetry(tracer_provider=provider, trace_context=True)
+    async with Environment(uri, telemetry=traced_messages) as producing, \
+            Environment(uri, telemetry=traced_messages) as consuming:
         producer = await producing.producer(stream)
         await consuming.consumer(
             stream, lambda message, context: inside.append(trace.get_current_span().get_span_context()),

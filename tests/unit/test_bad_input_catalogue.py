@@ -47,7 +47,7 @@ from smartclient import (
     StreamArguments,
     StreamFilter,
 )
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import ClientSettings, ConnectionOptions, Credentials, Telemetry
 from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient
 from smartclient.mqtt.fleet import MqttFleet
@@ -88,6 +88,7 @@ TYPES: dict[str, type] = {
     "Address": Address, "AllowList": AllowList, "BatchingPolicy": BatchingPolicy, "ConsumerFlow": ConsumerFlow,
     "ManagementClient": ManagementClient, "MqttOptions": MqttOptions, "MqttPlacer": MqttPlacer,
     "ClientSettings": ClientSettings, "Credentials": Credentials, "FederatedBroker": FederatedBroker,
+    "ConnectionOptions": ConnectionOptions, "Telemetry": Telemetry,
     "FederationTopology": FederationTopology, "Link": Link, "UpstreamOptions": UpstreamOptions,
     "OffsetSpec": OffsetSpec, "OffsetTracking": OffsetTracking, "PlacementPolicy": PlacementPolicy,
     "PoolLimits": PoolLimits, "RecoveryPolicy": RecoveryPolicy, "RetryPolicy": RetryPolicy, "Role": Role,
@@ -178,8 +179,8 @@ def _accepts(head: str, args: list[Any], value: Any) -> bool:
 # -- what the annotation cannot say --------------------------------------------------------------------
 # Parameters typed Any: the wrong values each must still refuse (an empty list needs the reason it takes anything).
 ANY: dict[str, tuple[str, list[Any]]] = {
-    "Environment(meter_provider)": ("an OpenTelemetry MeterProvider: get_meter()", [object(), "otel"]),
-    "Environment(tracer_provider)": ("an OpenTelemetry TracerProvider: get_tracer()", [object(), "otel"]),
+    "Telemetry(meter_provider)": ("an OpenTelemetry MeterProvider: get_meter()", [object(), "otel"]),
+    "Telemetry(tracer_provider)": ("an OpenTelemetry TracerProvider: get_tracer()", [object(), "otel"]),
     "ExactlyOnceSink(tracer_provider)": ("an OpenTelemetry TracerProvider: get_tracer()", [object()]),
     "StreamConnection(resolver)": ("a resolver: resolve() or a callable", [5, "lb:5552"]),
     **{f"{m}(entry_points)": ("listeners: 'host:port' strs or Addresses, or an SrvDiscovery", [5, object(), [1, 2]])
@@ -196,9 +197,9 @@ MORE: dict[str, list[Any]] = {
     "UpstreamOptions(ack_mode)": ["always"],
     "FederationTopology(exchange_type)": ["x-consistent-hash"],
     "validate_topic(topic)": ["a/+/b"],
-    "Environment(connection_name)": [""],
-    "Environment(frame_max)": [100],
-    "Environment(heartbeat)": [3601],
+    "ConnectionOptions(name)": [""],
+    "ConnectionOptions(frame_max)": [100],
+    "ConnectionOptions(heartbeat)": [3601],
     "ConsumerFlow(credit_after)": [1.5],
 }
 # Where a typed error other than ConfigurationError is the documented one.
@@ -228,7 +229,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "SyncSuperStreamProducer": "made by SyncEnvironment.super_stream_producer()",
     "SyncSuperStreamConsumer": "made by SyncEnvironment.super_stream_consumer()",
     "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/test_spark_source.py",
-    "ClientSettings": "made by the Environment for its placers (Environment.client_settings)",
+    "ClientSettings": "the one settings object the Environment hands every wing (Environment.settings)",
     "Landed": "where one placement landed, from NodePlacer.place()",
     "PlacedConnection": "made by AmqpPlacer.connect()",
     "PlacedMqttClient": "made by MqttPlacer.connect(): a paho Client",
@@ -640,10 +641,12 @@ def test_the_untyped_errors_of_issue_29(io_attempts: list[str]) -> None:
     """The cases the issue found, each now a ConfigurationError (a ValueError too) that says what to pass."""
     with pytest.raises(ConfigurationError, match=r"meter_provider must be an OpenTelemetry MeterProvider "
                                                  r"\(with get_meter\(\)\) or None, not <object object"):
-        Environment(ENTRY, meter_provider=object())
+        Environment(ENTRY, telemetry=Telemetry(meter_provider=object()))
     with pytest.raises(ConfigurationError, match=r"tracer_provider must be an OpenTelemetry TracerProvider "
                                                  r"\(with get_tracer\(\)\) or None, not <object object"):
-        Environment(ENTRY, tracer_provider=object())
+        Environment(ENTRY, telemetry=Telemetry(tracer_provider=object()))
+    with pytest.raises(ConfigurationError, match=r"telemetry must be a Telemetry"):
+        Environment(ENTRY, telemetry={"meter_provider": None})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"ConsumerFlow.credit_after must be a number from 0 to 1 .*, "
                                          r"not 'half' \(a str\)"):
         ConsumerFlow(credit_after="half")  # type: ignore[arg-type]

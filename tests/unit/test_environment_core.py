@@ -24,7 +24,7 @@ def test_entry_points_and_credentials() -> None:
     ([], {}, "no entry point"),
     (["rabbitmq-stream://a:1@h/x", "rabbitmq-stream://b:2@h/x"], {}, "different credentials"),
     (["rabbitmq-stream://h/a", "rabbitmq-stream://h/b"], {}, "different vhosts"),
-    ("h:5552", {"topology_max_age": 0}, "topology_max_age must be a positive number"),
+    ("h:5552", {"connection": {"topology_max_age": 0}}, "connection must be a ConnectionOptions"),
     ("stomp://h", {}, "unsupported URI scheme"),
 ])
 def test_bad_arguments(entry: object, kwargs: dict[str, object], message: str) -> None:

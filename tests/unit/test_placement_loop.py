@@ -15,7 +15,7 @@ import pytest
 from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy, StreamTopology
 from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement, Shared
-from smartclient.core.settings import ConnectSettings, Credentials, PoolLimits
+from smartclient.core.settings import ClientSettings, Credentials, PoolLimits
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
 from smartclient.stream.connector import StreamConnector
@@ -76,7 +76,7 @@ class FakeStreamConnector(StreamConnector):
     def __init__(self, network: Network) -> None:
         from smartclient.resolution import Resolution
 
-        super().__init__(ConnectSettings(Credentials(), "/", None), Resolution(None), retry=FAST,
+        super().__init__(ClientSettings(Credentials(), "/", None), Resolution(None), retry=FAST,
                          limits=PoolLimits(idle_timeout=60))
         self.network = network
 
@@ -208,7 +208,7 @@ def test_a_failed_stream_attempt_names_the_address_it_dialled() -> None:
     port = closed.getsockname()[1]
     closed.close()
     mapped = Address("127.0.0.1", port)
-    connector = StreamConnector(ConnectSettings(Credentials(), "/", None), Resolution(lambda target: mapped),
+    connector = StreamConnector(ClientSettings(Credentials(), "/", None), Resolution(lambda target: mapped),
                                 retry=RetryPolicy(max_attempts=3, backoff_initial=0.0, backoff_max=0.0, hedge_after=0),
                                 limits=PoolLimits(idle_timeout=60))
     with pytest.raises(PlacementError) as caught:

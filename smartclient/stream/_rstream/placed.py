@@ -36,7 +36,7 @@ from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
 
 if TYPE_CHECKING:
-    from smartclient.core.settings import ConnectSettings
+    from smartclient.core.settings import ClientSettings
     from smartclient.stream.host import Connection, StreamHost
 
 from smartclient.stream._rstream.frames import messages_of, stored_of
@@ -64,7 +64,7 @@ class PlacedClientPool(ClientPool):
     rstream would number them per carrier.
     """
 
-    def __init__(self, host: StreamHost, role: Role, carrier: Any, settings: ConnectSettings) -> None:
+    def __init__(self, host: StreamHost, role: Role, carrier: Any, settings: ClientSettings) -> None:
         super().__init__(
             "placed-by-smartclient", 1, vhost="/", username="-", password="-",
             frame_max=settings.frame_max, heartbeat=settings.heartbeat,
@@ -326,7 +326,7 @@ def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) 
                  decode_amqp_message, stored)
 
 
-def new_carrier(role: Role, host: StreamHost, settings: ConnectSettings, entry: Address, name: str,
+def new_carrier(role: Role, host: StreamHost, settings: ClientSettings, entry: Address, name: str,
                 limit: int) -> Any:
     """An rstream Producer (or Consumer) whose connections ``host`` places and whose losses it is told of."""
     creds = settings.credentials
