@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,25 +21,10 @@ from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
 from .conftest import wait_until, wait_until_sync
+from .test_chunk_consumer import env, stream  # noqa: F401  (the fixtures: an Environment on rabbit-1, a new stream)
 
 COUNT = 10_000
 BAD = 6_789  # the one message the callback raises on
-
-
-@pytest.fixture
-async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
-        yield environment
-
-
-@pytest.fixture
-async def stream(env: Environment, rabbitmq_unique_name: str) -> AsyncIterator[str]:
-    await env.create_stream(rabbitmq_unique_name)
-    try:
-        yield rabbitmq_unique_name
-    finally:
-        await env.delete_stream(rabbitmq_unique_name)
 
 
 async def publish(env: Environment, stream: str, count: int) -> None:
