@@ -38,6 +38,8 @@ READ_LIMIT = 1 << 21  # the stream reader's buffer: 2 MiB holds a full frame (fr
 
 _SIZE = struct.Struct(">I")
 _MESSAGE_HEAD = struct.Struct(">IIB")  # a message's size, then its first 5 bytes: a data section's header (vbin8)
+#: the first 9 bytes of each message that is exactly one data section with a body under 256 bytes -> its length
+_DATA8_HEADS = {_MESSAGE_HEAD.pack(n + 5, DATA8, n): n for n in range(256)}
 _ID_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, count (PublishConfirm, PublishError)
 _ERROR_ENTRY = struct.Struct(">QH")  # a PublishError's publishing id and code
 # key, version, subscription id, then the Osiris chunk header: magic, chunk type, entries, records, timestamp,
@@ -123,25 +125,32 @@ def messages_of(frame: Any) -> list[bytes]:
         return [strip_data(bytes(m)) for m in frame.get_messages()]
     out: list[bytes] = []
     append = out.append
-    unpack_head, unpack = _MESSAGE_HEAD.unpack_from, _SIZE.unpack_from
-    data8, data32 = DATA8, DATA32
+    short_body, unpack_head, unpack = _DATA8_HEADS.get, _MESSAGE_HEAD.unpack_from, _SIZE.unpack_from
+    data32 = DATA32
     pos, end = DELIVER_DATA, len(raw)  # the data ends the frame (checked when it was decoded)
     while pos < end:
-        try:  # one call: the size, and the data section header a message starts with if it is one
-            size, head, short = unpack_head(raw, pos)
+        # the common case in one dict look-up: the 9 bytes a message of exactly one data section under 256 bytes
+        # starts with (its size, the section's header, the body's length) name the body's length
+        n = short_body(raw[pos:pos + 9])
+        if n is not None:
+            pos += 9
+            after = pos + n
+            append(raw[pos:after])
+            pos = after
+            continue
+        try:
+            size, head, _ = unpack_head(raw, pos)
         except struct.error:  # under 9 bytes left: the frame's last message, shorter than 5 bytes
-            size, head, short = unpack(raw, pos)[0], 0, 0
+            size, head = unpack(raw, pos)[0], 0
         if size > 0x7FFFFFFF:  # a sub-entry batch: its type byte, then records, sizes and (compressed) data
             records, used = schema.SubEntryChunk.read(raw, raw[pos], pos + 1)
             out.extend(strip_data(bytes(r)) for r in records)
             pos += 1 + used
             continue
         after = pos + 4 + size
-        if head == data8 and short + 5 == size:  # exactly one data section, vbin8: the body
-            append(raw[pos + 9:after])
-        elif head == data32 and size >= 8 and unpack(raw, pos + 8)[0] + 8 == size:  # vbin32
+        if head == data32 and size >= 8 and unpack(raw, pos + 8)[0] + 8 == size:  # one data section, vbin32
             append(raw[pos + 12:after])
-        else:
+        else:  # raw bytes, or an AMQP 1.0 message with more than one data section: whole
             append(raw[pos + 4:after])
         pos = after
     return out
