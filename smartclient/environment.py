@@ -9,7 +9,8 @@ wings import none of each other, and none of them imports this module::
     smartclient.environment  (this face)
         ├── smartclient.stream   (rstream)
         ├── smartclient.amqp     (pika)
-        └── smartclient.mqtt     (paho-mqtt)
+        ├── smartclient.mqtt     (paho-mqtt)
+        └── smartclient.federation  (this cluster as one broker of a topology: federated_broker)
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConfigurationError
-from smartclient.core.validation import Check, checked, instance, whole
+from smartclient.core.validation import Check, checked, instance, text, whole
 from smartclient.options import settings
 from smartclient.stream.environment import StreamEnvironment
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 
 if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
+    from smartclient.federation.topology import FederatedBroker
     from smartclient.mqtt.fleet import MqttFleet
     from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
 
@@ -46,6 +48,8 @@ OPTIONS: dict[str, Check | None] = {
     "options": _mqtt_options,
     "mqtt_placer.tls": settings((ssl.SSLContext, bool)),
     "size": partial(whole, low=1),
+    "federated_broker.name": text,
+    "amqp_uri": text,
 }
 
 
@@ -147,3 +151,21 @@ class Environment(StreamEnvironment):
         from smartclient.mqtt.fleet import MqttFleet
 
         return MqttFleet(self.mqtt_placer(entry_points=entry_points, options=options), size, **fleet)
+
+    # -- federation --------------------------------------------------------------------------------
+    def federated_broker(self, name: str, amqp_uri: str) -> FederatedBroker:
+        """This Environment's cluster as one broker of a federation topology (:mod:`smartclient.federation`): its
+        management API and that API's credentials, and its vhost, come from the Environment; ``amqp_uri`` is how
+        the *other* brokers reach this one's AMQP listener for their links, which only they can say.
+
+        :raises ConfigurationError: no management API was given, or a bad name or URI (before any I/O).
+        """
+        self._check_open()
+        from smartclient.federation.topology import FederatedBroker
+
+        if self.management is None:
+            raise ConfigurationError("a federated broker needs the management API (federation is set up through "
+                                     "it): Environment(..., management=ManagementClient(url, user, password))")
+        signed_in = self.management.credentials
+        return FederatedBroker(name, self.management.base_url, amqp_uri, signed_in.username, signed_in.password,
+                               self.settings.vhost)

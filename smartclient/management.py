@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, ManagementError
+from smartclient.core.settings import Credentials
 from smartclient.core.validation import number, text, texts
 
 if TYPE_CHECKING:
@@ -43,10 +44,16 @@ class ManagementClient:
             raise ConfigurationError(
                 "the management API needs httpx: pip install 'smartclient[amqp]'"
             ) from exc
+        self._password = password  # (for the federation's FederatedBroker; never in repr)
         self.base_urls = [url.rstrip("/") for url in urls]
         self.base_url = self.base_urls[0]  # the node asked first: the one that answered last
         self.username = username
         self._client = httpx.Client(auth=(username, password), timeout=timeout)
+
+    @property
+    def credentials(self) -> Credentials:
+        """The user and password this client signs in with (the password never appears in a repr)."""
+        return Credentials(self.username, self._password)
 
     def __repr__(self) -> str:
         return f"ManagementClient({self.base_url!r}, username={self.username!r}, password='***')"

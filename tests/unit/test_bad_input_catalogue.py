@@ -297,6 +297,7 @@ BASE: dict[str, dict[str, Any]] = {
     "fan_out": {"brokers": _BROKERS, "tree": {"a": ["b", "c"]}, "exchange": "x"},
     **{f: {"topology": pair(*_BROKERS[:2], "x")} for f in ("apply", "remove", "status", "wait_running")},
     ".producer": {"stream": "s"},
+    ".federated_broker": {"name": "site-a", "amqp_uri": "amqp://127.0.0.1:1"},
     ".consumer": {"stream": "s", "callback": _callback},
     ".super_stream_producer": {"super_stream": "ss"},
     ".super_stream_consumer": {"super_stream": "ss", "callback": _callback},

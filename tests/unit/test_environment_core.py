@@ -149,3 +149,21 @@ async def test_super_stream_falls_back_to_the_management_api_without_the_command
     assert calls == [("PUT", "/api/exchanges/%2F/inv"), ("PUT", "/api/queues/%2F/inv-0"),
                      ("POST", "/api/bindings/%2F/e/inv/q/inv-0"), ("PUT", "/api/queues/%2F/inv-1"),
                      ("POST", "/api/bindings/%2F/e/inv/q/inv-1")]
+
+
+def test_the_face_hands_its_settings_to_the_federation_wing() -> None:
+    from smartclient.federation.topology import FederatedBroker, pair
+    from smartclient.management import ManagementClient
+
+    api = ManagementClient("http://site-a:15672/", "fed", "s3cret")
+    env = Environment("rabbitmq-stream://app:pw@site-a:5552/orders", management=api)
+    broker = env.federated_broker("site-a", "amqp://fed:s3cret@site-a:5672")
+    assert broker == FederatedBroker("site-a", "http://site-a:15672", "amqp://fed:s3cret@site-a:5672", "fed",
+                                     "s3cret", "orders")
+    assert "s3cret" not in repr(broker) and "s3cret" not in repr(api)
+    other = FederatedBroker("site-b", "http://site-b:15672", "amqp://fed:s3cret@site-b:5672", vhost="orders")
+    assert pair(broker, other, "events").brokers[0] is broker  # a topology takes it as any other broker
+    with pytest.raises(ConfigurationError, match="needs the management API"):
+        Environment("h:5552").federated_broker("site-a", "amqp://h:5672")
+    with pytest.raises(ConfigurationError, match="amqp_uri"):
+        env.federated_broker("site-a", 5672)  # type: ignore[arg-type]
