@@ -271,3 +271,17 @@ def test_brokers_sharing_a_cluster_name_are_refused(brokers: list[FederatedBroke
                 apply(pair(brokers[0], brokers[1], x := _name(), name=x))
         finally:
             api.put("/api/cluster-name", {"name": original})
+
+
+def test_an_environment_hands_its_cluster_to_a_topology_as_one_broker(
+    brokers: list[FederatedBroker], applied: Callable[..., tuple[FederationTopology, Delivery]]
+) -> None:
+    from smartclient import Environment
+
+    first = brokers[0]
+    env = Environment("rabbitmq-stream://guest:guest@127.0.0.1:1/", management=_api(first))  # never started
+    mine = env.federated_broker(first.name, first.amqp_uri)
+    assert mine == first  # its management API, that API's credentials and the vhost, from the Environment
+    exchange = _name()
+    topology, delivery = applied(pair(mine, brokers[1], exchange, name=exchange))
+    assert delivery.round() == delivery.expected()
