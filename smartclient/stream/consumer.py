@@ -339,6 +339,9 @@ class Consumer(_Handle):
             tracker = getattr(self, "_tracker", None)
             if tracker is not None:
                 tracker.cancel()
+            # first nothing more is handed over, the message (or chunk) in the callback finished: the offset stored
+            # next covers all it handled, and the callback may still store one itself
+            await _rstream.stop_delivery(self._carrier, self.stream)
             if flush and getattr(self, "_tracking", None) is not None and self._since_store:
                 with attempt(5.0, f"storing the offset of {self!r}"):
                     await self._auto_store()

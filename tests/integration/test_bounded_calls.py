@@ -32,7 +32,7 @@ from smartclient.testing.streams import create_stream_led_by, delete_streams, st
 ARGUMENTS: dict[str, Any] = {
     "stream": "any-stream", "super_stream": "any-super-stream", "callback": lambda message, context: None,
     "body": b"x", "bodies": [b"x"], "name": "any-name", "role": Role.CONSUMER, "pool": None,
-    "routing_key": "k", "size": 1,
+    "routing_key": "k", "size": 1, "amqp_uri": "amqp://h:5672",
 }
 
 

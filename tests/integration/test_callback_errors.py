@@ -241,3 +241,47 @@ async def test_a_failover_never_cancels_a_handler_and_recovery_resumes_after_its
     assert seen.once_each(), f"duplicates: {sum(n - 1 for n in seen.offsets.values())}"
     assert consumer.redelivered == 0
     await consumer.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_consumer_closed_from_its_own_callback_closes_at_once_and_hands_nothing_after(
+    env: Environment, stream: str, kind: str
+) -> None:
+    await publish(env, stream, 1000)
+    seen, closed = Seen(kind), asyncio.Event()
+    holder: list[Any] = []
+    inner = seen.handler()
+    (option, function), = inner.items()
+
+    async def close_at_500(*args: Any) -> None:  # the application's handler closes its own consumer
+        offsets = [args[1].offset] if option == "callback" else list(args[0].offsets)
+        if closed.is_set():
+            seen.offsets.update(o + 1_000_000 for o in offsets)  # handed after close: fails below
+            return
+        result = function(*args)
+        if result is not None:
+            await result
+        if 500 in offsets:
+            await asyncio.wait_for(holder[0].close(), 10)  # returns: it does not wait for this very callback
+            closed.set()
+
+    holder.append(await env.consumer(stream, **{option: close_at_500}, offset="first"))
+    await asyncio.wait_for(closed.wait(), 20)
+    assert holder[0].closed and max(seen.offsets) < 1_000_000 and seen.once_each()
+
+
+async def test_a_tracked_consumer_closed_while_its_callback_holds_a_chunk_stores_what_it_handled(
+    env: Environment, stream: str
+) -> None:
+    await publish(env, stream, 3000)
+    seen = Holding("chunk-async", hold=1234)
+    consumer = await env.consumer(stream, **seen.handler(), offset="first", name="c",
+                                  tracking=OffsetTracking(every=100_000))  # stored only on close
+    await asyncio.wait_for(seen.holding.wait(), 20)
+    closing = asyncio.ensure_future(consumer.close())
+    await asyncio.sleep(0.2)  # the scenario: close waits while the callback still holds its chunk
+    assert not closing.done()
+    seen.release.set()
+    await asyncio.wait_for(closing, 20)
+    stored = await env.stored_offset(stream, "c")
+    assert stored == max(seen.offsets)  # the whole chunk it handled: a restart repeats nothing

@@ -40,12 +40,13 @@ if TYPE_CHECKING:
     from smartclient.stream.host import Connection, StreamHost
 
 from smartclient.stream._rstream.frames import messages_of, stored_of
-from smartclient.stream._rstream.wire import decode_amqp_message, offset_spec
+from smartclient.stream._rstream.wire import HANDING, decode_amqp_message, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
     "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
-    "new_carrier", "on_callback_error", "position", "queued_chunks", "store_offset", "stored_sequence", "subscribe",
+    "new_carrier", "on_callback_error", "position", "queued_chunks", "stop_delivery", "store_offset", "stored_sequence",
+    "subscribe",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,10 @@ class PlacedClientPool(ClientPool):
 
 
 _NOTHING = contextlib.nullcontext()  # around a chunk, when metrics and traces are off
+
+
+class _Stopped(Exception):
+    """The callback closed its own consumer: nothing more of the chunk is handed over."""
 _PLACED = Addr("placed-by-smartclient", 0)  # rstream wants an address; the Environment chooses the node
 
 
@@ -213,10 +218,13 @@ class PlacedConsumer(_Placed, RConsumer):
         first, count = frame.chunk_first_offset, frame.num_records
         floor = subscriber.offset if subscriber.offset_type is OffsetType.OFFSET else -1
         skip = min(floor - first, count) if floor > first else 0  # before the consumer's offset: not handed over
+        floor_offset = first + skip  # the first offset handed over, if any (a filter resets skip)
         stream, callback = subscriber.stream, subscriber.callback
         post = filter_value.post_filler() if filter_value is not None else None
         failed = pool.on_error.get(stream)  # (exception, context or chunk) -> whether delivery goes on
         handing = client.smartclient_handing[sid] = asyncio.get_running_loop().create_future()
+        token = HANDING.set((id(client), sid))  # a stop asked from within the callback does not wait for it
+        stopping = client.smartclient_stopping
         handed = 0
         stop_at: int | None = None  # the offset where a callback that raised said stop
         around = self.smartclient_around_chunk
@@ -253,9 +261,16 @@ class PlacedConsumer(_Placed, RConsumer):
                             context = None
                             try:
                                 for message, context in zip(islice(messages, lo, hi), contexts, strict=True):
+                                    if sid in stopping:  # closed by the callback itself: nothing more
+                                        raise _Stopped
                                     maybe_coro = callback(message, context)
                                     if maybe_coro is not None:
                                         await maybe_coro
+                            except _Stopped:
+                                assert context is not None
+                                handed += offsets.index(context.offset) - lo
+                                stop_at = context.offset
+                                break
                             except Exception as exc:
                                 if failed is None or context is None:
                                     raise
@@ -278,13 +293,14 @@ class PlacedConsumer(_Placed, RConsumer):
                 await _credit(client, sid)
             raise
         finally:
+            HANDING.reset(token)
             del client.smartclient_handing[sid]
             handing.set_result(None)
             self.smartclient_consumed[stream] += handed  # per chunk: read by the telemetry
             self.smartclient_chunks[stream] += 1
         if stop_at is not None:  # nothing more is handed over; the position ends before that message
-            client.smartclient_stopping.add(sid)
-            if stop_at > first + skip or getattr(subscriber, "smartclient_moved", False):
+            stopping.add(sid)
+            if stop_at > floor_offset or getattr(subscriber, "smartclient_moved", False):
                 subscriber.offset = stop_at
                 subscriber.smartclient_moved = True
             return
@@ -427,6 +443,13 @@ async def close_publisher(carrier: RProducer, stream: str) -> None:
     await forget_publisher(carrier, stream, keep=unknown)
 
 
+async def stop_delivery(carrier: RConsumer, stream: str) -> None:
+    """Hand nothing more to the callback of ``stream``'s subscription: once the message (or chunk) it is in has
+    been handled, its delivery stops (at once when asked from within that callback)."""
+    for sid, subscriber in [(i, s) for i, s in carrier._subscribers.items() if s.stream == stream]:
+        await subscriber.client.stop_queue_listener_task(subscriber_id=sid)
+
+
 async def close_subscriber(carrier: RConsumer, stream: str) -> None:
     """Unsubscribe the subscription of ``stream`` on the broker (within the current deadline), then forget
     it; an id whose unsubscription is not confirmed stays out of use until it is."""
@@ -461,23 +484,32 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
     """Drop rstream's (lost) subscriber on ``stream``: stop its delivery task (frames still queued are
     discarded: the consumer resumes after the last message it handed over), its handlers and its client
     entry.  Returns the rstream subscriber, or None."""
+
+    def mine() -> list[tuple[int, Any]]:
+        return [(sid, s) for sid, s in carrier._subscribers.items()
+                if s.stream == stream and not (dead_only and s.client.is_connection_alive())]
+
+    for sid, subscriber in mine():  # (before the lock: a callback finishing its chunk may store an offset)
+        await subscriber.client.stop_queue_listener_task(subscriber_id=sid)
     found = None
     async with carrier._lock:
-        for sid, subscriber in list(carrier._subscribers.items()):
-            if subscriber.stream == stream and not (dead_only and subscriber.client.is_connection_alive()):
-                found = subscriber
-                client = subscriber.client
-                await client.stop_queue_listener_task(subscriber_id=sid)
-                for frame in (schema.Deliver, schema.MetadataUpdate, schema.ConsumerUpdateResponse):
-                    client._handlers.get(frame, {}).pop(str(sid), None)
-                client._frames.pop(sid, None)
-                del carrier._subscribers[sid]
-                if sid in keep:
-                    _retire(client, "subscription", sid)
-                else:
-                    _free_id(client, sid)
+        for sid, subscriber in mine():
+            found = subscriber
+            client = subscriber.client
+            await client.stop_queue_listener_task(subscriber_id=sid)  # (stopped already, or put off)
+            for frame in (schema.Deliver, schema.MetadataUpdate, schema.ConsumerUpdateResponse):
+                client._handlers.get(frame, {}).pop(str(sid), None)
+            client._frames.pop(sid, None)
+            del carrier._subscribers[sid]
+            if sid in keep:
+                _retire(client, "subscription", sid)
+            elif (deferred := getattr(client, "smartclient_deferred", {}).get(sid)) is not None:
+                deferred.add_done_callback(lambda _, c=client, i=sid: _free_id(c, i))  # free once its task stops
+            else:
+                _free_id(client, sid)
         await _drop_client(carrier, stream, dead_only)
     return found
+
 
 
 def _free_id(client: Any, ident: int) -> None:

@@ -11,6 +11,7 @@ import ssl
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetType, amqp_decoder, schema
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
+    "HANDING", "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
     "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "extra_request",
     "filter_config",
     "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
@@ -108,8 +109,12 @@ class NamedClient(Client):
         super().__init__(*args, **kwargs)
         #: subscription id -> done when the chunk being handed to its callback has been (the delivery loop's)
         self.smartclient_handing: dict[int, asyncio.Future[None]] = {}
-        #: subscriptions handed no further chunk: their delivery is being stopped, or their callback said stop
+        #: subscriptions handed no further chunk (nor message): their delivery is being stopped, or their callback
+        #: said stop
         self.smartclient_stopping: set[int] = set()
+        #: subscription id -> the stop of its delivery task, put off until the chunk in the callback has been handed
+        #: (asked from within that callback); its id is not free before it is done
+        self.smartclient_deferred: dict[int, asyncio.Future[None]] = {}
 
     async def stop_queue_listener_task(self, subscriber_id: int) -> None:
         """rstream's, except that a chunk being handed to the application is never cut: no further chunk is
@@ -117,12 +122,25 @@ class NamedClient(Client):
         the task, so an async handler got ``CancelledError`` in the middle of its chunk at every failover, and
         recovery, which resumes after the last chunk handed over, delivered that chunk again (issue 29)."""
         self.smartclient_stopping.add(subscriber_id)
+        if subscriber_id in self.smartclient_deferred:
+            return
         handing = self.smartclient_handing.get(subscriber_id)
-        if handing is not None and self._tasks.get(f"run_delivery_handlers_{subscriber_id}") is not (
-                asyncio.current_task()):  # (from the handler itself, e.g. its consumer's close(): no wait)
+        if handing is not None and HANDING.get() == (id(self), subscriber_id):
+            # asked from within the callback (its consumer's close(), even through a task it started): it cannot
+            # wait for itself; nothing more is handed over, and the task stops once the callback has returned
+            self.smartclient_deferred[subscriber_id] = asyncio.ensure_future(
+                self.smartclient_stop_when_handed(subscriber_id, handing))
+            return
+        if handing is not None:
             await _handler_done(handing, subscriber_id)
         await super().stop_queue_listener_task(subscriber_id)
         self.smartclient_stopping.discard(subscriber_id)  # (not on a cancellation: it stays handed nothing)
+
+    async def smartclient_stop_when_handed(self, subscriber_id: int, handing: asyncio.Future[None]) -> None:
+        await handing
+        await super().stop_queue_listener_task(subscriber_id)
+        self.smartclient_stopping.discard(subscriber_id)
+        del self.smartclient_deferred[subscriber_id]
 
     async def start(self) -> None:
         # rstream's Client.start, with our connection class (tests/unit/test_rstream_seam.py pins it)
@@ -150,6 +168,10 @@ class NamedClient(Client):
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError(text))
                 waiter.exception()  # retrieved here: one nobody awaits any more must not log "never retrieved"
+
+
+#: (client, subscription id) of the chunk being handed to a callback, in the callback and in every task it starts
+HANDING: ContextVar[tuple[int, int] | None] = ContextVar("smartclient_handing", default=None)
 
 
 async def _handler_done(handing: asyncio.Future[None], subscriber_id: int, every: float = 10.0) -> None:
