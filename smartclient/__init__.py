@@ -24,6 +24,7 @@ from smartclient._errors import (
     ManagementError,
     MessageDecodeError,
     MessageTooLarge,
+    Misrouted,
     NoCandidateNode,
     NodeUnreachable,
     NoRpcServer,
@@ -39,6 +40,9 @@ from smartclient._errors import (
     StepTimeout,
     StreamNotFound,
     TestBedError,
+    TokenExpired,
+    TokenProviderFailed,
+    TokenRefused,
     TopologyError,
 )
 from smartclient.core.address import Address
@@ -51,6 +55,7 @@ from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.routing import hash_partition
 from smartclient.core.settings import (
+    ClientCertificate,
     ClientSettings,
     ConnectionOptions,
     Credentials,
@@ -59,7 +64,9 @@ from smartclient.core.settings import (
     parse_stream_uri,
 )
 from smartclient.core.stream_arguments import StreamArguments
+from smartclient.core.tokens import Token
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
+from smartclient.credentials import EXTERNAL, TokenCredentials
 from smartclient.environment import Environment
 from smartclient.stream.consumer import Consumer
 from smartclient.stream.handles import Producer
@@ -71,6 +78,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONFIRM_TIMEOUT",
     "CONNECTION_LOST",
+    "EXTERNAL",
     "Address",
     "AddressNotAllowed",
     "Attempt",
@@ -80,6 +88,7 @@ __all__ = [
     "Candidates",
     "CertificateRejected",
     "Chunk",
+    "ClientCertificate",
     "ClientSettings",
     "ConfigurationError",
     "Confirmation",
@@ -99,6 +108,7 @@ __all__ = [
     "MessageContext",
     "MessageDecodeError",
     "MessageTooLarge",
+    "Misrouted",
     "NoCandidateNode",
     "NoRpcServer",
     "NodeUnreachable",
@@ -127,6 +137,11 @@ __all__ = [
     "StreamTopology",
     "Telemetry",
     "TestBedError",
+    "Token",
+    "TokenCredentials",
+    "TokenExpired",
+    "TokenProviderFailed",
+    "TokenRefused",
     "TopologyError",
     "TopologyNode",
     "__version__",

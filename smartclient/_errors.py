@@ -26,7 +26,11 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     ├── RpcTimeout                  an RPC request got no reply in time
     ├── ConnectionFailed            a connection could not be opened or kept
     │   ├── AuthenticationFailed    wrong credentials or no access to the vhost (never retried)
+    │   │   ├── TokenExpired        the token was past its expiry when a connection needed it
+    │   │   └── TokenRefused        the broker refused a fresh token on a live connection (revoked)
+    │   ├── TokenProviderFailed     the token provider raised or answered no token (retried on a back-off)
     │   ├── CertificateRejected     the TLS certificate does not verify for the name checked (never retried)
+    │   ├── Misrouted               an SNI-routed connection reached another node than the name it sent
     │   └── StepTimeout             one step of a placement or recovery attempt ran out of the attempt's time
     ├── HandleClosed                the producer, consumer or Environment was closed; nothing was sent
     ├── HandleStopped               a producer or consumer stopped on its own (its ``failure``)
@@ -56,6 +60,7 @@ __all__ = [
     "ManagementError",
     "MessageDecodeError",
     "MessageTooLarge",
+    "Misrouted",
     "NoCandidateNode",
     "NoRpcServer",
     "NodeUnreachable",
@@ -71,6 +76,9 @@ __all__ = [
     "StepTimeout",
     "StreamNotFound",
     "TestBedError",
+    "TokenExpired",
+    "TokenProviderFailed",
+    "TokenRefused",
     "TopologyError",
 ]
 
@@ -195,6 +203,39 @@ class ConnectionFailed(SmartClientError):
 
 class AuthenticationFailed(ConnectionFailed):
     """The broker refused the credentials or the vhost; retrying would only repeat it."""
+
+
+class TokenExpired(AuthenticationFailed):
+    """The token a connection needed was past its expiry (``expires_at``, a unix time), even after asking the
+    provider for a new one; the message names the expiry and the provider."""
+
+    def __init__(self, message: str, *, expires_at: float | None = None, provider: str = "") -> None:
+        super().__init__(message)
+        self.expires_at, self.provider = expires_at, provider
+
+
+class TokenRefused(AuthenticationFailed):
+    """The broker refused a fresh token on a live connection (a revoked key, a token without the scopes):
+    the connection keeps its old token until that expires, and the next refresh tries again."""
+
+    def __init__(self, message: str, *, connection: str = "") -> None:
+        super().__init__(message)
+        self.connection = connection
+
+
+class TokenProviderFailed(ConnectionFailed):
+    """The token provider raised, or answered something that is no token; ``provider`` names it and
+    ``connection`` the connection that needed it (empty for a scheduled refresh).  The provider is asked
+    again on a back-off, never in a storm."""
+
+    def __init__(self, message: str, *, provider: str = "", connection: str = "") -> None:
+        super().__init__(message)
+        self.provider, self.connection = provider, connection
+
+
+class Misrouted(ConnectionFailed):
+    """A connection sent to a node by name (SNI) reported another node: the ingress routed it wrong.  It is
+    closed, never used as the node it claims, and the placement goes on with the next candidate."""
 
 
 class CertificateRejected(ConnectionFailed):

@@ -14,8 +14,9 @@ from typing import Any
 
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
 from smartclient.core.validation import Check, flag, function, instance, number, refuse, resolver, text, whole
+from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
 
 __all__ = ["CLIENT_OPTIONS", "entry_points", "management", "settings"]
@@ -51,6 +52,13 @@ def _allow_list(name: str, value: Any) -> None:
     instance(name, value, AllowList)
 
 
+def _client_certificate(name: str, value: Any) -> None:
+    """A :class:`ClientCertificate`, or a function answering the current one."""
+    if value is None or isinstance(value, ClientCertificate) or callable(value):
+        return
+    refuse(name, "a ClientCertificate, or a function answering the current one, or None", value)
+
+
 def _subscriptions(name: str, value: Any) -> None:
     """``[("sensors/#", 1), ...]``: topic filters, each with its QoS."""
     if isinstance(value, Collection) and not isinstance(value, str | bytes | Mapping) and all(
@@ -63,7 +71,8 @@ def _subscriptions(name: str, value: Any) -> None:
 CLIENT_OPTIONS: dict[str, Check | None] = {
     "username": partial(text, optional=True),
     "password": partial(text, empty=True, optional=True, secret=True),
-    "credentials": settings(Credentials),
+    "credentials": settings((Credentials, TokenCredentials, ExternalLogin)),
+    "client_certificate": _client_certificate,
     "vhost": partial(text, optional=True),
     "tls": settings(ssl.SSLContext),
     "tls_server_name": partial(text, optional=True),

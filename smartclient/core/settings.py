@@ -3,6 +3,7 @@ options, telemetry, entry-point URIs, pool limits.  Validated on construction.""
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +13,8 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.validation import flag, number, provider, refuse, text, whole
 
-__all__ = ["ClientSettings", "ConnectionOptions", "Credentials", "PoolLimits", "StreamURI", "Telemetry",
-           "parse_stream_uri"]
+__all__ = ["ClientCertificate", "ClientSettings", "ConnectionOptions", "Credentials", "PoolLimits", "StreamURI",
+           "Telemetry", "parse_stream_uri"]
 
 STREAM_PORT = 5552
 STREAM_TLS_PORT = 5551
@@ -33,6 +34,22 @@ class Credentials:
 
     def __str__(self) -> str:
         return f"{self.username}:***"
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A client certificate for mutual TLS (and SASL EXTERNAL): the PEM certificate (chain) file, its key
+    file (None: in the certificate file) and the key's password (never in ``repr``)."""
+
+    cert_file: str | os.PathLike[str]
+    key_file: str | os.PathLike[str] | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, value, optional in (("cert_file", self.cert_file, False), ("key_file", self.key_file, True)):
+            if not (value is None and optional) and not isinstance(value, str | os.PathLike):
+                refuse(f"ClientCertificate.{name}", "a file path", value)
+        text("ClientCertificate.password", self.password, empty=True, optional=True, secret=True)
 
 
 @dataclass(frozen=True)
@@ -109,7 +126,8 @@ class ClientSettings:
     are opened (name, frame max, heartbeat).  The stream connector, and the AMQP and MQTT placers, are built
     from it instead of from a pile of keyword arguments."""
 
-    credentials: Credentials = field(default_factory=Credentials)
+    #: a Credentials, smartclient.credentials.TokenCredentials or smartclient.credentials.EXTERNAL
+    credentials: Any = field(default_factory=Credentials)
     vhost: str = "/"
     tls: ssl.SSLContext | None = None
     tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
@@ -117,6 +135,8 @@ class ClientSettings:
     allow: Any = None  # a resolvers.AllowList
     retry: Any = None  # a RetryPolicy (None: the default)
     connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+    #: a ClientCertificate, or a function answering the current one (loaded before each connection)
+    client_certificate: Any = None
 
     @property
     def frame_max(self) -> int:

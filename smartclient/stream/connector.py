@@ -20,8 +20,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from smartclient import _otel
-from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed, ResolutionError
+from smartclient import _otel, credentials
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    ResolutionError,
+    SmartClientError,
+)
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Shared
@@ -41,6 +47,8 @@ _CONNECTION_IDS = itertools.count(1)
 
 log = logging.getLogger(__name__)
 
+#: seconds a connection has to take a refreshed token (a SASL round trip; a stuck one is left to its heartbeat)
+SECRET_UPDATE_TIMEOUT = 10.0
 
 
 class ParkingLot:
@@ -121,6 +129,9 @@ class StreamConnector:
         self.connections: set[Connection] = set()
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
         self.dialled: dict[Address, Address] = {}
+        self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
+        self.secret_updates = 0  # connections that took a refreshed token
+        self.secret_failures = 0  # connections that did not (refused, or lost on the way)
 
     async def resolve(self, advertised: Address) -> Address:
         """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
@@ -160,21 +171,22 @@ class StreamConnector:
             if conn is not None:
                 await self._closed(conn, info)
 
+        connection_name = f"{name}-{next(self._ids)}"
+        signed = await credentials.alogin(self.settings.credentials, connection_name)
         client = _rstream.new_client(
-            client_class, host=dialled.host, port=dialled.port, tls=self.settings.tls,
+            client_class, host=dialled.host, port=dialled.port,
+            tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
             frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat,
-            name=f"{name}-{next(self._ids)}", on_closed=closed, max_ids=self.limits.max_streams_per_connection,
-            server_hostname=route.tls_name)
+            name=connection_name, on_closed=closed, max_ids=self.limits.max_streams_per_connection,
+            server_hostname=route.tls_name, mechanism=signed.mechanism)
         self.opened += 1
+        self._watch_credentials()
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
             with map_stream_errors(context):
                 await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
                 await step(f"authenticate and open on {dialled}", client.authenticate(
-                    vhost=self.settings.vhost,
-                    username=self.settings.credentials.username,
-                    password=self.settings.credentials.password,
-                ))
+                    vhost=self.settings.vhost, username=signed.username, password=signed.password))
         except BaseException:
             await _rstream.abort(client)
             raise
@@ -187,6 +199,40 @@ class StreamConnector:
         holder["conn"] = conn
         self.connections.add(conn)
         return conn
+
+    # -- tokens refreshed on the live connections ------------------------------------------------------
+    def _watch_credentials(self) -> None:
+        """With token credentials, hand each new token to every live connection of this connector (started
+        with its first connection, on its event loop)."""
+        if self._unwatch is not None or not isinstance(self.settings.credentials, credentials.TokenCredentials):
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_refresh(token: str) -> None:
+            if not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(self.update_secrets(token), loop)
+
+        self._unwatch = credentials.watch(self.settings.credentials, "the stream connections", on_refresh)
+
+    async def update_secrets(self, token: str) -> int:
+        """Hand ``token`` to every open connection (the stream protocol's SASL exchange again, which the
+        broker takes as a secret update); return how many took it.  A refusal is logged as
+        :class:`TokenRefused` and counted; the connection keeps its old token (and the broker closes it at
+        that token's expiry, when recovery takes over)."""
+        username = self.settings.credentials.username
+        done = 0
+        for conn in list(self.connections):
+            if conn.closed or not conn.alive():
+                continue
+            try:
+                await asyncio.wait_for(_rstream.update_secret(conn.client, username, token), SECRET_UPDATE_TIMEOUT)
+            except (SmartClientError, asyncio.TimeoutError) as exc:
+                self.secret_failures += 1
+                log.warning("connection %s to %s kept its old token: %s", conn.name, conn.node, exc)
+            else:
+                done += 1
+        self.secret_updates += done
+        return done
 
     async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None,
                       shared: Sequence[Connection] = ()) -> Connection:
@@ -275,6 +321,9 @@ class StreamConnector:
         await _quietly_close(conn.client)
 
     async def close(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self._reaper is not None:
             self._reaper.cancel()
         for conn in list(self.connections):

@@ -29,6 +29,7 @@ from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import (
+    ClientCertificate,
     ClientSettings,
     ConnectionOptions,
     Credentials,
@@ -40,6 +41,7 @@ from smartclient.core.settings import (
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
 from smartclient.core.validation import checked
+from smartclient.credentials import EXTERNAL, ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
@@ -67,9 +69,15 @@ class StreamEnvironment:
 
     :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
-    :param credentials: a :class:`Credentials`, instead of the URI's user and password (default guest/guest).
+    :param credentials: a :class:`Credentials`, instead of the URI's user and password (default guest/guest); or a
+        :class:`~smartclient.credentials.TokenCredentials` (OAuth2 tokens from a provider, refreshed on every live
+        connection before they expire); or :data:`~smartclient.credentials.EXTERNAL` (the client certificate is
+        the identity), which is the default with a ``client_certificate`` and no credentials in the URIs.
     :param vhost: override the URI's vhost (default ``/``).
     :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
+    :param client_certificate: a :class:`ClientCertificate` presented to every node (mutual TLS), or a function
+        answering the current one: it is loaded into ``tls`` before each connection when it changed, so a
+        rotated certificate is used by the next connection with no restart.
     :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
         the one smartclient works out (the LB's name, or the advertised node name; see smartclient.core.tls_names).
     :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).
@@ -94,9 +102,10 @@ class StreamEnvironment:
         self,
         entry_points: EntryPoints,
         *,
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
         vhost: str | None = None,
         tls: ssl.SSLContext | None = None,
+        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
         tls_server_name: str | None = None,
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,
@@ -130,10 +139,13 @@ class StreamEnvironment:
             tls = ssl.create_default_context()
         self.entry_points = tuple(u.address for u in uris)
         self.resolver = resolver if resolver is not None else Identity()
+        if client_certificate is not None and tls is None:
+            raise ConfigurationError("client_certificate= needs TLS: give tls= (an ssl.SSLContext) as well")
+        if credentials is None:
+            credentials = next(iter(creds), EXTERNAL if client_certificate is not None else Credentials())
         self.settings = ClientSettings(
-            credentials if credentials is not None else next(iter(creds), Credentials()),
-            vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name, self.resolver, allow,
-            retry, connection)
+            credentials, vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name,
+            self.resolver, allow, retry, connection, client_certificate)
         self.placement = placement
         self.retry = retry
         self.batching = batching

@@ -20,6 +20,7 @@ import functools
 import importlib
 import inspect
 import math
+import os
 import socket
 import ssl
 from collections.abc import Callable, Iterator, Mapping
@@ -47,7 +48,9 @@ from smartclient import (
     StreamArguments,
     StreamFilter,
 )
-from smartclient.core.settings import ClientSettings, ConnectionOptions, Credentials, Telemetry
+from smartclient.core.retry import Backoff
+from smartclient.core.settings import ClientCertificate, ClientSettings, ConnectionOptions, Credentials, Telemetry
+from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient
 from smartclient.mqtt.fleet import MqttFleet
@@ -88,7 +91,9 @@ TYPES: dict[str, type] = {
     "Address": Address, "AllowList": AllowList, "BatchingPolicy": BatchingPolicy, "ConsumerFlow": ConsumerFlow,
     "ManagementClient": ManagementClient, "MqttOptions": MqttOptions, "MqttPlacer": MqttPlacer,
     "ClientSettings": ClientSettings, "Credentials": Credentials, "FederatedBroker": FederatedBroker,
-    "ConnectionOptions": ConnectionOptions, "Telemetry": Telemetry,
+    "ConnectionOptions": ConnectionOptions, "Telemetry": Telemetry, "TokenCredentials": TokenCredentials,
+    "ExternalLogin": ExternalLogin, "ClientCertificate": ClientCertificate, "Backoff": Backoff,
+    "os.PathLike": os.PathLike,
     "FederationTopology": FederationTopology, "Link": Link, "UpstreamOptions": UpstreamOptions,
     "OffsetSpec": OffsetSpec, "OffsetTracking": OffsetTracking, "PlacementPolicy": PlacementPolicy,
     "PoolLimits": PoolLimits, "RecoveryPolicy": RecoveryPolicy, "RetryPolicy": RetryPolicy, "Role": Role,
@@ -256,6 +261,9 @@ def _callback(message: Any, context: Any) -> None:
 _BROKERS = [FederatedBroker(name, MANAGEMENT, "amqp://127.0.0.1:1") for name in ("a", "b", "c")]
 # Valid values of the parameters each target needs; a case replaces one of them, or adds one.
 BASE: dict[str, dict[str, Any]] = {
+    "Token": {"value": "t", "expires_at": 2e9},
+    "TokenCredentials": {"provider": lambda: ("t", 2e9)},
+    "ClientCertificate": {"cert_file": "client.pem"},
     "Address": {"host": "h", "port": 1},
     "OffsetSpec": {"kind": "offset", "value": 0},
     "StreamFilter": {"values": ["eu"]},

@@ -18,6 +18,7 @@ from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguratio
 from rstream import exceptions as rx
 from rstream.client import Client
 from rstream.connection import Connection as RConnection
+from rstream.constants import SlasMechanism
 from rstream.encoding import decode_frame
 
 from smartclient._errors import (
@@ -28,6 +29,7 @@ from smartclient._errors import (
     ResolutionError,
     SmartClientError,
     StreamNotFound,
+    TokenRefused,
     TopologyError,
 )
 from smartclient.core.address import Address
@@ -45,7 +47,7 @@ __all__ = [
     "filter_config",
     "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
     "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
-    "on_publish_frames", "query_offset", "raw_request", "writer_of",
+    "on_publish_frames", "query_offset", "raw_request", "update_secret", "writer_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -236,14 +238,43 @@ def map_stream_errors(context: str) -> Iterator[None]:
 
 # -- connections -------------------------------------------------------------------------------------
 def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLContext | None, frame_max: int,
-               heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None) -> Client:
-    """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise)."""
+               heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None,
+               mechanism: str = "PLAIN") -> Client:
+    """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise) that logs in with the
+    SASL ``mechanism`` (``PLAIN`` or ``EXTERNAL``)."""
     client = (cls or NamedClient)(host=host, port=port, ssl_context=tls, frame_max=frame_max, heartbeat=heartbeat,
                                   connection_name=name, connection_closed_handler=on_closed,
-                                  max_clients_by_connections=max_ids)
+                                  max_clients_by_connections=max_ids,
+                                  sasl_configuration_mechanism=SlasMechanism(mechanism))
     if isinstance(client, NamedClient):
         client.server_hostname = server_hostname
     return client
+
+
+async def update_secret(client: Any, username: str, secret: str) -> None:
+    """Hand an open connection a new secret (a refreshed token): SaslHandshake and SaslAuthenticate again on
+    it, which the broker takes as a secret update (rabbitmq-server #9187, as the .NET client's
+    ``UpdateSecret``); no Tune or Open follows.
+
+    :raises TokenRefused: the broker refused the secret (the connection keeps the old one).
+    :raises ConnectionFailed: the connection failed on the way.
+    """
+    from rstream import schema
+
+    context = f"updating the secret of {client._client_properties['connection_name']}"
+    try:
+        with map_stream_errors(context):
+            handshake = await client.sync_request(
+                schema.SaslHandshake(correlation_id=client._corr_id_seq.next()),
+                resp_schema=schema.SaslHandshakeResponse)
+            if "PLAIN" not in handshake.mechanisms:
+                raise TokenRefused(f"{context}: the broker offers {handshake.mechanisms}, not PLAIN")
+            await client.sync_request(
+                schema.SaslAuthenticate(client._corr_id_seq.next(), mechanism="PLAIN",
+                                        data=b"\0" + username.encode() + b"\0" + secret.encode()),
+                resp_schema=schema.SaslAuthenticateResponse)
+    except AuthenticationFailed as exc:
+        raise TokenRefused(f"{context}: the broker refused the new token: {exc}") from exc
 
 
 def identity(client: Any) -> tuple[Address | None, str]:

@@ -1,0 +1,356 @@
+"""How every connection of smartclient logs in, and how a token it logged in with is kept fresh: the one
+credentials seam of every wing (stream, AMQP 0.9.1, MQTT), as :mod:`smartclient.resolution` is the one
+resolution seam.
+
+Three ways to log in, one per value an Environment's ``credentials=`` takes:
+
+* :class:`~smartclient.Credentials`: a user name and password (SASL PLAIN);
+* :class:`TokenCredentials`: OAuth2 bearer tokens from a provider (``rabbitmq_auth_backend_oauth2``); the
+  token is the password, asked for again before it expires and handed to **every live connection** that
+  logged in with it (each wing updates its connections in its own way: the stream protocol's SASL exchange
+  again, AMQP 0.9.1's ``connection.update-secret``, MQTT's make-before-break reconnect);
+* :data:`EXTERNAL`: the client certificate (``client_certificate=``) is the identity (SASL EXTERNAL, through
+  ``rabbitmq_auth_mechanism_ssl``); an Environment with a certificate and no credentials uses it.
+
+A certificate is loaded into the TLS context before each connection (:func:`tls_context`) when it changed, so
+a rotated certificate is used by the next connection with no restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartclient._errors import ConfigurationError, SmartClientError, TokenExpired, TokenProviderFailed
+from smartclient.core.retry import Backoff
+from smartclient.core.settings import ClientCertificate, Credentials
+from smartclient.core.tokens import Token, coerce_token, describe_expiry, refresh_delay
+from smartclient.core.validation import function, instance, number, text
+
+__all__ = ["EXTERNAL", "ExternalLogin", "Login", "TokenCredentials", "alogin", "login", "tls_context", "watch"]
+
+log = logging.getLogger(__name__)
+
+#: the back-off between calls of a token provider that failed: 1 s, doubling, at most 30 s, spread by a fifth
+PROVIDER_BACKOFF = Backoff(1.0, 2.0, 30.0, 0.2)
+
+#: A token this close to its expiry (seconds) is not handed to a new connection: it could expire on the way.
+EXPIRY_MARGIN = 1.0
+
+
+@dataclass(frozen=True)
+class Login:
+    """What one connection sends: the SASL mechanism, the user and the secret (never in ``repr``)."""
+
+    mechanism: str
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ExternalLogin:
+    """Log in as the client certificate's identity (SASL EXTERNAL): the broker takes the user from the
+    certificate (``ssl_cert_login_from``), so nothing secret is sent."""
+
+    username: str = ""
+
+    def __post_init__(self) -> None:
+        text("ExternalLogin.username", self.username, empty=True)
+
+    def __str__(self) -> str:
+        return "EXTERNAL (the client certificate)"
+
+
+#: the login of an Environment with a client certificate and no credentials
+EXTERNAL = ExternalLogin()
+
+
+class TokenCredentials:
+    """OAuth2 bearer tokens from ``provider``, refreshed before they expire on every live connection.
+
+    :param provider: a function (sync or async, no arguments) that answers a token: a
+        :class:`~smartclient.core.tokens.Token`, ``(token, expires_at)``, an OAuth2 token response (a mapping
+        with ``access_token`` and ``expires_in`` or ``expires_at``), or a JWT string (its ``exp`` claim).
+    :param username: the user name sent beside the token (RabbitMQ's OAuth2 backend takes the user from the
+        token; some brokers want a name all the same).
+    :param refresh_at: when to refresh, as a share of the token's lifetime (0.75: a one-hour token is
+        refreshed after 45 minutes).
+    :param jitter: spread of the refresh time, as a share of the lifetime either way, so that the clients of a
+        fleet that got their tokens together do not all refresh in the same second.
+    :param retry: the back-off between calls of a provider that failed: nothing calls it sooner (the last
+        error is raised again instead), so an identity provider that is down sees no storm.
+    :param name: the provider's name in errors and logs (default: the function's qualified name).
+
+    One value is one token: every wing and connection of an Environment (and of any client given the same
+    value) shares it, and a refresh asks the provider once for all of them.
+    """
+
+    mechanism = "PLAIN"
+
+    def __init__(self, provider: Callable[[], Any], *, username: str = "", refresh_at: float = 0.75,
+                 jitter: float = 0.1, retry: Backoff = PROVIDER_BACKOFF, name: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        function("TokenCredentials.provider", provider, takes="() -> token and expiry", optional=False)
+        text("TokenCredentials.username", username, empty=True)
+        number("TokenCredentials.refresh_at", refresh_at, above=0, high=1, note="a share of the lifetime")
+        number("TokenCredentials.jitter", jitter, low=0, note="a share of the lifetime")
+        if refresh_at - jitter <= 0 or refresh_at + jitter >= 1:
+            raise ConfigurationError(
+                f"TokenCredentials: refresh_at={refresh_at} with jitter={jitter} could refresh at or past the "
+                f"token's expiry or at once; keep refresh_at - jitter > 0 and refresh_at + jitter < 1")
+        instance("TokenCredentials.retry", retry, Backoff)
+        text("TokenCredentials.name", name, optional=True)
+        function("TokenCredentials.clock", clock, takes="() -> unix time", optional=False)
+        self.provider = provider
+        self.username = username
+        self.refresh_at = refresh_at
+        self.jitter = jitter
+        self.retry = retry
+        self.name = name or getattr(provider, "__qualname__", None) or type(provider).__name__
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token: Token | None = None
+        self._refresh_due = 0.0
+        self._failures = 0
+        self._next_try = 0.0
+        self._last_error: TokenProviderFailed | None = None
+        self._watchers: dict[int, tuple[str, Callable[[str], Any]]] = {}
+        self._watch_ids = 0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.provider_calls = 0  #: times the provider was asked
+        self.refreshes = 0  #: tokens handed to the live connections by the refresher
+        self.failures = 0  #: provider calls that failed
+
+    def __repr__(self) -> str:
+        return f"TokenCredentials(provider={self.name}, username={self.username!r})"
+
+    @property
+    def token(self) -> Token | None:
+        """The current token (None before the first connection asked for one)."""
+        return self._token
+
+    # -- the token a connection logs in with --------------------------------------------------------------
+    def current(self, connection: str = "") -> str:
+        """A token valid for at least :data:`EXPIRY_MARGIN` seconds, for ``connection`` (named in errors):
+        the one held, or a new one once it is due for refresh (or when none is held).
+
+        :raises TokenProviderFailed: the provider failed (now, or within its back-off: it is not asked
+            again sooner) and no valid token is held.
+        :raises TokenExpired: the provider answered a token that is already past its expiry.
+        """
+        with self._lock:
+            now = self._clock()
+            held = self._token
+            if held is not None and now < self._refresh_due:
+                return held.value
+            try:
+                return self._fetch(now, connection).value
+            except TokenProviderFailed:
+                if held is not None and held.expires_at - EXPIRY_MARGIN > now:
+                    return held.value  # still valid: the refresher tries again on its back-off
+                raise
+
+    async def acurrent(self, connection: str = "") -> str:
+        """:meth:`current` from async code: at once while the token held is fresh, else on a worker thread
+        (the provider may block)."""
+        held = self._token
+        if held is not None and self._clock() < self._refresh_due:
+            return held.value
+        return await asyncio.to_thread(self.current, connection)
+
+    def _fetch(self, now: float, connection: str) -> Token:
+        """Ask the provider (the caller holds the lock); on failure, raise and hold it back for the back-off."""
+        if self._last_error is not None and now < self._next_try:
+            raise self._again(connection)
+        self.provider_calls += 1
+        try:
+            answer = self.provider()
+            if inspect.isawaitable(answer):
+                answer = _run(answer)
+            token = coerce_token(answer, self._clock(), f"token provider {self.name}")
+        except Exception as exc:
+            self.failures += 1
+            self._failures += 1
+            self._next_try = now + self.retry.delay(self._failures)
+            error = exc if isinstance(exc, TokenProviderFailed) else TokenProviderFailed(
+                f"token provider {self.name} failed{_for(connection)}: {type(exc).__name__}: {exc}",
+                provider=self.name, connection=connection)
+            if error is not exc:
+                error.__cause__ = exc
+            self._last_error = error
+            log.warning("%s; asking again in %.1f s", error, self._next_try - now)
+            raise error from (None if error is exc else exc)
+        if token.expires_at - EXPIRY_MARGIN <= self._clock():
+            self._failures += 1
+            self._next_try = now + self.retry.delay(self._failures)
+            raise TokenExpired(
+                f"token provider {self.name} answered a token that expired at {describe_expiry(token.expires_at)} "
+                f"({self._clock() - token.expires_at:.0f} s ago){_for(connection)}: a token must be valid when a "
+                f"connection logs in with it", expires_at=token.expires_at, provider=self.name)
+        self._failures = 0
+        self._last_error = None
+        self._token = token
+        self._refresh_due = now + refresh_delay(token, now, self.refresh_at, self.jitter)
+        return token
+
+    def _again(self, connection: str) -> TokenProviderFailed:
+        last = self._last_error
+        assert last is not None
+        error = TokenProviderFailed(
+            f"token provider {self.name} failed{_for(connection)} and is not asked again before its back-off "
+            f"ends in {max(0.0, self._next_try - self._clock()):.1f} s: {last}", provider=self.name,
+            connection=connection)
+        error.__cause__ = last
+        return error
+
+    # -- live connections --------------------------------------------------------------------------------
+    def watch(self, name: str, on_refresh: Callable[[str], Any]) -> Callable[[], None]:
+        """Call ``on_refresh(token)`` with every new token until the returned function is called; ``name``
+        names the watcher (a wing, or a connection) in logs.  The first watcher starts the refresher."""
+        with self._lock:
+            self._watch_ids += 1
+            key = self._watch_ids
+            self._watchers[key] = (name, on_refresh)
+            if self._thread is None or not self._thread.is_alive():
+                self._closed = False
+                self._thread = threading.Thread(target=self._refresher, name=f"smartclient-token-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.set()
+
+        def unwatch() -> None:
+            with self._lock:
+                self._watchers.pop(key, None)
+        return unwatch
+
+    def close(self) -> None:
+        """Stop the refresher (a new watcher starts it again)."""
+        self._closed = True
+        self._wake.set()
+
+    def _refresher(self) -> None:
+        while not self._closed:
+            with self._lock:
+                if not self._watchers:
+                    self._thread = None
+                    return
+                now = self._clock()
+                if self._token is None:
+                    wait = 0.0
+                elif self._last_error is not None:
+                    wait = max(0.0, self._next_try - now)
+                else:
+                    wait = max(0.0, self._refresh_due - now)
+            if wait > 0:
+                self._wake.clear()
+                self._wake.wait(wait)
+                continue
+            try:
+                with self._lock:
+                    previous = self._token
+                    token = self._fetch(self._clock(), "") if (
+                        previous is None or self._clock() >= self._refresh_due) else previous
+            except SmartClientError:
+                continue  # logged; tried again on the back-off
+            if token is previous:
+                continue
+            self.refreshes += 1
+            for name, on_refresh in list(self._watchers.values()):
+                try:
+                    on_refresh(token.value)
+                except Exception:
+                    log.exception("handing a new token from %s to %s failed", self.name, name)
+
+
+def _for(connection: str) -> str:
+    return f" for connection {connection}" if connection else ""
+
+
+def _run(awaitable: Any) -> Any:
+    """An async provider's answer, from the thread that asked (never one running an event loop: the async
+    callers go through :meth:`TokenCredentials.acurrent`, which moves to a worker thread)."""
+    async def wrapper() -> Any:
+        return await awaitable
+    return asyncio.run(wrapper())
+
+
+# -- one login, whatever the credentials -----------------------------------------------------------------------
+CredentialsLike = Credentials | TokenCredentials | ExternalLogin
+
+
+def login(credentials: CredentialsLike, connection: str = "") -> Login:
+    """What ``connection`` logs in with now (a token provider may be asked: this may block)."""
+    if isinstance(credentials, TokenCredentials):
+        return Login("PLAIN", credentials.username, credentials.current(connection))
+    if isinstance(credentials, ExternalLogin):
+        return Login("EXTERNAL", credentials.username, "")
+    return Login("PLAIN", credentials.username, credentials.password)
+
+
+async def alogin(credentials: CredentialsLike, connection: str = "") -> Login:
+    """:func:`login` from async code, never blocking the event loop."""
+    if isinstance(credentials, TokenCredentials):
+        return Login("PLAIN", credentials.username, await credentials.acurrent(connection))
+    return login(credentials, connection)
+
+
+def watch(credentials: CredentialsLike, name: str, on_refresh: Callable[[str], Any]) -> Callable[[], None] | None:
+    """Hand every new token of ``credentials`` to ``on_refresh`` (None: these credentials never change)."""
+    if isinstance(credentials, TokenCredentials):
+        return credentials.watch(name, on_refresh)
+    return None
+
+
+# -- client certificates ---------------------------------------------------------------------------------------
+CertificateLike = ClientCertificate | Callable[[], ClientCertificate]
+_LOADED: weakref.WeakKeyDictionary[ssl.SSLContext, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+_LOADING = threading.Lock()
+
+
+def tls_context(context: ssl.SSLContext | None, certificate: CertificateLike | None) -> ssl.SSLContext | None:
+    """``context`` with the current client certificate loaded (when it changed: other paths, or the files
+    rewritten), for the next connection; connections already open keep the one they presented.
+
+    :raises ConfigurationError: no TLS context to present it in, or the provider answered no certificate.
+    :raises CertificateRejected: the files cannot be loaded (missing, not matching, wrong password).
+    """
+    if certificate is None:
+        return context
+    if context is None:
+        raise ConfigurationError("a client certificate needs TLS: give the Environment tls= as well")
+    current = certificate() if callable(certificate) and not isinstance(certificate, ClientCertificate) else certificate
+    if not isinstance(current, ClientCertificate):
+        raise ConfigurationError(
+            f"the client certificate provider returned {type(current).__name__}, not a ClientCertificate")
+    key_file = current.key_file if current.key_file is not None else current.cert_file
+    stamp = (os.fspath(current.cert_file), os.fspath(key_file), _mtime(current.cert_file), _mtime(key_file))
+    with _LOADING:
+        if _LOADED.get(context) != stamp:
+            from smartclient._errors import CertificateRejected
+
+            try:
+                context.load_cert_chain(current.cert_file, key_file, current.password)
+            except (OSError, ssl.SSLError) as exc:
+                raise CertificateRejected(
+                    f"the client certificate {os.fspath(current.cert_file)} (key {os.fspath(key_file)}) cannot be "
+                    f"loaded: {exc}") from exc
+            _LOADED[context] = stamp
+    return context
+
+
+def _mtime(path: Any) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
