@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from smartclient._errors import TestBedError
+from smartclient.testing.certificates import ca_fingerprint
 from smartclient.testing.chroot import RabbitChroot
 from smartclient.testing.layout import BrokerSpec, Layout
+from smartclient.testing.oauth import PUBLIC_KEY_FILE, oauth2_conf
 from smartclient.testing.processes import find_pids_with_env, kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
-__all__ = ["PLUGINS", "BrokerProcess", "render_rabbitmq_conf"]
+__all__ = ["PLUGINS", "BrokerProcess", "render_enabled_plugins", "render_rabbitmq_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -25,29 +27,45 @@ PLUGINS = (
     "rabbitmq_mqtt",
     "rabbitmq_federation",
     "rabbitmq_federation_management",
+    # the locked bed: OAuth2 tokens as passwords, and client certificates (SASL EXTERNAL)
+    "rabbitmq_auth_backend_oauth2",
+    "rabbitmq_auth_mechanism_ssl",
 )
 COOKIE = "SMARTCLIENT-TESTBED-COOKIE"
 # Idle schedulers must not spin: several nodes share two cores with the tests.
 ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 
-def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_dir: Path | None = None) -> str:
+def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_dir: Path | None = None,
+                         ca: str = "") -> str:
     """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot.
 
-    With ``tls_dir`` (as seen inside the chroot) the stream and MQTT TLS listeners are on too.  It does not set
+    With ``tls_dir`` (as seen inside the chroot) the stream, AMQP and MQTT TLS listeners are on too, and the
+    locked bed's ways in: OAuth2 tokens (the internal backend first, so guest/guest still works) and client
+    certificates (SASL EXTERNAL, the user being the certificate's common name; a client without a certificate
+    is still let in, for the open bed).  ``ca`` (the CA's fingerprint) goes into a comment, so that a node
+    restarts when its TLS material is new.  It does not set
     ``stream.advertised_tls_host``: RabbitMQ 4.0.5 (not 4.3) puts ``advertised_host`` (not the TLS host) with the
     TLS port into Metadata responses, while Open responses carry the TLS host, so setting only the TLS
     host gives one node two identities.  (See :meth:`LocalTestBed.advertise_hostnames` for the
     container case.)
     """
     tls = [
+        f"# TLS material: CA {ca or '?'}",
+        f"listeners.ssl.default = 127.0.0.1:{spec.amqp_tls_port}",
         f"stream.listeners.ssl.default = 127.0.0.1:{spec.stream_tls_port}",
         f"mqtt.listeners.ssl.default = 127.0.0.1:{spec.mqtt_tls_port}",
         f"ssl_options.cacertfile = {tls_dir}/ca.pem",
         f"ssl_options.certfile = {tls_dir}/{spec.short}.pem",
         f"ssl_options.keyfile = {tls_dir}/{spec.short}.key",
-        "ssl_options.verify = verify_none",
+        "ssl_options.verify = verify_peer",
         "ssl_options.fail_if_no_peer_cert = false",
+        "auth_mechanisms.1 = PLAIN",
+        "auth_mechanisms.2 = AMQPLAIN",
+        "auth_mechanisms.3 = EXTERNAL",
+        "ssl_cert_login_from = common_name",
+        "mqtt.ssl_cert_login = true",
+        *oauth2_conf(tls_dir / PUBLIC_KEY_FILE),
     ] if tls_dir is not None else []
     lines = [
         f"listeners.tcp.default = 127.0.0.1:{spec.amqp_port}",
@@ -67,6 +85,10 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
         *extra_lines,
     ]
     return "\n".join(lines) + "\n"
+
+
+def render_enabled_plugins() -> str:
+    return "[" + ",".join(PLUGINS) + "].\n"
 
 
 class BrokerProcess:
@@ -144,12 +166,15 @@ class BrokerProcess:
 
     def render_conf(self) -> str:
         return render_rabbitmq_conf(self.spec, [*self.layout.release.conf, *self.extra_conf],
-                                    tls_dir=self.layout.inner_base_dir / "tls")
+                                    tls_dir=self.layout.inner_base_dir / "tls",
+                                    ca=ca_fingerprint(self.layout.run_dir / "tls"))
 
     def config_current(self) -> bool:
-        """True if the node's config file is what this version of the test bed renders."""
-        path = self.host_dir / "rabbitmq.conf"
-        return path.exists() and path.read_text() == self.render_conf()
+        """True if the node's config file and plugin list are what this version of the test bed renders (a
+        running node reads both only at boot)."""
+        conf, plugins = self.host_dir / "rabbitmq.conf", self.host_dir / "enabled_plugins"
+        return (conf.exists() and conf.read_text() == self.render_conf()
+                and plugins.exists() and plugins.read_text() == render_enabled_plugins())
 
     def write_files(self) -> None:
         for sub in ("mnesia", "log"):
@@ -159,7 +184,7 @@ class BrokerProcess:
             cookie.write_text(COOKIE)
             cookie.chmod(0o400)
         (self.host_dir / "rabbitmq.conf").write_text(self.render_conf())
-        (self.host_dir / "enabled_plugins").write_text("[" + ",".join(PLUGINS) + "].\n")
+        (self.host_dir / "enabled_plugins").write_text(render_enabled_plugins())
 
     def start(self) -> None:
         """Start the node in the background (the Debian wrapper's ``-detached`` does not come up)."""

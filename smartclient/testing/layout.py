@@ -5,7 +5,8 @@ Pure arithmetic, no I/O.  Every port is ``base + slot * 100 + offset``:
 * slot 0 holds the round-robin load-balancer listeners, the DNS server and epmd;
 * slots 1..3 are the cluster nodes ``rabbit-1..3@localhost``;
 * slots 11..16 are the extra independent brokers ``broker-1..6@localhost``;
-* slots 20 and 21 hold the extra LB listeners (``random`` and ``source`` balance).
+* slots 20..22 hold the extra LB listeners (``random``, ``source`` and ``random1`` balance);
+* slot 23 holds the SNI frontends: one TLS port per protocol, routed to the node the client names in its SNI.
 
 With the default base 20000, rabbit-2's stream port is 20252 and the
 round-robin LB's stream port is 20052.  The default stays below Linux's
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_RELEASE",
     "PROTOCOL_OFFSETS",
     "RELEASES",
+    "SNI_PROTOCOLS",
     "BrokerSpec",
     "Layout",
     "Release",
@@ -65,7 +67,7 @@ RELEASES: dict[str, Release] = {
 }
 DEFAULT_RELEASE = "4.3"
 #: every port of the test bed lies in [base, base + PORT_SPAN)
-PORT_SPAN = 2300
+PORT_SPAN = 2400
 CLUSTER_SIZE = 3
 MAX_EXTRA_BROKERS = 6
 
@@ -74,6 +76,7 @@ PROTOCOL_OFFSETS: dict[str, int] = {
     "stream": 52,
     "stream_tls": 51,
     "amqp": 72,
+    "amqp_tls": 71,
     "mqtt": 83,
     "mqtt_tls": 82,
     "management": 15,
@@ -85,6 +88,9 @@ BALANCE_SLOTS: dict[str, int] = {"roundrobin": 0, "random": 20, "source": 21, "r
 #: ``random1`` draws once, so it spreads unevenly, as a plain random load balancer does)
 BALANCE_EXPRESSIONS: dict[str, str] = {"random1": "random(1)"}
 LB_PROTOCOLS = ("stream", "stream_tls", "amqp", "mqtt", "mqtt_tls")
+#: the TLS listeners the SNI frontends route; their slot
+SNI_PROTOCOLS = ("stream_tls", "amqp_tls", "mqtt_tls")
+SNI_SLOT = 23
 
 
 def release_named(line: str) -> Release:
@@ -131,6 +137,10 @@ class BrokerSpec:
     @property
     def amqp_port(self) -> int:
         return self.port("amqp")
+
+    @property
+    def amqp_tls_port(self) -> int:
+        return self.port("amqp_tls")
 
     @property
     def mqtt_port(self) -> int:
@@ -244,3 +254,9 @@ class Layout:
                 f"unsupported LB balance {balance!r}; use one of {tuple(BALANCE_SLOTS)}"
             )
         return self.base + BALANCE_SLOTS[balance] * 100 + PROTOCOL_OFFSETS[protocol]
+
+    def sni_port(self, protocol: str) -> int:
+        """The SNI frontend's port for ``stream_tls``, ``amqp_tls`` or ``mqtt_tls``."""
+        if protocol not in SNI_PROTOCOLS:
+            raise ConfigurationError(f"no SNI frontend for protocol {protocol!r}; use one of {SNI_PROTOCOLS}")
+        return self.base + SNI_SLOT * 100 + PROTOCOL_OFFSETS[protocol]

@@ -5,6 +5,13 @@ Each listener is named ``<protocol>_<balance>`` (``stream_roundrobin``,
 after the node (``rabbit-1``).  Faults go through the admin socket
 (``disable server``, ``set server ... state maint``), and the sessions each
 listener opened are read from ``show stat``.
+
+The SNI frontends (``sni_stream_tls``, ``sni_amqp_tls``, ``sni_mqtt_tls``) pass TLS through, unopened, to the
+node whose name the client's ClientHello carries (``rabbit-N.smartclient.test``, which the node's certificate
+names), each to a backend of its own (``sni_<protocol>_<node>``, one server named after the node), as an ingress
+in front of a cluster on Kubernetes does.  There is one frontend per protocol because a node's name routes the
+same way for every protocol, so the name alone cannot also pick the protocol; ALPN could, but stream and AMQP
+clients send none.  There is no default backend: a name the frontend does not know is refused.
 """
 
 from __future__ import annotations
@@ -20,10 +27,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from smartclient._errors import PrerequisiteMissing, TestBedError
-from smartclient.testing.layout import BALANCE_EXPRESSIONS, LB_PROTOCOLS, BrokerSpec, Layout
+from smartclient.testing.layout import BALANCE_EXPRESSIONS, LB_PROTOCOLS, SNI_PROTOCOLS, BrokerSpec, Layout
 from smartclient.testing.processes import kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
-__all__ = ["HAProxy", "render_haproxy_config"]
+__all__ = ["HAProxy", "render_haproxy_config", "sni_backend", "sni_frontend"]
 
 DEFAULT_LISTENERS = frozenset((protocol, "roundrobin") for protocol in LB_PROTOCOLS)
 
@@ -61,7 +68,33 @@ def render_haproxy_config(
             for node in nodes
         ]
         out.append("")
+    for protocol in SNI_PROTOCOLS:
+        out += [
+            f"frontend {sni_frontend(protocol)}",
+            f"    bind 127.0.0.1:{layout.sni_port(protocol)}",
+            "    tcp-request inspect-delay 5s",
+            "    tcp-request content accept if { req_ssl_hello_type 1 }",
+        ]
+        out += [f"    use_backend {sni_backend(protocol, node.short)} if {{ req.ssl_sni -i {node.tls_name} }}"
+                for node in nodes]
+        out.append("")
+        for node in nodes:
+            out += [
+                f"backend {sni_backend(protocol, node.short)}",
+                f"    server {node.short} 127.0.0.1:{node.port(protocol)} check inter 1s fall 2 rise 2",
+                "",
+            ]
     return "\n".join(out)
+
+
+def sni_frontend(protocol: str) -> str:
+    """``sni_stream_tls`` for ``stream_tls``: the SNI frontend of a TLS listener."""
+    return f"sni_{protocol}"
+
+
+def sni_backend(protocol: str, node: str) -> str:
+    """``sni_stream_tls_rabbit-2``: the backend the SNI frontend of ``protocol`` routes ``node``'s name to."""
+    return f"sni_{protocol}_{node.split('@', 1)[0]}"
 
 
 class HAProxy:
@@ -125,8 +158,9 @@ class HAProxy:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise TestBedError(f"haproxy failed to start (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+        ports = [self.layout.lb_port(p, b) for p, b in wanted] + [self.layout.sni_port(p) for p in SNI_PROTOCOLS]
         wait_until(
-            lambda: all(port_accepts(self.layout.lb_port(p, b)) for p, b in wanted),
+            lambda: all(port_accepts(port) for port in ports),
             10,
             "HAProxy to listen",
         )
@@ -193,6 +227,49 @@ class HAProxy:
             if row["pxname"] == listener and row["svname"] == "FRONTEND":
                 return int(row["stot"] or 0)
         raise TestBedError(f"HAProxy has no listener named {listener!r}")
+
+    # -- the SNI frontends ----------------------------------------------------------------
+    def _sni_server(self, node: str, protocol: str) -> str:
+        short = node.split("@", 1)[0]
+        return f"{sni_backend(protocol, short)}/{short}"
+
+    def _sni_command(self, line: str, accepted: tuple[str, ...] = ()) -> None:
+        answer = self.command(line).strip()
+        if answer and not any(word in answer for word in accepted):
+            raise TestBedError(f"HAProxy refused `{line}`: {answer}")
+
+    def disable_sni_route(self, node: str, protocol: str) -> None:
+        """Put ``node``'s server in the SNI backend of ``protocol`` in maintenance: its name is refused."""
+        self._sni_command(f"disable server {self._sni_server(node, protocol)}")
+
+    def enable_sni_route(self, node: str, protocol: str) -> None:
+        self._sni_command(f"enable server {self._sni_server(node, protocol)}")
+
+    def route_sni_to(self, node: str, protocol: str, port: int) -> None:
+        """Send what the SNI frontend of ``protocol`` routes for ``node``'s name to ``127.0.0.1:port`` instead."""
+        self._sni_command(f"set server {self._sni_server(node, protocol)} addr 127.0.0.1 port {port}",
+                          accepted=("changed", "no need to change"))
+
+    def restore_sni_routes(self) -> None:
+        """Every SNI route back to its own node, and in service."""
+        for protocol in SNI_PROTOCOLS:
+            for node in self.nodes:
+                self.route_sni_to(node.short, protocol, node.port(protocol))
+                self._sni_command(f"set server {self._sni_server(node.short, protocol)} state ready")
+
+    def sni_sessions(self, protocol: str) -> dict[str, int]:
+        """Sessions the SNI frontend of ``protocol`` accepted (``"frontend"``) and each node's backend took
+        (``"rabbit-1"``...), so far (``stot``); a refused name counts for the frontend only."""
+        counts: dict[str, int] = {}
+        backends = {sni_backend(protocol, node.short): node.short for node in self.nodes}
+        for row in self.stats():
+            if row["pxname"] == sni_frontend(protocol) and row["svname"] == "FRONTEND":
+                counts["frontend"] = int(row["stot"] or 0)
+            elif row["pxname"] in backends and row["svname"] == "BACKEND":
+                counts[backends[row["pxname"]]] = int(row["stot"] or 0)
+        if "frontend" not in counts:
+            raise TestBedError(f"HAProxy has no SNI frontend for {protocol!r}")
+        return counts
 
     def server_states(self) -> dict[str, dict[str, str]]:
         """``{listener: {server: status}}``, status as HAProxy says it (UP, DOWN, MAINT...)."""

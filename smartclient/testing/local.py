@@ -24,11 +24,13 @@ from smartclient._errors import ManagementError, PrerequisiteMissing, TestBedErr
 from smartclient.testing.broker import BrokerProcess
 from smartclient.testing.certificates import ensure_certificates
 from smartclient.testing.chroot import RabbitChroot
-from smartclient.testing.layout import PORT_SPAN, BrokerSpec, Layout
-from smartclient.testing.loadbalancer import HAProxy
+from smartclient.testing.layout import PORT_SPAN, SNI_PROTOCOLS, BrokerSpec, Layout
+from smartclient.testing.loadbalancer import HAProxy, sni_backend, sni_frontend
+from smartclient.testing.locked import LockedLocalBed
 from smartclient.testing.nameserver import ZONE, DnsServer
+from smartclient.testing.oauth import ensure_signing_key
 from smartclient.testing.processes import ephemeral_port_range, port_is_free, wait_until
-from smartclient.testing.testbed import Node, TestBed
+from smartclient.testing.testbed import Node
 
 __all__ = ["LocalTestBed", "UpReport"]
 
@@ -55,10 +57,10 @@ def _node(spec: BrokerSpec) -> Node:
     return Node(spec.name, "127.0.0.1", spec.stream_port, spec.amqp_port, spec.mqtt_port,
                 spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port,
                 stream_tls_port=spec.stream_tls_port, advertised_tls_host="localhost",
-                mqtt_tls_port=spec.mqtt_tls_port)
+                mqtt_tls_port=spec.mqtt_tls_port, amqp_tls_port=spec.amqp_tls_port)
 
 
-class LocalTestBed(TestBed):
+class LocalTestBed(LockedLocalBed):
     kind = "local"
 
     def __init__(self, layout: Layout) -> None:
@@ -115,6 +117,7 @@ class LocalTestBed(TestBed):
         if not self.haproxy.running():
             for protocol, balance in sorted(self.haproxy.listeners()):
                 wanted.append((self.layout.lb_port(protocol, balance), f"the {protocol} {balance} LB listener"))
+            wanted += [(self.layout.sni_port(p), f"the {p} SNI frontend") for p in SNI_PROTOCOLS]
         if not self.dns.running():
             wanted.append((self.layout.dns_port, "the DNS server"))
         for port, what in wanted:
@@ -136,6 +139,7 @@ class LocalTestBed(TestBed):
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         all_specs = [*self.layout.nodes, *(self.layout.extra_broker(i) for i in range(1, 7))]
         ensure_certificates(self.layout.run_dir / "tls", all_specs)
+        ensure_signing_key(self.layout.run_dir / "tls")
 
         t = time.monotonic()
         report.reused = self._ensure_cluster(report.actions)
@@ -276,6 +280,10 @@ class LocalTestBed(TestBed):
                 name = f"{protocol}_{balance}"
                 lb.append({"name": name, "address": f"127.0.0.1:{self.layout.lb_port(protocol, balance)}",
                            "backends": states.get(name, {})})
+            for protocol in SNI_PROTOCOLS:  # one backend per node, each of one server
+                lb.append({"name": sni_frontend(protocol), "address": f"127.0.0.1:{self.layout.sni_port(protocol)}",
+                           "backends": {b.spec.short: states.get(sni_backend(protocol, b.spec.short), {}).get(
+                               b.spec.short, "?") for b in self.brokers}})
         dns = {"address": f"127.0.0.1:{self.layout.dns_port}",
                "state": "running" if self.dns.running() else "stopped",
                "zone": ZONE, "records": len(self.dns.records())}
@@ -523,6 +531,7 @@ class LocalTestBed(TestBed):
         for protocol, balance in self.haproxy.listeners():
             for b in self.brokers:
                 self.haproxy.set_ready(b.spec.name, f"{protocol}_{balance}")
+        self._heal_locks()
         if not self.dns.running():
             self.dns.start()
         self.dns.reset_records()

@@ -16,11 +16,15 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import FaultUnavailable
 from smartclient.management import ManagementClient
+from smartclient.testing.certificates import ClientCertificate
 from smartclient.testing.processes import wait_until
+
+if TYPE_CHECKING:
+    from smartclient.testing.oauth import TokenAuthority
 
 __all__ = ["Node", "TestBed"]
 
@@ -40,6 +44,7 @@ class Node:
     stream_tls_port: int = 0  # 0: no TLS listener
     advertised_tls_host: str = ""
     mqtt_tls_port: int = 0  # 0: no TLS listener
+    amqp_tls_port: int = 0  # 0: no TLS listener
 
     @property
     def short(self) -> str:
@@ -48,7 +53,7 @@ class Node:
     def port(self, protocol: str) -> int:
         ports = {"stream": self.stream_port, "amqp": self.amqp_port, "mqtt": self.mqtt_port,
                  "management": self.management_port, "stream_tls": self.stream_tls_port,
-                 "mqtt_tls": self.mqtt_tls_port}
+                 "mqtt_tls": self.mqtt_tls_port, "amqp_tls": self.amqp_tls_port}
         return ports[protocol]
 
     @property
@@ -161,6 +166,43 @@ class TestBed:
                           interval=0.2)
         assert name is not None  # wait_until returns only a true value
         return name
+
+    # -- the locked bed: tokens, client certificates, SNI (a local test bed overrides them) --
+    @property
+    def tokens(self) -> TokenAuthority:
+        """The identity provider whose tokens (RS256 JWTs) every node accepts as passwords."""
+        raise self._unavailable("mint OAuth2 tokens (it has no identity provider of its own)")
+
+    def client_certificate(self, common_name: str = "smartclient-client") -> ClientCertificate:
+        """The current client certificate for ``common_name`` from the bed's CA (issued on first use), for SASL
+        EXTERNAL; the broker user of that name exists (no password, full permissions on ``/``)."""
+        raise self._unavailable(f"issue a client certificate for {common_name!r}")
+
+    def rotate_client_certificate(self, common_name: str = "smartclient-client") -> ClientCertificate:
+        """The fault "a certificate rotated": a new certificate for ``common_name`` (new key pair and serial, new
+        files), which :meth:`client_certificate` returns from now on; the old one stays valid."""
+        raise self._unavailable(f"rotate the client certificate of {common_name!r}")
+
+    def sni(self, protocol: str = "stream") -> tuple[str, int]:
+        """The SNI frontend of ``stream``, ``amqp`` or ``mqtt`` (their TLS listeners): the node a connection
+        lands on is the one its SNI names (``rabbit-N.smartclient.test``); an unknown name is refused."""
+        raise self._unavailable(f"route {protocol} by SNI")
+
+    def sni_route_down(self, node: str, protocol: str = "stream") -> None:
+        raise self._unavailable(f"take the SNI route to {node} down")
+
+    def sni_route_up(self, node: str, protocol: str = "stream") -> None:
+        raise self._unavailable(f"bring the SNI route to {node} up")
+
+    def sni_misroute(self, node: str, to_node: str, protocol: str = "stream") -> None:
+        raise self._unavailable(f"misroute the SNI name of {node}")
+
+    def sni_route_restore(self, node: str, protocol: str = "stream") -> None:
+        raise self._unavailable(f"restore the SNI route to {node}")
+
+    def sni_sessions(self, protocol: str = "stream") -> dict[str, int]:
+        """Sessions the SNI frontend of ``protocol`` took so far: ``{"frontend": n, "rabbit-1": n, ...}``."""
+        raise self._unavailable(f"count the SNI sessions of {protocol}")
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

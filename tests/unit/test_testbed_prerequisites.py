@@ -110,7 +110,7 @@ def test_ports_inside_the_ephemeral_range_are_refused(monkeypatch: pytest.Monkey
     from smartclient.testing import local
 
     monkeypatch.setattr(local, "ephemeral_port_range", lambda: (32768, 60999))
-    with pytest.raises(PrerequisiteMissing, match=r"inside the kernel's ephemeral range 32768-60999.*below 30468"):
+    with pytest.raises(PrerequisiteMissing, match=r"inside the kernel's ephemeral range 32768-60999.*below 30368"):
         _bed(tmp_path, base=31000).check_prerequisites()
     assert Layout(base=20000).overlaps(32768, 60999) is False
     assert Layout(base=30500).overlaps(32768, 60999) is True
