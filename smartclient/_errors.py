@@ -295,3 +295,7 @@ class PrerequisiteMissing(TestBedError):
 
 class FaultUnavailable(TestBedError):
     """This test bed cannot inject the requested fault (for example an external cluster)."""
+
+
+#: the connection failures another node (or entry point) would only repeat: raised at once, never retried elsewhere
+REFUSALS: tuple[type[ConnectionFailed], ...] = (AuthenticationFailed, CertificateRejected, TokenProviderFailed)

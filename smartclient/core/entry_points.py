@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from smartclient._errors import AuthenticationFailed, CertificateRejected, ConnectionFailed
+from smartclient._errors import REFUSALS, ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.landing import Attempt, summarise
 
@@ -55,7 +55,7 @@ class EntryPoints:
 
         :raises BaseException: ``error`` itself, when another entry point would only repeat it.
         """
-        if not isinstance(error, ConnectionFailed) or isinstance(error, AuthenticationFailed | CertificateRejected):
+        if not isinstance(error, ConnectionFailed) or isinstance(error, REFUSALS):
             raise error
         self._last_error = error
         self.attempts.append(Attempt(entry, dialled, None, f"failed: {type(error).__name__}: {error}"))

@@ -15,22 +15,17 @@ import inspect
 import itertools
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from smartclient import _otel, credentials
-from smartclient._errors import (
-    AuthenticationFailed,
-    CertificateRejected,
-    ConnectionFailed,
-    ResolutionError,
-    SmartClientError,
-)
+from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Shared
+from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Reject, RoutedStep, Shared
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, PoolLimits
 from smartclient.core.topology import Candidates
@@ -130,6 +125,8 @@ class StreamConnector:
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
         self.dialled: dict[Address, Address] = {}
         self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
+        #: every client this connector opened and someone still holds (the locator too): a new token goes to each
+        self._logged_in: weakref.WeakSet[Any] = weakref.WeakSet()
         self.secret_updates = 0  # connections that took a refreshed token
         self.secret_failures = 0  # connections that did not (refused, or lost on the way)
 
@@ -196,6 +193,7 @@ class StreamConnector:
             raise ConnectionFailed(f"{dialled} did not report advertised_host/advertised_port in its Open response")
         conn = Connection(client, node, dialled, connection_name, max_ids=self.limits.max_streams_per_connection)
         _rstream.attach(client, conn)
+        self._logged_in.add(client)
         holder["conn"] = conn
         self.connections.add(conn)
         return conn
@@ -221,14 +219,14 @@ class StreamConnector:
         that token's expiry, when recovery takes over)."""
         username = self.settings.credentials.username
         done = 0
-        for conn in list(self.connections):
-            if conn.closed or not conn.alive():
+        for client in list(self._logged_in):
+            if not client.is_connection_alive():
                 continue
             try:
-                await asyncio.wait_for(_rstream.update_secret(conn.client, username, token), SECRET_UPDATE_TIMEOUT)
+                await asyncio.wait_for(_rstream.update_secret(client, username, token), SECRET_UPDATE_TIMEOUT)
             except (SmartClientError, asyncio.TimeoutError) as exc:
                 self.secret_failures += 1
-                log.warning("connection %s to %s kept its old token: %s", conn.name, conn.node, exc)
+                log.warning("connection %s kept its old token: %s", _rstream.identity(client)[1], exc)
             else:
                 done += 1
         self.secret_updates += done
@@ -241,7 +239,9 @@ class StreamConnector:
         offered again (see :class:`~smartclient.core.landing.Placement`).
 
         :raises PlacementError: the retry policy ran out (``NodeUnreachable`` when attempts kept landing
-            on other nodes); the error lists every attempt.
+            on other nodes); the error lists every attempt.  Through an SNI ingress, a connection that reports
+            another node than the one it named is misrouted: closed, counted in ``mismatches["misrouted"]``, a
+            failed attempt (:class:`Misrouted`, the final error's cause if it was the last).
         :raises AuthenticationFailed: at once, without retrying (and so :class:`CertificateRejected`).
         :raises ResolutionError: the resolver failed or the allow-list refused the address.
         """
@@ -249,7 +249,7 @@ class StreamConnector:
         bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
         plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking,
                                                 shared=Shared(shared))
-        step = plan.start()
+        step: RoutedStep[Connection] = plan.start()
         while True:
             if isinstance(step, Done):
                 if step.shared:
@@ -273,16 +273,26 @@ class StreamConnector:
                 await self.park(step.connection)
                 step = plan.next()
                 continue
+            if isinstance(step, Reject):  # an SNI ingress sent it to another node: never used as that node
+                log.warning("connection misrouted: expected %s, got %s, candidates %s: %s", candidates.tiers[0],
+                            step.connection.node, candidates, step.error)
+                self.mismatches["misrouted"] += 1
+                await self.close_connection(step.connection)
+                step = plan.next()
+                continue
             if step.delay:
                 await asyncio.sleep(step.delay)
             try:
-                conn = await self.dial(step.target, name)
-            except (AuthenticationFailed, CertificateRejected, ResolutionError):
+                with self.resolution.certificate_check(step.target):
+                    conn = await self.dial(step.target, name)
+            except ResolutionError:
                 raise  # another node, or the same one again, would repeat it
+            except REFUSALS:
+                raise
             except ConnectionFailed as exc:
                 step = plan.failed(step.target, self.dialled.get(step.target), exc)
             else:
-                step = plan.landed(step.target, conn.dialled, conn.node, conn)
+                step = plan.landed(step.target, conn.dialled, conn.node, conn, self.resolution.routed(step.target))
             self._attempted(plan.landing.attempts[-1])
 
     def _attempted(self, attempt: Attempt) -> None:
@@ -343,7 +353,7 @@ async def _first_opened(dials: list[asyncio.Future[Connection]], connector: Stre
                 if error is None:
                     pending |= done - {task}
                     return task.result()
-                if isinstance(error, (AuthenticationFailed, CertificateRejected, ResolutionError)):
+                if isinstance(error, (*REFUSALS, ResolutionError)):
                     raise error
                 failures.append(error)
         raise failures[0]

@@ -66,8 +66,8 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "exceptions.VirtualHostAccessFailure", "schema.PublishConfirm", "schema.PublishError", "schema.MetadataUpdate",
     "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
-    "schema.OffsetSpecification", "encoding.decode_frame", "schema.SaslHandshake", "schema.SaslHandshakeResponse",
-    "schema.SaslAuthenticate", "schema.SaslAuthenticateResponse", "schema.PublishingError", "schema.SubEntryChunk",
+    "schema.OffsetSpecification", "encoding.decode_frame", "schema.SaslAuthenticate", "schema.SaslAuthenticateResponse",
+    "schema.PublishingError", "schema.SubEntryChunk",
     "connection.ConnectionClosed",
 )
 """The public names of rstream the seam imports or uses."""

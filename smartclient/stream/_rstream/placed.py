@@ -345,9 +345,9 @@ def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) 
 def new_carrier(role: Role, host: StreamHost, settings: ClientSettings, entry: Address, name: str,
                 limit: int) -> Any:
     """An rstream Producer (or Consumer) whose connections ``host`` places and whose losses it is told of."""
-    creds = settings.credentials
+    # rstream's own pool never dials (the placed pool does, logging in through smartclient.credentials)
     kwargs: dict[str, Any] = dict(
-        host=entry.host, port=entry.port, username=creds.username, password=creds.password, vhost=settings.vhost,
+        host=entry.host, port=entry.port, username=settings.credentials.username, password="", vhost=settings.vhost,
         ssl_context=settings.tls, frame_max=settings.frame_max, heartbeat=settings.heartbeat, connection_name=name)
     carrier: PlacedProducer | PlacedConsumer
     if role is Role.PRODUCER:

@@ -252,9 +252,9 @@ def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLCo
 
 
 async def update_secret(client: Any, username: str, secret: str) -> None:
-    """Hand an open connection a new secret (a refreshed token): SaslHandshake and SaslAuthenticate again on
-    it, which the broker takes as a secret update (rabbitmq-server #9187, as the .NET client's
-    ``UpdateSecret``); no Tune or Open follows.
+    """Hand an open connection a new secret (a refreshed token): SaslAuthenticate again on it, which the broker
+    takes as a secret update (rabbitmq-server #9187; the Java client's renewal does the same).  No SaslHandshake
+    before it: on an open connection the broker answers one with Close "unknown frame".
 
     :raises TokenRefused: the broker refused the secret (the connection keeps the old one).
     :raises ConnectionFailed: the connection failed on the way.
@@ -264,11 +264,6 @@ async def update_secret(client: Any, username: str, secret: str) -> None:
     context = f"updating the secret of {client._client_properties['connection_name']}"
     try:
         with map_stream_errors(context):
-            handshake = await client.sync_request(
-                schema.SaslHandshake(correlation_id=client._corr_id_seq.next()),
-                resp_schema=schema.SaslHandshakeResponse)
-            if "PLAIN" not in handshake.mechanisms:
-                raise TokenRefused(f"{context}: the broker offers {handshake.mechanisms}, not PLAIN")
             await client.sync_request(
                 schema.SaslAuthenticate(client._corr_id_seq.next(), mechanism="PLAIN",
                                         data=b"\0" + username.encode() + b"\0" + secret.encode()),
