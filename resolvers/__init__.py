@@ -8,6 +8,7 @@ callable works, sync or async; the built-ins are:
 * :class:`StaticMap` remaps advertised ``host[:port]`` from a table (containers, NAT);
 * :class:`DnsResolver` resolves names through chosen name servers, caching by TTL;
 * :class:`LoadBalancer` always dials the LB (the node is then checked, not assumed);
+* :class:`SniRouter` dials a TLS ingress that routes by SNI, sending the target node's name (checked too);
 * :class:`Chain` applies several in order.
 
 :class:`SrvDiscovery` finds entry points, and :class:`AllowList` bounds where
@@ -23,6 +24,7 @@ from .chain import Chain
 from .dns_resolver import DnsResolver
 from .identity import Identity
 from .load_balancer import LoadBalancer
+from .sni import SniRouter
 from .srv import SrvDiscovery
 from .static_map import StaticMap
 
@@ -34,6 +36,7 @@ __all__ = [
     "LoadBalancer",
     "Resolver",
     "ResolverLike",
+    "SniRouter",
     "SrvDiscovery",
     "StaticMap",
     "as_async",

@@ -8,8 +8,10 @@ thread unless they declare ``blocking = False`` (the built-in pure resolvers do)
 TLS naming is the contract's one optional addition (:class:`NamesTls`): a resolver that sends connections
 somewhere whose certificate carries another name (a load balancer names itself) says so with
 ``tls_name(address) -> str | None``.  Without it, smartclient's rule decides (see
-:mod:`smartclient.core.tls_names`).  Where the answer is used, and the node check that follows every
-connection, live in smartclient (:mod:`smartclient.resolution`), never in a resolver.
+:mod:`smartclient.core.tls_names`).  A resolver that routes by that name instead (an SNI ingress,
+:class:`RoutesByName`) gives the name of a *node*, ``sni_name(node) -> str``; smartclient hands it the node's
+name and checks that each connection reached that node.  Where the answer is used, and the node check that
+follows every connection, live in smartclient (:mod:`smartclient.resolution`), never in a resolver.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from smartclient._errors import ResolutionError, SmartClientError
 from smartclient.core.address import Address
-from smartclient.core.tls_names import NamesTls
+from smartclient.core.tls_names import NamesTls, RoutesByName
 
-__all__ = ["AsyncResolve", "ListensPerProtocol", "NamesTls", "Resolver", "ResolverLike", "as_async", "coerce_address"]
+__all__ = ["AsyncResolve", "ListensPerProtocol", "NamesTls", "Resolver", "ResolverLike", "RoutesByName", "as_async",
+           "coerce_address"]
 
 
 @runtime_checkable
@@ -35,8 +38,8 @@ class Resolver(Protocol):
 
 @runtime_checkable
 class ListensPerProtocol(Protocol):
-    """A resolver that sends every connection to one place with a listener per protocol (a load balancer):
-    ``address_for("amqp")`` is where AMQP connections go, None if it has no such listener."""
+    """A resolver that sends every connection to one place with a listener per protocol (a load balancer, an SNI
+    ingress): ``address_for("amqp")`` is where AMQP connections go, None if it has no such listener."""
 
     def address_for(self, protocol: str) -> Address | None: ...
 

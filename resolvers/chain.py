@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from smartclient._errors import ConfigurationError
 from smartclient.core import validation
 from smartclient.core.address import Address
 
-from .base import NamesTls, ResolverLike, as_async
+from .base import NamesTls, ResolverLike, RoutesByName, as_async
 
 __all__ = ["Chain"]
 
@@ -16,6 +17,10 @@ class Chain:
     def __init__(self, *resolvers: ResolverLike) -> None:
         for i, step in enumerate(resolvers):
             validation.resolver(f"resolver {i} of the Chain", step, optional=False)
+            if isinstance(step, RoutesByName):
+                raise ConfigurationError(
+                    f"resolver {i} of the Chain, {step!r}, decides both where every connection goes and the name it "
+                    f"sends, and the node checks depend on it: give it as the resolver itself, not in a Chain")
         self.resolvers = resolvers
         self._steps = [as_async(r) for r in resolvers]
 

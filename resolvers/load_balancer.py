@@ -5,7 +5,7 @@ from __future__ import annotations
 from smartclient.core.address import Address
 from smartclient.core.validation import instance, whole
 
-__all__ = ["LoadBalancer"]
+__all__ = ["LoadBalancer", "listener"]
 
 
 class LoadBalancer:
@@ -31,16 +31,7 @@ class LoadBalancer:
         for option, protocol, value in (("amqp", "amqp", amqp), ("mqtt", "mqtt", mqtt),
                                         ("mqtt_tls", "mqtt/ssl", mqtt_tls)):
             if value is not None:
-                self.listeners[protocol] = self._listener(option, value)
-
-    def _listener(self, option: str, value: int | str | Address) -> Address:
-        if isinstance(value, Address):
-            return value
-        if isinstance(value, str):
-            return Address.parse(value)
-        whole(f"the load balancer's {option} listener", value, low=1, high=65535,
-              note="a port on the same host; or 'host:port', or an Address")
-        return Address(self.address.host, value)
+                self.listeners[protocol] = listener(self.address, f"the load balancer's {option} listener", value)
 
     def address_for(self, protocol: str) -> Address | None:
         """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``mqtt``, ``mqtt/ssl``), if it has one."""
@@ -62,3 +53,15 @@ class LoadBalancer:
     def __repr__(self) -> str:
         extra = "".join(f", {k.replace('/ssl', '_tls')}={str(v)!r}" for k, v in self.listeners.items() if k != "stream")
         return f"LoadBalancer({str(self.address)!r}{extra})"
+
+
+def listener(main: Address, what: str, value: int | str | Address) -> Address:
+    """Another listener of the place at ``main``: a port on the same host, ``'host:port'`` or an Address.
+
+    :raises ConfigurationError: anything else, naming ``what``."""
+    if isinstance(value, Address):
+        return value
+    if isinstance(value, str):
+        return Address.parse(value)
+    whole(what, value, low=1, high=65535, note="a port on the same host; or 'host:port', or an Address")
+    return Address(main.host, value)

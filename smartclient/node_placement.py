@@ -5,7 +5,10 @@ client-provided ``connection_name``, MQTT's client id); the management API lists
 and their node, so a connection through a load balancer is checked, and kept or closed and retried, by
 the same :class:`~smartclient.core.landing.Placement` loop as stream connections.  Directly, the
 node's listener (from ``/api/overview``, from given entry points, or from DNS SRV) goes through the
-resolver and the allow-list, like any address.
+resolver and the allow-list, like any address.  Through an SNI ingress (:class:`resolvers.SniRouter`) each
+connection sends its node's Erlang name through the SNI rule and is checked like one through a load balancer,
+but one that reached another node is misrouted: closed, counted (:attr:`NodePlacer.misrouted`), logged, and the
+next candidate tried.
 
 :class:`NodePlacer` is the protocol-free part; :class:`~smartclient.amqp.placement.AmqpPlacer` and
 :class:`~smartclient.mqtt.placement.MqttPlacer` say how to dial, close and name a connection.
@@ -36,7 +39,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from smartclient.core.entry_points import EntryPoints
-from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement
+from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement, Reject, RoutedStep
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
 from smartclient.core.topology import Candidates, Role
@@ -124,6 +127,8 @@ class NodePlacer(Generic[C]):
         self.resolution = Resolution(resolver, allow, tls=tls is not None, tls_override=tls_server_name,
                                      protocol=getattr(self, "protocol", None))
         self.lb = self.resolution.lb  #: the load balancer's listener every connection dials, if any (then checked)
+        self.resolution.node_named = self._node_at  # an SNI rule is given the node's name, not its listener's host
+        self.misrouted = 0  #: connections an SNI ingress sent to another node than the one they named (closed)
         self.resolver = self.resolution.resolver
         self.identify_timeout = identify_timeout
         self.entry_points = entry_points
@@ -246,6 +251,10 @@ class NodePlacer(Generic[C]):
         management API's connection listing (a protocol may know a quicker way)."""
         return self._listing(name, None, newer_than)
 
+    def _node_at(self, target: Address) -> str | None:
+        """The name of the node whose listener ``target`` is, from the nodes read so far (none read: None)."""
+        return next((n.name for n in self._nodes or () if n.listeners.get(self.protocol) == target), None)
+
     def route(self, target: Address) -> Route:
         """Where a connection aimed at ``target`` goes: what to dial and which name TLS verifies."""
         return self.resolution.route_sync(target)
@@ -261,7 +270,11 @@ class NodePlacer(Generic[C]):
 
         :raises NoCandidateNode: no such node, or it has no listener for this protocol.
         :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
+        :raises PlacementError: through an SNI ingress, every attempt failed (the last one's error is its cause:
+            :class:`Misrouted` when the ingress sent it to another node).
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
+        :raises CertificateRejected: the certificate did not verify (through an SNI ingress, the message says the
+            ingress may have misrouted the connection).
         """
         if node is None and self.lb is None and self.management is None and self.entry_points is not None:
             # any node, no way (and no need) to ask which: the first entry point that answers
@@ -276,7 +289,7 @@ class NodePlacer(Generic[C]):
         kept: KeptList[Landed[C]] = KeptList()
         plan: Placement[Landed[C]] = Placement(candidates, self.retry, kept if self.keep_fallbacks else None)
         seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
-        step = plan.start()
+        step: RoutedStep[Landed[C]] = plan.start()
         try:
             while True:
                 if isinstance(step, Done):
@@ -291,18 +304,28 @@ class NodePlacer(Generic[C]):
                         self._close(step.connection.connection)
                     step = plan.next()
                     continue
+                if isinstance(step, Reject):  # an SNI ingress sent it elsewhere: never used as the node it reached
+                    self.misrouted += 1
+                    log.warning("%s connection misrouted: expected %s, got %s, candidates %s: %s", self.protocol,
+                                candidates.tiers[0], step.connection.node, candidates, step.error)
+                    self._close(step.connection.connection)
+                    step = plan.next()
+                    continue
                 if step.delay:
                     time.sleep(step.delay)
+                wanted = by_address[step.target].name
                 try:
-                    landed = self._open(step.target, by_address, name, seen)
+                    with self.resolution.certificate_check(step.target, wanted):
+                        landed = self._open(step.target, by_address, name, seen)
                 except (AuthenticationFailed, CertificateRejected, ResolutionError):
                     raise
                 except ConnectionFailed as exc:
-                    step = plan.failed(step.target, self.lb or step.target, exc)
+                    step = plan.failed(step.target, self.resolution.listener or step.target, exc)
                     continue
                 seen = max(seen, landed.listed_at)
                 reported = pick_node(nodes, str(landed.node)).address(self.protocol)
-                step = plan.landed(step.target, landed.dialled, reported, landed)
+                routed = self.resolution.routed(step.target, wanted, landed.node)
+                step = plan.landed(step.target, landed.dialled, reported, landed, routed)
         finally:
             for landed in kept.drain():
                 self._close(landed.connection)
@@ -312,7 +335,8 @@ class NodePlacer(Generic[C]):
         while (address := entries.next_entry()) is not None:
             dialled = self.resolve(address)
             try:
-                connection = self._dial(address, dialled, name or self._new_name(self.protocol))
+                with self.resolution.certificate_check(address):
+                    connection = self._dial(address, dialled, name or self._new_name(self.protocol))
             except SmartClientError as exc:
                 entries.failed(address, dialled, exc)  # refusals raise at once
                 continue
@@ -324,7 +348,7 @@ class NodePlacer(Generic[C]):
         dialled = self.resolve(target)
         name = name or self._new_name(self.protocol)
         connection = self._dial(target, dialled, name)
-        if self.lb is None:
+        if self.lb is None and self.resolution.by_name is None:  # directly: the node is the target's
             return Landed(connection, by_address[target].name, dialled, name)
         try:
             node, listed_at = self._identify(connection, name, newer_than)

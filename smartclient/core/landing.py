@@ -30,6 +30,11 @@ Which landings are acceptable:
   (direct mode: the replica is down, use the leader); otherwise it is kept, and used if tier 0 turns out
   to be out of reach (a load balancer that never routes there);
 * any other node: a mismatch, kept for another placement that needs that node.
+
+A connection *routed by the name it sent* (an SNI ingress: :class:`Routed`) must reach the node it named, its
+target, and nothing else: one that reports another node is :class:`~smartclient._errors.Misrouted`
+(:func:`misroute`).  :meth:`Placement.landed` then says :class:`Reject`: close it (never use it as the node it
+claims, nor keep it for another placement) and go on as after a failed attempt, with the next candidate.
 """
 
 from __future__ import annotations
@@ -38,15 +43,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, overload
 
-from smartclient._errors import NodeUnreachable, PlacementError
+from smartclient._errors import Misrouted, NodeUnreachable, PlacementError
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates
 
 __all__ = ["Attempt", "Decision", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Landing", "Placement",
-           "Shareable", "Shared", "UseFallback", "Wait", "summarise"]
+           "Reject", "Routed", "Shareable", "Shared", "UseFallback", "Wait", "misroute", "summarise"]
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)
@@ -148,11 +153,16 @@ class Landing:
         self._since_new_node = 0 if new_node else self._since_new_node + 1
         return Decision.KEEP
 
-    def failed(self, target: Address, dialled: Address | None, error: BaseException) -> None:
+    def failed(self, target: Address, dialled: Address | None, error: BaseException,
+               reported: Address | None = None) -> None:
+        """The attempt at ``target`` failed: no connection, or (``reported``) one that reached a node it must
+        not be used as (misrouted)."""
         self._last_error = error
         self._failed.add(target)
         self._consecutive_failures += 1
-        self.attempts.append(Attempt(target, dialled, None, f"failed: {type(error).__name__}: {error}"))
+        if reported is not None:
+            self._seen.add(reported)
+        self.attempts.append(Attempt(target, dialled, reported, f"failed: {type(error).__name__}: {error}"))
 
     def next_step(self) -> Step:
         """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up."""
@@ -184,6 +194,10 @@ class Landing:
         role, stream = self.candidates.role.value, self.candidates.stream
         reached = ", ".join(sorted(map(str, self._seen))) or "none"
         history = summarise(self.attempts)
+        misrouted = sum(a.outcome.startswith(f"failed: {Misrouted.__name__}") for a in self.attempts)
+        if misrouted:
+            reached += (f"; {misrouted} of the connections were misrouted (each reached another node than the "
+                        f"one whose name it sent), and closed")
         if sticky or (self._seen and not self._failed):
             return NodeUnreachable(
                 f"could not place the {role} of {stream!r} on {self.candidates}: {len(self.attempts)} connections "
@@ -257,7 +271,40 @@ class Keep(Generic[C]):
     stale: bool
 
 
+@dataclass(frozen=True)
+class Routed:
+    """How a connection was routed: by the name it sent (SNI), ``sni``.  ``wanted`` and ``reached`` name the
+    node aimed at and the node reached where the protocol knows their names (AMQP and MQTT: Erlang node names);
+    else the messages name their addresses."""
+
+    sni: str
+    wanted: str | None = None
+    reached: str | None = None
+
+
+def misroute(routed: Routed, target: Address, dialled: Address, reported: Address) -> Misrouted | None:
+    """The error of a connection routed by name that reached ``reported`` instead of ``target`` (None if it
+    reached its target): naming the name sent, the node wanted and the node reached."""
+    if reported == target:
+        return None
+    wanted = f"{routed.wanted} ({target})" if routed.wanted else str(target)
+    reached = f"{routed.reached} ({reported})" if routed.reached else str(reported)
+    return Misrouted(
+        f"misrouted by the ingress at {dialled}: the connection sent the SNI name {routed.sni!r} for node "
+        f"{wanted} and reached node {reached}; it was closed, never used as {routed.reached or reported}")
+
+
+@dataclass(frozen=True)
+class Reject(Generic[C]):
+    """``connection`` was routed by name to another node than its target (``error``): close it, then ask
+    :meth:`Placement.next` (the attempt counts as failed)."""
+
+    connection: C
+    error: Misrouted
+
+
 PlacementStep = Dial | Done[C] | Keep[C] | GiveUp
+RoutedStep = Dial | Done[C] | Keep[C] | Reject[C] | GiveUp  #: after a landing of a connection routed by name
 
 
 class Placement(Generic[C]):
@@ -282,8 +329,21 @@ class Placement(Generic[C]):
             return Done(connection, reused=True)
         return None
 
-    def landed(self, target: Address, dialled: Address, reported: Address, connection: C) -> PlacementStep[C]:
-        """The connection to ``dialled`` (aimed at ``target``) reached ``reported``."""
+    @overload
+    def landed(self, target: Address, dialled: Address, reported: Address, connection: C,
+               routed: None = None) -> PlacementStep[C]: ...
+
+    @overload
+    def landed(self, target: Address, dialled: Address, reported: Address, connection: C,
+               routed: Routed | None) -> RoutedStep[C]: ...
+
+    def landed(self, target: Address, dialled: Address, reported: Address, connection: C,
+               routed: Routed | None = None) -> RoutedStep[C]:
+        """The connection to ``dialled`` (aimed at ``target``) reached ``reported``.  ``routed``: it was routed by
+        the name it sent, so another node than ``target`` is a misroute (:class:`Reject`)."""
+        if routed is not None and (error := misroute(routed, target, dialled, reported)) is not None:
+            self.landing.failed(target, dialled, error, reported)
+            return Reject(connection, error)
         if self.landing.landed(target, dialled, reported) is Decision.ACCEPT:
             return Done(connection)
         return Keep(connection, reported, stale=dialled == target)

@@ -4,23 +4,33 @@ Behind a remap (a container name resolved to an IP) or a load balancer, the addr
 the name on the certificate.  rstream opens its sockets with ``server_hostname`` = the dialled host,
 so smartclient gives its connections a ``server_hostname`` of their own (SNI and hostname check):
 
-1. an explicit ``tls_server_name`` given to the Environment, else
-2. the load balancer's own name, for a ``LoadBalancer`` resolver (also inside a ``Chain``), else
-3. the dialled host, if it is a name, else
-4. the advertised node name, if the resolver remapped a name to an IP, else
-5. the IP itself.
+1. through an ingress that routes by that name (an ``SniRouter``, :class:`RoutesByName`): the name of the
+   target *node*, which picks the node (SNI) and is the name its certificate must carry; else
+2. an explicit ``tls_server_name`` given to the Environment, else
+3. the load balancer's own name, for a ``LoadBalancer`` resolver (also inside a ``Chain``), else
+4. the dialled host, if it is a name, else
+5. the advertised node name, if the resolver remapped a name to an IP, else
+6. the IP itself.
 
 Verification is never turned off: a certificate that does not match fails the connection.
+
+Which string stands for the node (what :meth:`RoutesByName.sni_name` is given): the node's Erlang name where
+the protocol's placer knows it (AMQP and MQTT: ``rabbit@rabbit-server-0.rabbit-nodes.ns``, from the management
+API), else the target's host (streams: the host the node advertises in the stream metadata,
+``rabbit-server-0.rabbit-nodes.ns``; an entry point: its host).  :func:`default_sni_name` is the rule when
+none is given: the host part of an Erlang name, any other string as it is.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, Protocol, runtime_checkable
 
+from smartclient._errors import ResolutionError
 from smartclient.core.address import Address
 
-__all__ = ["NamesTls", "tls_server_name"]
+__all__ = ["NamesTls", "RoutesByName", "checked_sni_name", "default_sni_name", "tls_server_name"]
 
 
 @runtime_checkable
@@ -31,6 +41,45 @@ class NamesTls(Protocol):
     def tls_name(self, address: Address) -> str | None: ...
 
 
+@runtime_checkable
+class RoutesByName(Protocol):
+    """The optional protocol of a resolver that sends every connection to one ingress, which routes it by the
+    name in its TLS hello (SNI): ``sni_name(node)`` is the name that reaches ``node`` (see the module docstring
+    for the string ``node`` is).  That name is sent and verified, and each connection is checked to have
+    reached the node it named (a connection that reports another node is :class:`Misrouted`)."""
+
+    def sni_name(self, node: str) -> str: ...
+
+
+def default_sni_name(node: str) -> str:
+    """The SNI name of ``node`` when no rule is given: the host of an Erlang node name
+    (``rabbit@rabbit-server-0.rabbit-nodes.ns`` -> ``rabbit-server-0.rabbit-nodes.ns``), any other string
+    (an advertised host) as it is.  Right where the nodes are named after the host names the ingress routes."""
+    return node.split("@", 1)[1] if "@" in node else node
+
+
+def checked_sni_name(value: object, node: str, source: str) -> str:
+    """``value``, the SNI name ``source`` gave for ``node``, if it can be one: a DNS name (TLS sends no IP
+    address as SNI, so an ingress could not route by it).
+
+    :raises ResolutionError: anything else, naming the node and the source."""
+    problem = ""
+    if not isinstance(value, str):
+        problem = f"{type(value).__name__}, not a str"
+    elif not value or len(value) > 253:
+        problem = "no usable host name (empty, or over 253 characters)"
+    elif _is_ip(value.strip("[]")):
+        problem = "an IP address, which TLS does not send as SNI"
+    elif not _NAME.fullmatch(value):
+        problem = "not a DNS name (letters, digits, '-', '_' and dots)"
+    if problem:
+        raise ResolutionError(f"{source} named node {node!r} {value!r}: {problem}")
+    return str(value)
+
+
+_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?")
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -39,8 +88,14 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-def tls_server_name(target: Address, dialled: Address, resolver: Any, override: str | None = None) -> str:
-    """The name a TLS connection aimed at ``target`` and dialled at ``dialled`` must verify."""
+def tls_server_name(target: Address, dialled: Address, resolver: Any, override: str | None = None,
+                    node: str | None = None) -> str:
+    """The name a TLS connection aimed at ``target`` and dialled at ``dialled`` must verify; ``node``: the
+    target node's name, where the caller knows it (AMQP and MQTT placement), for a resolver that routes by it.
+
+    :raises ResolutionError: a resolver that routes by name gave no usable name."""
+    if isinstance(resolver, RoutesByName):
+        return resolver.sni_name(node or target.host)
     if override:
         return override
     if isinstance(resolver, NamesTls):

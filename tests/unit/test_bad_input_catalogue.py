@@ -275,6 +275,7 @@ BASE: dict[str, dict[str, Any]] = {
     "Chain": {},
     "DnsResolver": {"nameservers": ["127.0.0.1"]},
     "LoadBalancer": {"address": "lb:5552"},
+    "SniRouter": {"address": "ingress:5551"},
     "SrvDiscovery": {"name": "_stream._tcp.example", "nameservers": ["127.0.0.1"]},
     "StaticMap": {"mapping": {"node-1": "127.0.0.1"}},
     "as_async": {"resolver": Identity()},
