@@ -13,12 +13,25 @@ from urllib.parse import quote
 
 from smartclient._errors import ConfigurationError, ManagementError
 from smartclient.core.settings import Credentials
-from smartclient.core.validation import number, text, texts
+from smartclient.core.validation import instance, number, text, texts
 
 if TYPE_CHECKING:
     import httpx
 
+    from smartclient.credentials import TokenCredentials
+
 __all__ = ["ManagementClient", "ManagementError"]
+
+
+class _Bearer:
+    """httpx auth: the current token of a :class:`TokenCredentials` on each request (``Authorization: Bearer``)."""
+
+    def __init__(self, credentials: TokenCredentials) -> None:
+        self.credentials = credentials
+
+    def __call__(self, request: Any) -> Any:
+        request.headers["Authorization"] = f"Bearer {self.credentials.current('the management API')}"
+        return request
 
 
 class ManagementClient:
@@ -29,14 +42,24 @@ class ManagementClient:
     a request is never sent twice).  Any answer, an error status too, comes from the node that gave it.
     """
 
-    def __init__(self, base_url: str | Sequence[str], username: str, password: str, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str | Sequence[str], username: str | None = None, password: str | None = None,
+                 timeout: float = 10.0, *, credentials: TokenCredentials | None = None) -> None:
+        """:param credentials: OAuth2 tokens (a locked cluster): each request carries the current one as a
+            bearer token, instead of a user name and password."""
         urls = [base_url] if isinstance(base_url, str) else base_url
         texts("base_url", urls, note="the management API's http:// or https:// URL, or several nodes'")
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ConfigurationError(f"management URL {url!r} must start with http:// or https://")
-        text("ManagementClient.username", username)
-        text("ManagementClient.password", password, empty=True, secret=True)
+        from smartclient.credentials import TokenCredentials
+
+        instance("ManagementClient.credentials", credentials, TokenCredentials)
+        if credentials is None:
+            text("ManagementClient.username", username, note="or credentials=TokenCredentials(...)")
+            text("ManagementClient.password", password, empty=True, secret=True)
+        else:
+            text("ManagementClient.username", username, empty=True, optional=True)
+            text("ManagementClient.password", password, empty=True, optional=True, secret=True)
         number("ManagementClient.timeout", timeout, above=0, note="seconds")
         try:
             import httpx
@@ -44,11 +67,13 @@ class ManagementClient:
             raise ConfigurationError(
                 "the management API needs httpx: pip install 'smartclient[amqp]'"
             ) from exc
-        self._password = password  # (for the federation's FederatedBroker; never in repr)
+        self._password = password or ""  # (for the federation's FederatedBroker; never in repr)
         self.base_urls = [url.rstrip("/") for url in urls]
         self.base_url = self.base_urls[0]  # the node asked first: the one that answered last
-        self.username = username
-        self._client = httpx.Client(auth=(username, password), timeout=timeout)
+        self.username = username or ""
+        self.tokens = credentials
+        auth: Any = _Bearer(credentials) if credentials is not None else (self.username, self._password)
+        self._client = httpx.Client(auth=auth, timeout=timeout)
 
     @property
     def credentials(self) -> Credentials:

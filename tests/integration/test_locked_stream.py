@@ -176,3 +176,14 @@ async def test_a_client_certificate_without_tls_is_refused_before_any_io(rabbitm
     with pytest.raises(ConfigurationError, match="needs TLS"):
         Environment(entry(rabbitmq_testbed), client_certificate=ClientCertificate("client.pem"))
 
+
+
+def test_the_management_api_takes_the_current_token(rabbitmq_testbed: TestBed, rabbitmq_tokens: TokenAuthority) -> None:
+    from smartclient.management import ManagementClient
+
+    provider = rabbitmq_tokens.provider(lifetime=20.0)
+    url = rabbitmq_testbed.nodes[0].management_url
+    with ManagementClient(url, credentials=TokenCredentials(provider)) as api:
+        assert api.get("/api/overview")["cluster_name"]
+        assert api.get("/api/whoami")["name"] == "smartclient-test"
+    assert provider.calls == 1  # one token for both requests
