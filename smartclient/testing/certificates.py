@@ -123,7 +123,8 @@ def issue_client_certificate(directory: Path, common_name: str) -> ClientCertifi
         raise TestBedError(f"the test bed's CA has no key in {directory}: bring the bed up first")
     trustme = _trustme()
     ca = trustme.CA.from_pem((directory / "ca.pem").read_bytes(), ca_key.read_bytes())
-    cert = ca.issue_cert(common_name=common_name)
+    # trustme marks the subject alternative names critical, and Erlang refuses a critical extension left empty
+    cert = ca.issue_cert(f"{common_name}@clients.smartclient.test", common_name=common_name)
     issued = _issued(directory, common_name)
     number = issued[-1][0] + 1 if issued else 1
     (directory / CLIENTS_DIR).mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,10 @@ Every fixture carries the ``rabbitmq_`` prefix, so none collides with a fixture 
   the external cluster named by ``SMARTCLIENT_TESTBED_EXTERNAL``;
 * ``rabbitmq_faulty_testbed``: the same, healed after the test, for tests that inject faults;
 * ``rabbitmq_unique_name``: a stream/queue name unique to the test;
+* ``rabbitmq_tokens``: the locked bed's identity provider (:class:`~smartclient.testing.oauth.TokenAuthority`),
+  its faults undone after the test;
+* ``rabbitmq_client_certificate``: a client certificate from the bed's CA for SASL EXTERNAL
+  (:class:`~smartclient.testing.certificates.ClientCertificate`), its broker user created;
 * ``rabbitmq_spark``: one local Spark session for the whole test session (needs ``smartclient[spark]`` and
   Java 17);
 * ``rabbitmq_spark_cluster``: the test bed's Spark standalone cluster (a master and two workers, started once
@@ -41,7 +45,9 @@ import pytest
 
 from smartclient._errors import FaultUnavailable, PrerequisiteMissing
 from smartclient.testing import from_env
+from smartclient.testing.certificates import ClientCertificate
 from smartclient.testing.local import LocalTestBed
+from smartclient.testing.oauth import TokenAuthority
 from smartclient.testing.spark_cluster import SparkCluster
 from smartclient.testing.testbed import TestBed
 
@@ -85,6 +91,28 @@ def rabbitmq_faulty_testbed(rabbitmq_testbed: TestBed) -> Iterator[TestBed]:
     """The test bed, for a test that injects faults: ``heal()`` undoes them after the test."""
     yield rabbitmq_testbed
     rabbitmq_testbed.heal()
+
+
+@pytest.fixture
+def rabbitmq_tokens(rabbitmq_testbed: TestBed) -> Iterator[TokenAuthority]:
+    """The locked bed's identity provider; its faults (revoke, expire_early) are undone after the test.  Skips on a
+    bed without one (an external bed)."""
+    try:
+        tokens = rabbitmq_testbed.tokens
+    except FaultUnavailable as exc:
+        pytest.skip(str(exc))
+    yield tokens
+    tokens.restore()
+
+
+@pytest.fixture
+def rabbitmq_client_certificate(rabbitmq_testbed: TestBed) -> ClientCertificate:
+    """The current client certificate ``smartclient-client`` from the bed's CA (its broker user exists), for SASL
+    EXTERNAL.  Skips on a bed without a CA of its own (an external bed)."""
+    try:
+        return rabbitmq_testbed.client_certificate()
+    except FaultUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @dataclass(frozen=True)
