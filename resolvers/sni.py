@@ -68,16 +68,17 @@ class SniRouter:
         if amqp is not None:
             self.listeners["amqp"] = self.listeners["amqp/ssl"] = listener(
                 self.address, "the SNI ingress's amqp listener", amqp)
-        if mqtt_tls is not None:
-            self.listeners["mqtt/ssl"] = listener(self.address, "the SNI ingress's mqtt_tls listener", mqtt_tls)
+        if mqtt_tls is not None:  # any MQTT through an SNI ingress is MQTT over TLS
+            self.listeners["mqtt"] = self.listeners["mqtt/ssl"] = listener(
+                self.address, "the SNI ingress's mqtt_tls listener", mqtt_tls)
 
     def resolve(self, address: Address) -> Address:
         """Every stream connection dials the ingress (its name routes it)."""
         return self.address
 
     def address_for(self, protocol: str) -> Address | None:
-        """The ingress's listener for ``protocol`` (``stream``, ``amqp``/``amqp/ssl``, ``mqtt/ssl``), if it has
-        one."""
+        """The ingress's listener for ``protocol`` (``stream``, ``amqp`` or ``amqp/ssl``, ``mqtt`` or ``mqtt/ssl``:
+        through an SNI ingress every connection is TLS), if it has one."""
         return self.listeners.get(protocol)
 
     def sni_name(self, node: str) -> str:

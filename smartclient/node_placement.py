@@ -307,7 +307,7 @@ class NodePlacer(Generic[C]):
                 if isinstance(step, Reject):  # an SNI ingress sent it elsewhere: never used as the node it reached
                     self.misrouted += 1
                     log.warning("%s connection misrouted: expected %s, got %s, candidates %s: %s", self.protocol,
-                                candidates.tiers[0], step.connection.node, candidates, step.error)
+                                step.target, step.node, candidates, step.error)
                     self._close(step.connection.connection)
                     step = plan.next()
                     continue
@@ -315,7 +315,7 @@ class NodePlacer(Generic[C]):
                     time.sleep(step.delay)
                 wanted = by_address[step.target].name
                 try:
-                    with self.resolution.certificate_check(step.target, wanted):
+                    with self.resolution.routing_errors(step.target, wanted):
                         landed = self._open(step.target, by_address, name, seen)
                 except (AuthenticationFailed, CertificateRejected, ResolutionError):
                     raise
@@ -335,7 +335,7 @@ class NodePlacer(Generic[C]):
         while (address := entries.next_entry()) is not None:
             dialled = self.resolve(address)
             try:
-                with self.resolution.certificate_check(address):
+                with self.resolution.routing_errors(address):
                     connection = self._dial(address, dialled, name or self._new_name(self.protocol))
             except SmartClientError as exc:
                 entries.failed(address, dialled, exc)  # refusals raise at once

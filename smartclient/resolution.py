@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from smartclient._errors import CertificateRejected, ConfigurationError
+from smartclient._errors import CertificateRejected, ConfigurationError, ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.landing import Routed
 from smartclient.core.tls_names import RoutesByName, tls_server_name
@@ -146,12 +146,14 @@ class Resolution:
         return Routed(str(self.tls_name(target, target, node)), node, reached)
 
     @contextlib.contextmanager
-    def certificate_check(self, target: Address, node: str | None = None) -> Iterator[None]:
-        """Around the dial of a connection aimed at ``target``: through an SNI ingress, a certificate that does
-        not verify for the name sent says so, and that the ingress may have misrouted it (each node's certificate
-        naming only itself, a misroute fails here before the node check).  Still never retried.
+    def routing_errors(self, target: Address, node: str | None = None) -> Iterator[None]:
+        """Around the dial of a connection aimed at ``target``: through an SNI ingress, a failure says which name
+        was sent.  A certificate that does not verify for it says the ingress may have misrouted it (each node's
+        certificate naming only itself, a misroute fails here, before the node check; still never retried); a
+        connection that failed (a route down: refused, reset, the handshake cut) says the ingress may have no
+        route to the node (and the next candidate is tried, as for any node that is down).
 
-        :raises CertificateRejected: the certificate did not verify."""
+        :raises CertificateRejected: the certificate did not verify.  :raises ConnectionFailed: the dial failed."""
         try:
             yield
         except CertificateRejected as exc:
@@ -162,6 +164,12 @@ class Resolution:
                 f"{exc}: the certificate does not name {routed.sni!r}, the SNI name sent for node "
                 f"{routed.wanted or target} through {self.resolver!r}; the ingress may have misrouted it to another "
                 f"node (whose certificate names only itself), or that node's certificate lacks the name") from exc
+        except ConnectionFailed as exc:
+            routed = self.routed(target, node)
+            if routed is None or type(exc) is not ConnectionFailed:
+                raise
+            raise ConnectionFailed(f"{exc} (sent the SNI name {routed.sni!r} for node {routed.wanted or target}: "
+                                   f"the ingress may have no route to it)") from exc
 
     async def route(self, target: Address, node: str | None = None) -> Route:
         """Where a connection aimed at ``target`` (the node called ``node``, if the caller knows it) goes.

@@ -296,10 +296,12 @@ def misroute(routed: Routed, target: Address, dialled: Address, reported: Addres
 
 @dataclass(frozen=True)
 class Reject(Generic[C]):
-    """``connection`` was routed by name to another node than its target (``error``): close it, then ask
-    :meth:`Placement.next` (the attempt counts as failed)."""
+    """``connection``, aimed at ``target``, was routed by name to another node, ``node`` (``error``): close it,
+    then ask :meth:`Placement.next` (the attempt counts as failed)."""
 
     connection: C
+    target: Address
+    node: Address
     error: Misrouted
 
 
@@ -343,7 +345,7 @@ class Placement(Generic[C]):
         the name it sent, so another node than ``target`` is a misroute (:class:`Reject`)."""
         if routed is not None and (error := misroute(routed, target, dialled, reported)) is not None:
             self.landing.failed(target, dialled, error, reported)
-            return Reject(connection, error)
+            return Reject(connection, target, reported, error)
         if self.landing.landed(target, dialled, reported) is Decision.ACCEPT:
             return Done(connection)
         return Keep(connection, reported, stale=dialled == target)

@@ -274,8 +274,8 @@ class StreamConnector:
                 step = plan.next()
                 continue
             if isinstance(step, Reject):  # an SNI ingress sent it to another node: never used as that node
-                log.warning("connection misrouted: expected %s, got %s, candidates %s: %s", candidates.tiers[0],
-                            step.connection.node, candidates, step.error)
+                log.warning("connection misrouted: expected %s, got %s, candidates %s: %s", step.target, step.node,
+                            candidates, step.error)
                 self.mismatches["misrouted"] += 1
                 await self.close_connection(step.connection)
                 step = plan.next()
@@ -283,7 +283,7 @@ class StreamConnector:
             if step.delay:
                 await asyncio.sleep(step.delay)
             try:
-                with self.resolution.certificate_check(step.target):
+                with self.resolution.routing_errors(step.target):
                     conn = await self.dial(step.target, name)
             except ResolutionError:
                 raise  # another node, or the same one again, would repeat it

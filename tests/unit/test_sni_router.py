@@ -89,8 +89,7 @@ def test_listeners_per_protocol_a_port_on_the_same_host_or_host_port() -> None:
     router = SniRouter("ingress.example:5551", amqp=5671, mqtt_tls="mqtt.example:8883")
     assert router.resolve(N1) == INGRESS and router.address_for("stream") == INGRESS
     assert router.address_for("amqp") == router.address_for("amqp/ssl") == Address("ingress.example", 5671)
-    assert router.address_for("mqtt/ssl") == Address("mqtt.example", 8883)
-    assert router.address_for("mqtt") is None  # SNI is TLS only
+    assert router.address_for("mqtt/ssl") == router.address_for("mqtt") == Address("mqtt.example", 8883)  # TLS only
     assert repr(router) == ("SniRouter('ingress.example:5551', amqp='ingress.example:5671', "
                             "mqtt_tls='mqtt.example:8883')")
     assert router == SniRouter(INGRESS, amqp=Address("ingress.example", 5671), mqtt_tls=Address("mqtt.example", 8883))
@@ -155,15 +154,28 @@ def test_the_resolution_refuses_what_could_not_route(kwargs: dict[str, Any], mat
 
 def test_a_rejected_certificate_names_the_sni_name_and_says_the_ingress_may_have_misrouted_it() -> None:
     resolution = Resolution(SniRouter(INGRESS, name=bed_name), tls=True)
-    with pytest.raises(CertificateRejected) as caught, resolution.certificate_check(N1):
+    with pytest.raises(CertificateRejected) as caught, resolution.routing_errors(N1):
         raise CertificateRejected("connecting to ingress.example:5551: TLS certificate verify failed: mismatch")
     text = str(caught.value)
     assert "'rabbit-1.smartclient.test', the SNI name sent for node rabbit-1.example:5551" in text
     assert "the ingress may have misrouted it" in text and isinstance(caught.value.__cause__, CertificateRejected)
     plain = CertificateRejected("x")
-    with pytest.raises(CertificateRejected) as caught, Resolution(Identity(), tls=True).certificate_check(N1):
+    with pytest.raises(CertificateRejected) as caught, Resolution(Identity(), tls=True).routing_errors(N1):
         raise plain
     assert caught.value is plain  # not through an SNI ingress: untouched
+
+
+def test_a_failed_dial_through_the_ingress_names_the_sni_name_and_stays_a_connection_failure() -> None:
+    resolution = Resolution(SniRouter(INGRESS, name=bed_name), tls=True)
+    with pytest.raises(ConnectionFailed) as caught, resolution.routing_errors(N2, "rabbit-2@localhost"):
+        raise ConnectionFailed("connecting to ingress.example:5551: SSLEOFError: EOF")
+    assert type(caught.value) is ConnectionFailed and str(caught.value) == (
+        "connecting to ingress.example:5551: SSLEOFError: EOF (sent the SNI name 'rabbit-2.smartclient.test' for "
+        "node rabbit-2@localhost: the ingress may have no route to it)")
+    refused = Misrouted("x")  # a subclass (a refusal, a misroute) keeps its type and text
+    with pytest.raises(Misrouted) as caught, resolution.routing_errors(N2):
+        raise refused
+    assert caught.value is refused
 
 
 # -- the misroute decision ---------------------------------------------------------------------------------------
@@ -186,7 +198,7 @@ def test_a_misrouted_landing_is_rejected_even_on_another_candidate_and_the_next_
     step = plan.start()
     assert step == Dial(N2)
     rejected = plan.landed(N2, INGRESS, N3, "c1", Routed("rabbit-2.example"))  # N3 is a candidate: still no
-    assert isinstance(rejected, Reject) and rejected.connection == "c1"
+    assert isinstance(rejected, Reject) and (rejected.connection, rejected.target, rejected.node) == ("c1", N2, N3)
     assert plan.landing.attempts[-1].reported == N3 and "failed: Misrouted" in plan.landing.attempts[-1].outcome
     assert plan.next() == Dial(N3)  # as after a failed attempt
     assert plan.landed(N3, INGRESS, N3, "c2", Routed("rabbit-3.example")) == Done("c2")
