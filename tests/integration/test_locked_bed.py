@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 import ssl
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +24,7 @@ from rstream.connection import Connection
 
 from smartclient.testing import TestBed
 from smartclient.testing.certificates import ClientCertificate
-from smartclient.testing.oauth import TokenAuthority, TokenRevoked
+from smartclient.testing.oauth import TokenAuthority
 
 from .conftest import wait_until_sync
 
@@ -156,23 +155,6 @@ async def test_a_token_from_an_untrusted_key_or_expired_is_refused(
         assert code == "Bad user name or password"
 
 
-def test_the_token_authority_faults(rabbitmq_tokens: TokenAuthority) -> None:
-    provider = rabbitmq_tokens.provider("bob", lifetime=30)
-    first, second = provider(), provider()
-    assert provider.calls == 2 and first[0] != second[0]
-    rabbitmq_tokens.expire_early(2)
-    _, expires_at = provider()
-    assert expires_at - time.time() <= 3
-    rabbitmq_tokens.revoke("bob")
-    with pytest.raises(TokenRevoked, match="bob"):
-        provider()
-    assert provider.calls == 4
-    rabbitmq_tokens.mint("carol")  # another subject is still served
-    rabbitmq_tokens.restore()
-    _, expires_at = provider()
-    assert expires_at - time.time() > 25
-
-
 # -- client certificates ------------------------------------------------------------------------------------
 async def test_a_client_certificate_logs_in_by_external_over_every_tls_listener(
         rabbitmq_testbed: TestBed, rabbitmq_client_certificate: ClientCertificate) -> None:
@@ -285,24 +267,3 @@ def test_an_sni_route_goes_down_and_is_misrouted(rabbitmq_faulty_testbed: TestBe
     bed.sni_misroute("rabbit-2", "rabbit-3", "amqp")  # heal() restores it
     bed.heal()
     _tls_handshake(bed, "amqp", NAME)
-
-
-def test_certificates_and_tokens_need_a_local_bed() -> None:
-    from smartclient import FaultUnavailable
-    from smartclient.testing.external import ExternalTestBed
-
-    bed = ExternalTestBed.from_config('{"nodes": [{"host": "127.0.0.1"}]}')
-    for call in (lambda: bed.tokens, bed.client_certificate, lambda: bed.sni("amqp"),
-                 lambda: bed.sni_route_down("rabbit-1")):
-        with pytest.raises(FaultUnavailable, match="external test bed cannot"):
-            call()
-
-
-def test_threads_share_one_token_authority(rabbitmq_tokens: TokenAuthority) -> None:
-    provider = rabbitmq_tokens.provider("threads", lifetime=30)
-    threads = [threading.Thread(target=lambda: [provider() for _ in range(5)]) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert provider.calls == 20
