@@ -8,12 +8,18 @@ enable the plugin with ``pytest -p smartclient.testing`` (or
     pytest_plugins = ["smartclient.testing.pytest_plugin"]
 
 The fixtures are ``rabbitmq_testbed``, ``rabbitmq_faulty_testbed``,
-``rabbitmq_unique_name`` and ``rabbitmq_spark`` (see
-:mod:`smartclient.testing.pytest_plugin`).
+``rabbitmq_unique_name``, ``rabbitmq_tokens``, ``rabbitmq_client_certificate``
+and ``rabbitmq_spark`` (see :mod:`smartclient.testing.pytest_plugin`).
+
+Every node is also locked, for the tests that opt in: it takes OAuth2 tokens
+from the bed's identity provider (``bed.tokens``), client certificates by SASL
+EXTERNAL (``bed.client_certificate()``), and HAProxy routes TLS to it by SNI
+(``bed.sni(protocol)``); guest/guest and the plain ports keep working.
 
 Module map (each arrow points down, never up)::
 
-    __init__ (from_env)  ->  local, external  ->  testbed (Node, TestBed)
+    __init__ (from_env)  ->  local, external  ->  locked  ->  testbed (Node, TestBed)
+                                                  (oauth, certificates, loadbalancer)
 """
 
 from __future__ import annotations
