@@ -167,16 +167,17 @@ class TestBed:
         assert name is not None  # wait_until returns only a true value
         return name
 
-    # -- the locked bed: tokens, client certificates, SNI (a local test bed overrides them) --
+    # -- the locked bed: tokens, client certificates, SNI (a local test bed overrides them) ------
     @property
     def tokens(self) -> TokenAuthority:
         """The identity provider whose tokens (RS256 JWTs) every node accepts as passwords."""
-        raise self._unavailable("mint OAuth2 tokens (it has no identity provider of its own)")
+        raise FaultUnavailable(f"this {self.kind} test bed has no identity provider of its own to mint OAuth2 tokens")
 
     def client_certificate(self, common_name: str = "smartclient-client") -> ClientCertificate:
         """The current client certificate for ``common_name`` from the bed's CA (issued on first use), for SASL
         EXTERNAL; the broker user of that name exists (no password, full permissions on ``/``)."""
-        raise self._unavailable(f"issue a client certificate for {common_name!r}")
+        raise FaultUnavailable(f"this {self.kind} test bed has no CA of its own to issue a client certificate for "
+                               f"{common_name!r}")
 
     def rotate_client_certificate(self, common_name: str = "smartclient-client") -> ClientCertificate:
         """The fault "a certificate rotated": a new certificate for ``common_name`` (new key pair and serial, new
@@ -186,7 +187,7 @@ class TestBed:
     def sni(self, protocol: str = "stream") -> tuple[str, int]:
         """The SNI frontend of ``stream``, ``amqp`` or ``mqtt`` (their TLS listeners): the node a connection
         lands on is the one its SNI names (``rabbit-N.smartclient.test``); an unknown name is refused."""
-        raise self._unavailable(f"route {protocol} by SNI")
+        raise FaultUnavailable(f"this {self.kind} test bed has no SNI frontend for {protocol}")
 
     def sni_route_down(self, node: str, protocol: str = "stream") -> None:
         raise self._unavailable(f"take the SNI route to {node} down")
@@ -202,7 +203,7 @@ class TestBed:
 
     def sni_sessions(self, protocol: str = "stream") -> dict[str, int]:
         """Sessions the SNI frontend of ``protocol`` took so far: ``{"frontend": n, "rabbit-1": n, ...}``."""
-        raise self._unavailable(f"count the SNI sessions of {protocol}")
+        raise FaultUnavailable(f"this {self.kind} test bed has no SNI frontend for {protocol}")
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
