@@ -271,10 +271,15 @@ class HAProxy:
             raise TestBedError(f"HAProxy has no SNI frontend for {protocol!r}")
         return counts
 
-    def server_states(self) -> dict[str, dict[str, str]]:
-        """``{listener: {server: status}}``, status as HAProxy says it (UP, DOWN, MAINT...)."""
+    def server_states(self, sni: bool = False) -> dict[str, dict[str, str]]:
+        """``{listener: {server: status}}``, status as HAProxy says it (UP, DOWN, MAINT...); with ``sni``, the SNI
+        frontends' instead: ``{"sni_stream_tls": {"rabbit-1": status, ...}}``."""
+        backends = {sni_backend(protocol, node.short): (sni_frontend(protocol), node.short)
+                    for protocol in SNI_PROTOCOLS for node in self.nodes}
         states: dict[str, dict[str, str]] = {}
         for row in self.stats():
-            if row["svname"] not in ("FRONTEND", "BACKEND"):
-                states.setdefault(row["pxname"], {})[row["svname"]] = row["status"]
+            if row["svname"] in ("FRONTEND", "BACKEND") or (row["pxname"] in backends) != sni:
+                continue
+            proxy, server = backends.get(row["pxname"], (row["pxname"], row["svname"]))
+            states.setdefault(proxy, {})[server] = row["status"]
         return states

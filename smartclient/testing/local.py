@@ -25,7 +25,7 @@ from smartclient.testing.broker import BrokerProcess
 from smartclient.testing.certificates import ensure_certificates
 from smartclient.testing.chroot import RabbitChroot
 from smartclient.testing.layout import PORT_SPAN, SNI_PROTOCOLS, BrokerSpec, Layout
-from smartclient.testing.loadbalancer import HAProxy, sni_backend, sni_frontend
+from smartclient.testing.loadbalancer import HAProxy, sni_frontend
 from smartclient.testing.locked import LockedLocalBed
 from smartclient.testing.nameserver import ZONE, DnsServer
 from smartclient.testing.oauth import ensure_signing_key
@@ -215,7 +215,7 @@ class LocalTestBed(LockedLocalBed):
 
     def _wait_lb_backends_up(self, timeout: float = 30.0) -> None:
         def all_up() -> bool:
-            states = self.haproxy.server_states()
+            states = self.haproxy.server_states() | self.haproxy.server_states(sni=True)
             return bool(states) and all(s == "UP" for servers in states.values() for s in servers.values())
 
         wait_until(all_up, timeout, "every HAProxy backend to be UP", interval=0.25)
@@ -280,10 +280,10 @@ class LocalTestBed(LockedLocalBed):
                 name = f"{protocol}_{balance}"
                 lb.append({"name": name, "address": f"127.0.0.1:{self.layout.lb_port(protocol, balance)}",
                            "backends": states.get(name, {})})
-            for protocol in SNI_PROTOCOLS:  # one backend per node, each of one server
+            sni_states = self.haproxy.server_states(sni=True)
+            for protocol in SNI_PROTOCOLS:
                 lb.append({"name": sni_frontend(protocol), "address": f"127.0.0.1:{self.layout.sni_port(protocol)}",
-                           "backends": {b.spec.short: states.get(sni_backend(protocol, b.spec.short), {}).get(
-                               b.spec.short, "?") for b in self.brokers}})
+                           "backends": sni_states.get(sni_frontend(protocol), {})})
         dns = {"address": f"127.0.0.1:{self.layout.dns_port}",
                "state": "running" if self.dns.running() else "stopped",
                "zone": ZONE, "records": len(self.dns.records())}
