@@ -23,7 +23,7 @@ from smartclient.testing.certificates import (
 from smartclient.testing.chroot import RabbitChroot
 from smartclient.testing.external import ExternalTestBed
 from smartclient.testing.layout import PORT_SPAN, RELEASES, Layout
-from smartclient.testing.loadbalancer import render_haproxy_config
+from smartclient.testing.loadbalancer import HAProxy, render_haproxy_config
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.oauth import (
     DEFAULT_SCOPES,
@@ -197,3 +197,18 @@ def test_client_certificates_are_issued_and_rotated(tmp_path: Path) -> None:
     assert first.key_file.stat().st_mode & 0o077 == 0
     with pytest.raises(ConfigurationError, match="common name 'a b'"):
         issue_client_certificate(tls, "a b")
+
+
+def test_server_states_keep_the_lb_listeners_and_the_sni_frontends_apart(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    layout = Layout(cache_dir=tmp_path)
+    haproxy = HAProxy(layout, layout.nodes)
+    rows = [{"pxname": "stream_roundrobin", "svname": "FRONTEND", "status": "OPEN"},
+            {"pxname": "stream_roundrobin", "svname": "rabbit-1", "status": "UP"},
+            {"pxname": "sni_amqp_tls", "svname": "FRONTEND", "status": "OPEN", "stot": "7"},
+            {"pxname": "sni_amqp_tls_rabbit-2", "svname": "rabbit-2", "status": "MAINT"},
+            {"pxname": "sni_amqp_tls_rabbit-2", "svname": "BACKEND", "status": "DOWN", "stot": "3"}]
+    monkeypatch.setattr(haproxy, "stats", lambda: rows)
+    assert haproxy.server_states() == {"stream_roundrobin": {"rabbit-1": "UP"}}
+    assert haproxy.server_states(sni=True) == {"sni_amqp_tls": {"rabbit-2": "MAINT"}}
+    assert haproxy.sni_sessions("amqp_tls") == {"frontend": 7, "rabbit-2": 3}
