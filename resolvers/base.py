@@ -9,8 +9,8 @@ TLS naming is the contract's one optional addition (:class:`NamesTls`): a resolv
 somewhere whose certificate carries another name (a load balancer names itself) says so with
 ``tls_name(address) -> str | None``.  Without it, smartclient's rule decides (see
 :mod:`smartclient.core.tls_names`).  A resolver that routes by that name instead (an SNI ingress,
-:class:`RoutesByName`) gives the name of a *node*, ``sni_name(node) -> str``; smartclient hands it the node's
-name and checks that each connection reached that node.  Where the answer is used, and the node check that
+:class:`RoutesByName`) gives the name of a *node*, ``sni_name(node, protocol) -> str``; smartclient hands it
+the node's name and checks that each connection reached that node.  Where the answer is used, and the node check that
 follows every connection, live in smartclient (:mod:`smartclient.resolution`), never in a resolver.
 """
 

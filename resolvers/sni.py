@@ -9,6 +9,7 @@ one that reached another node is :class:`~smartclient.Misrouted`, closed, and th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from smartclient._errors import ResolutionError, SmartClientError
@@ -31,7 +32,9 @@ class SniRouter:
                   amqp=5671, mqtt_tls=8883)
 
     :param address: the ingress's stream TLS listener, ``host:port`` or an :class:`Address`.
-    :param name: the SNI name of a node: a function of one string, the node as smartclient knows it:
+    :param name: the SNI name of a node: a function of one string, the node as smartclient knows it (or of two:
+        the node and the protocol, ``"stream"``, ``"amqp"`` or ``"mqtt"``, for an ingress that serves every
+        protocol on one port, 443 say, and routes each protocol's connections by names of their own):
 
         * AMQP and MQTT (placed with the management API): the node's Erlang name, ``rabbit-1@localhost`` or,
           in Kubernetes, ``rabbit@rabbit-server-0.rabbit-nodes.ns``;
@@ -58,12 +61,13 @@ class SniRouter:
 
     blocking = False
 
-    def __init__(self, address: str | Address, *, name: Callable[[str], str] | None = None,
+    def __init__(self, address: str | Address, *, name: Callable[..., str] | None = None,
                  amqp: int | str | Address | None = None, mqtt_tls: int | str | Address | None = None) -> None:
         instance("address", address, (str, Address), optional=False, what="'host:port' or an Address")
-        function("name", name, takes="a node's name")
+        function("name", name, takes="a node's name, and maybe the protocol")
         self.address = address if isinstance(address, Address) else Address.parse(address)
         self.name = name
+        self._per_protocol = name is not None and _takes_two(name)
         self.listeners: dict[str, Address] = {"stream": self.address}
         if amqp is not None:
             self.listeners["amqp"] = self.listeners["amqp/ssl"] = listener(
@@ -81,15 +85,15 @@ class SniRouter:
         through an SNI ingress every connection is TLS), if it has one."""
         return self.listeners.get(protocol)
 
-    def sni_name(self, node: str) -> str:
-        """The name that routes to ``node`` (see ``name`` for the string ``node`` is), checked.
+    def sni_name(self, node: str, protocol: str = "stream") -> str:
+        """The name that routes to ``node`` over ``protocol`` (see ``name`` for the string ``node`` is), checked.
 
         :raises ResolutionError: the rule raised, or gave no DNS name."""
         if self.name is None:
             value: object = default_sni_name(node)
         else:
             try:
-                value = self.name(node)
+                value = self.name(node, protocol) if self._per_protocol else self.name(node)
             except SmartClientError:
                 raise
             except Exception as exc:
@@ -108,3 +112,13 @@ class SniRouter:
                         (("amqp", "amqp"), ("mqtt_tls", "mqtt/ssl")) if key in self.listeners)
         rule = f", name={getattr(self.name, '__qualname__', self.name)}" if self.name is not None else ""
         return f"SniRouter({str(self.address)!r}{rule}{extra})"
+
+
+def _takes_two(rule: Callable[..., str]) -> bool:
+    """Can ``rule`` be called with two positional arguments (the node and the protocol)?  One that cannot be
+    inspected (a builtin) is given the node alone."""
+    try:
+        inspect.signature(rule).bind("node", "protocol")
+    except (TypeError, ValueError):
+        return False
+    return True

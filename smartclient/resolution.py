@@ -90,6 +90,8 @@ class Resolution:
         self.allow = allow
         self.tls = tls
         self.tls_override = tls_override
+        #: the protocol an SNI rule is told: ``stream``, ``amqp`` or ``mqtt`` (over TLS or not)
+        self.family = (protocol or "stream").split("/", 1)[0]
         #: the resolver, when it routes each connection by the name it sends (SNI); None otherwise
         self.by_name: RoutesByName | None = self.resolver if isinstance(self.resolver, RoutesByName) else None
         if self.by_name is not None and not tls:
@@ -134,7 +136,7 @@ class Resolution:
             return None
         if node is None and self.by_name is not None and self.node_named is not None:
             node = self.node_named(target)
-        return tls_server_name(target, dialled, self.resolver, self.tls_override, node)
+        return tls_server_name(target, dialled, self.resolver, self.tls_override, node, self.family)
 
     def routed(self, target: Address, node: str | None = None, reached: str | None = None) -> Routed | None:
         """How a connection aimed at ``target`` (the node called ``node``, if known) is routed: by the SNI name

@@ -17,8 +17,10 @@ Verification is never turned off: a certificate that does not match fails the co
 Which string stands for the node (what :meth:`RoutesByName.sni_name` is given): the node's Erlang name where
 the protocol's placer knows it (AMQP and MQTT: ``rabbit@rabbit-server-0.rabbit-nodes.ns``, from the management
 API), else the target's host (streams: the host the node advertises in the stream metadata,
-``rabbit-server-0.rabbit-nodes.ns``; an entry point: its host).  :func:`default_sni_name` is the rule when
-none is given: the host part of an Erlang name, any other string as it is.
+``rabbit-server-0.rabbit-nodes.ns``; an entry point: its host).  It is given the protocol too (``stream``,
+``amqp`` or ``mqtt``), for an ingress that serves every protocol on one port and routes each by a name of its
+own.  :func:`default_sni_name` is the rule when none is given: the host part of an Erlang name, any other string
+as it is.
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ class NamesTls(Protocol):
 @runtime_checkable
 class RoutesByName(Protocol):
     """The optional protocol of a resolver that sends every connection to one ingress, which routes it by the
-    name in its TLS hello (SNI): ``sni_name(node)`` is the name that reaches ``node`` (see the module docstring
-    for the string ``node`` is).  That name is sent and verified, and each connection is checked to have
-    reached the node it named (a connection that reports another node is :class:`Misrouted`)."""
+    name in its TLS hello (SNI): ``sni_name(node, protocol)`` is the name that reaches ``node`` over ``protocol``
+    (``stream``, ``amqp``, ``mqtt``; see the module docstring for the string ``node`` is).  That name is sent and
+    verified, and each connection is checked to have reached the node it named (a connection that reports
+    another node is :class:`Misrouted`)."""
 
-    def sni_name(self, node: str) -> str: ...
+    def sni_name(self, node: str, protocol: str) -> str: ...
 
 
 def default_sni_name(node: str) -> str:
@@ -89,13 +92,14 @@ def _is_ip(host: str) -> bool:
 
 
 def tls_server_name(target: Address, dialled: Address, resolver: Any, override: str | None = None,
-                    node: str | None = None) -> str:
+                    node: str | None = None, protocol: str = "stream") -> str:
     """The name a TLS connection aimed at ``target`` and dialled at ``dialled`` must verify; ``node``: the
-    target node's name, where the caller knows it (AMQP and MQTT placement), for a resolver that routes by it.
+    target node's name, where the caller knows it (AMQP and MQTT placement), and ``protocol`` (``stream``,
+    ``amqp``, ``mqtt``), for a resolver that routes by name.
 
     :raises ResolutionError: a resolver that routes by name gave no usable name."""
     if isinstance(resolver, RoutesByName):
-        return resolver.sni_name(node or target.host)
+        return resolver.sni_name(node or target.host, protocol)
     if override:
         return override
     if isinstance(resolver, NamesTls):

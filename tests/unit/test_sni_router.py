@@ -67,6 +67,18 @@ def test_a_rule_receives_the_erlang_name_or_the_advertised_host_and_may_name_bot
     assert seen == ["rabbit-2@localhost", "rabbit-2.smartclient.test"]
 
 
+def test_a_rule_of_two_arguments_is_told_the_protocol_for_an_ingress_with_one_port_for_all() -> None:
+    router = SniRouter("ingress.example:443", amqp=443, mqtt_tls=443,
+                       name=lambda node, protocol: f"{protocol}-{bed_name(node)}")
+    target = Address("localhost", 20172)
+    names = {protocol: Resolution(router, tls=True, protocol=protocol).tls_name(target, INGRESS, "rabbit-1@localhost")
+             for protocol in ("amqp", "amqp/ssl", "mqtt/ssl")}
+    assert names == {"amqp": "amqp-rabbit-1.smartclient.test", "amqp/ssl": "amqp-rabbit-1.smartclient.test",
+                     "mqtt/ssl": "mqtt-rabbit-1.smartclient.test"}
+    assert Resolution(router, tls=True).tls_name(N1, INGRESS) == "stream-rabbit-1.smartclient.test"
+    assert SniRouter(INGRESS, name=str.upper).sni_name("rabbit-1.example", "amqp") == "RABBIT-1.EXAMPLE"  # builtin
+
+
 @pytest.mark.parametrize("answer, problem", [
     ("10.0.0.5", "an IP address"), ("::1", "an IP address"), ("", "no usable host name"), (5, "int, not a str"),
     ("rabbit 1", "not a DNS name"), ("rabbit-1@localhost", "not a DNS name"),
@@ -101,7 +113,8 @@ def test_listeners_per_protocol_a_port_on_the_same_host_or_host_port() -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"address": 5551}, "address must be 'host:port' or an Address"),
     ({"address": "ingress"}, "has no port"),
-    ({"address": INGRESS, "name": "rabbit.example"}, r"name must be a function \(a node's name\) or None"),
+    ({"address": INGRESS, "name": "rabbit.example"},
+     r"name must be a function \(a node's name, and maybe the protocol\) or None"),
     ({"address": INGRESS, "amqp": 70000}, "the SNI ingress's amqp listener must be"),
     ({"address": INGRESS, "mqtt_tls": -1}, "the SNI ingress's mqtt_tls listener must be"),
 ])
