@@ -5,9 +5,11 @@ Only this module imports pika, and only here do pika's exceptions become smartcl
 :func:`open_connection`, builds message properties with :func:`basic_properties`, and runs every call into
 pika inside :func:`pika_errors`.
 
-The wing touches no private attribute of pika.  What it relies on is listed in :data:`PIKA_INTERNALS` (one
-private method whose behaviour the error mapping depends on), :data:`PIKA_NAMES` (public names used) and
-:data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing drives).
+The wing touches no private attribute of pika; this module touches two.  What it relies on is listed in
+:data:`PIKA_INTERNALS` (a private method whose behaviour the error mapping depends on, and the way into the
+connection's I/O loop that a refreshed token takes: :func:`update_secret`), :data:`PIKA_NAMES` (public names
+used) and :data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing
+drives).
 ``tests/unit/test_pika_seam.py`` checks every entry against the installed pika and greps the library for
 pika imports outside this file; ``pyproject.toml`` pins pika below 1.5.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
+import pika.credentials
 import pika.exceptions as px
 from pika import BlockingConnection
 
@@ -30,9 +33,11 @@ from smartclient._errors import (
     ConnectionFailed,
     PublishFailed,
     SmartClientError,
+    TokenExpired,
+    TokenRefused,
 )
 from smartclient.core.address import Address
-from smartclient.core.settings import Credentials
+from smartclient.credentials import Login
 
 __all__ = [
     "PIKA_INTERNALS",
@@ -43,6 +48,8 @@ __all__ = [
     "close_quietly",
     "open_connection",
     "pika_errors",
+    "update_secret",
+    "watch_close",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,6 +60,13 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # unwraps AMQPConnectorTransportSetupError.exception), so a certificate that does not verify is
     # recognised as ssl.SSLCertVerificationError
     "pika.adapters.blocking_connection.BlockingConnection._reap_last_connection_workflow_error",
+    # a refreshed token goes to the connection's I/O loop, not to BlockingConnection's event dispatch:
+    # BlockingConnection.add_callback_threadsafe runs its callbacks only in process_data_events() and
+    # start_consuming(), never while the thread publishes, so a publisher would keep its old token until the
+    # broker closed it at expiry.  The loop runs during every blocking call (a publish, its confirm, a
+    # declare, process_data_events), and there update-secret is sent without waiting for its answer.
+    "pika.adapters.blocking_connection.BlockingConnection._impl",  # the asynchronous connection underneath
+    "pika.connection.Connection._adapter_add_callback_threadsafe",  # a call on the I/O loop's thread, from any
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -60,6 +74,7 @@ PIKA_NAMES: tuple[str, ...] = (
     "pika.BlockingConnection",
     "pika.ConnectionParameters",
     "pika.PlainCredentials",
+    "pika.credentials.ExternalCredentials",
     "pika.SSLOptions",
     "pika.BasicProperties",
     "pika.adapters.blocking_connection.BlockingChannel",
@@ -70,6 +85,9 @@ PIKA_NAMES: tuple[str, ...] = (
     "pika.exceptions.NackError",
     "pika.exceptions.ChannelClosed",
     "pika.exceptions.ConnectionClosed",
+    "pika.exceptions.ConnectionWrongStateError",
+    "pika.connection.Connection.update_secret",
+    "pika.connection.Connection.add_on_close_callback",
 )
 
 #: The parameters the AMQP wing passes to pika's callables (a subset of each signature).
@@ -85,6 +103,9 @@ PIKA_SIGNATURES: dict[str, tuple[str, ...]] = {
     "pika.BlockingConnection.channel": ("self",),
     "pika.BlockingConnection.close": ("self",),
     "pika.BlockingConnection.process_data_events": ("time_limit",),
+    "pika.connection.Connection.update_secret": ("new_secret", "reason", "callback"),
+    "pika.connection.Connection.add_on_close_callback": ("callback",),
+    "pika.connection.Connection._adapter_add_callback_threadsafe": ("callback",),
     "pika.adapters.blocking_connection.BlockingChannel.basic_publish": (
         "exchange", "routing_key", "body", "properties", "mandatory",
     ),
@@ -147,9 +168,12 @@ def pika_errors(
     except px.NackError as exc:
         raise PublishFailed(f"{where}: the broker refused the message (basic.nack)") from exc
     except px.ChannelClosed as exc:
+        if exc.reply_code == 403 and _TOKEN_EXPIRED in str(exc.reply_text):  # 4.0: the connection stays, refused
+            raise TokenExpired(f"{where}: the broker refused the channel's work: the token the connection logged "
+                               f"in with has expired ({exc.reply_code} {exc.reply_text})") from exc
         raise ConnectionFailed(f"{where}: the channel was closed ({exc.reply_code} {exc.reply_text})") from exc
     except px.ConnectionClosed as exc:
-        raise ConnectionFailed(f"{where}: the connection was closed ({exc.reply_code} {exc.reply_text})") from exc
+        raise closed_error(where, exc.reply_code, exc.reply_text) from exc
     except px.AMQPError as exc:
         raise ConnectionFailed(f"{where}: {type(exc).__name__}: {exc}") from exc
     except ssl.SSLCertVerificationError as exc:
@@ -163,31 +187,90 @@ def pika_errors(
         raise ConnectionFailed(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
+#: what RabbitMQ says when it closes a connection whose token expired (4.3: 320 CONNECTION_FORCED), refuses a
+#: token update-secret carried (530 NOT_ALLOWED, and 4.0.5 541 INTERNAL_ERROR for a token signed by a key it does
+#: not trust), or refuses a channel's work on 4.0.5, which keeps the connection of an expired token open
+_CREDENTIAL_EXPIRED = "credential expired"
+_SECRET_REFUSED = "secret was refused"
+_TOKEN_EXPIRED = "token has expired"
+
+
+def closed_error(where: str, code: int, text: str) -> ConnectionFailed:
+    """The error a connection the broker closed with ``code`` and ``text`` means: :class:`TokenExpired` (its
+    token expired), :class:`TokenRefused` (it refused a new token), else :class:`ConnectionFailed`."""
+    if _CREDENTIAL_EXPIRED in str(text):
+        return TokenExpired(f"{where}: the broker closed the connection: the token it logged in with expired "
+                            f"({code} {text})")
+    if _SECRET_REFUSED in str(text):
+        return TokenRefused(f"{where}: the broker refused the new token and closed the connection ({code} {text})")
+    return ConnectionFailed(f"{where}: the connection was closed ({code} {text})")
+
+
 def open_connection(
     dialled: Address,
     *,
     name: str,
-    credentials: Credentials,
+    login: Login,
     vhost: str,
     heartbeat: int,
     tls: ssl.SSLContext | None,
     tls_name: str | None = None,
 ) -> BlockingConnection:
     """A pika ``BlockingConnection`` to ``dialled``, named ``name`` (its client-provided
-    ``connection_name``), one attempt, TLS verifying ``tls_name`` (what the resolution seam says; else the
-    dialled host).
+    ``connection_name``), one attempt, logging in as ``login`` says (PLAIN with a password or a token;
+    EXTERNAL: the client certificate in ``tls`` is the identity), TLS verifying ``tls_name`` (what the
+    resolution seam says; else the dialled host).
 
     :raises AuthenticationFailed, CertificateRejected, ConnectionFailed: see :func:`pika_errors`.
     """
+    credentials: Any = (pika.credentials.ExternalCredentials() if login.mechanism == "EXTERNAL"
+                        else pika.PlainCredentials(login.username, login.password))
     params = pika.ConnectionParameters(
         host=dialled.host, port=dialled.port, virtual_host=vhost,
-        credentials=pika.PlainCredentials(credentials.username, credentials.password),
+        credentials=credentials,
         heartbeat=heartbeat, client_properties={"connection_name": name},
         ssl_options=pika.SSLOptions(tls, tls_name or dialled.host) if tls is not None else None,
         connection_attempts=1, socket_timeout=5, blocked_connection_timeout=30,
     )
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
         return BlockingConnection(params)
+
+
+def update_secret(connection: Any, token: str, on_done: Callable[[], None]) -> bool:
+    """Hand ``token`` to ``connection`` (AMQP 0.9.1's ``connection.update-secret``), from any thread; return
+    False if it is closed.  The frame is sent from the connection's own I/O loop, which runs whenever its thread
+    is in a blocking pika call (a publish and its confirm, a declare, ``process_data_events``,
+    ``start_consuming``); ``on_done()`` is called there when the broker accepts it.  A broker that refuses the
+    token closes the connection (530 NOT_ALLOWED; see :func:`closed_error` and :func:`watch_close`).
+    """
+    impl = connection._impl
+
+    def send() -> None:
+        if impl.is_open:
+            impl.update_secret(token, "token refreshed", lambda frame: on_done())
+
+    try:
+        if not connection.is_open:
+            return False
+        impl._adapter_add_callback_threadsafe(send)
+    except (px.ConnectionWrongStateError, AttributeError, RuntimeError, OSError) as exc:
+        log.debug("handing a new token to a closing AMQP connection: %s", exc)
+        return False
+    return True
+
+
+def watch_close(connection: Any, on_closed: Callable[[ConnectionFailed | None], None]) -> None:
+    """Call ``on_closed(error)`` on the connection's thread when it closes: None if the application closed it,
+    else what the close means (:func:`closed_error`)."""
+    def closed(_impl: Any, reason: BaseException) -> None:
+        if isinstance(reason, px.ConnectionClosedByClient):
+            on_closed(None)
+        elif isinstance(reason, px.ConnectionClosed):
+            on_closed(closed_error("AMQP connection", reason.reply_code, reason.reply_text))
+        else:
+            on_closed(ConnectionFailed(f"AMQP connection lost: {type(reason).__name__}: {reason}"))
+
+    connection._impl.add_on_close_callback(closed)
 
 
 def probe_node(connection: Any, node_of_queue: Callable[[str], Any]) -> str | None:

@@ -2,6 +2,12 @@
 
 Each connection carries a unique client-provided ``connection_name``, by which the management API says
 its node (see :mod:`smartclient.node_placement` for how placing and checking work).
+
+Each connection logs in through the one credentials seam (:mod:`smartclient.credentials`): a password, the
+current OAuth2 token, or EXTERNAL (the client certificate, over the nodes' ``amqp/ssl`` listeners); the client
+certificate is loaded into the TLS context before each connection, so a rotated one is used by the next.  With
+token credentials, every connection the placer handed out takes each new token on the open connection
+(``connection.update-secret``, :meth:`AmqpPlacer.update_secrets`).
 """
 
 from __future__ import annotations
@@ -9,18 +15,38 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
+import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from smartclient._errors import ConnectionFailed, ManagementError
-from smartclient.amqp._pika import BlockingConnection, close_quietly, open_connection, pika_errors, probe_node
+from smartclient import credentials as signing
+from smartclient._errors import (
+    AuthenticationFailed,
+    ConnectionFailed,
+    ManagementError,
+    TokenExpired,
+    TokenRefused,
+)
+from smartclient.amqp._pika import (
+    BlockingConnection,
+    close_quietly,
+    open_connection,
+    pika_errors,
+    probe_node,
+    update_secret,
+    watch_close,
+)
 from smartclient.core.address import Address
+from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
 from smartclient.core.validation import checked
+from smartclient.credentials import CredentialsLike, TokenCredentials
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS
 from smartclient.options import management as check_management
@@ -37,13 +63,22 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class PlacedConnection:
-    """A pika ``BlockingConnection`` and where it sits."""
+    """A pika ``BlockingConnection`` and where it sits.
+
+    With token credentials it takes every new token while open: :attr:`secret_updates` counts those the broker
+    accepted; :attr:`failure` says why the broker closed it, if it did (:class:`TokenRefused`: it refused a new
+    token; :class:`TokenExpired`: its token expired before a new one reached it).
+    """
 
     connection: BlockingConnection
     node: str
     dialled: Address
     name: str
     attempts: int = 1
+    secret_updates: int = 0
+    failure: ConnectionFailed | None = None
+    #: new tokens sent and not answered yet (the broker closes the connection on one it refuses)
+    pending_secrets: int = field(default=0, repr=False)
 
     def channel(self) -> Any:
         """A new pika ``BlockingChannel`` on this connection.
@@ -96,7 +131,10 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         connection_name: str | None = None,
         identify_timeout: float = 10.0,
         entry_points: Any = None,
+        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
     ) -> None:
+        if (settings.tls if settings is not None and tls is None else tls) is not None:
+            self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
                          allow=allow, retry=retry, tls=tls, identify_timeout=identify_timeout,
                          entry_points=entry_points)
@@ -104,6 +142,14 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self.heartbeat = heartbeat
         #: the connections' name prefix: given, else the settings' (an Environment's), else "smartclient"
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
+        #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connection
+        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
+        if self.client_certificate is not None and credentials is None and settings is None:
+            self.credentials = signing.EXTERNAL  # type: ignore[assignment]  # a certificate and no credentials
+        self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
+        self._watching = threading.Lock()
+        self.secret_updates = 0  #: new tokens the broker accepted on a live connection
+        self.secret_failures = 0  #: new tokens it refused (each closes its connection: TokenRefused)
 
     def connect(self, node: str | None = None) -> PlacedConnection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
@@ -113,10 +159,75 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
+        self._login(self.connection_name)  # a provider that fails, or an expired token: raised now, not retried
         landed = self.place(node)
         placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
+        watch_close(placed.connection, partial(self._closed, placed))
         self.live.add(placed)
+        self._watch_credentials()
         return placed
+
+    # -- logging in, and tokens refreshed on the live connections ------------------------------------------
+    def _login(self, name: str) -> signing.Login:
+        """What connection ``name`` logs in with (a token provider may be asked: this may block).
+
+        :raises TokenProviderFailed: the provider failed (within its back-off it is not asked again).
+        :raises TokenExpired: it answered a token already past its expiry.
+        """
+        return signing.login(self._credentials(), name)
+
+    def _credentials(self) -> CredentialsLike:
+        return self.credentials
+
+    def _watch_credentials(self) -> None:
+        """With token credentials, hand each new token to every live connection (from the first connection on)."""
+        with self._watching:
+            if self._unwatch is None:
+                self._unwatch = signing.watch(self._credentials(), f"the AMQP connections of {self!r}",
+                                              self.update_secrets)
+
+    def update_secrets(self, token: str) -> int:
+        """Hand ``token`` to every open connection this placer handed out (``connection.update-secret``); return
+        how many it was sent to.  It is sent from each connection's own thread, the next time that thread is in
+        a pika call (see :func:`~smartclient.amqp._pika.update_secret`), and counted in :attr:`secret_updates`
+        when the broker accepts it.  A refusal closes that connection (logged as :class:`TokenRefused`, counted
+        in :attr:`secret_failures`, the connection's :attr:`~PlacedConnection.failure`); the others go on."""
+        sent = 0
+        for placed in list(self.live):
+            if not isinstance(placed, PlacedConnection) or not placed.connection.is_open:
+                continue
+            placed.pending_secrets += 1
+            if update_secret(placed.connection, token, partial(self._secret_taken, placed)):
+                sent += 1
+            else:
+                placed.pending_secrets -= 1
+        return sent
+
+    def _secret_taken(self, placed: PlacedConnection) -> None:
+        placed.pending_secrets -= 1
+        placed.secret_updates += 1
+        self.secret_updates += 1
+
+    def _closed(self, placed: PlacedConnection, error: ConnectionFailed | None) -> None:
+        """The broker (or the application, ``error`` None) closed ``placed``: say why, if a token was the cause."""
+        if error is None:
+            return
+        if placed.pending_secrets and not isinstance(error, TokenExpired | TokenRefused):
+            # 4.0.5 answers a token signed by a key it does not trust with 541 INTERNAL_ERROR, not 530
+            error = TokenRefused(f"{error} (while a new token was on its way)")
+        if isinstance(error, TokenRefused):
+            self.secret_failures += 1
+            error.connection = placed.name
+        placed.failure = error
+        if isinstance(error, TokenExpired | TokenRefused):
+            log.warning("AMQP connection %s on %s closed by the broker: %s", placed.name, placed.node, error)
+
+    def close(self) -> None:
+        """Stop handing new tokens to the connections (they stay open until their token expires)."""
+        with self._watching:
+            if self._unwatch is not None:
+                self._unwatch()
+                self._unwatch = None
 
     def _node_if_up(self, placed: Any) -> str | None:
         return placed.node if placed.connection.is_open else None
@@ -146,7 +257,16 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         return (node, -1) if node else super()._identify(connection, name, newer_than)
 
     def _dial(self, target: Address, dialled: Address, name: str) -> BlockingConnection:
+        signed = self._login(name)
+        tls = signing.tls_context(self.tls, self.client_certificate)  # a rotated certificate: loaded now
         self.opened += 1
-        return open_connection(dialled, name=name, credentials=self.credentials, vhost=self.vhost,
-                               heartbeat=self.heartbeat, tls=self.tls,
-                               tls_name=self.resolution.tls_name(target, dialled))
+        try:
+            return open_connection(dialled, name=name, login=signed, vhost=self.vhost, heartbeat=self.heartbeat,
+                                   tls=tls, tls_name=self.resolution.tls_name(target, dialled))
+        except AuthenticationFailed as exc:
+            creds = self._credentials()
+            token = creds.token if isinstance(creds, TokenCredentials) else None
+            raise refusal(exc, time.time(), mechanism=signed.mechanism,
+                          provider=creds.name if isinstance(creds, TokenCredentials) else None,
+                          expires_at=token.expires_at if token is not None else None) from exc
+

@@ -24,9 +24,10 @@ from smartclient import (
     AuthenticationFailed,
     CertificateRejected,
     ConnectionFailed,
-    Credentials,
     NoRpcServer,
     PublishFailed,
+    TokenExpired,
+    TokenRefused,
 )
 from smartclient.amqp._pika import (
     PIKA_INTERNALS,
@@ -35,6 +36,7 @@ from smartclient.amqp._pika import (
     open_connection,
     pika_errors,
 )
+from smartclient.credentials import Login
 from tests.unit.test_paho_seam import (
     ROOT,
     FakeBroker,
@@ -52,7 +54,27 @@ SEAM = ROOT / "smartclient" / "amqp" / "_pika.py"
 # -- the lists, entry by entry -------------------------------------------------------------------------
 @pytest.mark.parametrize("entry", PIKA_INTERNALS)
 def test_every_private_name_of_pika_the_seam_relies_on_exists(entry: str) -> None:
-    assert callable(resolve_path(entry)), entry
+    owner, name = entry.rsplit(".", 1)
+    if name in INSTANCE_ATTRIBUTES:  # set by the owner's __init__, not a method
+        assert f"self.{name} = " in inspect.getsource(resolve_path(owner).__init__), entry
+    else:
+        assert callable(resolve_path(entry)), entry
+
+
+#: the entries of PIKA_INTERNALS that are instance attributes (the rest are methods)
+INSTANCE_ATTRIBUTES = {"_impl"}
+
+
+def test_a_new_token_goes_through_the_connections_io_loop() -> None:
+    """PIKA_INTERNALS: update-secret is sent from the I/O loop, which runs callbacks handed to it while any
+    blocking call (a publish too) flushes; BlockingConnection's own add_callback_threadsafe would wait for
+    process_data_events."""
+    blocking = inspect.getsource(pika.BlockingConnection.add_callback_threadsafe)
+    assert "self._impl._adapter_add_callback_threadsafe(" in blocking
+    assert "call_later(0" in inspect.getsource(pika.BlockingConnection._on_threadsafe_callback)
+    flush = inspect.getsource(pika.BlockingConnection._flush_output)
+    assert "self._impl.ioloop.poll()" in flush and "self._impl.ioloop.process_timeouts()" in flush
+    assert "update_secret" in vars(pika.connection.Connection)
 
 
 def test_a_failed_connect_raises_the_last_attempts_own_error() -> None:
@@ -98,6 +120,13 @@ def test_the_lists_name_every_private_pika_name_the_seam_touches() -> None:
     (px.NackError([]), PublishFailed, "basic.nack"),
     (px.ChannelClosedByBroker(404, "NOT_FOUND - no queue"), ConnectionFailed, r"channel was closed \(404 NOT_FOUND"),
     (px.ConnectionClosedByBroker(320, "CONNECTION_FORCED"), ConnectionFailed, r"connection was closed \(320 "),
+    # the broker's words about tokens (4.3.6; 4.0.5 refuses a channel's work instead of closing)
+    (px.ConnectionClosedByBroker(320, "CONNECTION_FORCED - credential expired"), TokenExpired,
+     "the token it logged in with expired"),
+    (px.ConnectionClosedByBroker(530, "NOT_ALLOWED - New secret was refused by one of the backends"), TokenRefused,
+     "refused the new token"),
+    (px.ChannelClosedByBroker(403, "ACCESS_REFUSED - ... Provided JWT token has expired at timestamp 1"),
+     TokenExpired, "has expired"),
     (px.StreamLostError("Transport indicated EOF"), ConnectionFailed, "StreamLostError: Transport indicated EOF"),
     (px.AMQPConnectionError("boom"), ConnectionFailed, "AMQPConnectionError"),
     (ssl.SSLCertVerificationError(1, "certificate verify failed"), CertificateRejected, "AMQP over TLS"),
@@ -128,8 +157,8 @@ def test_a_connect_to_a_closed_port_is_connection_failed() -> None:
     port = closed.getsockname()[1]
     closed.close()
     with pytest.raises(ConnectionFailed, match=f"connecting to 127.0.0.1:{port}") as caught:
-        open_connection(Address("127.0.0.1", port), name="seam-test", credentials=Credentials(), vhost="/",
-                        heartbeat=60, tls=None)
+        open_connection(Address("127.0.0.1", port), name="seam-test", login=Login("PLAIN", "guest", "guest"),
+                        vhost="/", heartbeat=60, tls=None)
     assert isinstance(caught.value.__cause__, px.AMQPError)
 
 
@@ -138,8 +167,8 @@ def test_a_certificate_that_does_not_verify_is_certificate_rejected() -> None:
     listener = FakeBroker(connack=None, tls=server_context)
     try:
         with pytest.raises(CertificateRejected, match=r"AMQP over TLS.*not valid for '127\.0\.0\.1'") as caught:
-            open_connection(listener.address, name="seam-test", credentials=Credentials(), vhost="/", heartbeat=60,
-                            tls=client_context)
+            open_connection(listener.address, name="seam-test", login=Login("PLAIN", "guest", "guest"), vhost="/",
+                            heartbeat=60, tls=client_context)
         assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
     finally:
         listener.close()
