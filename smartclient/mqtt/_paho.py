@@ -27,6 +27,13 @@ Why each private name is touched:
   that move a client and for closing a broken client.
 * ``Client._thread`` says whether ``loop_start``'s thread runs (if not, a DISCONNECT is flushed by hand).
 * ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
+* ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
+  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`; read, never written).  Messages
+  queued behind paho's in-flight window are not waited for: they were never sent, and go on the next connection.
+* ``Client._sockpairW`` is the other end of ``_sockpairR``: written to wake the loop for a hand-over that is due.
+* ``Client.publish`` and ``Client.disconnect`` are overridden (public methods): a client that hands over to a new
+  token, or reconnects, *holds* what it is asked to publish meanwhile and sends it once connected again
+  (:class:`HeldInfo`), so nothing published in between is lost; a disconnect asked for ends that.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import contextlib
 import logging
 import select
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -60,6 +68,7 @@ __all__ = [
     "PAHO_NAMES",
     "PAHO_OVERRIDES",
     "PAHO_SIGNATURES",
+    "HeldInfo",
     "MQTTMessage",
     "MQTTMessageInfo",
     "MQTTProtocolVersion",
@@ -67,6 +76,7 @@ __all__ = [
     "PahoClient",
     "Properties",
     "connack_of",
+    "is_refusal",
     "paho_errors",
     "session_properties",
 ]
@@ -85,10 +95,12 @@ PAHO_INTERNALS: tuple[str, ...] = (
     "Client._sock_close",  # closes the socket without DISCONNECT, calling on_socket_close
     "Client._thread",  # loop_start's thread, None when none runs
     "Client._client_id",  # the client id, bytes
+    "Client._inflight_messages",  # QoS 1 and 2 messages sent and not yet acknowledged (read)
+    "Client._sockpairW",  # written to wake the loop (as publish() from another thread does)
 )
 
 #: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
-PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect")
+PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.publish", "Client.disconnect")
 
 #: Every public name of paho this module imports or relies on, as a module path.
 PAHO_NAMES: tuple[str, ...] = (
@@ -98,6 +110,7 @@ PAHO_NAMES: tuple[str, ...] = (
     "paho.mqtt.client.MQTTMessageInfo",
     "paho.mqtt.client.MQTT_ERR_SUCCESS",
     "paho.mqtt.client.connack_string",
+    "paho.mqtt.client.error_string",
     "paho.mqtt.enums.CallbackAPIVersion",
     "paho.mqtt.enums.MQTTErrorCode",
     "paho.mqtt.enums.MQTTProtocolVersion",
@@ -110,6 +123,8 @@ PAHO_NAMES: tuple[str, ...] = (
 PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
     "Client._loop": ("self", "timeout"),
     "Client.reconnect": ("self",),
+    "Client.publish": ("self", "topic", "payload", "qos", "retain", "properties"),
+    "Client.disconnect": ("self", "reasoncode", "properties"),
     "Client.__init__": ("callback_api_version", "client_id", "clean_session", "protocol"),
     "Client.connect": ("host", "port", "keepalive", "clean_start", "properties"),
     "Client.username_pw_set": ("username", "password"),
@@ -120,7 +135,6 @@ PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
     "Client.loop_write": ("self",),
     "Client.loop_misc": ("self",),
     "Client.loop_stop": ("self",),
-    "Client.disconnect": ("self",),
     "Client.socket": ("self",),
     "ConnectFlags": ("session_present",),
     "ReasonCode.__init__": ("packetType", "identifier"),
@@ -130,6 +144,11 @@ PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
 #: CONNACK reason codes that mean "wrong credentials or no access" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135,
 #: 140): :class:`AuthenticationFailed`, never retried
 _AUTH_CODES = frozenset({4, 5, 134, 135, 140})
+#: an MQTT DISCONNECT with no reason code and no properties (MQTT 3.1.1 and 5: "normal disconnection")
+_DISCONNECT = b"\xe0\x00"
+#: most messages a client holds while it is not connected; more are refused (paho's MQTT_ERR_QUEUE_SIZE)
+MAX_HELD = 100_000
+_HOLD_LOCKS = threading.Lock()  # makes each client's hold lock once
 
 _C = TypeVar("_C", bound="PahoClient")
 
@@ -192,6 +211,11 @@ def paho_errors(dialled: Address) -> Iterator[None]:
         raise ConfigurationError(f"connecting to {dialled} (MQTT): paho refused a setting: {exc}") from exc
 
 
+def is_refusal(code: int) -> bool:
+    """Whether a CONNACK reason code means refused credentials or no access (see :func:`paho_errors`)."""
+    return code in _AUTH_CODES
+
+
 def connack_of(flags: Any, reason: Any) -> tuple[bool, int]:
     """``(session present, reason code)`` from the ``flags`` and ``reason`` paho passes to a VERSION2
     ``on_connect`` callback."""
@@ -224,6 +248,43 @@ class NamedContext:
         return self.context.wrap_socket(sock, server_hostname=self.server_name or server_hostname, **kwargs)
 
 
+class HeldInfo(MQTTMessageInfo):
+    """What :meth:`PahoClient.publish` answers for a message it held while the client was handing over to a new
+    token or reconnecting: ``mid`` is 0 until the message is sent; then it follows the sent message's info
+    (``wait_for_publish`` waits for its PUBACK at QoS 1).  ``rc`` says why, if it is never sent (the client gave up,
+    or was closed)."""
+
+    __slots__ = ("_sent", "_settled")
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self._sent: MQTTMessageInfo | None = None
+        self._settled = threading.Event()
+
+    def bind(self, sent: MQTTMessageInfo) -> None:
+        self.mid, self.rc, self._sent = sent.mid, sent.rc, sent
+        self._settled.set()
+
+    def fail(self, rc: MQTTErrorCode) -> None:
+        self.rc = rc
+        self._settled.set()
+
+    def wait_for_publish(self, timeout: float | None = None) -> None:
+        began = time.monotonic()
+        if not self._settled.wait(timeout):
+            return  # as paho's: a timeout returns, is_published() says
+        if self._sent is None:
+            raise RuntimeError(f"Message publish failed: {paho.error_string(self.rc)}")
+        self._sent.wait_for_publish(None if timeout is None else max(0.0, timeout - (time.monotonic() - began)))
+
+    def is_published(self) -> bool:
+        if self._sent is None:
+            if self._settled.is_set():
+                raise RuntimeError(f"Message publish failed: {paho.error_string(self.rc)}")
+            return False
+        return self._sent.is_published()
+
+
 class PahoClient(paho.Client):
     """paho's ``Client`` as smartclient drives it: its network loop on ``poll()``, re-aimable at another
     node before a reconnect, TLS verifying a chosen name, and closed quietly.  Every paho call that can fail
@@ -231,6 +292,11 @@ class PahoClient(paho.Client):
 
     #: ``(session present, reason code)`` of the last CONNACK (:meth:`record_connack`); None before one
     last_connack: tuple[bool, int] | None = None
+    #: publishes held while not connected, in order (None: not holding); see :meth:`hold_publishes`
+    _held_publishes: list[tuple[tuple[Any, ...], HeldInfo]] | None = None
+    _held_lock: threading.RLock | None = None
+    #: hold what is published while the connection is down (a client that reconnects on its own)
+    hold_while_down: bool = False
 
     @classmethod
     def create(cls: type[_C], client_id: str, protocol: MQTTProtocolVersion, clean_start: bool) -> _C:
@@ -239,7 +305,7 @@ class PahoClient(paho.Client):
         return cls(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
                    clean_session=None if v5 else clean_start)
 
-    def configure(self, username: str, password: str, *, reconnect_delay: tuple[float, float],
+    def configure(self, username: str | None, password: str | None, *, reconnect_delay: tuple[float, float],
                   connect_timeout: float, tls: ssl.SSLContext | None) -> None:
         """Credentials, paho's reconnect delays, the connect timeout, and TLS (a verifying context).
 
@@ -378,10 +444,112 @@ class PahoClient(paho.Client):
         except Exception as exc:  # already broken
             log.debug("closing an MQTT client: %s", exc)
 
+    # -- publishes held while a client hands over or reconnects -----------------------------------------
+    def _holding_lock(self) -> threading.RLock:
+        if self._held_lock is None:
+            with _HOLD_LOCKS:
+                if self._held_lock is None:
+                    self._held_lock = threading.RLock()
+        return self._held_lock
+
+    def hold_publishes(self) -> None:
+        """From now on, hold what :meth:`publish` is asked to send (any QoS), in order, until
+        :meth:`release_publishes`: the client is about to hand over to a new token, or is reconnecting."""
+        with self._holding_lock():
+            if self._held_publishes is None:
+                self._held_publishes = []
+
+    @property
+    def holding(self) -> int | None:
+        """How many publishes are held (None: not holding)."""
+        held = self._held_publishes
+        return None if held is None else len(held)
+
+    def release_publishes(self) -> int:
+        """Send every held publish, in order, and stop holding; return how many.  Call it connected (on the
+        loop's thread, e.g. from ``on_connect``): a publish made meanwhile on another thread waits for this."""
+        with self._holding_lock():
+            held, self._held_publishes = self._held_publishes, None
+            for args, info in held or ():
+                info.bind(super().publish(*args))
+            return len(held or ())
+
+    def fail_held(self, rc: MQTTErrorCode = MQTTErrorCode.MQTT_ERR_NO_CONN) -> int:
+        """Fail every held publish with ``rc`` (the client will not connect again) and stop holding."""
+        with self._holding_lock():
+            held, self._held_publishes = self._held_publishes, None
+            for _, info in held or ():
+                info.fail(rc)
+            return len(held or ())
+
+    def publish(self, topic: str, payload: Any = None, qos: int = 0, retain: bool = False,
+                properties: Properties | None = None) -> MQTTMessageInfo:
+        """paho's ``publish``; while the client hands over to a new token or reconnects, the message is held and
+        sent (in order) once it is connected again: the answer is then a :class:`HeldInfo`."""
+        with self._holding_lock():
+            if self._held_publishes is None and self.hold_while_down and self._sock is None:
+                self._held_publishes = []
+            if self._held_publishes is None:
+                return super().publish(topic, payload, qos, retain, properties)
+            info = HeldInfo()
+            if len(self._held_publishes) >= MAX_HELD:
+                info.fail(MQTTErrorCode.MQTT_ERR_QUEUE_SIZE)
+            else:
+                self._held_publishes.append(((topic, payload, qos, retain, properties), info))
+            return info
+
+    def disconnect(self, reasoncode: ReasonCode | None = None, properties: Properties | None = None) -> MQTTErrorCode:
+        """paho's ``disconnect``: the client will not reconnect, so what it holds fails (``MQTT_ERR_NO_CONN``)."""
+        self.hold_while_down = False
+        self.fail_held()
+        return super().disconnect(reasoncode, properties)
+
+    def in_flight(self) -> int:
+        """QoS 1 and 2 messages sent and not yet acknowledged (those queued behind paho's in-flight window are
+        not: they were never sent)."""
+        return int(self._inflight_messages)
+
+    def say_goodbye(self, timeout: float = 1.0) -> None:
+        """End the connection as the client's own choice, but not for good: write out what is queued (PUBACKs of
+        messages received, say), send DISCONNECT (a persistent session is kept and delivers nothing more; what it
+        delivered and was not acknowledged goes back to its queue), close the socket.  paho's ``on_disconnect`` is
+        not called and paho does not take the client for disconnected: it is reconnected next."""
+        deadline = time.monotonic() + timeout
+        try:
+            while self._sock is not None and self.want_write() and time.monotonic() < deadline:
+                if self.loop_write() != paho.MQTT_ERR_SUCCESS:
+                    break
+            sock = self._sock
+            if sock is not None:
+                sock.send(_DISCONNECT)
+        except OSError as exc:  # already broken: nothing to say goodbye on
+            log.debug("MQTT client %s: goodbye: %s", self.client_id, exc)
+        finally:
+            self._sock_close()
+
+    def pump(self, timeout: float) -> MQTTErrorCode:
+        """One turn of the network loop on this thread: wait up to ``timeout`` s, read and write what is ready."""
+        return self._loop(timeout)
+
+    def wake(self) -> None:
+        """Wake the loop (``loop_start``'s thread), as a publish from another thread does."""
+        pair = self._sockpairW
+        if pair is not None:
+            with contextlib.suppress(OSError):
+                pair.send(b"0")
+
+    def _loop_turn(self) -> float | None:
+        """Called on the loop's thread at every turn of :meth:`_loop`: do what is due (a subclass's hand-over)
+        and return the seconds until something is due next (None: nothing)."""
+        return None
+
     # paho's network loop (loop_start, loop_forever, loop) waits with select(), which cannot watch a file
     # descriptor numbered 1024 or more: in a process with many files or sockets the client never gets
     # its CONNACK, silently (eclipse-paho/paho.mqtt.python#183, #238, #819).  The same loop, with poll().
     def _loop(self, timeout: float = 1.0) -> MQTTErrorCode:
+        due = self._loop_turn()
+        if due is not None:
+            timeout = min(timeout, max(0.0, due))
         sock = self._sock
         if sock is None or not hasattr(select, "poll") or timeout < 0.0:
             return super()._loop(timeout)

@@ -1,10 +1,8 @@
 """Thousands of MQTT connections from one process, driven by one selector thread, spread over the nodes.
 
-paho runs one network thread per client (``loop_start``).  A fleet instead uses paho's external-loop
-interface: every client's socket is registered with one ``selectors`` selector (``on_socket_open``,
-``on_socket_register_write``, ...), and one thread calls ``loop_read``/``loop_write`` on the ready ones and
-``loop_misc`` (keepalive) on every client once a second.  No thread per client, no socket pair per
-client: one file descriptor each.
+paho runs one network thread per client (``loop_start``).  A fleet instead drives every client from one thread
+and one selector (:class:`~smartclient.mqtt.selector_loop.SelectorLoop`): no thread per client, no socket pair per
+client, one file descriptor each.
 
 Every connection is a placement of the core's loop (``Placement``), driven by the loop thread's events, over
 candidates the core decides (:mod:`smartclient.core.broker_nodes`); every dial goes through the placer's
@@ -15,28 +13,27 @@ load balancer, the management API says where each client landed, and those on no
 share; a balancer that never routes them there is the core's to judge (``NodeUnreachable`` when a moved
 client's placement gives up).  A dropped client is placed again (``reconnect_candidates``, :data:`RECONNECT`).
 
+With token credentials every client hands over to each new token (:mod:`smartclient.mqtt.handover`: hold, drain,
+DISCONNECT, connect again with the new token on its own node first, send what was held), the fleet's clients spread
+evenly over the first half of the time their token has left (:func:`~smartclient.core.relogin.handover_delay`,
+client *i* of *n* at *i/n* of it), so thousands never reconnect at once.  A publish made while a client hands over or
+reconnects is held and sent once it is connected again.
+
 Thread safety: ``publish``/``subscribe`` may be called from any thread; socket registration changes made
 off the loop thread are handed to it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import functools
-import heapq
-import itertools
 import logging
 import math
 import os
-import selectors
-import socket
-import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from smartclient._errors import (
     AddressNotAllowed,
@@ -50,11 +47,14 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import evenly_spread, pick_node, rebalance, reconnect_candidates, spread_candidates
 from smartclient.core.landing import Done, GiveUp, Keep, Placement, PlacementStep
+from smartclient.core.relogin import handover_candidates, handover_delay, slot_of
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import function, instance, number, text, texts, whole
-from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo
+from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo, is_refusal
+from smartclient.mqtt.handover import LoginSent
 from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
+from smartclient.mqtt.selector_loop import SelectorLoop
 from smartclient.mqtt.topics import validate_filter, validate_topic
 
 __all__ = ["FleetReport", "MqttFleet", "process_rss"]
@@ -64,9 +64,9 @@ log = logging.getLogger(__name__)
 RECONNECT = Backoff(initial=0.1, factor=2.0, max=5.0, jitter=0.2)  # a dropped client's tries
 LOOP_POLL = Backoff.steady(0.05)  # the caller's look at what the loop thread did: connects, CONNACKs, closes
 LISTING_POLL = Backoff.steady(0.5)  # the management API lists a new client within its statistics round
+DRAIN_POLL = 0.02  # a client handing over looks at its messages in flight this often
 
 MessageCallback = Callable[[int, MQTTMessage], None]
-T = TypeVar("T")
 
 
 def process_rss() -> int:
@@ -111,6 +111,7 @@ class _Member:
     target: Address | None = None  # what the last dial aimed at, and what it dialled
     dialled: Address | None = None
     failure: SmartClientError | None = None  # why its placement gave up
+    handing_over: LoginSent | None = None  # handing over to a new token: what it had (the fallback of a refusal)
 
 
 class MqttFleet:
@@ -167,19 +168,13 @@ class MqttFleet:
         self._checking = False  # through a load balancer, start() identifies landings (else accepted unchecked)
         self._deadline = 0.0
         self.members: list[_Member] = []
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._calls: deque[Callable[[], None]] = deque()
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._loop_ident = 0
-        self._stop = False
+        self._loop = SelectorLoop("smartclient-mqtt-fleet", lambda: self.members, self._member)
         self._awaiting: set[int] = set()
+        self._unwatch: Callable[[], None] | None = None  # stops the token hand-overs
         self.disconnects = 0
         self.reconnects = 0
+        self.handovers = 0  #: connections handed over to a new token
+        self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the client kept the one it had)
 
     # -- public ------------------------------------------------------------------------------
     def __enter__(self) -> MqttFleet:
@@ -211,23 +206,25 @@ class MqttFleet:
 
         :raises ConnectionFailed: not every client was connected within ``timeout`` seconds.
         """
-        if self._thread is not None:
+        if self._loop.running or self._loop.stopped:
             raise ConfigurationError("this fleet was started already")
+        self.placer.login.check(self.prefix)  # a provider that fails, an expired token: raised now, not retried
         rss0 = process_rss()
         t0 = time.monotonic()
         self._targets = self._spread_targets()
-        self._thread = threading.Thread(target=self._run, name="smartclient-mqtt-fleet", daemon=True)
-        self._thread.start()
+        self._loop.start()
         for i in range(self.size):
             self.members.append(_Member(i, self._new_client(i)))
         self._checking = self.placer.lb is not None
         deadline = self._deadline = t0 + timeout
-        self._call(self._pump)
+        self._loop.call(self._pump)
         try:
             self._wait(lambda: self.connected + self._failed() >= self.size, deadline, "connect")
             if self._failed():
                 raise ConnectionFailed(f"{self._failed()} of {self.size} fleet connections failed; see the log")
             rebalanced = self._rebalance(deadline) if self.placer.lb is not None else 0
+            self._unwatch = self.placer.login.watch(lambda token: self._loop.call(self._schedule_handovers),
+                                                    f"MQTT fleet {self.prefix}")
         except BaseException:
             self.close()
             raise
@@ -238,7 +235,9 @@ class MqttFleet:
                            (process_rss() - rss0) / max(1, self.connected), rebalanced, self._failed())
 
     def publish(self, index: int, topic: str, payload: bytes | str, qos: int = 0) -> MQTTMessageInfo:
-        """Publish from client ``index`` (any thread).  Wait on the returned info for QoS 1's PUBACK."""
+        """Publish from client ``index`` (any thread).  Wait on the returned info for QoS 1's PUBACK.  While the
+        client hands over to a new token or reconnects, the message is held and sent once it is connected again
+        (the info is then a :class:`~smartclient.mqtt._paho.HeldInfo`)."""
         validate_topic(topic)
         _check_qos(qos)
         return self.members[index].client.publish(topic, payload, qos)
@@ -253,8 +252,11 @@ class MqttFleet:
 
     def close(self, timeout: float = 10.0) -> None:
         """DISCONNECT every client, wait for the broker to close them (up to ``timeout``), stop the loop."""
-        if self._thread is None:
+        if not self._loop.running:
             return
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
         def disconnect_all() -> None:
             for m in self.members:
@@ -262,20 +264,14 @@ class MqttFleet:
                 if m.client.socket() is not None:
                     m.client.disconnect()
 
-        self._call(disconnect_all)
+        self._loop.call(disconnect_all)
         deadline = time.monotonic() + timeout
         polls = LOOP_POLL.delays()
         while time.monotonic() < deadline and any(m.client.socket() is not None for m in self.members):
             time.sleep(next(polls))
-        self._stop = True
-        self._wake()
-        self._thread.join(timeout=5)
+        self._loop.stop()
         for m in self.members:
             m.client.drop_connection()
-        self._selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
-        self._thread = None
 
     # -- placement ---------------------------------------------------------------------------
     def _node_names(self) -> list[str]:
@@ -297,10 +293,8 @@ class MqttFleet:
     def _new_client(self, index: int) -> PlacedMqttClient:
         client = self.placer.new_client(f"{self.prefix}-{index}")
         client.suppress_exceptions = True
-        client.on_socket_open = self._on_socket_open
-        client.on_socket_close = self._on_socket_close
-        client.on_socket_register_write = self._on_register_write
-        client.on_socket_unregister_write = self._on_unregister_write
+        self._loop.attach(client)
+        client.hold_while_down = True  # what it is asked to publish while it reconnects is held
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
@@ -330,29 +324,32 @@ class MqttFleet:
         elif isinstance(step, GiveUp):
             m.plan, m.failure = None, step.error
             m.failures += 1
+            m.client.fail_held()
             log.warning("fleet client %d: gave up: %s", m.index, step.error)
         elif step.delay:
-            self._later(step.delay, functools.partial(self._dial, m, step.target))
+            self._loop.later(step.delay, functools.partial(self._dial, m, step.target))
         else:
             self._dial(m, step.target)
 
-    def _dial(self, m: _Member, target: Address) -> None:
-        """Dial ``target`` for ``m`` through the resolution seam (loop thread)."""
-        if m.closing or self._stop or m.plan is None:
+    def _dial(self, m: _Member, target: Address, login: LoginSent | None = None) -> None:
+        """Dial ``target`` for ``m`` through the resolution seam (loop thread), logging in with the current
+        credentials (or ``login``)."""
+        if m.closing or self._loop.stopped or m.plan is None:
             return
         m.client.drop_connection()
         m.up, m.node, m.dialled = False, None, None
-        if m.was_up:
+        if m.was_up and m.handing_over is None:  # a hand-over is no reconnect
             self.reconnects += 1
         try:
             route = self.placer.route(target)  # the resolver and the allow-list, or the load balancer
             m.target, m.dialled = target, route.dial
             self._awaiting.add(m.index)
-            self.placer.begin_connect(m.client, target, route.dial)
+            self.placer.begin_connect(m.client, target, route.dial, login)
         except (AuthenticationFailed, CertificateRejected, AddressNotAllowed) as exc:  # never retried
             self._awaiting.discard(m.index)
             m.plan, m.failure = None, exc
             m.failures += 1
+            m.client.fail_held()
             log.warning("fleet client %d: %s", m.index, exc)
         except SmartClientError as exc:
             self._awaiting.discard(m.index)
@@ -378,7 +375,7 @@ class MqttFleet:
             t = time.monotonic()
             self._identify(deadline)
             log.info("fleet rebalance: identified in %.1f s: %s", time.monotonic() - t, dict(self.per_node()))
-            batch = self._on_loop_wait(functools.partial(self._round, names), deadline)
+            batch = self._loop.on_loop_wait(functools.partial(self._round, names), deadline)
             if batch is None:
                 return moved
             if not batch:
@@ -439,71 +436,31 @@ class MqttFleet:
                 return
             time.sleep(next(polls))
 
-    # -- the loop thread -----------------------------------------------------------------------
-    def _run(self) -> None:
-        self._loop_ident = threading.get_ident()
-        next_slice, misc_slice = time.monotonic() + 0.1, 0
-        while not self._stop:
-            wake_at = min(next_slice, self._timers[0][0]) if self._timers else next_slice
-            for key, mask in self._selector.select(timeout=max(0.0, wake_at - time.monotonic())):
-                member = key.data
-                if member is None:
-                    self._drain_wake()
-                    continue
-                client = member.client
-                if mask & selectors.EVENT_READ:
-                    client.loop_read()
-                if mask & selectors.EVENT_WRITE and client.socket() is not None:
-                    client.loop_write()
-            while self._calls:
-                self._calls.popleft()()
-            now = time.monotonic()
-            while self._timers and self._timers[0][0] <= now:
-                heapq.heappop(self._timers)[2]()
-            if now >= next_slice:
-                # keepalive (PINGREQ when idle): a tenth of the clients every 100 ms, each once a second
-                for m in self.members[misc_slice::10]:
-                    if m.client.socket() is not None:
-                        m.client.loop_misc()
-                misc_slice = (misc_slice + 1) % 10
-                next_slice = now + 0.1
+    # -- token hand-overs (the loop thread) -------------------------------------------------------------
+    def _schedule_handovers(self) -> None:
+        """A new token: client *i* of *n* hands over at *i/n* of the first half of the time its token has left."""
+        now = time.time()
+        for m in self.members:
+            if m.up and not m.closing:
+                delay = handover_delay(now, m.client.login_expires_at, slot_of(m.index, len(self.members)))
+                self._loop.later(delay, functools.partial(self._hand_over, m, None))
 
-    def _call(self, fn: Callable[[], None]) -> None:
-        self._calls.append(fn)
-        self._wake()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            self._wake_w.send(b"x")
-
-    def _drain_wake(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def _later(self, delay: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._seq), fn))
-
-    def _on_loop(self, fn: Callable[[], None]) -> None:
-        if threading.get_ident() == self._loop_ident:
-            fn()
-        else:
-            self._call(fn)
-
-    def _on_loop_wait(self, fn: Callable[[], T], deadline: float) -> T:
-        """``fn()`` run on the loop thread, its result (or exception) handed back to this one."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        self._call(run)
-        return future.result(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+    def _hand_over(self, m: _Member, deadline: float | None) -> None:
+        """Hold ``m``'s publishes, wait (polling) for the PUBACKs of those in flight, say DISCONNECT, place it again
+        with the new token (its node first); its CONNACK sends what was held (:meth:`_on_connect`)."""
+        if m.closing or self._loop.stopped or not m.up or m.plan is not None:
+            return  # down or being placed: its next connect logs in with the new token anyway
+        m.client.hold_publishes()
+        deadline = deadline if deadline is not None else time.monotonic() + self.placer.handover_drain()
+        if m.client.in_flight() and time.monotonic() < deadline:
+            self._loop.later(DRAIN_POLL, functools.partial(self._hand_over, m, deadline))
+            return
+        m.handing_over = m.client.login_sent
+        m.client.say_goodbye()
+        m.up, m.node = False, None
+        candidates = handover_candidates(tuple(self._targets), m.target, f"{self.prefix} #{m.index} token hand-over")
+        m.plan = Placement(candidates, self._reconnect_policy)
+        self._follow(m, m.plan.start())
 
     def _wait(self, done: Callable[[], bool], deadline: float, what: str) -> None:
         polls = LOOP_POLL.delays()
@@ -519,44 +476,25 @@ class MqttFleet:
     def _member(self, userdata: Any) -> _Member:
         return self.members[int(userdata)]
 
-    def _on_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
-        member = self._member(userdata)
-
-        def register() -> None:
-            self._selector.register(sock, selectors.EVENT_READ, member)
-
-        self._on_loop(register)
-
-    def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
-        def unregister() -> None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(sock)
-
-        self._on_loop(unregister)
-
-    def _on_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        member = self._member(userdata)
-
-        def modify() -> None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, member)
-
-        self._on_loop(modify)
-
-    def _on_unregister_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        member = self._member(userdata)
-
-        def modify() -> None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.modify(sock, selectors.EVENT_READ, member)
-
-        self._on_loop(modify)
-
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         m = self._member(userdata)
         self._awaiting.discard(m.index)
         code = m.client.take_connack(flags, reason, resubscribe=m.was_up)
+        handing, m.handing_over = m.handing_over, None
+        if code != 0 and handing is not None and is_refusal(code) and m.target is not None:
+            try:  # the new token refused at a hand-over: back with the one it had, while it is valid
+                login = m.client.fallback_after(AuthenticationFailed(f"reason code {code}"), handing)
+            except AuthenticationFailed:
+                pass
+            else:
+                m.handing_over = (None, None)  # still handing over; no second fallback
+                self._dial(m, m.target, login)
+                return
         if code == 0:
+            if handing is not None:
+                m.client.handovers += 1
+                self.handovers += 1
+            m.client.release_publishes()
             m.up, m.was_up, m.failures = True, True, 0
             if m.plan is not None and self.placer.lb is None:  # directly: the node reached is the target
                 assert m.target is not None and m.dialled is not None
@@ -567,21 +505,22 @@ class MqttFleet:
         else:
             m.plan = None
             m.failures += 1
+            m.client.fail_held()
             log.warning("fleet client %d: refused (reason code %d)", m.index, code)
-        if not self._stop:
+        if not self._loop.stopped:
             self._pump()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         m = self._member(userdata)
         was_up, m.up = m.up, False
         self._awaiting.discard(m.index)
-        if m.closing or self._stop or (m.failures and not was_up):
+        if m.closing or self._loop.stopped or (m.failures and not was_up):
             return
         if was_up:  # a reconnect: placed again, moving on from the node it was on, after a jittered wait
             self.disconnects += 1
             candidates = reconnect_candidates(tuple(self._targets), m.target, f"{self.prefix} #{m.index} reconnect")
             m.plan = Placement(candidates, self._reconnect_policy)
-            self._later(RECONNECT.delay(1), functools.partial(self._follow, m, m.plan.start()))
+            self._loop.later(RECONNECT.delay(1), functools.partial(self._follow, m, m.plan.start()))
         elif m.plan is not None and m.target is not None:  # closed before its CONNACK
             self._follow(m, m.plan.failed(m.target, m.dialled, ConnectionFailed("closed before its CONNACK")))
         self._pump()

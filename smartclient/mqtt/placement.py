@@ -13,6 +13,9 @@ name the management API lists the connection by.
 
 TLS verifies the same name as stream connections do (:func:`smartclient.core.tls_names.tls_server_name`): the
 load balancer's name, the advertised node name behind a remap, or an explicit ``tls_server_name``.
+
+Every connect logs in through the one credentials seam, and with token credentials each client hands over to every
+new token: see :mod:`smartclient.mqtt.handover`.
 """
 
 from __future__ import annotations
@@ -39,10 +42,13 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
 from smartclient.core.landing import Done, GiveUp, Keep, Placement
+from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
 from smartclient.core.validation import checked, flag, number, refuse, whole
-from smartclient.mqtt._paho import MQTTProtocolVersion, PahoClient, Properties, session_properties
+from smartclient.credentials import EXTERNAL
+from smartclient.mqtt._paho import MQTTProtocolVersion, Properties, session_properties
+from smartclient.mqtt.handover import HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, settings
@@ -114,13 +120,18 @@ class MqttOptions:
         return session_properties(expiry)
 
 
-class PlacedMqttClient(PahoClient):
+class PlacedMqttClient(HandsOver):
     """A paho ``Client`` that knows where it sits (:attr:`node`, :attr:`dialled`) and reconnects as a
     placement rather than to the same host.  Use it as any paho client: ``publish``, ``subscribe``,
     callbacks.  ``subscriptions`` given to :meth:`MqttPlacer.connect` are made again after every reconnect
     that did not resume a session.  A reconnect that gives up (the placer's ``RetryPolicy`` ran out, a load
     balancer never reached a candidate, refused credentials) leaves the client disconnected for good: paho
-    calls ``on_connect_fail`` and its loop ends, and :attr:`failure` says why."""
+    calls ``on_connect_fail`` and its loop ends, and :attr:`failure` says why.
+
+    With token credentials it hands over to each new token (:attr:`handovers`; :mod:`smartclient.mqtt.handover`):
+    a publish made meanwhile, or while it reconnects, is held and sent once it is connected again (a
+    :class:`~smartclient.mqtt._paho.HeldInfo` is answered).  ``on_connect`` is called for the new connection;
+    ``on_disconnect`` is not."""
 
     node: str | None
     target: Address
@@ -147,10 +158,24 @@ class PlacedMqttClient(PahoClient):
     def _before_reconnect(self) -> bool:
         if not self._failover:
             return False
+        self._place_again(handover=False)
+        return True
+
+    def _place_again(self, *, handover: bool, fallback: LoginSent | None = None) -> None:
+        """Connect again as a placement (:meth:`MqttPlacer.reconnect`), telling ``on_connect`` only the CONNACK of
+        the connection kept; a hand-over whose new token is refused goes on with ``fallback`` (see
+        :meth:`~smartclient.mqtt.handover.HandsOver.fallback_after`).
+
+        :raises SmartClientError: it gave up (the client stays disconnected: :attr:`failure`)."""
         with self._sc_lock:
             self._placing, self._held = True, None
             try:
-                self._placer.reconnect(self)
+                try:
+                    self._placer.reconnect(self, handover=handover)
+                except AuthenticationFailed as exc:
+                    if not handover:
+                        raise
+                    self._placer.reconnect(self, handover=True, login=self.fallback_after(exc, fallback))
             except SmartClientError as exc:
                 self.failure = exc
                 log.error("MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
@@ -161,7 +186,9 @@ class PlacedMqttClient(PahoClient):
             held, self._held = self._held, None
         if held is not None:  # the CONNACK of the connection kept, told now (not those of the ones dropped)
             self._connack_received(*held)
-        return True
+
+    def _handing_over(self) -> MqttPlacer:
+        return self._placer
 
     def take_connack(self, flags: Any, reason: Any, *, resubscribe: bool) -> int:
         """Record a CONNACK (paho's VERSION2 ``on_connect`` arguments) and, if ``resubscribe`` and no session
@@ -181,9 +208,11 @@ class PlacedMqttClient(PahoClient):
             self.record_connack(flags, reason)
             self._held = (c, userdata, flags, reason, properties)
             return
-        self.take_connack(flags, reason, resubscribe=self._failover)
+        code = self.take_connack(flags, reason, resubscribe=self._failover)
         if self._user_on_connect is not None:
             self._user_on_connect(c, userdata, flags, reason, properties)
+        if code == 0 and self._failover:
+            self.release_publishes()
 
     def __repr__(self) -> str:
         return (f"PlacedMqttClient(client_id={self.client_id!r}, node={self.node!r}, "
@@ -235,6 +264,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         identify_timeout: float = 10.0,
         entry_points: Any = None,
         options: MqttOptions = MqttOptions(),
+        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
     ) -> None:
         if isinstance(entry_points, str):
             entry_points = [entry_points]
@@ -250,6 +280,15 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self.options = options
         self._placing = threading.Lock()
         self._call = _Call(None, [])
+        #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connect
+        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
+        unsigned = self.client_certificate is not None and credentials is None and settings is None
+        #: how every connect logs in (EXTERNAL when a certificate is given without credentials)
+        self.login = MqttCredentials(EXTERNAL if unsigned else self.credentials, self.vhost, self.tls,
+                                     self.client_certificate)
+        self._unwatch: Callable[[], None] | None = None  # stops the hand-overs of the clients placed by connect()
+        self.handovers = 0  #: connections of clients placed by connect() handed over to a new token
+        self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the old one kept)
 
     # -- where -------------------------------------------------------------------------------
     def targets(self) -> dict[Address, str | None]:
@@ -304,25 +343,54 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                 raise ConfigurationError(f"QoS must be 0, 1 or 2, not {qos!r} (for {topic!r})")
         if (self.lb is not None or node is not None) and self.management is None:
             raise ConfigurationError("placing on a node, or checking a load balancer, needs the management API")
+        self.login.check(client_id or "")  # a provider that fails, an expired token: raised now, not retried
         with self._placing:
             self._call = _Call(setup, list(subscriptions))
             landed = self.place(node, client_id or self._new_name("mqtt"))
         client = landed.connection
         client.node, client.attempts, client.listed_at = landed.node, landed.attempts, landed.listed_at
         client._failover = True
+        client.hold_while_down = True  # what it is asked to publish while it reconnects is held
         for topic, qos in subscriptions:
             client.subscribe(topic, qos)
         if start:
             client.loop_start()
+        with self._placing:
+            if self._unwatch is None:
+                self._unwatch = self.login.watch(self._hand_over_all, f"the MQTT clients of {self!r}")
         return client
 
-    def reconnect(self, client: PlacedMqttClient) -> None:
+    # -- tokens ---------------------------------------------------------------------------------------------
+    def handover_drain(self) -> float:
+        """Seconds a hand-over waits for the PUBACKs of the messages in flight (the connect timeout)."""
+        return self.options.connect_timeout
+
+    def _hand_over_all(self, token: str) -> None:
+        """A new token: every connected client placed by :meth:`connect` hands over to it, each at its slot of the
+        spread over the first half of the time its token has left (:func:`~smartclient.core.relogin.handover_delay`),
+        so that the clients of an Environment do not all reconnect at once."""
+        now = time.time()
+        for client in list(self.live):
+            if isinstance(client, PlacedMqttClient) and client._failover and client.is_connected():
+                client.hand_over_in(handover_delay(now, client.login_expires_at, slot_of_name(client.client_id)))
+
+    def close(self) -> None:
+        """Stop handing new tokens to the clients (each connection lasts until its token expires)."""
+        with self._placing:
+            if self._unwatch is not None:
+                self._unwatch()
+                self._unwatch = None
+
+    def reconnect(self, client: PlacedMqttClient, *, handover: bool = False,
+                  login: LoginSent | None = None) -> None:
         """Reconnect ``client``, whose connection dropped, as a placement over
         :func:`~smartclient.core.broker_nodes.reconnect_candidates` (the other nodes in turn, then the one it
         was on), driven by the core's loop: each attempt through the resolution seam, the node it reached
         checked (through a load balancer: identified by the management API; directly: the target), a miss
         dropped, the waits the back-off of ``options.reconnect_delay``, capped by the ``RetryPolicy``.
-        Blocks (on paho's thread, where paho reconnects).
+        Blocks (on paho's thread, where paho reconnects).  Each attempt logs in with the current credentials
+        (:meth:`MqttCredentials.sign_in`), or with ``login``.  A ``handover`` (to a new token) tries the client's
+        own node first (:func:`~smartclient.core.relogin.handover_candidates`).
 
         :raises NodeUnreachable: through a load balancer, no attempt reached a candidate (and the client's
             own node did not stay reachable as the fallback).  :raises PlacementError: the policy ran out.
@@ -330,7 +398,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         """
         nodes = self.targets()
         last = client.target
-        candidates = reconnect_candidates(tuple(nodes), last, f"{self.protocol} reconnect of {client.client_id}")
+        what = f"{self.protocol} {'token hand-over' if handover else 'reconnect'} of {client.client_id}"
+        candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), last, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
         current = _Current(client)
@@ -342,9 +411,10 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                 if current.node is not None:
                     client.target, client.dialled, client.node = landings[current.node]
                 client.attempts = plan.attempts
-                client.failovers += 1
-                log.info("MQTT client %s: reconnected to %s (%s) after %d attempts, was on %s", client.client_id,
-                         client.node or client.target, client.dialled, plan.attempts, last)
+                client.failovers += 0 if handover else 1
+                log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
+                         "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
+                         plan.attempts, last)
                 return
             if isinstance(step, GiveUp):
                 raise step.error
@@ -367,8 +437,11 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                 step = plan.failed(target, None, exc)
                 continue
             try:
+                self.login.sign_in(client, login)
                 client.reconnect_to(route.dial, route.tls_name, self.options.connect_timeout)
-            except (AuthenticationFailed, CertificateRejected):
+            except AuthenticationFailed as exc:
+                raise self.login.refused(client, exc) from exc
+            except CertificateRejected:
                 raise
             except ConnectionFailed as exc:
                 step = plan.failed(target, route.dial, exc)
@@ -402,23 +475,27 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         client = PlacedMqttClient.create(client_id, opts.version, opts.clean_start)
         client._setup(self, subscriptions)
         self.live.add(client)
-        user = self.credentials.username if self.vhost == "/" else f"{self.vhost}:{self.credentials.username}"
-        # paho waits nothing of its own before a reconnect: the reconnect's placement waits (reconnect())
-        client.configure(user, self.credentials.password, reconnect_delay=(0.0, 0.0),
-                         connect_timeout=opts.connect_timeout, tls=self.tls)
+        # paho waits nothing of its own before a reconnect: the reconnect's placement waits (reconnect()); the
+        # credentials are set before each connect (sign_in)
+        client.configure(None, None, reconnect_delay=(0.0, 0.0), connect_timeout=opts.connect_timeout, tls=self.tls)
         return client
 
     def _node_if_up(self, placed: Any) -> str | None:
         return placed.node if placed.is_connected() else None
 
-    def begin_connect(self, client: PlacedMqttClient, target: Address, dialled: Address) -> None:
-        """Send CONNECT to ``dialled`` (aimed at ``target``).  The TCP/TLS connect blocks, bounded by
+    def begin_connect(self, client: PlacedMqttClient, target: Address, dialled: Address,
+                      login: LoginSent | None = None) -> None:
+        """Send CONNECT to ``dialled`` (aimed at ``target``), logging in with the current credentials (or
+        ``login``: see :meth:`MqttCredentials.sign_in`).  The TCP/TLS connect blocks, bounded by
         ``connect_timeout``; the CONNACK comes later (:attr:`PlacedMqttClient.last_connack`).
 
         :raises CertificateRejected: the certificate does not verify for the name checked.
-        :raises ConnectionFailed: the connect failed (refused, reset, timed out, a TLS failure).
+        :raises ConnectionFailed: the connect failed (refused, reset, timed out, a TLS failure); a token provider
+            that failed (:class:`TokenProviderFailed`).
+        :raises TokenExpired: the provider answered a token past its expiry.
         """
         opts = self.options
+        self.login.sign_in(client, login)
         client.target, client.dialled = target, dialled
         client.send_connect(dialled, opts.keepalive, clean_start=opts.clean_start,
                             properties=opts.connect_properties(),
@@ -434,6 +511,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         try:
             self.begin_connect(client, target, dialled)
             client.await_connack(self.options.connect_timeout)
+        except AuthenticationFailed as exc:
+            client.close_quietly()
+            raise self.login.refused(client, exc) from exc
         except BaseException:
             client.close_quietly()
             raise

@@ -149,6 +149,12 @@ class _Client:
     def is_connected(self) -> bool:
         return self.reached is not None
 
+    def username_pw_set(self, username: str | None, password: str | None = None) -> None:
+        self.login = (username, password)
+
+    def logged_in_with(self, secret: str | None, expires_at: float | None) -> None:
+        self.login_expires_at = expires_at
+
 
 class _LbPlacer(MqttPlacer):
     """Through a load balancer, the node a connection reached as the management API would list it."""

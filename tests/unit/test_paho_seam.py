@@ -176,8 +176,8 @@ def test_every_private_name_of_paho_the_seam_uses_exists(entry: str) -> None:
 def test_the_instance_attributes_start_as_the_seam_expects() -> None:
     client = plain_client()
     instance = [e.split(".")[1] for e in PAHO_INTERNALS if e.split(".")[1] in vars(client)]
-    expected = {"_sock": None, "_sockpairR": None, "_host": "", "_port": 1883, "_ssl_context": None,
-                "_thread": None, "_client_id": b"seam-test"}
+    expected = {"_sock": None, "_sockpairR": None, "_sockpairW": None, "_host": "", "_port": 1883,
+                "_ssl_context": None, "_thread": None, "_client_id": b"seam-test", "_inflight_messages": 0}
     assert sorted(instance) == sorted(expected), "PAHO_INTERNALS changed: say here what each attribute starts as"
     for name, value in expected.items():
         assert getattr(client, name) == value, name
