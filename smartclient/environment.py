@@ -16,6 +16,7 @@ wings import none of each other, and none of them imports this module::
 from __future__ import annotations
 
 import ssl
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.validation import Check, checked, instance, text, whole
+from smartclient.credentials import ExternalLogin
 from smartclient.options import settings
 from smartclient.stream.environment import StreamEnvironment
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
@@ -61,16 +63,32 @@ class Environment(StreamEnvironment):
     resolver.  A :class:`resolvers.LoadBalancer` resolver with a listener per protocol (``amqp=``, ``mqtt=``,
     ``mqtt_tls=``) sends each protocol's connections through its listener, and each one is checked.
 
+    Every wing logs in with the Environment's ``credentials=`` (a password, OAuth2 tokens from a provider, or
+    EXTERNAL with ``client_certificate=``).  With tokens, each wing keeps its live connections on the current token:
+    stream connections and AMQP connections take it on the open connection, MQTT clients hand over to it (see
+    ``docs/amqp.md`` and ``docs/mqtt.md``); :meth:`close` stops that for every wing.
+
     Use it as ``async with Environment(...) as env:``; bad arguments raise :class:`ConfigurationError` before any I/O.
     """
 
     _amqp: AmqpPlacer | None = None
+    _mqtt: weakref.WeakSet[MqttPlacer] | None = None
+
+    async def close(self) -> None:
+        """Close every producer, consumer and stream connection, and stop handing new tokens to the AMQP connections
+        and MQTT clients (they are the application's to close; each lasts until its token expires)."""
+        if self._amqp is not None:
+            self._amqp.close()
+        for placer in list(self._mqtt or ()):
+            placer.close()
+        await super().close()
 
     # -- AMQP 0.9.1 (pika) ------------------------------------------------------------------------
     def amqp_placer(self) -> AmqpPlacer:
-        """The :class:`AmqpPlacer` of this Environment (its credentials, vhost, resolver, allow-list and retry
-        policy); through the load balancer's AMQP listener when the resolver is one (``LoadBalancer(...,
-        amqp=PORT)``).
+        """The :class:`AmqpPlacer` of this Environment (its credentials, client certificate, vhost, resolver,
+        allow-list and retry policy); the nodes' ``amqp/ssl`` listeners when the Environment uses TLS; through the
+        load balancer's AMQP listener when the resolver is one (``LoadBalancer(..., amqp=PORT)``).  With token
+        credentials every connection it handed out takes each new token (``connection.update-secret``).
 
         :raises ConfigurationError: no management API was given (AMQP needs it to find nodes), or the
             resolver is a load balancer without an AMQP listener.
@@ -92,6 +110,8 @@ class Environment(StreamEnvironment):
         resolver (or the load balancer's AMQP listener), checked with the management API.
 
         :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
+        :raises AuthenticationFailed: refused credentials (:class:`TokenExpired` for a token past its expiry).
+        :raises TokenProviderFailed: the token provider failed (it is asked again only after its back-off).
         """
         return self.amqp_placer().connect(node)
 
@@ -103,16 +123,18 @@ class Environment(StreamEnvironment):
         options: MqttOptions | None = None,
         tls: ssl.SSLContext | bool | None = None,
     ) -> MqttPlacer:
-        """An :class:`MqttPlacer` with this Environment's credentials, vhost, resolver, allow-list, retry
-        policy and TLS name rules; through the load balancer's MQTT listener when the resolver is one
-        (``LoadBalancer(..., mqtt=PORT, mqtt_tls=PORT)``), every client checked.
+        """An :class:`MqttPlacer` with this Environment's credentials, client certificate, vhost, resolver,
+        allow-list, retry policy and TLS name rules; through the load balancer's MQTT listener when the resolver is
+        one (``LoadBalancer(..., mqtt=PORT, mqtt_tls=PORT)``), every client checked.  With token credentials its
+        clients hand over to each new token (:mod:`smartclient.mqtt.handover`).
 
         :param entry_points: MQTT listeners (``host:port``, ``mqtt://host:port``) or a
             :class:`resolvers.SrvDiscovery` (``_mqtt._tcp.<domain>``), instead of the management API's list.
         :param tls: None: TLS if this Environment uses TLS (the nodes' ``mqtt/ssl`` listeners); False: no
             TLS; or an ``ssl.SSLContext``.
         :raises ConfigurationError: no way to find the nodes (no management API, no entry points, no load
-            balancer), or the resolver is a load balancer without a listener for MQTT (or MQTT over TLS).
+            balancer), or the resolver is a load balancer without a listener for MQTT (or MQTT over TLS), or
+            EXTERNAL (a client certificate) without TLS.
         """
         self._check_open()
         from smartclient.mqtt.placement import MqttOptions, MqttPlacer
@@ -120,9 +142,17 @@ class Environment(StreamEnvironment):
         context = self.settings.tls if tls is None or tls is True else (tls or None)
         if tls is True and context is None:
             context = ssl.create_default_context()
-        return self._measure(MqttPlacer(self.management, settings=replace(self.settings, tls=context),
-                                       entry_points=entry_points,
-                                       options=options if options is not None else MqttOptions()))
+        if context is None and isinstance(self.settings.credentials, ExternalLogin):
+            raise ConfigurationError("MQTT with a client certificate as the identity (EXTERNAL) needs TLS: leave "
+                                     "mqtt_placer(tls=) out, or give an ssl.SSLContext")
+        certificate = self.settings.client_certificate if context is not None else None
+        placer = self._measure(MqttPlacer(self.management, settings=replace(
+            self.settings, tls=context, client_certificate=certificate), entry_points=entry_points,
+            options=options if options is not None else MqttOptions()))
+        if self._mqtt is None:
+            self._mqtt = weakref.WeakSet()
+        self._mqtt.add(placer)
+        return placer
 
     def mqtt_client(
         self,
@@ -140,7 +170,8 @@ class Environment(StreamEnvironment):
         :meth:`MqttPlacer.connect`.
 
         :raises NoCandidateNode: no such node.  :raises NodeUnreachable: the LB never reached it.
-        :raises AuthenticationFailed: refused credentials.  :raises ConnectionFailed: no node answered.
+        :raises AuthenticationFailed: refused credentials (:class:`TokenExpired` for a token past its expiry).
+        :raises TokenProviderFailed: the token provider failed.  :raises ConnectionFailed: no node answered.
         """
         placer = self.mqtt_placer(entry_points=entry_points, options=options)
         return placer.connect(client_id, node, subscriptions=subscriptions, setup=setup, start=start)
