@@ -233,6 +233,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         return placed.node if placed.connection.is_open else None
 
     def _new_name(self, purpose: str) -> str:
+        purpose = purpose.replace("amqp/ssl", "amqps")
         return f"{self.connection_name}-{purpose}-{uuid.uuid4().hex[:8]}-{next(_ids)}"
 
     def _close(self, connection: BlockingConnection) -> None:

@@ -38,6 +38,7 @@ from smartclient._errors import (
     NoCandidateNode,
     ResolutionError,
     SmartClientError,
+    TokenProviderFailed,
 )
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
@@ -270,7 +271,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             entry_points = [entry_points]
         if isinstance(entry_points, list | tuple):
             entry_points = [_strip_scheme(e) if isinstance(e, str) else e for e in entry_points]
-        self.protocol = "mqtt/ssl" if tls is not None else "mqtt"
+        # the nodes' MQTTS listeners with TLS, whether given here or in the settings (an Environment's)
+        self.protocol = "mqtt/ssl" if (tls if tls is not None else settings and settings.tls) is not None else "mqtt"
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
                          allow=allow, retry=retry, tls=tls, tls_server_name=tls_server_name,
                          identify_timeout=identify_timeout, entry_points=entry_points)
@@ -394,6 +396,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
 
         :raises NodeUnreachable: through a load balancer, no attempt reached a candidate (and the client's
             own node did not stay reachable as the fallback).  :raises PlacementError: the policy ran out.
+        :raises TokenProviderFailed: the policy ran out with the token provider failing (asked on its back-off).
         :raises AuthenticationFailed, CertificateRejected, AddressNotAllowed: not retried.
         """
         nodes = self.targets()
@@ -405,6 +408,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         current = _Current(client)
         plan: Placement[PlacedMqttClient] = Placement(candidates, policy, current)
         landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
+        unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
         step = plan.start()
         while True:
             if isinstance(step, Done):
@@ -417,6 +421,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                          plan.attempts, last)
                 return
             if isinstance(step, GiveUp):
+                if unsigned is not None:  # no attempt could even log in: the provider is why, not the nodes
+                    raise unsigned from step.error
                 raise step.error
             if isinstance(step, Keep):  # left open: the fallback, should no candidate of tier 0 be reached
                 log.warning("MQTT client %s: reconnect expected %s, got %s, candidates %s", client.client_id,
@@ -438,6 +444,12 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                 continue
             try:
                 self.login.sign_in(client, login)
+            except TokenProviderFailed as exc:  # asked again on its own back-off, not sooner
+                unsigned = exc
+                step = plan.failed(target, route.dial, exc)
+                continue
+            unsigned = None
+            try:
                 client.reconnect_to(route.dial, route.tls_name, self.options.connect_timeout)
             except AuthenticationFailed as exc:
                 raise self.login.refused(client, exc) from exc

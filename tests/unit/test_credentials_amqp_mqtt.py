@@ -234,6 +234,30 @@ def test_a_provider_that_fails_or_answers_an_expired_token_stops_the_connect_typ
         MqttPlacer(entry_points=["127.0.0.1:1"], credentials=TokenCredentials(Tokens(lifetime=-5))).connect("c-2")
 
 
+def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
+    from smartclient.core.settings import ClientSettings
+
+    context = ssl.create_default_context()
+    assert MqttPlacer(entry_points=["x:8883"], settings=ClientSettings(tls=context)).protocol == "mqtt/ssl"
+    assert MqttPlacer(entry_points=["x:8883"], tls=context).protocol == "mqtt/ssl"
+    assert MqttPlacer(entry_points=["x:1883"], settings=ClientSettings()).protocol == "mqtt"
+
+
+def test_a_reconnect_that_cannot_log_in_gives_up_with_the_providers_error() -> None:
+    from tests.unit.test_mqtt_core import QUICK, _Client, direct_network
+
+    tokens = Tokens()
+    credentials = TokenCredentials(tokens)
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], credentials=credentials, options=QUICK,
+                        retry=RetryPolicy(max_attempts=30, max_time=0.5, backoff_initial=0.0, backoff_max=0.0))
+    client = _Client(direct_network(set()), Address("n1", 1883))
+    tokens.failing = RuntimeError("the identity provider is down")
+    with pytest.raises(TokenProviderFailed, match="the identity provider is down") as caught:
+        placer.reconnect(client)  # type: ignore[arg-type]
+    assert "within" in str(caught.value.__cause__) and not client.dials  # never dialled: nothing to log in with
+    assert tokens.calls == 1  # asked once: every other attempt got its last error, within its back-off
+
+
 # -- MQTT: a client hands over to a new token, against a local socket that answers as a broker -----------------
 @dataclass
 class Seen:
