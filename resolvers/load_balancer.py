@@ -16,6 +16,8 @@ class LoadBalancer:
     :param amqp: its AMQP 0.9.1 listener: a port on the same host, or ``host:port``.
     :param mqtt: its MQTT listener.
     :param mqtt_tls: its MQTT-over-TLS listener.
+    :param amqp_tls: its AMQPS (AMQP 0.9.1 over TLS) listener: an Environment with TLS places AMQP connections
+        on the nodes' ``amqp/ssl`` listeners, so through this one.
 
     One value names the LB for every protocol an Environment speaks:
     ``LoadBalancer("lb:5552", amqp=5672, mqtt=1883)`` sends AMQP and MQTT connections through it too.
@@ -24,17 +26,19 @@ class LoadBalancer:
     blocking = False
 
     def __init__(self, address: str | Address, *, amqp: int | str | Address | None = None,
-                 mqtt: int | str | Address | None = None, mqtt_tls: int | str | Address | None = None) -> None:
+                 mqtt: int | str | Address | None = None, mqtt_tls: int | str | Address | None = None,
+                 amqp_tls: int | str | Address | None = None) -> None:
         instance("address", address, (str, Address), optional=False, what="'host:port' or an Address")
         self.address = address if isinstance(address, Address) else Address.parse(address)
         self.listeners: dict[str, Address] = {"stream": self.address}
         for option, protocol, value in (("amqp", "amqp", amqp), ("mqtt", "mqtt", mqtt),
-                                        ("mqtt_tls", "mqtt/ssl", mqtt_tls)):
+                                        ("mqtt_tls", "mqtt/ssl", mqtt_tls), ("amqp_tls", "amqp/ssl", amqp_tls)):
             if value is not None:
                 self.listeners[protocol] = listener(self.address, f"the load balancer's {option} listener", value)
 
     def address_for(self, protocol: str) -> Address | None:
-        """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``mqtt``, ``mqtt/ssl``), if it has one."""
+        """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``amqp/ssl``, ``mqtt``, ``mqtt/ssl``), if it has
+        one."""
         return self.listeners.get(protocol)
 
     def resolve(self, address: Address) -> Address:

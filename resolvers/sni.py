@@ -76,6 +76,11 @@ class SniRouter:
             self.listeners["mqtt"] = self.listeners["mqtt/ssl"] = listener(
                 self.address, "the SNI ingress's mqtt_tls listener", mqtt_tls)
 
+    @staticmethod
+    def option_for(protocol: str) -> str:
+        """The option naming the listener for ``protocol`` (``amqp`` for AMQPS: every listener here is TLS)."""
+        return "mqtt_tls" if protocol.startswith("mqtt") else protocol.replace("/ssl", "")
+
     def resolve(self, address: Address) -> Address:
         """Every stream connection dials the ingress (its name routes it)."""
         return self.address

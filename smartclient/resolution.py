@@ -47,7 +47,8 @@ def through(resolver: ResolverLike, protocol: str) -> Address | None:
     :raises ConfigurationError: the resolver has no listener for ``protocol``."""
     from resolvers.base import ListensPerProtocol
 
-    option = "mqtt_tls" if protocol == "mqtt/ssl" else protocol.replace("/ssl", "")
+    named = getattr(resolver, "option_for", None)  # the resolver's own name for the option, if it has one
+    option = named(protocol) if callable(named) else protocol.replace("/ssl", "_tls")
     if isinstance(resolver, ListensPerProtocol):
         listener = resolver.address_for(protocol)
         if listener is None:

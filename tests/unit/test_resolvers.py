@@ -186,3 +186,17 @@ def test_dnspython_is_imported_in_one_module_only() -> None:
         if "testing" not in path.parts and re.search(r"^\s*(import dns\b|from dns\b)", path.read_text(), re.M)
     )
     assert importers == ["resolvers/_dnspython.py"]
+
+
+def test_a_load_balancer_names_a_listener_per_protocol_amqps_too() -> None:
+    from resolvers import LoadBalancer
+    from smartclient.resolution import through
+
+    lb = LoadBalancer("lb:5551", amqp=5672, amqp_tls=5671, mqtt=1883, mqtt_tls="lb2:8883")
+    assert through(lb, "amqp/ssl") == Address("lb", 5671)
+    assert through(lb, "amqp") == Address("lb", 5672)
+    assert through(lb, "mqtt/ssl") == Address("lb2", 8883)
+    assert repr(lb) == ("LoadBalancer('lb:5551', amqp='lb:5672', mqtt='lb:1883', mqtt_tls='lb2:8883', "
+                        "amqp_tls='lb:5671')")
+    with pytest.raises(ConfigurationError, match=r"LoadBalancer\(\.\.\., amqp_tls=PORT\)"):
+        through(LoadBalancer("lb:5551", amqp=5672), "amqp/ssl")
