@@ -144,8 +144,9 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connection
         self.client_certificate = settings.client_certificate if settings is not None else client_certificate
-        if self.client_certificate is not None and credentials is None and settings is None:
-            self.credentials = signing.EXTERNAL  # type: ignore[assignment]  # a certificate and no credentials
+        unsigned = self.client_certificate is not None and credentials is None and settings is None
+        #: how every connection logs in (EXTERNAL when a certificate is given without credentials)
+        self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
         self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
         self._watching = threading.Lock()
         self.secret_updates = 0  #: new tokens the broker accepted on a live connection
@@ -177,7 +178,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         return signing.login(self._credentials(), name)
 
     def _credentials(self) -> CredentialsLike:
-        return self.credentials
+        return self.login
 
     def _watch_credentials(self) -> None:
         """With token credentials, hand each new token to every live connection (from the first connection on)."""
