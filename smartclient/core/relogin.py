@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from smartclient._errors import AuthenticationFailed, ConfigurationError, TokenExpired
+from smartclient._errors import AuthenticationFailed, TokenExpired
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import rotated
+from smartclient.core.broker_nodes import reconnect_candidates
 from smartclient.core.tokens import describe_expiry
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import number, whole
@@ -63,18 +63,14 @@ def handover_delay(now: float, expires_at: float | None, slot: float, share: flo
 
 def handover_candidates(nodes: Sequence[Address], own: Address | None, what: str = "token hand-over") -> Candidates:
     """Where a connection on ``own`` logs in again with a new token: ``own`` (tier 0), then the other nodes in
-    turn from the next one (tier 1), should its node not answer.  With ``own`` not among ``nodes`` (or alone),
-    any node.
+    turn from the next one (tier 1), should its node not answer: a reconnect's candidates
+    (:func:`~smartclient.core.broker_nodes.reconnect_candidates`) the other way round.  With ``own`` not among
+    ``nodes`` (or alone), any node.
 
     :raises ConfigurationError: no nodes.
     """
-    if not nodes:
-        raise ConfigurationError(f"{what}: no node to connect to")
-    if own is None or own not in nodes or len(nodes) == 1:
-        return Candidates(what, Role.CONNECTION, (tuple(nodes),))
-    others = rotated(nodes, list(nodes).index(own) + 1)[:-1]
-    return Candidates(what, Role.CONNECTION, ((own,), others))
-
+    moving_on = reconnect_candidates(nodes, own, what)
+    return Candidates(what, Role.CONNECTION, tuple(reversed(moving_on.tiers)))
 
 def refusal(error: AuthenticationFailed, now: float, *, mechanism: str, provider: str | None = None,
             expires_at: float | None = None) -> AuthenticationFailed:
