@@ -53,7 +53,7 @@ from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import function, instance, number, text, texts, whole
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo, is_refusal
 from smartclient.mqtt.handover import LoginSent
-from smartclient.mqtt.placement import MqttPlacer, PlacedMqttClient
+from smartclient.mqtt.placement import SHORT_LIVED, MqttPlacer, PlacedMqttClient
 from smartclient.mqtt.selector_loop import SelectorLoop
 from smartclient.mqtt.topics import validate_filter, validate_topic
 
@@ -112,6 +112,8 @@ class _Member:
     dialled: Address | None = None
     failure: SmartClientError | None = None  # why its placement gave up
     handing_over: LoginSent | None = None  # handing over to a new token: what it had (the fallback of a refusal)
+    kept_at: float = 0.0  # when its current connection was made (monotonic)
+    short_lived: int = 0  # connections in a row the broker ended within SHORT_LIVED of being made
 
 
 class MqttFleet:
@@ -495,7 +497,7 @@ class MqttFleet:
                 m.client.handovers += 1
                 self.handovers += 1
             m.client.release_publishes()
-            m.up, m.was_up, m.failures = True, True, 0
+            m.up, m.was_up, m.failures, m.kept_at = True, True, 0, time.monotonic()
             if m.plan is not None and self.placer.lb is None:  # directly: the node reached is the target
                 assert m.target is not None and m.dialled is not None
                 m.node = self._targets.get(m.target)
@@ -518,9 +520,11 @@ class MqttFleet:
             return
         if was_up:  # a reconnect: placed again, moving on from the node it was on, after a jittered wait
             self.disconnects += 1
+            # longer after connections the broker ended at once (a publish it refuses, sent again on each new one)
+            m.short_lived = m.short_lived + 1 if time.monotonic() - m.kept_at < SHORT_LIVED else 0
             candidates = reconnect_candidates(tuple(self._targets), m.target, f"{self.prefix} #{m.index} reconnect")
             m.plan = Placement(candidates, self._reconnect_policy)
-            self._loop.later(RECONNECT.delay(1), functools.partial(self._follow, m, m.plan.start()))
+            self._loop.later(RECONNECT.delay(1 + m.short_lived), functools.partial(self._follow, m, m.plan.start()))
         elif m.plan is not None and m.target is not None:  # closed before its CONNACK
             self._follow(m, m.plan.failed(m.target, m.dialled, ConnectionFailed("closed before its CONNACK")))
         self._pump()

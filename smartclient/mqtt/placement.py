@@ -44,7 +44,7 @@ from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
 from smartclient.core.landing import Done, GiveUp, Keep, Placement
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
-from smartclient.core.retry import RetryPolicy
+from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
 from smartclient.core.validation import checked, flag, number, refuse, whole
 from smartclient.credentials import EXTERNAL
@@ -61,6 +61,12 @@ if TYPE_CHECKING:
 __all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]
 
 log = logging.getLogger(__name__)
+
+#: a connection the broker ends this soon (seconds) after it was made makes the next reconnect wait, on the back-off
+#: of ``MqttOptions.reconnect_delay``: the broker closes a connection that publishes where it may not (a token without
+#: topic scopes, say), and paho sends the message again on the next connection, so without a wait the client
+#: reconnects in a tight loop, hundreds of times a second
+SHORT_LIVED = 1.0
 
 
 def mqtt_protocol(version: int | str) -> MQTTProtocolVersion:
@@ -154,11 +160,22 @@ class PlacedMqttClient(HandsOver):
         self.failovers = 0
         self.listed_at = -1
         self.failure = None
+        self._kept_at = time.monotonic()  # when the current connection was made
+        self._short_lived = 0  # connections in a row the broker ended within SHORT_LIVED
 
     # paho calls reconnect() for the first connect too; after placement every one is a placement
     def _before_reconnect(self) -> bool:
         if not self._failover:
             return False
+        lived = time.monotonic() - self._kept_at
+        self._short_lived = self._short_lived + 1 if lived < SHORT_LIVED else 0
+        if self._short_lived:
+            first, most = self._placer.options.reconnect_delay
+            wait = Backoff(first, 2.0, most, self._placer.retry.backoff_jitter).delay(self._short_lived)
+            log.warning("MQTT client %s: the connection to %s ended %.2f s after it was made (%d in a row): does the "
+                        "broker refuse a publish or a subscription of it (for a token: its topic scopes)? reconnecting "
+                        "in %.1f s", self.client_id, self.node or self.target, lived, self._short_lived, wait)
+            time.sleep(wait)
         self._place_again(handover=False)
         return True
 
@@ -210,6 +227,7 @@ class PlacedMqttClient(HandsOver):
             self._held = (c, userdata, flags, reason, properties)
             return
         code = self.take_connack(flags, reason, resubscribe=self._failover)
+        self._kept_at = time.monotonic()
         if self._user_on_connect is not None:
             self._user_on_connect(c, userdata, flags, reason, properties)
         if code == 0 and self._failover:

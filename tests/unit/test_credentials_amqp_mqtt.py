@@ -275,6 +275,7 @@ class MiniBroker:
     def __init__(self, ack_delay: float = 0.0) -> None:
         self.ack_delay = ack_delay
         self.refuse: set[bytes] = set()
+        self.close_on_publish = False  # as the broker does with a publish it does not authorise
         self.connections: list[Seen] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = Address("127.0.0.1", self.server.getsockname()[1])
@@ -314,6 +315,8 @@ class MiniBroker:
                     qos, at = (first >> 1) & 3, 2 + topic_len
                     pid = body[at:at + 2] if qos else b""
                     seen.published.append((body[at + (2 if qos else 0):], bool(first & 0x08)))
+                    if self.close_on_publish:
+                        return
                     if qos:
                         threading.Timer(self.ack_delay, send, (b"\x40\x02" + pid,)).start()
                 elif kind == 0xC0:
@@ -438,6 +441,19 @@ def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhi
     assert sorted(p for ps in by_client.values() for p in ps) == list(range(sent))  # every message once
     assert all(ps == sorted(ps) for ps in by_client.values())  # each client's in order
     assert sum(1 for s in broker.connections if s.passwords == [b"token-1"]) == 8  # then each on a newer token
+
+
+def test_a_broker_that_closes_each_new_connection_at_once_is_not_reconnected_to_in_a_tight_loop(
+        broker: MiniBroker) -> None:
+    client = placed_client(broker, Tokens())
+    try:
+        broker.close_on_publish = True  # a token without topic scopes: the broker closes the connection, and paho
+        client.publish("t", b"refused", qos=1)  # sends the message again on the next one
+        time.sleep(1.5)  # the scenario is the passing time: how many connections does it make in 1.5 s?
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    assert 2 <= len(broker.connections) <= 7, len(broker.connections)  # waits 0.1, 0.2, 0.4, 0.8 s (+- a fifth)
 
 
 def test_held_publishes_fail_when_the_client_is_closed_and_wait_for_their_connection_otherwise() -> None:
