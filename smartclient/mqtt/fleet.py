@@ -457,6 +457,9 @@ class MqttFleet:
         if m.client.in_flight() and time.monotonic() < deadline:
             self._loop.later(DRAIN_POLL, functools.partial(self._hand_over, m, deadline))
             return
+        if m.client.in_flight():
+            log.warning("fleet client %d: %d messages still unacknowledged after %.1f s: they are sent again after the "
+                        "hand-over (at least once)", m.index, m.client.in_flight(), self.placer.handover_drain())
         m.handing_over = m.client.login_sent
         m.client.say_goodbye()
         m.up, m.node = False, None
