@@ -514,11 +514,8 @@ class PahoClient(paho.Client):
         messages received, say), send DISCONNECT (a persistent session is kept and delivers nothing more; what it
         delivered and was not acknowledged goes back to its queue), close the socket.  paho's ``on_disconnect`` is
         not called and paho does not take the client for disconnected: it is reconnected next."""
-        deadline = time.monotonic() + timeout
         try:
-            while self._sock is not None and self.want_write() and time.monotonic() < deadline:
-                if self.loop_write() != paho.MQTT_ERR_SUCCESS:
-                    break
+            self.flush(timeout)
             sock = self._sock
             if sock is not None:
                 sock.send(_DISCONNECT)
@@ -526,6 +523,13 @@ class PahoClient(paho.Client):
             log.debug("MQTT client %s: goodbye: %s", self.client_id, exc)
         finally:
             self._sock_close()
+
+    def flush(self, timeout: float = 1.0) -> None:
+        """Write out what is queued (PUBACKs of messages received, say), reading nothing, for up to ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while self._sock is not None and self.want_write() and time.monotonic() < deadline:
+            if self.loop_write() != paho.MQTT_ERR_SUCCESS:
+                break
 
     def pump(self, timeout: float) -> MQTTErrorCode:
         """One turn of the network loop on this thread: wait up to ``timeout`` s, read and write what is ready."""

@@ -112,6 +112,7 @@ class _Member:
     dialled: Address | None = None
     failure: SmartClientError | None = None  # why its placement gave up
     handing_over: LoginSent | None = None  # handing over to a new token: what it had (the fallback of a refusal)
+    settling: bool = False  # handing over: reading nothing while the broker applies its last PUBACKs
     kept_at: float = 0.0  # when its current connection was made (monotonic)
     short_lived: int = 0  # connections in a row the broker ended within SHORT_LIVED of being made
 
@@ -451,12 +452,21 @@ class MqttFleet:
         """Hold ``m``'s publishes, wait (polling) for the PUBACKs of those in flight, say DISCONNECT, place it again
         with the new token (its node first); its CONNACK sends what was held (:meth:`_on_connect`)."""
         if m.closing or self._loop.stopped or not m.up or m.plan is not None:
+            m.settling = False
             return  # down or being placed: its next connect logs in with the new token anyway
         m.client.hold_publishes()
         deadline = deadline if deadline is not None else time.monotonic() + self.placer.handover_drain()
         if m.client.in_flight() and time.monotonic() < deadline:
             self._loop.later(DRAIN_POLL, functools.partial(self._hand_over, m, deadline))
             return
+        settle = self.placer.handover_settle()
+        if settle and not m.settling:  # a persistent session: its last PUBACKs applied before DISCONNECT
+            m.settling = True
+            m.client.flush()
+            self._loop.mute(m.client)
+            self._loop.later(settle, functools.partial(self._hand_over, m, deadline))
+            return
+        m.settling = False
         if m.client.in_flight():
             log.warning("fleet client %d: %d messages still unacknowledged after %.1f s: they are sent again after the "
                         "hand-over (at least once)", m.index, m.client.in_flight(), self.placer.handover_drain())

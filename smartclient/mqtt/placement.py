@@ -49,7 +49,7 @@ from smartclient.core.settings import ClientCertificate, ClientSettings, Credent
 from smartclient.core.validation import checked, flag, number, refuse, whole
 from smartclient.credentials import EXTERNAL
 from smartclient.mqtt._paho import MQTTProtocolVersion, Properties, session_properties
-from smartclient.mqtt.handover import HandsOver, LoginSent, MqttCredentials
+from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, settings
@@ -384,6 +384,11 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
     def handover_drain(self) -> float:
         """Seconds a hand-over waits for the PUBACKs of the messages in flight (the connect timeout)."""
         return self.options.connect_timeout
+
+    def handover_settle(self) -> float:
+        """Seconds a hand-over reads nothing before its DISCONNECT: :data:`~smartclient.mqtt.handover.SETTLE_GRACE`
+        with a persistent session, 0 with a clean start (its queue goes with the connection)."""
+        return 0.0 if self.options.clean_start else SETTLE_GRACE
 
     def _hand_over_all(self, token: str) -> None:
         """A new token: every connected client placed by :meth:`connect` hands over to it, each at its slot of the

@@ -83,6 +83,13 @@ class SelectorLoop:
         client.on_socket_register_write = self._on_register_write
         client.on_socket_unregister_write = self._on_unregister_write
 
+    def mute(self, client: Any) -> None:
+        """Stop reading ``client``'s socket (on the loop thread), until it is opened again."""
+        sock = client.socket()
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+
     # -- calls and timers ----------------------------------------------------------------------------------
     def call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop thread, soon (from any thread)."""

@@ -266,6 +266,9 @@ class Seen:
     passwords: list[bytes] = field(default_factory=list)
     published: list[tuple[bytes, bool]] = field(default_factory=list)  # (payload, DUP flag)
     disconnected: bool = False
+    delivered: int = 0  # messages the broker sent the client (``feed``)
+    acked: list[tuple[float, int]] = field(default_factory=list)  # (when, packet id) of each PUBACK from the client
+    disconnected_at: float = 0.0
 
 
 class MiniBroker:
@@ -276,6 +279,7 @@ class MiniBroker:
         self.ack_delay = ack_delay
         self.refuse: set[bytes] = set()
         self.close_on_publish = False  # as the broker does with a publish it does not authorise
+        self.feed = False  # deliver a QoS 1 message to every connection every 5 ms
         self.connections: list[Seen] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = Address("127.0.0.1", self.server.getsockname()[1])
@@ -310,6 +314,8 @@ class MiniBroker:
                     password = body[at + 2:at + 2 + struct.unpack(">H", body[at:at + 2])[0]] if flags & 0x40 else b""
                     seen.passwords.append(password)
                     send(b"\x20\x02\x00" + (b"\x04" if password in self.refuse else b"\x00"))
+                    if self.feed:
+                        threading.Thread(target=self._deliver, args=(send, seen), daemon=True).start()
                 elif kind == 0x30:  # PUBLISH
                     topic_len = struct.unpack(">H", body[:2])[0]
                     qos, at = (first >> 1) & 3, 2 + topic_len
@@ -321,13 +327,24 @@ class MiniBroker:
                         threading.Timer(self.ack_delay, send, (b"\x40\x02" + pid,)).start()
                 elif kind == 0xC0:
                     send(b"\xd0\x00")
+                elif kind == 0x40:  # PUBACK of a message delivered
+                    seen.acked.append((time.monotonic(), struct.unpack(">H", body[:2])[0]))
                 elif kind == 0xE0:
-                    seen.disconnected = True
+                    seen.disconnected, seen.disconnected_at = True, time.monotonic()
                     return
         except OSError:
             pass
         finally:
             conn.close()
+
+    def _deliver(self, send: Any, seen: Seen) -> None:
+        try:
+            while not seen.disconnected:
+                seen.delivered += 1
+                send(b"\x32\x07\x00\x01t" + struct.pack(">H", seen.delivered) + b"m\x00")  # QoS 1 on "t"
+                time.sleep(0.005)
+        except OSError:
+            pass
 
     def close(self) -> None:
         self.server.close()
@@ -454,6 +471,27 @@ def test_a_broker_that_closes_each_new_connection_at_once_is_not_reconnected_to_
         client.disconnect()
         client.loop_stop()
     assert 2 <= len(broker.connections) <= 7, len(broker.connections)  # waits 0.1, 0.2, 0.4, 0.8 s (+- a fifth)
+
+
+def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before_it_says_goodbye(
+        broker: MiniBroker) -> None:
+    from smartclient.mqtt.handover import SETTLE_GRACE
+
+    broker.feed = True  # a subscriber receiving a message every 5 ms
+    placer = MqttPlacer(entry_points=[str(broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
+                        options=MqttOptions(protocol="3.1.1", clean_start=False, connect_timeout=2.0))
+    got: list[bytes] = []
+    client = placer.connect("settle-1", setup=lambda c: setattr(c, "on_message", lambda *a: got.append(a[2].payload)))
+    try:
+        wait_for(lambda: client.handovers == 1)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    old = broker.connections[0]
+    assert old.disconnected and old.acked and len(got) >= len(old.acked)
+    quiet = old.disconnected_at - old.acked[-1][0]  # its last PUBACK, then nothing read, then DISCONNECT
+    assert quiet >= SETTLE_GRACE * 0.9, quiet
+    assert old.delivered > len(old.acked)  # what came meanwhile was never read: it comes again on the new session
 
 
 def test_held_publishes_fail_when_the_client_is_closed_and_wait_for_their_connection_otherwise() -> None:
