@@ -43,6 +43,10 @@ DEFAULT_SCOPES = (
     f"{RESOURCE_SERVER_ID}.read:*/*",
     f"{RESOURCE_SERVER_ID}.write:*/*",
     f"{RESOURCE_SERVER_ID}.configure:*/*",
+    # topic permissions (vhost/exchange/routing key): without them the broker ends an MQTT connection on its
+    # first publish, and refuses a topic exchange's bindings
+    f"{RESOURCE_SERVER_ID}.read:*/*/*",
+    f"{RESOURCE_SERVER_ID}.write:*/*/*",
     f"{RESOURCE_SERVER_ID}.tag:administrator",
 )
 PRIVATE_KEY_FILE = "oauth-signing.key"
