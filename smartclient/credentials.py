@@ -122,7 +122,7 @@ class TokenCredentials:
         self._refresh_due = 0.0
         self._failures = 0
         self._next_try = 0.0
-        self._last_error: TokenProviderFailed | None = None
+        self._last_error: TokenProviderFailed | TokenExpired | None = None
         self._watchers: dict[int, tuple[str, Callable[[str], Any]]] = {}
         self._watch_ids = 0
         self._wake = threading.Event()
@@ -156,7 +156,7 @@ class TokenCredentials:
                 return held.value
             try:
                 return self._fetch(now, connection).value
-            except TokenProviderFailed:
+            except (TokenProviderFailed, TokenExpired):
                 if held is not None and held.expires_at - EXPIRY_MARGIN > now:
                     return held.value  # still valid: the refresher tries again on its back-off
                 raise
@@ -192,21 +192,27 @@ class TokenCredentials:
             log.warning("%s; asking again in %.1f s", error, self._next_try - now)
             raise error from (None if error is exc else exc)
         if token.expires_at - EXPIRY_MARGIN <= self._clock():
+            self.failures += 1
             self._failures += 1
             self._next_try = now + self.retry.delay(self._failures)
-            raise TokenExpired(
+            expired = TokenExpired(
                 f"token provider {self.name} answered a token that expired at {describe_expiry(token.expires_at)} "
                 f"({self._clock() - token.expires_at:.0f} s ago){_for(connection)}: a token must be valid when a "
                 f"connection logs in with it", expires_at=token.expires_at, provider=self.name)
+            self._last_error = expired  # held back on the back-off like any failure: asked again no sooner
+            log.warning("%s; asking again in %.1f s", expired, self._next_try - now)
+            raise expired
         self._failures = 0
         self._last_error = None
         self._token = token
         self._refresh_due = now + refresh_delay(token, now, self.refresh_at, self.jitter)
         return token
 
-    def _again(self, connection: str) -> TokenProviderFailed:
+    def _again(self, connection: str) -> TokenProviderFailed | TokenExpired:
         last = self._last_error
         assert last is not None
+        if isinstance(last, TokenExpired):
+            return last  # the same expired token: its type and expiry say it all
         error = TokenProviderFailed(
             f"token provider {self.name} failed{_for(connection)} and is not asked again before its back-off "
             f"ends in {max(0.0, self._next_try - self._clock()):.1f} s: {last}", provider=self.name,
@@ -246,10 +252,10 @@ class TokenCredentials:
                     self._thread = None
                     return
                 now = self._clock()
-                if self._token is None:
-                    wait = 0.0
-                elif self._last_error is not None:
+                if self._last_error is not None:  # first: a failing provider is asked on its back-off only
                     wait = max(0.0, self._next_try - now)
+                elif self._token is None:
+                    wait = 0.0
                 else:
                     wait = max(0.0, self._refresh_due - now)
             if wait > 0:
@@ -278,11 +284,12 @@ def _for(connection: str) -> str:
 
 
 def _run(awaitable: Any) -> Any:
-    """An async provider's answer, from the thread that asked (never one running an event loop: the async
-    callers go through :meth:`TokenCredentials.acurrent`, which moves to a worker thread)."""
-    async def wrapper() -> Any:
-        return await awaitable
-    return asyncio.run(wrapper())
+    """An async provider's answer, from sync code: on an event loop of its own for the call (on a worker thread
+    when the asking thread runs one: a sync placer called inside ``async with Environment``).  A provider that
+    keeps a loop-bound client (an ``httpx.AsyncClient``) must make it per call, or be a sync function."""
+    from smartclient.resolution import run_sync
+
+    return run_sync(awaitable)
 
 
 # -- one login, whatever the credentials -----------------------------------------------------------------------

@@ -254,3 +254,56 @@ def test_a_rotated_certificate_is_loaded_once_for_the_next_connection(tmp_path) 
     tls_context(context, lambda: current["cert"])
     tls_context(context, lambda: current["cert"])
     assert loads == 2
+
+
+def test_a_provider_answering_expired_tokens_is_held_back_too() -> None:
+    clock = Clock(1_764_090_000.0)
+    calls = 0
+
+    def stale() -> tuple[str, float]:
+        nonlocal calls
+        calls += 1
+        return "stale", clock.now - 30
+
+    creds = TokenCredentials(stale, retry=Backoff(1.0, 2.0, 8.0), clock=clock)
+    for _ in range(100):
+        with pytest.raises(TokenExpired):
+            creds.current("c")
+    assert calls == 1 and creds.failures == 1
+    clock.now += 1.0
+    with pytest.raises(TokenExpired):
+        creds.current("c")
+    assert calls == 2
+
+
+def test_the_refresher_waits_on_the_back_off_of_a_provider_that_never_answered() -> None:
+    import time
+
+    calls = 0
+
+    def down() -> str:
+        nonlocal calls
+        calls += 1
+        raise OSError("down")
+
+    creds = TokenCredentials(down, retry=Backoff(0.2, 2.0, 0.4))
+    stop = creds.watch("w", lambda token: None)
+    time.sleep(1.0)  # a window, not a wait: how often the refresher asks in it is the point
+    stop()
+    creds.close()
+    assert 2 <= calls <= 5, calls  # 0.2, 0.4, 0.4 s apart: never a spin
+
+
+def test_an_async_provider_is_awaited_from_a_thread_running_an_event_loop() -> None:
+    import asyncio
+
+    async def provider() -> tuple[str, float]:
+        await asyncio.sleep(0)
+        return "from-async", 4e9
+
+    creds = TokenCredentials(provider)
+
+    async def sync_placer_inside_async_code() -> str:
+        return creds.current("amqp-1")  # a sync placer called inside `async with Environment`
+
+    assert asyncio.run(sync_placer_inside_async_code()) == "from-async"
