@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from smartclient._errors import (
-    AuthenticationFailed,
-    CertificateRejected,
+    REFUSALS,
     ConnectionFailed,
     ResolutionError,
     SmartClientError,
@@ -135,6 +134,15 @@ class NodePlacer(Generic[C]):
         self._nodes: list[BrokerNode] | None = None
         self.opened = 0
         self.live: weakref.WeakSet[Any] = weakref.WeakSet()  # what this placer placed (metrics: clients per node)
+
+    def placed_now(self) -> list[Any]:
+        """What this placer placed that is still alive: a copy of :attr:`live`, safe from another thread (the
+        token refresher's) while the application's thread places more."""
+        while True:
+            try:
+                return list(self.live)
+            except RuntimeError:  # the set changed size while it was copied: copy again
+                continue
 
     # -- to implement ------------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> C:
@@ -317,7 +325,9 @@ class NodePlacer(Generic[C]):
                 try:
                     with self.resolution.routing_errors(step.target, wanted):
                         landed = self._open(step.target, by_address, name, seen)
-                except (AuthenticationFailed, CertificateRejected, ResolutionError):
+                except ResolutionError:
+                    raise
+                except REFUSALS:  # another node would repeat it (a failing token provider too)
                     raise
                 except ConnectionFailed as exc:
                     step = plan.failed(step.target, self.resolution.listener or step.target, exc)

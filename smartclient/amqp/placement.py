@@ -194,7 +194,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         when the broker accepts it.  A refusal closes that connection (logged as :class:`TokenRefused`, counted
         in :attr:`secret_failures`, the connection's :attr:`~PlacedConnection.failure`); the others go on."""
         sent = 0
-        for placed in list(self.live):
+        for placed in self.placed_now():
             if not isinstance(placed, PlacedConnection) or not placed.connection.is_open:
                 continue
             placed.pending_secrets += 1
@@ -213,8 +213,9 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         """The broker (or the application, ``error`` None) closed ``placed``: say why, if a token was the cause."""
         if error is None:
             return
-        if placed.pending_secrets and not isinstance(error, TokenExpired | TokenRefused):
-            # 4.0.5 answers a token signed by a key it does not trust with 541 INTERNAL_ERROR, not 530
+        if placed.pending_secrets and not isinstance(error, TokenExpired | TokenRefused) and "(541 " in str(error):
+            # 4.0.5 answers a token signed by a key it does not trust with 541 INTERNAL_ERROR, not 530 (any other
+            # close while a token is on its way, a reset or a node shutting down, is what it says)
             error = TokenRefused(f"{error} (while a new token was on its way)")
         if isinstance(error, TokenRefused):
             self.secret_failures += 1

@@ -395,7 +395,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         spread over the first half of the time its token has left (:func:`~smartclient.core.relogin.handover_delay`),
         so that the clients of an Environment do not all reconnect at once."""
         now = time.time()
-        for client in list(self.live):
+        for client in self.placed_now():
             if isinstance(client, PlacedMqttClient) and client._failover and client.is_connected():
                 client.hand_over_in(handover_delay(now, client.login_expires_at, slot_of_name(client.client_id)))
 
