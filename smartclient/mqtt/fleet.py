@@ -111,7 +111,8 @@ class _Member:
     target: Address | None = None  # what the last dial aimed at, and what it dialled
     dialled: Address | None = None
     failure: SmartClientError | None = None  # why its placement gave up
-    handing_over: LoginSent | None = field(default=None, repr=False)  # (a token: never in repr) handing over to a new token: what it had (the fallback of a refusal)
+    # handing over to a new token: what it had (the fallback of a refusal); a token, so never in repr
+    handing_over: LoginSent | None = field(default=None, repr=False)
     settling: bool = False  # handing over: reading nothing while the broker applies its last PUBACKs
     kept_at: float = 0.0  # when its current connection was made (monotonic)
     short_lived: int = 0  # connections in a row the broker ended within SHORT_LIVED of being made
