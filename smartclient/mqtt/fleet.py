@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from smartclient._errors import (
@@ -113,6 +114,7 @@ class _Member:
     failure: SmartClientError | None = None  # why its placement gave up
     # handing over to a new token: what it had (the fallback of a refusal); a token, so never in repr
     handing_over: LoginSent | None = field(default=None, repr=False)
+    falling_back: bool = False  # the broker refused the new token: connecting again with the old one, soon
     settling: bool = False  # handing over: reading nothing while the broker applies its last PUBACKs
     kept_at: float = 0.0  # when its current connection was made (monotonic)
     short_lived: int = 0  # connections in a row the broker ended within SHORT_LIVED of being made
@@ -504,7 +506,11 @@ class MqttFleet:
                 pass
             else:
                 m.handing_over = (None, None)  # still handing over; no second fallback
-                self._dial(m, m.target, login)
+                # not from here: paho holds its callback lock while in on_connect, and a dial closes the refused
+                # socket under that lock (a deadlock); nor before paho has closed the refused socket itself
+                m.falling_back = True
+                self.token_refusals += 1
+                self._loop.call(partial(self._fall_back, m, login))
                 return
         if code == 0:
             if handing is not None:
@@ -526,10 +532,19 @@ class MqttFleet:
         if not self._loop.stopped:
             self._pump()
 
+    def _fall_back(self, m: _Member, login: LoginSent) -> None:
+        """Connect again with the token ``m`` had, after the broker refused the new one at a hand-over."""
+        m.falling_back = False
+        if m.closing or self._loop.stopped or m.target is None:
+            return
+        self._dial(m, m.target, login)
+
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         m = self._member(userdata)
         was_up, m.up = m.up, False
         self._awaiting.discard(m.index)
+        if m.falling_back:  # the refused connection's close: the fallback connects again
+            return
         if m.closing or self._loop.stopped or (m.failures and not was_up):
             return
         if was_up:  # a reconnect: placed again, moving on from the node it was on, after a jittered wait

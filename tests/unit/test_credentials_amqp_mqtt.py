@@ -504,3 +504,21 @@ def test_held_publishes_fail_when_the_client_is_closed_and_wait_for_their_connec
     with pytest.raises(RuntimeError, match="publish failed"):
         info.wait_for_publish(1)
     assert client.holding is None and not isinstance(client.publish("t", b"y", qos=1), HeldInfo)
+
+
+def test_a_fleet_client_whose_new_token_is_refused_goes_on_with_the_old_one() -> None:
+    """The fallback was dialled from inside paho's on_connect, under paho's callback lock: the fleet froze."""
+    from smartclient.mqtt.fleet import MqttFleet
+
+    broker = MiniBroker(ack_delay=0.01)
+    broker.refuse.add(b"token-2")
+    placer = MqttPlacer(entry_points=[str(broker.address)],
+                        credentials=TokenCredentials(Tokens(lifetime=6.0), refresh_at=0.5),
+                        options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
+    try:
+        with MqttFleet(placer, 2, client_id_prefix="fleet-refused") as fleet:
+            wait_for(lambda: fleet.handovers >= 2, 10.0)
+            assert fleet.connected == 2 and fleet.token_refusals == 2
+            assert all(m.failures == 0 and m.failure is None for m in fleet.members)
+    finally:
+        broker.close()
