@@ -208,7 +208,7 @@ class StreamConnector:
 
         def on_refresh(token: str) -> None:
             if not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(self.update_secrets(token), loop)
+                asyncio.run_coroutine_threadsafe(self.update_secrets(token), loop).add_done_callback(_said)
 
         self._unwatch = credentials.watch(self.settings.credentials, "the stream connections", on_refresh)
 
@@ -368,6 +368,12 @@ async def _settle(dials: list[asyncio.Future[Connection]], connector: StreamConn
     for outcome in await asyncio.gather(*dials, return_exceptions=True):
         if isinstance(outcome, Connection):
             await connector.close_connection(outcome)
+
+
+def _said(done: Any) -> None:
+    """Log what went wrong in a secret update handed to the event loop (nothing else waits for it)."""
+    if not done.cancelled() and done.exception() is not None:
+        log.error("handing a new token to the stream connections failed", exc_info=done.exception())
 
 
 async def _quietly_close(client: Any) -> None:
