@@ -100,6 +100,39 @@ def forget_session(env: Environment, client_id: str, node: str) -> None:
 
 
 # -- the soak: 20 s tokens for over two minutes ----------------------------------------------------------------
+class StreamSoak:
+    """A stream producer sending a number every 10 ms and a consumer reading them (the soak's stream part)."""
+
+    def __init__(self, env: Environment, stream: str) -> None:
+        self.env, self.stream = env, stream
+        self.sent = 0
+        self.got: list[int] = []
+        self.stop = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.env.create_stream(self.stream)
+        self.producer = await self.env.producer(self.stream)
+
+        async def on_message(message: bytes, context: Any) -> None:
+            self.got.append(int(message))
+
+        self.consumer = await self.env.consumer(self.stream, on_message, offset="first")
+        self.opened = {conn.name for conn in self.env.connector.connections}
+        self.task = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        while not self.stop.is_set():
+            await self.producer.send(str(self.sent).encode())
+            self.sent += 1
+            await asyncio.sleep(0.01)
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await self.task
+        await self.producer.flush()
+        await wait_until(lambda: len(self.got) >= self.sent, 30, f"the stream consumer to read all {self.sent}")
+
+
 class AmqpSoak:
     """A publisher (publisher confirms) on node 1 and a consumer on node 2 of one queue, counting sequence numbers."""
 
@@ -210,6 +243,8 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
     async with environment(bed, credentials) as env:
         amqp = AmqpSoak(env, bed, queue)
         mqtt = MqttSoak(env, bed, topic)
+        stream = StreamSoak(env, f"{queue}-stream")  # streams, AMQP and MQTT in one soak
+        await stream.start()
         names = [placed.name for placed in amqp.placed()]
         try:
             began = time.monotonic()
@@ -218,6 +253,7 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
                 assert all(p.failure is None and p.connection.is_open for p in amqp.placed()), \
                     [p.failure for p in amqp.placed()]
                 assert mqtt.dropped == 0 and mqtt.fleet.disconnects == 0
+            await stream.finish()
             for worker in amqp.workers[1:] + mqtt.workers:  # the publishers: all sent, all confirmed
                 worker.join()
             await wait_until(lambda: len(amqp.got) >= amqp.sent and mqtt.received_all(), 30,
@@ -241,11 +277,17 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
             clients = [mqtt.publisher, mqtt.subscriber, *mqtt.fleet]
             assert all(c.handovers >= refreshes - 1 for c in clients), [c.handovers for c in clients]
             assert mqtt.fleet.token_refusals == 0 and all(c.token_refusals == 0 for c in clients)
+            # the stream connections: the same ones open, nothing recovered, every update taken (the locator too)
+            assert {conn.name for conn in env.connector.connections} == stream.opened
+            assert stream.producer.recoveries == 0 and stream.consumer.recoveries == 0
+            assert env.connector.secret_failures == 0
+            assert env.connector.secret_updates >= (refreshes - 1) * (len(stream.opened) + 1)
             log.warning(
                 "soak of %.0f s, %d refreshes, %d provider calls: AMQP %d messages confirmed and consumed, secret "
-                "updates %s; MQTT %d messages from %d senders, hand-overs %s", SOAK, refreshes, provider.calls,
-                amqp.sent, [p.secret_updates for p in amqp.placed()], sum(mqtt.sent.values()), len(mqtt.sent),
-                [c.handovers for c in clients])
+                "updates %s; MQTT %d messages from %d senders, hand-overs %s; stream %d messages, %d secret updates",
+                SOAK, refreshes, provider.calls, amqp.sent, [p.secret_updates for p in amqp.placed()],
+                sum(mqtt.sent.values()), len(mqtt.sent), [c.handovers for c in clients], stream.sent,
+                env.connector.secret_updates)
         finally:
             for worker in amqp.workers + mqtt.workers:
                 worker.stop.set()
@@ -257,6 +299,9 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
             for placed in amqp.placed():
                 placed.close()
             forget_session(env, mqtt.subscriber_id, mqtt.subscriber_node)
+            stream.stop.set()
+            await env.delete_stream(stream.stream, missing_ok=True)
+    assert stream.got == list(range(stream.sent))  # the stream's: nothing lost, nothing twice, in order
     # nothing lost, nothing twice: AMQP in order (one publisher, one queue), MQTT each sender's in full
     assert amqp.got == list(range(amqp.sent))
     for sender, n in mqtt.sent.items():

@@ -1,10 +1,10 @@
-"""Streams on the locked test bed: OAuth2 tokens refreshed on live connections, typed errors for tokens that
-cannot be had or are past their expiry, and SASL EXTERNAL with a client certificate (rotated too)."""
+"""Streams on the locked test bed: typed errors for tokens that cannot be had, are refused or are past their
+expiry, and SASL EXTERNAL with a client certificate (rotated too).  The two-minute soak of 20 s tokens runs streams,
+AMQP and MQTT together: tests/integration/test_locked_amqp_mqtt.py."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -25,9 +25,6 @@ from smartclient.testing.streams import delete_streams
 
 from .conftest import wait_until
 
-#: how long the soak runs: the issue asks for at least 2 minutes of 20 s tokens
-SOAK = 125.0
-
 
 def entry(bed: TestBed) -> str:
     node = bed.nodes[0]
@@ -37,45 +34,6 @@ def entry(bed: TestBed) -> str:
 def tls_entry(bed: TestBed) -> str:
     node = bed.nodes[0]
     return f"rabbitmq-stream+tls://{node.host}:{node.stream_tls_port}/"
-
-
-async def test_tokens_of_20_s_over_two_minutes_close_no_connection_and_lose_nothing(
-        rabbitmq_testbed: TestBed, rabbitmq_tokens: TokenAuthority, rabbitmq_unique_name: str) -> None:
-    provider = rabbitmq_tokens.provider(lifetime=20.0)
-    credentials = TokenCredentials(provider)  # refreshed at 3/4 of the lifetime, spread by a tenth
-    stream = rabbitmq_unique_name
-    got: list[int] = []
-
-    async def on_message(message: bytes, context: Any) -> None:
-        got.append(int(message))
-
-    async with Environment(entry(rabbitmq_testbed), credentials=credentials) as env:
-        await env.create_stream(stream)
-        try:
-            producer = await env.producer(stream)
-            consumer = await env.consumer(stream, on_message, offset="first")
-            opened = {conn.name for conn in env.connector.connections}
-            sent = 0
-            began = time.monotonic()
-            while time.monotonic() - began < SOAK:
-                await producer.send(str(sent).encode())
-                sent += 1
-                await asyncio.sleep(0.01)
-            await producer.flush()
-            await wait_until(lambda: len(got) >= sent, 30, f"the consumer to receive all {sent} messages")
-            # no connection was lost: the same ones are open, nothing recovered, every update taken
-            assert {conn.name for conn in env.connector.connections} == opened
-            assert producer.recoveries == 0 and consumer.recoveries == 0
-            assert env.connector.secret_failures == 0
-            refreshes = credentials.refreshes
-            assert refreshes >= SOAK // 20, f"{refreshes} refreshes in {SOAK:.0f} s of 20 s tokens"
-            assert env.connector.secret_updates >= refreshes * len(opened) - len(opened)
-            logging.getLogger(__name__).info(
-                "%d messages, %d refreshes, %d secret updates on %d connections, %d provider calls", sent, refreshes,
-                env.connector.secret_updates, len(opened), provider.calls)
-        finally:
-            await env.delete_stream(stream, missing_ok=True)
-    assert got == list(range(sent))  # nothing lost, nothing twice, in order
 
 
 async def test_a_revoked_subject_gives_a_typed_error_and_no_retry_storm(
