@@ -36,7 +36,8 @@ from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.tokens import Token, coerce_token, describe_expiry, refresh_delay
 from smartclient.core.validation import function, instance, number, text
 
-__all__ = ["EXTERNAL", "ExternalLogin", "Login", "TokenCredentials", "alogin", "login", "tls_context", "watch"]
+__all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "TokenCredentials", "alogin", "login", "tls_context",
+           "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -183,14 +184,16 @@ class TokenCredentials:
             self.failures += 1
             self._failures += 1
             self._next_try = now + self.retry.delay(self._failures)
-            error = exc if isinstance(exc, TokenProviderFailed) else TokenProviderFailed(
+            if isinstance(exc, TokenProviderFailed):
+                self._last_error = exc
+                log.warning("%s; asking again in %.1f s", exc, self._next_try - now)
+                raise
+            error = TokenProviderFailed(
                 f"token provider {self.name} failed{_for(connection)}: {type(exc).__name__}: {exc}",
                 provider=self.name, connection=connection)
-            if error is not exc:
-                error.__cause__ = exc
             self._last_error = error
             log.warning("%s; asking again in %.1f s", error, self._next_try - now)
-            raise error from (None if error is exc else exc)
+            raise error from exc
         if token.expires_at - EXPIRY_MARGIN <= self._clock():
             self.failures += 1
             self._failures += 1
@@ -317,6 +320,28 @@ def watch(credentials: CredentialsLike, name: str, on_refresh: Callable[[str], A
     if isinstance(credentials, TokenCredentials):
         return credentials.watch(name, on_refresh)
     return None
+
+
+class Refreshes:
+    """One holder's watch of its credentials' new tokens (a connector's, a placer's, a fleet's): :meth:`start`
+    hands each new token to ``on_refresh`` (once, however often it is called; nothing with static credentials),
+    :meth:`stop` ends it.  Thread-safe."""
+
+    def __init__(self, name: str, on_refresh: Callable[[str], Any]) -> None:
+        self.name, self.on_refresh = name, on_refresh
+        self._lock = threading.Lock()
+        self._unwatch: Callable[[], None] | None = None
+
+    def start(self, credentials: CredentialsLike) -> None:
+        with self._lock:
+            if self._unwatch is None:
+                self._unwatch = watch(credentials, self.name, self.on_refresh)
+
+    def stop(self) -> None:
+        with self._lock:
+            unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
 
 
 # -- client certificates ---------------------------------------------------------------------------------------

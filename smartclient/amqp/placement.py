@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -147,8 +146,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         unsigned = self.client_certificate is not None and credentials is None and settings is None
         #: how every connection logs in (EXTERNAL when a certificate is given without credentials)
         self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
-        self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
-        self._watching = threading.Lock()
+        #: the token refreshes (token credentials), from the first connection on
+        self._refreshes = signing.Refreshes(f"the AMQP connections of {self!r}", self.update_secrets)
         self.secret_updates = 0  #: new tokens the broker accepted on a live connection
         self.secret_failures = 0  #: new tokens it refused (each closes its connection: TokenRefused)
 
@@ -182,10 +181,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
 
     def _watch_credentials(self) -> None:
         """With token credentials, hand each new token to every live connection (from the first connection on)."""
-        with self._watching:
-            if self._unwatch is None:
-                self._unwatch = signing.watch(self._credentials(), f"the AMQP connections of {self!r}",
-                                              self.update_secrets)
+        self._refreshes.start(self._credentials())
 
     def update_secrets(self, token: str) -> int:
         """Hand ``token`` to every open connection this placer handed out (``connection.update-secret``); return
@@ -226,10 +222,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
 
     def close(self) -> None:
         """Stop handing new tokens to the connections (they stay open until their token expires)."""
-        with self._watching:
-            if self._unwatch is not None:
-                self._unwatch()
-                self._unwatch = None
+        self._refreshes.stop()
 
     def _node_if_up(self, placed: Any) -> str | None:
         return placed.node if placed.connection.is_open else None

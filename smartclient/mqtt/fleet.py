@@ -52,6 +52,7 @@ from smartclient.core.relogin import handover_candidates, handover_delay, slot_o
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import function, instance, number, text, texts, whole
+from smartclient.credentials import Refreshes
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo, is_refusal
 from smartclient.mqtt.handover import LoginSent
 from smartclient.mqtt.placement import SHORT_LIVED, MqttPlacer, PlacedMqttClient
@@ -176,7 +177,9 @@ class MqttFleet:
         self.members: list[_Member] = []
         self._loop = SelectorLoop("smartclient-mqtt-fleet", lambda: self.members, self._member)
         self._awaiting: set[int] = set()
-        self._unwatch: Callable[[], None] | None = None  # stops the token hand-overs
+        #: the token hand-overs, from start() on
+        self._refreshes = Refreshes(f"MQTT fleet {self.prefix}",
+                                    lambda token: self._loop.call(self._schedule_handovers))
         self.disconnects = 0
         self.reconnects = 0
         self.handovers = 0  #: connections handed over to a new token
@@ -229,8 +232,7 @@ class MqttFleet:
             if self._failed():
                 raise ConnectionFailed(f"{self._failed()} of {self.size} fleet connections failed; see the log")
             rebalanced = self._rebalance(deadline) if self.placer.lb is not None else 0
-            self._unwatch = self.placer.login.watch(lambda token: self._loop.call(self._schedule_handovers),
-                                                    f"MQTT fleet {self.prefix}")
+            self._refreshes.start(self.placer.login.credentials)
         except BaseException:
             self.close()
             raise
@@ -260,9 +262,7 @@ class MqttFleet:
         """DISCONNECT every client, wait for the broker to close them (up to ``timeout``), stop the loop."""
         if not self._loop.running:
             return
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        self._refreshes.stop()
 
         def disconnect_all() -> None:
             for m in self.members:

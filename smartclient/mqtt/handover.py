@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from smartclient import credentials as signing
@@ -101,10 +100,6 @@ class MqttCredentials:
                        provider=creds.name if isinstance(creds, TokenCredentials) else None,
                        expires_at=client.login_expires_at)
 
-    def watch(self, on_refresh: Callable[[str], Any], what: str) -> Callable[[], None] | None:
-        """With token credentials, call ``on_refresh(token)`` with each new token until the function returned is
-        called (None: these credentials never change)."""
-        return signing.watch(self.credentials, what, on_refresh)
 
 
 class Reconnects(Protocol):

@@ -47,7 +47,7 @@ from smartclient.core.relogin import handover_candidates, handover_delay, slot_o
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
 from smartclient.core.validation import checked, flag, number, refuse, whole
-from smartclient.credentials import EXTERNAL
+from smartclient.credentials import EXTERNAL, Refreshes
 from smartclient.mqtt._paho import MQTTProtocolVersion, Properties, session_properties
 from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.topics import validate_filter
@@ -306,7 +306,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         #: how every connect logs in (EXTERNAL when a certificate is given without credentials)
         self.login = MqttCredentials(EXTERNAL if unsigned else self.credentials, self.vhost, self.tls,
                                      self.client_certificate)
-        self._unwatch: Callable[[], None] | None = None  # stops the hand-overs of the clients placed by connect()
+        #: the hand-overs of the clients placed by connect() to each new token, from the first one on
+        self._refreshes = Refreshes(f"the MQTT clients of {self!r}", self._hand_over_all)
         self.handovers = 0  #: connections of clients placed by connect() handed over to a new token
         self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the old one kept)
 
@@ -375,9 +376,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             client.subscribe(topic, qos)
         if start:
             client.loop_start()
-        with self._placing:
-            if self._unwatch is None:
-                self._unwatch = self.login.watch(self._hand_over_all, f"the MQTT clients of {self!r}")
+        self._refreshes.start(self.login.credentials)
         return client
 
     # -- tokens ---------------------------------------------------------------------------------------------
@@ -401,10 +400,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
 
     def close(self) -> None:
         """Stop handing new tokens to the clients (each connection lasts until its token expires)."""
-        with self._placing:
-            if self._unwatch is not None:
-                self._unwatch()
-                self._unwatch = None
+        self._refreshes.stop()
 
     def reconnect(self, client: PlacedMqttClient, *, handover: bool = False,
                   login: LoginSent | None = None) -> None:

@@ -124,7 +124,9 @@ class StreamConnector:
         self.connections: set[Connection] = set()
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
         self.dialled: dict[Address, Address] = {}
-        self._unwatch: Callable[[], None] | None = None  # stops the token refreshes (token credentials)
+        #: the token refreshes (token credentials), handed to the connections on the loop of the first one
+        self._refreshes = credentials.Refreshes("the stream connections", self._on_refresh)
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: every client this connector opened and someone still holds (the locator too): a new token goes to each
         self._logged_in: weakref.WeakSet[Any] = weakref.WeakSet()
         self.secret_updates = 0  # connections that took a refreshed token
@@ -202,15 +204,14 @@ class StreamConnector:
     def _watch_credentials(self) -> None:
         """With token credentials, hand each new token to every live connection of this connector (started
         with its first connection, on its event loop)."""
-        if self._unwatch is not None or not isinstance(self.settings.credentials, credentials.TokenCredentials):
-            return
-        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._refreshes.start(self.settings.credentials)
 
-        def on_refresh(token: str) -> None:
-            if not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(self.update_secrets(token), loop).add_done_callback(_said)
-
-        self._unwatch = credentials.watch(self.settings.credentials, "the stream connections", on_refresh)
+    def _on_refresh(self, token: str) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(self.update_secrets(token), loop).add_done_callback(_said)
 
     async def update_secrets(self, token: str) -> int:
         """Hand ``token`` to every open connection (the stream protocol's SASL exchange again, which the
@@ -218,17 +219,18 @@ class StreamConnector:
         :class:`TokenRefused` and counted; the connection keeps its old token (and the broker closes it at
         that token's expiry, when recovery takes over)."""
         username = self.settings.credentials.username
-        done = 0
-        for client in list(self._logged_in):
-            if not client.is_connection_alive():
-                continue
+
+        async def update(client: Any) -> bool:
             try:
                 await asyncio.wait_for(_rstream.update_secret(client, username, token), SECRET_UPDATE_TIMEOUT)
             except (SmartClientError, asyncio.TimeoutError) as exc:
                 self.secret_failures += 1
                 log.warning("connection %s kept its old token: %s", _rstream.identity(client)[1], exc)
-            else:
-                done += 1
+                return False
+            return True
+
+        # at once, not one after another: a slow connection holds up no other (nor sends its token late)
+        done = sum(await asyncio.gather(*(update(c) for c in list(self._logged_in) if c.is_connection_alive())))
         self.secret_updates += done
         return done
 
@@ -331,9 +333,7 @@ class StreamConnector:
         await _quietly_close(conn.client)
 
     async def close(self) -> None:
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
+        self._refreshes.stop()
         if self._reaper is not None:
             self._reaper.cancel()
         for conn in list(self.connections):

@@ -259,8 +259,6 @@ async def update_secret(client: Any, username: str, secret: str) -> None:
     :raises TokenRefused: the broker refused the secret (the connection keeps the old one).
     :raises ConnectionFailed: the connection failed on the way.
     """
-    from rstream import schema
-
     context = f"updating the secret of {client._client_properties['connection_name']}"
     try:
         with map_stream_errors(context):
