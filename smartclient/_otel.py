@@ -49,6 +49,8 @@ INSTRUMENTS: dict[str, tuple[str, str, str]] = {
     "smartclient.resolution.duration": ("histogram", "s", "time the resolver took to answer for one connection"),
     "smartclient.dns.lookups": ("counter", "{lookup}", "DNS resolver answers: asked of a name server, or cached"),
     "smartclient.clients": ("sum", "{connection}", "connected AMQP and MQTT clients placed, by node"),
+    "smartclient.consumer.lag": (
+        "gauge", "{message}", "messages committed to the stream and not yet handed to the consumer (sampled)"),
 }
 
 #: histogram bucket boundaries smartclient advises (the SDK's default ones suit milliseconds, not these)

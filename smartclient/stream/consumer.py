@@ -18,6 +18,7 @@ from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.retry import WATCH_POLL
 from smartclient.core.topology import Role
 from smartclient.stream.handles import _Handle
+from smartclient.stream.lag import lag_sampler
 from smartclient.stream.unreported import watch_deliveries
 
 __all__ = ["Consumer", "OnError", "check_on_error", "consumer_handler"]
@@ -76,6 +77,18 @@ class Consumer(_Handle):
     @property
     def waiting_for(self) -> int | None:  # the next offset it expects, once known (a delivery, an absolute start)
         return max(last + 1, self._start or 0) if (last := self.last_offset) is not None else self._start
+
+    @property
+    def lag(self) -> int | None:
+        """Messages committed to the stream and not yet handed to the callback (0: caught up), as of the last
+        sample: the stream's end minus :attr:`waiting_for`, 0 once it settled (idle, with nothing new for a whole
+        period: offset stores and filtered chunks take offsets it is never handed).  See ``docs/observability.md``,
+        "Consumer lag".  A sample every 5 s, from the first read on (so the first read is None), one StreamStats
+        per stream for all its consumers; nothing per message.  Before RabbitMQ 4.3 it is a lower bound, short
+        by at most the stream's last chunk.  None: not sampled yet, its position not known yet (nothing handed
+        over from ``"next"``, ``"last"`` or a timestamp on a broker before 4.3), an inactive single active
+        consumer, or closed."""
+        return None if self.closed else lag_sampler(self._host).lag(self)
 
     @property
     def handing_over(self) -> bool:  # a chunk waits for, or is in, the callback
@@ -215,6 +228,7 @@ class Consumer(_Handle):
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()
+        lag_sampler(self._host).attach(asyncio.get_running_loop())
         if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
             self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
 
@@ -358,6 +372,7 @@ class Consumer(_Handle):
             from smartclient.stream import _rstream
 
             _rstream.on_callback_error(self._carrier, self.stream, None)
+            lag_sampler(self._host).forget(self)
             self._host.release(self)
 
 

@@ -4,7 +4,9 @@ Most instruments are *observed*: the reader's collection reads counters the clie
 producer's sent, confirmed and failed counts, each consumer carrier's per-stream counts, the connector's
 sessions and mismatches), so the publish and deliver paths pay nothing for them, and nothing at all when
 OpenTelemetry is not installed.  A producer or consumer that closes leaves its totals behind (:meth:`retire`),
-so the counters never go down.  Placement and recovery times are recorded when they happen (rare events).
+so the counters never go down.  Placement and recovery times are recorded when they happen (rare events).  The
+consumer lag gauge reads the last sample of the Environment's lag sampler (:mod:`smartclient.stream.lag`), which
+its first collection starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from smartclient import _otel
 from smartclient.core.topology import Role
+from smartclient.stream.lag import lag_sampler
 
 __all__ = ["StreamTelemetry"]
 
@@ -37,9 +40,9 @@ AttributeKey = tuple[tuple[str, str], ...]
 class _Shared:
     """The instruments of one meter, made once: the SDK hands back the first instrument of a name, with its
     first callbacks, when an Environment asks again.  Each observed reading adds up the live Environments'
-    readings and, for counters, what closed ones left behind.  ``lock`` is held while reading, and by the
-    event loop while a handle's totals move from live to retired, so a reading never sees them twice or
-    not at all."""
+    readings (a gauge: the largest, as the consumer lag furthest behind) and, for counters, what closed ones
+    left behind.  ``lock`` is held while reading, and by the event loop while a handle's totals move from live
+    to retired, so a reading never sees them twice or not at all."""
 
     def __init__(self, meter: Any) -> None:
         self.meter = meter
@@ -50,12 +53,13 @@ class _Shared:
         self.recorded = {name: _otel.recorded(meter, name) for name in RECORDED}
 
     def read(self, name: str) -> Iterable[tuple[float, dict[str, str]]]:
+        gauge = _otel.INSTRUMENTS[name][0] == "gauge"
         with self.lock:
             totals = dict(self.left.get(name, {}))
             for telemetry in self.live:
                 for value, attributes in telemetry.readings[name]():
                     key = tuple(sorted(attributes.items()))
-                    totals[key] = totals.get(key, 0) + value
+                    totals[key] = max(totals.get(key, value), value) if gauge else totals.get(key, 0) + value
         return [(value, dict(key)) for key, value in sorted(totals.items())]
 
     def join(self, telemetry: StreamTelemetry) -> None:
@@ -115,6 +119,7 @@ class StreamTelemetry:
             "smartclient.recoveries": self._recoveries,
             "smartclient.clients": self._placed_clients,
             "smartclient.dns.lookups": self._dns,
+            "smartclient.consumer.lag": self._lag,
         }
         self.shared = _shared(meter)
         self.lock = self.shared.lock
@@ -176,6 +181,12 @@ class StreamTelemetry:
                 counts[(placer.protocol, node)] += n
         return [(n, {**_SYSTEM, "network.protocol.name": protocol, "server.node": node})
                 for (protocol, node), n in sorted(counts.items())]
+
+    def _lag(self) -> Iterable[tuple[float, dict[str, str]]]:
+        """Per stream and consumer name (none for unnamed consumers), the lag furthest behind at the last sample."""
+        return [(lag, {**_on(stream), **({"messaging.consumer.group.name": name} if name else {})})
+                for (stream, name), lag in sorted(lag_sampler(self.carriers).worst().items(),
+                                                  key=lambda item: (item[0][0], item[0][1] or ""))]
 
     def _dns(self) -> Iterable[tuple[float, dict[str, str]]]:
         """Lookups of the DNS resolvers in use (the Environment's, a chain's steps): asked, or from the cache."""
@@ -250,7 +261,7 @@ OBSERVED = (
     "rabbitmq.stream.consumed", "messaging.client.consumed.messages", "rabbitmq.stream.chunk",
     "rabbitmq.stream.connections", "smartclient.connections", "smartclient.placement.sessions",
     "smartclient.placement.mismatches", "smartclient.placement.reused", "smartclient.recoveries",
-    "smartclient.clients", "smartclient.dns.lookups",
+    "smartclient.clients", "smartclient.dns.lookups", "smartclient.consumer.lag",
 )
 RECORDED = (
     "smartclient.placement.duration", "smartclient.recovery.duration", "messaging.client.operation.duration",
