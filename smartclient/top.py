@@ -5,6 +5,7 @@ It reads what the service exports through the OpenTelemetry Prometheus exporter 
 
 - where the connections sit: producers and consumers per node and role, AMQP and MQTT clients per node;
 - per stream: publish, confirm and consume rates since the last poll, errors, messages waiting for a confirm;
+- per consumer (stream and consumer name): its lag, the messages committed and not yet handed to it;
 - placement: LB sessions, kept connections reused, node mismatches by reason, recoveries, resent messages;
 - the recent events: what those counters gained between two polls, newest first.
 
@@ -99,6 +100,13 @@ class StreamRow:
 
 
 @dataclass
+class ConsumerRow:
+    stream: str
+    name: str  # the consumer's name, "" for unnamed ones (the one furthest behind)
+    lag: float
+
+
+@dataclass
 class View:
     """What one frame shows (``None`` rates: the first poll, nothing to compare with)."""
 
@@ -106,6 +114,7 @@ class View:
     clients: dict[tuple[str, ...], float] = field(default_factory=dict)  # (protocol, node) -> clients
     stream_connections: float = 0.0
     streams: list[StreamRow] = field(default_factory=list)
+    consumers: list[ConsumerRow] = field(default_factory=list)  # lag per stream and consumer name
     sessions: float = 0.0
     reused: float = 0.0
     mismatches: dict[str, float] = field(default_factory=dict)  # reason -> total
@@ -149,6 +158,8 @@ def view(previous: Snapshot | None, current: Snapshot) -> View:
                            _rate("rabbitmq_stream_confirmed", s, previous, current),
                            _rate("rabbitmq_stream_consumed", s, previous, current),
                            errored.get((s,), 0.0), outstanding.get((s,), 0.0)) for s in streams],
+        consumers=[ConsumerRow(s, name, lag) for (s, name), lag in sorted(
+            current.by("smartclient_consumer_lag", stream, "messaging_consumer_group_name").items())],
         sessions=current.total("smartclient_placement_sessions"),
         reused=current.total("smartclient_placement_reused"),
         mismatches={reason: n for (reason,), n in current.by("smartclient_placement_mismatches",
@@ -197,6 +208,12 @@ def render(v: View, recent: Iterable[str] = (), source: str = "", error: str | N
                      f"{row.errored:>8,.0f} {row.outstanding:>11,.0f}")
     if not v.streams:
         lines.append("         (none)")
+    lines.append("")
+    lines.append(f"CONSUMERS  {'STREAM':<30} {'CONSUMER':<20} {'LAG':>11}")
+    for consumer in v.consumers:
+        lines.append(f"           {consumer.stream:<30} {consumer.name or '-':<20} {consumer.lag:>11,.0f}")
+    if not v.consumers:
+        lines.append("           (none sampled)")
     lines.append("")
     mismatches = ", ".join(f"{reason} {n:g}" for reason, n in sorted(v.mismatches.items())) or "none"
     mean = "-" if v.recovery_mean is None else f"{v.recovery_mean:.2f} s"

@@ -1,15 +1,17 @@
-"""Consumer lag, sampled: one sampler per Environment reads each consumed stream's end (StreamStats, from its
-leader) every :data:`LAG_SAMPLE` seconds and, right after each answer, the position of every consumer of that
-stream; the lag is the one :mod:`smartclient.core.lag` decides (0 once a consumer settled: idle, and neither
-its position nor the end moved over a whole period).  ``Consumer.lag`` and the
+"""Consumer lag, sampled: one sampler per Environment reads each consumed stream's end (StreamStats, from a
+member of the stream) every :data:`LAG_SAMPLE` seconds and, right after each answer, the position of every
+consumer of that stream; the lag is the one :mod:`smartclient.core.lag` decides (0 once a consumer settled:
+idle, and neither its position nor the end moved over a whole period).  ``Consumer.lag`` and the
 ``smartclient.consumer.lag`` gauge read the last sample.
 
 What it costs: nothing per message (a position is what the consumer keeps anyway, read once per sample), and
 nothing at all until someone asks: the sampler starts on the first read of ``Consumer.lag`` or the first
 collection of the gauge, runs while the Environment has consumers, and stops with its last one.  A sample is
-one StreamStats request per consumed stream, on a short connection of its own to the stream's leader, all
-streams at once, each bounded by ``RecoveryPolicy.attempt_time``; a stream whose read fails keeps its last
-lags until a read succeeds.
+one StreamStats request per consumed stream, on a short connection of its own, all streams at once, each
+bounded by ``RecoveryPolicy.attempt_time``; a stream whose read fails keeps its last lags until a read
+succeeds.  Any member of the stream answers, not only its leader: through a load balancer the first node
+reached is taken (one session per read, counted in ``smartclient.placement.sessions``, and never a node
+mismatch), and a replica's view trails the leader's only by its replication, as do the consumers it serves.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class LagSampler:
         try:
             with attempt(host.recovery.attempt_time, f"reading the end of {stream!r}"):
                 topology = await host.topology(stream)
-                stats = await stream_stats_from(host.placement.connector, topology.candidates(Role.PRODUCER), stream,
+                stats = await stream_stats_from(host.placement.connector, topology.candidates(Role.LOCATOR), stream,
                                                 f"{host.connection_name}-lag")
         except FeatureNotSupported as exc:
             log.warning("no consumer lag: %s", exc)

@@ -14,6 +14,8 @@ from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
+from .conftest import wait_until
+
 sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
 exporter = pytest.importorskip("opentelemetry.exporter.prometheus",
                                reason="opentelemetry-exporter-prometheus (smartclient[dev]) is needed")
@@ -63,7 +65,8 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
             assert f"{producer.node}" in out and f"{consumer.node}" in out
             [producer_row] = [line for line in out.splitlines() if str(producer.node) in line and "producer" in line]
             assert producer_row.split()[-1] == "1"
-            [row] = [line for line in out.splitlines() if stream in line]
+            streams = out[out.index("STREAMS"):out.index("CONSUMERS")].splitlines()
+            [row] = [line for line in streams if stream in line]
             publish_rate = row.split()[2]
             assert publish_rate.endswith("/s") and int(publish_rate[:-2].replace(",", "")) > 0
             assert "LB sessions" in out and "\x1b[" not in out
@@ -72,6 +75,41 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
         provider.shutdown()
         server.shutdown()
         await delete_streams(rabbitmq_testbed, stream)
+
+
+async def test_top_shows_the_lag_of_a_consumer_held_in_its_callback(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    port = free_port()
+    server, _thread = prometheus.start_http_server(port, addr="127.0.0.1")
+    provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
+    bed, stream = rabbitmq_testbed, rabbitmq_unique_name
+    await create_stream_led_by(bed, stream, 0)
+    gate = asyncio.Event()
+
+    async def held(message: object, context: object) -> None:
+        await gate.wait()
+
+    try:
+        async with Environment([bed.stream_uri(n.host, n.stream_port) for n in bed.nodes],
+                               telemetry=Telemetry(meter_provider=provider)) as env:
+            producer = await env.producer(stream)
+            consumer = await env.consumer(stream, held, offset="first", name="billing")
+            await producer.send_many([b"x" * 50] * 1200)
+            await producer.flush()
+            await wait_until(lambda: consumer.lag == 1200, 30, lambda: f"a lag of 1200, not {consumer.lag}")
+            code, out, err = await top("--metrics", f"http://127.0.0.1:{port}/metrics", "--once", "--interval", "0.2")
+            print(out)
+            assert code == 0, err
+            consumers = out[out.index("CONSUMERS"):].splitlines()
+            [row] = [line for line in consumers if stream in line]
+            assert row.split() == [stream, "billing", "1,200"]
+            gate.set()
+    finally:
+        gate.set()
+        provider.shutdown()
+        server.shutdown()
+        await delete_streams(bed, stream)
 
 
 async def test_top_says_when_the_endpoint_does_not_answer() -> None:

@@ -152,3 +152,24 @@ async def test_the_sampler_starts_on_the_first_read_and_stops_with_the_last_cons
     with pytest.raises(asyncio.CancelledError):
         await task  # type: ignore[misc]
     assert LAG_SAMPLE.delay(1) == 5.0
+
+
+# -- smartclient top ---------------------------------------------------------------------------------------
+
+SCOPE = 'messaging_system="rabbitmq",otel_scope_name="smartclient",otel_scope_version=""'
+
+
+def test_top_shows_each_consumer_s_lag_by_stream_and_name_and_says_when_none_was_sampled() -> None:
+    from smartclient.top import ConsumerRow, Snapshot, parse, render, view
+
+    text = (f'smartclient_consumer_lag{{messaging_destination_name="orders",{SCOPE},'
+            f'messaging_consumer_group_name="billing"}} 12500.0\n'
+            f'smartclient_consumer_lag{{messaging_destination_name="orders",{SCOPE}}} 0.0\n')
+    frame = view(None, Snapshot(1.0, parse(text)))
+    assert frame.consumers == [ConsumerRow("orders", "", 0), ConsumerRow("orders", "billing", 12500)]
+    drawn = render(frame)
+    [billing] = [line for line in drawn.splitlines() if "billing" in line]
+    assert billing.split() == ["orders", "billing", "12,500"]
+    [unnamed] = [line for line in drawn.splitlines() if "orders" in line and "billing" not in line]
+    assert unnamed.split() == ["orders", "-", "0"]
+    assert "CONSUMERS" in drawn and "(none sampled)" in render(view(None, Snapshot(1.0, {})))
