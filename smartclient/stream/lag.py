@@ -108,8 +108,11 @@ class LagSampler:
         self.lags, self.marks, self.ends, self.by_name = {}, {}, {}, {}
 
     def _consumers(self, but: Any = None) -> list[Any]:
-        return [h for h in list(self.host.handles) if h.role is Role.CONSUMER and h is not but and not h.closed
-                and h.failure is None]
+        try:
+            handles = list(self.host.handles)
+        except ReferenceError:  # the Environment is gone (a read from another thread came late)
+            return []
+        return [h for h in handles if h.role is Role.CONSUMER and h is not but and not h.closed and h.failure is None]
 
     async def _run(self) -> None:
         waits = self.every.delays()

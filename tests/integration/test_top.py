@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture
+def endpoint() -> Iterator[tuple[str, Any]]:
+    """A service's Prometheus endpoint: its URL, and the meter provider whose metrics it serves."""
+    port = free_port()
+    server, _thread = prometheus.start_http_server(port, addr="127.0.0.1")
+    provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
+    try:
+        yield f"http://127.0.0.1:{port}/metrics", provider
+    finally:
+        provider.shutdown()
+        server.shutdown()
+
+
 async def top(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "smartclient.cli", "top", *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -36,11 +51,9 @@ async def top(*args: str) -> tuple[int, str, str]:
 
 
 async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_service(
-    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, endpoint: tuple[str, Any]
 ) -> None:
-    port = free_port()
-    server, _thread = prometheus.start_http_server(port, addr="127.0.0.1")
-    provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
+    url, provider = endpoint
     host, lb_port = rabbitmq_testbed.lb("stream")
     stream = rabbitmq_unique_name
     await create_stream_led_by(rabbitmq_testbed, stream, 2)
@@ -57,7 +70,7 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
                     await asyncio.sleep(0.01)
 
             task = asyncio.create_task(publish())
-            code, out, err = await top("--metrics", f"http://127.0.0.1:{port}/metrics", "--once", "--interval", "1")
+            code, out, err = await top("--metrics", url, "--once", "--interval", "1")
             stop.set()
             await task
             assert code == 0, err
@@ -72,17 +85,13 @@ async def test_top_shows_where_the_handles_sit_and_the_publish_rate_of_a_live_se
             assert "LB sessions" in out and "\x1b[" not in out
     finally:
         stop.set()
-        provider.shutdown()
-        server.shutdown()
         await delete_streams(rabbitmq_testbed, stream)
 
 
 async def test_top_shows_the_lag_of_a_consumer_held_in_its_callback(
-    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, endpoint: tuple[str, Any]
 ) -> None:
-    port = free_port()
-    server, _thread = prometheus.start_http_server(port, addr="127.0.0.1")
-    provider = sdk.MeterProvider(metric_readers=[exporter.PrometheusMetricReader()])
+    url, provider = endpoint
     bed, stream = rabbitmq_testbed, rabbitmq_unique_name
     await create_stream_led_by(bed, stream, 0)
     gate = asyncio.Event()
@@ -98,7 +107,7 @@ async def test_top_shows_the_lag_of_a_consumer_held_in_its_callback(
             await producer.send_many([b"x" * 50] * 1200)
             await producer.flush()
             await wait_until(lambda: consumer.lag == 1200, 30, lambda: f"a lag of 1200, not {consumer.lag}")
-            code, out, err = await top("--metrics", f"http://127.0.0.1:{port}/metrics", "--once", "--interval", "0.2")
+            code, out, err = await top("--metrics", url, "--once", "--interval", "0.2")
             print(out)
             assert code == 0, err
             consumers = out[out.index("CONSUMERS"):].splitlines()
@@ -107,8 +116,6 @@ async def test_top_shows_the_lag_of_a_consumer_held_in_its_callback(
             gate.set()
     finally:
         gate.set()
-        provider.shutdown()
-        server.shutdown()
         await delete_streams(bed, stream)
 
 

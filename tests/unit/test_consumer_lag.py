@@ -154,6 +154,27 @@ async def test_the_sampler_starts_on_the_first_read_and_stops_with_the_last_cons
     assert LAG_SAMPLE.delay(1) == 5.0
 
 
+async def test_a_read_from_another_thread_starts_the_sampler_on_the_environment_s_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync face reads ``consumer.lag`` on the caller's thread, and the gauge on the metric reader's."""
+    async def stream_stats_from(connector: Any, candidates: Any, stream: str, name: str) -> dict[str, int]:
+        return {"committed_offset": 9}
+
+    monkeypatch.setattr("smartclient.stream.stats.stream_stats_from", stream_stats_from)
+    consumer = FakeConsumer("s", "x", 10)
+    host = fake_host([consumer], {}, [])
+    sampler = LagSampler(host)
+    sampler.attach(asyncio.get_running_loop())
+    await asyncio.to_thread(sampler.worst)  # (the loop may take the first sample before the thread returns)
+    for _ in range(100):
+        if sampler.samples:
+            break
+        await asyncio.sleep(0)
+    assert await asyncio.to_thread(sampler.worst) == {("s", "x"): 0} and sampler.task is not None
+    consumer.closed = True
+    sampler.forget(consumer)
+
+
 # -- smartclient top ---------------------------------------------------------------------------------------
 
 SCOPE = 'messaging_system="rabbitmq",otel_scope_name="smartclient",otel_scope_version=""'
