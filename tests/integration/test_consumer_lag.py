@@ -99,3 +99,25 @@ async def test_a_tracked_consumer_that_caught_up_reads_0_though_its_stores_are_c
             assert stats["committed_offset"] >= 1000 > consumer.last_offset  # the stores took offsets after 999
     finally:
         await delete_streams(bed, stream)
+
+
+def test_the_sync_face_reads_the_lag_from_the_caller_s_thread(rabbitmq_testbed: TestBed,
+                                                              rabbitmq_unique_name: str) -> None:
+    from smartclient.sync import SyncEnvironment
+
+    from .conftest import wait_until_sync
+
+    bed, stream = rabbitmq_testbed, rabbitmq_unique_name
+    node = bed.nodes[2]
+    with SyncEnvironment(bed.stream_uri(node.host, node.stream_port)) as env:
+        env.create_stream(stream)
+        try:
+            producer = env.producer(stream)
+            producer.send_many([b"m"] * 200)
+            producer.flush()
+            handed: list[int] = []
+            consumer = env.consumer(stream, lambda message, context: handed.append(context.offset), offset="first")
+            wait_until_sync(lambda: len(handed) == 200, 30, "the 200 messages")
+            wait_until_sync(lambda: consumer.lag == 0, SAMPLED, lambda: f"a lag of 0, not {consumer.lag}")
+        finally:
+            env.delete_stream(stream, missing_ok=True)
