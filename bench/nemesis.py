@@ -95,6 +95,10 @@ def main() -> int:
     if report.elections:
         print(f"broker: every leader named again after a node fault in {sorted(report.elections)[-1]:.2f} s at worst; "
               f"smartclient's progress after that: p99 {report.p99_beyond_broker():.2f} s")
+    if report.unwritable:
+        print(f"streams writable again (a raw producer's first confirm) after a node fault or leader move: worst "
+              f"{max(report.unwritable):.2f} s; the clients' own share after that: smartclient p99 "
+              f"{report.p99_own():.2f} s (total p99 {p99:.2f} s), anchor p99 {report.p99_own(anchor=True):.2f} s")
     ok = report.lost == 0 and report.duplicated == 0 and p99 < TARGET_P99 and report.ok
     print(f"nemesis: p99_progress={p99:.2f}s target < {TARGET_P99:g}s with lost=0 dup=0 (lost={report.lost} "
           f"dup={report.duplicated}) {'PASS' if ok else 'MISS'}")

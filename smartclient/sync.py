@@ -244,3 +244,10 @@ class SyncEnvironment:
 
     def placements(self) -> list[PlacementRecord]:
         return self.aio.placements()
+
+    def resources(self) -> dict[str, int]:
+        """See :meth:`Environment.resources <smartclient.Environment.resources>` (read on the loop thread)."""
+
+        async def read() -> dict[str, int]:
+            return self.aio.resources()
+        return self._loop.run(read())

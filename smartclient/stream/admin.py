@@ -108,6 +108,7 @@ class StreamAdmin:
             if not missing_ok:
                 raise
         self.topologies.drop(stream=stream)
+        self.carriers.forget_stream(stream)
 
     async def stream_stats(self, stream: str) -> dict[str, int]:
         from smartclient.stream.stats import stream_stats_from

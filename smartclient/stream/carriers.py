@@ -129,7 +129,10 @@ class Carriers:
         await self.placement.unused(conn)
 
     def recovering(self, role: Role, stream: str, active: bool, handle: Any = None) -> None:
-        self.placement.recovering[(role, stream)] += 1 if active else -1
+        key = (role, stream)
+        self.placement.recovering[key] += 1 if active else -1
+        if not self.placement.recovering[key]:  # no key per stream ever recovered: streams come and go
+            del self.placement.recovering[key]
         if self.telemetry is not None and handle is not None:
             self.telemetry.recovering(handle, active)
 
@@ -190,10 +193,12 @@ class Carriers:
         if handle in self.handles:
             if self.telemetry is None:
                 self.handles.remove(handle)
-                return
-            with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
-                self.handles.remove(handle)
-                self.telemetry.retire(handle)
+            else:
+                with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
+                    self.handles.remove(handle)
+                    self.telemetry.retire(handle)
+        if all(h.stream != handle.stream for h in self.handles):
+            self._committed.pop(handle.stream, None)  # read again when a consumer of it needs it
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step
@@ -216,6 +221,19 @@ class Carriers:
         value = int(stats.get("committed_chunk_id", -1))
         self._committed[stream] = (time.monotonic(), value)
         return value
+
+    def forget_stream(self, stream: str) -> None:
+        """``stream`` was deleted: nothing of it is kept, neither its cached committed chunk nor what its closed
+        handles' counters left (its metric series end; a service that creates and deletes streams for weeks would
+        otherwise report every stream it ever had)."""
+        self._committed.pop(stream, None)
+        if self.telemetry is not None:
+            with self.telemetry.lock:
+                for totals in self.telemetry.retired.values():
+                    totals.pop(stream, None)
+                for carrier in self.carriers(Role.CONSUMER):  # what each consumer carrier handed over, per stream
+                    carrier.smartclient_consumed.pop(stream, None)
+                    carrier.smartclient_chunks.pop(stream, None)
 
     # -- ending --------------------------------------------------------------------------------------
     async def end_handles_of(self, streams: set[str], reason: str) -> None:

@@ -53,11 +53,18 @@ class ParkingLot:
         self.limits = limits
         self._clock = clock
         self._by_node: dict[Address, list[Connection]] = {}
+        self.parked_twice = 0  # connections parked while already parked (counted for the soak's accounting)
+        self.stale = 0  # entries found no longer parked (taken elsewhere) and dropped
 
     def put(self, conn: Connection) -> Connection | None:
-        """Park ``conn``; return a connection that no longer fits (to be closed), if any."""
+        """Park ``conn`` (again: its idle time starts over); return a connection that no longer fits (to be
+        closed), if any."""
         conn.parked_at = self._clock()
         slot = self._by_node.setdefault(conn.node, [])
+        if conn in slot:  # parked twice (two carriers let go of it): once is enough, or a take leaves a copy behind
+            log.debug("connection %s parked again", conn.name)
+            self.parked_twice += 1
+            slot.remove(conn)
         slot.append(conn)
         if len(slot) > self.limits.max_parked_per_node:
             return slot.pop(0)
@@ -79,13 +86,20 @@ class ParkingLot:
             slot.remove(conn)
 
     def expired(self) -> list[Connection]:
+        """The connections parked longer than ``idle_timeout`` (taken out), and any that no longer is parked
+        (taken out too: a taken connection has nothing to do here)."""
         deadline = self._clock() - self.limits.idle_timeout
         out = []
         for slot in self._by_node.values():
             for conn in list(slot):
-                if conn.parked_at is not None and conn.parked_at <= deadline:
+                if conn.parked_at is None:
+                    self.stale += 1
+                    slot.remove(conn)
+                elif conn.parked_at <= deadline:
                     slot.remove(conn)
                     out.append(conn)
+        for node in [n for n, slot in self._by_node.items() if not slot]:
+            del self._by_node[node]
         return out
 
     def all(self) -> list[Connection]:

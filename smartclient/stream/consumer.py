@@ -238,6 +238,8 @@ class Consumer(_Handle):
         how = dict(self._how)
         if how["properties"] is not None:
             how["properties"] = dict(how["properties"])  # rstream adds the filter keys to it
+        if self.active is not None:  # a single active consumer joins its group inactive: the broker says when not
+            self.active = False  # (it was active before a recovery, another member may be now: no delivery watch)
         self.subscription_id, self._subscriber = await _rstream.subscribe(
             self._carrier, self.stream, self._deliver, offset, **how)
         self._start = offset.start

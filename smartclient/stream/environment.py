@@ -226,6 +226,15 @@ class StreamEnvironment:
         await self._topologies.close()
         await self.connector.close()
 
+    def resources(self) -> dict[str, int]:
+        """The sizes of this Environment's tables, by name: connections (placed, parked, shared), handles,
+        pending confirms, metadata-cache entries, placement records, and the publishers, subscribers, handlers,
+        delivery queues and tasks it drives in rstream.  For a long-lived service's checks: each should come back
+        to its level once connections, streams and nodes have come and gone.  Call it on the event loop."""
+        from smartclient.stream.accounting import resources
+
+        return resources(self)
+
     # -- topology and placement ------------------------------------------------------------------
     async def topology(self, stream: str) -> StreamTopology:
         """The stream's leader and replicas (advertised addresses), from the cache or the broker.

@@ -52,6 +52,7 @@ class StreamPlacement:
                                       backoff_max=min(retry.backoff_max, recovery.attempt_time))
         self.recovering: Counter[tuple[Role, str]] = Counter()  # recoveries under way, by role and stream
         self._locks: dict[tuple[Role, tuple[Address, ...]], asyncio.Lock] = {}
+        self._waiting: Counter[tuple[Role, tuple[Address, ...]]] = Counter()  # placements holding or awaiting each
         self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
         #: told each placement's time and the connections it opened (telemetry)
@@ -79,8 +80,14 @@ class StreamPlacement:
     async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
         # placements that would dial the same nodes wait for one another, then share what the first opened
-        lock = self._locks.setdefault((role, candidates.tiers[0]), asyncio.Lock())
-        await step("waiting for a placement on the same nodes", lock.acquire())
+        key = (role, candidates.tiers[0])
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._waiting[key] += 1
+        try:
+            await step("waiting for a placement on the same nodes", lock.acquire())
+        except BaseException:
+            self._let_go(key)
+            raise
         try:
             candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
             shared = self.shared[role]
@@ -95,7 +102,16 @@ class StreamPlacement:
             self._record(pool, stream, conn, closed_handler)
         finally:
             lock.release()
+            self._let_go(key)
         return conn, sessions
+
+    def _let_go(self, key: tuple[Role, tuple[Address, ...]]) -> None:
+        """One placement less on ``key``'s lock: the last one drops it (leaders move: a lock per set of nodes
+        ever placed on would pile up over weeks)."""
+        self._waiting[key] -= 1
+        if not self._waiting[key]:
+            del self._waiting[key]
+            self._locks.pop(key, None)
 
     def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:
         role: Role = pool.role

@@ -123,6 +123,11 @@ class PublishBuffer:
         self._bind(client, publisher_id)
 
     @property
+    def waiting(self) -> int:
+        """Callers and callbacks waiting for a confirm."""
+        return len(self._waiters)
+
+    @property
     def in_flight(self) -> int:
         """Messages queued or sent and not yet confirmed or failed."""
         return len(self._pending)

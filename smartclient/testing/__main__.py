@@ -1,5 +1,5 @@
-"""``python -m smartclient.testing up|down|status|provision|brokers N|nemesis|spark up|down|status``: drive the test
-bed from a shell."""
+"""``python -m smartclient.testing up|down|status|provision|brokers N|nemesis|soak|spark up|down|status``: drive the
+test bed from a shell."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     nemesis.add_argument("--faults", default=None, metavar="KIND,...",
                          help="draw only these faults (default: all): kill, stop_app, move_leader, close_connection, "
                               "lb_backend, lb_sessions, lb_restart, dns")
+    soak = sub.add_parser("soak", help="a month of a service's life compressed: rolling restarts, churn, rotating "
+                                       "credentials, resources accounted; then check it")
+    soak.add_argument("--minutes", type=float, default=45.0)
+    soak.add_argument("--seed", type=int, default=None, help="the faults' seed (default: a random one)")
+    soak.add_argument("--history", default=None, help="write the history here (default: a temporary file)")
+    soak.add_argument("--rollout-every", type=float, default=600.0, help="seconds between rolling restarts")
+    soak.add_argument("--first-rollout", type=float, default=None, help="seconds until the first (default: half)")
     spark = sub.add_parser("spark", help="the Spark standalone cluster (a master and two workers) on 127.0.0.1")
     spark.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -61,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                       + (f"provisioned in {took:.1f}s" if took else "cached"))
         elif args.command == "nemesis":
             return _nemesis(bed, args)
+        elif args.command == "soak":
+            return _soak(bed, args)
         elif args.command == "brokers":
             for node in bed.start_brokers(args.count):
                 print(f"{node.name}: amqp {node.amqp_port}, stream {node.stream_port}, "
@@ -109,6 +118,27 @@ def _nemesis(bed: object, args: argparse.Namespace) -> int:
         report = asyncio.run(run(bed, plan, args.history, progress=print))
     print(report.summary())
     print(f"nemesis: lost={report.lost} dup={report.duplicated} gaps={report.consumer_gaps} "
+          f"{'OK' if report.ok else 'ANOMALY'}")
+    return 0 if report.ok else 1
+
+
+def _soak(bed: object, args: argparse.Namespace) -> int:
+    import asyncio
+    import random
+    import tempfile
+
+    from smartclient.testing.soak import SoakPlan, soak
+
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, first_rollout=args.first_rollout)
+    history = args.history or tempfile.mkstemp(prefix="soak-", suffix=".jsonl")[1]
+    print(f"soak: history in {history}")
+    if isinstance(bed, LocalTestBed):
+        bed.up()
+    report = asyncio.run(soak(bed, plan, history, progress=lambda line: print(line, flush=True)))
+    print(report.summary())
+    print(f"soak: lost={report.report.lost} dup={report.report.duplicated} gaps={report.report.consumer_gaps} "
+          f"resources {'flat' if report.resources.flat(plan.rss_growth) else 'NOT FLAT'} "
           f"{'OK' if report.ok else 'ANOMALY'}")
     return 0 if report.ok else 1
 

@@ -16,10 +16,16 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 * ``op``: ``client`` (an RPC or MQTT client), ``ok`` (bool), ``error`` (the type of the failure), and
   ``setup`` (true for a one-off step such as starting the RPC servers: its errors are counted, but it is no
   client that keeps making progress, so it is not timed against the faults that follow it);
+* any record may say ``untimed``: its client works now and then (the soak's churn), so it is checked but never
+  timed against a fault;
 * ``fault`` / ``heal``: ``what`` and ``target``;
 * ``leaders``: after a node fault (``kill``, ``stop_app``), when the broker named a live leader for every
   stream again: ``fault_t`` (the fault's ``t``), ``streams`` (stream -> the ``t`` its leader was named) and
-  ``missing`` (streams still without one when it gave up).
+  ``missing`` (streams still without one when it gave up);
+* ``writable``: after a node fault or a leader move, when each stream took a write again (a raw producer's first
+  confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``.  The probe's own messages are
+  ``send``/``confirm`` of the client ``probe``: checked as stored once, never timed as a client's progress;
+* ``resources``: a sample of the process's resources (see :mod:`smartclient.testing.soak`), not read here.
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
 publishing order; every failed id has a reason; nothing is stored that was never sent or that the broker
@@ -27,12 +33,15 @@ refused (an id still in flight at the end, or given up by the client, may be sto
 apart).  Per consumer: no gap between the first and the last offset it was handed (of the offsets that hold
 messages, when the stream was read back: offset tracking spends offsets too), duplicates counted, and a
 tracked consumer resumes after its stored offset.
-Per fault: how long each client took to make progress after it (worst, p99), and, after a node fault, how
-long after the broker had named every leader again (the part of the wait that is the client's).
+Per fault: how long each client took to make progress after it (worst, p99), how long after the broker had
+named every leader again, and the client's own share: from the moment each of its streams took a write again
+(the probes of this fault and of any still under way; for a fault no probe follows, the fault itself) to its
+first progress since.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -51,6 +60,9 @@ ANCHOR = "anchor-"  # clients named so are the bench's anchor (raw rstream): rep
 
 def is_anchor(client: str) -> bool:
     return client.startswith(ANCHOR)
+
+
+PROBE = "probe"  # the writable probe's messages (smartclient.testing.probe): stored, never a client's progress
 
 _PROGRESS = {"confirm", "deliver"}
 
@@ -91,6 +103,12 @@ class Report:
     #: fault (if that came later), to the client's next progress
     beyond_broker: dict[str, list[float]] = field(default_factory=dict)
     elections: list[float] = field(default_factory=list)  # per node fault: seconds until every leader was named
+    #: client -> seconds from the moment its streams took writes again after each fault (or the fault, unprobed)
+    #: to its first progress since: the client's own share of the wait
+    own: dict[str, list[float]] = field(default_factory=dict)
+    unwritable: list[float] = field(default_factory=list)  # per probed fault: seconds until every stream took a write
+    #: (client, fault t, progress t, own share) for every fault a client made progress after
+    delays: list[tuple[str, float, float, float]] = field(default_factory=list)
 
     @property
     def lost(self) -> int:
@@ -122,8 +140,14 @@ class Report:
         return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
 
     def p99_beyond_broker(self) -> float:
-        times = sorted(t for client, ts in self.beyond_broker.items() if not is_anchor(client) for t in ts)
-        return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)] if times else 0.0
+        return _p99(t for client, ts in self.beyond_broker.items() if not is_anchor(client) for t in ts)
+
+    def own_times(self, anchor: bool = False) -> list[float]:
+        return sorted(t for client, ts in self.own.items() if is_anchor(client) == anchor for t in ts)
+
+    def p99_own(self, anchor: bool = False) -> float:
+        """The p99 of the clients' own share of the wait after a fault (see :attr:`own`)."""
+        return _p99(self.own_times(anchor))
 
     @property
     def ok(self) -> bool:
@@ -164,6 +188,12 @@ class Report:
             lines.append(f"after a node fault the broker named every leader again in {median:.2f} s "
                          f"(median), {ordered[-1]:.2f} s at worst ({len(ordered)} faults); client progress after "
                          f"that (and after the fault): p99 {self.p99_beyond_broker():.2f} s")
+        if self.unwritable:
+            ordered = sorted(self.unwritable)
+            lines.append(f"after a node fault or leader move every stream took a write again in "
+                         f"{ordered[len(ordered) // 2]:.2f} s (median), {ordered[-1]:.2f} s at worst ({len(ordered)} "
+                         f"probed); the clients' own share after that: p99 {self.p99_own():.2f} s, worst "
+                         f"{max(self.own_times(), default=0.0):.2f} s")
         slowest = sorted(((max(t), c) for c, t in self.progress.items() if t and not is_anchor(c)), reverse=True)
         lines.append("  slowest: " + ", ".join(f"{c} {worst:.2f} s" for worst, c in slowest[:6]))
         if self.progress_times(anchor=True) or any(is_anchor(n) for n in self.producers):
@@ -173,6 +203,11 @@ class Report:
         for client in sorted(set(self.ops_ok) | set(self.op_errors)):
             lines.append(f"  {client}: {self.ops_ok[client]} ok, errors {dict(self.op_errors.get(client, {}))}")
         return "\n".join(lines)
+
+
+def _p99(values: Iterable[float]) -> float:
+    times = sorted(values)
+    return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)] if times else 0.0
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:
@@ -215,6 +250,10 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     progressed: list[tuple[str, float, float]] = []  # (client, fault time, progress time)
     elected: dict[float, float] = {}  # node fault time -> when the broker had named every leader again
     named: dict[str, list[float]] = defaultdict(list)  # stream -> each time a node fault's new leader was named
+    #: stream -> (the fault's t, when it took a write again) for each probed fault
+    writable: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    moments: dict[str, list[float]] = defaultdict(list)  # client -> every time it made progress
+    unwritable: list[float] = []
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -228,14 +267,26 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             for name in clients:
                 waiting[name].append(t)
             continue
-        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op") and not r.get("setup"):
+        timed = not r.get("setup") and not r.get("untimed") and client != PROBE
+        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op") and timed:
             clients.add(client)
         if kind == "leaders":
             elected[float(r["fault_t"])] = t
             for stream, back in dict(r.get("streams") or {}).items():
                 named[str(stream)].append(float(back))
             continue
-        made_progress = kind in _PROGRESS or (kind == "op" and r.get("ok") and not r.get("setup"))
+        if kind == "writable":
+            backs = [float(back) for back in dict(r.get("streams") or {}).values()]
+            for stream, back in dict(r.get("streams") or {}).items():
+                writable[str(stream)].append((float(r["fault_t"]), float(back)))
+            if backs and not r.get("missing"):
+                unwritable.append(max(backs) - float(r["fault_t"]))
+            continue
+        if kind == "resources":
+            continue
+        made_progress = timed and (kind in _PROGRESS or (kind == "op" and bool(r.get("ok"))))
+        if made_progress:
+            moments[client].append(t)
         if made_progress and waiting.get(client):
             progress[client].extend(t - at for at in waiting[client])
             progressed.extend((client, at, t) for at in waiting[client])
@@ -318,9 +369,21 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     for client, stream in consumer_stream.items():
         streams_of[client].add(stream)
     beyond: dict[str, list[float]] = defaultdict(list)
+    own: dict[str, list[float]] = defaultdict(list)
+    delays: list[tuple[str, float, float, float]] = []
     for client, at, t in progressed:  # from the last election of its streams that ended before (faults overlap)
-        ended = [end for stream in streams_of.get(client, ()) for end in named.get(stream, ()) if at <= end <= t]
+        mine = streams_of.get(client, ())
+        ended = [end for stream in mine for end in named.get(stream, ()) if at <= end <= t]
         beyond[client].append(t - max([at, *ended]))
+        # the client's own share: from the moment its streams took writes again (the probes of this fault and of
+        # those before it still under way), or from the fault, to its first progress since then
+        ready = max([at, *(back for stream in mine for began, back in writable.get(stream, ())
+                           if began <= at <= back)])
+        times = moments[client]
+        resumed = times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
+        if resumed is not None:
+            own[client].append(resumed - ready)
+            delays.append((client, at, t, resumed - ready))
     elections = [back - at for at, back in elected.items()]
     return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok, dict(beyond),
-                  elections)
+                  elections, dict(own), unwritable, delays)

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,6 +330,29 @@ class LocalTestBed(LockedLocalBed):
         broker = self.broker(name)
         broker.ctl(["start_app"])
         broker.wait_ready()
+
+    def roll_node(self, name: str, full: bool = False, before_stop: Callable[[], object] | None = None) -> float:
+        """One step of a rolling restart, as the Kubernetes cluster operator takes it: wait until the node can go
+        without costing any quorum queue or stream its quorum (``rabbitmq-upgrade await_online_quorum_plus_one``,
+        the operator's pre-stop check), stop it (``stop_app``, or with ``full`` the whole process, gracefully),
+        start it and wait until it listens and has rejoined the cluster.  ``before_stop`` is called (on this thread)
+        once the check has passed, just before the stop.  Returns the seconds it was down."""
+        broker = self.broker(name)
+        broker.tool("rabbitmq-upgrade", ["await_online_quorum_plus_one", "-t", "120"], timeout=150)
+        if before_stop is not None:
+            before_stop()
+        stopped = time.monotonic()
+        if full:
+            broker.stop()
+            broker.start()
+        else:
+            broker.ctl(["stop_app"])
+            broker.ctl(["start_app"])
+        broker.wait_ready()
+        down = time.monotonic() - stopped
+        if broker.spec.clustered:
+            wait_until(self.clustered, 60, f"{broker.spec.name} to rejoin the cluster", interval=0.5)
+        return down
 
     def stream_status(self, stream: str, vhost: str = "/") -> list[dict[str, Any]]:
         """The stream coordinator's view of each member (``rabbitmq-streams stream_status``): role, node,

@@ -35,8 +35,9 @@ from typing import IO, Any
 from smartclient._errors import ConfigurationError
 from smartclient.core.settings import ConnectionOptions
 from smartclient.testing.checker import Report, check
+from smartclient.testing.probe import writable_back
 
-__all__ = ["FAULTS", "Anchor", "Fault", "History", "Plan", "run", "schedule"]
+__all__ = ["FAULTS", "Anchor", "Extra", "Fault", "History", "Plan", "Run", "run", "schedule"]
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,10 @@ def schedule(plan: Plan, nodes: list[str], streams: list[str]) -> list[Fault]:
 class History:
     """Every event of a run, in memory and (optionally) as JSON lines."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, keep: bool = True) -> None:
         self._lock = threading.Lock()  # the RPC and MQTT loops add from their threads
+        self.path = Path(path) if path else None
+        self.keep = keep  # in memory too (a long soak keeps them in the file only: its memory is measured)
         self.records: list[dict[str, Any]] = []
         self.start = time.monotonic()
         self._file: IO[str] | None = Path(path).open("w") if path else None  # noqa: SIM115  (closed by close())
@@ -111,7 +114,8 @@ class History:
         with self._lock:
             t = round(time.monotonic() - self.start, 4)
             record = {"kind": kind, "t": t, **fields}
-            self.records.append(record)
+            if self.keep:
+                self.records.append(record)
             if self._file is not None:
                 self._file.write(json.dumps(record) + "\n")
             return t
@@ -150,9 +154,15 @@ async def _leaders_back(bed: Any, streams: list[str], victim: str, fault_t: floa
     history.add("leaders", fault_t=fault_t, target=victim, missing=len(pending), streams=back)
 
 
-async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] | None = None) -> None:
+async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] | None = None,
+                  nodes: asyncio.Lock | None = None) -> None:
     """Apply ``fault``, hold it, heal it (each test-bed call off the event loop); after a node fault, record
-    when the broker has a leader for each of ``streams`` again."""
+    when the broker has a leader for each of ``streams`` again, and when each can take a write again (after a
+    leader move, the moved stream).  A node fault holds ``nodes`` (one node away at a time) until healed."""
+    if FAULTS[fault.what] and nodes is not None:
+        async with nodes:
+            await _inject(bed, fault, history, streams)
+        return
     call: Callable[..., Any]
     heal: Callable[[], Any] | None = None
     if fault.what == "kill":
@@ -173,14 +183,21 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
     else:
         call, heal = bed.stop_dns, bed.start_dns
     fault_t = history.add("fault", what=fault.what, target=fault.target)
-    probe = None
+    probe: asyncio.Future[Any] | None = None
+    healed = asyncio.Event()
     try:
         await asyncio.to_thread(call)
     except Exception as exc:  # a fault that could not be injected is recorded, not fatal
         history.add("fault_error", what=fault.what, error=f"{type(exc).__name__}: {exc}")
     else:
         if streams and fault.what in ("kill", "stop_app"):
-            probe = asyncio.create_task(_leaders_back(bed, streams, fault.target, fault_t, history))
+            probe = asyncio.gather(_leaders_back(bed, streams, fault.target, fault_t, history),
+                                   writable_back(bed, streams, fault_t, history, victim=fault.target, healed=healed))
+        elif streams and fault.what == "move_leader":
+            probe = asyncio.ensure_future(writable_back(bed, [fault.target], fault_t, history))
+        elif streams and fault.what == "lb_restart":  # back once the LB routes again: what follows is the clients'
+            back = history.add("writable_lb", fault_t=fault_t)
+            history.add("writable", fault_t=fault_t, target="lb", streams=dict.fromkeys(streams, back), missing=0)
     if heal is not None:
         await asyncio.sleep(fault.hold)
         try:
@@ -188,6 +205,7 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
         except Exception as exc:
             history.add("fault_error", what=f"heal {fault.what}", error=f"{type(exc).__name__}: {exc}")
         history.add("heal", what=fault.what, target=fault.target)
+    healed.set()
     if probe is not None:
         await probe
 
@@ -200,16 +218,41 @@ def _close_one_connection(bed: Any, seed: float) -> None:
         bed.close_connection(random.Random(seed).choice(ours))
 
 
+@dataclass
+class Run:
+    """What a run's extra workloads (``extras`` of :func:`run`) are handed: they run from the start until
+    ``stop`` is set (``halt`` for threads), record into ``history``, and hold ``nodes`` while a node is away."""
+
+    bed: Any
+    env: Any
+    history: History
+    stop: asyncio.Event
+    halt: threading.Event
+    run_id: str
+    streams: list[str]  # the workload's streams and the super stream's partitions, probed after node faults
+    super_stream: str
+    nodes: asyncio.Lock
+    say: Callable[[str], None]
+    read_back: list[str]  # more streams to read back at the end (an extra adds its own)
+
+
+Extra = Callable[[Run], Coroutine[Any, Any, None]]
+
+
 async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
-              progress: Callable[[str], None] | None = None, anchor: Anchor | None = None) -> Report:
+              progress: Callable[[str], None] | None = None, anchor: Anchor | None = None,
+              extras: tuple[Extra, ...] = (), telemetry: Any = None, history: History | None = None) -> Report:
     """Run the workload and the schedule against ``bed`` for ``plan.minutes``; return the checker's report.
     ``anchor(bed, stream, history, stop, rate)``: another client to run under the same faults, on a stream of its
-    own, recording as a client named ``anchor-...`` (``bench/nemesis.py`` runs raw rstream so)."""
+    own, recording as a client named ``anchor-...`` (``bench/nemesis.py`` runs raw rstream so).  ``extras``: more
+    workloads, each given the :class:`Run` (the soak's churn, rolling restarts and accounting); ``telemetry``:
+    the Environment's (a :class:`~smartclient.core.settings.Telemetry`); ``history``: where to record (else a new
+    one, written to ``history_path``)."""
     from resolvers import LoadBalancer
     from smartclient import Confirmation, EnqueueTimeout, Environment, OffsetTracking
 
     say = progress or (lambda text: None)
-    history = History(history_path)
+    history = history if history is not None else History(history_path)
     host, port = bed.lb("stream")
     uri = bed.stream_uri(host, port)
     lb = LoadBalancer(f"{host}:{port}", amqp=bed.lb("amqp")[1], mqtt=bed.lb("mqtt")[1])
@@ -221,7 +264,7 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
     halt = threading.Event()  # the same, for the RPC and MQTT threads
     try:
         async with Environment(uri, resolver=lb, connection=ConnectionOptions(name="nemesis"),
-                               management=bed.management()) as env:
+                               management=bed.management(), **({"telemetry": telemetry} if telemetry else {})) as env:
             for stream in streams:
                 await env.create_stream(stream, {"initial-cluster-size": 3})
             partitions = await env.create_super_stream(super_stream, partitions=3)
@@ -275,28 +318,36 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
                        for loop in (_rpc_loop, _mqtt_loop)]
             for thread in threads:
                 thread.start()
+            nodes = asyncio.Lock()
+            context = Run(bed, env, history, stop, halt, run_id, [*streams, *partitions], super_stream, nodes, say, [])
+            others = [asyncio.create_task(extra(context)) for extra in extras]
             started = time.monotonic()
             injections = []
             for fault in faults:
                 await asyncio.sleep(max(0.0, started + fault.at - time.monotonic()))
                 say(f"{fault.at:7.1f} s  {fault.what} {fault.target}".rstrip())
-                injections.append(asyncio.create_task(_inject(bed, fault, history, [*streams, *partitions])))
+                injections.append(asyncio.create_task(_inject(bed, fault, history, [*streams, *partitions], nodes)))
             await asyncio.gather(*injections)
             await asyncio.sleep(max(0.0, started + plan.minutes * 60 - time.monotonic()))
             stop.set()
             halt.set()
-            await asyncio.gather(*producers)
+            await asyncio.gather(*producers, *others)
             for thread in threads:
                 await asyncio.to_thread(thread.join, 60)
             await asyncio.to_thread(bed.heal)
-            await _read_back(env, [*streams, *partitions, *([anchor_stream] if anchor is not None else [])], history)
-            for stream in [*streams, *([anchor_stream] if anchor is not None else [])]:
+            await _read_back(env, [*streams, *partitions, *([anchor_stream] if anchor is not None else []),
+                                   *context.read_back], history)
+            for stream in [*streams, *([anchor_stream] if anchor is not None else []), *context.read_back]:
                 await env.delete_stream(stream, missing_ok=True)
             await env.delete_super_stream(super_stream, missing_ok=True)
     finally:
         stop.set()
         halt.set()
         history.close()
+    if not history.keep and history.path is not None:
+        from smartclient.testing.checker import read_history
+
+        return check(read_history(history.path))
     return check(history.records)
 
 

@@ -14,6 +14,7 @@ picks one.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,6 +228,9 @@ class TestBed:
 
     def start_app(self, name: str) -> None:
         raise self._unavailable(f"start_app on {name}")
+
+    def roll_node(self, name: str, full: bool = False, before_stop: Callable[[], object] | None = None) -> float:
+        raise self._unavailable(f"restart {name} as a rolling restart does")
 
     def move_leader(self, stream: str, to_node: str, vhost: str = "/") -> str:
         raise self._unavailable(f"move the leader of {stream}")

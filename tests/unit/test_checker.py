@@ -152,3 +152,23 @@ def test_a_saved_history_is_read_back_and_a_bad_line_is_named(tmp_path: Path) ->
     path.write_text('{"kind": "send", "t": 0, "client": "p", "id": 1}\nnot json\n')
     with pytest.raises(ConfigurationError, match=r"history.jsonl:2 is not JSON"):
         read_history(path)
+
+
+def test_the_clients_own_share_starts_when_its_stream_took_a_write_again() -> None:
+    """A kill after which s1 took the probe's write 4.5 s later: p (on s1) progressed 4.7 s after the fault, so
+    0.2 s of the wait was its own; the probe's messages are stored and checked, never a client's progress."""
+    history = [{"kind": "send", "t": 9.0, "client": "p", "id": 1},
+               {"kind": "fault", "t": 10.0, "what": "kill", "target": "rabbit-1"},
+               {"kind": "send", "t": 14.4, "client": "probe", "id": 1},
+               {"kind": "confirm", "t": 14.5, "client": "probe", "id": 1},
+               {"kind": "writable", "t": 14.6, "fault_t": 10.0, "target": "rabbit-1", "missing": 0,
+                "streams": {"s1": 14.5}},
+               {"kind": "confirm", "t": 14.7, "client": "p", "id": 1},
+               {"kind": "stored", "t": 20.0, "stream": "s1", "offset": 0, "client": "p", "id": 1},
+               {"kind": "stored", "t": 20.0, "stream": "s1", "offset": 1, "client": "probe", "id": 1}]
+    report = check(history)
+    assert report.ok and "probe" not in report.progress
+    assert report.progress == {"p": pytest.approx([4.7])} and report.own == {"p": pytest.approx([0.2])}
+    assert report.unwritable == pytest.approx([4.5]) and report.p99_own() == pytest.approx(0.2)
+    assert report.delays == [("p", 10.0, 14.7, pytest.approx(0.2))]
+    assert "took a write again in 4.50 s" in report.summary()

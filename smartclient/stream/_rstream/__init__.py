@@ -8,10 +8,12 @@ the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into rstre
 
 from smartclient.stream._rstream.placed import *  # noqa: F403
 from smartclient.stream._rstream.placed import __all__ as _carrier_names
+from smartclient.stream._rstream.tables import carrier_clients, carrier_tables, client_tables, write_until_confirmed
 from smartclient.stream._rstream.wire import *  # noqa: F403
 from smartclient.stream._rstream.wire import __all__ as _wire_names
 
-__all__ = [*_carrier_names, *_wire_names, "RSTREAM_INTERNALS", "RSTREAM_NAMES"]
+__all__ = [*_carrier_names, *_wire_names, "RSTREAM_INTERNALS", "RSTREAM_NAMES", "carrier_clients", "carrier_tables",
+           "client_tables", "write_until_confirmed"]
 
 RSTREAM_INTERNALS: tuple[str, ...] = (
     # rstream.client.Client (BaseClient): the connection, its frames and its handler tables
@@ -50,6 +52,8 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "Consumer._on_deliver",  # overridden: the one delivery loop (credit by ConsumerFlow, chunks, no moving back)
     "producer._Publisher",  # built by our _get_or_create_publisher
     "client.ClientPool._clients",  # cleared by PlacedClientPool.close
+    # counted, never changed (tables.py: what a long-lived Environment holds)
+    "Producer._waiting_for_confirm", "Producer._buffered_messages", "client.Client._streams",
 )
 """Every private name of rstream the seam relies on, relative to the ``rstream`` package; the seam test
 checks each against the installed rstream."""
@@ -67,7 +71,7 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "schema.Deliver", "schema.ConsumerUpdateResponse", "schema.Heartbeat", "schema.Close",
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
     "schema.OffsetSpecification", "encoding.decode_frame", "schema.SaslAuthenticate", "schema.SaslAuthenticateResponse",
-    "schema.PublishingError", "schema.SubEntryChunk",
+    "schema.PublishingError", "schema.SubEntryChunk", "schema.Message",
     "connection.ConnectionClosed",
 )
 """The public names of rstream the seam imports or uses."""

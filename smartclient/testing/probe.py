@@ -1,0 +1,75 @@
+"""When a stream can take a write again after a fault: the moment from which whatever a client still waits is its own.
+
+Metadata naming a leader is not enough (a newly named leader cannot confirm until a replica has joined it), so the
+probe is a raw producer: after the fault it asks a node that is up for the stream's leader, connects to the leader
+and publishes a message every 0.1 s until one is confirmed; a try that fails (no leader yet, a node going) is made
+again after :data:`PROBE_INTERVAL` s, each bounded to :data:`TRY_BOUND` s.  The confirm's arrival is recorded per
+stream as a ``writable`` history record (see :mod:`smartclient.testing.checker`), with the fault's ``t``.
+
+Each probe message is stored in the stream like any other: its body is ``probe:<id>`` and it is recorded as a
+``send`` and a ``confirm`` of the client ``probe`` (one id sequence over every stream), so the checker accounts
+for it and never counts it as a client's progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["PROBE", "PROBE_INTERVAL", "writable_back"]
+
+PROBE = "probe"  # the client name of the probe's messages
+PROBE_INTERVAL = 0.05  # seconds between two tries on one stream
+TRY_BOUND = 5.0  # seconds one try (leader, connect, then a message every 0.1 s until one is confirmed) may take
+GIVE_UP = 120.0  # seconds after which a stream that never took a write is reported missing
+
+_IDS = itertools.count(1)
+
+
+async def writable_back(bed: Any, streams: list[str], fault_t: float, history: Any, victim: str = "",
+                        healed: asyncio.Event | None = None) -> None:
+    """Probe every stream of ``streams`` at once until each takes a write; record one ``writable`` record:
+    ``fault_t``, ``target``, ``streams`` (stream -> ``t``), ``missing``.  ``victim``: a node the fault takes away,
+    never asked, nor written to as the leader until ``healed`` is set (back, it may lead again; meanwhile a write
+    to it would only say it has not gone yet)."""
+    deadline = time.monotonic() + GIVE_UP
+    gone = (lambda: healed is None or not healed.is_set()) if victim else (lambda: False)
+    back = await asyncio.gather(*(_first_confirm(bed, s, victim, gone, history, deadline) for s in streams))
+    when = {s: t for s, t in zip(streams, back, strict=True) if t is not None}
+    history.add("writable", fault_t=fault_t, target=victim, streams=when, missing=len(streams) - len(when))
+
+
+async def _first_confirm(bed: Any, stream: str, victim: str, gone: Callable[[], bool], history: Any,
+                         deadline: float) -> float | None:
+    while time.monotonic() < deadline:
+        try:
+            return await asyncio.wait_for(_try_write(bed, stream, victim if gone() else "", history), TRY_BOUND)
+        except Exception:  # no leader yet, the leader not confirming yet, a node going: try again
+            await asyncio.sleep(PROBE_INTERVAL)
+    return None
+
+
+async def _try_write(bed: Any, stream: str, victim: str, history: Any) -> float:
+    from smartclient.stream import _rstream
+    from smartclient.testing.streams import raw_stream_client
+
+    asked = next(n for n in bed.nodes if n.name != victim)  # (a node back from a fault answers Metadata too)
+    async with raw_stream_client(bed, asked.host, asked.stream_port, name="soak-probe") as client:
+        leader, _ = await client.query_leader_and_replicas(stream)
+    node = bed.node_by_advertised(leader.host, leader.port)
+    if node.name == victim:
+        raise LookupError(f"{stream}'s leader is still said to be on {victim}")
+
+    def next_id() -> int:
+        ident = next(_IDS)
+        history.add("send", client=PROBE, id=ident)
+        return ident
+
+    async with raw_stream_client(bed, node.host, node.stream_port, name="soak-probe") as client:
+        ident = await _rstream.write_until_confirmed(client, stream, next_id, lambda i: f"{PROBE}:{i}".encode(),
+                                                     PROBE_INTERVAL * 2)
+        confirmed: float = history.add("confirm", client=PROBE, id=ident)
+        return confirmed

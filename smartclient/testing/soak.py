@@ -1,0 +1,535 @@
+"""The soak: a month of a service's life compressed into minutes, with its resources accounted for.
+
+    python -m smartclient.testing soak --minutes 45 [--seed S] [--history run.jsonl]
+
+It runs the nemesis's whole workload through the load balancer (:mod:`smartclient.testing.nemesis`: named
+producers, plain, tracked, single-active and super-stream consumers, an AMQP RPC loop and an MQTT fleet) at a
+gentler rate, and adds what weeks bring:
+
+* **rolling restarts** every ``rollout_every`` seconds: each node in turn waited on until it can go without
+  costing a quorum, stopped, started and waited for (:meth:`~smartclient.testing.local.LocalTestBed.roll_node`,
+  as the Kubernetes cluster operator does), ``stop_app``/``start_app`` and full process restarts in turn;
+* **connection churn**: every ``churn_every`` seconds a producer and a consumer opened, used and closed, a
+  super stream's consumer coming and going, and now and then a stream created, used and deleted;
+* **locked clients**: an Environment on OAuth2 tokens of ``token_lifetime`` seconds (refreshed on its live
+  connections), and one on a client certificate (SASL EXTERNAL) rotated every ``certificate_every`` seconds, whose
+  churn opens new connections with the newest one;
+* now and then a **leader move**, a management-API connection close or the LB's sessions cut (the nemesis's).
+
+**Resource accounting**: every ``sample_every`` seconds, between two churn cycles once the connections the last
+one parked have left (after their idle time, up to 8 s), the process's RSS, open file
+descriptors, asyncio tasks and threads, every table of each Environment
+(:meth:`~smartclient.Environment.resources`) and the metric attribute sets (data points) its instruments report
+are recorded as ``resources`` history records.  :func:`check_resources` (pure) then says whether each is flat:
+RSS grows by less than ``rss_growth`` from the end of the warm-up to the end, and every count comes back to its
+baseline (the first sample after the warm-up) after each rollout (some sample after it has settled is at or
+below it; what follows the leaders, such as connections and their descriptors and tasks, may settle up to a few
+per node higher, :data:`PER_NODE`, since the leaders move at each rollout).  A probe
+(:mod:`smartclient.testing.probe`) records when each stream takes a write again after a node stops or a leader
+moves, so the checker reports the clients' own share of each wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smartclient._errors import ConfigurationError
+from smartclient.testing.checker import Report, read_history
+from smartclient.testing.nemesis import History, Plan, Run, run
+from smartclient.testing.probe import writable_back
+
+__all__ = ["ResourceReport", "Rollout", "SoakPlan", "SoakReport", "check_resources", "rollouts", "soak"]
+
+#: what depends on where the leaders and replicas are (they move at each rollout), per node of the cluster: a
+#: connection per node and role, and what each connection holds (descriptors, tasks, frame handlers)
+PER_NODE = {"connections": 2, "shared connections": 2, "connection forwards": 2, "file descriptors": 4,
+            "asyncio tasks": 8, "client tasks": 6, "client handlers": 10, "metric smartclient.connections": 2,
+            "metric attribute sets": 12, "threads": 2}  # threads: the event loop's executor, which grows to its cap
+#: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
+#: time are judged), the reaper with them, and each instrument's sets are judged in their total
+UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",
+            "stale parking entries (events)")
+
+
+def slack(name: str, nodes: int) -> int | None:
+    """How far above its baseline ``name`` may settle after a rollout (None: not judged)."""
+    if name in UNJUDGED or (name.startswith("metric ") and name != "metric attribute sets"
+                            and name != "metric smartclient.connections"):
+        return None
+    return PER_NODE.get(name, 0) * nodes
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    minutes: float = 45.0
+    seed: int = 1
+    rollout_every: float = 600.0  # seconds between two rolling restarts
+    first_rollout: float | None = None  # seconds until the first (default: half of rollout_every)
+    churn_every: float = 3.0  # seconds between two churn cycles
+    stream_every: int = 5  # every this many churn cycles, a stream is created, used and deleted
+    token_lifetime: float = 60.0
+    certificate_every: float = 300.0
+    sample_every: float = 10.0
+    warmup: float = 60.0  # seconds before the baseline sample
+    settle: float = 20.0  # seconds after a rollout before its counts are judged
+    rss_growth: float = 0.05
+    rate: float = 40.0  # messages per second per producer (the nemesis's 200 would fill memory with history)
+    faults: tuple[str, ...] = ("move_leader", "close_connection", "lb_sessions")
+    fault_gap: tuple[float, float] = (30.0, 60.0)
+
+    def __post_init__(self) -> None:
+        for name in ("minutes", "rollout_every", "churn_every", "token_lifetime", "certificate_every",
+                     "sample_every", "rate"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ConfigurationError(f"SoakPlan.{name} must be a positive number of seconds, not {value!r}")
+        if self.first_rollout is not None and self.first_rollout < 0:
+            raise ConfigurationError(f"SoakPlan.first_rollout must be 0 or more seconds, not {self.first_rollout!r}")
+        if self.stream_every < 1:
+            raise ConfigurationError(f"SoakPlan.stream_every must be 1 or more cycles, not {self.stream_every!r}")
+        if not 0 < self.rss_growth < 1:
+            raise ConfigurationError(f"SoakPlan.rss_growth must be a share between 0 and 1, not {self.rss_growth!r}")
+        self.nemesis()  # the fault kinds are the nemesis's
+
+    def nemesis(self) -> Plan:
+        return Plan(minutes=self.minutes, seed=self.seed, gap=self.fault_gap, rate=self.rate, kinds=self.faults)
+
+    @property
+    def rollout_times(self) -> list[float]:
+        """When each rolling restart begins (seconds after the start): none later than 90 s before the end, so
+        that each has ended and settled before the workload stops."""
+        first = self.rollout_every / 2 if self.first_rollout is None else self.first_rollout
+        times, at = [], first
+        while at <= self.minutes * 60 - 90:
+            times.append(at)
+            at += self.rollout_every
+        return times
+
+
+# -- the resources ---------------------------------------------------------------------------------------
+def process_resources() -> dict[str, int]:
+    """This process's RSS (KiB), open file descriptors, asyncio tasks and threads (call it on the loop)."""
+    rss = 0
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        fds = -1
+    return {"rss kib": rss, "file descriptors": fds, "asyncio tasks": len(asyncio.all_tasks()),
+            "threads": threading.active_count()}
+
+
+def metric_points(reader: Any) -> dict[str, int]:
+    """The data points (attribute sets) each instrument reports now, and their total, read from ``reader`` (an
+    OpenTelemetry ``InMemoryMetricReader``)."""
+    points: dict[str, int] = defaultdict(int)
+    data = reader.get_metrics_data()
+    for resource in getattr(data, "resource_metrics", None) or ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                points[f"metric {metric.name}"] += len(list(metric.data.data_points))
+    points["metric attribute sets"] = sum(points.values())
+    return dict(points)
+
+
+@dataclass
+class ResourceReport:
+    baseline: dict[str, int]
+    start: dict[str, int]
+    peak: dict[str, int]
+    end: dict[str, int]
+    #: name -> the rollouts (by start t, or "end") after which it never came back to its baseline
+    not_back: dict[str, list[str]] = field(default_factory=dict)
+    rss_growth: float = 0.0
+    samples: int = 0
+    unjudged: list[str] = field(default_factory=list)  # rollouts with no settled sample after them
+
+    def flat(self, limit: float) -> bool:
+        return self.samples > 0 and not self.not_back and self.rss_growth < limit
+
+    def table(self) -> str:
+        names = sorted(set(self.start) | set(self.end))
+        width = max((len(n) for n in names), default=10)
+        lines = [f"  {'resource':<{width}}  {'start':>9}  {'baseline':>9}  {'peak':>9}  {'end':>9}"]
+        for name in names:
+            flag = f"  NOT BACK after {', '.join(self.not_back[name])}" if name in self.not_back else ""
+            lines.append(f"  {name:<{width}}  {self.start.get(name, 0):>9}  {self.baseline.get(name, 0):>9}  "
+                         f"{self.peak.get(name, 0):>9}  {self.end.get(name, 0):>9}{flag}")
+        return "\n".join(lines)
+
+
+def check_resources(records: Iterable[Mapping[str, Any]], warmup: float, settle: float,
+                    nodes: int = 3) -> ResourceReport:
+    """Judge the ``resources`` samples of a history against its ``rollout`` records (pure): a count is back when
+    some sample after the rollout has settled is at or below its baseline (plus its :func:`slack` for ``nodes``
+    nodes, for what follows the leaders)."""
+    samples = [(float(r["t"]), dict(r["values"]), bool(r.get("rolling"))) for r in records
+               if r.get("kind") == "resources"]
+    spans = [(float(r["began"]), float(r["t"])) for r in records if r.get("kind") == "rollout"]
+    if not samples:
+        return ResourceReport({}, {}, {}, {})
+    settled = [s for s in samples if s[0] >= warmup and not s[2]]
+    base_t, baseline, _ = settled[0] if settled else samples[0]
+    names = sorted({k for _, values, _ in samples for k in values})
+    peak = {n: max(v.get(n, 0) for _, v, _ in samples) for n in names}
+    report = ResourceReport(baseline, samples[0][1], peak, samples[-1][1], samples=len(samples))
+    windows: list[tuple[str, float, float]] = []
+    for i, (began, ended) in enumerate(spans):
+        if ended < base_t:
+            continue
+        until = spans[i + 1][0] if i + 1 < len(spans) else math.inf
+        windows.append((f"the rollout at {began:.0f} s", ended + settle, until))
+    windows.append(("the end", max([base_t, *(e + settle for _, e in spans)]), math.inf))
+    for label, since, until in windows:
+        judged = [v for t, v, rolling in samples if since <= t < until and not rolling]
+        if not judged:
+            report.unjudged.append(label)
+            continue
+        for name in names:
+            allowed = slack(name, nodes)
+            if allowed is None or name not in baseline:
+                continue
+            if min(v.get(name, 0) for v in judged) > baseline[name] + allowed:
+                report.not_back.setdefault(name, []).append(label)
+    if baseline.get("rss kib"):
+        report.rss_growth = samples[-1][1].get("rss kib", 0) / baseline["rss kib"] - 1
+    return report
+
+
+# -- rollouts --------------------------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    began: float
+    ended: float
+    progress: list[float]  # every client's wait after each node's stop
+    own: list[float]  # the same, from when its streams took writes again
+
+    @staticmethod
+    def p99(values: list[float]) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] if ordered else 0.0
+
+
+def rollouts(records: Iterable[Mapping[str, Any]], report: Report) -> list[Rollout]:
+    """Each rolling restart of a history, with the progress after its node stops (from ``report.delays``)."""
+    records = list(records)
+    spans = [(float(r["began"]), float(r["t"])) for r in records if r.get("kind") == "rollout"]
+    stops = sorted(float(r["t"]) for r in records if r.get("kind") == "fault" and r.get("what") == "roll")
+    out = []
+    for began, ended in spans:
+        mine = {t for t in stops if began <= t <= ended}
+        out.append(Rollout(began, ended, [p - at for _, at, p, _ in report.delays if at in mine],
+                           [own for _, at, _, own in report.delays if at in mine]))
+    return out
+
+
+@dataclass
+class SoakReport:
+    plan: SoakPlan
+    report: Report
+    resources: ResourceReport
+    rollouts: list[Rollout]
+    ops: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and self.resources.flat(self.plan.rss_growth)
+
+    def summary(self) -> str:
+        lines = [self.report.summary(), "rolling restarts:"]
+        for r in self.rollouts:
+            lines.append(f"  at {r.began:7.1f} s, {r.ended - r.began:5.1f} s long: progress after a node stop p99 "
+                         f"{Rollout.p99(r.progress):.2f} s, worst {max(r.progress, default=0.0):.2f} s; the clients' "
+                         f"own p99 {Rollout.p99(r.own):.2f} s")
+        res = self.resources
+        lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the baseline "
+                     f"(limit {self.plan.rss_growth * 100:.0f} %); "
+                     + (f"not back to the baseline: {sorted(res.not_back)}" if res.not_back else "every count back")
+                     + (f"; not judged (no settled sample): {res.unjudged}" if res.unjudged else ""))
+        lines.append(res.table())
+        return "\n".join(lines)
+
+
+# -- the extras --------------------------------------------------------------------------------------------
+@dataclass
+class _Shared:
+    plan: SoakPlan
+    envs: dict[str, Any] = field(default_factory=dict)  # name -> an Environment whose tables are sampled
+    quiet: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by a churn cycle; the sampler takes it
+    rolling: bool = False
+    certificate: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def _rolling_restarts(shared: _Shared) -> Callable[[Run], Any]:
+    async def roll(ctx: Run) -> None:
+        plan, events = shared.plan, asyncio.get_running_loop()
+        for k, at in enumerate(plan.rollout_times):
+            if await _wait(ctx.stop, shared.started + at - time.monotonic()):
+                return
+            async with ctx.nodes:  # no other node fault meanwhile
+                shared.rolling = True
+                began = ctx.history.add("rollout_began", index=k)
+                ctx.say(f"{began:7.1f} s  rolling restart {k + 1}")
+                for i, node in enumerate(ctx.bed.nodes):
+                    full = (i + k) % 2 == 1  # stop_app and full restarts in turn, flipped at each rollout
+                    probes: list[asyncio.Future[None]] = []
+                    healed = asyncio.Event()
+
+                    def stopping(node: Any = node, full: bool = full, probes: list[Any] = probes,
+                                 healed: asyncio.Event = healed) -> None:
+                        """On the bed's thread, once the node may go: the fault is now, and so is the probe."""
+                        fault_t = ctx.history.add("fault", what="roll", target=node.name, full=full)
+                        probes.append(asyncio.run_coroutine_threadsafe(writable_back(
+                            ctx.bed, ctx.streams, fault_t, ctx.history, victim=node.name, healed=healed), events))
+                    try:
+                        down = await asyncio.to_thread(ctx.bed.roll_node, node.name, full, stopping)
+                    except Exception as exc:  # recorded; the bed is healed at the end
+                        ctx.history.add("fault_error", what="roll", error=f"{type(exc).__name__}: {exc}")
+                        down = -1.0
+                    ctx.history.add("heal", what="roll", target=node.name, down=round(down, 2))
+                    healed.set()
+                    for probe in probes:
+                        await asyncio.wrap_future(probe)
+                ctx.history.add("rollout", index=k, began=began)
+                shared.rolling = False
+    return roll
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` unless ``stop`` is set first; True if it was."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+    return stop.is_set()
+
+
+def _sampler(shared: _Shared, reader: Any) -> Callable[[Run], Any]:
+    async def sample(ctx: Run) -> None:
+        while not await _wait(ctx.stop, shared.plan.sample_every):
+            async with shared.quiet:
+                # the connections the last cycle parked leave after their idle time: sampled once they have
+                with contextlib.suppress(TimeoutError):
+                    await _until(lambda: all(not len(e.connector.parking) for e in shared.envs.values()), 8, "")
+                values = process_resources()
+                for env in shared.envs.values():
+                    for key, n in env.resources().items():
+                        values[key] = values.get(key, 0) + n
+                if reader is not None:
+                    values.update(await asyncio.to_thread(metric_points, reader))
+                ctx.history.add("resources", rolling=shared.rolling, values=values)
+    return sample
+
+
+def _churn(shared: _Shared) -> Callable[[Run], Any]:
+    """Every ``churn_every`` s, in turn: a named producer and a consumer on the churn stream opened, ten messages
+    sent and read, both closed; a super stream's consumer opened until it is handed a message, closed; and every
+    ``stream_every`` cycles a stream created, written, read and deleted.  The main Environment (through the LB)
+    and the certificate one take turns.  Each cycle is an ``op`` (``churn``, ``churn-super``, ``churn-stream``)."""
+    async def churn(ctx: Run) -> None:
+        from smartclient import Confirmation
+
+        stream = f"nemesis-{ctx.run_id}-churn"
+        await ctx.env.create_stream(stream, {"initial-cluster-size": 3})
+        ctx.read_back.append(stream)
+        next_id, cycle = 1, 0
+
+        async def handles(env: Any) -> None:
+            nonlocal next_id
+            got: list[int] = []
+            consumer = await env.consumer(stream, lambda message, context: got.append(context.offset), offset="next")
+            producer = await env.producer(stream, name=f"nemesis-{ctx.run_id}-churn")
+            try:
+                ids = range(next_id, next_id + 10)
+                next_id += 10
+
+                def confirmed(c: Confirmation) -> None:
+                    if c.confirmed:
+                        ctx.history.add("confirm", client="p-churn", id=c.publishing_id, untimed=True)
+                    else:
+                        ctx.history.add("fail", client="p-churn", id=c.publishing_id,
+                                        reason=str(c.reason or ""), code=c.code, untimed=True)
+                for i in ids:
+                    await producer.send(f"p-churn:{i}".encode(), publishing_id=i, on_confirm=confirmed)
+                    ctx.history.add("send", client="p-churn", id=i, untimed=True)
+                await producer.flush()
+                await _until(lambda: len(got) >= 10, 15, "the churn consumer's ten messages")
+            finally:
+                await producer.close()
+                await consumer.close()
+
+        async def super_consumer(env: Any) -> None:
+            got = asyncio.Event()
+            consumer = await env.super_stream_consumer(ctx.super_stream, lambda m, c: got.set(), offset="last")
+            try:
+                await asyncio.wait_for(got.wait(), 15)
+            finally:
+                await consumer.close()
+
+        async def short_lived(env: Any) -> None:
+            name = f"nemesis-{ctx.run_id}-tmp-{cycle}"
+            await env.create_stream(name, {"initial-cluster-size": 3})
+            try:
+                producer = await env.producer(name)
+                await producer.send_wait(b"tmp:1")
+                await producer.close()
+                got = asyncio.Event()
+                consumer = await env.consumer(name, lambda m, c: got.set(), offset="first")
+                await asyncio.wait_for(got.wait(), 15)
+                await consumer.close()
+            finally:
+                await env.delete_stream(name, missing_ok=True)
+
+        while not await _wait(ctx.stop, shared.plan.churn_every):
+            cycle += 1
+            envs = [e for n, e in shared.envs.items() if n in ("main", "certificate")]
+            env = envs[cycle % len(envs)]
+            kind, action = (("churn-stream", short_lived) if cycle % shared.plan.stream_every == 0 else
+                            ("churn-super", super_consumer) if cycle % 2 else ("churn", handles))
+            async with shared.quiet:
+                try:
+                    await asyncio.wait_for(action(env), 60)
+                except Exception as exc:  # counted by type, as the nemesis's RPC and MQTT errors
+                    ctx.history.add("op", client=kind, ok=False, error=type(exc).__name__, untimed=True)
+                else:
+                    ctx.history.add("op", client=kind, ok=True, untimed=True)
+    return churn
+
+
+async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come within {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+def _locked(shared: _Shared) -> Callable[[Run], Any]:
+    """An Environment on short-lived OAuth2 tokens (through the LB) with a named producer and a tracked consumer
+    on the first stream, and one on a client certificate rotated every ``certificate_every`` s (its handles are
+    the churn's)."""
+    async def locked(ctx: Run) -> None:
+        from resolvers import LoadBalancer
+        from smartclient import ClientCertificate, Environment, OffsetTracking, TokenCredentials
+        from smartclient.core.settings import ConnectionOptions
+
+        bed, plan = ctx.bed, shared.plan
+        host, port = bed.lb("stream")
+        tokens = TokenCredentials(bed.tokens.provider(f"soak-{ctx.run_id}", lifetime=plan.token_lifetime),
+                                  name="the test bed's IdP")
+        issued = await asyncio.to_thread(bed.client_certificate, f"soak-{ctx.run_id}")
+        shared.certificate = ClientCertificate(issued.cert_file, issued.key_file)
+        entries = [f"rabbitmq-stream+tls://{n.host}:{n.stream_tls_port}/" for n in bed.nodes]
+        async with Environment(bed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"), credentials=tokens,
+                               connection=ConnectionOptions(name="nemesis-token")) as by_token, \
+                Environment(entries, tls=bed.tls_context(), client_certificate=lambda: shared.certificate,
+                            connection=ConnectionOptions(name="nemesis-certificate")) as by_certificate:
+            shared.envs.update(token=by_token, certificate=by_certificate)
+            stream = ctx.streams[0]
+
+            def on_message(message: Any, context: Any) -> None:
+                ctx.history.add("deliver", client="c-token", stream=stream, offset=context.offset)
+            consumer = await by_token.consumer(stream, on_message, offset="first", name=f"nemesis-{ctx.run_id}-token",
+                                               tracking=OffsetTracking(every=100, interval=1.0))
+            rotations = asyncio.create_task(_rotate(ctx, shared, issued.common_name))
+            try:
+                await _produce(by_token, stream, "p-token", ctx, plan.rate / 2)
+            finally:
+                rotations.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await rotations
+                await consumer.close()
+                ctx.say(f"tokens: {tokens.provider_calls} provider calls, {tokens.refreshes} refreshes, "
+                        f"{by_token.connector.secret_updates} secret updates, {by_token.connector.secret_failures} "
+                        f"failed")
+                shared.envs.pop("token", None)
+                shared.envs.pop("certificate", None)
+    return locked
+
+
+async def _rotate(ctx: Run, shared: _Shared, common_name: str) -> None:
+    from smartclient import ClientCertificate
+
+    while not await _wait(ctx.stop, shared.plan.certificate_every):
+        rotated = await asyncio.to_thread(ctx.bed.rotate_client_certificate, common_name)
+        shared.certificate = ClientCertificate(rotated.cert_file, rotated.key_file)
+        ctx.history.add("rotation", what="client certificate", target=common_name)
+
+
+async def _produce(env: Any, stream: str, client: str, ctx: Run, rate: float) -> None:
+    """A named producer sending ``client:id`` with explicit ids until ``ctx.stop``, recorded as the nemesis's."""
+    from smartclient import Confirmation, EnqueueTimeout
+
+    producer = await env.producer(stream, name=f"nemesis-{ctx.run_id}-{client}")
+
+    def confirmed(c: Confirmation) -> None:
+        if c.confirmed:
+            ctx.history.add("confirm", client=client, id=c.publishing_id)
+        else:
+            ctx.history.add("fail", client=client, id=c.publishing_id, reason=str(c.reason or ""), code=c.code)
+    next_id = 1
+    while not ctx.stop.is_set():
+        try:
+            await producer.send(f"{client}:{next_id}".encode(), publishing_id=next_id, on_confirm=confirmed)
+        except EnqueueTimeout as exc:
+            ctx.history.add("refused", client=client, id=next_id, reason=str(exc))
+        else:
+            ctx.history.add("send", client=client, id=next_id)
+        next_id += 1
+        await asyncio.sleep(1.0 / rate)
+    await asyncio.wait_for(producer.flush(), 60)
+    await producer.close()
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
+               progress: Callable[[str], None] | None = None) -> SoakReport:
+    """Run the soak against ``bed``; the history goes to ``history_path`` only (not kept in memory, whose growth
+    is measured), and is checked from there at the end."""
+    from smartclient.core.settings import Telemetry
+
+    say = progress or (lambda text: None)
+    shared = _Shared(plan)
+    reader, telemetry = None, None
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    except ImportError:
+        say("soak: no OpenTelemetry SDK (pip install 'smartclient[otel]'): metric attribute sets are not sampled")
+    else:
+        from opentelemetry.sdk.metrics import Counter, Histogram, UpDownCounter
+        from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+        # delta for the synchronous instruments: with cumulative temporality the SDK keeps a series for every
+        # attribute set ever recorded (every stream ever used), whatever the library does (docs/observability.md)
+        delta = AggregationTemporality.DELTA
+        reader = InMemoryMetricReader(preferred_temporality={Counter: delta, Histogram: delta, UpDownCounter: delta})
+        telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    history = History(history_path, keep=False)
+
+    async def main_env(ctx: Run) -> None:  # the nemesis's Environment is sampled too
+        shared.envs["main"] = ctx.env
+        shared.started = time.monotonic()
+        await ctx.stop.wait()
+
+    say(f"soak: {plan.minutes:g} min, seed {plan.seed}, rolling restarts at "
+        f"{', '.join(f'{t:.0f}' for t in plan.rollout_times)} s, faults {', '.join(plan.faults)}")
+    report = await run(bed, plan.nemesis(), progress=say, history=history, telemetry=telemetry,
+                       extras=(main_env, _rolling_restarts(shared), _churn(shared), _locked(shared),
+                               _sampler(shared, reader)))
+    records = read_history(history_path)
+    resources = check_resources(records, plan.warmup, plan.settle, len(bed.nodes))
+    ops = {k: int(v) for k, v in report.ops_ok.items()}
+    return SoakReport(plan, report, resources, rollouts(records, report), ops)

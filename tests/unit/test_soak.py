@@ -1,0 +1,70 @@
+"""The soak's pure parts: its plan, and the judgement of its resource samples. No broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from smartclient import ConfigurationError
+from smartclient.testing.checker import check
+from smartclient.testing.soak import SoakPlan, check_resources, rollouts
+
+
+def _sample(t: float, rolling: bool = False, **values: int) -> dict[str, Any]:
+    return {"kind": "resources", "t": t, "rolling": rolling, "values": values}
+
+
+def test_rolling_restarts_every_ten_minutes_each_ending_before_the_workload() -> None:
+    assert SoakPlan(minutes=45).rollout_times == [300, 900, 1500, 2100]
+    assert SoakPlan(minutes=3, first_rollout=40).rollout_times == [40]
+    assert SoakPlan(minutes=1).rollout_times == []
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("minutes", 0, "minutes must be a positive"), ("churn_every", -1, "churn_every"), ("first_rollout", -5, "0 or more"),
+    ("stream_every", 0, "1 or more cycles"), ("rss_growth", 2.0, "share between 0 and 1"),
+    ("faults", ("kill", "flood"), "flood"), ("rate", True, "rate must be a positive"),
+])
+def test_a_bad_plan_is_refused_naming_the_field(field: str, value: Any, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        SoakPlan(**{field: value})
+
+
+def test_counts_back_to_their_baseline_after_each_rollout_are_flat() -> None:
+    records = [_sample(10, connections=9, **{"rss kib": 1000}),  # warm-up: not the baseline
+               _sample(60, connections=6, **{"rss kib": 1000}),
+               {"kind": "rollout", "t": 120, "began": 80},
+               _sample(90, True, connections=9, **{"rss kib": 1040}),
+               _sample(150, connections=7, **{"rss kib": 1030}), _sample(160, connections=6, **{"rss kib": 1020})]
+    report = check_resources(records, warmup=60, settle=20)
+    assert report.baseline == {"connections": 6, "rss kib": 1000} and report.peak["connections"] == 9
+    assert not report.not_back and not report.unjudged
+    assert report.rss_growth == pytest.approx(0.02) and report.flat(0.05)
+
+
+def test_a_count_that_never_comes_back_or_rss_that_grows_is_named() -> None:
+    records = [_sample(60, tasks=10, **{"rss kib": 1000}), {"kind": "rollout", "t": 100, "began": 70},
+               _sample(130, tasks=12, **{"rss kib": 1100}), _sample(140, tasks=11, **{"rss kib": 1100})]
+    report = check_resources(records, warmup=60, settle=20)
+    assert report.not_back == {"tasks": ["the rollout at 70 s", "the end"]}
+    assert report.rss_growth == pytest.approx(0.1) and not report.flat(0.05)
+    assert "NOT BACK after the rollout at 70 s" in report.table()
+
+
+def test_a_rollout_with_no_settled_sample_after_it_is_said_unjudged() -> None:
+    records = [_sample(60, tasks=10), {"kind": "rollout", "t": 100, "began": 70}, _sample(110, tasks=10)]
+    report = check_resources(records, warmup=60, settle=20)
+    assert report.unjudged == ["the rollout at 70 s", "the end"]
+
+
+def test_each_rollout_reports_the_progress_after_its_node_stops() -> None:
+    history = [{"kind": "send", "t": 1.0, "client": "p", "id": 1}, {"kind": "send", "t": 1.0, "client": "p", "id": 2},
+               {"kind": "rollout_began", "t": 10.0, "index": 0},
+               {"kind": "fault", "t": 10.0, "what": "roll", "target": "rabbit-1"},
+               {"kind": "confirm", "t": 11.0, "client": "p", "id": 1},
+               {"kind": "fault", "t": 20.0, "what": "roll", "target": "rabbit-2"},
+               {"kind": "confirm", "t": 22.0, "client": "p", "id": 2},
+               {"kind": "rollout", "t": 30.0, "index": 0, "began": 10.0}]
+    [rollout] = rollouts(history, check(history))
+    assert rollout.progress == pytest.approx([1.0, 2.0]) and rollout.p99(rollout.progress) == pytest.approx(2.0)
