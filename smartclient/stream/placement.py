@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from smartclient.core.address import Address
 from smartclient.core.deadline import step
+from smartclient.core.landing import Shared
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates, Role
@@ -79,6 +80,10 @@ class StreamPlacement:
 
     async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
+        if Shared(self.shared[role]).take(candidates.tiers[0]) is not None:
+            # a connection of this role to a first-choice node is open and has room: nothing to wait for (a
+            # recovery must not queue behind a placement that dials, maybe while an election goes on)
+            return await self._acquire(pool, stream, closed_handler, role, candidates)
         # placements that would dial the same nodes wait for one another, then share what the first opened
         key = (role, candidates.tiers[0])
         lock = self._locks.setdefault(key, asyncio.Lock())
@@ -90,20 +95,23 @@ class StreamPlacement:
             raise
         try:
             candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
-            shared = self.shared[role]
-            shared[:] = [c for c in shared if c.alive()]
-            retry = self.recovery_retry if self.recovering[(role, stream)] else None
-            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
-            sessions = conn.sessions
-            if all(c is not conn for c in shared):  # a new or parked one: shared from now on
-                _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
-                if conn.alive():
-                    shared.append(conn)
-            self._record(pool, stream, conn, closed_handler)
+            return await self._acquire(pool, stream, closed_handler, role, candidates)
         finally:
             lock.release()
             self._let_go(key)
-        return conn, sessions
+
+    async def _acquire(self, pool: Any, stream: str, closed_handler: Any, role: Role,
+                       candidates: Candidates) -> tuple[Connection, int]:
+        shared = self.shared[role]
+        shared[:] = [c for c in shared if c.alive()]
+        retry = self.recovery_retry if self.recovering[(role, stream)] else None
+        conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
+        if all(c is not conn for c in shared):  # a new or parked one: shared from now on
+            _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
+            if conn.alive():
+                shared.append(conn)
+        self._record(pool, stream, conn, closed_handler)
+        return conn, conn.sessions
 
     def _let_go(self, key: tuple[Role, tuple[Address, ...]]) -> None:
         """One placement less on ``key``'s lock: the last one drops it (leaders move: a lock per set of nodes

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, TopologyError
+from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
 from smartclient.core.address import Address
 from smartclient.core.deadline import detach, remaining, step
 from smartclient.core.entry_points import EntryPoints
@@ -31,7 +31,12 @@ __all__ = ["TOPOLOGY_TIME", "TopologyCache"]
 log = logging.getLogger(__name__)
 
 TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
-ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.5)  # a stream with no leader: asking again soon, then less
+# a stream with no leader: asking again soon, then a little less (a leader named between two asks is a wait of the
+# client's own: the soak measured up to the whole step, 0.5 s, at 2 asks a second)
+ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.15)
+#: seconds one Metadata request may take: a locator on a node that is stopping (stop_app, a rolling restart)
+#: neither answers nor closes for seconds; after this it is dropped and another one asked
+METADATA_TIME = 1.0
 # a new stream's replicas come up a moment after its leader (core.topology.replica_wait says how long to wait)
 REPLICA_POLL = Backoff.steady(0.1)
 
@@ -54,6 +59,7 @@ class TopologyCache:
         self._locator: Any = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()  # dropped locators, being shut
 
     # -- the locator -------------------------------------------------------------------------------
     async def locator(self) -> Any:
@@ -79,6 +85,14 @@ class TopologyCache:
                 self._locator = conn.client
                 return conn.client
             raise entries.error()
+
+    def _drop_locator(self, locator: Any) -> None:
+        if self._locator is locator:
+            log.info("the locator connection did not answer within %.1f s: another one is opened", METADATA_TIME)
+            self._locator = None
+            task = asyncio.ensure_future(_quietly_shut(locator))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         self._closed = True
@@ -112,9 +126,13 @@ class TopologyCache:
         while True:
             try:
                 locator = await self.locator()
-                with map_stream_errors(f"reading the topology of {stream!r}"):
-                    members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
-                                         default=TOPOLOGY_TIME)
+                try:
+                    with map_stream_errors(f"reading the topology of {stream!r}"):
+                        members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
+                                             default=METADATA_TIME)
+                except StepTimeout:  # a locator that does not answer (its node stopping): the next ask opens another
+                    self._drop_locator(locator)
+                    raise
                 if members is None and time.monotonic() > deadline:
                     raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
             except ConnectionFailed:  # the locator's node went away: the next lookup opens another
@@ -154,6 +172,8 @@ class TopologyCache:
         for name, topo in list(self._topologies.items()):
             if (stream is None and node is None) or name == stream or (node is not None and node in topo.members):
                 del self._topologies[name]
+        for name in [name for name in self._routed if name not in self._topologies]:
+            del self._routed[name]  # (kept only beside a cached topology: a deleted stream's went with it)
 
     async def on_metadata_update(self, frame: Any) -> None:
         stream = _rstream.metadata_stream(frame)
@@ -172,3 +192,10 @@ class TopologyCache:
                 self.drop(stream=stream)
                 topo = await self.topology(stream)
         return topo.candidates(role, self.policy, load)
+
+
+async def _quietly_shut(locator: Any) -> None:
+    try:
+        await asyncio.wait_for(locator.shutdown() if hasattr(locator, "shutdown") else locator.close(), 5)
+    except Exception as exc:  # it was not answering anyway
+        log.debug("shutting a dropped locator: %s", exc)

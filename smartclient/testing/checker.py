@@ -23,7 +23,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   stream again: ``fault_t`` (the fault's ``t``), ``streams`` (stream -> the ``t`` its leader was named) and
   ``missing`` (streams still without one when it gave up);
 * ``writable``: after a node fault or a leader move, when each stream took a write again (a raw producer's first
-  confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``.  The probe's own messages are
+  confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``; with ``target`` ``lb``, when the
+  load balancer routed again after a restart (for every client, RPC and MQTT too).  The probe's own messages are
   ``send``/``confirm`` of the client ``probe``: checked as stored once, never timed as a client's progress;
 * ``resources``: a sample of the process's resources (see :mod:`smartclient.testing.soak`), not read here.
 
@@ -63,6 +64,7 @@ def is_anchor(client: str) -> bool:
 
 
 PROBE = "probe"  # the writable probe's messages (smartclient.testing.probe): stored, never a client's progress
+EVERY = "*"  # a ``writable`` record of the LB (target "lb"): its moment counts for every client
 
 _PROGRESS = {"confirm", "deliver"}
 
@@ -279,6 +281,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             backs = [float(back) for back in dict(r.get("streams") or {}).values()]
             for stream, back in dict(r.get("streams") or {}).items():
                 writable[str(stream)].append((float(r["fault_t"]), float(back)))
+            if r.get("target") == "lb" and backs:  # the LB routes again: for every client, streams or not
+                writable[EVERY].append((float(r["fault_t"]), max(backs)))
             if backs and not r.get("missing"):
                 unwritable.append(max(backs) - float(r["fault_t"]))
             continue
@@ -372,7 +376,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     own: dict[str, list[float]] = defaultdict(list)
     delays: list[tuple[str, float, float, float]] = []
     for client, at, t in progressed:  # from the last election of its streams that ended before (faults overlap)
-        mine = streams_of.get(client, ())
+        mine = (*streams_of.get(client, ()), EVERY)
         ended = [end for stream in mine for end in named.get(stream, ()) if at <= end <= t]
         beyond[client].append(t - max([at, *ended]))
         # the client's own share: from the moment its streams took writes again (the probes of this fault and of

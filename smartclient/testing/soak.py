@@ -51,10 +51,12 @@ from smartclient.testing.probe import writable_back
 __all__ = ["ResourceReport", "Rollout", "SoakPlan", "SoakReport", "check_resources", "rollouts", "soak"]
 
 #: what depends on where the leaders and replicas are (they move at each rollout), per node of the cluster: a
-#: connection per node and role, and what each connection holds (descriptors, tasks, frame handlers)
+#: connection per node and role, and what each connection holds (descriptors, tasks, frame handlers), and the
+#: topologies a lost node invalidated, read again when next needed
 PER_NODE = {"connections": 2, "shared connections": 2, "connection forwards": 2, "file descriptors": 4,
             "asyncio tasks": 8, "client tasks": 6, "client handlers": 10, "metric smartclient.connections": 2,
-            "metric attribute sets": 12, "threads": 2}  # threads: the event loop's executor, which grows to its cap
+            "metric attribute sets": 12, "metadata cache entries": 1,
+            "threads": 2}  # threads: the event loop's executor, which grows to its cap
 #: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
 #: time are judged), the reaper with them, and each instrument's sets are judged in their total
 UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",

@@ -89,6 +89,21 @@ def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
     assert lot.expired() == [d] and len(lot) == 0
 
 
+def test_a_connection_parked_twice_is_kept_once_and_a_taken_copy_never_stays() -> None:
+    now = [0.0]
+    lot = ParkingLot(PoolLimits(idle_timeout=5, max_parked_per_node=4), clock=lambda: now[0])
+    a = _conn(Address("n1", 1))
+    lot.put(a)
+    now[0] = 3.0
+    lot.put(a)  # let go of by a second carrier: its idle time starts over, one entry only
+    assert len(lot) == 1 and lot.parked_twice == 1
+    now[0] = 6.0
+    assert lot.expired() == []  # 3 s since it was parked again
+    assert lot.take((Address("n1", 1),)) is a and len(lot) == 0
+    lot._by_node[a.node] = [a]  # an entry no longer parked (taken elsewhere) is dropped, never handed on
+    assert lot.expired() == [] and len(lot) == 0 and lot.stale == 1
+
+
 class _OldBroker:
     """A locator of a broker that knows neither Publish v2 nor CreateSuperStream."""
 
@@ -167,3 +182,12 @@ def test_the_face_hands_its_settings_to_the_federation_wing() -> None:
         Environment("h:5552").federated_broker("site-a", "amqp://h:5672")
     with pytest.raises(ConfigurationError, match="amqp_uri"):
         env.federated_broker("site-a", 5672)  # type: ignore[arg-type]
+
+
+def test_an_environment_counts_its_tables_before_any_connection() -> None:
+    from smartclient import Environment
+
+    counts = Environment("rabbitmq-stream://localhost:5552").resources()
+    assert counts["connections"] == 0 and counts["handles"] == 0 and counts["pending confirms"] == 0
+    assert {"parked connections", "metadata cache entries", "placement locks", "producer carriers",
+            "recovery keys"} <= set(counts)

@@ -78,7 +78,6 @@ class PlacedClientPool(ClientPool):
         self.flows: dict[str, ConsumerFlow] = {}  # stream -> a consumer's flow (credit strategy), if not rstream's
         #: stream -> what a consumer does when its callback raises: (exception, context or chunk) -> go on?
         self.on_error: dict[str, Callable[[Exception, Any], bool]] = {}
-        self.last: Connection | None = None  # the connection the last placement returned (for its id)
 
     async def get(
         self,
@@ -94,7 +93,6 @@ class PlacedClientPool(ClientPool):
             locator: Client = await self.host.locator()
             return locator
         conn = await self.host.place(self, stream, connection_closed_handler)
-        self.last = conn
         client: Client = conn.client
         return client
 
@@ -125,7 +123,13 @@ class _Placed:
     _on_connection_closed: Any
 
     async def _get_or_create_client(self, stream: str) -> Client:
-        # rstream would first ask its locator where to go: the Environment's placement decides that
+        # (rstream calls it, a consumer's under the carrier's lock: the id is then taken on what it returns)
+        self.smartclient_placed = await self.smartclient_place(stream)
+        return self.smartclient_placed
+
+    async def smartclient_place(self, stream: str) -> Client:
+        """rstream would first ask its locator where to go: the Environment's placement decides that (a consumer
+        places before it takes the carrier's lock: a placement waiting for an election holds up no other stream)."""
         if stream not in self._clients:
             self._clients[stream] = await self._pool.get(
                 self._connection_name, addr=_PLACED, connection_closed_handler=self._on_connection_closed,
@@ -177,8 +181,7 @@ class PlacedConsumer(_Placed, RConsumer):
 
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
-        pool = self._pool
-        conn = pool.last if isinstance(pool, PlacedClientPool) else None
+        conn = _conn_of(getattr(self, "smartclient_placed", None))
         if conn is None:
             return await super().get_available_id()
         return conn.take_id(self._subscribers)
@@ -511,7 +514,6 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
     return found
 
 
-
 def _free_id(client: Any, ident: int) -> None:
     conn = _conn_of(client)
     if conn is not None:
@@ -535,7 +537,6 @@ async def _drop_client(carrier: RProducer | RConsumer, stream: str, dead_only: b
         await host.unused(conn)
 
 
-
 # -- producers and consumers -------------------------------------------------------------------------
 async def declare_publisher(carrier: Any, stream: str, name: str | None) -> tuple[Any, int]:
     """Place and declare the publisher of ``stream`` on ``carrier``; its client and publisher id."""
@@ -547,7 +548,6 @@ async def stored_sequence(client: Any, stream: str, name: str) -> int:
     return int(await step("reading the stored publishing id", client.query_publisher_sequence(stream, name)))
 
 
-
 async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any, **how: Any) -> tuple[int, Any]:
     """Subscribe, within the attempt's time (placement included); the subscription id and rstream's
     subscriber (whose position is the offset after the last chunk).  On any failure, nothing is left."""
@@ -555,6 +555,7 @@ async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any, **how:
     if flow is not None:
         how["initial_credit"] = flow.initial_credit
     try:
+        await carrier.smartclient_place(stream)
         sid = await step("subscribing", carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset),
                                                           **how))
     except BaseException:
