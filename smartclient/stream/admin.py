@@ -205,6 +205,7 @@ class StreamAdmin:
                 raise
         for partition in partitions:
             self.topologies.drop(stream=partition)
+            self.carriers.forget_stream(partition)
 
     async def partitions(self, super_stream: str) -> list[str]:
         locator = await self.topologies.locator()

@@ -135,6 +135,7 @@ class LagSampler:
         live = {id(c) for c in self._consumers()}
         self.lags = {key: lag for key, lag in lags.items() if key in live}
         self.marks = {key: mark for key, mark in self.marks.items() if key in live}
+        self.ends = {stream: end for stream, end in self.ends.items() if stream in streams}  # (streams come and go)
         self.by_name = worst(((c.stream, c.name), self.lags.get(id(c))) for c in self._consumers())
         self.samples += 1
 

@@ -37,6 +37,7 @@ ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.15)
 #: seconds one Metadata request may take: a locator on a node that is stopping (stop_app, a rolling restart)
 #: neither answers nor closes for seconds; after this it is dropped and another one asked
 METADATA_TIME = 1.0
+DROPPED_GRACE = 10.0  # seconds a dropped locator stays open for the requests other callers made on it
 # a new stream's replicas come up a moment after its leader (core.topology.replica_wait says how long to wait)
 REPLICA_POLL = Backoff.steady(0.1)
 
@@ -88,7 +89,8 @@ class TopologyCache:
 
     def _drop_locator(self, locator: Any) -> None:
         if self._locator is locator:
-            log.info("the locator connection did not answer within %.1f s: another one is opened", METADATA_TIME)
+            log.info("the locator connection did not answer within %.1f s: another one is opened (this one is shut in "
+                     "%.0f s)", METADATA_TIME, DROPPED_GRACE)
             self._locator = None
             task = asyncio.ensure_future(_quietly_shut(locator))
             self._closing.add(task)
@@ -195,6 +197,9 @@ class TopologyCache:
 
 
 async def _quietly_shut(locator: Any) -> None:
+    """Shut a dropped locator once what other callers still asked of it (a create, a delete, an offset query) has had
+    :data:`DROPPED_GRACE` seconds to be answered: no new request goes to it meanwhile."""
+    await asyncio.sleep(DROPPED_GRACE)
     try:
         await asyncio.wait_for(locator.shutdown() if hasattr(locator, "shutdown") else locator.close(), 5)
     except Exception as exc:  # it was not answering anyway

@@ -27,6 +27,7 @@ TRY_BOUND = 5.0  # seconds one try (leader, connect, then a message every 0.1 s 
 GIVE_UP = 120.0  # seconds after which a stream that never took a write is reported missing
 
 _IDS = itertools.count(1)
+_TURNS = itertools.count()
 
 
 async def writable_back(bed: Any, streams: list[str], fault_t: float, history: Any, victim: str = "",
@@ -56,7 +57,8 @@ async def _try_write(bed: Any, stream: str, victim: str, history: Any) -> float:
     from smartclient.stream import _rstream
     from smartclient.testing.streams import raw_stream_client
 
-    asked = next(n for n in bed.nodes if n.name != victim)  # (a node back from a fault answers Metadata too)
+    up = [n for n in bed.nodes if n.name != victim]  # (a node back from a fault answers Metadata too)
+    asked = up[next(_TURNS) % len(up)]  # in turn: another fault may have taken one of them away
     async with raw_stream_client(bed, asked.host, asked.stream_port, name="soak-probe") as client:
         leader, _ = await client.query_leader_and_replicas(stream)
     node = bed.node_by_advertised(leader.host, leader.port)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import threading
@@ -55,8 +56,10 @@ __all__ = ["ResourceReport", "Rollout", "SoakPlan", "SoakReport", "check_resourc
 #: topologies a lost node invalidated, read again when next needed
 PER_NODE = {"connections": 2, "shared connections": 2, "connection forwards": 2, "file descriptors": 4,
             "asyncio tasks": 8, "client tasks": 6, "client handlers": 10, "metric smartclient.connections": 2,
-            "metric attribute sets": 12, "metadata cache entries": 1,
-            "threads": 2}  # threads: the event loop's executor, which grows to its cap
+            "metric attribute sets": 12, "metadata cache entries": 1}
+#: what may settle this much higher whatever the cluster: the event loop's default executor grows to its cap
+#: (``min(32, cores + 4)`` threads) in a burst of reconnects, and keeps its threads
+FIXED = {"threads": min(32, (os.cpu_count() or 1) + 4)}
 #: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
 #: time are judged), the reaper with them, and each instrument's sets are judged in their total
 UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",
@@ -68,7 +71,7 @@ def slack(name: str, nodes: int) -> int | None:
     if name in UNJUDGED or (name.startswith("metric ") and name != "metric attribute sets"
                             and name != "metric smartclient.connections"):
         return None
-    return PER_NODE.get(name, 0) * nodes
+    return PER_NODE.get(name, 0) * nodes + FIXED.get(name, 0)
 
 
 @dataclass(frozen=True)
@@ -153,14 +156,15 @@ class ResourceReport:
     start: dict[str, int]
     peak: dict[str, int]
     end: dict[str, int]
-    #: name -> the rollouts (by start t, or "end") after which it never came back to its baseline
+    #: name -> the rollouts (by start t, or "end") after which it never came back to its baseline, or "growing"
+    #: when its lowest value rose from each settled window to the next (3 or more): a leak under the slack
     not_back: dict[str, list[str]] = field(default_factory=dict)
     rss_growth: float = 0.0
     samples: int = 0
     unjudged: list[str] = field(default_factory=list)  # rollouts with no settled sample after them
 
     def flat(self, limit: float) -> bool:
-        return self.samples > 0 and not self.not_back and self.rss_growth < limit
+        return self.samples > 0 and not self.not_back and not self.unjudged and self.rss_growth < limit
 
     def table(self) -> str:
         names = sorted(set(self.start) | set(self.end))
@@ -195,6 +199,7 @@ def check_resources(records: Iterable[Mapping[str, Any]], warmup: float, settle:
         until = spans[i + 1][0] if i + 1 < len(spans) else math.inf
         windows.append((f"the rollout at {began:.0f} s", ended + settle, until))
     windows.append(("the end", max([base_t, *(e + settle for _, e in spans)]), math.inf))
+    lows: dict[str, list[int]] = defaultdict(list)  # name -> its lowest value in each settled window
     for label, since, until in windows:
         judged = [v for t, v, rolling in samples if since <= t < until and not rolling]
         if not judged:
@@ -202,10 +207,16 @@ def check_resources(records: Iterable[Mapping[str, Any]], warmup: float, settle:
             continue
         for name in names:
             allowed = slack(name, nodes)
-            if allowed is None or name not in baseline:
+            if allowed is None:
                 continue
-            if min(v.get(name, 0) for v in judged) > baseline[name] + allowed:
+            low = min(v.get(name, 0) for v in judged)
+            if label != "the end":  # (the end's window is the last rollout's, again)
+                lows[name].append(low)
+            if low > baseline.get(name, 0) + allowed:
                 report.not_back.setdefault(name, []).append(label)
+    for name, values in lows.items():
+        if len(values) >= 3 and all(b > a for a, b in itertools.pairwise(values)):
+            report.not_back.setdefault(name, []).append("growing")
     if baseline.get("rss kib"):
         report.rss_growth = samples[-1][1].get("rss kib", 0) / baseline["rss kib"] - 1
     return report

@@ -24,8 +24,9 @@ async def test_three_minutes_of_soak_with_a_rolling_restart_lose_nothing_and_lea
     rabbitmq_faulty_testbed: TestBed, tmp_path: Path
 ) -> None:
     bed = rabbitmq_faulty_testbed
-    # RSS is judged over 2 of the 3 minutes here (within 10 %); bench/soak.py judges it over 44 (within 5 %)
-    plan = SoakPlan(minutes=3.0, seed=SEED, first_rollout=40.0, warmup=60.0, certificate_every=60.0,
+    # the baseline comes before the rollout, which is judged after it; RSS is judged over 2.5 of the 3 minutes
+    # here (within 10 %: the first minutes still grow); bench/soak.py judges it over 44 (within 5 %)
+    plan = SoakPlan(minutes=3.0, seed=SEED, first_rollout=60.0, warmup=30.0, certificate_every=60.0,
                     faults=tuple(FAULTS), fault_gap=(3.0, 8.0), rate=120.0, rss_growth=0.10)
     kinds = {f.what for f in schedule(plan.nemesis(), [n.name for n in bed.nodes], ["s0", "s1", "s2"])}
     assert {"kill", "stop_app", "move_leader"} <= kinds  # the seed covers the node faults and a leader move

@@ -172,3 +172,17 @@ def test_the_clients_own_share_starts_when_its_stream_took_a_write_again() -> No
     assert report.unwritable == pytest.approx([4.5]) and report.p99_own() == pytest.approx(0.2)
     assert report.delays == [("p", 10.0, 14.7, pytest.approx(0.2))]
     assert "took a write again in 4.50 s" in report.summary()
+
+
+def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
+    """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
+    its own after either fault, not 9 s after the close."""
+    history = [{"kind": "send", "t": 9.0, "client": "p", "id": 1},
+               {"kind": "fault", "t": 10.0, "what": "close_connection", "target": ""},
+               {"kind": "fault", "t": 12.0, "what": "kill", "target": "rabbit-1"},
+               {"kind": "writable", "t": 18.1, "fault_t": 12.0, "target": "rabbit-1", "missing": 0,
+                "streams": {"s1": 18.0}},
+               {"kind": "confirm", "t": 19.0, "client": "p", "id": 1},
+               {"kind": "stored", "t": 20.0, "stream": "s1", "offset": 0, "client": "p", "id": 1}]
+    report = check(history)
+    assert report.progress == {"p": pytest.approx([9.0, 7.0])} and report.own == {"p": pytest.approx([1.0, 1.0])}

@@ -68,3 +68,17 @@ def test_each_rollout_reports_the_progress_after_its_node_stops() -> None:
                {"kind": "rollout", "t": 30.0, "index": 0, "began": 10.0}]
     [rollout] = rollouts(history, check(history))
     assert rollout.progress == pytest.approx([1.0, 2.0]) and rollout.p99(rollout.progress) == pytest.approx(2.0)
+
+
+def test_a_count_whose_low_rises_from_each_rollout_to_the_next_is_growing_even_under_its_slack() -> None:
+    records = [_sample(60, connections=6)]
+    for k, began in enumerate((100, 300, 500)):  # one connection more after each rollout: within the slack of 6
+        records += [{"kind": "rollout", "t": began + 40, "began": began},
+                    _sample(began + 70, connections=7 + k), _sample(began + 80, connections=7 + k)]
+    report = check_resources(records, warmup=60, settle=20)
+    assert report.not_back == {"connections": ["growing"]} and not report.flat(0.05)
+
+
+def test_a_count_missing_at_the_baseline_is_judged_from_zero() -> None:
+    records = [_sample(60, tasks=1), {"kind": "rollout", "t": 100, "began": 70}, _sample(130, tasks=1, leaked=2)]
+    assert check_resources(records, warmup=60, settle=20).not_back == {"leaked": ["the rollout at 70 s", "the end"]}
