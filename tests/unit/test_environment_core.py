@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -191,3 +192,61 @@ def test_an_environment_counts_its_tables_before_any_connection() -> None:
     assert counts["connections"] == 0 and counts["handles"] == 0 and counts["pending confirms"] == 0
     assert {"parked connections", "metadata cache entries", "placement locks", "producer carriers",
             "recovery keys"} <= set(counts)
+
+
+class _OneNode:
+    """Every stream's candidates: one node."""
+
+    def __init__(self, node: Address) -> None:
+        self.node = node
+        self.on_metadata_update = None
+
+    async def candidates(self, stream: str, role: object, load: object = None) -> object:
+        from smartclient.core.topology import Candidates, Role
+
+        return Candidates(stream, Role.CONSUMER, ((self.node,),))
+
+
+class _Connector:
+    """Dials only when told to: ``release`` lets the dial in progress finish with a new connection."""
+
+    def __init__(self) -> None:
+        self.on_closed = self.on_mismatch = None
+        self.release = asyncio.Event()
+        self.dials = 0
+
+    async def acquire(self, candidates: Any, name: str, retry: Any = None, shared: Any = None) -> Connection:
+        from smartclient.core.landing import Shared
+
+        if (conn := Shared(shared).take(candidates.tiers[0])) is not None:
+            return conn
+        self.dials += 1
+        await self.release.wait()
+        return _conn(candidates.tiers[0][0])
+
+
+async def test_a_placement_with_a_shared_connection_open_does_not_queue_behind_one_that_dials_and_locks_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from smartclient.core.recovery import RecoveryPolicy
+    from smartclient.core.retry import RetryPolicy
+    from smartclient.core.topology import Role
+    from smartclient.stream import _rstream
+    from smartclient.stream.placement import StreamPlacement
+
+    monkeypatch.setattr(_rstream, "on_metadata_update", lambda *args: None)
+    node = Address("n1", 1)
+    connector = _Connector()
+    placement = StreamPlacement(connector, _OneNode(node), RetryPolicy(), RecoveryPolicy(), "t")  # type: ignore[arg-type]
+    monkeypatch.setattr(placement, "_record", lambda *args: None)
+    pool = SimpleNamespace(role=Role.CONSUMER)
+    dialling = asyncio.ensure_future(placement.place(pool, "s1", None))  # holds the lock for n1, dialling
+    for _ in range(100):
+        if connector.dials:
+            break
+        await asyncio.sleep(0)
+    placement.shared[Role.CONSUMER].append(_conn(node))  # meanwhile a connection to n1 is open, with room
+    conn = await asyncio.wait_for(placement.place(pool, "s2", None), 1)  # taken at once, not behind the dial
+    assert conn is placement.shared[Role.CONSUMER][0] and not dialling.done()
+    connector.release.set()
+    await dialling
+    assert placement._locks == {} and not placement._waiting  # the lock went with its last placement
