@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import random
 import sys
 import tempfile
@@ -41,6 +42,8 @@ def main() -> int:
     parser.add_argument("--rollout-every", type=float, default=600.0)
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("smartclient.stream.handles").setLevel(logging.INFO)  # each failed recovery attempt, why
     bed = from_env()
     if isinstance(bed, LocalTestBed):
         bed.up()

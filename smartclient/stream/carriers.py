@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,6 +59,8 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
+        #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
+        self.left: dict[str, Counter[str]] = {"smartclient_consumed": Counter(), "smartclient_chunks": Counter()}
         self.telemetry: StreamTelemetry | None = None
         if (meter := _otel.meter(meter_provider)) is not None:
             from smartclient.stream.telemetry import StreamTelemetry
@@ -189,6 +192,8 @@ class Carriers:
         for other, streams in self._carriers[handle.role]:
             if other is handle.control.carrier:
                 streams.discard(handle.stream)
+                if handle.role is Role.CONSUMER:
+                    self._fold(other, handle.stream)
         self.placement.forget(handle.control.carrier, handle.stream)
         if handle in self.handles:
             if self.telemetry is None:
@@ -213,14 +218,27 @@ class Carriers:
         from smartclient.stream.stats import stream_stats_from
 
         read_at, value = self._committed.get(stream, (0.0, -1))
-        if time.monotonic() - read_at < self.recovery.stall_check / 2:
+        fresh = self.recovery.stall_check / 2
+        if time.monotonic() - read_at < fresh:
             return value
+        for name in [n for n, (at, _) in self._committed.items() if time.monotonic() - at >= fresh]:
+            del self._committed[name]  # (a stale read is never used: only what the watches read lately is kept)
         topo = await self.topologies.topology(stream)
         stats = await stream_stats_from(self.placement.connector, topo.candidates(Role.PRODUCER), stream,
                                         f"{self.connection_name}-stats")
         value = int(stats.get("committed_chunk_id", -1))
         self._committed[stream] = (time.monotonic(), value)
         return value
+
+    def _fold(self, carrier: Any, stream: str) -> None:
+        """What a consumer carrier counted for ``stream``, whose subscription on it ended, moves to ``left`` (per
+        stream: the carrier's own tables hold only the streams it consumes now)."""
+        lock = self.telemetry.lock if self.telemetry is not None else contextlib.nullcontext()
+        with lock:  # a reading sees the counts on the carrier or left, never both or neither
+            for what, totals in self.left.items():
+                counted = getattr(carrier, what).pop(stream, 0)
+                if counted:
+                    totals[stream] += counted
 
     def forget_stream(self, stream: str) -> None:
         """``stream`` was deleted: nothing of it is kept, neither its cached committed chunk nor what its closed
@@ -234,6 +252,8 @@ class Carriers:
                 for carrier in self.carriers(Role.CONSUMER):  # what each consumer carrier handed over, per stream
                     carrier.smartclient_consumed.pop(stream, None)
                     carrier.smartclient_chunks.pop(stream, None)
+        for totals in self.left.values():
+            totals.pop(stream, None)
 
     # -- ending --------------------------------------------------------------------------------------
     async def end_handles_of(self, streams: set[str], reason: str) -> None:

@@ -150,7 +150,7 @@ class StreamTelemetry:
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     def _consumers(self, what: str) -> Iterable[tuple[float, dict[str, str]]]:
-        totals: Counter[str] = Counter()
+        totals: Counter[str] = Counter(dict(self.carriers.left.get(what, {})))  # closed subscriptions' counts
         for carrier in self.carriers.carriers(Role.CONSUMER):
             totals.update(dict(getattr(carrier, what, {})))  # a copy: the event loop adds streams meanwhile
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]

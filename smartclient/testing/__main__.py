@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--history", default=None, help="write the history here (default: a temporary file)")
     soak.add_argument("--rollout-every", type=float, default=600.0, help="seconds between rolling restarts")
     soak.add_argument("--first-rollout", type=float, default=None, help="seconds until the first (default: half)")
+    soak.add_argument("--trace-memory", action="store_true", help="tracemalloc on: where memory grew (slower)")
     spark = sub.add_parser("spark", help="the Spark standalone cluster (a master and two workers) on 127.0.0.1")
     spark.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -130,7 +131,8 @@ def _soak(bed: object, args: argparse.Namespace) -> int:
     from smartclient.testing.soak import SoakPlan, soak
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
-    plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, first_rollout=args.first_rollout)
+    plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, first_rollout=args.first_rollout,
+                    trace_memory=args.trace_memory)
     history = args.history or tempfile.mkstemp(prefix="soak-", suffix=".jsonl")[1]
     print(f"soak: history in {history}")
     if isinstance(bed, LocalTestBed):

@@ -159,7 +159,9 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
     """Apply ``fault``, hold it, heal it (each test-bed call off the event loop); after a node fault, record
     when the broker has a leader for each of ``streams`` again, and when each can take a write again (after a
     leader move, the moved stream).  A node fault holds ``nodes`` (one node away at a time) until healed."""
-    if FAULTS[fault.what] and nodes is not None:
+    # a leader move holds back member starts and stops of every stream on the other nodes for a moment (the test
+    # bed suspends their osiris supervisors): one at a time with node faults and rollouts, or it stalls them
+    if (FAULTS[fault.what] or fault.what == "move_leader") and nodes is not None:
         async with nodes:
             await _inject(bed, fault, history, streams)
         return

@@ -38,6 +38,7 @@ import math
 import os
 import threading
 import time
+import tracemalloc
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ __all__ = ["ResourceReport", "Rollout", "SoakPlan", "SoakReport", "check_resourc
 #: topologies a lost node invalidated, read again when next needed
 PER_NODE = {"connections": 2, "shared connections": 2, "connection forwards": 2, "file descriptors": 4,
             "asyncio tasks": 8, "client tasks": 6, "client handlers": 10, "metric smartclient.connections": 2,
-            "metric attribute sets": 12, "metadata cache entries": 1}
+            "metric attribute sets": 12, "metadata cache entries": 1, "dialled targets": 2}
 #: what may settle this much higher whatever the cluster: the event loop's default executor grows to its cap
 #: (``min(32, cores + 4)`` threads) in a burst of reconnects, and keeps its threads
 FIXED = {"threads": min(32, (os.cpu_count() or 1) + 4)}
@@ -91,6 +92,7 @@ class SoakPlan:
     rate: float = 40.0  # messages per second per producer (the nemesis's 200 would fill memory with history)
     faults: tuple[str, ...] = ("move_leader", "close_connection", "lb_sessions")
     fault_gap: tuple[float, float] = (30.0, 60.0)
+    trace_memory: bool = False  # tracemalloc on (slower): where memory grew from the warm-up to the end
 
     def __post_init__(self) -> None:
         for name in ("minutes", "rollout_every", "churn_every", "token_lifetime", "certificate_every",
@@ -256,6 +258,7 @@ class SoakReport:
     resources: ResourceReport
     rollouts: list[Rollout]
     ops: dict[str, int]
+    memory: list[str] = field(default_factory=list)  # tracemalloc's top growth (trace_memory)
 
     @property
     def ok(self) -> bool:
@@ -273,6 +276,9 @@ class SoakReport:
                      + (f"not back to the baseline: {sorted(res.not_back)}" if res.not_back else "every count back")
                      + (f"; not judged (no settled sample): {res.unjudged}" if res.unjudged else ""))
         lines.append(res.table())
+        if self.memory:
+            lines.append("memory grown from the warm-up to the end (tracemalloc, by line):")
+            lines += [f"  {line}" for line in self.memory]
         return "\n".join(lines)
 
 
@@ -284,6 +290,7 @@ class _Shared:
     quiet: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by a churn cycle; the sampler takes it
     rolling: bool = False
     certificate: Any = None
+    memory: Any = None  # tracemalloc's snapshot at the end of the warm-up (trace_memory)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -331,7 +338,22 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
 
 def _sampler(shared: _Shared, reader: Any) -> Callable[[Run], Any]:
     async def sample(ctx: Run) -> None:
+        try:
+            await _sample(ctx)
+        finally:
+            if shared.plan.trace_memory and tracemalloc.is_tracing():
+                growth = tracemalloc.take_snapshot().compare_to(shared.memory, "lineno") if shared.memory else []
+                ctx.history.add("memory", top=[f"{s.size_diff / 1024:+.0f} KiB in {s.count_diff:+d} blocks: "
+                                               f"{s.traceback}" for s in growth[:15]])
+                tracemalloc.stop()
+
+    async def _sample(ctx: Run) -> None:
+        if shared.plan.trace_memory:
+            tracemalloc.start()
         while not await _wait(ctx.stop, shared.plan.sample_every):
+            if shared.plan.trace_memory and shared.memory is None and time.monotonic() - shared.started >= \
+                    shared.plan.warmup:
+                shared.memory = tracemalloc.take_snapshot()  # the baseline's: compared at the end
             async with shared.quiet:
                 # the connections the last cycle parked leave after their idle time: sampled once they have
                 with contextlib.suppress(TimeoutError):
@@ -545,4 +567,5 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     records = read_history(history_path)
     resources = check_resources(records, plan.warmup, plan.settle, len(bed.nodes))
     ops = {k: int(v) for k, v in report.ops_ok.items()}
-    return SoakReport(plan, report, resources, rollouts(records, report), ops)
+    memory = next((list(r["top"]) for r in records if r.get("kind") == "memory"), [])
+    return SoakReport(plan, report, resources, rollouts(records, report), ops, memory)
