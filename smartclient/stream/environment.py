@@ -230,9 +230,12 @@ class StreamEnvironment:
         """The sizes of this Environment's tables, by name: connections (placed, parked, shared), handles,
         pending confirms, metadata-cache entries, placement records, and the publishers, subscribers, handlers,
         delivery queues and tasks it drives in rstream.  For a long-lived service's checks: each should come back
-        to its level once connections, streams and nodes have come and gone.  Call it on the event loop."""
+        to its level once connections, streams and nodes have come and gone.  Call it on the event loop.
+
+        :raises HandleClosed: this Environment was closed."""
         from smartclient.stream.accounting import resources
 
+        self._check_open()
         return resources(self)
 
     # -- topology and placement ------------------------------------------------------------------

@@ -67,6 +67,7 @@ class Plan:
     hold: tuple[float, float] = (2.0, 6.0)  # seconds a fault lasts
     rate: float = 200.0  # messages per second per producer
     kinds: tuple[str, ...] = tuple(FAULTS)  # the faults to draw from (all by default)
+    quiet: float = 0.0  # seconds at the end with no fault (the soak judges its resources there)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.kinds) - set(FAULTS))
@@ -80,7 +81,7 @@ def schedule(plan: Plan, nodes: list[str], streams: list[str]) -> list[Fault]:
     rng = random.Random(plan.seed)
     faults: list[Fault] = []
     at = rng.uniform(*plan.gap)
-    end = plan.minutes * 60 - max(plan.hold)  # the last fault is healed before the workload stops
+    end = plan.minutes * 60 - max(plan.hold) - plan.quiet  # the last fault is healed before the workload stops
     node_down_until = 0.0
     while at < end:
         kinds = [k for k in plan.kinds if not (FAULTS[k] and at < node_down_until)]
