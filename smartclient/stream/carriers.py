@@ -202,8 +202,6 @@ class Carriers:
                 with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
                     self.handles.remove(handle)
                     self.telemetry.retire(handle)
-        if all(h.stream != handle.stream for h in self.handles):
-            self._committed.pop(handle.stream, None)  # read again when a consumer of it needs it
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step
