@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from smartclient.core.topology import Role
 from smartclient.stream import _rstream
 
 __all__ = ["resources"]
@@ -59,6 +60,9 @@ def resources(env: Any) -> dict[str, int]:
         counts[f"{role.value} carriers"] += len(entries)
         for carrier, streams in entries:
             counts[f"{role.value} carrier streams"] += len(streams)
+            if role is Role.CONSUMER:  # what it counted per stream is folded away when a subscription ends
+                counted = {*getattr(carrier, "smartclient_consumed", ()), *getattr(carrier, "smartclient_chunks", ())}
+                counts["consumer carrier counts of streams it no longer consumes"] += len(counted - streams)
             counts.update({f"{role.value} {k}": n for k, n in _rstream.carrier_tables(carrier).items()})
             live.update((id(client), client) for client in _rstream.carrier_clients(carrier))
     for client in live.values():

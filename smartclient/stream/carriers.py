@@ -101,10 +101,13 @@ class Carriers:
                 return carrier
         carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
                                        f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
+        streams = {stream}
         if role is Role.CONSUMER:
             carrier.smartclient_around_chunk = self._around_chunk
+            # a chunk that ends after its consumer was released counts in what closed subscriptions left
+            carrier.smartclient_streams, carrier.smartclient_left = streams, self.left
         _rstream.name_stream(carrier, stream, name, flow)
-        self._carriers[role].append((carrier, {stream}))
+        self._carriers[role].append((carrier, streams))
         return carrier
 
     def add(self, handle: Any) -> None:

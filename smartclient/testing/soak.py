@@ -21,7 +21,8 @@ one parked have left (after their idle time, up to 8 s), the process's RSS, open
 descriptors, asyncio tasks and threads, every table of each Environment
 (:meth:`~smartclient.Environment.resources`) and the metric attribute sets (data points) its instruments report
 are recorded as ``resources`` history records.  :func:`check_resources` (pure) then says whether each is flat:
-RSS grows by less than ``rss_growth`` from the end of the warm-up to the end, and every count comes back to its
+RSS grows by less than ``rss_growth`` from the first rollout's settled window (every path has run once by then)
+to the end, and every count comes back to its
 baseline (the first sample after the warm-up) after each rollout (some sample after it has settled is at or
 below it; what follows the leaders, such as connections and their descriptors and tasks, may settle up to a few
 per node higher, :data:`PER_NODE`, since the leaders move at each rollout).  A probe
@@ -36,7 +37,6 @@ import contextlib
 import itertools
 import math
 import os
-import threading
 import time
 import tracemalloc
 from collections import defaultdict
@@ -47,6 +47,7 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 from smartclient.testing.checker import Report, read_history
+from smartclient.testing.footprint import metric_points, process_resources
 from smartclient.testing.nemesis import History, Plan, Run, run
 from smartclient.testing.probe import writable_back
 
@@ -57,14 +58,20 @@ __all__ = ["ResourceReport", "Rollout", "SoakPlan", "SoakReport", "check_resourc
 #: topologies a lost node invalidated, read again when next needed
 PER_NODE = {"connections": 2, "shared connections": 2, "connection forwards": 2, "file descriptors": 4,
             "asyncio tasks": 8, "client tasks": 6, "client handlers": 10, "metric smartclient.connections": 2,
-            "metric attribute sets": 12, "metadata cache entries": 1, "dialled targets": 2}
+            "metric attribute sets": 12, "metadata cache entries": 1, "dialled targets": 2,
+            # the management API's pooled HTTP connections (placers, RPC) that the broker closed while idle: httpx
+            # drops each at its next use, so they are bounded by its pool
+            "half-closed sockets": 1}
 #: what may settle this much higher whatever the cluster: the event loop's default executor grows to its cap
 #: (``min(32, cores + 4)`` threads) in a burst of reconnects, and keeps its threads
 FIXED = {"threads": min(32, (os.cpu_count() or 1) + 4)}
 #: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
 #: time are judged), the reaper with them, and each instrument's sets are judged in their total
 UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",
-            "stale parking entries (events)")
+            "stale parking entries (events)",
+            # a key per stream consumed now (one may get its first chunk after the baseline): judged by "consumer
+            # carrier counts of streams it no longer consumes"
+            "consumer carrier smartclient_consumed", "consumer carrier smartclient_chunks")
 
 
 #: what is in flight at any moment under load: never compared with one baseline sample, only judged growing
@@ -132,34 +139,6 @@ class SoakPlan:
 
 
 # -- the resources ---------------------------------------------------------------------------------------
-def process_resources() -> dict[str, int]:
-    """This process's RSS (KiB), open file descriptors, asyncio tasks and threads (call it on the loop)."""
-    rss = 0
-    with contextlib.suppress(OSError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    try:
-        fds = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        fds = -1
-    return {"rss kib": rss, "file descriptors": fds, "asyncio tasks": len(asyncio.all_tasks()),
-            "threads": threading.active_count()}
-
-
-def metric_points(reader: Any) -> dict[str, int]:
-    """The data points (attribute sets) each instrument reports now, and their total, read from ``reader`` (an
-    OpenTelemetry ``InMemoryMetricReader``)."""
-    points: dict[str, int] = defaultdict(int)
-    data = reader.get_metrics_data()
-    for resource in getattr(data, "resource_metrics", None) or ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                points[f"metric {metric.name}"] += len(list(metric.data.data_points))
-    points["metric attribute sets"] = sum(points.values())
-    return dict(points)
-
-
 @dataclass
 class ResourceReport:
     baseline: dict[str, int]
@@ -169,7 +148,9 @@ class ResourceReport:
     #: name -> the rollouts (by start t, or "end") after which it never came back to its baseline, or "growing"
     #: when its lowest value rose from each settled window to the next (3 or more): a leak under the slack
     not_back: dict[str, list[str]] = field(default_factory=dict)
-    rss_growth: float = 0.0
+    rss_growth: float = 0.0  # judged: from the first settled sample after the first rollout to the end
+    rss_baseline: int = 0  # (KiB)
+    rss_growth_since_warmup: float = 0.0  # shown: from the baseline at the end of the warm-up
     samples: int = 0
     unjudged: list[str] = field(default_factory=list)  # rollouts with no settled sample after them
 
@@ -227,8 +208,16 @@ def check_resources(records: Iterable[Mapping[str, Any]], warmup: float, settle:
     for name, values in lows.items():
         if len(values) >= 3 and all(b > a for a, b in itertools.pairwise(values)):
             report.not_back.setdefault(name, []).append("growing")
-    if baseline.get("rss kib"):
-        report.rss_growth = samples[-1][1].get("rss kib", 0) / baseline["rss kib"] - 1
+    # RSS from the first settled sample after the first rollout judged: by then every path has run once (failover,
+    # a certificate rotation, the modules imported on first use, the allocator's arenas of each thread); it is
+    # also given from the warm-up's baseline
+    first = next((since for label, since, _ in windows if label != "the end"), base_t)
+    rss_base = next((v for t, v, rolling in samples if t >= first and not rolling), baseline).get("rss kib", 0)
+    end_rss = samples[-1][1].get("rss kib", 0)
+    if rss_base and baseline.get("rss kib"):
+        report.rss_baseline = rss_base
+        report.rss_growth = end_rss / rss_base - 1
+        report.rss_growth_since_warmup = end_rss / baseline["rss kib"] - 1
     return report
 
 
@@ -279,8 +268,9 @@ class SoakReport:
                          f"{Rollout.p99(r.progress):.2f} s, worst {max(r.progress, default=0.0):.2f} s; the clients' "
                          f"own p99 {Rollout.p99(r.own):.2f} s")
         res = self.resources
-        lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the baseline "
-                     f"(limit {self.plan.rss_growth * 100:.0f} %); "
+        lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the first rollout's "
+                     f"settled sample ({res.rss_baseline} KiB; limit {self.plan.rss_growth * 100:.0f} %), "
+                     f"{res.rss_growth_since_warmup * 100:+.1f} % from the warm-up's; "
                      + (f"not back to the baseline: {sorted(res.not_back)}" if res.not_back else "every count back")
                      + (f"; not judged (no settled sample): {res.unjudged}" if res.unjudged else ""))
         lines.append(res.table())

@@ -30,6 +30,7 @@ from smartclient import (
     ResolutionError,
 )
 from smartclient.testing import TestBed
+from smartclient.testing.footprint import half_closed_sockets
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
 from .conftest import wait_until
@@ -295,6 +296,10 @@ async def test_lb_backend_disabled_and_sessions_cut_then_lb_restarted(
         collector.assert_no_gap(publisher.sent)
         assert producer.recoveries >= 1 and consumer.recoveries >= 2
         assert producer.node == Address(*bed.nodes[1].advertised)  # still the leader, through the LB
+        # every connection the LB cut has its socket closed: none is left half-closed, holding a descriptor
+        # until the garbage collector finds it (rstream's close() leaves a broken connection's socket open)
+        await wait_until(lambda: half_closed_sockets({port}) == 0, 10,
+                         lambda: f"{half_closed_sockets({port})} socket(s) to the LB left half-closed (CLOSE_WAIT)")
 
 
 TTL = 6

@@ -38,6 +38,23 @@ def test_skip_goes_on_with_the_next_message_of_the_same_chunk() -> None:
     assert consumer.smartclient_consumed["s"] == 10
 
 
+def test_a_chunk_that_ends_after_its_consumer_was_released_counts_in_what_closed_subscriptions_left() -> None:
+    from collections import Counter
+
+    left = {"smartclient_consumed": Counter[str](), "smartclient_chunks": Counter[str]()}
+    consumer = carrier()
+    consumer.smartclient_left = left
+
+    def release_meanwhile(message: Any, context: Any) -> None:
+        consumer.smartclient_streams.discard("s")  # (its consumer closed from within the callback)
+
+    sub, _ = subscriber(release_meanwhile)
+    run(consumer, deliver(TEN, records=10), sub)
+    # the carrier keeps no count of a stream it no longer consumes (one key per stream ever consumed, for weeks)
+    assert not consumer.smartclient_consumed and not consumer.smartclient_chunks
+    assert left == {"smartclient_consumed": Counter(s=10), "smartclient_chunks": Counter(s=1)}
+
+
 def test_skip_with_the_credit_part_way_still_gives_it_once() -> None:
     from smartclient.core.flow import ConsumerFlow
 

@@ -130,7 +130,7 @@ def subscriber(callback: Any, offset: int | None = None) -> tuple[Subscriber, li
 def carrier(flow: ConsumerFlow | None = None, on_error: Any = None) -> Any:
     return SimpleNamespace(_pool=SimpleNamespace(flows={"s": flow} if flow else {},
                                                  on_error={"s": on_error} if on_error else {}),
-                           smartclient_around_chunk=None,
+                           smartclient_around_chunk=None, smartclient_streams={"s"}, smartclient_left={},
                            smartclient_consumed=Counter(), smartclient_chunks=Counter())
 
 

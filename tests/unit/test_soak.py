@@ -40,15 +40,18 @@ def test_counts_back_to_their_baseline_after_each_rollout_are_flat() -> None:
     report = check_resources(records, warmup=60, settle=20)
     assert report.baseline == {"connections": 6, "rss kib": 1000} and report.peak["connections"] == 9
     assert not report.not_back and not report.unjudged
-    assert report.rss_growth == pytest.approx(0.02) and report.flat(0.05)
+    # RSS is judged from the first settled sample after the first rollout (every path has run once by then)
+    assert report.rss_baseline == 1030 and report.rss_growth == pytest.approx(1020 / 1030 - 1) and report.flat(0.05)
+    assert report.rss_growth_since_warmup == pytest.approx(0.02)
 
 
 def test_a_count_that_never_comes_back_or_rss_that_grows_is_named() -> None:
     records = [_sample(60, tasks=10, **{"rss kib": 1000}), {"kind": "rollout", "t": 100, "began": 70},
-               _sample(130, tasks=12, **{"rss kib": 1100}), _sample(140, tasks=11, **{"rss kib": 1100})]
+               _sample(130, tasks=12, **{"rss kib": 1100}), _sample(140, tasks=11, **{"rss kib": 1160})]
     report = check_resources(records, warmup=60, settle=20)
     assert report.not_back == {"tasks": ["the rollout at 70 s", "the end"]}
-    assert report.rss_growth == pytest.approx(0.1) and not report.flat(0.05)
+    assert report.rss_growth == pytest.approx(1160 / 1100 - 1) and not report.flat(0.05)
+    assert report.rss_growth_since_warmup == pytest.approx(0.16)
     assert "NOT BACK after the rollout at 70 s" in report.table()
 
 

@@ -1,12 +1,10 @@
 """The seam to rstream, carrier side: rstream's ``Producer``/``Consumer`` (carriers) placed by smartclient.
 
-rstream's carriers get every connection from ``self._pool.get(...)``.  :class:`PlacedClientPool` replaces
-that pool: the locator request gets the Environment's one shared locator connection, and a stream request
-gets a connection the Environment's placement chose (shared per node and role), whatever address rstream
-would have chosen.  Publisher and subscription ids are taken per connection, and an id whose deletion the
-broker has not confirmed stays out of use until it does.  Recovery is taken over too: rstream's
-``maybe_restart_producer`` / ``maybe_restart_subscriber`` hand the loss to the smartclient handle.
-"""
+rstream's carriers get every connection from ``self._pool.get(...)``, which :class:`PlacedClientPool` replaces:
+the locator request gets the Environment's shared locator, and a stream request a connection the Environment's
+placement chose (shared per node and role).  Publisher and subscription ids are taken per connection; one whose
+deletion the broker has not confirmed stays out of use until it does.  Recovery is taken over too: rstream's
+``maybe_restart_producer`` / ``maybe_restart_subscriber`` hand the loss to the smartclient handle."""
 
 from __future__ import annotations
 
@@ -100,11 +98,9 @@ class PlacedClientPool(ClientPool):
         self._clients.clear()  # the connections are the Environment's: it closes them
 
 
-_NOTHING = contextlib.nullcontext()  # around a chunk, when metrics and traces are off
-
-
 class _Stopped(Exception):
     """The callback closed its own consumer: nothing more of the chunk is handed over."""
+_NOTHING = contextlib.nullcontext()  # around a chunk, when metrics and traces are off
 _PLACED = Addr("placed-by-smartclient", 0)  # rstream wants an address; the Environment chooses the node
 
 
@@ -175,6 +171,9 @@ class PlacedConsumer(_Placed, RConsumer):
         super().__init__(*args, **kwargs)
         self.smartclient_consumed: Counter[str] = Counter()  # messages handed to callbacks, per stream (telemetry)
         self.smartclient_chunks: Counter[str] = Counter()  # chunks received, per stream
+        # the streams it consumes, and where a chunk that ends after its consumer closed counts (the Environment's)
+        self.smartclient_streams: set[str] = set()
+        self.smartclient_left: dict[str, Counter[str]] = {}
         #: (stream, messages, first offset) -> a context the chunk's callbacks run in: its span, its size
         #: recorded (None: metrics and traces are off; one check per chunk)
         self.smartclient_around_chunk: Callable[[str, int, int], Any] | None = None
@@ -299,8 +298,9 @@ class PlacedConsumer(_Placed, RConsumer):
             HANDING.reset(token)
             del client.smartclient_handing[sid]
             handing.set_result(None)
-            self.smartclient_consumed[stream] += handed  # per chunk: read by the telemetry
-            self.smartclient_chunks[stream] += 1
+            left = self.smartclient_left if self.smartclient_left and stream not in self.smartclient_streams else None
+            (self.smartclient_consumed if left is None else left["smartclient_consumed"])[stream] += handed
+            (self.smartclient_chunks if left is None else left["smartclient_chunks"])[stream] += 1
         if stop_at is not None:  # nothing more is handed over; the position ends before that message
             stopping.add(sid)
             if stop_at > floor_offset or getattr(subscriber, "smartclient_moved", False):

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HANDING", "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
-    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "extra_request",
+    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "drop_socket",
+    "extra_request",
     "filter_config",
     "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
     "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
@@ -156,11 +157,24 @@ class NamedClient(Client):
     async def _listener(self) -> None:
         """rstream's reader, then: every request still waiting for an answer fails at once.  rstream leaves
         them to their timeouts, so a connection an LB closes during the handshake (its backend just died)
-        hung an open for 10 s, and a metadata query on a dying connection for its whole bound."""
+        hung an open for 10 s, and a metadata query on a dying connection for its whole bound.
+
+        A reader that ended by itself (the peer closed the connection, or a write failed) closes the socket:
+        rstream's ``close()`` leaves the socket of a broken connection open, half-closed (CLOSE_WAIT), until the
+        garbage collector finds it; the soak counted one more descriptor per connection an LB or a node cut
+        (issue 32).  (Cancelled by ``close()``, it leaves that to ``close()``.)"""
         try:
             await super()._listener()
         finally:
             self.fail_pending()
+        drop_socket(self)
+
+    async def close(self) -> None:
+        """rstream's, and the socket closed even when the connection was already broken (see :meth:`_listener`)."""
+        try:
+            await super().close()
+        finally:
+            drop_socket(self)
 
     def fail_pending(self) -> None:
         text = f"{self.host}:{self.port} closed the connection before answering"
@@ -289,11 +303,16 @@ async def abort(client: Any) -> None:
     be the reason it failed, and the attempt's time is spent)."""
     for name in list(client._tasks):
         await client.stop_task(name)
-    conn = client._conn
-    writer = getattr(conn, "_writer", None) if conn is not None else None
-    if writer is not None:
-        writer.transport.abort()
+    drop_socket(client)
     client._is_not_closed = False
+
+
+def drop_socket(client: Any) -> None:
+    """Close ``client``'s socket at once if it is still open (no Close handshake, nothing more written)."""
+    conn = getattr(client, "_conn", None)
+    writer = getattr(conn, "_writer", None) if conn is not None else None
+    if writer is not None and not writer.transport.is_closing():
+        writer.transport.abort()
 
 
 def on_metadata_update(client: Any, handler: Callable[[Any], Any], name: str) -> None:
