@@ -308,10 +308,12 @@ async def abort(client: Any) -> None:
 
 
 def drop_socket(client: Any) -> None:
-    """Close ``client``'s socket at once if it is still open (no Close handshake, nothing more written)."""
+    """Close ``client``'s socket at once (no Close handshake, nothing more written).  Even when its transport is
+    already closing: a close waits for the write buffer to drain (or TLS for the peer's answer) and a cancelled
+    ``close()`` left it there, holding its descriptor; ``abort()`` twice is harmless."""
     conn = getattr(client, "_conn", None)
     writer = getattr(conn, "_writer", None) if conn is not None else None
-    if writer is not None and not writer.transport.is_closing():
+    if writer is not None:
         writer.transport.abort()
 
 
