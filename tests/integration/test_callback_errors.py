@@ -262,10 +262,14 @@ async def test_a_consumer_closed_from_its_own_callback_closes_at_once_and_hands_
         if result is not None:
             await result
         if 500 in offsets:
+            # (delivery starts before env.consumer() returns: on a loaded machine offset 500 may come first)
+            await asyncio.wait_for(registered.wait(), 10)
             await asyncio.wait_for(holder[0].close(), 10)  # returns: it does not wait for this very callback
             closed.set()
 
+    registered = asyncio.Event()
     holder.append(await env.consumer(stream, **{option: close_at_500}, offset="first"))
+    registered.set()
     await asyncio.wait_for(closed.wait(), 20)
     assert holder[0].closed and max(seen.offsets) < 1_000_000 and seen.once_each()
 
