@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import pytest
@@ -85,3 +87,23 @@ def test_a_count_whose_low_rises_from_each_rollout_to_the_next_is_growing_even_u
 def test_a_count_missing_at_the_baseline_is_judged_from_zero() -> None:
     records = [_sample(60, tasks=1), {"kind": "rollout", "t": 100, "began": 70}, _sample(130, tasks=1, leaked=2)]
     assert check_resources(records, warmup=60, settle=20).not_back == {"leaked": ["the rollout at 70 s", "the end"]}
+
+
+def test_a_socket_whose_peer_closed_and_nobody_closed_is_counted_half_closed() -> None:
+    import socket
+
+    from smartclient.testing.footprint import half_closed_sockets
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            assert half_closed_sockets({port}) == 0
+            accepted.close()  # the peer closes; the client does not
+            deadline = time.monotonic() + 5
+            while half_closed_sockets({port}) != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert half_closed_sockets({port}) == 1 and half_closed_sockets({port + 1}) == 0
+        assert half_closed_sockets({port}) == 0  # closed: gone
