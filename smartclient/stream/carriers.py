@@ -222,14 +222,18 @@ class Carriers:
         fresh = self.recovery.stall_check / 2
         if time.monotonic() - read_at < fresh:
             return value
-        for name in [n for n, (at, _) in self._committed.items() if time.monotonic() - at >= fresh]:
-            del self._committed[name]  # (a stale read is never used: only what the watches read lately is kept)
         topo = await self.topologies.topology(stream)
         stats = await stream_stats_from(self.placement.connector, topo.candidates(Role.PRODUCER), stream,
                                         f"{self.connection_name}-stats")
-        value = int(stats.get("committed_chunk_id", -1))
-        self._committed[stream] = (time.monotonic(), value)
-        return value
+        entry = self._committed[stream] = (time.monotonic(), int(stats.get("committed_chunk_id", -1)))
+        # a stale read is never used: each leaves when it goes stale (the 2-hour soak found the last reads of a
+        # burst kept until the next read, which may never come)
+        asyncio.get_running_loop().call_later(fresh, self._stale, stream, entry)
+        return entry[1]
+
+    def _stale(self, stream: str, entry: tuple[float, int]) -> None:
+        if self._committed.get(stream) is entry:
+            del self._committed[stream]
 
     def _fold(self, carrier: Any, stream: str) -> None:
         """What a consumer carrier counted for ``stream``, whose subscription on it ended, moves to ``left`` (per
