@@ -68,10 +68,7 @@ FIXED = {"threads": min(32, (os.cpu_count() or 1) + 4)}
 #: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
 #: time are judged), the reaper with them, and each instrument's sets are judged in their total
 UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",
-            "stale parking entries (events)",
-            # a key per stream consumed now (one may get its first chunk after the baseline): judged by "consumer
-            # carrier counts of streams it no longer consumes"
-            "consumer carrier smartclient_consumed", "consumer carrier smartclient_chunks")
+            "stale parking entries (events)")
 
 
 #: what is in flight at any moment under load: never compared with one baseline sample, only judged growing

@@ -10,8 +10,9 @@ from typing import Any
 
 __all__ = ["carrier_clients", "carrier_tables", "client_tables", "write_until_confirmed"]
 
+# (a consumer carrier's counts per stream are judged by those of streams it no longer consumes: accounting.py)
 _CARRIER_TABLES = ("_clients", "_publishers", "_subscribers", "_waiting_for_confirm", "_buffered_messages", "names",
-                   "flows", "on_error", "smartclient_consumed", "smartclient_chunks")
+                   "flows", "on_error")
 _CLIENT_TABLES = ("_frames", "_tasks", "_waiters", "_streams", "extra_waiters", "smartclient_handing",
                   "smartclient_deferred")
 
