@@ -10,12 +10,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from smartclient._errors import CallbackFailed, ConfigurationError, SmartClientError
+from smartclient._errors import CallbackFailed, ConfigurationError, ConnectionFailed, SmartClientError
 from smartclient.core.deadline import attempt
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
-from smartclient.core.retry import WATCH_POLL
+from smartclient.core.retry import WATCH_POLL, Backoff
 from smartclient.core.topology import Role
 from smartclient.stream.handles import _Handle
 from smartclient.stream.lag import lag_sampler
@@ -24,6 +24,9 @@ from smartclient.stream.unreported import watch_deliveries
 __all__ = ["Consumer", "OnError", "check_on_error", "consumer_handler"]
 
 log = logging.getLogger(__name__)
+
+#: between reads of the stored offset when a single active consumer is activated and the first read failed
+ACTIVATION_RETRY = Backoff(initial=0.05, factor=2.0, max=0.5)
 
 OnError = Literal["stop", "skip"] | Callable[[Exception, Any], str]
 """What a consumer does when its callback raises: ``"stop"``, ``"skip"``, or a function ``(exception, context or
@@ -144,8 +147,10 @@ class Consumer(_Handle):
                     chosen = on_update(is_active, self)
                     spec = await chosen if inspect.isawaitable(chosen) else chosen
                     self._last_offset = None  # the application chose where to resume, maybe earlier
+                elif is_active:
+                    spec = await self._activated()
                 else:
-                    spec = await self._resume_point() if is_active else OffsetSpec.next()
+                    spec = OffsetSpec.next()
                 self._start = (parsed := OffsetSpec.parse(spec)).start  # where it resumes (the delivery watch)
                 return _rstream.consumer_update_answer(parsed)
 
@@ -296,6 +301,27 @@ class Consumer(_Handle):
         if before == 0 or before // 1000 != self.redelivered // 1000:
             log.warning("%r got offset %d again (had up to %d): %d repeats", self, offset, last, self.redelivered)
         return result
+
+    async def _activated(self) -> OffsetSpec:
+        """The answer to the broker's activation.  Until it goes out, the broker hands the group nothing, so the
+        stored offset is read again (on a fresh locator) while one recovery attempt lasts: a rolling restart can
+        close the locator under the query (a 2-hour soak found a group silent until the delivery watch
+        resubscribed it).  If it still cannot be read, the consumer is recovered (subscribed again) at once."""
+        delays = ACTIVATION_RETRY.delays()
+        try:
+            with attempt(self._host.recovery.attempt_time, f"reading the stored offset of {self!r}") as deadline:
+                while True:
+                    try:
+                        return await self._resume_point()
+                    except ConnectionFailed as exc:
+                        if deadline.remaining() <= (pause := next(delays)):
+                            raise
+                        log.info("%r: activated, but %s: reading it again", self, exc)
+                        await asyncio.sleep(pause)
+        except SmartClientError as exc:
+            self.active = False
+            self.control.lost(f"activated, but {exc}")
+            raise
 
     async def _resume_point(self) -> OffsetSpec:
         """Where a single active consumer starts when it becomes active: after the stored offset, or

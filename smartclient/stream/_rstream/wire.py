@@ -5,6 +5,7 @@ in one place, and the frames and values smartclient reads or writes on rstream's
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 import ssl
@@ -118,6 +119,52 @@ class NamedClient(Client):
         #: subscription id -> the stop of its delivery task, put off until the chunk in the callback has been handed
         #: (asked from within that callback); its id is not free before it is done
         self.smartclient_deferred: dict[int, asyncio.Future[None]] = {}
+        #: single active consumers' activations being answered, off the reader, one after the other
+        self.smartclient_updates: set[asyncio.Task[None]] = set()
+        self.smartclient_update_tail: asyncio.Task[None] | None = None
+
+    def add_handler(self, frame_cls: Any, handler: Any, name: str | None = None) -> None:
+        """rstream's, except that a single active consumer's activation (ConsumerUpdate) is answered from a task
+        of its own instead of inside the connection's reader.  The answer needs the stored offset, read on
+        another connection; awaited in the reader, it held every other frame of this connection (deliveries,
+        Subscribe answers, heartbeats) for as long as that read took: a locator cut by a rolling restart kept all
+        the consumers on one node silent for up to 10 s and timed their subscriptions out (the 2-hour soak,
+        issue 32).  Answers still go out in the order the broker asked."""
+        if frame_cls is schema.ConsumerUpdateResponse:
+            handler = self.smartclient_aside(handler, name)
+        super().add_handler(frame_cls, handler, name)
+
+    def smartclient_aside(self, handler: Callable[[Any], Any], name: str | None) -> Callable[[Any], None]:
+        def answer_aside(frame: Any) -> None:
+            if name is not None and str(frame.subscription_id) != name:
+                return  # another subscription's (rstream asks every handler)
+            task = asyncio.ensure_future(self.smartclient_answer(handler, frame, self.smartclient_update_tail))
+            self.smartclient_update_tail = task
+            self.smartclient_updates.add(task)
+            task.add_done_callback(self.smartclient_answered)
+
+        return answer_aside
+
+    async def smartclient_answer(self, handler: Callable[[Any], Any], frame: Any,
+                                 before: asyncio.Task[None] | None) -> None:
+        if before is not None and not before.done():
+            await asyncio.wait([before])
+        try:
+            if inspect.isawaitable(result := handler(frame)):
+                await result
+        except Exception as exc:  # the consumer recovers (it said so); the broker's question stays unanswered
+            log.warning("%s:%s: subscription %s was not answered on its activation: %s: %s", self.host, self.port,
+                        frame.subscription_id, type(exc).__name__, exc)
+
+    def smartclient_answered(self, task: asyncio.Task[None]) -> None:
+        self.smartclient_updates.discard(task)
+        if self.smartclient_update_tail is task:
+            self.smartclient_update_tail = None
+
+    def smartclient_drop_updates(self) -> None:
+        for task in list(self.smartclient_updates):
+            if task is not asyncio.current_task():
+                task.cancel()
 
     async def stop_queue_listener_task(self, subscriber_id: int) -> None:
         """rstream's, except that a chunk being handed to the application is never cut: no further chunk is
@@ -167,6 +214,7 @@ class NamedClient(Client):
             await super()._listener()
         finally:
             self.fail_pending()
+            self.smartclient_drop_updates()  # their answers have no connection to go out on
         drop_socket(self)
 
     async def close(self) -> None:
@@ -174,6 +222,7 @@ class NamedClient(Client):
         try:
             await super().close()
         finally:
+            self.smartclient_drop_updates()
             drop_socket(self)
 
     def fail_pending(self) -> None:

@@ -1,0 +1,166 @@
+"""A single active consumer's activation, when the stored-offset read it needs is cut or slow (issue 32).
+
+The broker hands a single active consumer nothing until it answers its activation (ConsumerUpdate), and the
+answer needs the stored offset, read on the Environment's locator connection.  The 2-hour soak found both ways
+this went wrong in a rolling restart: the locator died under the read (the answer never went out, and the group
+was silent until the delivery watch subscribed it again, 14 times in 2 hours), and the read waited inside
+rstream's reader of the consumer's own connection (every other consumer on that node silent meanwhile, their
+subscriptions timed out).  The delivery watch is off here (``stall_check=0``): only the fix can deliver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from smartclient import Environment, OffsetTracking, RecoveryPolicy, StreamArguments
+from smartclient.stream import _rstream
+from smartclient.stream._rstream import wire
+from smartclient.testing import TestBed
+
+from .conftest import wait_until
+
+
+@pytest.fixture
+async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    node = rabbitmq_testbed.nodes[0]
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                           recovery=RecoveryPolicy(stall_check=0, attempt_time=1.5)) as environment:
+        yield environment
+
+
+async def _publish(env: Environment, stream: str, bodies: list[bytes]) -> None:
+    producer = await env.producer(stream)
+    await producer.send_many(bodies)
+    await producer.flush()
+    await producer.close()
+
+
+async def _stored(env: Environment, stream: str, bodies: list[bytes]) -> None:
+    """``bodies`` published, consumed by a single active consumer 'group' and its last offset stored."""
+    await _publish(env, stream, bodies)
+    got: list[bytes] = []
+    first = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first", name="group",
+                               single_active=True, tracking=OffsetTracking(every=1000, interval=None))
+    await wait_until(lambda: len(got) == len(bodies), 10, f"{len(bodies)} messages on the first instance")
+    await first.store_offset()
+    await first.close()
+
+    async def stored() -> bool:  # a store has no answer: it lands a moment later
+        return await env.stored_offset(stream, "group") == len(bodies) - 1
+
+    await wait_until(stored, 10, "the stored offset")
+
+
+async def test_an_activation_whose_locator_dies_under_the_read_reads_again_and_resumes_after_the_stored_offset(
+    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = rabbitmq_unique_name
+    await env.create_stream(stream)
+    try:
+        await _stored(env, stream, [b"m%d" % i for i in range(10)])
+        real = _rstream.query_offset
+        cut: list[str] = []
+
+        async def locator_dies(client: Any, stream_: str, name: str) -> Any:
+            if not cut:  # the first read: its connection goes, as a rolling restart took it in the soak
+                cut.append(f"{client.host}:{client.port}")
+                wire.drop_socket(client)
+                raise ConnectionResetError(f"{client.host}:{client.port} closed the connection before answering")
+            return await real(client, stream_, name)
+
+        monkeypatch.setattr(_rstream, "query_offset", locator_dies)
+        got: list[tuple[int, bytes]] = []
+        second = await env.consumer(stream, lambda m, c: got.append((c.offset, bytes(m))), offset="first",
+                                    name="group", single_active=True)
+        await wait_until(lambda: second.active is True, 10, "the activation to be answered")
+        await _publish(env, stream, [b"n%d" % i for i in range(5)])
+        await wait_until(lambda: len(got) == 5, 10, "the 5 messages after the stored offset")
+        assert cut, "the injected cut never happened: the test proved nothing"
+        assert [body for _, body in got] == [b"n%d" % i for i in range(5)]  # after the stored offset: no repeat
+        assert second.recoveries == 0  # read again within the activation, not rescued by a recovery
+        await second.close()
+    finally:
+        await env.delete_stream(stream, missing_ok=True)
+
+
+async def test_an_activation_that_cannot_read_the_stored_offset_recovers_the_consumer(
+    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = rabbitmq_unique_name
+    await env.create_stream(stream)
+    try:
+        await _stored(env, stream, [b"m%d" % i for i in range(10)])
+        real = _rstream.query_offset
+        until = time.monotonic() + 2.5  # longer than one attempt (1.5 s): the activation gives up
+        failed: list[float] = []
+
+        async def unreadable(client: Any, stream_: str, name: str) -> Any:
+            if time.monotonic() < until:
+                failed.append(time.monotonic())
+                raise ConnectionResetError(f"{client.host}:{client.port} closed the connection before answering")
+            return await real(client, stream_, name)
+
+        monkeypatch.setattr(_rstream, "query_offset", unreadable)
+        got: list[tuple[int, bytes]] = []
+        second = await env.consumer(stream, lambda m, c: got.append((c.offset, bytes(m))), offset="first",
+                                    name="group", single_active=True)
+        await wait_until(lambda: second.recoveries >= 1 and second.active is True, 15,
+                         lambda: f"a recovery and an answered activation ({second.recoveries} recoveries, "
+                                 f"active {second.active}, {len(failed)} failed reads)")
+        await _publish(env, stream, [b"n%d" % i for i in range(5)])
+        await wait_until(lambda: len(got) == 5, 10, "the 5 messages after the stored offset")
+        assert len(failed) > 1  # read again before giving up
+        assert [body for _, body in got] == [b"n%d" % i for i in range(5)]
+        await second.close()
+    finally:
+        await env.delete_stream(stream, missing_ok=True)
+
+
+async def test_a_slow_activation_does_not_hold_the_other_consumers_of_its_connection(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = rabbitmq_testbed.nodes[0]
+    # attempts long enough that the held read is not given up while the neighbour is looked at
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
+                           recovery=RecoveryPolicy(stall_check=0, attempt_time=30)) as env:
+        await _slow_activation(env, rabbitmq_unique_name, monkeypatch)
+
+
+async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = rabbitmq_unique_name
+    await env.create_stream(stream, StreamArguments(initial_cluster_size=2))  # one replica: both consumers on it
+    try:
+        await _stored(env, stream, [b"m%d" % i for i in range(10)])
+        plain: list[int] = []
+        neighbour = await env.consumer(stream, lambda m, c: plain.append(c.offset), offset="next")
+        real = _rstream.query_offset
+        held, release = asyncio.Event(), asyncio.Event()
+
+        reads: list[float] = []
+
+        async def slow(client: Any, stream_: str, name: str) -> Any:
+            reads.append(time.monotonic())
+            held.set()
+            await release.wait()  # a locator that does not answer (yet)
+            return await real(client, stream_, name)
+
+        monkeypatch.setattr(_rstream, "query_offset", slow)
+        got: list[int] = []
+        second = await env.consumer(stream, lambda m, c: got.append(c.offset), offset="first", name="group",
+                                    single_active=True)
+        await asyncio.wait_for(held.wait(), 10)
+        assert neighbour._subscriber.client is second._subscriber.client, "both must share a connection to test this"
+        await _publish(env, stream, [b"n%d" % i for i in range(5)])
+        await wait_until(lambda: len(plain) == 5, 10, "the neighbour's 5 messages while the activation waits")
+        assert got == [] and len(reads) == 1 and second.recoveries == 0  # the group itself still waits for its answer
+        release.set()
+        await wait_until(lambda: len(got) == 5, 10, "the group's 5 messages once answered")
+        assert len(got) == 5 and min(got) > 9  # after the stored offset (the store's own chunk takes one offset)
+        await second.close()
+        await neighbour.close()
+    finally:
+        await env.delete_stream(stream, missing_ok=True)
