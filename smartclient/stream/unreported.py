@@ -59,6 +59,10 @@ LEADER_LOOKS = 4
 # In stall_check periods: a producer with no confirm looks once a period; each declaration in a row doubles
 # that, up to 16 periods, so a broker that is only slow is not flooded.
 DECLARE_AGAIN = Backoff(initial=1.0, factor=2.0, max=16.0)
+#: the attribute of the log record of each resubscription by the delivery watch: "rescue" (committed messages
+#: beyond the offset awaited: a consumer was silent) or "last chunk" (one chunk right at it, which may be an
+#: offset-tracking chunk, never delivered): a long run (the soak) counts them
+WATCH_RECORD = "smartclient_delivery_watch"
 # In stall_check periods: each look that finds nothing missing doubles the wait before the next, up to 8.
 IDLE_LOOKS = Backoff(initial=1.0, factor=2.0, max=8.0)
 
@@ -222,5 +226,7 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
         why = (f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} and beyond, "
                f"waiting for offset {mark[0]}")
         # one chunk right at the offset awaited may be an offset-tracking chunk: said quietly
-        log.log(logging.WARNING if committed > mark[0] else logging.INFO, "%r: %s: subscribing again", consumer, why)
+        rescue = committed > mark[0]
+        log.log(logging.WARNING if rescue else logging.INFO, "%r: %s: subscribing again", consumer, why,
+                extra={WATCH_RECORD: "rescue" if rescue else "last chunk"})
         consumer.control.lost(why)

@@ -35,17 +35,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import os
 import time
 import tracemalloc
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from smartclient._errors import ConfigurationError
+from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
 from smartclient.testing.footprint import metric_points, process_resources
 from smartclient.testing.nemesis import History, Plan, Run, run
@@ -253,6 +255,9 @@ class SoakReport:
     rollouts: list[Rollout]
     ops: dict[str, int]
     memory: list[str] = field(default_factory=list)  # tracemalloc's top growth (trace_memory)
+    #: the delivery watch's resubscriptions by kind: "rescue" (a consumer silent with committed messages beyond
+    #: it) and "last chunk" (one chunk right at its position: an offset-tracking chunk, most often)
+    watch: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -264,6 +269,9 @@ class SoakReport:
             lines.append(f"  at {r.began:7.1f} s, {r.ended - r.began:5.1f} s long: progress after a node stop p99 "
                          f"{Rollout.p99(r.progress):.2f} s, worst {max(r.progress, default=0.0):.2f} s; the clients' "
                          f"own p99 {Rollout.p99(r.own):.2f} s")
+        lines.append(f"delivery watch: {self.watch.get('rescue', 0)} rescue(s) (a consumer silent with committed "
+                     f"messages beyond it), {self.watch.get('last chunk', 0)} look(s) at a last chunk (an "
+                     f"offset-tracking chunk, most often)")
         res = self.resources
         lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the first rollout's "
                      f"settled sample ({res.rss_baseline} KiB; limit {self.plan.rss_growth * 100:.0f} %), "
@@ -556,11 +564,34 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
 
     say(f"soak: {plan.minutes:g} min, seed {plan.seed}, rolling restarts at "
         f"{', '.join(f'{t:.0f}' for t in plan.rollout_times)} s, faults {', '.join(plan.faults)}")
-    report = await run(bed, plan.nemesis(), progress=say, history=history, telemetry=telemetry,
-                       extras=(main_env, _rolling_restarts(shared), _churn(shared), _locked(shared),
-                               _sampler(shared, reader)))
+    watcher = logging.getLogger(unreported.__name__)
+    watch, level = _WatchCount(watcher.getEffectiveLevel()), watcher.level
+    watcher.addFilter(watch)
+    watcher.setLevel(min(watch.floor, logging.INFO))  # its quiet (INFO) resubscriptions are counted too
+    try:
+        report = await run(bed, plan.nemesis(), progress=say, history=history, telemetry=telemetry,
+                           extras=(main_env, _rolling_restarts(shared), _churn(shared), _locked(shared),
+                                   _sampler(shared, reader)))
+    finally:
+        watcher.removeFilter(watch)
+        watcher.setLevel(level)
     records = read_history(history_path)
     resources = check_resources(records, plan.warmup, plan.settle, len(bed.nodes))
     ops = {k: int(v) for k, v in report.ops_ok.items()}
     memory = next((list(r["top"]) for r in records if r.get("kind") == "memory"), [])
-    return SoakReport(plan, report, resources, rollouts(records, report), ops, memory)
+    return SoakReport(plan, report, resources, rollouts(records, report), ops, memory, dict(watch.kinds))
+
+
+class _WatchCount(logging.Filter):
+    """On the delivery watch's logger: counts its resubscriptions by kind, and lets through only what the
+    logger's own level (``floor``) did before."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__()
+        self.floor = floor
+        self.kinds: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (kind := getattr(record, unreported.WATCH_RECORD, None)) is not None:
+            self.kinds[kind] += 1
+        return record.levelno >= self.floor

@@ -107,3 +107,33 @@ def test_a_socket_whose_peer_closed_and_nobody_closed_is_counted_half_closed() -
                 time.sleep(0.01)
             assert half_closed_sockets({port}) == 1 and half_closed_sockets({port + 1}) == 0
         assert half_closed_sockets({port}) == 0  # closed: gone
+
+
+def test_the_delivery_watchs_resubscriptions_are_counted_by_kind_and_its_quiet_ones_stay_quiet() -> None:
+    import logging
+
+    from smartclient.stream import unreported
+    from smartclient.testing.soak import _WatchCount
+
+    watcher = logging.getLogger(unreported.__name__)
+    count = _WatchCount(logging.WARNING)  # the logger's level before the soak: INFO lines were not shown
+    shown: list[str] = []
+
+    class Shown(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            shown.append(record.getMessage())
+
+    handler, level = Shown(), watcher.level
+    watcher.addFilter(count)
+    watcher.addHandler(handler)
+    watcher.setLevel(logging.INFO)
+    try:
+        watcher.warning("silent", extra={unreported.WATCH_RECORD: "rescue"})
+        watcher.info("a tracking chunk", extra={unreported.WATCH_RECORD: "last chunk"})
+        watcher.info("something else")
+    finally:
+        watcher.removeFilter(count)
+        watcher.removeHandler(handler)
+        watcher.setLevel(level)
+    assert dict(count.kinds) == {"rescue": 1, "last chunk": 1}
+    assert shown == ["silent"]
