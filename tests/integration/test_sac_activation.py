@@ -55,69 +55,69 @@ async def _stored(env: Environment, stream: str, bodies: list[bytes]) -> None:
     await wait_until(stored, 10, "the stored offset")
 
 
-async def test_an_activation_whose_locator_dies_under_the_read_reads_again_and_resumes_after_the_stored_offset(
-    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stream = rabbitmq_unique_name
+async def _reads_fail_then(env: Environment, stream: str, monkeypatch: pytest.MonkeyPatch,
+                           fails: Any, ready: Any, what: str) -> Any:
+    """A group with an offset stored at 9, then a new instance whose stored-offset reads go through ``fails(client)``
+    (which may raise, as a dying locator does); once ``ready(consumer)``, 5 more messages must reach it, and only
+    those.  Returns the consumer (closed)."""
     await env.create_stream(stream)
     try:
         await _stored(env, stream, [b"m%d" % i for i in range(10)])
         real = _rstream.query_offset
-        cut: list[str] = []
 
-        async def locator_dies(client: Any, stream_: str, name: str) -> Any:
-            if not cut:  # the first read: its connection goes, as a rolling restart took it in the soak
-                cut.append(f"{client.host}:{client.port}")
-                wire.drop_socket(client)
-                raise ConnectionResetError(f"{client.host}:{client.port} closed the connection before answering")
+        async def query(client: Any, stream_: str, name: str) -> Any:
+            fails(client)
             return await real(client, stream_, name)
 
-        monkeypatch.setattr(_rstream, "query_offset", locator_dies)
-        got: list[tuple[int, bytes]] = []
-        second = await env.consumer(stream, lambda m, c: got.append((c.offset, bytes(m))), offset="first",
-                                    name="group", single_active=True)
-        await wait_until(lambda: second.active is True, 10, "the activation to be answered")
+        monkeypatch.setattr(_rstream, "query_offset", query)
+        got: list[bytes] = []
+        second = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first", name="group",
+                                    single_active=True)
+        await wait_until(lambda: ready(second), 15, what)
         await _publish(env, stream, [b"n%d" % i for i in range(5)])
         await wait_until(lambda: len(got) == 5, 10, "the 5 messages after the stored offset")
-        assert cut, "the injected cut never happened: the test proved nothing"
-        assert [body for _, body in got] == [b"n%d" % i for i in range(5)]  # after the stored offset: no repeat
-        assert second.recoveries == 0  # read again within the activation, not rescued by a recovery
+        assert got == [b"n%d" % i for i in range(5)]  # right after the stored offset: no repeat, no gap
         await second.close()
+        return second
     finally:
         await env.delete_stream(stream, missing_ok=True)
+
+
+def _closed_before_answering(client: Any) -> ConnectionResetError:
+    return ConnectionResetError(f"{client.host}:{client.port} closed the connection before answering")
+
+
+async def test_an_activation_whose_locator_dies_under_the_read_reads_again_and_resumes_after_the_stored_offset(
+    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cut: list[str] = []
+
+    def locator_dies(client: Any) -> None:
+        if not cut:  # the first read: its connection goes, as a rolling restart took it in the soak
+            cut.append(f"{client.host}:{client.port}")
+            wire.drop_socket(client)
+            raise _closed_before_answering(client)
+
+    second = await _reads_fail_then(env, rabbitmq_unique_name, monkeypatch, locator_dies,
+                                    lambda c: c.active is True, "the activation to be answered")
+    assert cut, "the injected cut never happened: the test proved nothing"
+    assert second.recoveries == 0  # read again within the activation, not rescued by a recovery
 
 
 async def test_an_activation_that_cannot_read_the_stored_offset_recovers_the_consumer(
     env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stream = rabbitmq_unique_name
-    await env.create_stream(stream)
-    try:
-        await _stored(env, stream, [b"m%d" % i for i in range(10)])
-        real = _rstream.query_offset
-        until = time.monotonic() + 2.5  # longer than one attempt (1.5 s): the activation gives up
-        failed: list[float] = []
+    failed: list[float] = []
 
-        async def unreadable(client: Any, stream_: str, name: str) -> Any:
-            if time.monotonic() < until:
-                failed.append(time.monotonic())
-                raise ConnectionResetError(f"{client.host}:{client.port} closed the connection before answering")
-            return await real(client, stream_, name)
+    def unreadable(client: Any) -> None:  # for 2.5 s from the first read: longer than one attempt (1.5 s)
+        if not failed or time.monotonic() < failed[0] + 2.5:
+            failed.append(time.monotonic())
+            raise _closed_before_answering(client)
 
-        monkeypatch.setattr(_rstream, "query_offset", unreadable)
-        got: list[tuple[int, bytes]] = []
-        second = await env.consumer(stream, lambda m, c: got.append((c.offset, bytes(m))), offset="first",
-                                    name="group", single_active=True)
-        await wait_until(lambda: second.recoveries >= 1 and second.active is True, 15,
-                         lambda: f"a recovery and an answered activation ({second.recoveries} recoveries, "
-                                 f"active {second.active}, {len(failed)} failed reads)")
-        await _publish(env, stream, [b"n%d" % i for i in range(5)])
-        await wait_until(lambda: len(got) == 5, 10, "the 5 messages after the stored offset")
-        assert len(failed) > 1  # read again before giving up
-        assert [body for _, body in got] == [b"n%d" % i for i in range(5)]
-        await second.close()
-    finally:
-        await env.delete_stream(stream, missing_ok=True)
+    second = await _reads_fail_then(env, rabbitmq_unique_name, monkeypatch, unreadable,
+                                    lambda c: c.recoveries >= 1 and c.active is True,
+                                    "a recovery and an answered activation")
+    assert second.recoveries >= 1 and len(failed) > 1  # read again before giving up, then recovered
 
 
 async def test_a_slow_activation_does_not_hold_the_other_consumers_of_its_connection(
