@@ -10,8 +10,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from smartclient._errors import CallbackFailed, ConfigurationError, ConnectionFailed, SmartClientError
-from smartclient.core.deadline import attempt
+from smartclient._errors import (
+    AuthenticationFailed,
+    CallbackFailed,
+    CertificateRejected,
+    ConfigurationError,
+    ConnectionFailed,
+    SmartClientError,
+)
+from smartclient.core.deadline import attempt, step
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
@@ -143,14 +150,21 @@ class Consumer(_Handle):
 
             async def consumer_update(is_active: bool, context: Any) -> Any:
                 self.active = is_active
-                if on_update is not None:
-                    chosen = on_update(is_active, self)
-                    spec = await chosen if inspect.isawaitable(chosen) else chosen
-                    self._last_offset = None  # the application chose where to resume, maybe earlier
-                elif is_active:
-                    spec = await self._activated()
-                else:
-                    spec = OffsetSpec.next()
+                try:
+                    if on_update is not None:
+                        chosen = on_update(is_active, self)
+                        spec = await chosen if inspect.isawaitable(chosen) else chosen
+                        self._last_offset = None  # the application chose where to resume, maybe earlier
+                    elif is_active:
+                        spec = await self._activated()
+                    else:
+                        spec = OffsetSpec.next()
+                except Exception as exc:  # no answer: the broker would hand the group nothing, so it subscribes again
+                    self.active = False
+                    if not isinstance(exc, SmartClientError):
+                        log.error("%r: its on_update raised: it subscribes again", self, exc_info=True)
+                    self.control.lost(f"activated, but {type(exc).__name__}: {exc}")
+                    raise
                 self._start = (parsed := OffsetSpec.parse(spec)).start  # where it resumes (the delivery watch)
                 return _rstream.consumer_update_answer(parsed)
 
@@ -306,22 +320,19 @@ class Consumer(_Handle):
         """The answer to the broker's activation.  Until it goes out, the broker hands the group nothing, so the
         stored offset is read again (on a fresh locator) while one recovery attempt lasts: a rolling restart can
         close the locator under the query (a 2-hour soak found a group silent until the delivery watch
-        resubscribed it).  If it still cannot be read, the consumer is recovered (subscribed again) at once."""
+        resubscribed it).  If it still cannot be read, it raises, and the consumer subscribes again at once."""
         delays = ACTIVATION_RETRY.delays()
-        try:
-            with attempt(self._host.recovery.attempt_time, f"reading the stored offset of {self!r}") as deadline:
-                while True:
-                    try:
-                        return await self._resume_point()
-                    except ConnectionFailed as exc:
-                        if deadline.remaining() <= (pause := next(delays)):
-                            raise
-                        log.info("%r: activated, but %s: reading it again", self, exc)
-                        await asyncio.sleep(pause)
-        except SmartClientError as exc:
-            self.active = False
-            self.control.lost(f"activated, but {exc}")
-            raise
+        with attempt(self._host.recovery.attempt_time, f"reading the stored offset of {self!r}") as deadline:
+            while True:
+                try:  # (a step: the whole attempt's time bounds the read, a new locator's dial included)
+                    return await step("reading the stored offset", self._resume_point())
+                except (AuthenticationFailed, CertificateRejected):
+                    raise  # a refusal: asking again would repeat it
+                except ConnectionFailed as exc:
+                    if deadline.remaining() <= (pause := next(delays)):
+                        raise
+                    log.info("%r: activated, but %s: reading it again", self, exc)
+                    await asyncio.sleep(pause)
 
     async def _resume_point(self) -> OffsetSpec:
         """Where a single active consumer starts when it becomes active: after the stored offset, or

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from smartclient import Environment, OffsetTracking, RecoveryPolicy, StreamArguments
+from smartclient import Environment, OffsetSpec, OffsetTracking, RecoveryPolicy, StreamArguments
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import wire
 from smartclient.testing import TestBed
@@ -162,5 +162,31 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
         assert len(got) == 5 and min(got) > 9  # after the stored offset (the store's own chunk takes one offset)
         await second.close()
         await neighbour.close()
+    finally:
+        await env.delete_stream(stream, missing_ok=True)
+
+
+async def test_an_on_update_handler_that_raises_makes_the_consumer_subscribe_again_not_fall_silent(
+    env: Environment, rabbitmq_unique_name: str
+) -> None:
+    stream = rabbitmq_unique_name
+    await env.create_stream(stream)
+    try:
+        await _publish(env, stream, [b"m%d" % i for i in range(3)])
+        asked: list[bool] = []
+
+        def flaky(is_active: bool, consumer: Any) -> OffsetSpec:
+            asked.append(is_active)
+            if len(asked) == 1:
+                raise RuntimeError("the application's handler failed once")
+            return OffsetSpec.first()
+
+        got: list[bytes] = []
+        consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="next", name="handler",
+                                      single_active=True, on_update=flaky)
+        await wait_until(lambda: len(got) == 3, 15, lambda: f"the 3 messages after a second activation ({asked})")
+        assert asked[:2] == [True, True] and consumer.recoveries >= 1
+        assert got == [b"m%d" % i for i in range(3)]
+        await consumer.close()
     finally:
         await env.delete_stream(stream, missing_ok=True)

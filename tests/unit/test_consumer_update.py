@@ -7,11 +7,16 @@ on one node silent (and timed their subscriptions out) while one activation wait
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 from rstream import schema
 
-from smartclient.stream._rstream.wire import NamedClient
+from smartclient import AuthenticationFailed, ConnectionFailed, RecoveryPolicy
+from smartclient.stream._rstream.wire import NamedClient, forget_handlers
+from smartclient.stream.consumer import Consumer
 
 
 def client() -> NamedClient:
@@ -42,38 +47,72 @@ def test_an_activation_is_answered_aside_in_order_and_only_by_its_own_subscripti
         await asyncio.sleep(0.05)
         events.append("reader free")
         release.set()
-        await asyncio.wait_for(asyncio.gather(*conn.smartclient_updates), 5)
+        await asyncio.wait_for(asyncio.gather(*conn.smartclient_updates["7"]), 5)
         assert not conn.smartclient_updates  # each leaves once answered
         return events
 
     assert asyncio.run(scenario()) == ["asked 1", "reader free", "answered 1", "asked 2", "answered 2"]
 
 
-def test_a_failed_answer_is_logged_not_raised_and_a_closed_connection_drops_the_pending_ones() -> None:
-    async def scenario() -> tuple[list[str], bool]:
+def test_answers_of_different_subscriptions_never_wait_for_each_other() -> None:
+    async def scenario() -> list[str]:
+        conn = client()
+        events: list[str] = []
+        release = asyncio.Event()
+
+        async def slow(update: SimpleNamespace) -> None:
+            await release.wait()
+            events.append("7 answered")
+
+        async def quick(update: SimpleNamespace) -> None:
+            events.append("8 answered")
+
+        conn.add_handler(schema.ConsumerUpdateResponse, slow, name="7")
+        conn.add_handler(schema.ConsumerUpdateResponse, quick, name="8")
+        conn._handlers[schema.ConsumerUpdateResponse]["7"](frame(7, 1))
+        conn._handlers[schema.ConsumerUpdateResponse]["8"](frame(8, 2))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*[t for ts in conn.smartclient_updates.values() for t in ts]), 5)
+        return events
+
+    assert asyncio.run(scenario()) == ["8 answered", "7 answered"]
+
+
+def test_a_failed_answer_is_logged_not_raised_and_a_removed_subscription_or_a_closed_connection_drops_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> tuple[list[str], list[bool], list[bool]]:
         conn = client()
         events: list[str] = []
 
         async def fails(update: SimpleNamespace) -> None:
             events.append("failed")
-            raise RuntimeError("the stored offset could not be read")
+            raise ConnectionFailed("the stored offset could not be read")
 
         async def waits(update: SimpleNamespace) -> None:
             await asyncio.Event().wait()
 
         conn.add_handler(schema.ConsumerUpdateResponse, fails, name="1")
         conn.add_handler(schema.ConsumerUpdateResponse, waits, name="2")
-        conn._handlers[schema.ConsumerUpdateResponse]["1"](frame(1, 1))
+        conn.add_handler(schema.ConsumerUpdateResponse, waits, name="3")
+        for sid in (1, 2, 3):
+            conn._handlers[schema.ConsumerUpdateResponse][str(sid)](frame(sid, sid))
         await asyncio.sleep(0.05)
-        conn._handlers[schema.ConsumerUpdateResponse]["2"](frame(2, 2))
-        await asyncio.sleep(0.05)
-        pending = set(conn.smartclient_updates)
-        await conn.close()  # never started: rstream's close is a no-op, the answers still waiting are dropped
+        second, third = list(conn.smartclient_updates["2"]), list(conn.smartclient_updates["3"])
+        forget_handlers(conn, 2)  # subscription 2 is removed: its answer would act on its consumer's next one
         await asyncio.sleep(0)
-        return events, all(task.cancelled() for task in pending) and len(pending) == 1
+        removed = [t.cancelled() for t in second + third]
+        assert str(2) not in conn._handlers[schema.ConsumerUpdateResponse]
+        await conn.close()  # never started: rstream's close is a no-op; the answers still waiting are dropped
+        await asyncio.sleep(0)
+        return events, removed, [t.cancelled() for t in third]
 
-    events, dropped = asyncio.run(scenario())
-    assert events == ["failed"] and dropped
+    with caplog.at_level(logging.INFO, logger="smartclient.stream._rstream.wire"):
+        events, removed, closed = asyncio.run(scenario())
+    assert events == ["failed"] and removed == [True, False] and closed == [True]
+    assert any("subscription 1: its activation was not answered: ConnectionFailed" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)
 
 
 def test_other_frames_keep_rstreams_handler() -> None:
@@ -84,3 +123,47 @@ def test_other_frames_keep_rstreams_handler() -> None:
 
     conn.add_handler(schema.Deliver, on_deliver, name="3")
     assert conn._handlers[schema.Deliver]["3"] is on_deliver
+
+
+# -- the consumer's side: the stored offset read again within one attempt, never for a refusal ------------------
+class _Activating:
+    """What Consumer._activated uses of a consumer: the read of its resume point, its host's policy, a repr."""
+
+    def __init__(self, reads: list[Any], attempt_time: float = 1.0) -> None:
+        self._reads, self.calls = reads, 0
+        self._host = SimpleNamespace(recovery=RecoveryPolicy(attempt_time=attempt_time))
+
+    async def _resume_point(self) -> Any:
+        self.calls += 1
+        outcome = self._reads[min(self.calls, len(self._reads)) - 1]
+        if outcome == "hang":
+            await asyncio.Event().wait()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def __repr__(self) -> str:
+        return "Consumer(stream='s', name='group')"
+
+
+def activate(fake: _Activating) -> Any:
+    return asyncio.run(Consumer._activated(fake))  # type: ignore[arg-type]
+
+
+def test_an_activation_reads_the_stored_offset_again_after_a_connection_failure() -> None:
+    fake = _Activating([ConnectionFailed("closed before answering"), ConnectionFailed("again"), "spec"])
+    assert activate(fake) == "spec" and fake.calls == 3
+
+
+def test_an_activation_gives_up_within_one_attempt_even_if_a_read_never_answers() -> None:
+    fake = _Activating([ConnectionFailed("closed before answering"), "hang"], attempt_time=0.5)
+    with pytest.raises(ConnectionFailed, match="no answer within"):
+        activate(fake)
+    assert fake.calls == 2
+
+
+def test_an_activation_never_asks_again_after_a_refusal() -> None:
+    fake = _Activating([AuthenticationFailed("refused"), "spec"])
+    with pytest.raises(AuthenticationFailed):
+        activate(fake)
+    assert fake.calls == 1

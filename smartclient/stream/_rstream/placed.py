@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from smartclient.stream.host import Connection, StreamHost
 
 from smartclient.stream._rstream.frames import messages_of, stored_of
-from smartclient.stream._rstream.wire import HANDING, decode_amqp_message, offset_spec
+from smartclient.stream._rstream.wire import HANDING, decode_amqp_message, forget_handlers, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
@@ -500,8 +500,7 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
             found = subscriber
             client = subscriber.client
             await client.stop_queue_listener_task(subscriber_id=sid)  # (stopped already, or put off)
-            for frame in (schema.Deliver, schema.MetadataUpdate, schema.ConsumerUpdateResponse):
-                client._handlers.get(frame, {}).pop(str(sid), None)
+            forget_handlers(client, sid)  # (and the answers to its activations being worked out)
             client._frames.pop(sid, None)
             del carrier._subscribers[sid]
             if sid in keep:

@@ -14,7 +14,7 @@ __all__ = ["carrier_clients", "carrier_tables", "client_tables", "write_until_co
 _CARRIER_TABLES = ("_clients", "_publishers", "_subscribers", "_waiting_for_confirm", "_buffered_messages", "names",
                    "flows", "on_error")
 _CLIENT_TABLES = ("_frames", "_tasks", "_waiters", "_streams", "extra_waiters", "smartclient_handing",
-                  "smartclient_deferred")
+                  "smartclient_deferred", "smartclient_updates")
 
 
 def _size(value: Any) -> int:

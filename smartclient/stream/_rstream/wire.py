@@ -13,12 +13,14 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetType, amqp_decoder, schema
 from rstream import exceptions as rx
 from rstream.client import Client
 from rstream.connection import Connection as RConnection
+from rstream.connection import ConnectionClosed
 from rstream.constants import SlasMechanism
 from rstream.encoding import decode_frame
 
@@ -45,8 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HANDING", "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
     "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "drop_socket",
-    "extra_request",
-    "filter_config",
+    "extra_request", "filter_config", "forget_handlers",
     "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
     "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
     "on_publish_frames", "query_offset", "raw_request", "update_secret", "writer_of",
@@ -119,9 +120,9 @@ class NamedClient(Client):
         #: subscription id -> the stop of its delivery task, put off until the chunk in the callback has been handed
         #: (asked from within that callback); its id is not free before it is done
         self.smartclient_deferred: dict[int, asyncio.Future[None]] = {}
-        #: single active consumers' activations being answered, off the reader, one after the other
-        self.smartclient_updates: set[asyncio.Task[None]] = set()
-        self.smartclient_update_tail: asyncio.Task[None] | None = None
+        #: single active consumers' activations being answered, off the reader: subscription id -> its answers, in
+        #: the order the broker asked (those of different subscriptions never wait for each other)
+        self.smartclient_updates: dict[str, list[asyncio.Task[None]]] = {}
 
     def add_handler(self, frame_cls: Any, handler: Any, name: str | None = None) -> None:
         """rstream's, except that a single active consumer's activation (ConsumerUpdate) is answered from a task
@@ -129,19 +130,20 @@ class NamedClient(Client):
         another connection; awaited in the reader, it held every other frame of this connection (deliveries,
         Subscribe answers, heartbeats) for as long as that read took: a locator cut by a rolling restart kept all
         the consumers on one node silent for up to 10 s and timed their subscriptions out (the 2-hour soak,
-        issue 32).  Answers still go out in the order the broker asked."""
+        issue 32).  A subscription's answers still go out in the order the broker asked."""
         if frame_cls is schema.ConsumerUpdateResponse:
+            name = name if name is not None else getattr(handler, "__name__", repr(handler))
             handler = self.smartclient_aside(handler, name)
         super().add_handler(frame_cls, handler, name)
 
-    def smartclient_aside(self, handler: Callable[[Any], Any], name: str | None) -> Callable[[Any], None]:
+    def smartclient_aside(self, handler: Callable[[Any], Any], name: str) -> Callable[[Any], None]:
         def answer_aside(frame: Any) -> None:
-            if name is not None and str(frame.subscription_id) != name:
+            if name.isdigit() and str(frame.subscription_id) != name:
                 return  # another subscription's (rstream asks every handler)
-            task = asyncio.ensure_future(self.smartclient_answer(handler, frame, self.smartclient_update_tail))
-            self.smartclient_update_tail = task
-            self.smartclient_updates.add(task)
-            task.add_done_callback(self.smartclient_answered)
+            pending = self.smartclient_updates.setdefault(name, [])
+            task = asyncio.ensure_future(self.smartclient_answer(handler, frame, pending[-1] if pending else None))
+            pending.append(task)
+            task.add_done_callback(partial(self.smartclient_answered, name))
 
         return answer_aside
 
@@ -152,19 +154,28 @@ class NamedClient(Client):
         try:
             if inspect.isawaitable(result := handler(frame)):
                 await result
-        except Exception as exc:  # the consumer recovers (it said so); the broker's question stays unanswered
-            log.warning("%s:%s: subscription %s was not answered on its activation: %s: %s", self.host, self.port,
-                        frame.subscription_id, type(exc).__name__, exc)
+        except (SmartClientError, ConnectionError, OSError, ConnectionClosed) as exc:
+            # the consumer said why and recovers (or is closed), or the connection is gone with the question
+            log.info("%s:%s: subscription %s: its activation was not answered: %s: %s", self.host, self.port,
+                     frame.subscription_id, type(exc).__name__, exc)
+        except Exception:
+            log.exception("%s:%s: subscription %s: its activation was not answered", self.host, self.port,
+                          frame.subscription_id)
 
-    def smartclient_answered(self, task: asyncio.Task[None]) -> None:
-        self.smartclient_updates.discard(task)
-        if self.smartclient_update_tail is task:
-            self.smartclient_update_tail = None
+    def smartclient_answered(self, name: str, task: asyncio.Task[None]) -> None:
+        pending = self.smartclient_updates.get(name)
+        if pending is not None and task in pending:
+            pending.remove(task)
+            if not pending:
+                del self.smartclient_updates[name]
 
-    def smartclient_drop_updates(self) -> None:
-        for task in list(self.smartclient_updates):
-            if task is not asyncio.current_task():
-                task.cancel()
+    def smartclient_drop_updates(self, name: str | None = None) -> None:
+        """Cancel the answers still being worked out: subscription ``name``'s (it is being removed: an answer
+        for it would act on its consumer's next subscription), or all (the connection is gone)."""
+        for key in [name] if name is not None else list(self.smartclient_updates):
+            for task in list(self.smartclient_updates.get(key, ())):
+                if task is not asyncio.current_task():
+                    task.cancel()
 
     async def stop_queue_listener_task(self, subscriber_id: int) -> None:
         """rstream's, except that a chunk being handed to the application is never cut: no further chunk is
@@ -364,6 +375,15 @@ def drop_socket(client: Any) -> None:
     writer = getattr(conn, "_writer", None) if conn is not None else None
     if writer is not None:
         writer.transport.abort()
+
+
+def forget_handlers(client: Any, subscription_id: int) -> None:
+    """Drop a subscription's frame handlers from ``client``, and the answers to its activations still being
+    worked out."""
+    for frame in (schema.Deliver, schema.MetadataUpdate, schema.ConsumerUpdateResponse):
+        client._handlers.get(frame, {}).pop(str(subscription_id), None)
+    if isinstance(client, NamedClient):
+        client.smartclient_drop_updates(str(subscription_id))
 
 
 def on_metadata_update(client: Any, handler: Callable[[Any], Any], name: str) -> None:
