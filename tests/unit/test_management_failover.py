@@ -63,3 +63,30 @@ def test_no_node_reachable_is_a_management_error_naming_each(live: str) -> None:
 def test_bad_urls_are_refused(urls: list[str]) -> None:
     with pytest.raises(ConfigurationError):
         ManagementClient(urls, "guest", "guest")
+
+
+def test_clients_never_load_the_ca_bundle_for_http_and_share_one_context_for_https(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx loads the whole CA bundle into a new context for each client (about 1 MB allocated in the calling
+    thread, kept by its allocator arena): the soak's test bed, opening a client per request from worker threads,
+    grew by megabytes that way."""
+    import ssl
+
+    from smartclient import management
+
+    loads: list[object] = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counted(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append(args or kwargs)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    monkeypatch.setattr(management, "_SHARED_TLS", None)
+    for _ in range(3):
+        ManagementClient("http://127.0.0.1:1", "guest", "guest").close()
+    assert loads == []
+    for _ in range(3):
+        ManagementClient(["https://127.0.0.1:1", "http://127.0.0.1:2"], "guest", "guest").close()
+    assert len(loads) == 1
