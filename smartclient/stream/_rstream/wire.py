@@ -20,7 +20,6 @@ from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguratio
 from rstream import exceptions as rx
 from rstream.client import Client
 from rstream.connection import Connection as RConnection
-from rstream.connection import ConnectionClosed
 from rstream.constants import SlasMechanism
 from rstream.encoding import decode_frame
 
@@ -154,13 +153,10 @@ class NamedClient(Client):
         try:
             if inspect.isawaitable(result := handler(frame)):
                 await result
-        except (SmartClientError, ConnectionError, OSError, ConnectionClosed) as exc:
-            # the consumer said why and recovers (or is closed), or the connection is gone with the question
+        except Exception as exc:  # the consumer said why (a raising on_update with its traceback) and recovers, or is
+            # closed, or the connection is gone with the question
             log.info("%s:%s: subscription %s: its activation was not answered: %s: %s", self.host, self.port,
                      frame.subscription_id, type(exc).__name__, exc)
-        except Exception:
-            log.exception("%s:%s: subscription %s: its activation was not answered", self.host, self.port,
-                          frame.subscription_id)
 
     def smartclient_answered(self, name: str, task: asyncio.Task[None]) -> None:
         pending = self.smartclient_updates.get(name)
