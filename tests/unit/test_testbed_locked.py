@@ -128,13 +128,15 @@ def _claims(tmp_path: Path, token: str) -> dict[str, object]:
 
 
 def test_a_token_is_an_rs256_jwt_for_the_resource_server(tmp_path: Path, authority: TokenAuthority) -> None:
+    before = time.time()
     token, expires_at = authority.mint("alice", lifetime=20)
+    after = time.time()
     claims = _claims(tmp_path, token)
     assert jwt.get_unverified_header(token)["kid"] == SIGNING_KEY_ID
     assert claims["sub"] == "alice" and claims["aud"] == ["rabbitmq"] and claims["exp"] == expires_at
     assert str(claims["scope"]).split() == list(DEFAULT_SCOPES)
     assert "rabbitmq.tag:administrator" in DEFAULT_SCOPES
-    assert 20 <= expires_at - time.time() <= 21
+    assert before + 20 <= expires_at <= after + 21  # whole seconds, rounded up; bounds taken around the mint
     assert _claims(tmp_path, authority.mint(scopes=["rabbitmq.read:*/*"])[0])["scope"] == "rabbitmq.read:*/*"
     assert ensure_signing_key(tmp_path) == tmp_path / PUBLIC_KEY_FILE  # kept, not made again
     assert TokenAuthority.from_directory(tmp_path).mint()[0] != token
