@@ -70,7 +70,7 @@ FIXED = {"threads": min(32, (os.cpu_count() or 1) + 4)}
 #: shown, not judged: parked connections come and go with each placement through the LB (those past their idle
 #: time are judged), the reaper with them, and each instrument's sets are judged in their total
 UNJUDGED = ("parked connections", "reaper running", "rss kib", "connections parked twice (events)",
-            "stale parking entries (events)")
+            "stale parking entries (events)", "malloc in use kib", "malloc free kept kib", "python blocks")
 
 
 #: what is in flight at any moment under load: never compared with one baseline sample, only judged growing
