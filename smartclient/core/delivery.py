@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from smartclient._errors import MessageDecodeError
+from smartclient._errors import ConfigurationError, MessageDecodeError
 
 __all__ = ["Chunk", "ChunkHandler", "MessageContext"]
 
@@ -40,14 +40,17 @@ class Chunk:
         :meth:`messages` decodes, and what an application that decodes AMQP 1.0 itself reads.
     :attr timestamp: the chunk's timestamp, in milliseconds since the epoch.
 
-    ``len(chunk)`` counts the messages without splitting them; iterating gives ``(offset, body)`` pairs.
+    ``len(chunk)`` counts the messages without splitting them; iterating gives ``(offset, body)`` pairs;
+    :meth:`to_arrow` gives them as columns, over the frame they came in.
     """
 
-    __slots__ = ("_bodies", "_decode", "_split", "_split_stored", "_stored", "offsets", "stream", "timestamp")
+    __slots__ = ("_bodies", "_columns", "_decode", "_split", "_split_stored", "_stored", "offsets", "stream",
+                 "timestamp")
 
     def __init__(self, stream: str, offsets: Sequence[int], timestamp: int,
                  bodies: list[bytes] | Callable[[], list[bytes]], decode: Callable[[bytes], Any],
-                 stored: list[bytes] | Callable[[], list[bytes]] | None = None) -> None:
+                 stored: list[bytes] | Callable[[], list[bytes]] | None = None,
+                 columns: Callable[[], Any] | None = None) -> None:
         self.stream = stream
         self.offsets = offsets
         self.timestamp = timestamp
@@ -57,6 +60,7 @@ class Chunk:
         self._stored = stored if isinstance(stored, list) else None
         self._split_stored = None if isinstance(stored, list) else stored
         self._decode = decode
+        self._columns = columns
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -103,6 +107,17 @@ class Chunk:
                                      offset) from exc.__cause__
         return out
 
+    def to_arrow(self) -> Any:
+        """The messages as a ``pyarrow.RecordBatch``: ``offset`` (int64), ``timestamp`` (the chunk's, ms, UTC) and
+        ``body`` (``binary_view``: each value a view into the frame the chunk came in; no body is copied, except
+        from a sub-entry batch).  Needs the ``[arrow]`` extra (pyarrow 19+ and numpy).
+
+        :raises ConfigurationError: pyarrow or numpy is not installed, or too old; or this chunk was not read
+            from a stream (made by hand: it has no frame)."""
+        if self._columns is None:
+            raise ConfigurationError(f"{self!r} was not read from a stream: it has no columns")
+        return self._columns()
+
     def repeated(self, last: int) -> int:
         """How many of its messages are at or before offset ``last`` (nothing is split to count them)."""
         return bisect_right(self.offsets, last)
@@ -115,7 +130,9 @@ class Chunk:
         stored: list[bytes] | Callable[[], list[bytes]] | None = None
         if self._stored is not None or self._split_stored is not None:  # split as late as the rest of it
             stored = self._stored[keep:] if self._stored is not None else (lambda: self.stored[keep:])
-        return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode, stored)
+        columns = self._columns
+        return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode, stored,
+                     None if columns is None else (lambda: columns().slice(keep)))
 
     def __repr__(self) -> str:
         span = f"{self.offsets[0]}..{self.offsets[-1]}" if self.offsets else "empty"

@@ -17,7 +17,7 @@ from rstream.encoding import decode_frame, encode_frame, encode_publish
 from smartclient import BatchingPolicy, ConfigurationError, MessageDecodeError, MessageTooLarge
 from smartclient.core.amqp_data import check_encoding, data_section, starts_amqp, strip_data
 from smartclient.core.delivery import Chunk
-from smartclient.stream._rstream.placed import _chunk
+from smartclient.stream._rstream.columns import chunk_of
 from smartclient.stream._rstream.frames import decode_hot, messages_of, stored_of
 from smartclient.stream._rstream.wire import decode_amqp_message
 from smartclient.stream.codec import decode_amqp
@@ -240,7 +240,7 @@ def test_a_raw_message_in_chunk_messages_raises_a_typed_error_naming_its_offset(
     with_properties = AMQPMessage(body=b"p", application_properties={"k": "v"})
     messages = [amqp(b"one"), bytes(with_properties), b"raw-1", amqp(b"four")]
     frame = decode_hot(deliver([simple(m) for m in messages], records=4, first=500))
-    chunk = _chunk(frame, "orders", 500, 504, 0, None)
+    chunk = chunk_of(frame, "orders", 500, 504, 0, None)
     assert chunk.bodies == [b"one", bytes(with_properties), b"raw-1", b"four"] and chunk.stored == messages
     with pytest.raises(MessageDecodeError, match=r"offset 502 of stream 'orders': .*not an AMQP 1\.0 message") \
             as caught:
@@ -250,13 +250,13 @@ def test_a_raw_message_in_chunk_messages_raises_a_typed_error_naming_its_offset(
     copy = pickle.loads(pickle.dumps(caught.value))  # crosses processes (Spark) intact
     assert (str(copy), copy.stream, copy.offset) == (str(caught.value), "orders", 502)
 
-    later = _chunk(frame, "orders", 501, 504, 1, None).after(502)  # the part after the raw one decodes
+    later = chunk_of(frame, "orders", 501, 504, 1, None).after(502)  # the part after the raw one decodes
     assert [m.body for m in later.messages()] == [b"four"] and later.offsets == range(503, 504)
-    first = _chunk(frame, "orders", 500, 504, 0, None).after(499)
+    first = chunk_of(frame, "orders", 500, 504, 0, None).after(499)
     decoded = Chunk("orders", range(500, 502), 0, first.bodies[:2], decode_amqp_message, first.stored[:2]).messages()
     assert decoded[0].body == b"one" and decoded[1].application_properties == {b"k": b"v"}
 
-    kept = _chunk(frame, "orders", 500, 504, 0, lambda body: body != b"raw-1")  # a filter: what it keeps
+    kept = chunk_of(frame, "orders", 500, 504, 0, lambda body: body != b"raw-1")  # a filter: what it keeps
     assert kept.offsets == [500, 501, 503] and [m.body for m in kept.messages()] == [b"one", b"p", b"four"]
 
 

@@ -29,7 +29,7 @@ from rstream.utils import MonotonicSeq, OnClosedErrorInfo
 
 from smartclient.core.address import Address
 from smartclient.core.deadline import step
-from smartclient.core.delivery import Chunk, ChunkHandler, MessageContext
+from smartclient.core.delivery import ChunkHandler, MessageContext
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
 
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from smartclient.core.settings import ClientSettings
     from smartclient.stream.host import Connection, StreamHost
 
-from smartclient.stream._rstream.frames import messages_of, stored_of
-from smartclient.stream._rstream.wire import HANDING, decode_amqp_message, forget_handlers, offset_spec
+from smartclient.stream._rstream.columns import chunk_of
+from smartclient.stream._rstream.frames import messages_of
+from smartclient.stream._rstream.wire import HANDING, forget_handlers, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
@@ -233,7 +234,7 @@ class PlacedConsumer(_Placed, RConsumer):
         try:
             with _NOTHING if around is None else around(stream, count, first):
                 if type(callback) is ChunkHandler:
-                    chunk = _chunk(frame, stream, first + skip, first + count, skip, post)
+                    chunk = chunk_of(frame, stream, first + skip, first + count, skip, post)
                     if handed := len(chunk):
                         try:
                             maybe_coro = callback(chunk)
@@ -324,25 +325,6 @@ async def _credit(client: Any, sid: int) -> None:
         if client.is_connection_alive():
             raise
         log.debug("no credit for subscription %d on a closed connection: %s", sid, exc)
-
-
-def _chunk(frame: Any, stream: str, start: int, end: int, skip: int, post: Any) -> Chunk:
-    """The chunk a ChunkHandler gets: the messages from ``start``, split when it asks for them (the bodies at
-    once with a filter, which reads each one), and split as stored only if it decodes them."""
-    if post is None:
-        return Chunk(stream, range(start, end), frame.timestamp,
-                     (lambda: messages_of(frame)[skip:]) if skip else partial(messages_of, frame),
-                     decode_amqp_message,
-                     (lambda: stored_of(frame)[skip:]) if skip else partial(stored_of, frame))
-    bodies = messages_of(frame)[skip:]
-    kept = [index for index, message in enumerate(bodies) if post(message)]
-
-    def stored() -> list[bytes]:
-        every = stored_of(frame)[skip:]
-        return [every[index] for index in kept]
-
-    return Chunk(stream, [start + index for index in kept], frame.timestamp, [bodies[index] for index in kept],
-                 decode_amqp_message, stored)
 
 
 def new_carrier(role: Role, host: StreamHost, settings: ClientSettings, entry: Address, name: str,
