@@ -416,7 +416,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         :raises NodeUnreachable: through a load balancer, no attempt reached a candidate (and the client's
             own node did not stay reachable as the fallback).  :raises PlacementError: the policy ran out.
         :raises TokenProviderFailed: the policy ran out with the token provider failing (asked on its back-off).
-        :raises AuthenticationFailed, CertificateRejected, AddressNotAllowed: not retried.
+        :raises AuthenticationFailed: not retried (nor are CertificateRejected and AddressNotAllowed).
         """
         nodes = self.targets()
         last = client.target

@@ -65,7 +65,6 @@ from typing import Any
 from smartclient._errors import ConfigurationError, DataLoss, MessageDecodeError
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
-from smartclient.core.retry import Backoff
 from smartclient.spark._pyspark import (
     PYSPARK_VERSION,
     DataSource,
@@ -78,13 +77,11 @@ from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, dur
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
+from smartclient.stream.columnar import next_offset
 
 __all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets", "offsets_behind"]
 
 log = logging.getLogger(__name__)
-
-# a consumer of the last chunk (on the driver, when planning a batch on 4.0) is handed it within milliseconds
-FIRST_CHUNK_POLL = Backoff.steady(0.01)
 
 SCHEMA = "stream string, offset long, timestamp long, body binary"
 AMQP_SCHEMA = SCHEMA + ", routing_key string"
@@ -185,52 +182,11 @@ def _int_option(options: dict[str, str], name: str, default: int | None) -> int 
     return value
 
 
-async def _next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
-    """The offset the next message of ``stream`` will get: ``committed_offset`` + 1 from StreamStats
-    where the broker reports it (RabbitMQ 4.3), otherwise inferred by reading the last committed chunk.
-
-    :raises TopologyError: (without ``committed_offset``) the last chunk could not be read within
-        ``wait`` seconds.
-    """
-    stats = await env.stream_stats(stream)
-    if "committed_offset" in stats:
-        return max(int(stats["committed_offset"]) + 1, 0)  # -1 when the stream is empty
-    return await _next_offset_by_reading(env, stream, int(stats.get("committed_chunk_id", -1)), wait)
-
-
-async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: float) -> int:
-    """Brokers before 4.3 report where the last committed chunk starts (``committed_chunk_id``, -1 when
-    the stream is empty), not where it ends: read from there to see its last offset.  A replica that
-    lags only delays the answer: it is never mistaken for an empty stream.
-
-    (A read that showed nothing was once tried again after 5 s.  The cause was the consumer's
-    ``last_offset`` missing a first chunk handed over before ``subscribe()`` returned; it is fixed in the
-    rstream seam, so one read is waited for.)"""
-    from smartclient._errors import TopologyError
-    from smartclient.core.offsets import OffsetSpec
-
-    if last_chunk < 0:
-        return 0  # empty
-    consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
-    try:
-        deadline = time.monotonic() + wait
-        polls = FIRST_CHUNK_POLL.delays()
-        while consumer.last_offset is None and time.monotonic() < deadline:
-            await asyncio.sleep(next(polls))
-        last, node = consumer.last_offset, consumer.node
-    finally:
-        await consumer.close()
-    if last is None:
-        raise TopologyError(f"the last chunk of {stream!r} (offset {last_chunk}) could not be read within {wait} s "
-                            f"(on {node})")
-    return int(last) + 1
-
-
 def next_offsets(connection: StreamConnection, streams: Sequence[str]) -> dict[str, int]:
     """``{stream: next offset}`` for each stream: where each stream ends now."""
 
     async def work(env: Any) -> dict[str, int]:
-        return {stream: await _next_offset(env, stream) for stream in streams}
+        return {stream: await next_offset(env, stream) for stream in streams}
 
     return run_with_environment(connection, work)
 

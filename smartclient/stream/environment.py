@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, HandleClosed
@@ -356,6 +356,41 @@ class StreamEnvironment:
         return await open_handle(handle, self.retry.max_time, start, callback=traced, chunks=on_chunk is not None,
                                  single_active=single_active, on_update=on_update, on_error=on_error,
                                  tracking=tracking, super_stream=_super_stream, stream_filter=filter)
+
+    async def read_arrow(self, stream: str, start: int = 0, end: int | None = None, *,
+                         filter: StreamFilter | None = None, settle: float = 1.0,
+                         fail_on_data_loss: bool = True) -> Any:
+        """Offsets ``start`` to ``end`` (exclusive; None: where the stream ends now) of ``stream`` as one
+        ``pyarrow.Table``: ``offset``, ``timestamp`` (the chunk's), ``body`` (``binary_view``, over the frames
+        read: no body is copied).  Read by a chunk consumer on a replica, with its placement and recovery: every
+        offset comes once, in order.  Needs the ``[arrow]`` extra.  See :meth:`iter_arrow`."""
+        from smartclient.stream.columnar import read_range
+
+        self._check_open()
+        return await read_range(self, stream, start, end, filter=filter, settle=settle,
+                                fail_on_data_loss=fail_on_data_loss)
+
+    def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, *, filter: StreamFilter | None = None,
+                   settle: float = 1.0, fail_on_data_loss: bool = True) -> AsyncIterator[Any]:
+        """The range of :meth:`read_arrow` as ``pyarrow.RecordBatch`` es, one per chunk, as they come: a few
+        chunks are read ahead, and the consumer's credit waits while the loop is slow.
+
+        :param filter: only messages with these filter values (see :class:`StreamFilter`): the offsets of the
+            others are missing from the batches.
+        :param settle: seconds with nothing handed over after which the read checks whether anything is left
+            before ``end`` (offset-tracking chunks and chunks a filter skips take offsets that are never handed
+            over; see :mod:`smartclient.stream.columnar`); a read of offsets not written yet waits for them.
+        :param fail_on_data_loss: offsets from ``start`` that retention removed raise :class:`DataLoss` (the
+            default), or are skipped with a warning.
+        :raises ConfigurationError: pyarrow or numpy is missing; a bad ``start``, ``end`` or ``settle``.
+        :raises DataLoss: see ``fail_on_data_loss``.
+        :raises StreamNotFound: the stream does not exist.
+        """
+        from smartclient.stream.columnar import iter_range
+
+        self._check_open()
+        return iter_range(self, stream, start, end, filter=filter, settle=settle,
+                          fail_on_data_loss=fail_on_data_loss)
 
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:

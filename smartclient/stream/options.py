@@ -21,7 +21,7 @@ from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.settings import ConnectionOptions, PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import PlacementPolicy, Role
-from smartclient.core.validation import Check, choice, flag, function, text, texts, whole
+from smartclient.core.validation import Check, choice, flag, function, number, text, texts, whole
 from smartclient.options import CLIENT_OPTIONS, entry_points, settings
 
 __all__ = ["ENVIRONMENT_OPTIONS"]
@@ -78,4 +78,10 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     "partitions": partial(whole, low=1, optional=True),
     "binding_keys": partial(texts, optional=True),
     "invalidate.node": settings(Address),
+    # Arrow reads (``end`` past ``start``, and the range itself, are checked by the method)
+    **{f"{method}.{option}": check for method in ("read_arrow", "iter_arrow") for option, check in (
+        ("start", partial(whole, low=0, note="an offset")),
+        ("end", partial(whole, low=0, optional=True, note="an offset, or None: where the stream ends now")),
+        ("settle", partial(number, above=0, note="seconds")),
+        ("fail_on_data_loss", flag))},
 }

@@ -436,7 +436,7 @@ class WithoutCommittedOffset:
 async def test_a_streams_end_from_committed_offset_and_from_reading_its_last_chunk(
     rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
 ) -> None:
-    from smartclient.spark.source import _next_offset
+    from smartclient.stream.columnar import next_offset as _next_offset
 
     host, port = rabbitmq_testbed.lb("stream")
     async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:

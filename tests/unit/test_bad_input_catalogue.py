@@ -320,6 +320,8 @@ BASE: dict[str, dict[str, Any]] = {
     ".route": {"super_stream": "ss", "routing_key": "k"},
     ".stored_offset": {"stream": "s", "name": "n"},
     ".stream_stats": {"stream": "s"},
+    ".read_arrow": {"stream": "s"},
+    ".iter_arrow": {"stream": "s"},
     ".mqtt_client": {"client_id": "c"},
     ".mqtt_fleet": {"size": 1},
 }

@@ -13,7 +13,8 @@ import pytest
 
 from smartclient import ConfigurationError
 from smartclient.spark import RabbitStreamDataSource, source
-from smartclient.spark.source import _next_offset, _split, admission_control_supported, cap_batch_end, offsets_behind
+from smartclient.spark.source import _split, admission_control_supported, cap_batch_end, offsets_behind
+from smartclient.stream.columnar import next_offset as _next_offset
 
 OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
 

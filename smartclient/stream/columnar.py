@@ -1,0 +1,187 @@
+"""A range of a stream read as Arrow: :meth:`Environment.iter_arrow` hands it over in ``RecordBatch`` es (one per
+chunk, over the frame it came in), :meth:`Environment.read_arrow` as one ``pyarrow.Table``.
+
+A range read is a chunk consumer like any other: placed on a replica, recovered after a fault from the offset
+after the last one handed over (so every offset comes once, in order), with a filter if one is given.  Its
+chunks go through a small queue, whose bound holds the consumer's credit back while the reader is slow.
+
+Where it ends: the batch holding offset ``end - 1``, or earlier when nothing a consumer is handed lies between
+the offset awaited and ``end``: an offset-tracking chunk (a consumer storing its offset writes one; it takes an
+offset and is never delivered), or, with a filter, chunks the broker skipped.  No message says so, so the
+reader decides it from what it sees: it has been handed nothing for ``settle`` seconds, the stream's committed
+end is at or past ``end`` (StreamStats), and a second consumer, subscribed from the offset awaited (placed
+afresh, perhaps on another replica), is handed nothing before ``end`` within ``settle`` seconds either.  A
+replica that lags only delays the read: as long as chunks come, or the second consumer finds one, it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from smartclient._errors import DataLoss, TopologyError
+from smartclient._pyarrow import arrow, schema
+from smartclient.core.delivery import Chunk
+from smartclient.core.filters import StreamFilter
+from smartclient.core.offsets import OffsetSpec
+from smartclient.core.retry import Backoff
+from smartclient.core.stream_arguments import validate_stream_name
+from smartclient.core.validation import flag, instance, number, whole
+
+__all__ = ["QUEUED_BATCHES", "iter_range", "next_offset", "read_range"]
+
+log = logging.getLogger(__name__)
+
+QUEUED_BATCHES = 16  # chunks read ahead of the reader; the consumer's credit waits beyond
+FIRST_CHUNK_POLL = Backoff.steady(0.01)  # a consumer of the last chunk (4.0, to find the end) gets it in ms
+_DONE = object()
+
+
+async def next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
+    """The offset the next message of ``stream`` will get: ``committed_offset`` + 1 from StreamStats where the
+    broker reports it (RabbitMQ 4.3), otherwise inferred by reading the last committed chunk.
+
+    :raises TopologyError: (without ``committed_offset``) the last chunk could not be read within ``wait`` s.
+    """
+    stats = await env.stream_stats(stream)
+    if "committed_offset" in stats:
+        return max(int(stats["committed_offset"]) + 1, 0)  # -1 when the stream is empty
+    return await _next_offset_by_reading(env, stream, int(stats.get("committed_chunk_id", -1)), wait)
+
+
+async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: float) -> int:
+    """Brokers before 4.3 report where the last committed chunk starts (``committed_chunk_id``, -1 when the
+    stream is empty), not where it ends: read from there to see its last offset.  A replica that lags only
+    delays the answer: it is never mistaken for an empty stream."""
+    if last_chunk < 0:
+        return 0  # empty
+    consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
+    try:
+        deadline = time.monotonic() + wait
+        polls = FIRST_CHUNK_POLL.delays()
+        while consumer.last_offset is None and time.monotonic() < deadline:
+            await asyncio.sleep(next(polls))
+        last, node = consumer.last_offset, consumer.node
+    finally:
+        await consumer.close()
+    if last is None:
+        raise TopologyError(f"the last chunk of {stream!r} (offset {last_chunk}) could not be read within {wait} s "
+                            f"(on {node})")
+    return int(last) + 1
+
+
+def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: Any = None, settle: float = 1.0,
+               fail_on_data_loss: bool = True, what: str = "iter_arrow") -> AsyncIterator[Any]:
+    """See :meth:`Environment.iter_arrow`; every argument is checked here, before any I/O (``what``: the
+    method named in the errors)."""
+    validate_stream_name(stream)
+    whole(f"Environment.{what}.start", start, low=0, note="an offset")
+    whole(f"Environment.{what}.end", end, low=start, optional=True,
+          note="an offset past start, or None: where the stream ends now")
+    instance(f"Environment.{what}.filter", filter, StreamFilter)
+    number(f"Environment.{what}.settle", settle, above=0, note="seconds")
+    flag(f"Environment.{what}.fail_on_data_loss", fail_on_data_loss)
+    arrow()  # (refused before any I/O when pyarrow is missing)
+    return _iter_range(env, stream, start, end, filter, settle, fail_on_data_loss)
+
+
+async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter: Any, settle: float,
+                      fail_on_data_loss: bool) -> AsyncIterator[Any]:
+    stats = await env.stream_stats(stream)
+    first_kept = max(int(stats.get("first_chunk_id", 0)), 0)
+    if end is None:
+        end = await next_offset(env, stream)
+    if start < first_kept:  # retention removed the first ones
+        gone = min(first_kept, end)
+        if gone > start:
+            what = f"offsets {start} to {gone - 1} of stream {stream!r} are gone: retention removed them"
+            if fail_on_data_loss:
+                raise DataLoss(f"{what} (fail_on_data_loss=False skips them with a warning)", stream, start, gone)
+            log.warning("%s; skipped", what)
+        start = max(start, first_kept)
+    if end <= start:
+        return
+    queue: asyncio.Queue[Any] = asyncio.Queue(QUEUED_BATCHES)
+    reached = False
+
+    async def on_chunk(chunk: Chunk) -> None:
+        nonlocal reached
+        if reached:
+            return  # (chunks past the end, before the consumer closes)
+        keep = chunk.repeated(end - 1)  # (offsets from ``start`` only: the consumer's skip)
+        if keep:
+            batch = chunk.to_arrow()
+            await queue.put(batch if keep == len(chunk) else batch.slice(0, keep))
+        if len(chunk) and chunk.last_offset >= end - 1:
+            reached = True
+            await queue.put(_DONE)
+
+    consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(start), filter=filter)
+    try:
+        async for batch in _batches(env, consumer, queue, stream, end, settle, filter):
+            yield batch
+    finally:
+        await consumer.close()
+
+
+async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: str, end: int,
+                   settle: float, filter: Any) -> AsyncIterator[Any]:
+    while True:
+        try:
+            item = await asyncio.wait_for(queue.get(), settle)
+        except asyncio.TimeoutError:
+            if consumer.failure is not None:
+                raise consumer.failure from None
+            if consumer.recovering or consumer.handing_over:
+                continue
+            awaited = consumer.waiting_for
+            if awaited is not None and awaited >= end:
+                return
+            if not await _written(env, stream, awaited, end):
+                continue  # not all written yet (an ``end`` past the stream's): wait for it
+            if awaited is not None and queue.empty() and await _next_handed(env, stream, awaited, settle,
+                                                                            filter) >= end:
+                log.debug("%r: nothing to hand over from offset %d to %d (offset-tracking chunks, or chunks a "
+                          "filter skipped): the read ends", consumer, awaited, end)
+                return
+            continue
+        if item is _DONE:
+            return
+        yield item
+
+
+async def _written(env: Any, stream: str, awaited: int | None, end: int) -> bool:
+    """Whether ``stream`` has committed offsets up to ``end`` (RabbitMQ 4.3: ``committed_offset``), or, before
+    4.3, a chunk at or past ``awaited``, the offset the consumer waits for."""
+    stats = await env.stream_stats(stream)
+    if "committed_offset" in stats:
+        return int(stats["committed_offset"]) + 1 >= end
+    return awaited is not None and int(stats.get("committed_chunk_id", -1)) >= awaited
+
+
+async def _next_handed(env: Any, stream: str, offset: int, settle: float, filter: Any) -> float:
+    """The first offset a consumer subscribed afresh from ``offset`` is handed within ``settle`` seconds
+    (infinity if none)."""
+    handed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def on_chunk(chunk: Chunk) -> None:
+        if len(chunk) and not handed.done():
+            handed.set_result(chunk.first_offset)
+
+    probe = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(offset), filter=filter)
+    try:
+        return await asyncio.wait_for(asyncio.shield(handed), settle)
+    except asyncio.TimeoutError:
+        return float("inf")
+    finally:
+        await probe.close()
+
+
+async def read_range(env: Any, stream: str, start: int, end: int | None, **options: Any) -> Any:
+    """See :meth:`Environment.read_arrow`."""
+    batches = iter_range(env, stream, start, end, what="read_arrow", **options)
+    pa, _ = arrow()
+    return pa.Table.from_batches([batch async for batch in batches], schema=schema())
