@@ -62,7 +62,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smartclient._errors import ConfigurationError, DataLoss, MessageDecodeError
+from smartclient._errors import ConfigurationError
+from smartclient._pyarrow import arrow
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
 from smartclient.spark._pyspark import (
@@ -77,7 +78,7 @@ from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, dur
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
-from smartclient.stream.columnar import next_offset
+from smartclient.stream.columnar import iter_range, next_offset
 
 __all__ = ["RabbitStreamDataSource", "admission_control_supported", "cap_batch_end", "next_offsets", "offsets_behind"]
 
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "stream string, offset long, timestamp long, body binary"
 AMQP_SCHEMA = SCHEMA + ", routing_key string"
-Row = tuple[Any, ...]
 
 
 def _decode_option(options: dict[str, str]) -> bool:
@@ -162,7 +162,7 @@ class _Reading:
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[OffsetRange]:
         return _split(start, end, self.size, self.min_partitions)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.connection, partition, self.decode, self.fail_on_data_loss)
 
 
@@ -301,64 +301,49 @@ def _split(start: dict[str, int], end: dict[str, int], size: int,
 
 
 def _read(connection: StreamConnection, partition: InputPartition, decode: bool = False,
-          fail_on_data_loss: bool = True) -> Iterator[Row]:
+          fail_on_data_loss: bool = True) -> Iterator[Any]:
+    """The partition's offsets as Arrow batches in the source's schema, one per chunk (PySpark 4.0+ takes a
+    ``RecordBatch`` from ``read()``): read by :func:`smartclient.stream.columnar.iter_range`, so placed on a
+    replica, recovered, and ended right where offset-tracking chunks end a range."""
     if not isinstance(partition, OffsetRange):
         raise ConfigurationError(f"unexpected partition {partition!r} for the rabbitmq_stream source")
     part = partition
     if part.end <= part.start:
         return iter(())
+    pa, _ = arrow()
+    stream = part.stream
 
-    async def work(env: Any) -> list[Row]:
-        from smartclient.core.offsets import OffsetSpec
+    def columns(chunk: Chunk) -> Any:
+        if decode:  # from the messages as stored (a body sent as one data section is handed over without it)
+            values, keys = [], []
+            for offset, message in zip(chunk.offsets, chunk.stored, strict=True):
+                value, key = decode_amqp(message, stream=stream, offset=offset)
+                values.append(value)
+                keys.append(key)
+            offsets, body, extra = pa.array(chunk.offsets, pa.int64()), pa.array(values, pa.binary()), [
+                pa.array(keys, pa.string())]
+        else:
+            batch = chunk.to_arrow()
+            offsets, body, extra = batch.column("offset"), batch.column("body").cast(pa.binary()), []  # (one copy)
+        count = len(chunk)
+        return pa.RecordBatch.from_arrays(
+            [pa.repeat(pa.scalar(stream, pa.string()), count), offsets,
+             pa.repeat(pa.scalar(chunk.timestamp, pa.int64()), count), body, *extra], schema=_arrow_schema(decode))
 
-        rows: list[Row] = []
-        done = asyncio.Event()
-        first: list[int] = []  # the first offset delivered: after part.start only if retention removed it
-        failed: list[MessageDecodeError] = []  # a message decode=amqp cannot read: the task fails with it
-        stream = part.stream
-
-        def on_chunk(chunk: Chunk) -> None:  # a chunk at a time: the first user of the chunk API (issue 21)
-            if not first:
-                first.append(chunk.first_offset)
-            start, end, timestamp = part.start, part.end, chunk.timestamp
-            # decoded: from the messages as stored (a body sent as one data section is handed over without it)
-            for offset, body in zip(chunk.offsets, chunk.stored if decode else chunk.bodies, strict=True):
-                if offset >= end:
-                    break
-                if offset >= start:
-                    if decode:
-                        try:
-                            value, key = decode_amqp(body, stream=stream, offset=offset)
-                        except MessageDecodeError as exc:
-                            failed.append(exc)
-                            done.set()
-                            return
-                        rows.append((stream, offset, timestamp, value, key))
-                    else:
-                        rows.append((stream, offset, timestamp, body))
-            if chunk.last_offset >= end - 1:
-                done.set()
-
-        consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(part.start))
-        try:
-            await asyncio.wait_for(done.wait(), 60)
-        finally:
-            await consumer.close()
-        if failed:
-            raise failed[0]
-        if first and first[0] > part.start:
-            _lost(part, min(first[0], part.end), fail_on_data_loss)
-        return rows
+    async def work(env: Any) -> list[Any]:
+        return [batch async for batch in iter_range(
+            env, stream, part.start, part.end, fail_on_data_loss=fail_on_data_loss, what="rabbitmq_stream source",
+            columns=columns, loss_hint="option failOnDataLoss=false skips them with a warning")]
 
     return iter(run_with_environment(connection, work))
 
 
-def _lost(part: OffsetRange, end: int, fail: bool) -> None:
-    what = (f"offsets {part.start} to {end - 1} of stream {part.stream!r} are gone: retention removed them "
-            f"before they were read")
-    if fail:
-        raise DataLoss(f"{what} (option failOnDataLoss=false skips them with a warning)", part.stream, part.start, end)
-    log.warning("%s; skipped (failOnDataLoss=false)", what)
+def _arrow_schema(decode: bool) -> Any:
+    """:data:`SCHEMA` (or :data:`AMQP_SCHEMA`) in Arrow, as PySpark checks a batch ``read()`` yields: equal to
+    its own conversion of the source's schema (every field nullable)."""
+    pa, _ = arrow()
+    fields = [("stream", pa.string()), ("offset", pa.int64()), ("timestamp", pa.int64()), ("body", pa.binary())]
+    return pa.schema(fields + ([("routing_key", pa.string())] if decode else []))
 
 
 def offsets_behind(progress: Any) -> dict[str, int]:
@@ -398,7 +383,7 @@ class _BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return self.reading.partitions(self.start, self.end)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return self.reading.read(partition)
 
 
@@ -495,7 +480,7 @@ class _StreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return self.reading.partitions(start, end)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return self.reading.read(partition)
 
     def commit(self, end: dict[str, int]) -> None:

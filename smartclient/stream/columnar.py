@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from smartclient._errors import DataLoss, TopologyError
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 QUEUED_BATCHES = 16  # chunks read ahead of the reader; the consumer's credit waits beyond
 FIRST_CHUNK_POLL = Backoff.steady(0.01)  # a consumer of the last chunk (4.0, to find the end) gets it in ms
 _DONE = object()
+
+
+class _Raise:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 async def next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
@@ -74,9 +79,12 @@ async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: 
 
 
 def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: Any = None, settle: float = 1.0,
-               fail_on_data_loss: bool = True, what: str = "iter_arrow") -> AsyncIterator[Any]:
+               fail_on_data_loss: bool = True, what: str = "iter_arrow",
+               columns: Callable[[Chunk], Any] = Chunk.to_arrow,
+               loss_hint: str = "fail_on_data_loss=False skips them with a warning") -> AsyncIterator[Any]:
     """See :meth:`Environment.iter_arrow`; every argument is checked here, before any I/O (``what``: the
-    method named in the errors)."""
+    method named in the errors).  ``columns``: a chunk's batch (the Spark source makes its own), ``loss_hint``:
+    what :class:`DataLoss` says to do instead."""
     validate_stream_name(stream)
     whole(f"Environment.{what}.start", start, low=0, note="an offset")
     whole(f"Environment.{what}.end", end, low=start, optional=True,
@@ -85,11 +93,11 @@ def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: An
     number(f"Environment.{what}.settle", settle, above=0, note="seconds")
     flag(f"Environment.{what}.fail_on_data_loss", fail_on_data_loss)
     arrow()  # (refused before any I/O when pyarrow is missing)
-    return _iter_range(env, stream, start, end, filter, settle, fail_on_data_loss)
+    return _iter_range(env, stream, start, end, filter, settle, fail_on_data_loss, columns, loss_hint)
 
 
 async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter: Any, settle: float,
-                      fail_on_data_loss: bool) -> AsyncIterator[Any]:
+                      fail_on_data_loss: bool, columns: Callable[[Chunk], Any], loss_hint: str) -> AsyncIterator[Any]:
     stats = await env.stream_stats(stream)
     first_kept = max(int(stats.get("first_chunk_id", 0)), 0)
     if end is None:
@@ -99,7 +107,7 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
         if gone > start:
             what = f"offsets {start} to {gone - 1} of stream {stream!r} are gone: retention removed them"
             if fail_on_data_loss:
-                raise DataLoss(f"{what} (fail_on_data_loss=False skips them with a warning)", stream, start, gone)
+                raise DataLoss(f"{what} ({loss_hint})", stream, start, gone)
             log.warning("%s; skipped", what)
         start = max(start, first_kept)
     if end <= start:
@@ -113,7 +121,12 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
             return  # (chunks past the end, before the consumer closes)
         keep = chunk.repeated(end - 1)  # (offsets from ``start`` only: the consumer's skip)
         if keep:
-            batch = chunk.to_arrow()
+            try:
+                batch = columns(chunk)
+            except Exception as exc:  # (a message a decoding ``columns`` cannot read): the read raises it
+                reached = True
+                await queue.put(_Raise(exc))
+                return
             await queue.put(batch if keep == len(chunk) else batch.slice(0, keep))
         if len(chunk) and chunk.last_offset >= end - 1:
             reached = True
@@ -150,6 +163,8 @@ async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: s
             continue
         if item is _DONE:
             return
+        if isinstance(item, _Raise):
+            raise item.error
         yield item
 
 
