@@ -11,13 +11,18 @@ that turns from round to round:
 * **smartclient per message**: ``env.consumer(stream, callback)``, the same callback;
 * **smartclient chunks**: ``env.consumer(stream, on_chunk=...)`` counting ``len(chunk.bodies)`` (the bodies split
   out of each chunk, as an application that reads them needs);
+* **smartclient to_arrow**: the chunk consumer again, counting ``chunk.to_arrow().num_rows`` (each chunk as a
+  RecordBatch whose body column is a view over the frame);
+* **smartclient read_arrow**: ``env.iter_arrow(stream, 0, MESSAGES)``, counting each batch's rows: the range read,
+  with its queue between the consumer and the loop;
 * the two smartclient readers again on a second such stream filled with ``encoding="raw"`` (the bodies alone):
   what handing back the body of a data section costs, in the same sitting (not part of the verdict).
 
 A rate runs from the first message (or chunk) delivered to the last, so connection set-up does not blur it.
 
 Targets (issue 21): the per-message consumer at 1.5x rstream's or more, and the chunk API at 0.3 of the raw
-reader or more (medians of the rounds' own ratios).
+reader or more (medians of the rounds' own ratios); (issue 33) Arrow reads (``read_arrow``) at 0.6 of the raw
+reader or more.
 Run from the repository root with the test bed up (./dev demo): python bench/consume.py
 """
 
@@ -40,6 +45,7 @@ MESSAGES = 1_000_000
 ROUNDS = 5
 PER_MESSAGE_TARGET = 1.5
 CHUNK_TARGET = 0.3
+ARROW_TARGET = 0.6
 
 
 async def fill(bed: LocalTestBed, stream: str, encoding: str = "amqp") -> None:
@@ -125,6 +131,39 @@ async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
         return count / (clock[1] - clock[0])
 
 
+async def smartclient_to_arrow(bed: LocalTestBed, stream: str) -> float:
+    node = bed.nodes[0]
+    done = asyncio.Event()
+    clock = [0.0, 0.0]
+    count = 0
+
+    def on_chunk(chunk: Any) -> None:
+        nonlocal count
+        if not count:
+            clock[0] = time.perf_counter()
+        count += chunk.to_arrow().num_rows
+        if count >= MESSAGES and not done.is_set():
+            clock[1] = time.perf_counter()
+            done.set()
+
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        consumer = await env.consumer(stream, on_chunk=on_chunk, offset="first")
+        await done.wait()
+        assert consumer.node != (await env.topology(stream)).leader  # on a replica
+        return count / (clock[1] - clock[0])
+
+
+async def smartclient_read_arrow(bed: LocalTestBed, stream: str) -> float:
+    node = bed.nodes[0]
+    count, first = 0, 0.0
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        async for batch in env.iter_arrow(stream, 0, MESSAGES):
+            if not count:
+                first = time.perf_counter()
+            count += batch.num_rows
+        return count / (time.perf_counter() - first)
+
+
 async def main() -> int:
     bed = LocalTestBed.from_env()
     bed.up()
@@ -140,7 +179,8 @@ async def main() -> int:
         return await smartclient_chunks(bed, raw_stream)
 
     modes = {"raw reader": raw_reader, "rstream": rstream_consume, "smartclient per message": smartclient_consume,
-             "smartclient chunks": smartclient_chunks, 'per message, "raw"': per_message_raw,
+             "smartclient chunks": smartclient_chunks, "smartclient to_arrow": smartclient_to_arrow,
+             "smartclient read_arrow": smartclient_read_arrow, 'per message, "raw"': per_message_raw,
              'chunks, "raw"': chunks_raw}
     rates: dict[str, list[float]] = {name: [] for name in modes}
     try:
@@ -163,12 +203,14 @@ async def main() -> int:
     per_message = statistics.median(a / b for a, b in zip(rates["smartclient per message"], rates["rstream"],
                                                           strict=True))
     chunks = statistics.median(a / b for a, b in zip(rates["smartclient chunks"], limit, strict=True))
-    ok = per_message >= PER_MESSAGE_TARGET and chunks >= CHUNK_TARGET
+    arrow = statistics.median(a / b for a, b in zip(rates["smartclient read_arrow"], limit, strict=True))
+    ok = per_message >= PER_MESSAGE_TARGET and chunks >= CHUNK_TARGET and arrow >= ARROW_TARGET
     pairs = (("smartclient per message", 'per message, "raw"'), ("smartclient chunks", 'chunks, "raw"'))
     cost = [statistics.median(a / b for a, b in zip(rates[ours], rates[raw], strict=True)) for ours, raw in pairs]
     print(f'encoding: "amqp" / "raw" stream = {cost[0]:.2f} per message, {cost[1]:.2f} per chunk (same rounds)')
     print(f"consume: per_message_vs_rstream={per_message:.2f} target >= {PER_MESSAGE_TARGET} and "
-          f"chunk_share_of_raw={chunks:.2f} target >= {CHUNK_TARGET} {'PASS' if ok else 'MISS'}")
+          f"chunk_share_of_raw={chunks:.2f} target >= {CHUNK_TARGET} and arrow_share_of_raw={arrow:.2f} target >= "
+          f"{ARROW_TARGET} {'PASS' if ok else 'MISS'}")
     return 0
 
 
