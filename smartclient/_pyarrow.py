@@ -18,7 +18,7 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 
-__all__ = ["MIN_PYARROW", "arrow", "schema"]
+__all__ = ["MIN_PYARROW", "PROPERTY_NAMES", "arrow", "decoded_schema", "schema"]
 
 MIN_PYARROW = (19, 0)
 _INSTALL = "pip install 'smartclient[arrow]'"
@@ -49,3 +49,22 @@ def schema() -> Any:
     return pa.schema([pa.field("offset", pa.int64(), nullable=False),
                       pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
                       pa.field("body", pa.binary_view(), nullable=False)])
+
+
+#: the fields of an AMQP 1.0 message's properties section, in order
+PROPERTY_NAMES = ("message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+                  "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+                  "reply_to_group_id")
+
+
+@functools.cache
+def decoded_schema() -> Any:
+    """The columns of a chunk decoded as AMQP 1.0 messages: :func:`schema` 's, then ``properties`` (a struct of
+    :data:`PROPERTY_NAMES`: text, ``user_id`` bytes, the two times ms UTC, ``group_sequence`` int64) and
+    ``application_properties`` (a map of text to text)."""
+    pa, _ = arrow()
+    types = {name: pa.string() for name in PROPERTY_NAMES}
+    types.update(user_id=pa.binary(), group_sequence=pa.int64(), absolute_expiry_time=pa.timestamp("ms", tz="UTC"),
+                 creation_time=pa.timestamp("ms", tz="UTC"))
+    return pa.schema([*schema(), pa.field("properties", pa.struct([(name, types[name]) for name in PROPERTY_NAMES])),
+                      pa.field("application_properties", pa.map_(pa.string(), pa.string()))])

@@ -50,7 +50,7 @@ class Chunk:
     def __init__(self, stream: str, offsets: Sequence[int], timestamp: int,
                  bodies: list[bytes] | Callable[[], list[bytes]], decode: Callable[[bytes], Any],
                  stored: list[bytes] | Callable[[], list[bytes]] | None = None,
-                 columns: Callable[[], Any] | None = None) -> None:
+                 columns: Callable[[Chunk | None], Any] | None = None) -> None:
         self.stream = stream
         self.offsets = offsets
         self.timestamp = timestamp
@@ -107,16 +107,21 @@ class Chunk:
                                      offset) from exc.__cause__
         return out
 
-    def to_arrow(self) -> Any:
+    def to_arrow(self, decode: bool = False) -> Any:
         """The messages as a ``pyarrow.RecordBatch``: ``offset`` (int64), ``timestamp`` (the chunk's, ms, UTC) and
         ``body`` (``binary_view``: each value a view into the frame the chunk came in; no body is copied, except
         from a sub-entry batch).  Needs the ``[arrow]`` extra (pyarrow 19+ and numpy).
 
+        ``decode=True``: each message decoded as an AMQP 1.0 message (as :meth:`messages`), and two more columns:
+        ``properties`` (a struct of the properties section's fields) and ``application_properties`` (a map of
+        text to text); ``body`` is the message's body (copied).
+
         :raises ConfigurationError: pyarrow or numpy is not installed, or too old; or this chunk was not read
-            from a stream (made by hand: it has no frame)."""
+            from a stream (made by hand: it has no frame).
+        :raises MessageDecodeError: (``decode``) a message is not an AMQP 1.0 message; it names its offset."""
         if self._columns is None:
             raise ConfigurationError(f"{self!r} was not read from a stream: it has no columns")
-        return self._columns()
+        return self._columns(self if decode else None)
 
     def repeated(self, last: int) -> int:
         """How many of its messages are at or before offset ``last`` (nothing is split to count them)."""
@@ -131,8 +136,13 @@ class Chunk:
         if self._stored is not None or self._split_stored is not None:  # split as late as the rest of it
             stored = self._stored[keep:] if self._stored is not None else (lambda: self.stored[keep:])
         columns = self._columns
+
+        def columns_after(decoded: Chunk | None) -> Any:  # (decoded: the part after, decoded on its own)
+            assert columns is not None
+            return columns(decoded) if decoded is not None else columns(None).slice(keep)
+
         return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode, stored,
-                     None if columns is None else (lambda: columns().slice(keep)))
+                     None if columns is None else columns_after)
 
     def __repr__(self) -> str:
         span = f"{self.offsets[0]}..{self.offsets[-1]}" if self.offsets else "empty"

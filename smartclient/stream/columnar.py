@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from smartclient._errors import DataLoss, TopologyError
-from smartclient._pyarrow import arrow, schema
+from smartclient._pyarrow import arrow, decoded_schema, schema
 from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
 from smartclient.core.offsets import OffsetSpec
@@ -79,8 +79,8 @@ async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: 
 
 
 def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: Any = None, settle: float = 1.0,
-               fail_on_data_loss: bool = True, what: str = "iter_arrow",
-               columns: Callable[[Chunk], Any] = Chunk.to_arrow,
+               fail_on_data_loss: bool = True, decode: bool = False, what: str = "iter_arrow",
+               columns: Callable[[Chunk], Any] | None = None,
                loss_hint: str = "fail_on_data_loss=False skips them with a warning") -> AsyncIterator[Any]:
     """See :meth:`Environment.iter_arrow`; every argument is checked here, before any I/O (``what``: the
     method named in the errors).  ``columns``: a chunk's batch (the Spark source makes its own), ``loss_hint``:
@@ -92,7 +92,10 @@ def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: An
     instance(f"Environment.{what}.filter", filter, StreamFilter)
     number(f"Environment.{what}.settle", settle, above=0, note="seconds")
     flag(f"Environment.{what}.fail_on_data_loss", fail_on_data_loss)
+    flag(f"Environment.{what}.decode", decode)
     arrow()  # (refused before any I/O when pyarrow is missing)
+    if columns is None:
+        columns = _decoded if decode else Chunk.to_arrow
     return _iter_range(env, stream, start, end, filter, settle, fail_on_data_loss, columns, loss_hint)
 
 
@@ -195,8 +198,13 @@ async def _next_handed(env: Any, stream: str, offset: int, settle: float, filter
         await probe.close()
 
 
+def _decoded(chunk: Chunk) -> Any:
+    return chunk.to_arrow(decode=True)
+
+
 async def read_range(env: Any, stream: str, start: int, end: int | None, **options: Any) -> Any:
     """See :meth:`Environment.read_arrow`."""
     batches = iter_range(env, stream, start, end, what="read_arrow", **options)
     pa, _ = arrow()
-    return pa.Table.from_batches([batch async for batch in batches], schema=schema())
+    return pa.Table.from_batches([batch async for batch in batches],
+                                 schema=decoded_schema() if options.get("decode") else schema())

@@ -359,7 +359,7 @@ class StreamEnvironment:
 
     async def read_arrow(self, stream: str, start: int = 0, end: int | None = None, *,
                          filter: StreamFilter | None = None, settle: float = 1.0,
-                         fail_on_data_loss: bool = True) -> Any:
+                         fail_on_data_loss: bool = True, decode: bool = False) -> Any:
         """Offsets ``start`` to ``end`` (exclusive; None: where the stream ends now) of ``stream`` as one
         ``pyarrow.Table``: ``offset``, ``timestamp`` (the chunk's), ``body`` (``binary_view``, over the frames
         read: no body is copied).  Read by a chunk consumer on a replica, with its placement and recovery: every
@@ -368,10 +368,10 @@ class StreamEnvironment:
 
         self._check_open()
         return await read_range(self, stream, start, end, filter=filter, settle=settle,
-                                fail_on_data_loss=fail_on_data_loss)
+                                fail_on_data_loss=fail_on_data_loss, decode=decode)
 
     def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, *, filter: StreamFilter | None = None,
-                   settle: float = 1.0, fail_on_data_loss: bool = True) -> AsyncIterator[Any]:
+                   settle: float = 1.0, fail_on_data_loss: bool = True, decode: bool = False) -> AsyncIterator[Any]:
         """The range of :meth:`read_arrow` as ``pyarrow.RecordBatch`` es, one per chunk, as they come: a few
         chunks are read ahead, and the consumer's credit waits while the loop is slow.
 
@@ -382,15 +382,18 @@ class StreamEnvironment:
             over; see :mod:`smartclient.stream.columnar`); a read of offsets not written yet waits for them.
         :param fail_on_data_loss: offsets from ``start`` that retention removed raise :class:`DataLoss` (the
             default), or are skipped with a warning.
+        :param decode: each message decoded as an AMQP 1.0 message, with ``properties`` (struct) and
+            ``application_properties`` (map) columns (see :meth:`Chunk.to_arrow`).
         :raises ConfigurationError: pyarrow or numpy is missing; a bad ``start``, ``end`` or ``settle``.
         :raises DataLoss: see ``fail_on_data_loss``.
+        :raises MessageDecodeError: (``decode``) a message is not an AMQP 1.0 message; it names its offset.
         :raises StreamNotFound: the stream does not exist.
         """
         from smartclient.stream.columnar import iter_range
 
         self._check_open()
         return iter_range(self, stream, start, end, filter=filter, settle=settle,
-                          fail_on_data_loss=fail_on_data_loss)
+                          fail_on_data_loss=fail_on_data_loss, decode=decode)
 
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:

@@ -83,5 +83,5 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
         ("start", partial(whole, low=0, note="an offset")),
         ("end", partial(whole, low=0, optional=True, note="an offset, or None: where the stream ends now")),
         ("settle", partial(number, above=0, note="seconds")),
-        ("fail_on_data_loss", flag))},
+        ("fail_on_data_loss", flag), ("decode", flag))},
 }

@@ -181,3 +181,21 @@ async def test_a_read_recovers_from_a_closed_connection_without_a_gap_or_duplica
                 closed = True
             await asyncio.sleep(0.005)  # a slow reader: the queue fills, the consumer's credit waits
         assert closed and got == list(range(30_000))
+
+
+async def test_a_decoded_read_has_the_properties_as_columns_and_names_a_raw_messages_offset(env: Environment,
+                                                                                          stream: str) -> None:
+    from rstream import AMQPMessage
+
+    from smartclient import MessageDecodeError
+
+    producer = await env.producer(stream)
+    await producer.send_wait(AMQPMessage(body=b"0:props", application_properties={"region": "eu", "n": 1}))
+    await producer.send_wait(b"1:plain")
+    raw = await env.producer(stream, encoding="raw")
+    await raw.send_wait(b"2:raw")
+    table = await env.read_arrow(stream, 0, 2, decode=True)
+    assert numbers(table) == [0, 1] and table.schema.names[-2:] == ["properties", "application_properties"]
+    assert dict(table.column("application_properties")[0].as_py()) == {"region": "eu", "n": "1"}
+    with pytest.raises(MessageDecodeError, match="offset 2 of stream"):
+        await env.read_arrow(stream, decode=True)

@@ -100,3 +100,31 @@ def test_a_chunk_made_by_hand_has_no_columns() -> None:
     chunk = Chunk("s", range(3), 0, [b"a", b"b", b"c"], lambda message: message)
     with pytest.raises(ConfigurationError, match="was not read from a stream"):
         chunk.to_arrow()
+
+
+def test_decoded_columns_hold_the_properties_and_application_properties() -> None:
+    from rstream import AMQPMessage
+    from rstream._pyamqp.message import Properties
+
+    from smartclient import MessageDecodeError
+
+    props = Properties(message_id="m-1", correlation_id=b"c-1", content_type="application/json",
+                       creation_time=1_700_000_000_123, group_sequence=7, user_id=b"alice")
+    messages = [bytes(AMQPMessage(body=b"one", properties=props, application_properties={"k": "v", "n": 3, "b": True})),
+                data_section(b"two"), bytes(AMQPMessage(body=b"three"))]
+    chunk = chunk_of(frame(messages, first=10), "s", 10, 13, 0, None)
+    batch = chunk.to_arrow(decode=True)
+    batch.validate(full=True)
+    assert batch.schema.names == ["offset", "timestamp", "body", "properties", "application_properties"]
+    assert bodies(batch) == [b"one", b"two", b"three"] and batch.column("offset").to_pylist() == [10, 11, 12]
+    first = batch.column("properties")[0].as_py()
+    assert (first["message_id"], first["correlation_id"], first["content_type"], first["group_sequence"],
+            first["user_id"]) == ("m-1", "c-1", "application/json", 7, b"alice")
+    assert first["creation_time"].timestamp() == 1_700_000_000.123 and first["subject"] is None
+    assert batch.column("properties")[1].as_py() is None  # a data section alone has no properties
+    assert dict(batch.column("application_properties")[0].as_py()) == {"k": "v", "n": "3", "b": "true"}
+    assert batch.column("application_properties")[2].as_py() is None
+    assert chunk.after(10).to_arrow(decode=True).column("offset").to_pylist() == [11, 12]
+    raw = chunk_of(frame([b"not amqp", data_section(b"x")], first=5), "s", 5, 7, 0, None)
+    with pytest.raises(MessageDecodeError, match="offset 5 of stream 's'"):
+        raw.to_arrow(decode=True)

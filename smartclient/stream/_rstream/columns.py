@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from smartclient._pyarrow import arrow, schema
+from smartclient._pyarrow import PROPERTY_NAMES, arrow, decoded_schema, schema
 from smartclient.core.amqp_data import DATA8, DATA32
 from smartclient.core.delivery import Chunk
 from smartclient.stream._rstream.frames import DELIVER_DATA, messages_of, stored_of
 from smartclient.stream._rstream.wire import decode_amqp_message
 
-__all__ = ["chunk_batch", "chunk_of", "empty_batch"]
+__all__ = ["chunk_batch", "chunk_of", "decoded_batch", "empty_batch"]
 
 _SIZE = struct.Struct(">I")
 _INLINE = 12  # a binary_view value this long or shorter is held in its view
@@ -45,7 +45,7 @@ def chunk_of(frame: Any, stream: str, start: int, end: int, skip: int, post: Any
                      (lambda: messages_of(frame)[skip:]) if skip else partial(messages_of, frame),
                      decode_amqp_message,
                      (lambda: stored_of(frame)[skip:]) if skip else partial(stored_of, frame),
-                     partial(chunk_batch, frame, first, slice(skip, None) if skip else None))
+                     partial(_columns, frame, first, slice(skip, None) if skip else None))
     bodies = messages_of(frame)[skip:]
     kept = [index for index, message in enumerate(bodies) if post(message)]
 
@@ -54,7 +54,60 @@ def chunk_of(frame: Any, stream: str, start: int, end: int, skip: int, post: Any
         return [every[index] for index in kept]
 
     return Chunk(stream, [start + index for index in kept], frame.timestamp, [bodies[index] for index in kept],
-                 decode_amqp_message, stored, partial(chunk_batch, frame, first, [skip + index for index in kept]))
+                 decode_amqp_message, stored, partial(_columns, frame, first, [skip + index for index in kept]))
+
+
+def _columns(frame: Any, first: int, keep: slice | Sequence[int] | None, decoded: Chunk | None) -> Any:
+    """What :meth:`Chunk.to_arrow` calls: the frame's columns, or ``decoded`` 's messages decoded."""
+    return chunk_batch(frame, first, keep) if decoded is None else decoded_batch(decoded)
+
+
+def decoded_batch(chunk: Chunk) -> Any:
+    """``chunk`` 's messages decoded as AMQP 1.0 messages (:meth:`Chunk.messages`), as columns: ``offset``,
+    ``timestamp``, ``body`` (the data sections' bytes, or the value's text), ``properties`` (a struct of the
+    properties section's fields) and ``application_properties`` (a map of text to text: a number or a boolean as
+    its text, bytes as UTF-8 text).
+
+    :raises MessageDecodeError: a message is not an AMQP 1.0 message; it names its offset."""
+    pa, np = arrow()
+    messages = chunk.messages()
+    bodies, properties, applications = [], [], []
+    for message in messages:
+        body = message.body
+        if isinstance(body, list):  # several data sections
+            body = b"".join(bytes(part) for part in body)
+        bodies.append(body if isinstance(body, bytes) else str(body).encode())
+        given = message.properties
+        properties.append(None if given is None else {
+            name: _property(name, getattr(given, name, None)) for name in PROPERTY_NAMES})
+        table = message.application_properties
+        applications.append(None if table is None else [(_text(k), _text(v)) for k, v in table.items()])
+    fields = decoded_schema()
+    offsets = np.asarray(list(chunk.offsets), dtype=np.int64)
+    return pa.RecordBatch.from_arrays([
+        pa.array(offsets), pa.array(np.full(len(offsets), chunk.timestamp, dtype=np.int64),
+                                    fields.field("timestamp").type),
+        pa.array(bodies, pa.binary_view()), pa.array(properties, fields.field("properties").type),
+        pa.array(applications, fields.field("application_properties").type)], schema=fields)
+
+
+_TIMES = ("absolute_expiry_time", "creation_time")
+
+
+def _property(name: str, value: Any) -> Any:
+    if value is None or name in _TIMES or name == "group_sequence":
+        return value
+    if name == "user_id":
+        return bytes(value)
+    return _text(value)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def chunk_batch(frame: Any, first: int, keep: slice | Sequence[int] | None = None) -> Any:
