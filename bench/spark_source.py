@@ -1,0 +1,140 @@
+"""bench/spark_source.py: the Spark source's throughput, against reading the same range in one process.
+
+A stream (leader on rabbit-1, one replica) is filled with 500,000 100-byte messages.  Then, in ``ROUNDS`` rounds
+(``SPARK_BENCH_ROUNDS``, default 3), on ``local[CORES]`` (``SPARK_BENCH_CORES``, default 1):
+
+* **raw reader**: one connection to the replica counting the records of each Deliver frame (bench/raw_frames.py);
+* **read_arrow**: ``env.read_arrow(stream, 0, N)`` in this process (the Arrow range read the source is built on);
+* **batch read**: ``spark.read.format("rabbitmq_stream")`` over the range, each body's length summed (so every
+  body reaches Spark), partitions of ``maxRecordsPerPartition`` 100,000;
+* **micro-batch**: ``spark.readStream`` with ``Trigger.AvailableNow`` into the ``noop`` sink, from earliest.
+
+Rows per second each; the source's per Spark core.  The verdict is on the batch read per core over
+``read_arrow`` (target >= 0.5).  Run from the repository root with the test bed up: python bench/spark_source.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+from raw_frames import raw_read
+
+from resolvers import LoadBalancer
+from smartclient import Address, Environment
+from smartclient.testing.local import LocalTestBed
+from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
+
+MESSAGES = 500_000
+CORES = int(os.environ.get("SPARK_BENCH_CORES", "1"))
+ROUNDS = int(os.environ.get("SPARK_BENCH_ROUNDS", "3"))
+TARGET = 0.5
+
+
+async def fill(bed: LocalTestBed, stream: str) -> None:
+    node = bed.nodes[0]
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        producer = await env.producer(stream)
+        for _ in range(MESSAGES // 1000):
+            await producer.send_many([b"x" * 100] * 1000)
+        await producer.flush()
+
+
+async def raw_rate(bed: LocalTestBed, stream: str) -> float:
+    _, replicas = stream_members(bed, stream)
+    (replica,) = replicas
+    node = bed.node_by_advertised(replica.host, replica.port)
+    return await raw_read(bed, node.host, node.stream_port, stream, MESSAGES)
+
+
+async def read_arrow_rate(bed: LocalTestBed, stream: str) -> float:
+    host, port = bed.lb("stream")
+    async with Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port))) as env:
+        began = time.perf_counter()
+        table = await env.read_arrow(stream, 0, MESSAGES)
+        took = time.perf_counter() - began
+    assert table.num_rows == MESSAGES
+    return MESSAGES / took
+
+
+def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -> None:
+    from pyspark.sql import functions as F
+
+    from smartclient.spark import RabbitStreamDataSource
+    from smartclient.spark.session import local_session
+
+    spark = local_session(f"local[{CORES}]", "bench-spark-source", spark_driver_memory="2g")
+    spark.dataSource.register(RabbitStreamDataSource)
+    host, port = bed.lb("stream")
+
+    def reader(streaming: bool) -> Any:
+        base = spark.readStream if streaming else spark.read
+        return (base.format("rabbitmq_stream").option("uri", bed.stream_uri(host, port))
+                .option("loadBalancer", f"{host}:{port}").option("streams", stream)
+                .option("maxRecordsPerPartition", "100000"))
+
+    def batch() -> float:
+        began = time.perf_counter()
+        [row] = (reader(False).option("endingOffsets", f'{{"{stream}": {MESSAGES}}}').load()
+                 .agg(F.count("*"), F.sum(F.length("body"))).collect())
+        took = time.perf_counter() - began
+        assert row[0] == MESSAGES and row[1] == 100 * MESSAGES, row
+        return MESSAGES / took
+
+    def micro_batch() -> float:
+        with tempfile.TemporaryDirectory() as checkpoint:
+            began = time.perf_counter()
+            query = (reader(True).load().writeStream.format("noop").option("checkpointLocation", checkpoint)
+                     .trigger(availableNow=True).start())
+            query.awaitTermination()
+            took = time.perf_counter() - began
+            rows = sum(p["numInputRows"] for p in query.recentProgress)
+        assert rows >= MESSAGES, rows
+        return rows / took
+
+    try:
+        batch()  # warm the Python workers and their connections
+        for round_ in range(ROUNDS):
+            rates["batch read"].append(batch())
+            rates["micro-batch"].append(micro_batch())
+            print(f"  round {round_ + 1}: batch {rates['batch read'][-1] / 1000:.1f}k rows/s, "
+                  f"micro-batch {rates['micro-batch'][-1] / 1000:.1f}k rows/s", flush=True)
+    finally:
+        spark.stop()
+
+
+def main() -> int:
+    bed = LocalTestBed.from_env()
+    bed.up()
+    stream = f"bench-spark-source-{uuid.uuid4().hex[:6]}"
+    asyncio.run(create_stream_led_by(bed, stream, 0, size=2))
+    rates: dict[str, list[float]] = {"raw reader": [], "read_arrow": [], "batch read": [], "micro-batch": []}
+    try:
+        asyncio.run(fill(bed, stream))
+        for _ in range(ROUNDS):
+            rates["raw reader"].append(asyncio.run(raw_rate(bed, stream)))
+            rates["read_arrow"].append(asyncio.run(read_arrow_rate(bed, stream)))
+            print(f"  raw reader {rates['raw reader'][-1] / 1000:.1f}k rows/s, "
+                  f"read_arrow {rates['read_arrow'][-1] / 1000:.1f}k rows/s", flush=True)
+        spark_rates(bed, stream, rates)
+    finally:
+        asyncio.run(delete_streams(bed, stream))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    for name, rate in median.items():
+        per_core = f" ({rate / CORES / 1000:.1f}k per Spark core)" if name in ("batch read", "micro-batch") else ""
+        print(f"median {name:<12} {rate / 1000:8.1f}k rows/s{per_core}  {rate / median['raw reader']:.2f} of the "
+              f"raw reader, {rate / median['read_arrow']:.2f} of read_arrow")
+    ratio = median["batch read"] / CORES / median["read_arrow"]
+    print(f"spark_source: batch_per_core_vs_read_arrow={ratio:.2f} target >= {TARGET} "
+          f"{'PASS' if ratio >= TARGET else 'MISS'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
