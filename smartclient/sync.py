@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -216,6 +216,29 @@ class SyncEnvironment:
         """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` (or ``on_chunk=``)
         runs on the facade's loop thread."""
         return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(stream, callback, **options)))
+
+    def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, **options: Any) -> Iterator[Any]:
+        """See :meth:`Environment.iter_arrow <smartclient.Environment.iter_arrow>`: the batches, each read on the
+        facade's loop thread as the iteration asks for it (the arguments are checked at once)."""
+        batches = self.aio.iter_arrow(stream, start, end, **options)
+
+        async def step() -> Any:
+            return await anext(batches)
+
+        async def close() -> None:
+            await batches.aclose()  # type: ignore[attr-defined]  # (an async generator's)
+
+        def iterate() -> Iterator[Any]:
+            try:
+                while True:
+                    try:
+                        yield self._loop.run(step())
+                    except StopAsyncIteration:
+                        return
+            finally:
+                self._loop.run(close())
+
+        return iterate()
 
     def super_stream_producer(self, super_stream: str, **options: Any) -> SyncSuperStreamProducer:
         """See :meth:`Environment.super_stream_producer <smartclient.Environment.super_stream_producer>`."""

@@ -144,6 +144,25 @@ class Chunk:
         return Chunk(self.stream, self.offsets[keep:], self.timestamp, self.bodies[keep:], self._decode, stored,
                      None if columns is None else columns_after)
 
+    def head(self, count: int) -> Chunk:
+        """The chunk's first ``count`` messages (this very chunk if that is all of them); split, decoded and
+        made columns as late as the rest of it."""
+        if count >= len(self):
+            return self
+        bodies: list[bytes] | Callable[[], list[bytes]] = (
+            self._bodies[:count] if self._bodies is not None else (lambda: self.bodies[:count]))
+        stored: list[bytes] | Callable[[], list[bytes]] | None = None
+        if self._stored is not None or self._split_stored is not None:
+            stored = self._stored[:count] if self._stored is not None else (lambda: self.stored[:count])
+        columns = self._columns
+
+        def columns_of_head(decoded: Chunk | None) -> Any:  # (decoded: the head, decoded on its own)
+            assert columns is not None
+            return columns(decoded) if decoded is not None else columns(None).slice(0, count)
+
+        return Chunk(self.stream, self.offsets[:count], self.timestamp, bodies, self._decode, stored,
+                     None if columns is None else columns_of_head)
+
     def __repr__(self) -> str:
         span = f"{self.offsets[0]}..{self.offsets[-1]}" if self.offsets else "empty"
         return f"<Chunk {self.stream!r} offsets {span}, {len(self)} message(s)>"

@@ -332,7 +332,7 @@ def _read(connection: StreamConnection, partition: InputPartition, decode: bool 
 
     async def work(env: Any) -> list[Any]:
         return [batch async for batch in iter_range(
-            env, stream, part.start, part.end, fail_on_data_loss=fail_on_data_loss, what="rabbitmq_stream source",
+            env, stream, part.start, part.end, fail_on_data_loss=fail_on_data_loss, what="the rabbitmq_stream source",
             columns=columns, loss_hint="option failOnDataLoss=false skips them with a warning")]
 
     return iter(run_with_environment(connection, work))

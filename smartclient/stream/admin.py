@@ -28,6 +28,7 @@ from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 
 if TYPE_CHECKING:
+    from smartclient.core.address import Address
     from smartclient.management import ManagementClient
     from smartclient.stream.carriers import Carriers
     from smartclient.stream.connector import StreamConnector
@@ -110,12 +111,18 @@ class StreamAdmin:
         self.topologies.drop(stream=stream)
         self.carriers.forget_stream(stream)
 
-    async def stream_stats(self, stream: str) -> dict[str, int]:
+    async def stream_stats(self, stream: str, node: Address | None = None) -> dict[str, int]:
+        from smartclient.core.topology import Candidates
         from smartclient.stream.stats import stream_stats_from
 
         topo = await self.topologies.topology(stream)
-        return await stream_stats_from(self.connector, topo.candidates(Role.LOCATOR), stream,
-                                       f"{self.connection_name}-stats")
+        candidates = topo.candidates(Role.LOCATOR)
+        if node is not None:
+            if node not in topo.members:
+                raise TopologyError(f"{node} is not a member of stream {stream!r} (its members: "
+                                    f"{', '.join(map(str, topo.members))})")
+            candidates = Candidates(stream, Role.LOCATOR, ((node,),))
+        return await stream_stats_from(self.connector, candidates, stream, f"{self.connection_name}-stats")
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:
         if self._commands is None:

@@ -9,9 +9,9 @@ Where it ends: the batch holding offset ``end - 1``, or earlier when nothing a c
 the offset awaited and ``end``: an offset-tracking chunk (a consumer storing its offset writes one; it takes an
 offset and is never delivered), or, with a filter, chunks the broker skipped.  No message says so, so the
 reader decides it from what it sees: it has been handed nothing for ``settle`` seconds, the stream's committed
-end is at or past ``end`` (StreamStats), and a second consumer, subscribed from the offset awaited (placed
-afresh, perhaps on another replica), is handed nothing before ``end`` within ``settle`` seconds either.  A
-replica that lags only delays the read: as long as chunks come, or the second consumer finds one, it waits.
+end, as the member the consumer reads from sees it (StreamStats on its node), is at or past ``end``, and a
+second consumer, subscribed from the offset awaited, is handed nothing before ``end`` within ``settle`` seconds
+either.  A replica that lags only delays the read: until it has committed the range, the read waits.
 """
 
 from __future__ import annotations
@@ -79,20 +79,20 @@ async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: 
 
 
 def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: Any = None, settle: float = 1.0,
-               fail_on_data_loss: bool = True, decode: bool = False, what: str = "iter_arrow",
+               fail_on_data_loss: bool = True, decode: bool = False, what: str = "Environment.iter_arrow",
                columns: Callable[[Chunk], Any] | None = None,
                loss_hint: str = "fail_on_data_loss=False skips them with a warning") -> AsyncIterator[Any]:
     """See :meth:`Environment.iter_arrow`; every argument is checked here, before any I/O (``what``: the
     method named in the errors).  ``columns``: a chunk's batch (the Spark source makes its own), ``loss_hint``:
     what :class:`DataLoss` says to do instead."""
     validate_stream_name(stream)
-    whole(f"Environment.{what}.start", start, low=0, note="an offset")
-    whole(f"Environment.{what}.end", end, low=start, optional=True,
+    whole(f"{what}.start", start, low=0, note="an offset")
+    whole(f"{what}.end", end, low=start, optional=True,
           note="an offset past start, or None: where the stream ends now")
-    instance(f"Environment.{what}.filter", filter, StreamFilter)
-    number(f"Environment.{what}.settle", settle, above=0, note="seconds")
-    flag(f"Environment.{what}.fail_on_data_loss", fail_on_data_loss)
-    flag(f"Environment.{what}.decode", decode)
+    instance(f"{what}.filter", filter, StreamFilter)
+    number(f"{what}.settle", settle, above=0, note="seconds")
+    flag(f"{what}.fail_on_data_loss", fail_on_data_loss)
+    flag(f"{what}.decode", decode)
     arrow()  # (refused before any I/O when pyarrow is missing)
     if columns is None:
         columns = _decoded if decode else Chunk.to_arrow
@@ -108,10 +108,7 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
     if start < first_kept:  # retention removed the first ones
         gone = min(first_kept, end)
         if gone > start:
-            what = f"offsets {start} to {gone - 1} of stream {stream!r} are gone: retention removed them"
-            if fail_on_data_loss:
-                raise DataLoss(f"{what} ({loss_hint})", stream, start, gone)
-            log.warning("%s; skipped", what)
+            _lost(stream, start, gone, fail_on_data_loss, loss_hint)
         start = max(start, first_kept)
     if end <= start:
         return
@@ -125,30 +122,39 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
         keep = chunk.repeated(end - 1)  # (offsets from ``start`` only: the consumer's skip)
         if keep:
             try:
-                batch = columns(chunk)
+                batch = columns(chunk.head(keep))  # (what lies past ``end`` is never decoded)
             except Exception as exc:  # (a message a decoding ``columns`` cannot read): the read raises it
                 reached = True
                 await queue.put(_Raise(exc))
                 return
-            await queue.put(batch if keep == len(chunk) else batch.slice(0, keep))
-        if len(chunk) and chunk.last_offset >= end - 1:
+            await queue.put(batch)
+        if not reached and len(chunk) and chunk.last_offset >= end - 1:
             reached = True
             await queue.put(_DONE)
 
     consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(start), filter=filter)
     try:
-        async for batch in _batches(env, consumer, queue, stream, end, settle, filter):
+        async for batch in _batches(env, consumer, queue, stream, start, end, settle, filter, fail_on_data_loss,
+                                    loss_hint):
             yield batch
     finally:
+        # (a loop left early: a chunk may wait in ``on_chunk`` for room in the queue, and the close waits for
+        # the chunk being handed over; nothing more is queued, and what is there is dropped)
+        reached = True
+        while not queue.empty():
+            queue.get_nowait()
         await consumer.close()
 
 
-async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: str, end: int,
-                   settle: float, filter: Any) -> AsyncIterator[Any]:
+async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: str, start: int, end: int,
+                   settle: float, filter: Any, fail_on_data_loss: bool, loss_hint: str) -> AsyncIterator[Any]:
+    first = True
     while True:
         try:
             item = await asyncio.wait_for(queue.get(), settle)
         except asyncio.TimeoutError:
+            if not queue.empty():
+                continue  # (queued as the wait ended)
             if consumer.failure is not None:
                 raise consumer.failure from None
             if consumer.recovering or consumer.handing_over:
@@ -156,28 +162,54 @@ async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: s
             awaited = consumer.waiting_for
             if awaited is not None and awaited >= end:
                 return
-            if not await _written(env, stream, awaited, end):
+            if awaited is None or not await _written(env, stream, end, consumer.node):
                 continue  # not all written yet (an ``end`` past the stream's): wait for it
-            if awaited is not None and queue.empty() and await _next_handed(env, stream, awaited, settle,
-                                                                            filter) >= end:
-                log.debug("%r: nothing to hand over from offset %d to %d (offset-tracking chunks, or chunks a "
-                          "filter skipped): the read ends", consumer, awaited, end)
-                return
-            continue
+            if await _next_handed(env, stream, awaited, settle, filter) < end:
+                continue  # more to come
+            if not queue.empty() or consumer.waiting_for != awaited or consumer.handing_over:
+                continue  # it came meanwhile
+            log.debug("%r: nothing to hand over from offset %d to %d (offset-tracking chunks, or chunks a filter "
+                      "skipped): the read ends", consumer, awaited, end)
+            return
         if item is _DONE:
             return
         if isinstance(item, _Raise):
             raise item.error
+        if first and filter is None:  # retention may have removed the first offsets since they were looked at
+            first = False
+            handed = int(item.column("offset")[0].as_py()) if item.num_rows else start
+            if handed > start:
+                await _check_loss(env, stream, start, min(handed, end), fail_on_data_loss, loss_hint)
         yield item
 
 
-async def _written(env: Any, stream: str, awaited: int | None, end: int) -> bool:
-    """Whether ``stream`` has committed offsets up to ``end`` (RabbitMQ 4.3: ``committed_offset``), or, before
-    4.3, a chunk at or past ``awaited``, the offset the consumer waits for."""
-    stats = await env.stream_stats(stream)
+async def _written(env: Any, stream: str, end: int, node: Any) -> bool:
+    """Whether the member on ``node`` (the consumer's: it hands over what it has committed) has committed every
+    offset of ``stream`` before ``end``: ``committed_offset`` (RabbitMQ 4.3), or, before 4.3, a committed chunk
+    that starts at ``end - 1`` or later (where the last chunk ends is not told)."""
+    try:
+        stats = await env.stream_stats(stream, node=node)
+    except TopologyError:  # (the consumer moved since, or the topology did)
+        return False
     if "committed_offset" in stats:
         return int(stats["committed_offset"]) + 1 >= end
-    return awaited is not None and int(stats.get("committed_chunk_id", -1)) >= awaited
+    return int(stats.get("committed_chunk_id", -1)) >= end - 1
+
+
+async def _check_loss(env: Any, stream: str, start: int, handed: int, fail: bool, hint: str) -> None:
+    """The first offset handed over is past ``start``: if retention removed offsets from ``start`` meanwhile
+    (the stream's first chunk is past it now), raise :class:`DataLoss` or warn, as asked."""
+    first_kept = max(int((await env.stream_stats(stream)).get("first_chunk_id", 0)), 0)
+    gone = min(first_kept, handed)
+    if gone > start:
+        _lost(stream, start, gone, fail, hint)
+
+
+def _lost(stream: str, start: int, gone: int, fail: bool, hint: str) -> None:
+    what = f"offsets {start} to {gone - 1} of stream {stream!r} are gone: retention removed them"
+    if fail:
+        raise DataLoss(f"{what} ({hint})", stream, start, gone)
+    log.warning("%s; skipped", what)
 
 
 async def _next_handed(env: Any, stream: str, offset: int, settle: float, filter: Any) -> float:
@@ -204,7 +236,7 @@ def _decoded(chunk: Chunk) -> Any:
 
 async def read_range(env: Any, stream: str, start: int, end: int | None, **options: Any) -> Any:
     """See :meth:`Environment.read_arrow`."""
-    batches = iter_range(env, stream, start, end, what="read_arrow", **options)
+    batches = iter_range(env, stream, start, end, what="Environment.read_arrow", **options)
     pa, _ = arrow()
     return pa.Table.from_batches([batch async for batch in batches],
                                  schema=decoded_schema() if options.get("decode") else schema())

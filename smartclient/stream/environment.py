@@ -425,15 +425,18 @@ class StreamEnvironment:
         self._check_open()
         return await self._carriers.stored_offset(stream, name)
 
-    async def stream_stats(self, stream: str) -> dict[str, int]:
+    async def stream_stats(self, stream: str, *, node: Address | None = None) -> dict[str, int]:
         """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``,
         ``last_chunk_id`` and, from RabbitMQ 4.3, ``committed_offset`` (-1 when empty), on a short connection.
+        Each member answers with its own view (the leader's is the authority; a replica's trails it by its
+        replication): ``node`` asks that member (for example a consumer's ``node``), by default any one.
 
         :raises StreamNotFound: the stream does not exist.
+        :raises TopologyError: ``node`` is not a member of the stream.
         :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).
         """
         self._check_open()
-        return await self._admin.stream_stats(stream)
+        return await self._admin.stream_stats(stream, node)
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:
         """The broker's stream commands: ``{key: (min_version, max_version)}`` (asked once, then cached)."""

@@ -78,6 +78,7 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     "partitions": partial(whole, low=1, optional=True),
     "binding_keys": partial(texts, optional=True),
     "invalidate.node": settings(Address),
+    "stream_stats.node": settings(Address),
     # Arrow reads (``end`` past ``start``, and the range itself, are checked by the method)
     **{f"{method}.{option}": check for method in ("read_arrow", "iter_arrow") for option, check in (
         ("start", partial(whole, low=0, note="an offset")),

@@ -79,6 +79,10 @@ def test_the_synchronous_environment_reads_a_range_too(rabbitmq_testbed: TestBed
         try:
             env.producer(rabbitmq_unique_name).send_batch([b"%d:" % i for i in range(10)])
             assert numbers(env.read_arrow(rabbitmq_unique_name, 2)) == list(range(2, 10))
+            batches = list(env.iter_arrow(rabbitmq_unique_name, 0, 10))
+            assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(10))
+            for _ in env.iter_arrow(rabbitmq_unique_name, 0, 10):
+                break  # (left early: its consumer closes)
         finally:
             env.delete_stream(rabbitmq_unique_name)
 

@@ -334,7 +334,7 @@ FORWARDS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     **{builder: (FederationTopology, ("brokers", "links", "exchange")) for builder in (
         "graph", "pair", "complete", "ring", "fan_out")},
     **{f"SyncEnvironment.{m}": (getattr(Environment, m), ()) for m in (
-        "producer", "consumer", "super_stream_producer", "super_stream_consumer")},
+        "producer", "consumer", "super_stream_producer", "super_stream_consumer", "iter_arrow")},
 }
 
 
