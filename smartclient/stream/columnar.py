@@ -17,6 +17,7 @@ either.  A replica that lags only delays the read: until it has committed the ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 QUEUED_BATCHES = 16  # chunks read ahead of the reader; the consumer's credit waits beyond
 FIRST_CHUNK_POLL = Backoff.steady(0.01)  # a consumer of the last chunk (4.0, to find the end) gets it in ms
+UNHANDED_LOOK = 1.0  # ... and if not within this, its member is asked whether it has that chunk at all
 _DONE = object()
 
 
@@ -60,15 +62,25 @@ async def next_offset(env: Any, stream: str, wait: float = 30.0) -> int:
 async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: float) -> int:
     """Brokers before 4.3 report where the last committed chunk starts (``committed_chunk_id``, -1 when the
     stream is empty), not where it ends: read from there to see its last offset.  A replica that lags only
-    delays the answer: it is never mistaken for an empty stream."""
+    delays the answer: it is never mistaken for an empty stream.  A last chunk never handed to a consumer (an
+    offset-tracking chunk) is known by the member the consumer reads from having committed it while nothing
+    came for :data:`UNHANDED_LOOK` seconds: the end is then taken as its first offset + 1 (the offsets it holds
+    are never read)."""
     if last_chunk < 0:
         return 0  # empty
     consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
     try:
-        deadline = time.monotonic() + wait
+        began = time.monotonic()
+        looked = began
         polls = FIRST_CHUNK_POLL.delays()
-        while consumer.last_offset is None and time.monotonic() < deadline:
+        while consumer.last_offset is None and time.monotonic() < began + wait:
             await asyncio.sleep(next(polls))
+            if consumer.last_offset is None and time.monotonic() - looked >= UNHANDED_LOOK and consumer.node:
+                looked = time.monotonic()
+                with contextlib.suppress(TopologyError):
+                    member = await env.stream_stats(stream, node=consumer.node)
+                    if int(member.get("committed_chunk_id", -1)) >= last_chunk and consumer.last_offset is None:
+                        return last_chunk + 1
         last, node = consumer.last_offset, consumer.node
     finally:
         await consumer.close()

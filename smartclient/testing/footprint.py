@@ -15,16 +15,12 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["half_closed_sockets", "heap_in_use", "metric_points", "process_resources"]
+__all__ = ["half_closed_sockets", "heap_in_use", "metric_points", "process_resources", "rss_after_trim"]
 
 
 def process_resources() -> dict[str, int]:
     """This process's RSS (KiB), open file descriptors, asyncio tasks and threads (call it on the loop)."""
-    rss = 0
-    with contextlib.suppress(OSError), open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
+    rss = _rss()
     try:
         fds = len(os.listdir("/proc/self/fd"))
     except OSError:
@@ -101,3 +97,22 @@ def metric_points(reader: Any) -> dict[str, int]:
                 points[f"metric {metric.name}"] += len(list(metric.data.data_points))
     points["metric attribute sets"] = sum(points.values())
     return dict(points)
+
+
+def rss_after_trim() -> tuple[int, int]:
+    """This process's RSS (KiB) now, and after glibc's ``malloc_trim(0)`` has handed the free memory of every
+    arena back to the system: the difference is memory freed but kept by the allocator (fragmentation), not
+    memory in use.  ``(rss, rss)`` where there is no ``malloc_trim``.  A diagnostic: it costs a walk of the
+    heap, so only at the end of a run."""
+    before = _rss()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    return before, _rss()
+
+
+def _rss() -> int:
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0

@@ -49,7 +49,7 @@ from typing import Any
 from smartclient._errors import ConfigurationError
 from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
-from smartclient.testing.footprint import metric_points, process_resources
+from smartclient.testing.footprint import metric_points, process_resources, rss_after_trim
 from smartclient.testing.nemesis import History, Plan, Run, run
 from smartclient.testing.probe import writable_back
 
@@ -258,6 +258,7 @@ class SoakReport:
     #: the delivery watch's resubscriptions by kind: "rescue" (a consumer silent with committed messages beyond
     #: it) and "last chunk" (one chunk right at its position: an offset-tracking chunk, most often)
     watch: dict[str, int] = field(default_factory=dict)
+    trim: tuple[int, int] = (0, 0)  # RSS (KiB) at the end, and after malloc_trim(0) (footprint.rss_after_trim)
 
     @property
     def ok(self) -> bool:
@@ -279,6 +280,8 @@ class SoakReport:
                      + (f"not back to the baseline: {sorted(res.not_back)}" if res.not_back else "every count back")
                      + (f"; not judged (no settled sample): {res.unjudged}" if res.unjudged else ""))
         lines.append(res.table())
+        lines.append(f"RSS at the end {self.trim[0]} KiB, {self.trim[1]} KiB after malloc_trim(0): "
+                     f"{self.trim[0] - self.trim[1]} KiB were free memory the allocator kept (not in use)")
         if self.memory:
             lines.append("memory grown from the warm-up to the end (tracemalloc, by line):")
             lines += [f"  {line}" for line in self.memory]
@@ -575,11 +578,11 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     finally:
         watcher.removeFilter(watch)
         watcher.setLevel(level)
+    trim = rss_after_trim()  # (after the judged samples: it changes what RSS shows)
     records = read_history(history_path)
-    resources = check_resources(records, plan.warmup, plan.settle, len(bed.nodes))
-    ops = {k: int(v) for k, v in report.ops_ok.items()}
-    memory = next((list(r["top"]) for r in records if r.get("kind") == "memory"), [])
-    return SoakReport(plan, report, resources, rollouts(records, report), ops, memory, dict(watch.kinds))
+    resources, ops = check_resources(records, plan.warmup, plan.settle, len(bed.nodes)), dict(report.ops_ok)
+    return SoakReport(plan, report, resources, rollouts(records, report), ops,
+                      next((list(r["top"]) for r in records if r.get("kind") == "memory"), []), dict(watch.kinds), trim)
 
 
 class _WatchCount(logging.Filter):
