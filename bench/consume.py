@@ -109,7 +109,8 @@ async def smartclient_consume(bed: LocalTestBed, stream: str) -> float:
         return rate
 
 
-async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
+async def chunk_rate(bed: LocalTestBed, stream: str, count_of: Any) -> float:
+    """A chunk consumer's msg/s, ``count_of(chunk)`` messages counted from each chunk."""
     node = bed.nodes[0]
     done = asyncio.Event()
     clock = [0.0, 0.0]
@@ -119,7 +120,7 @@ async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
         nonlocal count
         if not count:
             clock[0] = time.perf_counter()
-        count += len(chunk.bodies)
+        count += count_of(chunk)
         if count >= MESSAGES and not done.is_set():
             clock[1] = time.perf_counter()
             done.set()
@@ -129,28 +130,14 @@ async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
         await done.wait()
         assert consumer.node != (await env.topology(stream)).leader  # on a replica
         return count / (clock[1] - clock[0])
+
+
+async def smartclient_chunks(bed: LocalTestBed, stream: str) -> float:
+    return await chunk_rate(bed, stream, lambda chunk: len(chunk.bodies))
 
 
 async def smartclient_to_arrow(bed: LocalTestBed, stream: str) -> float:
-    node = bed.nodes[0]
-    done = asyncio.Event()
-    clock = [0.0, 0.0]
-    count = 0
-
-    def on_chunk(chunk: Any) -> None:
-        nonlocal count
-        if not count:
-            clock[0] = time.perf_counter()
-        count += chunk.to_arrow().num_rows
-        if count >= MESSAGES and not done.is_set():
-            clock[1] = time.perf_counter()
-            done.set()
-
-    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
-        consumer = await env.consumer(stream, on_chunk=on_chunk, offset="first")
-        await done.wait()
-        assert consumer.node != (await env.topology(stream)).leader  # on a replica
-        return count / (clock[1] - clock[0])
+    return await chunk_rate(bed, stream, lambda chunk: chunk.to_arrow().num_rows)
 
 
 async def smartclient_read_arrow(bed: LocalTestBed, stream: str) -> float:

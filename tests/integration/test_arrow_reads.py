@@ -18,6 +18,7 @@ from smartclient.sync import SyncEnvironment  # noqa: E402
 from smartclient.testing import TestBed  # noqa: E402
 
 from .conftest import wait_until  # noqa: E402
+from .test_chunk_consumer import stream  # noqa: E402, F401  (the fixture: a new stream, on this module's env)
 from .test_recovery_faults import all_nodes, node_index, stream_led_by  # noqa: E402
 
 
@@ -25,15 +26,6 @@ from .test_recovery_faults import all_nodes, node_index, stream_led_by  # noqa: 
 async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
     async with Environment(all_nodes(rabbitmq_testbed)) as environment:
         yield environment
-
-
-@pytest.fixture
-async def stream(env: Environment, rabbitmq_unique_name: str) -> AsyncIterator[str]:
-    await env.create_stream(rabbitmq_unique_name)
-    try:
-        yield rabbitmq_unique_name
-    finally:
-        await env.delete_stream(rabbitmq_unique_name, missing_ok=True)
 
 
 async def publish(env: Environment, stream: str, count: int, first: int = 0, size: int = 0) -> None:

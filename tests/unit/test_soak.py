@@ -57,6 +57,17 @@ def test_a_count_that_never_comes_back_or_rss_that_grows_is_named() -> None:
     assert "NOT BACK after the rollout at 70 s" in report.table()
 
 
+def test_the_metadata_cache_is_judged_from_its_level_not_from_a_baseline_a_fault_emptied() -> None:
+    """CI, seed 18: a fault just before the baseline left 6 of 11 entries; use filled them again."""
+    entries = "metadata cache entries"
+    records = [_sample(5, **{entries: 11}), _sample(60, **{entries: 6}), {"kind": "rollout", "t": 100, "began": 70},
+               _sample(130, **{entries: 11}), _sample(140, **{entries: 11})]
+    assert not check_resources(records, warmup=60, settle=20, nodes=3).not_back
+    grown = [*records[:3], _sample(130, **{entries: 15}), _sample(140, **{entries: 15})]
+    assert check_resources(grown, warmup=60, settle=20, nodes=3).not_back == {entries: ["the rollout at 70 s",
+                                                                                         "the end"]}
+
+
 def test_a_rollout_with_no_settled_sample_after_it_is_said_unjudged() -> None:
     records = [_sample(60, tasks=10), {"kind": "rollout", "t": 100, "began": 70}, _sample(110, tasks=10)]
     report = check_resources(records, warmup=60, settle=20)
