@@ -197,15 +197,21 @@ async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: s
 
 async def _written(env: Any, stream: str, end: int, node: Any) -> bool:
     """Whether the member on ``node`` (the consumer's: it hands over what it has committed) has committed every
-    offset of ``stream`` before ``end``: ``committed_offset`` (RabbitMQ 4.3), or, before 4.3, a committed chunk
-    that starts at ``end - 1`` or later (where the last chunk ends is not told)."""
+    offset of ``stream`` before ``end``: its ``committed_offset`` (RabbitMQ 4.3).  Before 4.3 the broker tells
+    where the last committed chunk starts, not where it ends: a chunk there at ``end - 1`` or later says so, and
+    otherwise the stream's end is read (:func:`next_offset`, from its last chunk)."""
     try:
         stats = await env.stream_stats(stream, node=node)
     except TopologyError:  # (the consumer moved since, or the topology did)
         return False
     if "committed_offset" in stats:
         return int(stats["committed_offset"]) + 1 >= end
-    return int(stats.get("committed_chunk_id", -1)) >= end - 1
+    if int(stats.get("committed_chunk_id", -1)) >= end - 1:
+        return True
+    try:
+        return await next_offset(env, stream) >= end
+    except TopologyError:
+        return False
 
 
 async def _check_loss(env: Any, stream: str, start: int, handed: int, fail: bool, hint: str) -> None:
