@@ -231,6 +231,9 @@ def _sampler(shared: _Shared, reader: Any) -> Callable[[Run], Any]:
         try:
             await _sample(ctx)
         finally:
+            # the allocator's kept free memory, handed back after the last judged sample (it changes RSS)
+            before, after = rss_after_trim()
+            ctx.history.add("trim", before=before, after=after)
             if shared.plan.trace_memory and tracemalloc.is_tracing():
                 growth = tracemalloc.take_snapshot().compare_to(shared.memory, "lineno") if shared.memory else []
                 ctx.history.add("memory", top=[f"{s.size_diff / 1024:+.0f} KiB in {s.count_diff:+d} blocks: "
@@ -462,8 +465,8 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     finally:
         watcher.removeFilter(watch)
         watcher.setLevel(level)
-    trim = rss_after_trim()  # (after the judged samples: it changes what RSS shows)
     records = read_history(history_path)
+    trim = next(((int(r["before"]), int(r["after"])) for r in records if r.get("kind") == "trim"), (0, 0))
     resources, ops = check_resources(records, plan.warmup, plan.settle, len(bed.nodes)), dict(report.ops_ok)
     return SoakReport(plan, report, resources, rollouts(records, report), ops,
                       next((list(r["top"]) for r in records if r.get("kind") == "memory"), []), dict(watch.kinds), trim)
