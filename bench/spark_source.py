@@ -7,7 +7,9 @@ A stream (leader on rabbit-1, one replica) is filled with 500,000 100-byte messa
 * **read_arrow**: ``env.read_arrow(stream, 0, N)`` in this process (the Arrow range read the source is built on);
 * **batch read**: ``spark.read.format("rabbitmq_stream")`` over the range, each body's length summed (so every
   body reaches Spark), partitions of ``maxRecordsPerPartition`` 100,000;
-* **micro-batch**: ``spark.readStream`` with ``Trigger.AvailableNow`` into the ``noop`` sink, from earliest.
+* **micro-batch**: ``spark.readStream`` with ``Trigger.AvailableNow`` into the ``noop`` sink, from earliest;
+* **Spark's floor**: a Python data source of the same schema and partitions that yields the same rows as Arrow
+  batches made in the executor, reading nothing: what Spark itself costs a Python source.
 
 Rows per second each; the source's per Spark core.  The verdict is on the batch read per core over
 ``read_arrow`` (target >= 0.5).  Run from the repository root with the test bed up: python bench/spark_source.py
@@ -71,6 +73,7 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
 
     spark = local_session(f"local[{CORES}]", "bench-spark-source", spark_driver_memory="2g")
     spark.dataSource.register(RabbitStreamDataSource)
+    spark.dataSource.register(_floor_source())
     host, port = bed.lb("stream")
 
     def reader(streaming: bool) -> Any:
@@ -87,6 +90,13 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
         assert row[0] == MESSAGES and row[1] == 100 * MESSAGES, row
         return MESSAGES / took
 
+    def floor() -> float:
+        began = time.perf_counter()
+        [row] = spark.read.format("bench_floor").load().agg(F.count("*"), F.sum(F.length("body"))).collect()
+        took = time.perf_counter() - began
+        assert row[0] == MESSAGES, row
+        return MESSAGES / took
+
     def micro_batch() -> float:
         with tempfile.TemporaryDirectory() as checkpoint:
             began = time.perf_counter()
@@ -100,13 +110,51 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
 
     try:
         batch()  # warm the Python workers and their connections
+        floor()
         for round_ in range(ROUNDS):
+            rates["floor"].append(floor())
             rates["batch read"].append(batch())
             rates["micro-batch"].append(micro_batch())
-            print(f"  round {round_ + 1}: batch {rates['batch read'][-1] / 1000:.1f}k rows/s, "
-                  f"micro-batch {rates['micro-batch'][-1] / 1000:.1f}k rows/s", flush=True)
+            print(f"  round {round_ + 1}: floor {rates['floor'][-1] / 1000:.1f}k rows/s, batch "
+                  f"{rates['batch read'][-1] / 1000:.1f}k rows/s, micro-batch {rates['micro-batch'][-1] / 1000:.1f}k "
+                  f"rows/s", flush=True)
     finally:
         spark.stop()
+
+
+def _floor_source() -> Any:
+    """A data source ``bench_floor``: MESSAGES rows of the source's schema in partitions of 100,000, each yielded
+    as Arrow batches of 2,000 rows made in the executor (the size of a chunk here), reading nothing."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class Reader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(start) for start in range(0, MESSAGES, 100_000)]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+
+            from smartclient.spark.source import _arrow_schema
+
+            schema = _arrow_schema(False)
+            body = pa.array([b"x" * 100] * 2000, pa.binary())
+            stream, stamp = pa.repeat(pa.scalar("s", pa.string()), 2000), pa.repeat(pa.scalar(0, pa.int64()), 2000)
+            for first in range(partition.value, partition.value + 100_000, 2000):
+                offsets = pa.array(range(first, first + 2000), pa.int64())
+                yield pa.RecordBatch.from_arrays([stream, offsets, stamp, body], schema=schema)
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_floor"
+
+        def schema(self) -> str:
+            return "stream string, offset long, timestamp long, body binary"
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return Reader()
+
+    return Floor
 
 
 def main() -> int:
@@ -114,7 +162,8 @@ def main() -> int:
     bed.up()
     stream = f"bench-spark-source-{uuid.uuid4().hex[:6]}"
     asyncio.run(create_stream_led_by(bed, stream, 0, size=2))
-    rates: dict[str, list[float]] = {"raw reader": [], "read_arrow": [], "batch read": [], "micro-batch": []}
+    rates: dict[str, list[float]] = {"raw reader": [], "read_arrow": [], "floor": [], "batch read": [],
+                                     "micro-batch": []}
     try:
         asyncio.run(fill(bed, stream))
         for _ in range(ROUNDS):
@@ -130,6 +179,7 @@ def main() -> int:
         per_core = f" ({rate / CORES / 1000:.1f}k per Spark core)" if name in ("batch read", "micro-batch") else ""
         print(f"median {name:<12} {rate / 1000:8.1f}k rows/s{per_core}  {rate / median['raw reader']:.2f} of the "
               f"raw reader, {rate / median['read_arrow']:.2f} of read_arrow")
+    print(f"the batch read is {median['batch read'] / median['floor']:.2f} of Spark's floor")
     ratio = median["batch read"] / CORES / median["read_arrow"]
     print(f"spark_source: batch_per_core_vs_read_arrow={ratio:.2f} target >= {TARGET} "
           f"{'PASS' if ratio >= TARGET else 'MISS'}")
