@@ -113,22 +113,26 @@ def iter_range(env: Any, stream: str, start: int, end: int | None, *, filter: An
 
 async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter: Any, settle: float,
                       fail_on_data_loss: bool, columns: Callable[[Chunk], Any], loss_hint: str) -> AsyncIterator[Any]:
-    stats = await env.stream_stats(stream)
-    first_kept = max(int(stats.get("first_chunk_id", 0)), 0)
-    if end is None:
-        end = await next_offset(env, stream)
-    if start < first_kept:  # retention removed the first ones
-        gone = min(first_kept, end)
-        if gone > start:
-            _lost(stream, start, gone, fail_on_data_loss, loss_hint)
-        start = max(start, first_kept)
+    if end is None or filter is not None:  # (else the first chunk handed over tells: no read before it)
+        stats = await env.stream_stats(stream)
+        first_kept = max(int(stats.get("first_chunk_id", 0)), 0)
+        if end is None:
+            end = await next_offset(env, stream)
+        if start < first_kept:  # retention removed the first ones
+            gone = min(first_kept, end)
+            if gone > start:
+                _lost(stream, start, gone, fail_on_data_loss, loss_hint)
+            start = max(start, first_kept)
     if end <= start:
         return
     queue: asyncio.Queue[Any] = asyncio.Queue(QUEUED_BATCHES)
     reached = False
+    first_seen: list[int] = []  # the first offset of the first chunk handed over
 
     async def on_chunk(chunk: Chunk) -> None:
         nonlocal reached
+        if not first_seen and len(chunk):
+            first_seen.append(chunk.first_offset)
         if reached:
             return  # (chunks past the end, before the consumer closes)
         keep = chunk.repeated(end - 1)  # (offsets from ``start`` only: the consumer's skip)
@@ -147,7 +151,7 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
     consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(start), filter=filter)
     try:
         async for batch in _batches(env, consumer, queue, stream, start, end, settle, filter, fail_on_data_loss,
-                                    loss_hint):
+                                    loss_hint, first_seen):
             yield batch
     finally:
         # (a loop left early: a chunk may wait in ``on_chunk`` for room in the queue, and the close waits for
@@ -159,7 +163,8 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
 
 
 async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: str, start: int, end: int,
-                   settle: float, filter: Any, fail_on_data_loss: bool, loss_hint: str) -> AsyncIterator[Any]:
+                   settle: float, filter: Any, fail_on_data_loss: bool, loss_hint: str,
+                   first_seen: list[int]) -> AsyncIterator[Any]:
     first = True
     while True:
         try:
@@ -183,15 +188,15 @@ async def _batches(env: Any, consumer: Any, queue: asyncio.Queue[Any], stream: s
             log.debug("%r: nothing to hand over from offset %d to %d (offset-tracking chunks, or chunks a filter "
                       "skipped): the read ends", consumer, awaited, end)
             return
+        if first and filter is None and first_seen and first_seen[0] > start:
+            # the first offsets were not handed over: retention removed them (the stream's first chunk is past
+            # them now), or they are an offset-tracking chunk's
+            await _check_loss(env, stream, start, min(first_seen[0], end), fail_on_data_loss, loss_hint)
+        first = False
         if item is _DONE:
             return
         if isinstance(item, _Raise):
             raise item.error
-        if first and filter is None:  # retention may have removed the first offsets since they were looked at
-            first = False
-            handed = int(item.column("offset")[0].as_py()) if item.num_rows else start
-            if handed > start:
-                await _check_loss(env, stream, start, min(handed, end), fail_on_data_loss, loss_hint)
         yield item
 
 
