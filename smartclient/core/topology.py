@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient._errors import ConfigurationError, NoCandidateNode, TopologyError
 from smartclient.core.address import Address
 from smartclient.core.validation import flag
 
@@ -90,6 +90,15 @@ class StreamTopology:
     @property
     def members(self) -> tuple[Address, ...]:
         return (self.leader, *self.replicas)
+
+    def member_candidates(self, node: Address) -> Candidates:
+        """Only ``node``, a member of the stream: to ask that member itself (its own view of the stream).
+
+        :raises TopologyError: ``node`` is not a member."""
+        if node not in self.members:
+            raise TopologyError(f"{node} is not a member of stream {self.stream!r} (its members: "
+                                f"{', '.join(map(str, self.members))})")
+        return Candidates(self.stream, Role.LOCATOR, ((node,),))
 
     def producer_candidates(self, policy: PlacementPolicy = PlacementPolicy()) -> Candidates:
         """The leader; if the policy does not force it, the replicas as a fallback tier."""

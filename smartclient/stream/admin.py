@@ -112,16 +112,10 @@ class StreamAdmin:
         self.carriers.forget_stream(stream)
 
     async def stream_stats(self, stream: str, node: Address | None = None) -> dict[str, int]:
-        from smartclient.core.topology import Candidates
         from smartclient.stream.stats import stream_stats_from
 
         topo = await self.topologies.topology(stream)
-        candidates = topo.candidates(Role.LOCATOR)
-        if node is not None:
-            if node not in topo.members:
-                raise TopologyError(f"{node} is not a member of stream {stream!r} (its members: "
-                                    f"{', '.join(map(str, topo.members))})")
-            candidates = Candidates(stream, Role.LOCATOR, ((node,),))
+        candidates = topo.candidates(Role.LOCATOR) if node is None else topo.member_candidates(node)
         return await stream_stats_from(self.connector, candidates, stream, f"{self.connection_name}-stats")
 
     async def command_versions(self) -> dict[int, tuple[int, int]]:

@@ -31,16 +31,14 @@ def decode_amqp(raw: bytes, where: str | None = None, *, stream: str = "", offse
     :param where: how the error names the message (default: by ``offset`` and ``stream``, if given).
     :raises MessageDecodeError: ``raw`` is not an AMQP 1.0 message (for example a message a producer wrote with
         ``encoding="raw"``); it carries ``stream`` and ``offset``."""
-    from smartclient.stream._rstream import decode_amqp_message
+    from smartclient.stream._rstream import body_of, decode_amqp_message
 
     if where is None:
         where = "the message" if offset is None else f"the message at offset {offset} of stream {stream!r}"
     message = decode_amqp_message(raw, where, stream, offset)
-    body = message.body
-    if isinstance(body, list):  # several data sections
-        body = b"".join(bytes(b) for b in body)
     annotations = message.message_annotations or {}
     key = annotations.get(b"x-routing-key", annotations.get("x-routing-key"))
     if isinstance(key, bytes):
         key = key.decode()
-    return (body if isinstance(body, bytes) else str(body).encode()), (None if key is None else str(key))
+    return body_of(message), (None if key is None else str(key))
+

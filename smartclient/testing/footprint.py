@@ -35,14 +35,21 @@ class _MallInfo2(ctypes.Structure):
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
+def _libc() -> Any:
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return None
+
+
 def _mallinfo2() -> Any:
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    with contextlib.suppress(AttributeError, TypeError):
+        function = _LIBC.mallinfo2
         function.restype = _MallInfo2
         return function
     return None
 
 
+_LIBC = _libc()
 _MALLINFO2 = _mallinfo2()
 
 
@@ -105,8 +112,8 @@ def rss_after_trim() -> tuple[int, int]:
     memory in use.  ``(rss, rss)`` where there is no ``malloc_trim``.  A diagnostic: it costs a walk of the
     heap, so only at the end of a run."""
     before = _rss()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    with contextlib.suppress(AttributeError):
+        _LIBC.malloc_trim(0)
     return before, _rss()
 
 

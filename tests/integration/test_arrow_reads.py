@@ -153,11 +153,14 @@ async def test_offsets_removed_by_retention_raise_data_loss_or_are_skipped(env: 
             return first[0] > 0
 
         await wait_until(truncated, 30, lambda: f"retention to remove the first segment of {stream}")
-        with pytest.raises(DataLoss, match=rf"offsets 0 to {first[0] - 1} of stream '{stream}' are gone") as lost:
+        # (retention may remove more segments meanwhile: what is gone is at least what was seen gone)
+        with pytest.raises(DataLoss, match=rf"offsets 0 to \d+ of stream '{stream}' are gone") as lost:
             await env.read_arrow(stream, 0, 600)
-        assert (lost.value.stream, lost.value.first, lost.value.end) == (stream, 0, first[0])
+        assert (lost.value.stream, lost.value.first) == (stream, 0) and 600 > lost.value.end >= first[0]
+        assert str(lost.value).startswith(f"offsets 0 to {lost.value.end - 1} of")
         table = await env.read_arrow(stream, 0, 600, fail_on_data_loss=False)
-        assert offsets(table) == list(range(first[0], 600)) and numbers(table) == list(range(first[0], 600))
+        kept = offsets(table)
+        assert kept == list(range(kept[0], 600)) and kept[0] >= lost.value.end and numbers(table) == kept
     finally:
         await env.delete_stream(stream)
 

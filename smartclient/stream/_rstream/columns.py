@@ -27,9 +27,9 @@ from smartclient._pyarrow import PROPERTY_NAMES, arrow, decoded_schema, schema
 from smartclient.core.amqp_data import DATA8, DATA32
 from smartclient.core.delivery import Chunk
 from smartclient.stream._rstream.frames import DELIVER_DATA, messages_of, stored_of
-from smartclient.stream._rstream.wire import decode_amqp_message
+from smartclient.stream._rstream.wire import body_of, decode_amqp_message
 
-__all__ = ["chunk_batch", "chunk_of", "decoded_batch", "empty_batch"]
+__all__ = ["chunk_batch", "chunk_of", "decoded_batch"]
 
 _SIZE = struct.Struct(">I")
 _INLINE = 12  # a binary_view value this long or shorter is held in its view
@@ -53,8 +53,11 @@ def chunk_of(frame: Any, stream: str, start: int, end: int, skip: int, post: Any
         every = stored_of(frame)[skip:]
         return [every[index] for index in kept]
 
+    def columns(decoded: Chunk | None) -> Any:  # (the kept indexes shifted only if columns are asked for)
+        return _columns(frame, first, [skip + index for index in kept], decoded)
+
     return Chunk(stream, [start + index for index in kept], frame.timestamp, [bodies[index] for index in kept],
-                 decode_amqp_message, stored, partial(_columns, frame, first, [skip + index for index in kept]))
+                 decode_amqp_message, stored, columns)
 
 
 def _columns(frame: Any, first: int, keep: slice | Sequence[int] | None, decoded: Chunk | None) -> Any:
@@ -73,10 +76,7 @@ def decoded_batch(chunk: Chunk) -> Any:
     messages = chunk.messages()
     bodies, properties, applications = [], [], []
     for message in messages:
-        body = message.body
-        if isinstance(body, list):  # several data sections
-            body = b"".join(bytes(part) for part in body)
-        bodies.append(body if isinstance(body, bytes) else str(body).encode())
+        bodies.append(body_of(message))
         given = message.properties
         properties.append(None if given is None else {
             name: _property(name, getattr(given, name, None)) for name in PROPERTY_NAMES})
@@ -139,12 +139,6 @@ def chunk_batch(frame: Any, first: int, keep: slice | Sequence[int] | None = Non
     fields = schema()
     timestamps = pa.array(np.full(len(offsets), frame.timestamp, dtype=np.int64), fields.field("timestamp").type)
     return pa.RecordBatch.from_arrays([pa.array(offsets), timestamps, body], schema=fields)
-
-
-def empty_batch() -> Any:
-    """A batch with the chunk columns and no row."""
-    pa, _ = arrow()
-    return pa.RecordBatch.from_pylist([], schema=schema())
 
 
 def _fixed_views(raw: bytes, count: int, np: Any) -> Any:

@@ -44,12 +44,37 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "HANDING", "LocatorClient", "NamedClient", "abort", "amqp_message", "attach", "command_versions",
-    "consumer_update_answer", "create_stream", "create_super_stream", "decode_amqp_message", "drop_socket",
-    "extra_request", "filter_config", "forget_handlers",
-    "frame_max_of", "identity", "is_amqp_message", "leader_and_replicas", "map_stream_errors",
-    "metadata_stream", "new_client", "off_publish_frames", "offset_spec", "on_metadata_update",
-    "on_publish_frames", "query_offset", "raw_request", "update_secret", "writer_of",
+    "HANDING",
+    "LocatorClient",
+    "NamedClient",
+    "abort",
+    "amqp_message",
+    "attach",
+    "body_of",
+    "command_versions",
+    "consumer_update_answer",
+    "create_stream",
+    "create_super_stream",
+    "decode_amqp_message",
+    "drop_socket",
+    "extra_request",
+    "filter_config",
+    "forget_handlers",
+    "frame_max_of",
+    "identity",
+    "is_amqp_message",
+    "leader_and_replicas",
+    "map_stream_errors",
+    "metadata_stream",
+    "new_client",
+    "off_publish_frames",
+    "offset_spec",
+    "on_metadata_update",
+    "on_publish_frames",
+    "query_offset",
+    "raw_request",
+    "update_secret",
+    "writer_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -547,3 +572,10 @@ def decode_amqp_message(raw: bytes, where: str = "the message", stream: str = ""
                                  offset) from exc
 
 
+def body_of(message: Any) -> bytes:
+    """The body of a decoded AMQP 1.0 message (rstream's ``AMQPMessage``): its data sections' bytes, joined when
+    there are several, or an AMQP value's text."""
+    body = message.body
+    if isinstance(body, list):  # several data sections
+        body = b"".join(bytes(b) for b in body)
+    return body if isinstance(body, bytes) else str(body).encode()
