@@ -52,3 +52,11 @@ def test_how_long_a_placement_waits_for_replicas() -> None:
     assert replica_wait(lonely, Role.PRODUCER, PlacementPolicy(), 15) == 0
     assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(), 15) == 1.0
     assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(force_replica_for_consumers=True), 15) == 15
+
+
+def test_a_members_own_candidates_are_that_member_alone() -> None:
+    from smartclient import TopologyError
+
+    assert TOPO.member_candidates(R1) == Candidates("s", Role.LOCATOR, ((R1,),))
+    with pytest.raises(TopologyError, match="is not a member of stream 's'"):
+        TOPO.member_candidates(Address("elsewhere", 1))
