@@ -17,6 +17,7 @@ import struct
 import time
 from typing import Any
 
+from smartclient.stream._rstream.frames import read_frame_raw
 from smartclient.testing.streams import raw_stream_client
 from smartclient.testing.testbed import TestBed
 
@@ -52,8 +53,7 @@ async def raw_publish(bed: TestBed, host: str, port: int, stream: str, messages:
         async def read_confirms() -> None:
             nonlocal confirmed
             while confirmed < frames * per_frame:
-                (size,) = _SIZE.unpack(await reader.readexactly(4))
-                raw = await reader.readexactly(size)
+                raw = await read_frame_raw(reader)
                 if (raw[0] << 8 | raw[1]) == _PUBLISH_CONFIRM:
                     before = confirmed
                     confirmed += _SIZE.unpack_from(raw, 5)[0]
@@ -80,8 +80,7 @@ async def raw_read(bed: TestBed, host: str, port: int, stream: str, messages: in
         count = 0
         started = 0.0
         while count < messages:
-            (size,) = _SIZE.unpack(await reader.readexactly(4))
-            raw = await reader.readexactly(size)
+            raw = await read_frame_raw(reader)
             if (raw[0] << 8 | raw[1]) == _DELIVER:
                 if not started:
                     started = time.perf_counter()

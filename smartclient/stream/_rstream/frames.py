@@ -5,8 +5,8 @@ rstream reads its socket 256 bytes at a time and decodes every frame field by fi
 PublishConfirm one publishing id at a time (a third of the publish path's time), a Deliver chunk by copying its
 data out and then each message again (issue 21).  Here:
 
-* :func:`read_frame_raw` reads a frame with two ``readexactly`` calls on a stream reader whose buffer holds
-  several frames (:data:`READ_LIMIT`);
+* :func:`read_frame_raw` reads a frame out of a :class:`~smartclient.stream.socket_reader.FrameReader` (the
+  socket read into one fixed area that holds several frames);
 * :func:`decode_hot` turns PublishConfirm, PublishError and Deliver (version 1) frames into rstream's own frame
   classes (its handlers are dispatched on the class), with the publishing ids as one ``array``, and a Deliver's
   data left in the frame it came in (no copy); any other frame, or one these do not expect, is left to rstream;
@@ -31,10 +31,10 @@ from rstream import schema
 from rstream.connection import ConnectionClosed
 
 from smartclient.core.amqp_data import DATA8, DATA32, strip_data
+from smartclient.stream.socket_reader import FrameReader
 
-__all__ = ["READ_LIMIT", "decode_hot", "messages_of", "read_frame_raw", "stored_of"]
+__all__ = ["decode_hot", "messages_of", "read_frame_raw", "stored_of"]
 
-READ_LIMIT = 1 << 21  # the stream reader's buffer: 2 MiB holds a full frame (frame max 1 MiB) and the next ones
 
 _SIZE = struct.Struct(">I")
 _MESSAGE_HEAD = struct.Struct(">IIB")  # a message's size, then its first 5 bytes: a data section's header (vbin8)
@@ -56,6 +56,8 @@ async def read_frame_raw(reader: asyncio.StreamReader) -> bytes:
 
     :raises ConnectionClosed: (rstream's) the peer closed the connection, as rstream's reader expects."""
     try:
+        if isinstance(reader, FrameReader):
+            return await reader.frame()
         head = await reader.readexactly(4)
         return await reader.readexactly(_SIZE.unpack(head)[0])
     except asyncio.IncompleteReadError:

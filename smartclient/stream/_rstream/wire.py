@@ -37,7 +37,8 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.amqp_data import starts_amqp
 from smartclient.core.deadline import remaining, step
-from smartclient.stream._rstream.frames import READ_LIMIT, decode_hot, read_frame_raw
+from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
+from smartclient.stream.socket_reader import open_frames
 
 if TYPE_CHECKING:
     from smartclient.stream.host import Connection
@@ -120,8 +121,7 @@ class _NamedConnection(RConnection):
             kwargs["server_hostname"] = self.server_hostname
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(host=self.host, port=self.port, ssl=self._ssl_context,
-                                        limit=READ_LIMIT, **kwargs),
+                open_frames(self.host, self.port, ssl=self._ssl_context, **kwargs),
                 timeout=remaining(),  # the attempt's time left, not a fixed timeout of its own
             )
         except asyncio.TimeoutError:
