@@ -18,7 +18,9 @@ Messages are sent by a pacer that wakes every millisecond and sends what is due,
 
 It prints p50, p99 and p99.9 (ms) for each client at each rate, with the rate reached, and ends with the
 verdict on smartclient's per-message p99 at 10k msg/s: at most rstream's in the same run, and at most twice the
-raw pair's.  Run from the repository root with the test bed up: python bench/latency.py [--seconds S]
+raw pair's.  ``--stages RATE`` adds a run of smartclient's per-message pair cut in stages (confirm, the broker's
+chunk timestamp, the frame read off the socket, the callback): where its latency goes.
+Run from the repository root with the test bed up: python bench/latency.py [--seconds S] [--stages 10000]
 """
 
 from __future__ import annotations
@@ -227,6 +229,83 @@ def replica_node(bed: LocalTestBed, stream: str) -> Any:
     return bed.node_by_advertised(replica.host, replica.port)
 
 
+# -- where the latency goes (--stages) ---------------------------------------------------------------------
+STAGES = ("send -> confirm", "send -> broker's chunk timestamp", "chunk timestamp -> frame read",
+          "frame read -> callback", "send -> callback")
+
+
+async def stages_phase(bed: LocalTestBed, stream: str, rate: int, seconds: float) -> dict[str, Latencies]:
+    """smartclient's per-message pair at ``rate``, each message's path cut at four points: its confirm (the
+    leader stored it and the replica has it), the broker's timestamp of the chunk it went in (the leader's wall
+    clock, in whole milliseconds, mapped onto this process's clock), the time the replica's Deliver frame was
+    read off the consumer's socket, and the callback.  Confirms are taken through ``on_confirm``, which costs
+    the producer a little: these figures explain the verdict's run, they are not it."""
+    from smartclient.stream._rstream import wire
+
+    wall_minus_perf = time.time_ns() - now_ns()  # the broker's timestamps are wall-clock ms
+    reads: list[tuple[int, int]] = []  # (chunk's first offset, read at), in order
+    decode = wire.decode_hot
+
+    def timed_decode(raw: bytes) -> Any:
+        frame = decode(raw)
+        if frame is not None and raw[1] == _DELIVER:
+            reads.append((frame.chunk_first_offset, now_ns()))
+        return frame
+
+    got = {stage: Latencies(expected=1 << 62) for stage in STAGES}
+    total = got["send -> callback"]
+    chunk = [0, -1, 0]  # index into reads, the chunk's first offset, read at
+
+    def on_message(message: Any, context: Any) -> None:
+        at = now_ns()
+        sent = _STAMP.unpack_from(message)[0]
+        while chunk[0] < len(reads) and reads[chunk[0]][0] <= context.offset:
+            chunk[1], chunk[2] = reads[chunk[0]]
+            chunk[0] += 1
+        stamped = context.timestamp * 1_000_000 - wall_minus_perf
+        got["send -> broker's chunk timestamp"].add(sent, stamped)
+        if sent >= total.after_ns:
+            got["chunk timestamp -> frame read"].values.append(chunk[2] - stamped)
+            got["frame read -> callback"].values.append(at - chunk[2])
+        total.add(sent, at)
+
+    wire.decode_hot = timed_decode
+    node = bed.nodes[0]
+    try:
+        async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+            consumer = await env.consumer(stream, on_message, offset="first")
+            assert consumer.node != (await env.topology(stream)).leader  # on a replica
+            producer = await env.producer(stream)
+            confirmed = got["send -> confirm"]
+
+            async def emit(count: int) -> None:
+                for _ in range(count):
+                    payload = body()
+                    sent = _STAMP.unpack_from(payload)[0]
+                    await producer.send(payload, on_confirm=lambda _, sent=sent: confirmed.add(sent, now_ns()))
+
+            for stage in STAGES[:2]:
+                got[stage].after_ns = now_ns() + int(WARM_UP * 1e9)
+            await run_phase(rate, seconds, emit, total, producer.flush)
+    finally:
+        wire.decode_hot = decode
+    return got
+
+
+async def print_stages(bed: LocalTestBed, rate: int, seconds: float) -> None:
+    stream = f"bench-latency-{uuid.uuid4().hex[:8]}"
+    await create_stream_led_by(bed, stream, 0, size=2)
+    try:
+        got = await stages_phase(bed, stream, rate, seconds)
+    finally:
+        await delete_streams(bed, stream)
+    print(f"where smartclient's per-message latency goes at {label(rate)} msg/s (ms; the broker's timestamp is in "
+          "whole ms, so the two stages around it are each +-1 ms, their sum exact):")
+    for stage in STAGES:
+        p50, p99, p999 = got[stage].percentiles()
+        print(f"  {stage:<34} p50 {p50:7.2f}  p99 {p99:7.2f}  p99.9 {p999:7.2f}  ({len(got[stage].values)} messages)")
+
+
 CLIENTS: dict[str, Phase] = {"smartclient per message": smartclient_phase,
                              "smartclient per chunk": smartclient_chunks_phase,
                              "rstream": rstream_phase, "raw pair": raw_phase}
@@ -238,6 +317,8 @@ async def main() -> int:
     parser.add_argument("--linger", type=float, default=None, help="smartclient's BatchingPolicy.linger (s)")
     parser.add_argument("--rates", default=None, help="comma-separated msg/s, 0 for max (default 1000,10000,50000,0)")
     parser.add_argument("--clients", default=None, help="comma-separated names (default: all)")
+    parser.add_argument("--stages", type=int, default=None, metavar="RATE",
+                        help="then one more run of smartclient's per-message pair at RATE msg/s, cut in stages")
     args = parser.parse_args()
     global LINGER, RATES, CLIENTS
     LINGER = args.linger
@@ -268,6 +349,8 @@ async def main() -> int:
             "{:>5.1f}k/s {:>5.2f}/{:>6.2f}/{:>6.2f}".format(results[(name, rate)][0] / 1000, *results[(name, rate)][1:])
             for rate in RATES))
     print("(each: msg/s reached, then p50/p99/p99.9 in ms)")
+    if args.stages:
+        await print_stages(bed, args.stages, args.seconds)
     if not all((name, 10_000) in results for name in ("smartclient per message", "rstream", "raw pair")):
         print("latency: no verdict (it needs the three clients at 10k msg/s)")
         return 0

@@ -12,8 +12,11 @@ broker's deduplication drops them:
    together must be a total order;
 3. one producer per slot, named ``{app_id}-{slot}``, placed on its stream's leader through the
    Environment and its resolver (so the sink works behind a load balancer);
-4. publishing id = ``(batch_id << 32) | position of the row within its slot in this batch``;
-5. the task waits for every confirm before it ends.
+4. each producer's rows go in sub-entries (``sub_entry_size``, 100 rows by default): groups formed by a rule
+   on the rows alone, so a replay forms the same ones, each stored and confirmed by the broker as one entry;
+5. publishing id = ``(batch_id << 32) | position within its slot in this batch`` of the group's last row (of
+   the row itself with ``sub_entry_size=1``);
+6. the task waits for every confirm before it ends.
 
 With an OpenTelemetry tracer provider given (``tracer_provider=``) or set on the driver (``smartclient[otel]``),
 each batch is a ``send {stream}`` span there (its batch id, rows written and slots), around the Spark job
@@ -48,6 +51,7 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.validation import choice, function, instance, provider, text, texts, whole
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
+from smartclient.stream.publish_frames import as_part
 
 __all__ = ["ExactlyOnceSink", "row_to_message"]
 
@@ -56,6 +60,10 @@ log = logging.getLogger(__name__)
 SLOT_COLUMN = "__smartclient_slot"
 PART_COLUMN = "__smartclient_partition_key"
 MAX_ROWS_PER_SLOT = 1 << 32
+#: rows per sub-entry by default (``sub_entry_size``)
+DEFAULT_SUB_ENTRY_SIZE = 100
+#: the most body bytes in one sub-entry: well inside the default frame max (1 MiB), headers included
+SUB_ENTRY_BYTES = 1 << 19
 
 
 def row_to_message(row: Any, body_column: str, property_columns: Sequence[str]) -> Any:
@@ -128,11 +136,12 @@ class ExactlyOnceSink:
         partitions; see the module's documentation).
     :param body_column: the message body (binary or string); other ``property_columns`` become
         application properties.  Or give ``to_message(row) -> bytes | AMQPMessage``.
-    :param sub_entry_size: rows per sub-entry (1, the default: one entry per row).  Above 1, each producer's
-        rows go in sub-entries of that many, grouped by their position in the producer's sequence (so a replay
-        groups them alike), each with the position of its first row as its publishing id: the broker stores
-        and confirms one entry per group, which cuts its work per row several times.  Stream clients read
-        sub-entries as separate messages; AMQP 0.9.1 and 1.0 consumers of the stream too (uncompressed).
+    :param sub_entry_size: the most rows per sub-entry (default 100; 1: one entry per row).  Each producer's
+        rows go in sub-entries of that many, or fewer where the next row would take a group's bodies over
+        :data:`SUB_ENTRY_BYTES`, grouped in the producer's sequence (so a replay groups them alike), each with
+        the position of its last row as its publishing id: the broker stores and confirms one entry per
+        group, which cuts its work per row several times.  Stream clients read sub-entries as separate
+        messages; AMQP 0.9.1 and 1.0 consumers of the stream too (uncompressed).
     :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
         global one, if set); never sent to the executors.
     """
@@ -148,7 +157,7 @@ class ExactlyOnceSink:
     body_column: str = "body"
     property_columns: Sequence[str] = ()
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
-    sub_entry_size: int = 1
+    sub_entry_size: int = DEFAULT_SUB_ENTRY_SIZE
     tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -292,7 +301,7 @@ class ExactlyOnceSink:
                 run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
         except BaseException:
             # a failed task's unfinished sub-entries are not sent short: its retry sends those rows in whole
-            # groups under the same ids, which the broker would drop as duplicates of the short ones
+            # groups, under ids above the short ones', so the broker would store the short ones' rows twice
             writer.held.clear()
             raise
         finally:
@@ -362,6 +371,25 @@ def _require_replayable_partitions(df: Any) -> None:
             "could put other rows in a partition; use partitioning='slots'")
 
 
+def closed_groups(sizes: list[int], most: int) -> list[int]:
+    """Where the groups of rows of ``sizes`` bytes end (exclusive indexes), for the groups that are closed: a
+    group closes at ``most`` rows, or before the row that would take it over :data:`SUB_ENTRY_BYTES`.  The rows
+    after the last end form a group still open.  A rule on the rows alone, so a replay of the same rows, however
+    Spark's batches cut them, forms the same groups."""
+    ends: list[int] = []
+    count = total = 0
+    for index, size in enumerate(sizes):
+        if count and total + size > SUB_ENTRY_BYTES:
+            ends.append(index)
+            count = total = 0
+        count += 1
+        total += size
+        if count == most:
+            ends.append(index + 1)
+            count = total = 0
+    return ends
+
+
 class _TaskWriter:
     """One task's producers: one per (stream, name) met, all kept open to the end of the task, then
     every confirm awaited at once (the names are distinct, so they may be live together).  With sub-entries,
@@ -392,22 +420,22 @@ class _TaskWriter:
             self.written += len(bodies)
 
     async def _sub_entries(self, key: tuple[str, str], producer: Any, bodies: list[Any], position: int) -> None:
-        """Every full group of ``sub_entry_size`` rows, by position in the producer's sequence, as one sub-entry
-        whose publishing id is its first row's position; the rest waits for more rows, or for :meth:`finish`."""
-        rows = self.held.pop(key, []) + bodies
-        start, size = position + len(bodies) - len(rows), self.sub_entry_size
-        full = len(rows) - len(rows) % size
-        for first in range(0, full, size):
-            await producer.send_sub_entry(rows[first:first + size],
-                                          publishing_id=(self.batch_id << 32) | (start + first))
-        if full < len(rows):
-            self.held[key] = rows[full:]
+        """Every closed group of the producer's rows (:func:`closed_groups`) as one sub-entry whose publishing
+        id is its last row's position; the rest waits for more rows, or for :meth:`finish`."""
+        rows = self.held.pop(key, []) + [as_part(body) for body in bodies]  # encoded once, sized, then sent
+        start = position + len(bodies) - len(rows)
+        first = 0
+        for end in closed_groups(list(map(len, rows)), self.sub_entry_size):
+            await producer.send_sub_entry(rows[first:end], publishing_id=(self.batch_id << 32) | (start + end - 1))
+            first = end
+        if first < len(rows):
+            self.held[key] = rows[first:]
 
     async def finish(self, env: Any) -> None:
         try:
             for key, rows in self.held.items():  # the last group of each producer, however short
                 await self.producers[key].send_sub_entry(
-                    rows, publishing_id=(self.batch_id << 32) | (self.positions[key] - len(rows)))
+                    rows, publishing_id=(self.batch_id << 32) | (self.positions[key] - 1))
             await asyncio.gather(*(p.flush() for p in self.producers.values()))  # every confirm, before the end
         finally:
             for producer in self.producers.values():

@@ -48,7 +48,7 @@ class Encoded(bytes):
 def as_part(body: Any) -> bytes:
     """``body`` as the publish path keeps it: ``bytes`` (``bytearray`` and ``memoryview`` copied), or
     :class:`Encoded` for an ``AMQPMessage``; anything else is converted with ``bytes()``, as a body."""
-    if type(body) is bytes:
+    if type(body) is bytes or type(body) is Encoded:
         return body
     if isinstance(body, _BUFFERS):
         return bytes(body)

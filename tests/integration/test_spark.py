@@ -92,7 +92,7 @@ async def test_a_traced_sink_batch_is_one_span_on_the_driver_with_its_rows(
     provider.shutdown()
 
 
-@pytest.mark.parametrize("partitioning", ["slots", "input", "slots in sub-entries"])
+@pytest.mark.parametrize("partitioning", ["slots", "input", "slots, one entry per row"])
 async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path, partitioning: str
 ) -> None:
@@ -120,8 +120,9 @@ async def test_streaming_query_with_an_injected_task_failure_is_exactly_once(
 
     shape: dict[str, Any] = ({"partitioning": "input"} if partitioning == "input" else
                              {"key_columns": ["user"], "order_columns": ["id"], "slots": 3})
-    if partitioning == "slots in sub-entries":  # groups of 7 by position: a replayed task sends the same groups
-        shape["sub_entry_size"] = 7
+    # the defaults: sub-entries of up to 100 rows, by position, so a replayed task sends the same groups
+    if partitioning == "slots, one entry per row":
+        shape["sub_entry_size"] = 1
     sink = ExactlyOnceSink(connection_via_lb(rabbitmq_testbed), app_id=rabbitmq_unique_name,
                            stream=rabbitmq_unique_name, to_message=to_message, **shape)
     query = (rabbitmq_spark.readStream.schema("id long, user string, body string").option("maxFilesPerTrigger", 1)

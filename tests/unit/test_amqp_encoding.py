@@ -284,3 +284,14 @@ def test_decoding_garbage_raises_the_typed_error_never_the_decoders_own() -> Non
         decode_amqp(b"raw-1", stream="s", offset=7)
     assert (caught.value.stream, caught.value.offset) == ("s", 7)
     assert decode_amqp(amqp(b"body")) == (b"body", None)
+
+
+def test_a_message_already_encoded_for_a_sub_entry_is_written_as_it_is_not_wrapped_again() -> None:
+    """The Spark sink encodes each row once (to size its groups) and sends those parts: a sub-entry of them is
+    the sub-entry of the messages themselves, an AMQP 1.0 message not wrapped in a data section."""
+    from smartclient.stream.publish_frames import Encoded, as_part
+
+    message = AMQPMessage(body=b"row", application_properties={"k": "v"})
+    part = as_part(message)
+    assert type(part) is Encoded and as_part(part) is part
+    assert sub_entry([part, b"raw"]) == sub_entry([message, b"raw"])

@@ -58,44 +58,90 @@ def test_the_input_mode_needs_no_order_and_no_slots() -> None:
     assert ExactlyOnceSink(CONN, app_id="a", stream="s", key_columns=["k"], order_columns=["o"])._targets() == ["s"] * 4
 
 
-def test_sub_entries_group_rows_by_their_position_whatever_the_arrow_batches() -> None:
-    """With sub_entry_size, a producer's rows go in groups by position in its sequence, each group's publishing
-    id its first row's position: batches cut anywhere give the same groups, so a replay sends the same ones."""
+def sub_entries_sent(rows: list[bytes], cuts: list[int], size: int) -> list[tuple[int, list[bytes]]]:
+    """What one task's writer sends for ``rows`` (Arrow batches cut at ``cuts``): (position id, rows) each."""
     import asyncio
 
     from smartclient.spark.sink import _TaskWriter
 
-    def groups(cuts: list[int]) -> list[tuple[int, list[int]]]:
-        sent: list[tuple[int, list[int]]] = []
+    sent: list[tuple[int, list[bytes]]] = []
 
-        class Producer:
-            async def send_sub_entry(self, rows: list[int], *, publishing_id: int) -> None:
-                sent.append((publishing_id & 0xFFFFFFFF, rows))
+    class Producer:
+        async def send_sub_entry(self, group: list[bytes], *, publishing_id: int) -> None:
+            assert publishing_id >> 32 == 5
+            sent.append((publishing_id & 0xFFFFFFFF, list(group)))
 
-            async def flush(self) -> None: ...
-            async def close(self) -> None: ...
+        async def send_many(self, bodies: list[bytes], *, first_publishing_id: int) -> None:  # one entry per row
+            for index, body in enumerate(bodies):
+                await self.send_sub_entry([body], publishing_id=first_publishing_id + index)
 
-        async def env_producer(stream: str, name: str) -> Producer:
-            return Producer()
+        async def flush(self) -> None: ...
+        async def close(self) -> None: ...
 
-        writer = _TaskWriter(batch_id=5, sub_entry_size=4)
-        env = SimpleNamespace(producer=env_producer)
-        rows, start = list(range(10)), 0
-        for end in [*cuts, len(rows)]:
-            asyncio.run(writer.publish_runs(env, [("s", "app-0", rows[start:end])]))
-            start = end
-        asyncio.run(writer.finish(env))
-        assert writer.written == 10
-        return sent
+    async def env_producer(stream: str, name: str) -> Producer:
+        return Producer()
 
-    expected = [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
+    writer = _TaskWriter(batch_id=5, sub_entry_size=size)
+    env = SimpleNamespace(producer=env_producer)
+    start = 0
+    for end in [*cuts, len(rows)]:
+        asyncio.run(writer.publish_runs(env, [("s", "app-0", rows[start:end])]))
+        start = end
+    asyncio.run(writer.finish(env))
+    assert writer.written == len(rows)
+    return sent
+
+
+def test_sub_entries_group_rows_by_their_position_whatever_the_arrow_batches() -> None:
+    """A producer's rows go in groups by position in its sequence, each group's publishing id its last row's
+    position: batches cut anywhere give the same groups, so a replay sends the same ones."""
+    rows = [b"%d" % i for i in range(10)]
+
+    def groups(cuts: list[int]) -> list[tuple[int, list[bytes]]]:
+        return sub_entries_sent(rows, cuts, 4)
+
+    expected = [(3, rows[0:4]), (7, rows[4:8]), (9, rows[8:10])]
     assert groups([]) == groups([3]) == groups([1, 2, 7]) == groups([4, 8]) == expected
 
 
-def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_group_closes_before_the_row_that_would_take_it_over_the_byte_bound() -> None:
+    from smartclient.spark.sink import SUB_ENTRY_BYTES, closed_groups
+
+    third = SUB_ENTRY_BYTES // 3
+    assert closed_groups([third] * 7, 100) == [3, 6]  # the 4th row would go over: a group of 3, then 3 more
+    assert closed_groups([2 * SUB_ENTRY_BYTES, 1, 1], 100) == [1]  # a row over the bound alone, then more
+    assert closed_groups([1] * 9, 4) == [4, 8]
+    rows = [bytes(third)] * 5
+    assert [len(group) for _, group in sub_entries_sent(rows, [2], 100)] == [3, 2]
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 100), (100, 1), (7, 4), (4, 7), (100, 100)])
+def test_a_replay_with_other_groups_loses_no_row(before: int, after: int) -> None:
+    """Ids are each group's last row's position, so however the grouping changes between a failure and the
+    replay (an upgrade that changed the default), the broker's deduplication drops no row that was not
+    stored: at most the rows of the group across the cut come twice, and with the same grouping none."""
+    rows = [b"%d" % i for i in range(230)]
+    for cut in range(0, 231, 23):  # the first run's entries stored before it failed: those ending before the cut
+        stored, last = [], -1
+        for publishing_id, group in sub_entries_sent(rows, [], before):
+            if publishing_id >= cut:
+                break
+            stored += group
+            last = publishing_id
+        replayed = [group for publishing_id, group in sub_entries_sent(rows, [50], after) if publishing_id > last]
+        everything = stored + [row for group in replayed for row in group]
+        assert sorted(set(everything), key=int) == rows  # nothing lost
+        extra = len(everything) - len(rows)
+        assert extra < max(before, after)
+        if before == after:
+            assert extra == 0
+
+
+def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_writes_each_row_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A task that fails after some full groups sends those, but not the rows of its unfinished group: its retry
-    sends them in a whole group under the same id, which a short group already stored would have made the broker
-    drop (rows lost)."""
+    sends them in a whole group, under an id above a short group's, so a short group already stored would have
+    had its rows stored twice."""
     import asyncio
 
     import pyarrow as pa
@@ -127,9 +173,9 @@ def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_loses_nothing(monke
     batches = [pa.RecordBatch.from_pydict({"id": list(range(start, start + 25))}) for start in (0, 25)]
     with pytest.raises(RuntimeError, match="the application's"):
         sink._write_partition(iter(batches), 0, ["s"], partition=3)
-    assert [(pid, len(rows)) for pid, rows in sent] == [(0, 10), (10, 10)]  # rows 20-24 wait for the retry
+    assert [(pid, len(rows)) for pid, rows in sent] == [(9, 10), (19, 10)]  # rows 20-24 wait for the retry
     sent.clear()
     batches = [pa.RecordBatch.from_pydict({"body": [b"%d" % i for i in range(start, start + 25)]}) for start in (0, 25)]
     sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", sub_entry_size=10)
     assert sink._write_partition(iter(batches), 0, ["s"], partition=3) == 50  # the whole task: the last group too
-    assert [(pid, len(rows)) for pid, rows in sent] == [(0, 10), (10, 10), (20, 10), (30, 10), (40, 10)]
+    assert [(pid, len(rows)) for pid, rows in sent] == [(9, 10), (19, 10), (29, 10), (39, 10), (49, 10)]
