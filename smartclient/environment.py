@@ -3,12 +3,14 @@
 An Environment is the stream wing's :class:`~smartclient.stream.environment.StreamEnvironment` (producers,
 consumers, super streams, streams' topology and placement), and hands the same settings (credentials, vhost, TLS,
 resolver, allow-list, retry policy, management API) to its siblings: the AMQP 0.9.1 wing
-(:mod:`smartclient.amqp`) and the MQTT wing (:mod:`smartclient.mqtt`), each imported only when first used.  The
+(:mod:`smartclient.amqp`), the AMQP 1.0 wing (:mod:`smartclient.amqp10`) and the MQTT wing
+(:mod:`smartclient.mqtt`), each imported only when first used.  The
 wings import none of each other, and none of them imports this module::
 
     smartclient.environment  (this face)
         ├── smartclient.stream   (rstream)
         ├── smartclient.amqp     (pika)
+        ├── smartclient.amqp10   (rabbitmq-amqp-python-client)
         ├── smartclient.mqtt     (paho-mqtt)
         └── smartclient.federation  (this cluster as one broker of a topology: federated_broker)
 """
@@ -31,6 +33,7 @@ from smartclient.stream.options import ENVIRONMENT_OPTIONS
 
 if TYPE_CHECKING:
     from smartclient.amqp.placement import AmqpPlacer, PlacedConnection
+    from smartclient.amqp10.placement import Amqp10Placer
     from smartclient.federation.topology import FederatedBroker
     from smartclient.mqtt.fleet import MqttFleet
     from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
@@ -72,6 +75,7 @@ class Environment(StreamEnvironment):
     """
 
     _amqp: AmqpPlacer | None = None
+    _amqp10: Amqp10Placer | None = None
     _mqtt: weakref.WeakSet[MqttPlacer] | None = None
 
     async def close(self) -> None:
@@ -79,6 +83,8 @@ class Environment(StreamEnvironment):
         and MQTT clients (they are the application's to close; each lasts until its token expires)."""
         if self._amqp is not None:
             self._amqp.close()
+        if self._amqp10 is not None:
+            self._amqp10.close()
         for placer in list(self._mqtt or ()):
             placer.close()
         await super().close()
@@ -114,6 +120,22 @@ class Environment(StreamEnvironment):
         :raises TokenProviderFailed: the token provider failed (it is asked again only after its back-off).
         """
         return self.amqp_placer().connect(node)
+
+    # -- AMQP 1.0 (rabbitmq-amqp-python-client) --------------------------------------------------------
+    def amqp10_placer(self) -> Amqp10Placer:
+        """The :class:`~smartclient.amqp10.placement.Amqp10Placer` of this Environment (its credentials, vhost,
+        resolver, allow-list and retry policy; the management API, if given, for the nodes' listeners): through
+        the load balancer's AMQP listener when the resolver is one (``LoadBalancer(..., amqp=PORT)``), each
+        connection checked by the node its Open frame names.  Needs the ``[amqp10]`` extra.
+
+        :raises ConfigurationError: the Environment uses TLS (not built for this wing yet).
+        """
+        self._check_open()
+        from smartclient.amqp10.placement import Amqp10Placer
+
+        if self._amqp10 is None:
+            self._amqp10 = self._measure(Amqp10Placer(self.management, settings=self.settings))
+        return self._amqp10
 
     # -- MQTT (paho-mqtt) --------------------------------------------------------------------------
     def mqtt_placer(

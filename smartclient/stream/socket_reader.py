@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -135,8 +136,13 @@ class FrameProtocol(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
         self._frame_reader.buffer_updated(nbytes)
 
 
-async def open_frames(host: str, port: int, **kwargs: Any) -> tuple[FrameReader, asyncio.StreamWriter]:
-    """:func:`asyncio.open_connection`, its socket read by a :class:`FrameReader`."""
+async def open_frames(host: str, port: int, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """:func:`asyncio.open_connection`, its socket read by a :class:`FrameReader`.
+
+    Except over TLS before Python 3.11, whose TLS layer hands a buffered protocol what it has decrypted even
+    after the protocol paused reading, and fails once the area is full: there asyncio's own reader reads."""
+    if sys.version_info < (3, 11) and kwargs.get("ssl"):
+        return await asyncio.open_connection(host, port, limit=2 * READ_AREA, **kwargs)
     loop = asyncio.get_running_loop()
     reader = FrameReader(loop)
     protocol = FrameProtocol(reader)

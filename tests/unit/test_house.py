@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("smartclient", "resolvers")
 MAX_LINES = 600
-WINGS = ("smartclient.stream", "smartclient.amqp", "smartclient.mqtt", "smartclient.federation")
+WINGS = ("smartclient.stream", "smartclient.amqp", "smartclient.amqp10", "smartclient.mqtt", "smartclient.federation")
 
 
 def _module(path: Path) -> str:

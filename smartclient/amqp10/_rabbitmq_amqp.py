@@ -1,0 +1,256 @@
+"""The one seam between smartclient and the official AMQP 1.0 client, ``rabbitmq-amqp-python-client`` (and the
+python-qpid-proton under it).
+
+Only this module imports them, and only here do their exceptions become smartclient's errors
+(:func:`amqp10_errors`).  The wing (``placement.py``) opens connections with :func:`open_connection`, learns the
+node a connection reached with :func:`node_of` (the ``node`` property of the broker's Open frame: RabbitMQ 4.0
+and later, no management API needed), reads a queue's leader and members with :func:`queue_topology` (the
+broker's AMQP 1.0 management API, ``GET /queues/{name}``, on the connection itself: no HTTP port), and makes
+publishers and consumers with :func:`new_publisher` and :func:`new_consumer`.
+
+What it relies on beyond the public API is listed in :data:`AMQP10_INTERNALS`; ``tests/unit/test_amqp10_seam.py``
+checks every entry against the installed client and greps the library for imports of it outside this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from rabbitmq_amqp_python_client import (
+    AddressHelper,
+    AMQPMessagingHandler,
+    Connection,
+    Message,
+    OffsetSpecification,
+    StreamConsumerOptions,
+    StreamFilterOptions,
+)
+from rabbitmq_amqp_python_client.exceptions import (
+    AmqpMessageRejectedException,
+    ArgumentOutOfRangeException,
+    ValidationCodeException,
+)
+from rabbitmq_amqp_python_client.qpid.proton import ProtonException
+from rabbitmq_amqp_python_client.qpid.proton.reactor import ApplicationEvent, EventInjector
+from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection
+
+from smartclient._errors import (
+    AuthenticationFailed,
+    ConfigurationError,
+    ConnectionFailed,
+    FeatureNotSupported,
+    PublishFailed,
+    SmartClientError,
+    TopologyError,
+)
+from smartclient.core.address import Address
+from smartclient.credentials import Login
+
+__all__ = [
+    "AMQP10_INTERNALS",
+    "Amqp10Connection",
+    "ConsumerLoop",
+    "QueueTopology",
+    "amqp10_errors",
+    "close_quietly",
+    "new_consumer",
+    "new_publisher",
+    "node_of",
+    "open_connection",
+    "publish",
+    "queue_topology",
+]
+
+log = logging.getLogger(__name__)
+
+#: Every private attribute or method of the client the seam touches, relative to ``rabbitmq_amqp_python_client``.
+AMQP10_INTERNALS: tuple[str, ...] = (
+    "connection.Connection._create_connection",  # overridden: the attempt's own timeout, and the container id
+    "connection.Connection._validate_server_properties",  # called as the client's own does
+    "connection.Connection._conn",  # the proton BlockingConnection: its Open frame's properties (the node)
+    "connection.Connection._addr",
+    "qpid.proton.utils.BlockingConnection.container",  # a consumer's loop, woken from another thread to stop
+    "connection.Connection._ssl_domain",
+)
+
+#: the outcomes the official client leaves a publisher with (a message released, refused or lost on the way)
+_REFUSED = (AmqpMessageRejectedException,)
+
+
+class Amqp10Connection(Connection):
+    """The official client's ``Connection``, opened with a timeout of its own (the placement attempt's, where
+    the client waits 60 s) and a container id smartclient chose (how the broker names the connection).  A
+    token logs in as the client's own ``oauth2_options`` would: PLAIN, the token as the password."""
+
+    smartclient_timeout: float = 10.0
+    smartclient_container: str | None = None
+
+    def _create_connection(self) -> None:
+        self._conn = BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
+                                        container_id=self.smartclient_container)
+        self._validate_server_properties()
+
+
+@contextlib.contextmanager
+def amqp10_errors(what: str) -> Iterator[None]:
+    """Run a call into the client, its errors mapped onto smartclient's tree (``raise ... from``)."""
+    try:
+        yield
+    except SmartClientError:
+        raise
+    except _REFUSED as exc:
+        raise PublishFailed(f"{what}: the broker rejected it: {exc}") from exc
+    except (ValidationCodeException, ArgumentOutOfRangeException) as exc:  # BaseException subclasses, both
+        raise ConfigurationError(f"{what}: {exc}") from exc
+    except ProtonException as exc:
+        text = str(exc)
+        condition = getattr(exc, "condition", None)
+        name = getattr(condition, "name", "") or ""
+        if "unauthorized-access" in name or "unauthorized-access" in text or "SASL" in text.upper():
+            raise AuthenticationFailed(f"{what}: the broker refused the login: {text}") from exc
+        raise ConnectionFailed(f"{what}: {text or type(exc).__name__}") from exc
+    except OSError as exc:
+        raise ConnectionFailed(f"{what}: {exc}") from exc
+
+
+def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, timeout: float) -> Amqp10Connection:
+    """An open AMQP 1.0 connection to ``dialled``, logged in with ``login`` (PLAIN), on ``vhost``, the broker's
+    name for it ``name`` (its container id).
+
+    :raises AuthenticationFailed: the credentials or vhost were refused.
+    :raises ConnectionFailed: anything else (refused, reset, timed out, not RabbitMQ 4).
+    """
+    if login.mechanism not in ("PLAIN", "AMQPLAIN"):
+        raise ConfigurationError(f"the AMQP 1.0 wing logs in with a user and password or a token, not "
+                                 f"{login.mechanism} (the official client offers no other mechanism)")
+    user, password = quote(login.username, safe=""), quote(login.password, safe="")
+    path = "" if vhost == "/" else "/" + vhost  # the client quotes it into the Open frame's hostname itself
+    connection = Amqp10Connection(uri=f"amqp://{user}:{password}@{dialled.host}:{dialled.port}{path}")
+    connection.smartclient_timeout = timeout
+    connection.smartclient_container = name
+    with amqp10_errors(f"connecting to {dialled} ({name})"):
+        connection.dial()
+    return connection
+
+
+def node_of(connection: Amqp10Connection) -> str:
+    """The node ``connection`` reached: the ``node`` property of the broker's Open frame (RabbitMQ 4.0+).
+
+    :raises ConnectionFailed: the broker did not say (not RabbitMQ 4)."""
+    proton = connection._conn.conn
+    properties: Any = proton.remote_properties if proton is not None else None
+    node = properties.get("node") if isinstance(properties, dict) else None
+    if not node:
+        raise ConnectionFailed("the broker's Open frame names no node (RabbitMQ 4.0 or later says it)")
+    return str(node)
+
+
+@dataclass(frozen=True)
+class QueueTopology:
+    """A queue's type, leader and members (node names), as the broker's AMQP 1.0 management API says them."""
+
+    name: str
+    queue_type: str
+    leader: str | None
+    members: tuple[str, ...]
+
+
+def queue_topology(connection: Amqp10Connection, queue: str) -> QueueTopology:
+    """``GET /queues/{queue}`` on the broker's AMQP 1.0 management API, over ``connection``.
+
+    :raises TopologyError: the queue does not exist.
+    """
+    with amqp10_errors(f"reading queue {queue!r}"):
+        answer = connection.management().request(None, AddressHelper.queue_address(queue), "GET", [200, 404])
+    if str(answer.subject) == "404":
+        raise TopologyError(f"queue {queue!r} does not exist")
+    body: dict[str, Any] = answer.body if isinstance(answer.body, dict) else {}
+    leader = body.get("leader")
+    members = body.get("replicas") or ()
+    return QueueTopology(queue, str(body.get("type", "")), str(leader) if leader else None,
+                         tuple(sorted(str(m) for m in members)))
+
+
+def new_publisher(connection: Amqp10Connection, queue: str) -> Any:
+    with amqp10_errors(f"opening a publisher to {queue!r}"):
+        return connection.publisher(AddressHelper.queue_address(queue))
+
+
+def publish(publisher: Any, body: bytes | Any, where: str) -> None:
+    """Send one message and wait until the broker settles it (the official client's only way).
+
+    :raises PublishFailed: the broker rejected or released it."""
+    message = body if isinstance(body, Message) else Message(body=bytes(body))
+    with amqp10_errors(f"publishing to {where}"):
+        publisher.publish(message)
+
+
+def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[[Any, Any], None], *,
+                 credit: int, offset: int | str | None = None, filter_values: Sequence[str] = (),
+                 sql: str | None = None) -> ConsumerLoop:
+    """A consumer of ``queue`` handing each message (the client's ``Message``, and a function that settles it
+    as accepted) to ``on_message`` from :meth:`run`'s thread.  With ``offset``, ``filter_values`` or ``sql``,
+    the queue is a stream read from that offset (``"first"``, ``"last"``, ``"next"`` or a number), through
+    those filters.
+
+    :raises FeatureNotSupported: the broker lacks a filter asked for (SQL filters: RabbitMQ 4.2)."""
+
+    class Handler(AMQPMessagingHandler):
+        def on_amqp_message(self, event: Any) -> None:
+            on_message(event.message, lambda: self.delivery_context.accept(event))
+
+    options = None
+    if offset is not None or filter_values or sql:
+        start = (getattr(OffsetSpecification, offset) if isinstance(offset, str) else
+                 offset if offset is not None else OffsetSpecification.first)
+        filters = (StreamFilterOptions(values=list(filter_values) or None, sql=sql or "")
+                   if filter_values or sql else None)
+        options = StreamConsumerOptions(offset_specification=start, filter_options=filters)
+    with amqp10_errors(f"opening a consumer of {queue!r}"):
+        try:
+            consumer = connection.consumer(AddressHelper.queue_address(queue), message_handler=Handler(),
+                                           consumer_options=options, credit=credit)
+        except ValidationCodeException as exc:
+            if "requires RabbitMQ" in str(exc):  # the client checks the broker's version for each filter
+                raise FeatureNotSupported(f"consuming {queue!r}: {exc}") from exc
+            raise
+    return ConsumerLoop(consumer, connection._conn.container)
+
+
+class ConsumerLoop:
+    """A consumer's event loop: :meth:`run` on the thread that hands its messages over, :meth:`stop` from any
+    thread.  The client's own ``run()`` and ``stop()`` end the container itself (its I/O handler dropped, so the
+    connection can no longer close cleanly), and its ``stop()`` only sets a flag read after the next event, which
+    an idle queue may never bring: here the loop is the container's own ``process()``, and an injected event
+    wakes it to stop."""
+
+    def __init__(self, consumer: Any, container: Any) -> None:
+        self.consumer = consumer
+        self.container = container
+        self.stopped = False
+        self.injector = EventInjector()
+        container.selectable(self.injector)
+
+    def run(self) -> None:
+        try:
+            with amqp10_errors("consuming"):
+                while not self.stopped:
+                    self.container.process()
+        finally:
+            self.injector.close()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.injector.trigger(ApplicationEvent("smartclient_wake"))
+
+
+def close_quietly(connection: Any) -> None:
+    try:
+        connection.close()
+    except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
+        log.debug("closing an AMQP 1.0 connection: %s", exc)

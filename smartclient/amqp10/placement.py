@@ -1,0 +1,334 @@
+"""AMQP 1.0 connections (the official ``rabbitmq-amqp-python-client``) placed on a chosen node, directly or through a
+load balancer: publishers on a queue's leader, consumers on a member, stream consumers on a replica.
+
+RabbitMQ 4 names its node in the Open frame of every AMQP 1.0 connection, so a connection through a load balancer
+is checked the moment it opens, with no management API (the AMQP 0.9.1 wing has to ask the HTTP API, 0.3 to 5 s);
+the same :class:`~smartclient.core.landing.Placement` loop keeps it or closes it and tries again.  A queue's
+leader and members come from the broker's AMQP 1.0 management API (``GET /queues/{name}``) on a connection of
+this placer: no HTTP port needed for that either.  The nodes' listeners (where to aim when not through a load
+balancer) come from the HTTP management API's overview, or from ``entry_points``, each identified by its Open
+frame.
+
+The official client is synchronous (proton's blocking connection): so is this wing.  Each publisher and
+consumer has its own connection; a consumer's messages are handed over on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from smartclient import credentials as signing
+from smartclient._errors import ConfigurationError, NoCandidateNode, TopologyError
+from smartclient.amqp10._rabbitmq_amqp import (
+    Amqp10Connection,
+    QueueTopology,
+    close_quietly,
+    new_consumer,
+    new_publisher,
+    node_of,
+    open_connection,
+    publish,
+    queue_topology,
+)
+from smartclient.core.address import Address
+from smartclient.core.broker_nodes import BrokerNode
+from smartclient.core.retry import RetryPolicy
+from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.validation import checked, choice, function, text, texts, whole
+from smartclient.node_placement import NodePlacer
+from smartclient.options import CLIENT_OPTIONS
+
+if TYPE_CHECKING:
+    from resolvers import AllowList, ResolverLike
+    from smartclient.management import ManagementClient
+
+__all__ = ["CONSUMER_PREFERENCES", "Amqp10Consumer", "Amqp10Placer", "Amqp10Publisher", "PlacedAmqp10Connection"]
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+#: where a consumer goes: "member" (any member of the queue, the least used), "replica" (a member that is not the
+#: leader; the leader when there is none), "leader"
+CONSUMER_PREFERENCES = ("member", "replica", "leader")
+STREAM_OFFSETS = ("first", "last", "next")
+
+
+@dataclass(eq=False)
+class PlacedAmqp10Connection:
+    """An AMQP 1.0 connection (the official client's ``Connection``) and the node it sits on."""
+
+    connection: Amqp10Connection
+    node: str
+    dialled: Address
+    name: str
+    attempts: int = 1
+    closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            close_quietly(self.connection)
+
+    def __enter__(self) -> PlacedAmqp10Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(eq=False)
+class Amqp10Publisher:
+    """A publisher to a queue, on the node of its leader when it was opened."""
+
+    queue: str
+    placed: PlacedAmqp10Connection
+    publisher: Any = field(repr=False)
+
+    @property
+    def node(self) -> str:
+        return self.placed.node
+
+    def publish(self, body: bytes | Any) -> None:
+        """Send one message (``bytes``, or the client's ``Message``) and wait until the broker accepts it (the
+        official client's only way: one message in flight).
+
+        :raises PublishFailed: the broker rejected or released it.
+        :raises ConnectionFailed: the connection was lost.
+        """
+        publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+
+    def close(self) -> None:
+        self.placed.close()
+
+    def __enter__(self) -> Amqp10Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(eq=False)
+class Amqp10Consumer:
+    """A consumer of a queue on the node its preference chose; its messages are handed over on a thread of its
+    own (started by :meth:`start`) until :meth:`close`."""
+
+    queue: str
+    placed: PlacedAmqp10Connection
+    consumer: Any = field(repr=False)
+    thread: threading.Thread | None = field(default=None, repr=False)
+    failure: BaseException | None = None
+    stopping: bool = field(default=False, repr=False)
+
+    @property
+    def node(self) -> str:
+        return self.placed.node
+
+    def start(self) -> Amqp10Consumer:
+        def run() -> None:
+            try:
+                self.consumer.run()
+            except BaseException as exc:  # the client's own errors include BaseException subclasses
+                if not self.stopping:
+                    self.failure = exc
+                    log.warning("AMQP 1.0 consumer of %r on %s stopped: %s", self.queue, self.node, exc)
+            finally:
+                self.placed.close()  # on this thread: proton's connection is not to be driven from two
+
+        self.thread = threading.Thread(target=run, name=f"amqp10-{self.placed.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop handing messages over and close the connection (on the consumer's thread), waiting up to
+        ``timeout`` seconds for that."""
+        self.stopping = True
+        self.consumer.stop()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("AMQP 1.0 consumer of %r on %s did not stop within %g s", self.queue, self.node, timeout)
+
+    def __enter__(self) -> Amqp10Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@checked(CLIENT_OPTIONS)
+class Amqp10Placer(NodePlacer[Amqp10Connection]):
+    """Opens AMQP 1.0 connections on chosen nodes (RabbitMQ 4.0+, whose AMQP 0.9.1 listener serves AMQP 1.0).
+
+    :param management: the HTTP management API, for the nodes' listeners (not needed through a load balancer
+        with ``entry_points``, nor to check a connection's node, which its Open frame says).
+    :param entry_points: where the nodes' AMQP listeners are, instead of the management API's overview:
+        ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
+    """
+
+    protocol = "amqp"
+    default_port = 5672
+    name_column = "name"
+
+    def __init__(
+        self,
+        management: ManagementClient | None = None,
+        *,
+        settings: ClientSettings | None = None,
+        credentials: Credentials | None = None,
+        vhost: str = "/",
+        resolver: ResolverLike | None = None,
+        allow: AllowList | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        tls: ssl.SSLContext | None = None,
+        connection_name: str | None = None,
+        entry_points: Any = None,
+    ) -> None:
+        if (settings.tls if settings is not None and tls is None else tls) is not None:
+            raise ConfigurationError("the AMQP 1.0 wing does not open TLS connections yet (issue 34): the official "
+                                     "client takes certificate files, not an ssl.SSLContext")
+        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
+                         allow=allow, retry=retry, tls=None, entry_points=entry_points)
+        text("Amqp10Placer.connection_name", connection_name, optional=True)
+        self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
+        self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
+        self._lock = threading.Lock()
+
+    # -- the NodePlacer hooks -------------------------------------------------------------------
+    def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:
+        signed = signing.login(self.credentials, name)
+        self.opened += 1
+        return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=self.retry.max_time)
+
+    def _identify(self, connection: Amqp10Connection, name: str, newer_than: int) -> tuple[str, int]:
+        return node_of(connection), -1  # the Open frame said it: no listing to wait for
+
+    def _identify_entry_points(self) -> list[BrokerNode]:
+        found: dict[str, dict[str, Address]] = {}
+        for address in self.entry_addresses():
+            connection = self._dial(address, self.resolve(address), self._new_name("discover"))
+            try:
+                found.setdefault(node_of(connection), {})[self.protocol] = address
+            finally:
+                close_quietly(connection)
+        return [BrokerNode(node, listeners) for node, listeners in sorted(found.items())]
+
+    def _close(self, connection: Amqp10Connection) -> None:
+        close_quietly(connection)
+
+    def _new_name(self, purpose: str) -> str:
+        return f"{self.connection_name}-amqp10-{purpose}-{uuid.uuid4().hex[:8]}-{next(_ids)}"
+
+    def _node_if_up(self, placed: Any) -> str | None:
+        return None if placed.closed else str(placed.node)
+
+    # -- connections, publishers, consumers -----------------------------------------------------
+    def connect(self, node: str | None = None, purpose: str = "connection") -> PlacedAmqp10Connection:
+        """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
+
+        :raises NoCandidateNode: no such node, or it has no AMQP listener.
+        :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
+        :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
+        """
+        text("Amqp10Placer.connect(node)", node, optional=True)
+        landed = self.place(node, self._new_name(purpose))
+        node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
+        placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts)
+        self.live.add(placed)
+        return placed
+
+    def queue_topology(self, queue: str) -> QueueTopology:
+        """``queue``'s type, leader and members, from the broker's AMQP 1.0 management API.
+
+        :raises TopologyError: the queue does not exist.
+        """
+        text("Amqp10Placer.queue_topology(queue)", queue)
+        with self._lock:
+            if self._look is None or self._look.closed:
+                self._look = self.connect(purpose="look")
+            look = self._look
+            try:
+                return queue_topology(look.connection, queue)
+            except TopologyError:
+                raise
+            except Exception:  # the connection went: once more on a new one
+                look.close()
+                self._look = self.connect(purpose="look")
+                return queue_topology(self._look.connection, queue)
+
+    def publisher(self, queue: str) -> Amqp10Publisher:
+        """A publisher to ``queue`` on its leader's node.
+
+        :raises TopologyError: the queue does not exist, or has no leader now.
+        """
+        text("Amqp10Placer.publisher(queue)", queue)
+        topology = self.queue_topology(queue)
+        if topology.leader is None:
+            raise TopologyError(f"queue {queue!r} has no leader now")
+        placed = self.connect(topology.leader, "publisher")
+        try:
+            return Amqp10Publisher(queue, placed, new_publisher(placed.connection, queue))
+        except BaseException:
+            placed.close()
+            raise
+
+    def consumer(self, queue: str, on_message: Callable[[Any, Callable[[], None]], None], *,
+                 prefer: str = "member", credit: int = 10, offset: int | str | None = None,
+                 filter_values: Sequence[str] = (), sql: str | None = None) -> Amqp10Consumer:
+        """A started consumer of ``queue`` on the node ``prefer`` chooses (:data:`CONSUMER_PREFERENCES`), handing
+        each message (the client's ``Message``: a binary body is a ``memoryview``) and a function that accepts
+        it to ``on_message``, on the consumer's own thread.
+
+        :param offset: a stream's start: ``"first"``, ``"last"``, ``"next"`` or an offset.
+        :param filter_values: a stream's Bloom filter values (RabbitMQ 4.1+ for the official client).
+        :param sql: a stream's SQL filter expression (RabbitMQ 4.2+).
+        :raises TopologyError: the queue does not exist.
+        :raises NoCandidateNode: it has no member to consume from.
+        :raises FeatureNotSupported: the broker lacks a filter asked for.
+        """
+        text("Amqp10Placer.consumer(queue)", queue)
+        function("Amqp10Placer.consumer(on_message)", on_message, takes="(message, accept)", optional=False)
+        choice("Amqp10Placer.consumer(prefer)", prefer, CONSUMER_PREFERENCES)
+        whole("Amqp10Placer.consumer(credit)", credit, low=1, high=10_000)
+        if isinstance(offset, str):
+            choice("Amqp10Placer.consumer(offset)", offset, STREAM_OFFSETS)
+        else:
+            whole("Amqp10Placer.consumer(offset)", offset, low=0, high=(1 << 63) - 1, optional=True)
+        texts("Amqp10Placer.consumer(filter_values)", filter_values, empty=True, note="filter values")
+        text("Amqp10Placer.consumer(sql)", sql, optional=True)
+        node = self.consumer_node(self.queue_topology(queue), prefer)
+        placed = self.connect(node, "consumer")
+        try:
+            consumer = new_consumer(placed.connection, queue, on_message, credit=credit, offset=offset,
+                                    filter_values=filter_values, sql=sql)
+        except BaseException:
+            placed.close()
+            raise
+        return Amqp10Consumer(queue, placed, consumer).start()
+
+    def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
+        """The node a consumer of ``topology``'s queue goes to, for ``prefer``."""
+        members = list(topology.members) or ([topology.leader] if topology.leader else [])
+        if not members:
+            raise NoCandidateNode(f"queue {topology.name!r} has no member to consume from")
+        if prefer == "leader":
+            if topology.leader is None:
+                raise TopologyError(f"queue {topology.name!r} has no leader now")
+            return topology.leader
+        if prefer == "replica":
+            members = [m for m in members if m != topology.leader] or members
+        used = self.clients_per_node()
+        return min(members, key=lambda member: (used[member], member))
+
+    def close(self) -> None:
+        """Close the connection queues are looked up on (publishers and consumers are closed by their owners)."""
+        with self._lock:
+            if self._look is not None:
+                self._look.close()
+                self._look = None

@@ -1,0 +1,75 @@
+"""smartclient reaches into the official AMQP 1.0 client in one module, ``smartclient/amqp10/_rabbitmq_amqp.py``.
+
+Every private name it lists (``AMQP10_INTERNALS``) is checked against the installed client, the list against what
+the seam touches, and the library is grepped for imports of the client (or proton) outside the seam.  The error
+mapping is checked against a closed local port; the consumer's node choice is checked with no broker.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rabbitmq_amqp_python_client", reason="the [amqp10] extra is not installed")
+
+from smartclient import Address, ConfigurationError, ConnectionFailed, NoCandidateNode  # noqa: E402
+from smartclient.amqp10._rabbitmq_amqp import AMQP10_INTERNALS, QueueTopology, open_connection  # noqa: E402
+from smartclient.amqp10.placement import Amqp10Placer  # noqa: E402
+from smartclient.credentials import Login  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SEAM = ROOT / "smartclient" / "amqp10" / "_rabbitmq_amqp.py"
+
+
+def test_every_internal_the_seam_lists_exists_in_the_installed_client() -> None:
+    import importlib
+
+    missing = []
+    for entry in AMQP10_INTERNALS:
+        module_path, owner, name = entry.rsplit(".", 2)
+        module = importlib.import_module(f"rabbitmq_amqp_python_client.{module_path}")
+        cls = getattr(module, owner, None)
+        if cls is None:
+            missing.append(entry)
+            continue
+        # methods, and attributes the class's own methods set (``self._conn = ...`` in dial, say)
+        names = set(dir(cls)) | {n for attr in vars(cls).values() for n in getattr(getattr(attr, "__code__", None),
+                                                                                 "co_names", ())}
+        if name not in names:
+            missing.append(entry)
+    assert missing == []
+
+
+def test_the_list_covers_every_private_name_the_seam_touches_and_nothing_else_imports_the_client() -> None:
+    listed = {entry.rpartition(".")[2] for entry in AMQP10_INTERNALS}
+    touched = set(re.findall(r"\.(_[a-z][a-z_0-9]*)\b", SEAM.read_text()))
+    assert touched - listed - {"_errors"} == set()  # smartclient._errors: ours
+    outside = [str(p.relative_to(ROOT)) for top in ("smartclient", "resolvers") for p in (ROOT / top).rglob("*.py")
+               if p != SEAM and re.search(r"^\s*(import|from) (rabbitmq_amqp_python_client|proton)\b",
+                                          p.read_text(), re.M)]
+    assert outside == []
+
+
+def test_a_closed_port_is_a_connection_failure_and_a_certificate_login_is_refused_before_dialling() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: refused
+        with pytest.raises(ConnectionFailed, match=f"connecting to 127.0.0.1:{port}"):
+            open_connection(Address("127.0.0.1", port), login=Login("PLAIN", "u", "p"), vhost="/", name="n",
+                            timeout=5)
+    with pytest.raises(ConfigurationError, match="not EXTERNAL"):
+        open_connection(Address("127.0.0.1", port), login=Login("EXTERNAL", "", ""), vhost="/", name="n", timeout=5)
+
+
+def test_a_consumer_goes_where_its_preference_says_spread_over_the_members() -> None:
+    placer = Amqp10Placer(None)
+    topology = QueueTopology("q", "quorum", "b@h", ("a@h", "b@h", "c@h"))
+    assert placer.consumer_node(topology, "leader") == "b@h"
+    assert placer.consumer_node(topology, "replica") in {"a@h", "c@h"}
+    assert placer.consumer_node(topology, "member") == "a@h"  # none used yet: the first
+    assert placer.consumer_node(QueueTopology("q", "quorum", "b@h", ("b@h",)), "replica") == "b@h"  # only the leader
+    with pytest.raises(NoCandidateNode, match="no member"):
+        placer.consumer_node(QueueTopology("q", "quorum", None, ()), "member")
