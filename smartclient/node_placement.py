@@ -273,8 +273,9 @@ class NodePlacer(Generic[C]):
         return self.route(address).dial
 
     # -- connecting --------------------------------------------------------------------------
-    def place(self, node: str | None = None, name: str | None = None) -> Landed[C]:
-        """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
+    def place(self, node: str | None = None, name: str | None = None, retry: RetryPolicy | None = None) -> Landed[C]:
+        """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None, within
+        ``retry`` (default: the placer's; a recovery's attempt gives its own, shorter one).
 
         :raises NoCandidateNode: no such node, or it has no listener for this protocol.
         :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
@@ -295,7 +296,7 @@ class NodePlacer(Generic[C]):
             tiers = (tuple(by_address),)
         candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
         kept: KeptList[Landed[C]] = KeptList()
-        plan: Placement[Landed[C]] = Placement(candidates, self.retry, kept if self.keep_fallbacks else None)
+        plan: Placement[Landed[C]] = Placement(candidates, retry or self.retry, kept if self.keep_fallbacks else None)
         seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
         step: RoutedStep[Landed[C]] = plan.start()
         try:

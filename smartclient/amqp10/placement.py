@@ -19,13 +19,22 @@ import itertools
 import logging
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient import credentials as signing
-from smartclient._errors import ConfigurationError, NoCandidateNode, TopologyError
+from smartclient._errors import (
+    REFUSALS,
+    ConfigurationError,
+    ConnectionFailed,
+    NoCandidateNode,
+    RecoveryFailed,
+    SmartClientError,
+    TopologyError,
+)
 from smartclient.amqp10._rabbitmq_amqp import (
     Amqp10Connection,
     QueueTopology,
@@ -39,9 +48,10 @@ from smartclient.amqp10._rabbitmq_amqp import (
 )
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode
+from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
-from smartclient.core.validation import checked, choice, function, text, texts, whole
+from smartclient.core.validation import checked, choice, function, instance, text, texts, whole
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS
 
@@ -53,6 +63,7 @@ __all__ = ["CONSUMER_PREFERENCES", "Amqp10Consumer", "Amqp10Placer", "Amqp10Publ
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
+T = TypeVar("T")
 
 #: where a consumer goes: "member" (any member of the queue, the least used), "replica" (a member that is not the
 #: leader; the leader when there is none), "leader"
@@ -85,11 +96,18 @@ class PlacedAmqp10Connection:
 
 @dataclass(eq=False)
 class Amqp10Publisher:
-    """A publisher to a queue, on the node of its leader when it was opened."""
+    """A publisher to a queue, on the node of its leader.  A lost connection is recovered under the placer's
+    :class:`RecoveryPolicy` (a placed reconnect on the leader, each attempt bounded by its ``attempt_time``) and
+    the message sent again: at least once.  Every ``stall_check`` seconds of publishing it checks that its node
+    still leads the queue, and follows a leader that moved."""
 
     queue: str
     placed: PlacedAmqp10Connection
     publisher: Any = field(repr=False)
+    placer: Amqp10Placer = field(repr=False)
+    recoveries: int = 0  #: placed reconnects after a lost connection
+    moves: int = 0  #: leaders followed while the connection was fine
+    _checked: float = field(default_factory=time.monotonic, repr=False)
 
     @property
     def node(self) -> str:
@@ -100,9 +118,39 @@ class Amqp10Publisher:
         official client's only way: one message in flight).
 
         :raises PublishFailed: the broker rejected or released it.
-        :raises ConnectionFailed: the connection was lost.
+        :raises RecoveryFailed: the connection was lost and recovery gave up (its last error is the cause).
         """
-        publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+        check = self.placer.recovery.stall_check
+        if check and time.monotonic() - self._checked >= check:
+            self._follow()
+        try:
+            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+        except ConnectionFailed as exc:
+            self._recover(exc)
+            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+
+    def _follow(self) -> None:
+        self._checked = time.monotonic()
+        try:
+            leader = self.placer.queue_topology(self.queue).leader
+        except SmartClientError as exc:
+            log.debug("checking the leader of %r: %s", self.queue, exc)
+            return
+        if leader is not None and leader != self.node:
+            log.info("the leader of %r moved from %s to %s: following it", self.queue, self.node, leader)
+            self._swap(*self.placer._publisher_on(self.queue, self.placer.retry))
+            self.moves += 1
+
+    def _recover(self, lost: ConnectionFailed) -> None:
+        log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
+        self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
+                                        lambda retry: self.placer._publisher_on(self.queue, retry)))
+        self.recoveries += 1
+        log.info("AMQP 1.0 publisher of %r recovered on %s", self.queue, self.node)
+
+    def _swap(self, placed: PlacedAmqp10Connection, publisher: Any) -> None:
+        old, self.placed, self.publisher = self.placed, placed, publisher
+        old.close()
 
     def close(self) -> None:
         self.placed.close()
@@ -117,42 +165,85 @@ class Amqp10Publisher:
 @dataclass(eq=False)
 class Amqp10Consumer:
     """A consumer of a queue on the node its preference chose; its messages are handed over on a thread of its
-    own (started by :meth:`start`) until :meth:`close`."""
+    own until :meth:`close`.  A lost connection is recovered under the placer's :class:`RecoveryPolicy`, on a
+    node chosen again: a queue's messages not accepted yet come again (at least once); a stream is read again
+    from the offset after the last one handed over.  When recovery gives up, :attr:`failure` says why."""
 
     queue: str
-    placed: PlacedAmqp10Connection
-    consumer: Any = field(repr=False)
-    thread: threading.Thread | None = field(default=None, repr=False)
+    placer: Amqp10Placer = field(repr=False)
+    on_message: Callable[[Any, Callable[[], None]], None] = field(repr=False)
+    prefer: str = "member"
+    credit: int = 10
+    offset: int | str | None = None
+    filter_values: Sequence[str] = ()
+    sql: str | None = None
+    placed: PlacedAmqp10Connection | None = None
     failure: BaseException | None = None
-    stopping: bool = field(default=False, repr=False)
+    recoveries: int = 0  #: placed reconnects after a lost connection
+    last_offset: int | None = None  #: a stream's last offset handed over
+    _loop: Any = field(default=None, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _stopping: bool = field(default=False, repr=False)
 
     @property
-    def node(self) -> str:
-        return self.placed.node
+    def node(self) -> str | None:
+        return self.placed.node if self.placed is not None else None
+
+    def _hand(self, message: Any, accept: Callable[[], None]) -> None:
+        annotations = getattr(message, "annotations", None)
+        if isinstance(annotations, dict) and (offset := annotations.get("x-stream-offset")) is not None:
+            self.last_offset = int(offset)
+        self.on_message(message, accept)
+
+    def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
+        node = self.placer.consumer_node(self.placer.queue_topology(self.queue), self.prefer)
+        placed = self.placer.connect(node, "consumer", retry)
+        start = self.offset if self.last_offset is None else self.last_offset + 1
+        try:
+            return placed, new_consumer(placed.connection, self.queue, self._hand, credit=self.credit, offset=start,
+                                        filter_values=self.filter_values, sql=self.sql)
+        except BaseException:
+            placed.close()
+            raise
 
     def start(self) -> Amqp10Consumer:
-        def run() -> None:
-            try:
-                self.consumer.run()
-            except BaseException as exc:  # the client's own errors include BaseException subclasses
-                if not self.stopping:
-                    self.failure = exc
-                    log.warning("AMQP 1.0 consumer of %r on %s stopped: %s", self.queue, self.node, exc)
-            finally:
-                self.placed.close()  # on this thread: proton's connection is not to be driven from two
-
-        self.thread = threading.Thread(target=run, name=f"amqp10-{self.placed.name}", daemon=True)
-        self.thread.start()
+        self.placed, self._loop = self._open(self.placer.retry)
+        self._thread = threading.Thread(target=self._run, name=f"amqp10-{self.placed.name}", daemon=True)
+        self._thread.start()
         return self
+
+    def _run(self) -> None:
+        while True:
+            assert self.placed is not None
+            try:
+                self._loop.run()
+                return
+            except BaseException as exc:  # the client's own errors include BaseException subclasses
+                if self._stopping:
+                    return
+                log.warning("AMQP 1.0 consumer of %r lost its connection on %s: %s", self.queue, self.node, exc)
+                self.placed.close()
+                try:
+                    self.placed, self._loop = self.placer.recover(f"consumer of {self.queue!r}", exc, self._open)
+                except BaseException as final:
+                    self.failure = final
+                    log.warning("AMQP 1.0 consumer of %r stopped: %s", self.queue, final)
+                    return
+                self.recoveries += 1
+                log.info("AMQP 1.0 consumer of %r recovered on %s", self.queue, self.node)
+            finally:
+                if self._stopping or self.failure is not None:
+                    self.placed.close()  # on this thread: proton's connection is not to be driven from two
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop handing messages over and close the connection (on the consumer's thread), waiting up to
         ``timeout`` seconds for that."""
-        self.stopping = True
-        self.consumer.stop()
-        if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join(timeout)
-            if self.thread.is_alive():
+        self._stopping = True
+        if self._loop is not None:
+            self._loop.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
                 log.warning("AMQP 1.0 consumer of %r on %s did not stop within %g s", self.queue, self.node, timeout)
 
     def __enter__(self) -> Amqp10Consumer:
@@ -170,6 +261,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         with ``entry_points``, nor to check a connection's node, which its Open frame says).
     :param entry_points: where the nodes' AMQP listeners are, instead of the management API's overview:
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
+    :param recovery: how publishers and consumers recover a lost connection (and how often publishers check
+        that their node still leads: ``stall_check``).
     """
 
     protocol = "amqp"
@@ -189,6 +282,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         tls: ssl.SSLContext | None = None,
         connection_name: str | None = None,
         entry_points: Any = None,
+        recovery: RecoveryPolicy = RecoveryPolicy(),
     ) -> None:
         if (settings.tls if settings is not None and tls is None else tls) is not None:
             raise ConfigurationError("the AMQP 1.0 wing does not open TLS connections yet (issue 34): the official "
@@ -196,6 +290,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
                          allow=allow, retry=retry, tls=None, entry_points=entry_points)
         text("Amqp10Placer.connection_name", connection_name, optional=True)
+        instance("Amqp10Placer.recovery", recovery, RecoveryPolicy, optional=False)
+        self.recovery = recovery
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
         self._lock = threading.Lock()
@@ -229,7 +325,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         return None if placed.closed else str(placed.node)
 
     # -- connections, publishers, consumers -----------------------------------------------------
-    def connect(self, node: str | None = None, purpose: str = "connection") -> PlacedAmqp10Connection:
+    def connect(self, node: str | None = None, purpose: str = "connection",
+                retry: RetryPolicy | None = None) -> PlacedAmqp10Connection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
 
         :raises NoCandidateNode: no such node, or it has no AMQP listener.
@@ -237,7 +334,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
         text("Amqp10Placer.connect(node)", node, optional=True)
-        landed = self.place(node, self._new_name(purpose))
+        landed = self.place(node, self._new_name(purpose), retry)  # a recovery's attempt: its own time bound
         node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
         placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts)
         self.live.add(placed)
@@ -268,12 +365,15 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises TopologyError: the queue does not exist, or has no leader now.
         """
         text("Amqp10Placer.publisher(queue)", queue)
+        return Amqp10Publisher(queue, *self._publisher_on(queue, self.retry), placer=self)
+
+    def _publisher_on(self, queue: str, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
         topology = self.queue_topology(queue)
         if topology.leader is None:
             raise TopologyError(f"queue {queue!r} has no leader now")
-        placed = self.connect(topology.leader, "publisher")
+        placed = self.connect(topology.leader, "publisher", retry)
         try:
-            return Amqp10Publisher(queue, placed, new_publisher(placed.connection, queue))
+            return placed, new_publisher(placed.connection, queue)
         except BaseException:
             placed.close()
             raise
@@ -302,15 +402,30 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
             whole("Amqp10Placer.consumer(offset)", offset, low=0, high=(1 << 63) - 1, optional=True)
         texts("Amqp10Placer.consumer(filter_values)", filter_values, empty=True, note="filter values")
         text("Amqp10Placer.consumer(sql)", sql, optional=True)
-        node = self.consumer_node(self.queue_topology(queue), prefer)
-        placed = self.connect(node, "consumer")
-        try:
-            consumer = new_consumer(placed.connection, queue, on_message, credit=credit, offset=offset,
-                                    filter_values=filter_values, sql=sql)
-        except BaseException:
-            placed.close()
-            raise
-        return Amqp10Consumer(queue, placed, consumer).start()
+        return Amqp10Consumer(queue, self, on_message, prefer, credit, offset, tuple(filter_values), sql).start()
+
+    def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T]) -> T:
+        """``reopen(retry)`` again and again under :attr:`recovery` (each attempt placed within its
+        ``attempt_time``) until it answers.
+
+        :raises RecoveryFailed: recovery is off, or gave up (the last error is its cause).
+        :raises AuthenticationFailed: the credentials were refused (not retried).
+        """
+        policy, began, error = self.recovery, time.monotonic(), lost
+        retry = replace(self.retry, max_time=policy.attempt_time)
+        for attempt in itertools.count(1):
+            delay = policy.next_delay(attempt - 1, time.monotonic() - began) if attempt > 1 else 0.0
+            if delay is None or not policy.enabled:
+                raise RecoveryFailed(f"{what}: gave up after {attempt - 1} attempt(s) in "
+                                     f"{time.monotonic() - began:.1f} s: {error}") from error
+            time.sleep(delay)
+            try:
+                return reopen(retry)
+            except REFUSALS:
+                raise
+            except SmartClientError as exc:
+                error = exc
+        raise AssertionError("unreachable")
 
     def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
         """The node a consumer of ``topology``'s queue goes to, for ``prefer``."""

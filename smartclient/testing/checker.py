@@ -10,6 +10,9 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   confirm timeout or a recovery that gave up, so it may or may not be stored: counted apart, as Jepsen's
   indeterminate operations); a send that raised ``EnqueueTimeout`` is ``refused`` instead (never sent);
 * ``stored``: ``stream``, ``offset``, ``client`` and ``id`` of a message read back from the stream at the end;
+* ``received``: ``client`` (a queue's consumer), ``producer`` and ``id``: a message of a queue (AMQP 1.0, at least
+  once) handed to the application; its producer's confirmed ids are checked against these instead of ``stored``,
+  and an id received again is counted (``redelivered``), not a failure;
 * ``deliver``: ``client`` (a consumer), ``stream``, ``offset``, handed to the application;
 * ``subscribe``: ``client`` (a consumer), ``stream``, ``stored_offset`` (the offset stored for its name when it
   (re)subscribed, or None), ``tracked`` (bool);
@@ -66,7 +69,7 @@ def is_anchor(client: str) -> bool:
 PROBE = "probe"  # the writable probe's messages (smartclient.testing.probe): stored, never a client's progress
 EVERY = "*"  # a ``writable`` record of the LB (target "lb"): its moment counts for every client
 
-_PROGRESS = {"confirm", "deliver"}
+_PROGRESS = {"confirm", "deliver", "received"}
 
 
 @dataclass
@@ -81,6 +84,7 @@ class ProducerResult:
     failed_without_reason: list[int] = field(default_factory=list)
     unexplained: list[int] = field(default_factory=list)  # stored, but never sent, or refused by the broker
     given_up_stored: int = 0  # failed by the client (confirm timeout, recovery gave up), stored all the same
+    redelivered: int = 0  # to a queue (at least once): ids received more than once
 
 
 @dataclass
@@ -173,6 +177,8 @@ class Report:
                                               ("unexplained", p.unexplained)) if v}
             if problems:
                 lines.append(f"  {name}: {problems}")
+            if p.redelivered:
+                lines.append(f"  {name} (a queue, at least once): {p.redelivered} id(s) received more than once")
         delivered = sum(c.delivered for c in self.consumers.values())
         duplicates = sum(c.duplicates for c in self.consumers.values())
         lines.append(f"consumers: {len(self.consumers)}, delivered {delivered}, gaps {self.consumer_gaps}, "
@@ -239,6 +245,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     failed: dict[str, set[int]] = defaultdict(set)
     refused: dict[str, set[int]] = defaultdict(set)  # failed with a broker code: must not be stored
     stored: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # client -> (stream, offset, id)
+    received: dict[str, list[int]] = defaultdict(list)  # a queue's producer -> the ids its consumers were handed
     consumers: dict[str, ConsumerResult] = defaultdict(ConsumerResult)
     delivered: dict[str, list[int]] = defaultdict(list)
     consumer_stream: dict[str, str] = {}
@@ -270,7 +277,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 waiting[name].append(t)
             continue
         timed = not r.get("setup") and not r.get("untimed") and client != PROBE
-        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op") and timed:
+        if kind in ("send", "confirm", "fail", "deliver", "subscribe", "op", "received") and timed:
             clients.add(client)
         if kind == "leaders":
             elected[float(r["fault_t"])] = t
@@ -307,6 +314,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 producers[client].failed_without_reason.append(int(r["id"]))
         elif kind == "stored":
             stored[client].append((str(r["stream"]), int(r["offset"]), int(r["id"])))
+        elif kind == "received":
+            received[str(r["producer"])].append(int(r["id"]))
         elif kind == "deliver":
             offset = int(r["offset"])
             delivered[client].append(offset)
@@ -323,10 +332,17 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             else:
                 op_errors[client][str(r.get("error", "?"))] += 1
 
-    for client in set(sent) | set(stored) | set(confirmed):
+    for client in set(sent) | set(stored) | set(confirmed) | set(received):
         result = producers[client]
         result.sent, result.confirmed, result.failed = len(sent[client]), len(confirmed[client]), len(failed[client])
         result.in_flight = len(sent[client] - confirmed[client] - failed[client])
+        if client in received:  # a queue, at least once: each confirmed id received, again is counted
+            counts = Counter(received[client])
+            result.redelivered = sum(1 for n in counts.values() if n > 1)
+            result.lost = sorted(confirmed[client] - set(counts))
+            result.unexplained = sorted(i for i in counts if i not in sent[client] or i in refused[client])
+            result.given_up_stored = sum(1 for i in counts if i in failed[client] and i not in refused[client])
+            continue
         counts = Counter(i for _, _, i in stored[client])
         result.duplicated = sorted(i for i, n in counts.items() if n > 1)
         result.lost = sorted(confirmed[client] - set(counts))

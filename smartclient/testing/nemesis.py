@@ -21,6 +21,7 @@ The workload, every connection placed through the LB:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -318,7 +319,7 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             if anchor is not None:
                 producers.append(asyncio.create_task(anchor(bed, anchor_stream, history, stop, plan.rate)))
             threads = [threading.Thread(target=loop, args=(env, history, halt, run_id), name=loop.__name__, daemon=True)
-                       for loop in (_rpc_loop, _mqtt_loop)]
+                       for loop in (_rpc_loop, _mqtt_loop, _amqp10_loop)]
             for thread in threads:
                 thread.start()
             nodes = asyncio.Lock()
@@ -501,3 +502,68 @@ def _mqtt_loop(env: Any, history: History, halt: threading.Event, run_id: str) -
             halt.wait(0.05)
     finally:
         fleet.close()
+
+
+def _amqp10_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
+    """An AMQP 1.0 publisher on a quorum queue's leader and a consumer on a replica, both through the LB (the
+    ``[amqp10]`` extra), until ``halt``; then every confirmed message is waited for.  The checker holds each
+    confirmed id received at least once (``received``), and counts those received again."""
+    import importlib.util
+
+    if importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
+        return  # the extra is not installed: no AMQP 1.0 client in this run
+    from smartclient import SmartClientError
+
+    queue, lock = f"nemesis-{run_id}-amqp10", threading.Lock()
+    confirmed: set[int] = set()
+    got: set[int] = set()
+
+    def on_message(message: Any, accept: Callable[[], None]) -> None:
+        number = int(bytes(message.body))
+        with lock:
+            got.add(number)
+        history.add("received", client="amqp10-c", producer="amqp10-p", id=number)
+        accept()
+
+    placer = env.amqp10_placer()
+    while not _op(history, "amqp10-setup", lambda: env.management.put(
+            f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}}), setup=True):
+        if halt.wait(1.0):
+            return
+    consumer = publisher = None
+    try:
+        while consumer is None and not halt.is_set():
+            try:
+                consumer = placer.consumer(queue, on_message, prefer="replica")
+            except SmartClientError as exc:  # a fault at the start: try again
+                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
+                halt.wait(1.0)
+        number = 0
+        while not halt.is_set():
+            try:
+                publisher = publisher or placer.publisher(queue)
+            except SmartClientError as exc:
+                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
+                halt.wait(1.0)
+                continue
+            number += 1
+            history.add("send", client="amqp10-p", id=number)
+            try:
+                publisher.publish(b"%d" % number)
+            except SmartClientError as exc:  # recovery gave up, or the broker refused it: it may still come
+                history.add("fail", client="amqp10-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
+                publisher.close()
+                publisher = None
+                continue
+            history.add("confirm", client="amqp10-p", id=number)
+            confirmed.add(number)
+            halt.wait(0.05)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not confirmed <= got:
+            time.sleep(0.1)
+    finally:
+        for handle in (publisher, consumer):
+            if handle is not None:
+                handle.close()
+        with contextlib.suppress(SmartClientError):
+            env.management.delete(f"/api/queues/%2F/{queue}")

@@ -137,6 +137,49 @@ def test_a_stream_consumer_reads_on_a_replica_through_an_sql_filter(
             api.delete(f"/api/queues/%2F/{name}")
 
 
+def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothing_lost(
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
+) -> None:
+    """The leader's node stops (stop_app) while a publisher on it and a consumer on a replica run: the publisher
+    recovers on the new leader and sends the message it was on again, the consumer recovers if its node went;
+    every message sent comes (at least once), and the duplicates are counted."""
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_message(message: Any, accept: Any) -> None:
+        with lock:
+            got.append(bytes(message.body))
+        accept()
+
+    publisher = lb_placer.publisher(queue)
+    old_leader = publisher.node
+    consumer = lb_placer.consumer(queue, on_message, prefer="replica")
+    victim = rabbitmq_testbed.node(old_leader)
+    sent: list[bytes] = []
+    try:
+        for index in range(100):
+            publisher.publish(b"r%d" % index)
+            sent.append(b"r%d" % index)
+        rabbitmq_testbed.stop_app(victim.name)
+        try:
+            for index in range(100, 300):
+                publisher.publish(b"r%d" % index)
+                sent.append(b"r%d" % index)
+            assert publisher.recoveries == 1 and publisher.node != old_leader
+            assert publisher.node == lb_placer.queue_topology(queue).leader
+        finally:
+            rabbitmq_testbed.start_app(victim.name)
+        wait_until_sync(lambda: set(got) >= set(sent), 60,
+                        lambda: f"every message sent consumed, {len(set(sent) - set(got))} missing")
+    finally:
+        publisher.close()
+        consumer.close()
+    assert consumer.failure is None
+    duplicates = len(got) - len(set(got))
+    print(f"leader {old_leader} stopped: publisher on {publisher.node} after {publisher.recoveries} recovery, "
+          f"consumer recoveries {consumer.recoveries}, {duplicates} duplicate(s) of {len(sent)}")
+
+
 def test_bad_input_is_typed_before_any_connection(lb_placer: Amqp10Placer, queue: str) -> None:
     opened = lb_placer.opened
     with pytest.raises(ConfigurationError, match=r"prefer\) must be one of"):

@@ -186,3 +186,17 @@ def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
                {"kind": "stored", "t": 20.0, "stream": "s1", "offset": 0, "client": "p", "id": 1}]
     report = check(history)
     assert report.progress == {"p": pytest.approx([9.0, 7.0])} and report.own == {"p": pytest.approx([1.0, 1.0])}
+
+
+def test_a_queues_producer_is_checked_against_what_its_consumers_received_at_least_once() -> None:
+    """An AMQP 1.0 quorum queue's publisher: each confirmed id received at least once; received again is counted
+    (redelivered), not a failure; one never received is lost; one received that was never sent is unexplained."""
+    base = [{"kind": "send", "t": i / 10, "client": "q-p", "id": i} for i in range(1, 6)]
+    base += [{"kind": "confirm", "t": i / 10 + 0.05, "client": "q-p", "id": i} for i in range(1, 6)]
+    got = [{"kind": "received", "t": 1 + i / 10, "client": "q-c", "producer": "q-p", "id": i} for i in [1, 2, 3, 3, 4, 5]]
+    report = check(base + got)
+    assert report.ok and report.lost == 0 and report.producers["q-p"].redelivered == 1
+    assert "1 id(s) received more than once" in report.summary()
+    report = check(base + [r for r in got if r["id"] != 4] + [{"kind": "received", "t": 3, "client": "q-c",
+                                                                 "producer": "q-p", "id": 9}])
+    assert not report.ok and report.producers["q-p"].lost == [4] and report.producers["q-p"].unexplained == [9]
