@@ -266,6 +266,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
     """
 
     protocol = "amqp"
+    protocol_version = "1.0"  #: its clients per node are measured apart from AMQP 0.9.1's (the same listener)
     default_port = 5672
     name_column = "name"
 

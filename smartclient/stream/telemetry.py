@@ -175,12 +175,13 @@ class StreamTelemetry:
         return [(value, _on(stream)) for stream, value in sorted(totals.items())]
 
     def _placed_clients(self) -> Iterable[tuple[float, dict[str, str]]]:
-        counts: Counter[tuple[str, str]] = Counter()
-        for placer in _copy(self.placers):
+        counts: Counter[tuple[str, str, str]] = Counter()
+        for placer in _copy(self.placers):  # AMQP 1.0 says its version: its listener is AMQP 0.9.1's
             for node, n in placer.clients_per_node().items():
-                counts[(placer.protocol, node)] += n
-        return [(n, {**_SYSTEM, "network.protocol.name": protocol, "server.node": node})
-                for (protocol, node), n in sorted(counts.items())]
+                counts[(placer.protocol, getattr(placer, "protocol_version", ""), node)] += n
+        return [(n, {**_SYSTEM, "network.protocol.name": protocol, "server.node": node,
+                     **({"network.protocol.version": version} if version else {})})
+                for (protocol, version, node), n in sorted(counts.items())]
 
     def _lag(self) -> Iterable[tuple[float, dict[str, str]]]:
         """Per stream and consumer name (none for unnamed consumers), the lag furthest behind at the last sample."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -42,6 +42,19 @@ def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
         api.delete(f"/api/queues/%2F/{name}")
 
 
+def collector() -> tuple[list[bytes], Callable[[Any, Any], None]]:
+    """The bodies a consumer is handed (from its own thread), and the callback that accepts and keeps each."""
+    got: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_message(message: Any, accept: Any) -> None:
+        with lock:
+            got.append(bytes(message.body))
+        accept()
+
+    return got, on_message
+
+
 def container_nodes(bed: TestBed) -> dict[str, str]:
     """The management API's own view: each AMQP 1.0 connection's container id -> its node."""
     with bed.management() as api:
@@ -71,13 +84,7 @@ def test_a_quorum_queue_publisher_is_on_its_leader_and_consumers_on_members(
     topology = lb_placer.queue_topology(queue)
     assert topology.queue_type == "quorum" and topology.leader in topology.members
     assert set(topology.members) == {n.name for n in rabbitmq_testbed.nodes}
-    got: list[bytes] = []
-    lock = threading.Lock()
-
-    def on_message(message: Any, accept: Any) -> None:
-        with lock:
-            got.append(bytes(message.body))
-        accept()
+    got, on_message = collector()
 
     with lb_placer.publisher(queue) as publisher:
         assert publisher.node == topology.leader
@@ -143,13 +150,7 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
     """The leader's node stops (stop_app) while a publisher on it and a consumer on a replica run: the publisher
     recovers on the new leader and sends the message it was on again, the consumer recovers if its node went;
     every message sent comes (at least once), and the duplicates are counted."""
-    got: list[bytes] = []
-    lock = threading.Lock()
-
-    def on_message(message: Any, accept: Any) -> None:
-        with lock:
-            got.append(bytes(message.body))
-        accept()
+    got, on_message = collector()
 
     publisher = lb_placer.publisher(queue)
     old_leader = publisher.node

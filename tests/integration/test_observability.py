@@ -144,6 +144,7 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
                                management=bed.management(), telemetry=Telemetry(meter_provider=provider)) as env:
             await env.producer(rabbitmq_unique_name)
             amqp = env.amqp_connection(bed.nodes[1].name)
+            amqp10 = env.amqp10_placer().connect(bed.nodes[0].name)
             mqtt = env.mqtt_client(f"observed-{uuid.uuid4().hex[:6]}", bed.nodes[2].name)
             try:
                 metrics = read(reader)
@@ -152,11 +153,14 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
                 assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "hit"}) == dns.cache_hits
                 # one resolver call per connection dialled: the stream ones, and the AMQP and MQTT placers' own
                 assert total(metrics, "smartclient.resolution.duration",
-                              **{"smartclient.resolver": "DnsResolver"}) >= env.connector.opened + 2
-                clients = {(a["network.protocol.name"], a["server.node"]): v for a, v in metrics["smartclient.clients"]}
-                assert clients == {("amqp", bed.nodes[1].name): 1, ("mqtt", bed.nodes[2].name): 1}
+                              **{"smartclient.resolver": "DnsResolver"}) >= env.connector.opened + 3
+                clients = {(a["network.protocol.name"], a.get("network.protocol.version", ""), a["server.node"]): v
+                           for a, v in metrics["smartclient.clients"]}
+                assert clients == {("amqp", "", bed.nodes[1].name): 1, ("amqp", "1.0", bed.nodes[0].name): 1,
+                                   ("mqtt", "", bed.nodes[2].name): 1}
             finally:
                 amqp.close()
+                amqp10.close()
                 mqtt.disconnect()
                 mqtt.loop_stop()
             await wait_until(lambda: not read(reader).get("smartclient.clients"), 5, "no client left")
