@@ -134,7 +134,9 @@ class Environment(StreamEnvironment):
         from smartclient.amqp10.placement import Amqp10Placer
 
         if self._amqp10 is None:
-            self._amqp10 = self._measure(Amqp10Placer(self.management, settings=self.settings, recovery=self.recovery))
+            self._amqp10 = self._measure(Amqp10Placer(
+                self.management, settings=self.settings, recovery=self.recovery,
+                tracer_provider=self.telemetry.tracer_provider))
         return self._amqp10
 
     # -- MQTT (paho-mqtt) --------------------------------------------------------------------------

@@ -181,11 +181,14 @@ def new_publisher(connection: Amqp10Connection, queue: str) -> Any:
         return connection.publisher(AddressHelper.queue_address(queue))
 
 
-def publish(publisher: Any, body: bytes | Any, where: str) -> None:
-    """Send one message and wait until the broker settles it (the official client's only way).
+def publish(publisher: Any, body: bytes | Any, where: str, properties: dict[str, str] | None = None) -> None:
+    """Send one message and wait until the broker settles it (the official client's only way); ``properties``
+    are added to its application properties (a trace context).
 
     :raises PublishFailed: the broker rejected or released it."""
-    message = body if isinstance(body, Message) else Message(body=bytes(body))
+    message: Any = body if isinstance(body, Message) else Message(body=bytes(body))
+    if properties:
+        message.application_properties = {**(message.application_properties or {}), **properties}
     with amqp10_errors(f"publishing to {where}"):
         publisher.publish(message)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from smartclient import _otel
 from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
@@ -51,7 +52,7 @@ from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
-from smartclient.core.validation import checked, choice, function, instance, text, texts, whole
+from smartclient.core.validation import checked, choice, function, instance, provider, text, texts, whole
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS
 
@@ -69,6 +70,12 @@ T = TypeVar("T")
 #: leader; the leader when there is none), "leader"
 CONSUMER_PREFERENCES = ("member", "replica", "leader")
 STREAM_OFFSETS = ("first", "last", "next")
+
+
+def _span_attributes(queue: str, node: str, operation: str) -> dict[str, str]:
+    return {"messaging.system": "rabbitmq", "messaging.destination.name": queue, "server.node": node,
+            "messaging.operation.name": operation, "messaging.operation.type": operation,
+            "network.protocol.name": "amqp", "network.protocol.version": "1.0"}
 
 
 @dataclass(eq=False)
@@ -123,11 +130,21 @@ class Amqp10Publisher:
         check = self.placer.recovery.stall_check
         if check and time.monotonic() - self._checked >= check:
             self._follow()
+        tracer = self.placer.tracer
+        if tracer is None:
+            self._send(body, None)
+            return
+        span = tracer.start(f"send {self.queue}", _otel.SpanKind.PRODUCER, _span_attributes(self.queue, self.node,
+                                                                                             "send"))
+        with _otel.use(span):  # the consumer's span is its child: the context goes in the application properties
+            self._send(body, _otel.inject(span))
+
+    def _send(self, body: bytes | Any, properties: dict[str, str] | None) -> None:
         try:
-            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}", properties)
         except ConnectionFailed as exc:
             self._recover(exc)
-            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}")
+            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}", properties)
 
     def _follow(self) -> None:
         self._checked = time.monotonic()
@@ -193,7 +210,16 @@ class Amqp10Consumer:
         annotations = getattr(message, "annotations", None)
         if isinstance(annotations, dict) and (offset := annotations.get("x-stream-offset")) is not None:
             self.last_offset = int(offset)
-        self.on_message(message, accept)
+        tracer = self.placer.tracer
+        if tracer is None:
+            self.on_message(message, accept)
+            return
+        properties = getattr(message, "application_properties", None)
+        span = tracer.start(f"process {self.queue}", _otel.SpanKind.CONSUMER,
+                            _span_attributes(self.queue, str(self.node), "process"),
+                            parent=_otel.extract(properties) if isinstance(properties, dict) else None)
+        with _otel.use(span):
+            self.on_message(message, accept)
 
     def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
         node = self.placer.consumer_node(self.placer.queue_topology(self.queue), self.prefer)
@@ -263,6 +289,9 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
     :param recovery: how publishers and consumers recover a lost connection (and how often publishers check
         that their node still leads: ``stall_check``).
+    :param tracer_provider: an OpenTelemetry ``TracerProvider`` for a ``send`` span per publish (its context in the
+        message's application properties) and a ``process`` span per message handed over, its child (default:
+        the global one, if set).
     """
 
     protocol = "amqp"
@@ -284,6 +313,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         connection_name: str | None = None,
         entry_points: Any = None,
         recovery: RecoveryPolicy = RecoveryPolicy(),
+        tracer_provider: Any = None,
     ) -> None:
         if (settings.tls if settings is not None and tls is None else tls) is not None:
             raise ConfigurationError("the AMQP 1.0 wing does not open TLS connections yet (issue 34): the official "
@@ -292,7 +322,10 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                          allow=allow, retry=retry, tls=None, entry_points=entry_points)
         text("Amqp10Placer.connection_name", connection_name, optional=True)
         instance("Amqp10Placer.recovery", recovery, RecoveryPolicy, optional=False)
+        provider("Amqp10Placer.tracer_provider", tracer_provider, "get_tracer", "TracerProvider")
         self.recovery = recovery
+        #: a span per publish and per message handed over (the provider given, or the global one if set)
+        self.tracer = _otel.tracer(tracer_provider)
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
         self._lock = threading.Lock()

@@ -205,3 +205,38 @@ def test_tls_is_refused_with_a_typed_error_until_the_wing_supports_it() -> None:
 
     with pytest.raises(ConfigurationError, match="does not open TLS connections yet"):
         Amqp10Placer(None, tls=ssl.create_default_context())
+
+
+def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span_its_child(
+    rabbitmq_testbed: TestBed, queue: str
+) -> None:
+    from opentelemetry.sdk import trace as trace_sdk
+    from opentelemetry.sdk.trace import export
+    from opentelemetry.sdk.trace.export import in_memory_span_exporter as in_memory
+
+    exporter = in_memory.InMemorySpanExporter()
+    provider = trace_sdk.TracerProvider()
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+    host, port = rabbitmq_testbed.lb("amqp")
+    with rabbitmq_testbed.management() as api:
+        placer = Amqp10Placer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)),
+                              tracer_provider=provider)
+        got, on_message = collector()
+        with placer.publisher(queue) as publisher:
+            for index in range(3):
+                publisher.publish(b"t%d" % index)
+        consumer = placer.consumer(queue, on_message)
+        try:
+            wait_until_sync(lambda: len(got) == 3, 30, lambda: f"3 messages, {len(got)} so far")
+        finally:
+            consumer.close()
+            placer.close()
+    spans = exporter.get_finished_spans()
+    sends = [s for s in spans if s.name == f"send {queue}"]
+    processes = [s for s in spans if s.name == f"process {queue}"]
+    assert len(sends) == 3 and len(processes) == 3
+    assert {s.attributes["server.node"] for s in sends} == {publisher.node}
+    assert all(s.attributes["network.protocol.version"] == "1.0" for s in sends + processes)
+    assert {p.parent.span_id for p in processes} == {s.context.span_id for s in sends}  # each its send's child
+    assert {p.context.trace_id for p in processes} == {s.context.trace_id for s in sends}
+    provider.shutdown()
