@@ -49,6 +49,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
+from smartclient.core.redaction import install_uri_redaction, without_uri_passwords
 from smartclient.credentials import Login
 
 __all__ = [
@@ -67,6 +68,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# the client logs its connection URI, password included (closing a connection that failed, for one)
+install_uri_redaction(*(f"rabbitmq_amqp_python_client.{m}" for m in ("connection", "consumer", "environment",
+                                                                        "management", "publisher")), "proton")
 
 #: Every private attribute or method of the client the seam touches, relative to ``rabbitmq_amqp_python_client``.
 AMQP10_INTERNALS: tuple[str, ...] = (
@@ -108,10 +112,12 @@ def amqp10_errors(what: str) -> Iterator[None]:
     except (ValidationCodeException, ArgumentOutOfRangeException) as exc:  # BaseException subclasses, both
         raise ConfigurationError(f"{what}: {exc}") from exc
     except ProtonException as exc:
-        text = str(exc)
+        text = without_uri_passwords(str(exc))  # proton names the connection by its URI, password included
+        exc.args = (text,)  # the cause, shown in a traceback, without it too
         condition = getattr(exc, "condition", None)
         name = getattr(condition, "name", "") or ""
-        if "unauthorized-access" in name or "unauthorized-access" in text or "SASL" in text.upper():
+        # a login refused: the broker's condition; "no protocol header" (a node going away under the LB) is not
+        if "unauthorized-access" in name or "unauthorized-access" in text or "authentication failed" in text.lower():
             raise AuthenticationFailed(f"{what}: the broker refused the login: {text}") from exc
         raise ConnectionFailed(f"{what}: {text or type(exc).__name__}") from exc
     except OSError as exc:

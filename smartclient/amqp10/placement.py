@@ -368,7 +368,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
         text("Amqp10Placer.connect(node)", node, optional=True)
-        landed = self.place(node, self._new_name(purpose), retry)  # a recovery's attempt: its own time bound
+        landed = self.place(node, self._new_name(purpose), retry or self.retry)  # a recovery: its own bound
         node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
         placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts)
         self.live.add(placed)

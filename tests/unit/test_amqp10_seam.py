@@ -73,3 +73,37 @@ def test_a_consumer_goes_where_its_preference_says_spread_over_the_members() -> 
     assert placer.consumer_node(QueueTopology("q", "quorum", "b@h", ("b@h",)), "replica") == "b@h"  # only the leader
     with pytest.raises(NoCandidateNode, match="no member"):
         placer.consumer_node(QueueTopology("q", "quorum", None, ()), "member")
+
+
+def test_a_connection_aborted_before_the_sasl_header_is_a_connection_failure_not_a_refused_login() -> None:
+    """Through the LB, a node going away aborts a connection before SASL: retried, never taken for bad
+    credentials (which are never retried); the broker's unauthorized-access condition is."""
+    from rabbitmq_amqp_python_client.qpid.proton import ConnectionException
+
+    from smartclient import AuthenticationFailed
+    from smartclient.amqp10._rabbitmq_amqp import amqp10_errors
+
+    aborted = ConnectionException("disconnected: Condition('amqp:connection:framing-error', 'Expected SASL protocol "
+                                  "header: no protocol header found (connection aborted)')")
+    with pytest.raises(ConnectionFailed) as caught, amqp10_errors("connecting"):
+        raise aborted
+    assert not isinstance(caught.value, AuthenticationFailed)
+    with pytest.raises(AuthenticationFailed), amqp10_errors("connecting"):
+        raise ConnectionException("Condition('amqp:unauthorized-access', 'Authentication failed [mech=PLAIN]')")
+
+
+def test_no_password_in_the_errors_nor_in_what_the_client_logs(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rabbitmq_amqp_python_client.qpid.proton import ConnectionException
+
+    from smartclient.amqp10._rabbitmq_amqp import amqp10_errors
+
+    with pytest.raises(ConnectionFailed) as caught, amqp10_errors("connecting"):
+        raise ConnectionException("Connection amqp://guest:s3cret@127.0.0.1:5672 disconnected")
+    assert "s3cret" not in str(caught.value) and "s3cret" not in str(caught.value.__cause__)
+    assert "amqp://guest:***@127.0.0.1:5672" in str(caught.value)
+    with caplog.at_level(logging.ERROR):
+        logging.getLogger("rabbitmq_amqp_python_client.connection").error(
+            "Error closing connection: %s", "Connection amqp://guest:s3cret@127.0.0.1:5672 timed out")
+    assert "s3cret" not in caplog.text and "guest:***@" in caplog.text
