@@ -38,7 +38,7 @@ from typing import Any
 from raw_frames import _own_socket
 
 from smartclient import BatchingPolicy, Environment
-from smartclient.stream._rstream.frames import DELIVER_DATA
+from smartclient.stream._rstream.frames import DELIVER_DATA, read_frame_raw
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client, stream_members
 
@@ -175,8 +175,7 @@ async def raw_phase(bed: LocalTestBed, stream: str, rate: int | None, seconds: f
 
         async def read_deliveries() -> None:
             while True:
-                (size,) = _SIZE.unpack(await deliveries.readexactly(4))
-                raw = await deliveries.readexactly(size)
+                raw = await read_frame_raw(deliveries)
                 if (raw[0] << 8 | raw[1]) != _DELIVER:
                     continue
                 at = now_ns()
@@ -188,8 +187,7 @@ async def raw_phase(bed: LocalTestBed, stream: str, rate: int | None, seconds: f
 
         async def drain_confirms() -> None:
             while True:
-                (size,) = _SIZE.unpack(await confirms_in.readexactly(4))
-                await confirms_in.readexactly(size)
+                await read_frame_raw(confirms_in)
 
         async def emit(count: int) -> None:
             nonlocal next_id

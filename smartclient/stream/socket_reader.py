@@ -73,6 +73,18 @@ class FrameReader(asyncio.StreamReader):
             self._transport.pause_reading()
         self._wakeup_waiter()
 
+    async def read(self, n: int = -1) -> bytes:
+        raise TypeError("a FrameReader hands out whole frames: use frame(), not read()")
+
+    async def readexactly(self, n: int) -> bytes:
+        raise TypeError("a FrameReader hands out whole frames: use frame(), not readexactly()")
+
+    async def readline(self) -> bytes:
+        raise TypeError("a FrameReader hands out whole frames: use frame(), not readline()")
+
+    async def readuntil(self, separator: Any = b"\n") -> bytes:
+        raise TypeError("a FrameReader hands out whole frames: use frame(), not readuntil()")
+
     def at_eof(self) -> bool:
         return self._eof and self._head == self._tail and self._big is None
 

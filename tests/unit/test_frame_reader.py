@@ -120,3 +120,17 @@ def test_a_frame_larger_than_the_area_cut_short_ends_the_reader() -> None:
             await read_frame_raw(reader)
 
     asyncio.run(served(send, scenario))
+
+
+def test_asyncios_byte_reads_are_refused_the_reader_hands_out_whole_frames() -> None:
+    async def send(writer: asyncio.StreamWriter) -> None:
+        writer.write(framed([b"abc"]))
+        await writer.drain()
+
+    async def scenario(reader: FrameReader) -> None:
+        for call in (reader.read(3), reader.readexactly(3), reader.readline(), reader.readuntil(b"c")):
+            with pytest.raises(TypeError, match="use frame"):
+                await call
+        assert await read_frame_raw(reader) == b"abc"
+
+    asyncio.run(served(send, scenario))
