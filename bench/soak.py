@@ -59,16 +59,18 @@ def main() -> int:
     print(f"{time.monotonic() - started:.0f} s: {confirmed} confirmed, lost {report.lost}, duplicated "
           f"{report.duplicated}, consumer gaps {report.consumer_gaps}; faults {dict(sorted(report.faults.items()))}")
     every = [t for r in result.rollouts for t in r.progress]
-    print(f"rolling restarts: {len(result.rollouts)}; progress after a node stop p99 {Rollout.p99(every):.2f} s, "
+    print(f"rolling restarts: {len(result.rollouts)}, {sum(r.rolled for r in result.rollouts)} node rolls, "
+          f"{result.rolls_failed} failed; progress after a node stop p99 {Rollout.p99(every):.2f} s, "
           f"worst {max(every, default=0.0):.2f} s; streams writable again (the anchor: a raw producer's first "
           f"confirm) median {sorted(report.unwritable)[len(report.unwritable) // 2] if report.unwritable else 0:.2f} s")
     own = report.p99_own()
     print(f"the clients' own share after a fault: p99 {own:.2f} s, worst {max(report.own_times(), default=0.0):.2f} s; "
           f"all of it: p99 {report.p99_progress():.2f} s (ratio own/all {own / (report.p99_progress() or 1):.2f})")
     flat = resources.flat(plan.rss_growth)
-    ok = report.ok and flat and own <= TARGET_OWN_P99
-    print(f"soak: own_p99={own:.2f}s target <= {TARGET_OWN_P99:g}s with lost=0 dup=0 gaps=0 flat resources (lost="
-          f"{report.lost} dup={report.duplicated} gaps={report.consumer_gaps} rss={resources.rss_growth * 100:+.1f}% "
+    ok = report.ok and flat and own <= TARGET_OWN_P99 and not result.rolls_failed
+    print(f"soak: own_p99={own:.2f}s target <= {TARGET_OWN_P99:g}s with lost=0 dup=0 gaps=0 rolls_failed=0 flat "
+          f"resources (lost={report.lost} dup={report.duplicated} gaps={report.consumer_gaps} rolls_failed="
+          f"{result.rolls_failed} rss={resources.rss_growth * 100:+.1f}% "
           f"{'flat' if flat else 'not flat: ' + ','.join(sorted(resources.not_back))}) {'PASS' if ok else 'MISS'}")
     return 0
 

@@ -111,6 +111,8 @@ class Rollout:
     ended: float
     progress: list[float]  # every client's wait after each node's stop
     own: list[float]  # the same, from when its streams took writes again
+    rolled: int = 0  # nodes it stopped and started
+    errors: list[str] = field(default_factory=list)  # nodes it could not roll, and why (the broker's check failed)
 
     @staticmethod
     def p99(values: list[float]) -> float:
@@ -123,11 +125,14 @@ def rollouts(records: Iterable[Mapping[str, Any]], report: Report) -> list[Rollo
     records = list(records)
     spans = [(float(r["began"]), float(r["t"])) for r in records if r.get("kind") == "rollout"]
     stops = sorted(float(r["t"]) for r in records if r.get("kind") == "fault" and r.get("what") == "roll")
+    errors = [(float(r["t"]), str(r.get("error", ""))) for r in records
+              if r.get("kind") == "fault_error" and r.get("what") == "roll"]
     out = []
     for began, ended in spans:
         mine = {t for t in stops if began <= t <= ended}
         out.append(Rollout(began, ended, [p - at for _, at, p, _ in report.delays if at in mine],
-                           [own for _, at, _, own in report.delays if at in mine]))
+                           [own for _, at, _, own in report.delays if at in mine], len(mine),
+                           [error for t, error in errors if began <= t <= ended]))
     return out
 
 
@@ -146,14 +151,20 @@ class SoakReport:
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and self.resources.flat(self.plan.rss_growth)
+        return self.report.ok and self.resources.flat(self.plan.rss_growth) and not self.rolls_failed
+
+    @property
+    def rolls_failed(self) -> int:
+        """Node rolls that did not happen (a soak whose rollouts restarted nothing proves nothing about them)."""
+        return sum(len(r.errors) for r in self.rollouts)
 
     def summary(self) -> str:
         lines = [self.report.summary(), "rolling restarts:"]
         for r in self.rollouts:
-            lines.append(f"  at {r.began:7.1f} s, {r.ended - r.began:5.1f} s long: progress after a node stop p99 "
-                         f"{Rollout.p99(r.progress):.2f} s, worst {max(r.progress, default=0.0):.2f} s; the clients' "
-                         f"own p99 {Rollout.p99(r.own):.2f} s")
+            lines.append(f"  at {r.began:7.1f} s, {r.ended - r.began:5.1f} s long, {r.rolled} node(s) rolled: progress "
+                         f"after a node stop p99 {Rollout.p99(r.progress):.2f} s, worst "
+                         f"{max(r.progress, default=0.0):.2f} s; the clients' own p99 {Rollout.p99(r.own):.2f} s")
+            lines += [f"    NOT ROLLED: {error[:300]}" for error in r.errors]
         lines.append(f"delivery watch: {self.watch.get('rescue', 0)} rescue(s) (a consumer silent with committed "
                      f"messages beyond it), {self.watch.get('last chunk', 0)} look(s) at a last chunk (an "
                      f"offset-tracking chunk, most often)")

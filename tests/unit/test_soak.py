@@ -84,6 +84,19 @@ def test_each_rollout_reports_the_progress_after_its_node_stops() -> None:
                {"kind": "rollout", "t": 30.0, "index": 0, "began": 10.0}]
     [rollout] = rollouts(history, check(history))
     assert rollout.progress == pytest.approx([1.0, 2.0]) and rollout.p99(rollout.progress) == pytest.approx(2.0)
+    assert rollout.rolled == 2 and rollout.errors == []
+
+
+def test_a_node_the_rollout_could_not_roll_is_reported_not_counted_as_rolled() -> None:
+    """The broker's pre-stop check failed (the 45-minute run of 2026-11-26: every roll): the node was never
+    stopped, so the rollout proves nothing about it, and the soak says so."""
+    history = [{"kind": "rollout_began", "t": 10.0, "index": 0},
+               {"kind": "fault_error", "t": 130.0, "what": "roll", "error": "TestBedError: await_online timed out"},
+               {"kind": "heal", "t": 130.0, "what": "roll", "target": "rabbit-1", "down": -1.0},
+               {"kind": "fault", "t": 131.0, "what": "roll", "target": "rabbit-2"},
+               {"kind": "rollout", "t": 150.0, "index": 0, "began": 10.0}]
+    [rollout] = rollouts(history, check(history))
+    assert rollout.rolled == 1 and rollout.errors == ["TestBedError: await_online timed out"]
 
 
 def test_a_count_whose_low_rises_from_each_rollout_to_the_next_is_growing_even_under_its_slack() -> None:
