@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ from rabbitmq_amqp_python_client.exceptions import (
 )
 from rabbitmq_amqp_python_client.qpid.proton import ProtonException
 from rabbitmq_amqp_python_client.qpid.proton.reactor import ApplicationEvent, EventInjector
-from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection
+from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection, SendException
 
 from smartclient._errors import (
     AuthenticationFailed,
@@ -79,11 +80,13 @@ AMQP10_INTERNALS: tuple[str, ...] = (
     "connection.Connection._conn",  # the proton BlockingConnection: its Open frame's properties (the node)
     "connection.Connection._addr",
     "qpid.proton.utils.BlockingConnection.container",  # a consumer's loop, woken from another thread to stop
+    "qpid.proton.utils.BlockingConnection.disconnected",  # set, and nothing raised, when the socket went
     "connection.Connection._ssl_domain",
 )
 
-#: the outcomes the official client leaves a publisher with (a message released, refused or lost on the way)
-_REFUSED = (AmqpMessageRejectedException,)
+#: the outcomes the official client raises for a message the broker settled without taking it: rejected, or
+#: released (proton's SendException: a ProtonException, not a lost connection)
+_REFUSED = (AmqpMessageRejectedException, SendException)
 
 
 class Amqp10Connection(Connection):
@@ -93,10 +96,11 @@ class Amqp10Connection(Connection):
 
     smartclient_timeout: float = 10.0
     smartclient_container: str | None = None
+    smartclient_heartbeat: float | None = None
 
     def _create_connection(self) -> None:
         self._conn = BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
-                                        container_id=self.smartclient_container)
+                                        container_id=self.smartclient_container, heartbeat=self.smartclient_heartbeat)
         self._validate_server_properties()
 
 
@@ -108,7 +112,7 @@ def amqp10_errors(what: str) -> Iterator[None]:
     except SmartClientError:
         raise
     except _REFUSED as exc:
-        raise PublishFailed(f"{what}: the broker rejected it: {exc}") from exc
+        raise PublishFailed(f"{what}: the broker did not take it ({type(exc).__name__}): {exc}") from exc
     except (ValidationCodeException, ArgumentOutOfRangeException) as exc:  # BaseException subclasses, both
         raise ConfigurationError(f"{what}: {exc}") from exc
     except ProtonException as exc:
@@ -124,9 +128,11 @@ def amqp10_errors(what: str) -> Iterator[None]:
         raise ConnectionFailed(f"{what}: {exc}") from exc
 
 
-def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, timeout: float) -> Amqp10Connection:
+def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, timeout: float,
+                    heartbeat: float | None = None) -> Amqp10Connection:
     """An open AMQP 1.0 connection to ``dialled``, logged in with ``login`` (PLAIN), on ``vhost``, the broker's
-    name for it ``name`` (its container id).
+    name for it ``name`` (its container id), within ``timeout`` seconds; with ``heartbeat``, a peer silent for
+    that long (a half-open connection) ends it.
 
     :raises AuthenticationFailed: the credentials or vhost were refused.
     :raises ConnectionFailed: anything else (refused, reset, timed out, not RabbitMQ 4).
@@ -136,9 +142,10 @@ def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, ti
                                  f"{login.mechanism} (the official client offers no other mechanism)")
     user, password = quote(login.username, safe=""), quote(login.password, safe="")
     path = "" if vhost == "/" else "/" + vhost  # the client quotes it into the Open frame's hostname itself
-    connection = Amqp10Connection(uri=f"amqp://{user}:{password}@{dialled.host}:{dialled.port}{path}")
+    connection = Amqp10Connection(uri=f"amqp://{user}:{password}@{dialled}{path}")  # an IPv6 host in brackets
     connection.smartclient_timeout = timeout
     connection.smartclient_container = name
+    connection.smartclient_heartbeat = heartbeat
     with amqp10_errors(f"connecting to {dialled} ({name})"):
         connection.dial()
     return connection
@@ -199,19 +206,20 @@ def publish(publisher: Any, body: bytes | Any, where: str, properties: dict[str,
         publisher.publish(message)
 
 
-def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[[Any, Any], None], *,
+def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[[Any, Any, Any], None], *,
                  credit: int, offset: int | str | None = None, filter_values: Sequence[str] = (),
                  sql: str | None = None) -> ConsumerLoop:
-    """A consumer of ``queue`` handing each message (the client's ``Message``, and a function that settles it
-    as accepted) to ``on_message`` from :meth:`run`'s thread.  With ``offset``, ``filter_values`` or ``sql``,
-    the queue is a stream read from that offset (``"first"``, ``"last"``, ``"next"`` or a number), through
-    those filters.
+    """A consumer of ``queue`` handing each message (the client's ``Message``, a function that settles it as
+    accepted and one that gives it back to the queue) to ``on_message`` from :meth:`run`'s thread.  With
+    ``offset``, ``filter_values`` or ``sql``, the queue is a stream read from that offset (``"first"``,
+    ``"last"``, ``"next"`` or a number), through those filters.
 
     :raises FeatureNotSupported: the broker lacks a filter asked for (SQL filters: RabbitMQ 4.2)."""
 
     class Handler(AMQPMessagingHandler):
         def on_amqp_message(self, event: Any) -> None:
-            on_message(event.message, lambda: self.delivery_context.accept(event))
+            on_message(event.message, lambda: self.delivery_context.accept(event),
+                       lambda: self.delivery_context.requeue(event))
 
     options = None
     if offset is not None or filter_values or sql:
@@ -228,7 +236,7 @@ def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[
             if "requires RabbitMQ" in str(exc):  # the client checks the broker's version for each filter
                 raise FeatureNotSupported(f"consuming {queue!r}: {exc}") from exc
             raise
-    return ConsumerLoop(consumer, connection._conn.container)
+    return ConsumerLoop(consumer, connection._conn)
 
 
 class ConsumerLoop:
@@ -236,22 +244,31 @@ class ConsumerLoop:
     thread.  The client's own ``run()`` and ``stop()`` end the container itself (its I/O handler dropped, so the
     connection can no longer close cleanly), and its ``stop()`` only sets a flag read after the next event, which
     an idle queue may never bring: here the loop is the container's own ``process()``, and an injected event
-    wakes it to stop."""
+    wakes it to stop.  A connection that went without a close (a reset, a node killed, a heartbeat missed) only
+    sets the blocking connection's ``disconnected``: the loop checks it after each pass.
 
-    def __init__(self, consumer: Any, container: Any) -> None:
+    :raises ConnectionFailed: from :meth:`run`, when the connection is lost."""
+
+    def __init__(self, consumer: Any, blocking: Any) -> None:
         self.consumer = consumer
-        self.container = container
+        self.blocking = blocking
+        self.container = blocking.container
         self.stopped = False
         self.injector = EventInjector()
-        container.selectable(self.injector)
+        self.container.selectable(self.injector)
 
     def run(self) -> None:
         try:
             with amqp10_errors("consuming"):
                 while not self.stopped:
                     self.container.process()
+                    if self.blocking.disconnected and not self.stopped:
+                        raise ConnectionFailed("consuming: the connection was lost")
         finally:
             self.injector.close()
+            for end in self.injector.pipe:  # proton's injector never closes its pipe
+                with contextlib.suppress(OSError):
+                    os.close(end)
 
     def stop(self) -> None:
         self.stopped = True

@@ -15,6 +15,7 @@ consumer has its own connection; a consumer's messages are handed over on a thre
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import ssl
@@ -155,7 +156,14 @@ class Amqp10Publisher:
             return
         if leader is not None and leader != self.node:
             log.info("the leader of %r moved from %s to %s: following it", self.queue, self.node, leader)
-            self._swap(*self.placer._publisher_on(self.queue, self.placer.retry))
+            try:
+                moved = self.placer._publisher_on(self.queue, replace(self.placer.retry,
+                                                                      max_time=self.placer.recovery.attempt_time))
+            except SmartClientError as exc:  # the connection it has still works: it stays, and checks again later
+                log.warning("following the leader of %r to %s failed, staying on %s: %s", self.queue, leader,
+                            self.node, exc)
+                return
+            self._swap(*moved)
             self.moves += 1
 
     def _recover(self, lost: ConnectionFailed) -> None:
@@ -197,7 +205,10 @@ class Amqp10Consumer:
     placed: PlacedAmqp10Connection | None = None
     failure: BaseException | None = None
     recoveries: int = 0  #: placed reconnects after a lost connection
-    last_offset: int | None = None  #: a stream's last offset handed over
+    callback_errors: int = 0  #: messages whose callback raised (each given back to the queue)
+    last_offset: int | None = None  #: a stream's last offset handed over (its callback returned)
+    _handed: int = field(default=0, repr=False)  # messages handed over since the last recovery
+    _fruitless: int = field(default=0, repr=False)  # recoveries in a row with nothing handed over between them
     _loop: Any = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stopping: bool = field(default=False, repr=False)
@@ -206,20 +217,31 @@ class Amqp10Consumer:
     def node(self) -> str | None:
         return self.placed.node if self.placed is not None else None
 
-    def _hand(self, message: Any, accept: Callable[[], None]) -> None:
-        annotations = getattr(message, "annotations", None)
+    def _hand(self, message: Any, accept: Callable[[], None], requeue: Callable[[], None]) -> None:
+        """One message to the application's callback.  A callback that raises is logged and counted
+        (:attr:`callback_errors`), and its message given back to the queue (unless the callback settled it): it
+        comes again, never taken for a lost connection."""
+        self._handed += 1
+        tracer = self.placer.tracer
+        try:
+            if tracer is None:
+                self.on_message(message, accept)
+            else:
+                properties = getattr(message, "application_properties", None)
+                span = tracer.start(f"process {self.queue}", _otel.SpanKind.CONSUMER,
+                                    _span_attributes(self.queue, str(self.node), "process"),
+                                    parent=_otel.extract(properties) if isinstance(properties, dict) else None)
+                with _otel.use(span):
+                    self.on_message(message, accept)
+        except Exception as exc:
+            self.callback_errors += 1
+            log.warning("the callback of the AMQP 1.0 consumer of %r raised: %s", self.queue, exc)
+            with contextlib.suppress(Exception):  # it may have settled the message itself
+                requeue()
+            return
+        annotations = getattr(message, "annotations", None)  # a stream's position: after its callback returned
         if isinstance(annotations, dict) and (offset := annotations.get("x-stream-offset")) is not None:
             self.last_offset = int(offset)
-        tracer = self.placer.tracer
-        if tracer is None:
-            self.on_message(message, accept)
-            return
-        properties = getattr(message, "application_properties", None)
-        span = tracer.start(f"process {self.queue}", _otel.SpanKind.CONSUMER,
-                            _span_attributes(self.queue, str(self.node), "process"),
-                            parent=_otel.extract(properties) if isinstance(properties, dict) else None)
-        with _otel.use(span):
-            self.on_message(message, accept)
 
     def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
         node = self.placer.consumer_node(self.placer.queue_topology(self.queue), self.prefer)
@@ -249,11 +271,20 @@ class Amqp10Consumer:
                     return
                 log.warning("AMQP 1.0 consumer of %r lost its connection on %s: %s", self.queue, self.node, exc)
                 self.placed.close()
+                # a connection lost again with nothing handed over since the last recovery: the back-off goes on
+                self._fruitless = 0 if self._handed else self._fruitless + 1
+                self._handed = 0
                 try:
-                    self.placed, self._loop = self.placer.recover(f"consumer of {self.queue!r}", exc, self._open)
+                    self.placed, self._loop = self.placer.recover(f"consumer of {self.queue!r}", exc, self._open,
+                                                                  prior=self._fruitless,
+                                                                  stopping=lambda: self._stopping)
                 except BaseException as final:
-                    self.failure = final
-                    log.warning("AMQP 1.0 consumer of %r stopped: %s", self.queue, final)
+                    if not self._stopping:
+                        self.failure = final
+                        log.warning("AMQP 1.0 consumer of %r stopped: %s", self.queue, final)
+                    return
+                if self._stopping:  # closed while it recovered: the new connection goes too
+                    self.placed.close()
                     return
                 self.recoveries += 1
                 log.info("AMQP 1.0 consumer of %r recovered on %s", self.queue, self.node)
@@ -328,13 +359,19 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self.tracer = _otel.tracer(tracer_provider)
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
-        self._lock = threading.Lock()
+        self._closing = False
+        self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
+        self._attempt = threading.local()  # the placement under way on this thread: its time bound
+        #: seconds of silence after which a connection is taken for lost (the Environment's heartbeat)
+        self.heartbeat = float(settings.heartbeat) if settings is not None else 60.0
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:
         signed = signing.login(self.credentials, name)
         self.opened += 1
-        return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=self.retry.max_time)
+        timeout = getattr(self._attempt, "seconds", self.retry.max_time)  # a recovery's attempt: its own bound
+        return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=timeout,
+                               heartbeat=self.heartbeat)
 
     def _identify(self, connection: Amqp10Connection, name: str, newer_than: int) -> tuple[str, int]:
         return node_of(connection), -1  # the Open frame said it: no listing to wait for
@@ -368,7 +405,12 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
         text("Amqp10Placer.connect(node)", node, optional=True)
-        landed = self.place(node, self._new_name(purpose), retry or self.retry)  # a recovery: its own bound
+        retry = retry or self.retry
+        self._attempt.seconds = retry.max_time  # each dial of this placement within it (a recovery's is shorter)
+        try:
+            landed = self.place(node, self._new_name(purpose), retry)
+        finally:
+            del self._attempt.seconds
         node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
         placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts)
         self.live.add(placed)
@@ -392,6 +434,10 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 look.close()
                 self._look = self.connect(purpose="look")
                 return queue_topology(self._look.connection, queue)
+            finally:
+                if self._closing and self._look is not None:  # closed meanwhile (see close)
+                    self._look.close()
+                    self._look = None
 
     def publisher(self, queue: str) -> Amqp10Publisher:
         """A publisher to ``queue`` on its leader's node.
@@ -438,18 +484,21 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         text("Amqp10Placer.consumer(sql)", sql, optional=True)
         return Amqp10Consumer(queue, self, on_message, prefer, credit, offset, tuple(filter_values), sql).start()
 
-    def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T]) -> T:
+    def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T], *, prior: int = 0,
+                stopping: Callable[[], bool] = lambda: False) -> T:
         """``reopen(retry)`` again and again under :attr:`recovery` (each attempt placed within its
-        ``attempt_time``) until it answers.
+        ``attempt_time``) until it answers.  ``prior``: recoveries just before this one that did not help (the
+        back-off goes on from there instead of starting again at once); ``stopping``: asked before each attempt.
 
-        :raises RecoveryFailed: recovery is off, or gave up (the last error is its cause).
+        :raises RecoveryFailed: recovery is off, gave up (the last error is its cause), or ``stopping`` said so.
         :raises AuthenticationFailed: the credentials were refused (not retried).
         """
         policy, began, error = self.recovery, time.monotonic(), lost
         retry = replace(self.retry, max_time=policy.attempt_time)
         for attempt in itertools.count(1):
-            delay = policy.next_delay(attempt - 1, time.monotonic() - began) if attempt > 1 else 0.0
-            if delay is None or not policy.enabled:
+            done = attempt - 1 + prior
+            delay = policy.next_delay(done, time.monotonic() - began) if done else 0.0
+            if delay is None or not policy.enabled or stopping():
                 raise RecoveryFailed(f"{what}: gave up after {attempt - 1} attempt(s) in "
                                      f"{time.monotonic() - began:.1f} s: {error}") from error
             time.sleep(delay)
@@ -476,8 +525,15 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         return min(members, key=lambda member: (used[member], member))
 
     def close(self) -> None:
-        """Close the connection queues are looked up on (publishers and consumers are closed by their owners)."""
-        with self._lock:
-            if self._look is not None:
-                self._look.close()
-                self._look = None
+        """Close the connection queues are looked up on (publishers and consumers are closed by their owners).
+        Never waits: called from the Environment's ``close()`` on its event loop; a look-up under way on another
+        thread closes it when done."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._look is not None:
+                    self._look.close()
+                    self._look = None
+            finally:
+                self._lock.release()
+        else:
+            self._closing = True

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from smartclient import _otel
-from smartclient._errors import ConfigurationError
+from smartclient._errors import ConfigurationError, MessageTooLarge
 from smartclient.core.validation import choice, function, instance, provider, text, texts, whole
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
@@ -426,16 +426,29 @@ class _TaskWriter:
         start = position + len(bodies) - len(rows)
         first = 0
         for end in closed_groups(list(map(len, rows)), self.sub_entry_size):
-            await producer.send_sub_entry(rows[first:end], publishing_id=(self.batch_id << 32) | (start + end - 1))
+            await self._send_group(producer, rows[first:end], start + end - 1)
             first = end
         if first < len(rows):
             self.held[key] = rows[first:]
 
+    async def _send_group(self, producer: Any, rows: list[Any], last: int) -> None:
+        """``rows`` as one sub-entry whose id is ``last`` (its last row's position); if they do not fit the frame
+        max the broker negotiated (below the default 1 MiB), as two halves, each under its own last row's
+        position: a replay against the same broker splits them alike, and any other split only stores rows twice,
+        never drops one."""
+        try:
+            await producer.send_sub_entry(rows, publishing_id=(self.batch_id << 32) | last)
+        except MessageTooLarge:
+            if len(rows) == 1:
+                raise
+            half = len(rows) // 2
+            await self._send_group(producer, rows[:half], last - (len(rows) - half))
+            await self._send_group(producer, rows[half:], last)
+
     async def finish(self, env: Any) -> None:
         try:
             for key, rows in self.held.items():  # the last group of each producer, however short
-                await self.producers[key].send_sub_entry(
-                    rows, publishing_id=(self.batch_id << 32) | (self.positions[key] - 1))
+                await self._send_group(self.producers[key], rows, self.positions[key] - 1)
             await asyncio.gather(*(p.flush() for p in self.producers.values()))  # every confirm, before the end
         finally:
             for producer in self.producers.values():

@@ -13,6 +13,7 @@ Standard library only: the rstream seam reads its frames here (``_rstream/frames
 from __future__ import annotations
 
 import asyncio
+import logging
 import mmap
 import struct
 import sys
@@ -25,7 +26,11 @@ __all__ = ["READ_AREA", "FrameProtocol", "FrameReader", "open_frames"]
 #: buffer of its own
 READ_AREA = 1 << 20
 _LOW = 1 << 16  # the least room the socket is read into
+#: the largest frame taken: a size above it is not this protocol (an AMQP or TLS listener's first bytes read as a
+#: size: ``AMQP`` is 1.1 GB), and the connection is dropped instead of that much memory taken for it
+MAX_FRAME = 1 << 26
 _SIZE = struct.Struct(">I")
+log = logging.getLogger(__name__)
 
 
 class FrameReader(asyncio.StreamReader):
@@ -108,6 +113,12 @@ class FrameReader(asyncio.StreamReader):
                         if self._tail - self._head <= READ_AREA // 2:
                             self._resume()
                         return self._area[head + 4:end]  # bytes: the one copy
+                    if size > MAX_FRAME:
+                        log.warning("a frame of %d bytes announced (at most %d): not the stream protocol, or a "
+                                    "corrupt stream; the connection is dropped", size, MAX_FRAME)
+                        if self._transport is not None:
+                            self._transport.abort()
+                        raise asyncio.IncompleteReadError(b"", size)
                     if size + 4 > READ_AREA - _LOW:  # never fits: its own buffer, what came of it moved there
                         self._big = memoryview(bytearray(size))
                         self._big_got = tail - head - 4
@@ -152,10 +163,12 @@ async def open_frames(host: str, port: int, **kwargs: Any) -> tuple[asyncio.Stre
     """:func:`asyncio.open_connection`, its socket read by a :class:`FrameReader`.
 
     Except over TLS before Python 3.11, whose TLS layer hands a buffered protocol what it has decrypted even
-    after the protocol paused reading, and fails once the area is full: there asyncio's own reader reads."""
-    if sys.version_info < (3, 11) and kwargs.get("ssl"):
-        return await asyncio.open_connection(host, port, limit=2 * READ_AREA, **kwargs)
+    after the protocol paused reading, and on an event loop other than asyncio's selector loop (Windows'
+    proactor does the same): there asyncio's own reader reads."""
     loop = asyncio.get_running_loop()
+    if (sys.version_info < (3, 11) and kwargs.get("ssl")) or not isinstance(loop, asyncio.SelectorEventLoop):
+        # TLS on 3.10, and other loops (Windows' proactor): they hand a buffered protocol data after it paused
+        return await asyncio.open_connection(host, port, limit=2 * READ_AREA, **kwargs)
     reader = FrameReader(loop)
     protocol = FrameProtocol(reader)
     transport, _ = await loop.create_connection(lambda: protocol, host, port, **kwargs)

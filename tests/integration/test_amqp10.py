@@ -181,6 +181,40 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
           f"consumer recoveries {consumer.recoveries}, {duplicates} duplicate(s) of {len(sent)}")
 
 
+def test_a_connection_cut_under_the_consumer_is_recovered_and_a_callback_that_raises_is_not_a_lost_connection(
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
+) -> None:
+    """The LB cuts the consumer's session (no close frame: proton only marks the connection disconnected): the
+    consumer recovers and gets every message.  A callback that raises has its message given back and handed
+    again, counted, and no recovery."""
+    got, keep = collector()
+    failed: list[bytes] = []
+
+    def on_message(message: Any, accept: Any) -> None:
+        if bytes(message.body) == b"c3" and not failed:
+            failed.append(b"c3")
+            raise RuntimeError("the application's")
+        keep(message, accept)
+
+    consumer = lb_placer.consumer(queue, on_message, prefer="replica")
+    try:
+        with lb_placer.publisher(queue) as publisher:
+            for index in range(10):
+                publisher.publish(b"c%d" % index)
+            wait_until_sync(lambda: set(got) == {b"c%d" % i for i in range(10)}, 30,
+                            lambda: f"10 messages, {len(set(got))} so far")
+            assert consumer.callback_errors == 1 and consumer.recoveries == 0
+            rabbitmq_testbed.shutdown_lb_sessions(str(consumer.node))
+            wait_until_sync(lambda: consumer.recoveries == 1, 30, "the consumer to recover from the cut")
+            for index in range(10, 20):
+                publisher.publish(b"c%d" % index)
+            wait_until_sync(lambda: set(got) == {b"c%d" % i for i in range(20)}, 30,
+                            lambda: f"20 messages, {len(set(got))} so far")
+    finally:
+        consumer.close()
+    assert consumer.failure is None
+
+
 def test_bad_input_is_typed_before_any_connection(lb_placer: Amqp10Placer, queue: str) -> None:
     opened = lb_placer.opened
     with pytest.raises(ConfigurationError, match=r"prefer\) must be one of"):

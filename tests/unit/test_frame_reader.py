@@ -134,3 +134,17 @@ def test_asyncios_byte_reads_are_refused_the_reader_hands_out_whole_frames() -> 
         assert await read_frame_raw(reader) == b"abc"
 
     asyncio.run(served(send, scenario))
+
+
+def test_a_size_no_stream_frame_has_drops_the_connection_and_takes_no_memory_for_it() -> None:
+    """An AMQP listener dialled by mistake answers ``AMQP\\x00\\x00\\x09\\x01``: read as a size, 1.1 GB."""
+    async def send(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"AMQP\x00\x00\x09\x01")
+        await writer.drain()
+
+    async def scenario(reader: FrameReader) -> None:
+        with pytest.raises(ConnectionClosed):
+            await read_frame_raw(reader)
+        assert reader._big is None
+
+    asyncio.run(served(send, scenario))

@@ -179,3 +179,33 @@ def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_writes_each_row_onc
     sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", sub_entry_size=10)
     assert sink._write_partition(iter(batches), 0, ["s"], partition=3) == 50  # the whole task: the last group too
     assert [(pid, len(rows)) for pid, rows in sent] == [(9, 10), (19, 10), (29, 10), (39, 10), (49, 10)]
+
+
+def test_a_group_over_the_brokers_frame_max_goes_as_halves_each_under_its_last_rows_position() -> None:
+    """A broker that negotiates a frame max under the default: a group that does not fit is split in two, and
+    again, each part's id its own last row's position (still increasing, still a function of the rows)."""
+    import asyncio
+
+    from smartclient import MessageTooLarge
+    from smartclient.spark.sink import _TaskWriter
+
+    sent: list[tuple[int, int]] = []
+
+    class SmallFrames:
+        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int) -> None:
+            if sum(map(len, rows)) > 250:
+                raise MessageTooLarge("does not fit the negotiated frame max")
+            sent.append((publishing_id & 0xFFFFFFFF, len(rows)))
+
+        async def flush(self) -> None: ...
+        async def close(self) -> None: ...
+
+    async def env_producer(stream: str, name: str) -> SmallFrames:
+        return SmallFrames()
+
+    writer = _TaskWriter(batch_id=1, sub_entry_size=10)
+    env = SimpleNamespace(producer=env_producer)
+    asyncio.run(writer.publish_runs(env, [("s", "app-0", [bytes(100)] * 10)]))
+    asyncio.run(writer.finish(env))
+    assert sent == [(1, 2), (2, 1), (4, 2), (6, 2), (7, 1), (9, 2)]  # halves, and halves again, under 250 bytes
+    assert [pid for pid, _ in sent] == sorted(pid for pid, _ in sent)
