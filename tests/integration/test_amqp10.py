@@ -145,7 +145,7 @@ def test_a_stream_consumer_reads_on_a_replica_through_an_sql_filter(
 
 
 def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothing_lost(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
+    rabbitmq_faulty_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
 ) -> None:
     """The leader's node stops (stop_app) while a publisher on it and a consumer on a replica run: the publisher
     recovers on the new leader and sends the message it was on again, the consumer recovers if its node went;
@@ -155,13 +155,13 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
     publisher = lb_placer.publisher(queue)
     old_leader = publisher.node
     consumer = lb_placer.consumer(queue, on_message, prefer="replica")
-    victim = rabbitmq_testbed.node(old_leader)
+    victim = rabbitmq_faulty_testbed.node(old_leader)
     sent: list[bytes] = []
     try:
         for index in range(100):
             publisher.publish(b"r%d" % index)
             sent.append(b"r%d" % index)
-        rabbitmq_testbed.stop_app(victim.name)
+        rabbitmq_faulty_testbed.stop_app(victim.name)
         try:
             for index in range(100, 300):
                 publisher.publish(b"r%d" % index)
@@ -169,7 +169,7 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
             assert publisher.recoveries == 1 and publisher.node != old_leader
             assert publisher.node == lb_placer.queue_topology(queue).leader
         finally:
-            rabbitmq_testbed.start_app(victim.name)
+            rabbitmq_faulty_testbed.start_app(victim.name)
         wait_until_sync(lambda: set(got) >= set(sent), 60,
                         lambda: f"every message sent consumed, {len(set(sent) - set(got))} missing")
     finally:
@@ -182,7 +182,7 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
 
 
 def test_a_connection_cut_under_the_consumer_is_recovered_and_a_callback_that_raises_is_not_a_lost_connection(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
+    rabbitmq_faulty_testbed: TestBed, lb_placer: Amqp10Placer, queue: str
 ) -> None:
     """The LB cuts the consumer's session (no close frame: proton only marks the connection disconnected): the
     consumer recovers and gets every message.  A callback that raises has its message given back and handed
@@ -204,7 +204,7 @@ def test_a_connection_cut_under_the_consumer_is_recovered_and_a_callback_that_ra
             wait_until_sync(lambda: set(got) == {b"c%d" % i for i in range(10)}, 30,
                             lambda: f"10 messages, {len(set(got))} so far")
             assert consumer.callback_errors == 1 and consumer.recoveries == 0
-            rabbitmq_testbed.shutdown_lb_sessions(str(consumer.node))
+            rabbitmq_faulty_testbed.shutdown_lb_sessions(str(consumer.node))
             wait_until_sync(lambda: consumer.recoveries == 1, 30, "the consumer to recover from the cut")
             for index in range(10, 20):
                 publisher.publish(b"c%d" % index)
