@@ -254,6 +254,7 @@ class ConsumerLoop:
         self.blocking = blocking
         self.container = blocking.container
         self.stopped = False
+        self.released = False
         self.injector = EventInjector()
         self.container.selectable(self.injector)
 
@@ -266,9 +267,16 @@ class ConsumerLoop:
                         raise ConnectionFailed("consuming: the connection was lost")
         finally:
             self.injector.close()
-            for end in self.injector.pipe:  # proton's injector never closes its pipe
-                with contextlib.suppress(OSError):
-                    os.close(end)
+
+    def release(self) -> None:
+        """Close the wake-up pipe (proton's injector never does), once the connection is closed: before, its
+        close still drives the container, which watches the pipe."""
+        if self.released:
+            return
+        self.released = True
+        for end in self.injector.pipe:
+            with contextlib.suppress(OSError):
+                os.close(end)
 
     def stop(self) -> None:
         self.stopped = True
@@ -276,7 +284,19 @@ class ConsumerLoop:
 
 
 def close_quietly(connection: Any) -> None:
+    """Close ``connection``, and its socket for sure.  Proton closes a socket only when its event loop next
+    runs after the transport closed: a connection the peer had dropped (a node gone, an LB cut) that nobody
+    drives again keeps its socket half-closed, a descriptor a week-long service would leak at every loss."""
     try:
         connection.close()
     except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
         log.debug("closing an AMQP 1.0 connection: %s", exc)
+    container = getattr(getattr(connection, "_conn", None), "container", None)
+    if container is None:
+        return
+    container.timeout = 0.05  # a few short passes: the closed transport's socket is closed in the first
+    for _ in range(4):
+        try:
+            container.process()
+        except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
+            log.debug("closing an AMQP 1.0 connection's socket: %s", exc)

@@ -271,6 +271,7 @@ class Amqp10Consumer:
                     return
                 log.warning("AMQP 1.0 consumer of %r lost its connection on %s: %s", self.queue, self.node, exc)
                 self.placed.close()
+                self._loop.release()
                 # a connection lost again with nothing handed over since the last recovery: the back-off goes on
                 self._fruitless = 0 if self._handed else self._fruitless + 1
                 self._handed = 0
@@ -285,12 +286,14 @@ class Amqp10Consumer:
                     return
                 if self._stopping:  # closed while it recovered: the new connection goes too
                     self.placed.close()
+                    self._loop.release()
                     return
                 self.recoveries += 1
                 log.info("AMQP 1.0 consumer of %r recovered on %s", self.queue, self.node)
             finally:
                 if self._stopping or self.failure is not None:
                     self.placed.close()  # on this thread: proton's connection is not to be driven from two
+                    self._loop.release()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop handing messages over and close the connection (on the consumer's thread), waiting up to
