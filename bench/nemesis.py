@@ -76,7 +76,7 @@ def main() -> int:
         bed.up()
     print(f"nemesis bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}", flush=True)
     started = time.monotonic()
-    plan = Plan(minutes=args.minutes, seed=seed)
+    plan = Plan(minutes=args.minutes, seed=seed, amqp10=True)
     if args.faults:
         plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",") if k.strip()))
     report = asyncio.run(run(bed, plan, args.history,

@@ -110,7 +110,7 @@ def _nemesis(bed: object, args: argparse.Namespace) -> int:
         report = check(read_history(args.check))
     else:
         seed = args.seed if args.seed is not None else random.randrange(1 << 31)
-        plan = Plan(minutes=args.minutes, seed=seed)
+        plan = Plan(minutes=args.minutes, seed=seed, amqp10=True)
         if args.faults:
             plan = dataclasses.replace(plan, kinds=tuple(k.strip() for k in args.faults.split(",") if k.strip()))
         print(f"nemesis: {args.minutes:g} min, seed {seed}, faults {', '.join(plan.kinds)}")
