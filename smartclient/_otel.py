@@ -12,8 +12,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["INSTRUMENTS", "Meter", "SpanKind", "Tracer", "configured", "current", "extract", "inject", "meter",
-           "observation", "observed", "recorded", "tracer", "use"]
+__all__ = ["INSTRUMENTS", "Meter", "SpanKind", "Tracer", "configured", "current", "extract", "inject",
+           "messaging_attributes", "meter", "observation", "observed", "recorded", "tracer", "use"]
 
 Attributes = Mapping[str, str | int]
 Reading = Callable[[], Iterable[tuple[float, Attributes]]]
@@ -219,3 +219,9 @@ def extract(carrier: Mapping[str, Any]) -> Any:
     span = trace.get_current_span(TraceContextTextMapPropagator().extract(text))
     context = span.get_span_context()
     return context if context.is_valid else None
+
+
+def messaging_attributes(destination: str, node: str, operation: str, **more: str) -> dict[str, str]:
+    """The attributes of a messaging span of the AMQP wings (semantic conventions), and ``more``."""
+    return {"messaging.system": "rabbitmq", "messaging.destination.name": destination, "server.node": node,
+            "messaging.operation.name": operation, "messaging.operation.type": operation, **more}

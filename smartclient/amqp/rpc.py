@@ -52,11 +52,6 @@ REPLY_TO = "amq.rabbitmq.reply-to"
 Handler = Callable[[bytes, Any], bytes]
 
 
-def _span_attributes(exchange: str, node: str, operation: str) -> dict[str, str]:
-    return {"messaging.system": "rabbitmq", "messaging.destination.name": exchange, "server.node": node,
-            "messaging.operation.name": operation, "messaging.operation.type": operation}
-
-
 def declare_local_random_exchange(channel: Any, exchange: str) -> None:
     """Declare ``exchange`` as ``x-local-random`` (durable; idempotent).
 
@@ -185,7 +180,7 @@ class _NodeServer(threading.Thread):
         span = None
         if self.tracer is not None:  # a server span, the child of the caller's (its context is in the headers)
             span = self.tracer.start(f"process {self.exchange}", _otel.SpanKind.SERVER,
-                                     {**_span_attributes(self.exchange, self.placed.node, "process"),
+                                     {**_otel.messaging_attributes(self.exchange, self.placed.node, "process"),
                                       "messaging.message.conversation_id": str(properties.correlation_id)},
                                      parent=_otel.extract(properties.headers or {}))
         try:
@@ -347,8 +342,8 @@ class RpcClient:
         correlation_id = uuid.uuid4().hex
         if self.tracer is None:
             return self._call(body, timeout, correlation_id, no_server, None)
-        span = self.tracer.start(f"send {self.exchange}", _otel.SpanKind.CLIENT, {
-            **_span_attributes(self.exchange, node, "send"), "messaging.message.conversation_id": correlation_id})
+        span = self.tracer.start(f"send {self.exchange}", _otel.SpanKind.CLIENT, _otel.messaging_attributes(
+            self.exchange, node, "send", **{"messaging.message.conversation_id": correlation_id}))
         with _otel.use(span):
             reply = self._call(body, timeout, correlation_id, no_server, _otel.inject(span))
             span.set_attribute("smartclient.rpc.replied_by", reply.node)

@@ -32,7 +32,6 @@ from smartclient._errors import (
     REFUSALS,
     ConfigurationError,
     ConnectionFailed,
-    NoCandidateNode,
     RecoveryFailed,
     SmartClientError,
     TopologyError,
@@ -49,7 +48,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
     queue_topology,
 )
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode
+from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientSettings, Credentials
@@ -74,9 +73,8 @@ STREAM_OFFSETS = ("first", "last", "next")
 
 
 def _span_attributes(queue: str, node: str, operation: str) -> dict[str, str]:
-    return {"messaging.system": "rabbitmq", "messaging.destination.name": queue, "server.node": node,
-            "messaging.operation.name": operation, "messaging.operation.type": operation,
-            "network.protocol.name": "amqp", "network.protocol.version": "1.0"}
+    return _otel.messaging_attributes(queue, node, operation, **{"network.protocol.name": "amqp",
+                                                                   "network.protocol.version": "1.0"})
 
 
 @dataclass(eq=False)
@@ -514,18 +512,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         raise AssertionError("unreachable")
 
     def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
-        """The node a consumer of ``topology``'s queue goes to, for ``prefer``."""
-        members = list(topology.members) or ([topology.leader] if topology.leader else [])
-        if not members:
-            raise NoCandidateNode(f"queue {topology.name!r} has no member to consume from")
-        if prefer == "leader":
-            if topology.leader is None:
-                raise TopologyError(f"queue {topology.name!r} has no leader now")
-            return topology.leader
-        if prefer == "replica":
-            members = [m for m in members if m != topology.leader] or members
-        used = self.clients_per_node()
-        return min(members, key=lambda member: (used[member], member))
+        """The node a consumer of ``topology``'s queue goes to, for ``prefer`` (the core decides)."""
+        return queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node())
 
     def close(self) -> None:
         """Close the connection queues are looked up on (publishers and consumers are closed by their owners).

@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient._errors import ConfigurationError, NoCandidateNode, TopologyError
 from smartclient.core.address import Address
 from smartclient.core.topology import Candidates, Role
 
-__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "rebalance",
-           "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
+__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "queue_consumer_node",
+           "rebalance", "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
 
 T = TypeVar("T")
 
@@ -158,3 +158,23 @@ def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: s
         return Candidates(what, Role.CONNECTION, (tuple(nodes),))
     others = rotated(nodes, list(nodes).index(last) + 1)[:-1]
     return Candidates(what, Role.CONNECTION, (others, (last,)))
+
+
+def queue_consumer_node(queue: str, leader: str | None, members: Sequence[str], prefer: str,
+                        used: Mapping[str, int]) -> str:
+    """The node a consumer of a queue goes to: its leader (``prefer="leader"``), a member that is not the leader
+    (``"replica"``; the leader when there is no other), or any member (``"member"``); among several, the one with
+    the fewest of this client's connections (``used``), then by name.
+
+    :raises NoCandidateNode: the queue has no member.  :raises TopologyError: no leader now, for ``"leader"``.
+    """
+    candidates = list(members) or ([leader] if leader else [])
+    if not candidates:
+        raise NoCandidateNode(f"queue {queue!r} has no member to consume from")
+    if prefer == "leader":
+        if leader is None:
+            raise TopologyError(f"queue {queue!r} has no leader now")
+        return leader
+    if prefer == "replica":
+        candidates = [m for m in candidates if m != leader] or candidates
+    return min(candidates, key=lambda member: (used.get(member, 0), member))

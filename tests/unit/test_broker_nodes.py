@@ -75,3 +75,18 @@ def test_coverage_report_names_the_nodes_without_servers() -> None:
     report = Coverage("rpc", {"rabbit-1@a": 2}, ("rabbit-2@b",))
     assert not report.complete
     assert "rabbit-1@a (2)" in str(report) and "without a server: rabbit-2@b" in str(report)
+
+
+def test_a_queue_consumer_goes_where_its_preference_says_the_least_used_member_first() -> None:
+    from smartclient import NoCandidateNode, TopologyError
+    from smartclient.core.broker_nodes import queue_consumer_node
+
+    members = ("a@h", "b@h", "c@h")
+    assert queue_consumer_node("q", "b@h", members, "leader", {}) == "b@h"
+    assert queue_consumer_node("q", "b@h", members, "replica", {"a@h": 2}) == "c@h"  # not the leader, least used
+    assert queue_consumer_node("q", "b@h", members, "member", {"a@h": 1, "c@h": 1}) == "b@h"
+    assert queue_consumer_node("q", "b@h", ("b@h",), "replica", {}) == "b@h"  # the leader when there is no other
+    with pytest.raises(NoCandidateNode, match="no member"):
+        queue_consumer_node("q", None, (), "member", {})
+    with pytest.raises(TopologyError, match="no leader"):
+        queue_consumer_node("q", None, members, "leader", {})
