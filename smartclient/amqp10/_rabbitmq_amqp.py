@@ -88,6 +88,53 @@ AMQP10_INTERNALS: tuple[str, ...] = (
 #: released (proton's SendException: a ProtonException, not a lost connection)
 _REFUSED = (AmqpMessageRejectedException, SendException)
 
+#: seconds a close waits for the broker's answer (it answers in milliseconds; a peer gone never does)
+CLOSE_WAIT = 1.0
+
+
+class _BlockingConnection(BlockingConnection):
+    """proton's blocking connection, but one whose open fails closes its socket: proton's leaves it open when the
+    open times out (a load balancer that accepted the connection for a node that does not answer), a descriptor
+    lost for good at each such attempt."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            _abandon(self)
+            raise
+
+
+def _abandon(blocking: Any) -> None:
+    """Close a blocking connection that never opened, and its socket: its transport closed both ways, its
+    container driven until proton has closed the socket, its objects freed."""
+    conn, container = getattr(blocking, "conn", None), getattr(blocking, "container", None)
+    if conn is None or container is None:
+        return
+    blocking.closing = True  # no error raised from its handler any more
+    try:
+        conn.close()
+        if conn.transport is not None:
+            conn.transport.close_tail()
+            conn.transport.close_head()
+        _drive(container)
+    finally:
+        conn.free()
+        conn.handler = None
+        blocking.conn = None
+        container.stop_events()
+        blocking.container = None
+
+
+def _drive(container: Any, passes: int = 4) -> None:
+    """A few short passes of ``container``'s event loop: a closed transport's socket is closed in the first."""
+    container.timeout = 0.05
+    for _ in range(passes):
+        try:
+            container.process()
+        except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
+            log.debug("closing an AMQP 1.0 connection's socket: %s", exc)
+
 
 class Amqp10Connection(Connection):
     """The official client's ``Connection``, opened with a timeout of its own (the placement attempt's, where
@@ -99,7 +146,7 @@ class Amqp10Connection(Connection):
     smartclient_heartbeat: float | None = None
 
     def _create_connection(self) -> None:
-        self._conn = BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
+        self._conn = _BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
                                         container_id=self.smartclient_container, heartbeat=self.smartclient_heartbeat)
         self._validate_server_properties()
 
@@ -283,20 +330,19 @@ class ConsumerLoop:
         self.injector.trigger(ApplicationEvent("smartclient_wake"))
 
 
-def close_quietly(connection: Any) -> None:
-    """Close ``connection``, and its socket for sure.  Proton closes a socket only when its event loop next
-    runs after the transport closed: a connection the peer had dropped (a node gone, an LB cut) that nobody
-    drives again keeps its socket half-closed, a descriptor a week-long service would leak at every loss."""
+def close_quietly(connection: Any, wait: float = CLOSE_WAIT) -> None:
+    """Close ``connection``, and its socket for sure, waiting at most ``wait`` seconds for the broker's answer
+    (proton waits for it as long as the connection's open timeout: a peer gone while nothing drove the connection
+    never answers).  Proton closes a socket only when its event loop next runs after the transport closed: a
+    connection the peer had dropped (a node gone, an LB cut) that nobody drives again keeps its socket
+    half-closed, a descriptor a week-long service would leak at every loss."""
+    blocking: Any = getattr(connection, "_conn", None)
+    if isinstance(getattr(blocking, "timeout", None), int | float):
+        blocking.timeout = min(blocking.timeout, wait)
     try:
         connection.close()
     except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
         log.debug("closing an AMQP 1.0 connection: %s", exc)
-    container = getattr(getattr(connection, "_conn", None), "container", None)
-    if container is None:
-        return
-    container.timeout = 0.05  # a few short passes: the closed transport's socket is closed in the first
-    for _ in range(4):
-        try:
-            container.process()
-        except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
-            log.debug("closing an AMQP 1.0 connection's socket: %s", exc)
+    container = getattr(blocking, "container", None)  # still there: the close ended before proton's own did
+    if container is not None:
+        _drive(container)

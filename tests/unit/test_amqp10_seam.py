@@ -107,3 +107,59 @@ def test_no_password_in_the_errors_nor_in_what_the_client_logs(caplog: pytest.Lo
         logging.getLogger("rabbitmq_amqp_python_client.connection").error(
             "Error closing connection: %s", "Connection amqp://guest:s3cret@127.0.0.1:5672 timed out")
     assert "s3cret" not in caplog.text and "guest:***@" in caplog.text
+
+
+def _sockets_to(port: int) -> int:
+    """This process's TCP sockets connected to ``port`` on loopback (from /proc: any state, CLOSE_WAIT too)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, gone
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == port and fields[9] in inodes:
+            count += 1
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc to count sockets")
+def test_an_open_that_times_out_closes_its_socket_and_a_close_waits_at_most_a_second() -> None:
+    """Through a load balancer, a node that does not answer times the open out: proton left that socket open
+    (half-closed once the LB gave up), one descriptor lost per attempt.  Each is closed now."""
+    import threading
+    import time
+
+    from smartclient.amqp10._rabbitmq_amqp import CLOSE_WAIT
+
+    accepted: list[socket.socket] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        port = server.getsockname()[1]
+
+        def serve() -> None:  # accepts, never answers: the open times out
+            while True:
+                try:
+                    accepted.append(server.accept()[0])
+                except OSError:
+                    return
+        threading.Thread(target=serve, daemon=True).start()
+        began = time.monotonic()
+        for attempt in range(5):
+            with pytest.raises(ConnectionFailed, match="timed out"):
+                open_connection(Address("127.0.0.1", port), login=Login("PLAIN", "u", "p"), vhost="/",
+                                name=f"n{attempt}", timeout=0.2)
+        assert time.monotonic() - began < 5 * 0.2 + 5 * CLOSE_WAIT + 2
+        deadline = time.monotonic() + 5
+        while _sockets_to(port) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _sockets_to(port) == 0, "a timed-out open kept its socket"
+        for peer in accepted:
+            peer.close()
