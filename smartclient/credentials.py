@@ -36,8 +36,8 @@ from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.tokens import Token, coerce_token, describe_expiry, refresh_delay
 from smartclient.core.validation import function, instance, number, text
 
-__all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "TokenCredentials", "alogin", "login", "tls_context",
-           "watch"]
+__all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "TokenCredentials", "alogin", "current_certificate",
+           "login", "tls_context", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -361,10 +361,8 @@ def tls_context(context: ssl.SSLContext | None, certificate: CertificateLike | N
         return context
     if context is None:
         raise ConfigurationError("a client certificate needs TLS: give the Environment tls= as well")
-    current = certificate() if callable(certificate) and not isinstance(certificate, ClientCertificate) else certificate
-    if not isinstance(current, ClientCertificate):
-        raise ConfigurationError(
-            f"the client certificate provider returned {type(current).__name__}, not a ClientCertificate")
+    current = current_certificate(certificate)
+    assert current is not None
     key_file = current.key_file if current.key_file is not None else current.cert_file
     stamp = (os.fspath(current.cert_file), os.fspath(key_file), _mtime(current.cert_file), _mtime(key_file))
     with _LOADING:
@@ -379,6 +377,19 @@ def tls_context(context: ssl.SSLContext | None, certificate: CertificateLike | N
                     f"loaded: {exc}") from exc
             _LOADED[context] = stamp
     return context
+
+
+def current_certificate(certificate: CertificateLike | None) -> ClientCertificate | None:
+    """The client certificate to present now: ``certificate``, or what its provider answers (a rotated one).
+
+    :raises ConfigurationError: the provider answered no certificate."""
+    if certificate is None:
+        return None
+    current = certificate() if callable(certificate) and not isinstance(certificate, ClientCertificate) else certificate
+    if not isinstance(current, ClientCertificate):
+        raise ConfigurationError(
+            f"the client certificate provider returned {type(current).__name__}, not a ClientCertificate")
+    return current
 
 
 def _mtime(path: Any) -> int:

@@ -123,13 +123,12 @@ class Environment(StreamEnvironment):
 
     # -- AMQP 1.0 (rabbitmq-amqp-python-client) --------------------------------------------------------
     def amqp10_placer(self) -> Amqp10Placer:
-        """The :class:`~smartclient.amqp10.placement.Amqp10Placer` of this Environment (its credentials, vhost,
-        resolver, allow-list and retry policy; the management API, if given, for the nodes' listeners): through
-        the load balancer's AMQP listener when the resolver is one (``LoadBalancer(..., amqp=PORT)``), each
-        connection checked by the node its Open frame names.  Needs the ``[amqp10]`` extra.
-
-        :raises ConfigurationError: the Environment uses TLS (not built for this wing yet).
-        """
+        """The :class:`~smartclient.amqp10.placement.Amqp10Placer` of this Environment (its credentials, client
+        certificate, TLS, vhost, resolver, allow-list and retry policy; the management API, if given, for the nodes'
+        listeners): through the load balancer's AMQP listener when the resolver is one (``LoadBalancer(...,
+        amqp=PORT, amqp_tls=PORT)``), each connection checked by the node its Open frame names.  With tokens, each
+        new one is handed to its live connections (``PUT /auth/tokens``, RabbitMQ 4.1+).  Needs the ``[amqp10]``
+        extra."""
         self._check_open()
         from smartclient.amqp10.placement import Amqp10Placer
 

@@ -15,12 +15,15 @@ checks every entry against the installed client and greps the library for import
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import ssl
+import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from rabbitmq_amqp_python_client import (
     AddressHelper,
@@ -36,21 +39,24 @@ from rabbitmq_amqp_python_client.exceptions import (
     ArgumentOutOfRangeException,
     ValidationCodeException,
 )
-from rabbitmq_amqp_python_client.qpid.proton import ProtonException
+from rabbitmq_amqp_python_client.qpid.proton import ProtonException, SSLDomain, SSLException
 from rabbitmq_amqp_python_client.qpid.proton.reactor import ApplicationEvent, EventInjector
 from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection, SendException
 
 from smartclient._errors import (
     AuthenticationFailed,
+    CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
     FeatureNotSupported,
     PublishFailed,
     SmartClientError,
+    TokenRefused,
     TopologyError,
 )
 from smartclient.core.address import Address
 from smartclient.core.redaction import install_uri_redaction, without_uri_passwords
+from smartclient.core.settings import ClientCertificate
 from smartclient.credentials import Login
 
 __all__ = [
@@ -66,6 +72,7 @@ __all__ = [
     "open_connection",
     "publish",
     "queue_topology",
+    "refresh_token",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,10 +151,13 @@ class Amqp10Connection(Connection):
     smartclient_timeout: float = 10.0
     smartclient_container: str | None = None
     smartclient_heartbeat: float | None = None
+    smartclient_login: dict[str, str] = {}  # noqa: RUF012  (replaced per connection, never mutated)
+    smartclient_sni: str | None = None
 
     def _create_connection(self) -> None:
         self._conn = _BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
-                                        container_id=self.smartclient_container, heartbeat=self.smartclient_heartbeat)
+                                         container_id=self.smartclient_container, heartbeat=self.smartclient_heartbeat,
+                                         sni=self.smartclient_sni, **self.smartclient_login)
         self._validate_server_properties()
 
 
@@ -162,6 +172,8 @@ def amqp10_errors(what: str) -> Iterator[None]:
         raise PublishFailed(f"{what}: the broker did not take it ({type(exc).__name__}): {exc}") from exc
     except (ValidationCodeException, ArgumentOutOfRangeException) as exc:  # BaseException subclasses, both
         raise ConfigurationError(f"{what}: {exc}") from exc
+    except SSLException as exc:
+        raise CertificateRejected(f"{what}: TLS failed: {exc}") from exc
     except ProtonException as exc:
         text = without_uri_passwords(str(exc))  # proton names the connection by its URI, password included
         exc.args = (text,)  # the cause, shown in a traceback, without it too
@@ -170,32 +182,94 @@ def amqp10_errors(what: str) -> Iterator[None]:
         # a login refused: the broker's condition; "no protocol header" (a node going away under the LB) is not
         if "unauthorized-access" in name or "unauthorized-access" in text or "authentication failed" in text.lower():
             raise AuthenticationFailed(f"{what}: the broker refused the login: {text}") from exc
+        if "certificate verify failed" in text or "ssl" in name.lower():
+            raise CertificateRejected(f"{what}: the TLS handshake failed: {text}") from exc
         raise ConnectionFailed(f"{what}: {text or type(exc).__name__}") from exc
     except OSError as exc:
         raise ConnectionFailed(f"{what}: {exc}") from exc
 
 
 def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, timeout: float,
-                    heartbeat: float | None = None) -> Amqp10Connection:
-    """An open AMQP 1.0 connection to ``dialled``, logged in with ``login`` (PLAIN), on ``vhost``, the broker's
-    name for it ``name`` (its container id), within ``timeout`` seconds; with ``heartbeat``, a peer silent for
-    that long (a half-open connection) ends it.
+                    heartbeat: float | None = None, tls: ssl.SSLContext | None = None, tls_name: str | None = None,
+                    certificate: ClientCertificate | None = None) -> Amqp10Connection:
+    """An open AMQP 1.0 connection to ``dialled``, logged in with ``login`` (PLAIN, or EXTERNAL: the client
+    certificate's identity), on ``vhost``, the broker's name for it ``name`` (its container id), within
+    ``timeout`` seconds; with ``heartbeat``, a peer silent for that long (a half-open connection) ends it.
+
+    With ``tls``, over TLS as that context says (its CAs, whether it checks the name), sending and verifying
+    ``tls_name`` (SNI), presenting ``certificate``: proton takes files, not a context (:func:`_ssl_domain`).
 
     :raises AuthenticationFailed: the credentials or vhost were refused.
+    :raises CertificateRejected: the TLS handshake failed (the server's certificate, or ours).
     :raises ConnectionFailed: anything else (refused, reset, timed out, not RabbitMQ 4).
     """
-    if login.mechanism not in ("PLAIN", "AMQPLAIN"):
-        raise ConfigurationError(f"the AMQP 1.0 wing logs in with a user and password or a token, not "
-                                 f"{login.mechanism} (the official client offers no other mechanism)")
-    user, password = quote(login.username, safe=""), quote(login.password, safe="")
-    path = "" if vhost == "/" else "/" + vhost  # the client quotes it into the Open frame's hostname itself
-    connection = Amqp10Connection(uri=f"amqp://{user}:{password}@{dialled}{path}")  # an IPv6 host in brackets
+    if login.mechanism == "EXTERNAL":
+        if tls is None or certificate is None:
+            raise ConfigurationError("SASL EXTERNAL logs in as the client certificate: it needs TLS and a "
+                                     "client_certificate")
+        sasl = {"allowed_mechs": "EXTERNAL"}
+    elif login.mechanism in ("PLAIN", "AMQPLAIN"):
+        # a token logs in as the password; the broker takes the user from it, but proton sends no PLAIN without one
+        sasl = {"allowed_mechs": "PLAIN", "user": login.username or "token", "password": login.password}
+    else:
+        raise ConfigurationError(f"the AMQP 1.0 wing logs in with a user and password, a token or a client "
+                                 f"certificate (EXTERNAL), not {login.mechanism}")
+    path = "" if vhost == "/" else "/" + vhost  # proton quotes it into the Open frame's hostname itself
+    scheme = "amqp" if tls is None else "amqps"
+    connection = Amqp10Connection(uri=f"{scheme}://{dialled}{path}")  # an IPv6 host in brackets; no password
     connection.smartclient_timeout = timeout
     connection.smartclient_container = name
     connection.smartclient_heartbeat = heartbeat
+    connection.smartclient_login = sasl
     with amqp10_errors(f"connecting to {dialled} ({name})"):
+        if tls is not None:
+            connection._ssl_domain = _ssl_domain(tls, certificate)
+            connection.smartclient_sni = tls_name or dialled.host
         connection.dial()
     return connection
+
+
+_CA_FILES: dict[bytes, str] = {}
+_CA_LOCK = threading.Lock()
+
+
+def _ssl_domain(context: ssl.SSLContext, certificate: ClientCertificate | None) -> Any:
+    """A proton TLS configuration that does what ``context`` does: the CAs it trusts (written once to a file of
+    their own, proton reads only files), the peer's certificate verified (and its name, where the context checks
+    names), and ``certificate`` presented."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if context.verify_mode == ssl.CERT_NONE:
+        domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
+    else:
+        ca_file = _ca_file(context)
+        if ca_file is not None:  # else the system's CAs, proton's default
+            domain.set_trusted_ca_db(ca_file)
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME if context.check_hostname else
+                                       SSLDomain.VERIFY_PEER, ca_file)
+    if certificate is not None:
+        key = certificate.key_file if certificate.key_file is not None else certificate.cert_file
+        try:
+            domain.set_credentials(os.fspath(certificate.cert_file), os.fspath(key), certificate.password)
+        except SSLException as exc:
+            raise CertificateRejected(f"the client certificate {os.fspath(certificate.cert_file)} (key "
+                                      f"{os.fspath(key)}) cannot be loaded: {exc}") from exc
+    return domain
+
+
+def _ca_file(context: ssl.SSLContext) -> str | None:
+    """A PEM file of the CAs ``context`` trusts (None: it holds none of its own), written once per set of CAs."""
+    pem = "".join(ssl.DER_cert_to_PEM_cert(der) for der in context.get_ca_certs(binary_form=True)).encode()
+    if not pem:
+        return None
+    key = hashlib.sha256(pem).digest()
+    with _CA_LOCK:
+        path = _CA_FILES.get(key)
+        if path is None or not os.path.exists(path):
+            handle, path = tempfile.mkstemp(prefix="smartclient-amqp10-ca-", suffix=".pem")
+            with os.fdopen(handle, "wb") as out:
+                out.write(pem)
+            _CA_FILES[key] = path
+    return path
 
 
 def node_of(connection: Amqp10Connection) -> str:
@@ -234,6 +308,24 @@ def queue_topology(connection: Amqp10Connection, queue: str) -> QueueTopology:
     members = body.get("replicas") or ()
     return QueueTopology(queue, str(body.get("type", "")), str(leader) if leader else None,
                          tuple(sorted(str(m) for m in members)))
+
+
+def refresh_token(connection: Amqp10Connection, token: str, where: str) -> None:
+    """Hand ``token`` to the broker on the live ``connection``: ``PUT /auth/tokens`` on its AMQP 1.0 management
+    API (RabbitMQ 4.1+), from the thread that drives the connection.
+
+    :raises TokenRefused: the broker refused it (the connection keeps its old token until that expires).
+    :raises FeatureNotSupported: the broker has no such request (RabbitMQ 4.0).
+    """
+    with amqp10_errors(f"renewing the token of {where}"):
+        answer = connection.management().request(token.encode(), "/auth/tokens", "PUT", [204, 400, 401, 403, 404])
+    code = str(answer.subject)
+    if code in ("401", "403"):
+        raise TokenRefused(f"the broker refused the new token on {where} ({code}): {answer.body!r}",
+                           connection=where)
+    if code != "204":
+        raise FeatureNotSupported(f"renewing the token of {where}: the broker answered {code} to PUT /auth/tokens "
+                                  f"(RabbitMQ 4.1 and later take a token on a live AMQP 1.0 connection)")
 
 
 def new_publisher(connection: Amqp10Connection, queue: str) -> Any:
@@ -302,6 +394,8 @@ class ConsumerLoop:
         self.container = blocking.container
         self.stopped = False
         self.released = False
+        self.between: Callable[[], None] | None = None  # run on the loop's thread after each pass
+        self.pipe_lock = threading.Lock()  # a wake-up never writes to the pipe once released (a reused descriptor)
         self.injector = EventInjector()
         self.container.selectable(self.injector)
 
@@ -312,22 +406,31 @@ class ConsumerLoop:
                     self.container.process()
                     if self.blocking.disconnected and not self.stopped:
                         raise ConnectionFailed("consuming: the connection was lost")
+                    if self.between is not None:
+                        self.between()
         finally:
             self.injector.close()
 
     def release(self) -> None:
         """Close the wake-up pipe (proton's injector never does), once the connection is closed: before, its
         close still drives the container, which watches the pipe."""
-        if self.released:
-            return
-        self.released = True
-        for end in self.injector.pipe:
-            with contextlib.suppress(OSError):
-                os.close(end)
+        with self.pipe_lock:
+            if self.released:
+                return
+            self.released = True
+            for end in self.injector.pipe:
+                with contextlib.suppress(OSError):
+                    os.close(end)
 
     def stop(self) -> None:
         self.stopped = True
-        self.injector.trigger(ApplicationEvent("smartclient_wake"))
+        self.wake()
+
+    def wake(self) -> None:
+        """End the loop's current pass (from any thread): it runs :attr:`between`, and goes on unless stopped."""
+        with self.pipe_lock:
+            if not self.released:
+                self.injector.trigger(ApplicationEvent("smartclient_wake"))
 
 
 def close_quietly(connection: Any, wait: float = CLOSE_WAIT) -> None:

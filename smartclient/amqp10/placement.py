@@ -15,7 +15,6 @@ consumer has its own connection; a consumer's messages are handed over on a thre
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import ssl
@@ -23,15 +22,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient import _otel
 from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
-    ConfigurationError,
-    ConnectionFailed,
+    AuthenticationFailed,
     RecoveryFailed,
     SmartClientError,
     TopologyError,
@@ -40,19 +38,21 @@ from smartclient.amqp10._rabbitmq_amqp import (
     Amqp10Connection,
     QueueTopology,
     close_quietly,
-    new_consumer,
     new_publisher,
     node_of,
     open_connection,
-    publish,
     queue_topology,
 )
+from smartclient.amqp10.clients import Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
 from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
+from smartclient.core.tls_names import dns_tls_name
 from smartclient.core.validation import checked, choice, function, instance, provider, text, texts, whole
+from smartclient.credentials import CredentialsLike, TokenCredentials
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS
 
@@ -70,245 +70,6 @@ T = TypeVar("T")
 #: leader; the leader when there is none), "leader"
 CONSUMER_PREFERENCES = ("member", "replica", "leader")
 STREAM_OFFSETS = ("first", "last", "next")
-
-
-def _span_attributes(queue: str, node: str, operation: str) -> dict[str, str]:
-    return _otel.messaging_attributes(queue, node, operation, **{"network.protocol.name": "amqp",
-                                                                   "network.protocol.version": "1.0"})
-
-
-@dataclass(eq=False)
-class PlacedAmqp10Connection:
-    """An AMQP 1.0 connection (the official client's ``Connection``) and the node it sits on."""
-
-    connection: Amqp10Connection
-    node: str
-    dialled: Address
-    name: str
-    attempts: int = 1
-    closed: bool = field(default=False, repr=False)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            close_quietly(self.connection)
-
-    def __enter__(self) -> PlacedAmqp10Connection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass(eq=False)
-class Amqp10Publisher:
-    """A publisher to a queue, on the node of its leader.  A lost connection is recovered under the placer's
-    :class:`RecoveryPolicy` (a placed reconnect on the leader, each attempt bounded by its ``attempt_time``) and
-    the message sent again: at least once.  Every ``stall_check`` seconds of publishing it checks that its node
-    still leads the queue, and follows a leader that moved."""
-
-    queue: str
-    placed: PlacedAmqp10Connection
-    publisher: Any = field(repr=False)
-    placer: Amqp10Placer = field(repr=False)
-    recoveries: int = 0  #: placed reconnects after a lost connection
-    moves: int = 0  #: leaders followed while the connection was fine
-    _checked: float = field(default_factory=time.monotonic, repr=False)
-
-    @property
-    def node(self) -> str:
-        return self.placed.node
-
-    def publish(self, body: bytes | Any) -> None:
-        """Send one message (``bytes``, or the client's ``Message``) and wait until the broker accepts it (the
-        official client's only way: one message in flight).
-
-        :raises PublishFailed: the broker rejected or released it.
-        :raises RecoveryFailed: the connection was lost and recovery gave up (its last error is the cause).
-        """
-        check = self.placer.recovery.stall_check
-        if check and time.monotonic() - self._checked >= check:
-            self._follow()
-        tracer = self.placer.tracer
-        if tracer is None:
-            self._send(body, None)
-            return
-        span = tracer.start(f"send {self.queue}", _otel.SpanKind.PRODUCER, _span_attributes(self.queue, self.node,
-                                                                                             "send"))
-        with _otel.use(span):  # the consumer's span is its child: the context goes in the application properties
-            self._send(body, _otel.inject(span))
-
-    def _send(self, body: bytes | Any, properties: dict[str, str] | None) -> None:
-        try:
-            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}", properties)
-        except ConnectionFailed as exc:
-            self._recover(exc)
-            publish(self.publisher, body, f"queue {self.queue!r} on {self.node}", properties)
-
-    def _follow(self) -> None:
-        self._checked = time.monotonic()
-        try:
-            leader = self.placer.queue_topology(self.queue).leader
-        except SmartClientError as exc:
-            log.debug("checking the leader of %r: %s", self.queue, exc)
-            return
-        if leader is not None and leader != self.node:
-            log.info("the leader of %r moved from %s to %s: following it", self.queue, self.node, leader)
-            try:
-                moved = self.placer._publisher_on(self.queue, replace(self.placer.retry,
-                                                                      max_time=self.placer.recovery.attempt_time))
-            except SmartClientError as exc:  # the connection it has still works: it stays, and checks again later
-                log.warning("following the leader of %r to %s failed, staying on %s: %s", self.queue, leader,
-                            self.node, exc)
-                return
-            self._swap(*moved)
-            self.moves += 1
-
-    def _recover(self, lost: ConnectionFailed) -> None:
-        log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
-        self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
-                                        lambda retry: self.placer._publisher_on(self.queue, retry)))
-        self.recoveries += 1
-        log.info("AMQP 1.0 publisher of %r recovered on %s", self.queue, self.node)
-
-    def _swap(self, placed: PlacedAmqp10Connection, publisher: Any) -> None:
-        old, self.placed, self.publisher = self.placed, placed, publisher
-        old.close()
-
-    def close(self) -> None:
-        self.placed.close()
-
-    def __enter__(self) -> Amqp10Publisher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass(eq=False)
-class Amqp10Consumer:
-    """A consumer of a queue on the node its preference chose; its messages are handed over on a thread of its
-    own until :meth:`close`.  A lost connection is recovered under the placer's :class:`RecoveryPolicy`, on a
-    node chosen again: a queue's messages not accepted yet come again (at least once); a stream is read again
-    from the offset after the last one handed over.  When recovery gives up, :attr:`failure` says why."""
-
-    queue: str
-    placer: Amqp10Placer = field(repr=False)
-    on_message: Callable[[Any, Callable[[], None]], None] = field(repr=False)
-    prefer: str = "member"
-    credit: int = 10
-    offset: int | str | None = None
-    filter_values: Sequence[str] = ()
-    sql: str | None = None
-    placed: PlacedAmqp10Connection | None = None
-    failure: BaseException | None = None
-    recoveries: int = 0  #: placed reconnects after a lost connection
-    callback_errors: int = 0  #: messages whose callback raised (each given back to the queue)
-    last_offset: int | None = None  #: a stream's last offset handed over (its callback returned)
-    _handed: int = field(default=0, repr=False)  # messages handed over since the last recovery
-    _fruitless: int = field(default=0, repr=False)  # recoveries in a row with nothing handed over between them
-    _loop: Any = field(default=None, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
-    _stopping: bool = field(default=False, repr=False)
-
-    @property
-    def node(self) -> str | None:
-        return self.placed.node if self.placed is not None else None
-
-    def _hand(self, message: Any, accept: Callable[[], None], requeue: Callable[[], None]) -> None:
-        """One message to the application's callback.  A callback that raises is logged and counted
-        (:attr:`callback_errors`), and its message given back to the queue (unless the callback settled it): it
-        comes again, never taken for a lost connection."""
-        self._handed += 1
-        tracer = self.placer.tracer
-        try:
-            if tracer is None:
-                self.on_message(message, accept)
-            else:
-                properties = getattr(message, "application_properties", None)
-                span = tracer.start(f"process {self.queue}", _otel.SpanKind.CONSUMER,
-                                    _span_attributes(self.queue, str(self.node), "process"),
-                                    parent=_otel.extract(properties) if isinstance(properties, dict) else None)
-                with _otel.use(span):
-                    self.on_message(message, accept)
-        except Exception as exc:
-            self.callback_errors += 1
-            log.warning("the callback of the AMQP 1.0 consumer of %r raised: %s", self.queue, exc)
-            with contextlib.suppress(Exception):  # it may have settled the message itself
-                requeue()
-            return
-        annotations = getattr(message, "annotations", None)  # a stream's position: after its callback returned
-        if isinstance(annotations, dict) and (offset := annotations.get("x-stream-offset")) is not None:
-            self.last_offset = int(offset)
-
-    def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
-        node = self.placer.consumer_node(self.placer.queue_topology(self.queue), self.prefer)
-        placed = self.placer.connect(node, "consumer", retry)
-        start = self.offset if self.last_offset is None else self.last_offset + 1
-        try:
-            return placed, new_consumer(placed.connection, self.queue, self._hand, credit=self.credit, offset=start,
-                                        filter_values=self.filter_values, sql=self.sql)
-        except BaseException:
-            placed.close()
-            raise
-
-    def start(self) -> Amqp10Consumer:
-        self.placed, self._loop = self._open(self.placer.retry)
-        self._thread = threading.Thread(target=self._run, name=f"amqp10-{self.placed.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            assert self.placed is not None
-            try:
-                self._loop.run()
-                return
-            except BaseException as exc:  # the client's own errors include BaseException subclasses
-                if self._stopping:
-                    return
-                log.warning("AMQP 1.0 consumer of %r lost its connection on %s: %s", self.queue, self.node, exc)
-                self.placed.close()
-                self._loop.release()
-                # a connection lost again with nothing handed over since the last recovery: the back-off goes on
-                self._fruitless = 0 if self._handed else self._fruitless + 1
-                self._handed = 0
-                try:
-                    self.placed, self._loop = self.placer.recover(f"consumer of {self.queue!r}", exc, self._open,
-                                                                  prior=self._fruitless,
-                                                                  stopping=lambda: self._stopping)
-                except BaseException as final:
-                    if not self._stopping:
-                        self.failure = final
-                        log.warning("AMQP 1.0 consumer of %r stopped: %s", self.queue, final)
-                    return
-                if self._stopping:  # closed while it recovered: the new connection goes too
-                    self.placed.close()
-                    self._loop.release()
-                    return
-                self.recoveries += 1
-                log.info("AMQP 1.0 consumer of %r recovered on %s", self.queue, self.node)
-            finally:
-                if self._stopping or self.failure is not None:
-                    self.placed.close()  # on this thread: proton's connection is not to be driven from two
-                    self._loop.release()
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop handing messages over and close the connection (on the consumer's thread), waiting up to
-        ``timeout`` seconds for that."""
-        self._stopping = True
-        if self._loop is not None:
-            self._loop.stop()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("AMQP 1.0 consumer of %r on %s did not stop within %g s", self.queue, self.node, timeout)
-
-    def __enter__(self) -> Amqp10Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @checked(CLIENT_OPTIONS)
@@ -346,12 +107,12 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         entry_points: Any = None,
         recovery: RecoveryPolicy = RecoveryPolicy(),
         tracer_provider: Any = None,
+        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
     ) -> None:
         if (settings.tls if settings is not None and tls is None else tls) is not None:
-            raise ConfigurationError("the AMQP 1.0 wing does not open TLS connections yet (issue 34): the official "
-                                     "client takes certificate files, not an ssl.SSLContext")
+            self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners (RabbitMQ 4 serves AMQP 1.0 there too)
         super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=None, entry_points=entry_points)
+                         allow=allow, retry=retry, tls=tls, entry_points=entry_points)
         text("Amqp10Placer.connection_name", connection_name, optional=True)
         instance("Amqp10Placer.recovery", recovery, RecoveryPolicy, optional=False)
         provider("Amqp10Placer.tracer_provider", tracer_provider, "get_tracer", "TracerProvider")
@@ -359,6 +120,14 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         #: a span per publish and per message handed over (the provider given, or the global one if set)
         self.tracer = _otel.tracer(tracer_provider)
         self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
+        #: presented to every node (mutual TLS, and the identity with EXTERNAL), read before each connection
+        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
+        unsigned = self.client_certificate is not None and credentials is None and settings is None
+        #: how every connection logs in (EXTERNAL when a certificate is given without credentials)
+        self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
+        self._refreshes = signing.Refreshes(f"the AMQP 1.0 connections of {self!r}", self.update_tokens)
+        self.token_updates = 0  #: new tokens the broker took on a live connection
+        self.token_failures = 0  #: new tokens it did not take (refused, or a broker without PUT /auth/tokens)
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
@@ -368,11 +137,21 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:
-        signed = signing.login(self.credentials, name)
+        signed = signing.login(self.login, name)
+        certificate = signing.current_certificate(self.client_certificate)  # a rotated one: read now
         self.opened += 1
         timeout = getattr(self._attempt, "seconds", self.retry.max_time)  # a recovery's attempt: its own bound
-        return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=timeout,
-                               heartbeat=self.heartbeat)
+        tls_name = self.resolution.tls_name(target, dialled)  # None without TLS
+        if tls_name is not None:
+            tls_name = dns_tls_name(tls_name, self._node_at(target))
+        try:
+            return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=timeout,
+                                   heartbeat=self.heartbeat, tls=self.tls, certificate=certificate, tls_name=tls_name)
+        except AuthenticationFailed as exc:
+            token = self.login.token if isinstance(self.login, TokenCredentials) else None
+            raise refusal(exc, time.time(), mechanism=signed.mechanism,
+                          provider=self.login.name if isinstance(self.login, TokenCredentials) else None,
+                          expires_at=token.expires_at if token is not None else None) from exc
 
     def _identify(self, connection: Amqp10Connection, name: str, newer_than: int) -> tuple[str, int]:
         return node_of(connection), -1  # the Open frame said it: no listing to wait for
@@ -406,6 +185,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises AuthenticationFailed: the credentials or vhost were refused (not retried).
         """
         text("Amqp10Placer.connect(node)", node, optional=True)
+        signing.login(self.login, self.connection_name)  # a provider that fails, or an expired token: now, no retry
         retry = retry or self.retry
         self._attempt.seconds = retry.max_time  # each dial of this placement within it (a recovery's is shorter)
         try:
@@ -413,9 +193,27 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         finally:
             del self._attempt.seconds
         node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
-        placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts)
+        placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts,
+                                        placer=self)
         self.live.add(placed)
+        self._refreshes.start(self.login)  # token credentials: each new token to every live connection
         return placed
+
+    # -- tokens, renewed on the live connections ---------------------------------------------------
+    def update_tokens(self, token: str) -> int:
+        """Offer ``token`` to every open connection this placer placed (``PUT /auth/tokens`` on each, from the
+        thread that drives it: at once when idle); return how many it was offered to.  Counted in
+        :attr:`token_updates` when the broker takes it, :attr:`token_failures` when not."""
+        offered = 0
+        for placed in self.placed_now():
+            if isinstance(placed, PlacedAmqp10Connection) and not placed.closed:
+                placed.offer_token(token)
+                offered += 1
+        return offered
+
+    def token_refused(self, placed: PlacedAmqp10Connection, error: SmartClientError) -> None:
+        self.token_failures += 1
+        log.warning("AMQP 1.0 connection %s on %s kept its old token: %s", placed.name, placed.node, error)
 
     def queue_topology(self, queue: str) -> QueueTopology:
         """``queue``'s type, leader and members, from the broker's AMQP 1.0 management API.
@@ -428,17 +226,23 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 self._look = self.connect(purpose="look")
             look = self._look
             try:
-                return queue_topology(look.connection, queue)
+                return self._ask(look, queue)
             except TopologyError:
                 raise
             except Exception:  # the connection went: once more on a new one
                 look.close()
                 self._look = self.connect(purpose="look")
-                return queue_topology(self._look.connection, queue)
+                return self._ask(self._look, queue)
             finally:
                 if self._closing and self._look is not None:  # closed meanwhile (see close)
                     self._look.close()
                     self._look = None
+
+    @staticmethod
+    def _ask(look: PlacedAmqp10Connection, queue: str) -> QueueTopology:
+        with look.lock:  # not driven by the token refresher meanwhile
+            look.take_token()
+            return queue_topology(look.connection, queue)
 
     def publisher(self, queue: str) -> Amqp10Publisher:
         """A publisher to ``queue`` on its leader's node.
@@ -446,9 +250,9 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises TopologyError: the queue does not exist, or has no leader now.
         """
         text("Amqp10Placer.publisher(queue)", queue)
-        return Amqp10Publisher(queue, *self._publisher_on(queue, self.retry), placer=self)
+        return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry), placer=self)
 
-    def _publisher_on(self, queue: str, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
+    def publisher_on(self, queue: str, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
         topology = self.queue_topology(queue)
         if topology.leader is None:
             raise TopologyError(f"queue {queue!r} has no leader now")
@@ -518,7 +322,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
     def close(self) -> None:
         """Close the connection queues are looked up on (publishers and consumers are closed by their owners).
         Never waits: called from the Environment's ``close()`` on its event loop; a look-up under way on another
-        thread closes it when done."""
+        thread closes it when done.  New tokens are no longer handed to the connections."""
+        self._refreshes.stop()
         if self._lock.acquire(blocking=False):
             try:
                 if self._look is not None:

@@ -32,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 from smartclient._errors import ResolutionError
 from smartclient.core.address import Address
 
-__all__ = ["NamesTls", "RoutesByName", "checked_sni_name", "default_sni_name", "tls_server_name"]
+__all__ = ["NamesTls", "RoutesByName", "checked_sni_name", "default_sni_name", "dns_tls_name", "tls_server_name"]
 
 
 @runtime_checkable
@@ -111,3 +111,24 @@ def tls_server_name(target: Address, dialled: Address, resolver: Any, override: 
     if not _is_ip(target.host):
         return target.host
     return dialled.host
+
+
+def dns_tls_name(name: str, node: str | None) -> str:
+    """The name a TLS client that verifies DNS names only (proton, under the AMQP 1.0 wing) verifies for a
+    connection whose rule gave ``name``: ``name`` itself, or, when that is an IP address (a node listening on one,
+    with the certificate's IP entry out of proton's reach), the host of the target node's Erlang name
+    (``rabbit@rabbit-server-0.rabbit-nodes.ns`` -> ``rabbit-server-0.rabbit-nodes.ns``), which the nodes'
+    certificates carry wherever the nodes are named after their hosts.  Verification stays on: a certificate
+    without that name fails the connection.
+
+    :raises ConfigurationError: an IP address and no node name to verify instead."""
+    if not _is_ip(name.strip("[]")):
+        return name
+    host = default_sni_name(node) if node else ""
+    if host and not _is_ip(host.strip("[]")):
+        return host
+    from smartclient._errors import ConfigurationError
+
+    raise ConfigurationError(f"TLS would verify the IP address {name}, and the AMQP 1.0 client (proton) verifies "
+                             f"DNS names only: give tls_server_name= (a name on the nodes' certificates), or reach "
+                             f"the nodes by name")

@@ -234,13 +234,6 @@ def test_bad_input_is_typed_before_any_connection(lb_placer: Amqp10Placer, queue
         lb_placer.connect("rabbit-9")
 
 
-def test_tls_is_refused_with_a_typed_error_until_the_wing_supports_it() -> None:
-    import ssl
-
-    with pytest.raises(ConfigurationError, match="does not open TLS connections yet"):
-        Amqp10Placer(None, tls=ssl.create_default_context())
-
-
 def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span_its_child(
     rabbitmq_testbed: TestBed, queue: str
 ) -> None:

@@ -60,7 +60,7 @@ def test_a_closed_port_is_a_connection_failure_and_a_certificate_login_is_refuse
         with pytest.raises(ConnectionFailed, match=f"connecting to 127.0.0.1:{port}"):
             open_connection(Address("127.0.0.1", port), login=Login("PLAIN", "u", "p"), vhost="/", name="n",
                             timeout=5)
-    with pytest.raises(ConfigurationError, match="not EXTERNAL"):
+    with pytest.raises(ConfigurationError, match="EXTERNAL logs in as the client certificate: it needs TLS"):
         open_connection(Address("127.0.0.1", port), login=Login("EXTERNAL", "", ""), vhost="/", name="n", timeout=5)
 
 
@@ -163,3 +163,30 @@ def test_an_open_that_times_out_closes_its_socket_and_a_close_waits_at_most_a_se
         assert _sockets_to(port) == 0, "a timed-out open kept its socket"
         for peer in accepted:
             peer.close()
+
+
+def test_tls_takes_the_contexts_cas_and_checks_and_a_certificate_that_cannot_load_is_typed(tmp_path: Path) -> None:
+    """Proton reads CAs and certificates from files: the context's CAs are written once to a file of their own,
+    its checks kept (names, or none at all where the context says so), and a bad certificate is typed."""
+    import ssl
+
+    import trustme
+
+    from smartclient import CertificateRejected, ClientCertificate
+    from smartclient.amqp10._rabbitmq_amqp import _ca_file, _ssl_domain
+
+    ca = trustme.CA()
+    context = ssl.create_default_context(cadata=ca.cert_pem.bytes().decode())
+    path = _ca_file(context)
+    assert path is not None and Path(path).read_bytes().strip() == ca.cert_pem.bytes().strip()
+    assert _ca_file(ssl.create_default_context(cadata=ca.cert_pem.bytes().decode())) == path  # written once
+    assert _ca_file(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) is None  # none of its own: the system's
+    unchecked = ssl.create_default_context()
+    unchecked.check_hostname = False
+    unchecked.verify_mode = ssl.CERT_NONE
+    assert _ssl_domain(unchecked, None) is not None and _ssl_domain(context, None) is not None
+    issued = ca.issue_cert("client")
+    issued.private_key_and_cert_chain_pem.write_to_path(tmp_path / "client.pem")
+    assert _ssl_domain(context, ClientCertificate(tmp_path / "client.pem")) is not None
+    with pytest.raises(CertificateRejected, match="missing.pem.*cannot be loaded"):
+        _ssl_domain(context, ClientCertificate(tmp_path / "missing.pem"))

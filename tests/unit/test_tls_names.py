@@ -33,3 +33,15 @@ def test_named_client_start_mirrors_rstream() -> None:
                  'self.start_task("listener", self._listener())', "self.add_handler(schema.Heartbeat",
                  "self.add_handler(schema.Close"):
         assert line in source, f"rstream's Client.start changed: {line!r} is gone; update smartclient.stream.tls"
+
+
+def test_a_client_that_verifies_dns_names_only_verifies_the_nodes_host_for_an_ip() -> None:
+    from smartclient import ConfigurationError
+    from smartclient.core.tls_names import dns_tls_name
+
+    assert dns_tls_name("rabbit-2.example", "rabbit@elsewhere") == "rabbit-2.example"  # a name: as it is
+    assert dns_tls_name("10.0.0.7", "rabbit@rabbit-server-0.rabbit-nodes.ns") == "rabbit-server-0.rabbit-nodes.ns"
+    assert dns_tls_name("[::1]", "rabbit-1@localhost") == "localhost"
+    for node in (None, "rabbit@10.0.0.7", "10.0.0.7"):
+        with pytest.raises(ConfigurationError, match=r"verify the IP address 10\.0\.0\.8.*tls_server_name="):
+            dns_tls_name("10.0.0.8", node)
