@@ -39,7 +39,13 @@ from rabbitmq_amqp_python_client.exceptions import (
     ArgumentOutOfRangeException,
     ValidationCodeException,
 )
-from rabbitmq_amqp_python_client.qpid.proton import ProtonException, SSLDomain, SSLException
+from rabbitmq_amqp_python_client.qpid.proton import (
+    SASL,
+    ConnectionException,
+    ProtonException,
+    SSLDomain,
+    SSLException,
+)
 from rabbitmq_amqp_python_client.qpid.proton.reactor import ApplicationEvent, EventInjector
 from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection, SendException
 
@@ -107,8 +113,15 @@ class _BlockingConnection(BlockingConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
             super().__init__(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
+            conn = getattr(self, "conn", None)
+            transport = conn.transport if conn is not None else None
+            login_taken = transport is not None and transport.sasl().outcome == SASL.OK
             _abandon(self)
+            if login_taken and isinstance(exc, ProtonException):  # RabbitMQ closes at Open: no condition to tell
+                raise ConnectionException(
+                    f"{exc}: the broker took the login, then closed the connection before opening it (the vhost "
+                    f"does not exist or the user may not use it, or the node is going away)") from exc
             raise
 
 

@@ -234,6 +234,22 @@ def test_bad_input_is_typed_before_any_connection(lb_placer: Amqp10Placer, queue
         lb_placer.connect("rabbit-9")
 
 
+def test_a_wrong_password_is_refused_at_once_and_a_missing_vhost_is_named(rabbitmq_testbed: TestBed) -> None:
+    from smartclient import AuthenticationFailed, Credentials, PlacementError, RetryPolicy
+
+    bed, quick = rabbitmq_testbed, RetryPolicy(max_attempts=1, max_time=5.0)  # the broker closes after 3 s
+    with bed.management() as api:
+        placer = Amqp10Placer(api, credentials=Credentials(bed.username, "wrong"), retry=quick)
+        with pytest.raises(AuthenticationFailed, match="refused the login"):
+            placer.connect(bed.nodes[0].short)
+        assert placer.opened == 1  # never retried
+        placer = Amqp10Placer(api, credentials=Credentials(bed.username, bed.password), vhost="no-such-vhost",
+                              retry=quick)
+        with pytest.raises(PlacementError) as caught:
+            placer.connect(bed.nodes[0].short)
+        assert "the vhost does not exist or the user may not use it" in f"{caught.value} {caught.value.__cause__}"
+
+
 def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span_its_child(
     rabbitmq_testbed: TestBed, queue: str
 ) -> None:
