@@ -14,6 +14,7 @@ checks every entry against the installed client and greps the library for import
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -21,6 +22,7 @@ import os
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +44,11 @@ from rabbitmq_amqp_python_client.exceptions import (
 from rabbitmq_amqp_python_client.qpid.proton import (
     SASL,
     ConnectionException,
+    Endpoint,
     ProtonException,
     SSLDomain,
     SSLException,
+    Timeout,
 )
 from rabbitmq_amqp_python_client.qpid.proton.reactor import ApplicationEvent, EventInjector
 from rabbitmq_amqp_python_client.qpid.proton.utils import BlockingConnection, SendException
@@ -61,7 +65,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
-from smartclient.core.redaction import install_uri_redaction, without_uri_passwords
+from smartclient.core.redaction import install_marked_redaction, install_uri_redaction, without_uri_passwords
 from smartclient.core.settings import ClientCertificate
 from smartclient.credentials import Login
 
@@ -85,6 +89,9 @@ log = logging.getLogger(__name__)
 # the client logs its connection URI, password included (closing a connection that failed, for one)
 install_uri_redaction(*(f"rabbitmq_amqp_python_client.{m}" for m in ("connection", "consumer", "environment",
                                                                         "management", "publisher")), "proton")
+# ... and every management request at DEBUG, a new token (PUT /auth/tokens) in its body
+install_marked_redaction("rabbitmq_amqp_python_client.management", "/auth/tokens",
+                         "a management request to /auth/tokens (the token is not logged)")
 
 #: Every private attribute or method of the client the seam touches, relative to ``rabbitmq_amqp_python_client``.
 AMQP10_INTERNALS: tuple[str, ...] = (
@@ -95,6 +102,12 @@ AMQP10_INTERNALS: tuple[str, ...] = (
     "qpid.proton.utils.BlockingConnection.container",  # a consumer's loop, woken from another thread to stop
     "qpid.proton.utils.BlockingConnection.disconnected",  # set, and nothing raised, when the socket went
     "connection.Connection._ssl_domain",
+    # public names of proton's that the seam drives itself (closing a connection, waking a consumer's loop)
+    "qpid.proton.utils.BlockingConnection.conn",
+    "qpid.proton.utils.BlockingConnection.closing",
+    "qpid.proton.utils.BlockingConnection.timeout",
+    "qpid.proton.reactor.Container.stop_events",
+    "qpid.proton.reactor.EventInjector.pipe",
 )
 
 #: the outcomes the official client raises for a message the broker settled without taking it: rejected, or
@@ -108,7 +121,7 @@ CLOSE_WAIT = 1.0
 class _BlockingConnection(BlockingConnection):
     """proton's blocking connection, but one whose open fails closes its socket: proton's leaves it open when the
     open times out (a load balancer that accepted the connection for a node that does not answer), a descriptor
-    lost for good at each such attempt."""
+    and about 1.65 MiB lost for good at each such attempt."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -117,27 +130,36 @@ class _BlockingConnection(BlockingConnection):
             conn = getattr(self, "conn", None)
             transport = conn.transport if conn is not None else None
             login_taken = transport is not None and transport.sasl().outcome == SASL.OK
-            _abandon(self)
-            if login_taken and isinstance(exc, ProtonException):  # RabbitMQ closes at Open: no condition to tell
-                raise ConnectionException(
+            shut(self, 0.0)
+            if login_taken and isinstance(exc, ConnectionException) and not isinstance(exc, Timeout):
+                raise ConnectionException(  # RabbitMQ closes at Open with no condition that says why
                     f"{exc}: the broker took the login, then closed the connection before opening it (the vhost "
                     f"does not exist or the user may not use it, or the node is going away)") from exc
             raise
 
 
-def _abandon(blocking: Any) -> None:
-    """Close a blocking connection that never opened, and its socket: its transport closed both ways, its
-    container driven until proton has closed the socket, its objects freed."""
+def shut(blocking: Any, wait: float) -> None:
+    """Close proton's blocking connection and its socket whatever state it is in, waiting at most ``wait``
+    seconds for the broker's answer: the close sent, the transport closed both ways, the container driven until
+    proton has closed the socket, every object freed.  Proton's own ``close()`` leaves the socket to the garbage
+    collector when the peer is gone, and the official client's raises before it, closing its links first."""
     conn, container = getattr(blocking, "conn", None), getattr(blocking, "container", None)
     if conn is None or container is None:
         return
     blocking.closing = True  # no error raised from its handler any more
     try:
         conn.close()
+        container.timeout = 0.05
+        ends = time.monotonic() + wait
+        while (conn.state & Endpoint.REMOTE_ACTIVE and conn.transport is not None and not conn.transport.closed
+               and time.monotonic() < ends):
+            container.process()
         if conn.transport is not None:
             conn.transport.close_tail()
             conn.transport.close_head()
         _drive(container)
+    except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
+        log.debug("closing an AMQP 1.0 connection: %s", exc)
     finally:
         conn.free()
         conn.handler = None
@@ -171,7 +193,11 @@ class Amqp10Connection(Connection):
         self._conn = _BlockingConnection(url=self._addr, timeout=self.smartclient_timeout, ssl_domain=self._ssl_domain,
                                          container_id=self.smartclient_container, heartbeat=self.smartclient_heartbeat,
                                          sni=self.smartclient_sni, **self.smartclient_login)
-        self._validate_server_properties()
+        try:
+            self._validate_server_properties()  # RabbitMQ 4.0+, or it raises
+        except BaseException:
+            shut(self._conn, CLOSE_WAIT)
+            raise
 
 
 @contextlib.contextmanager
@@ -187,6 +213,8 @@ def amqp10_errors(what: str) -> Iterator[None]:
         raise ConfigurationError(f"{what}: {exc}") from exc
     except SSLException as exc:
         raise CertificateRejected(f"{what}: TLS failed: {exc}") from exc
+    except Timeout as exc:
+        raise ConnectionFailed(f"{what}: {without_uri_passwords(str(exc))}") from exc
     except ProtonException as exc:
         text = without_uri_passwords(str(exc))  # proton names the connection by its URI, password included
         exc.args = (text,)  # the cause, shown in a traceback, without it too
@@ -195,7 +223,8 @@ def amqp10_errors(what: str) -> Iterator[None]:
         # a login refused: the broker's condition; "no protocol header" (a node going away under the LB) is not
         if "unauthorized-access" in name or "unauthorized-access" in text or "authentication failed" in text.lower():
             raise AuthenticationFailed(f"{what}: the broker refused the login: {text}") from exc
-        if "certificate verify failed" in text or "ssl" in name.lower():
+        if "certificate verify failed" in text or "ssl" in name.lower() or (
+                "SSL Failure" in text and "alert" in text and "certificate" in text):  # ours refused by the server
             raise CertificateRejected(f"{what}: the TLS handshake failed: {text}") from exc
         raise ConnectionFailed(f"{what}: {text or type(exc).__name__}") from exc
     except OSError as exc:
@@ -244,17 +273,23 @@ def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, ti
 
 _CA_FILES: dict[bytes, str] = {}
 _CA_LOCK = threading.Lock()
+_TRUST_DIR: list[str] = []  # an empty directory: the only "system" CA directory proton may look in
 
 
 def _ssl_domain(context: ssl.SSLContext, certificate: ClientCertificate | None) -> Any:
-    """A proton TLS configuration that does what ``context`` does: the CAs it trusts (written once to a file of
-    their own, proton reads only files), the peer's certificate verified (and its name, where the context checks
-    names), and ``certificate`` presented."""
-    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    """A proton TLS configuration that does what ``context`` does: the CAs it trusts, and those only (written once
+    to a file of their own: proton reads only files), the peer's certificate verified (and its name, where the
+    context checks names), and ``certificate`` presented.
+
+    Proton's client configuration trusts OpenSSL's default CAs (``SSL_CTX_set_default_verify_paths``) before any
+    given: for a context with CAs of its own, those defaults are pointed at its CAs while proton makes it
+    (``SSL_CERT_FILE`` and ``SSL_CERT_DIR``, under a lock), so a private CA is not widened to the public ones."""
     if context.verify_mode == ssl.CERT_NONE:
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
         domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
     else:
         ca_file = _ca_file(context)
+        domain = _pinned_domain(ca_file) if ca_file is not None else SSLDomain(SSLDomain.MODE_CLIENT)
         if ca_file is not None:  # else the system's CAs, proton's default
             domain.set_trusted_ca_db(ca_file)
         domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME if context.check_hostname else
@@ -269,8 +304,26 @@ def _ssl_domain(context: ssl.SSLContext, certificate: ClientCertificate | None) 
     return domain
 
 
+def _pinned_domain(ca_file: str) -> Any:
+    """A client configuration whose default CAs are ``ca_file``'s alone."""
+    with _CA_LOCK:
+        if not _TRUST_DIR:
+            _TRUST_DIR.append(tempfile.mkdtemp(prefix="smartclient-amqp10-no-ca-"))
+        saved = {name: os.environ.get(name) for name in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+        os.environ["SSL_CERT_FILE"], os.environ["SSL_CERT_DIR"] = ca_file, _TRUST_DIR[0]
+        try:
+            return SSLDomain(SSLDomain.MODE_CLIENT)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def _ca_file(context: ssl.SSLContext) -> str | None:
-    """A PEM file of the CAs ``context`` trusts (None: it holds none of its own), written once per set of CAs."""
+    """A PEM file of the CAs ``context`` trusts (None: it holds none of its own), written once per set of CAs
+    and removed at exit."""
     pem = "".join(ssl.DER_cert_to_PEM_cert(der) for der in context.get_ca_certs(binary_form=True)).encode()
     if not pem:
         return None
@@ -281,8 +334,16 @@ def _ca_file(context: ssl.SSLContext) -> str | None:
             handle, path = tempfile.mkstemp(prefix="smartclient-amqp10-ca-", suffix=".pem")
             with os.fdopen(handle, "wb") as out:
                 out.write(pem)
+            if not _CA_FILES:
+                atexit.register(_remove_ca_files)
             _CA_FILES[key] = path
     return path
+
+
+def _remove_ca_files() -> None:
+    for path in [*_CA_FILES.values(), *_TRUST_DIR]:
+        with contextlib.suppress(OSError):
+            os.rmdir(path) if os.path.isdir(path) else os.remove(path)
 
 
 def node_of(connection: Amqp10Connection) -> str:
@@ -323,15 +384,23 @@ def queue_topology(connection: Amqp10Connection, queue: str) -> QueueTopology:
                          tuple(sorted(str(m) for m in members)))
 
 
-def refresh_token(connection: Amqp10Connection, token: str, where: str) -> None:
+def refresh_token(connection: Amqp10Connection, token: str, where: str, wait: float) -> None:
     """Hand ``token`` to the broker on the live ``connection``: ``PUT /auth/tokens`` on its AMQP 1.0 management
-    API (RabbitMQ 4.1+), from the thread that drives the connection.
+    API (RabbitMQ 4.1+), from the thread that drives the connection, waiting at most ``wait`` seconds.
 
     :raises TokenRefused: the broker refused it (the connection keeps its old token until that expires).
     :raises FeatureNotSupported: the broker has no such request (RabbitMQ 4.0).
+    :raises ConnectionFailed: the connection was lost, or did not answer within ``wait``.
     """
-    with amqp10_errors(f"renewing the token of {where}"):
-        answer = connection.management().request(token.encode(), "/auth/tokens", "PUT", [204, 400, 401, 403, 404])
+    blocking: Any = connection._conn
+    bound = blocking.timeout
+    blocking.timeout = min(bound, wait)
+    try:
+        with amqp10_errors(f"renewing the token of {where}"):
+            answer = connection.management().request(token.encode(), "/auth/tokens", "PUT",
+                                                     [204, 400, 401, 403, 404])
+    finally:
+        blocking.timeout = bound
     code = str(answer.subject)
     if code in ("401", "403"):
         raise TokenRefused(f"the broker refused the new token on {where} ({code}): {answer.body!r}",
@@ -447,18 +516,10 @@ class ConsumerLoop:
 
 
 def close_quietly(connection: Any, wait: float = CLOSE_WAIT) -> None:
-    """Close ``connection``, and its socket for sure, waiting at most ``wait`` seconds for the broker's answer
-    (proton waits for it as long as the connection's open timeout: a peer gone while nothing drove the connection
-    never answers).  Proton closes a socket only when its event loop next runs after the transport closed: a
-    connection the peer had dropped (a node gone, an LB cut) that nobody drives again keeps its socket
-    half-closed, a descriptor a week-long service would leak at every loss."""
-    blocking: Any = getattr(connection, "_conn", None)
-    if isinstance(getattr(blocking, "timeout", None), int | float):
-        blocking.timeout = min(blocking.timeout, wait)
-    try:
-        connection.close()
-    except (Exception, ValidationCodeException, ArgumentOutOfRangeException) as exc:
-        log.debug("closing an AMQP 1.0 connection: %s", exc)
-    container = getattr(blocking, "container", None)  # still there: the close ended before proton's own did
-    if container is not None:
-        _drive(container)
+    """Close ``connection`` and its socket for sure, whatever state it is in, waiting at most ``wait`` seconds for
+    the broker's answer (:func:`shut`): a connection the peer dropped (a node gone, an LB cut) keeps its socket
+    half-closed otherwise, a descriptor a week-long service would leak at every loss.  Its links go with it (the
+    client's own ``close()`` closes them first, and raises on a lost connection before closing it)."""
+    blocking = getattr(connection, "_conn", None)
+    if blocking is not None:
+        shut(blocking, wait)

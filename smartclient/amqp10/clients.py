@@ -11,16 +11,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from smartclient import _otel
 from smartclient._errors import (
+    AuthenticationFailed,
     ConnectionFailed,
-    FeatureNotSupported,
     SmartClientError,
-    TokenRefused,
 )
 from smartclient.amqp10._rabbitmq_amqp import (
     Amqp10Connection,
@@ -38,6 +37,10 @@ __all__ = ["Amqp10Consumer", "Amqp10Publisher", "PlacedAmqp10Connection", "Placi
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: seconds a new token's ``PUT /auth/tokens`` may take (the broker answers in milliseconds; the refresher's thread,
+#: which every wing shares, is not held up longer by a connection that went silent)
+TOKEN_WAIT = 3.0
 
 
 class Placing(Protocol):
@@ -72,9 +75,11 @@ class PlacedAmqp10Connection:
     """An AMQP 1.0 connection (the official client's ``Connection``) and the node it sits on.
 
     Proton's connections are driven by one thread at a time: a publisher's and the look-up connection by whoever
-    holds :attr:`lock`, a consumer's by its own thread (woken by :attr:`wake`).  A new token (token credentials)
-    is handed over on that thread: :meth:`offer_token` leaves it in :attr:`pending_token`, and :meth:`take_token`
-    sends it."""
+    holds :attr:`lock` (:meth:`driving`), a consumer's by its own thread (woken by :attr:`wake`).  A new token
+    (token credentials) is handed over on that thread: :meth:`offer_token` leaves it in :attr:`pending_token`, and
+    :meth:`take_token` sends it, once its owner has made it :attr:`ready` (its link attached).  A connection from
+    :meth:`~smartclient.amqp10.placement.Amqp10Placer.connect` is yours to drive: hold :attr:`lock` while you do
+    (or call :meth:`take_token` from your thread), and mark it :attr:`ready` to have new tokens sent when idle."""
 
     connection: Amqp10Connection
     node: str
@@ -86,46 +91,82 @@ class PlacedAmqp10Connection:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     pending_token: str | None = field(default=None, repr=False)
     wake: Callable[[], None] | None = field(default=None, repr=False)  # a consumer's: its loop takes the token
+    ready: bool = field(default=False, repr=False)  # its owner's link is attached: a token may be sent when idle
+    close_pending: bool = field(default=False, repr=False)  # closed while another thread drove it: closed after
     token_updates: int = 0  #: new tokens the broker took on this connection
     token_failure: SmartClientError | None = field(default=None, repr=False)  #: why the last one was not taken
 
     def offer_token(self, token: str) -> None:
-        """Hand ``token`` over now if no thread drives the connection, else at that thread's next step."""
+        """Hand ``token`` over now if no thread drives the connection, else at that thread's next step (from the
+        token refresher's thread).  A connection lost meanwhile is closed: its owner recovers it."""
         self.pending_token = token
+        if not self.ready:
+            return
         if self.wake is not None:
             self.wake()
         elif self.lock.acquire(blocking=False):
             try:
                 self.take_token()
+            except ConnectionFailed as exc:  # its owner finds it closed at its next step, and recovers
+                log.warning("AMQP 1.0 connection %s on %s did not answer its new token, closing it: %s", self.name,
+                            self.node, exc)
+                self.close()
             finally:
                 self.lock.release()
+            self._after()
 
     def take_token(self) -> None:
-        """Send the pending token, if any (on the thread that drives the connection).  A refusal is logged and
-        kept in :attr:`token_failure` (the connection keeps its old token until the broker closes it at its
-        expiry; a recovery then logs in with the current one); a lost connection is its owner's to recover."""
+        """Send the pending token, if any, within :data:`TOKEN_WAIT` seconds (on the thread that drives the
+        connection).  A refusal (or any answer but yes) is logged and kept in :attr:`token_failure`: the
+        connection keeps its old token until the broker closes it at its expiry, and a recovery then logs in with
+        the current one.
+
+        :raises ConnectionFailed: the connection was lost, or did not answer in time (its reply could come
+            later and be taken for another's: the connection is not to be used again)."""
         token, self.pending_token = self.pending_token, None
         if token is None or self.closed:
             return
         try:
-            refresh_token(self.connection, token, self.name)
-        except (TokenRefused, FeatureNotSupported) as exc:
+            refresh_token(self.connection, token, self.name, TOKEN_WAIT)
+        except SmartClientError as exc:
+            if isinstance(exc, ConnectionFailed) and not isinstance(exc, AuthenticationFailed):
+                raise  # lost (a refusal, TokenRefused, is an AuthenticationFailed: kept below)
             self.token_failure = exc
             if self.placer is not None:
                 self.placer.token_refused(self, exc)
-            return
-        except ConnectionFailed as exc:
-            log.debug("handing a new token to %s: %s", self.name, exc)
             return
         self.token_updates += 1
         if self.placer is not None:
             self.placer.token_updates += 1
 
-    def close(self) -> None:
-        with self.lock:
+    @contextlib.contextmanager
+    def driving(self) -> Iterator[None]:
+        """Hold the connection for this thread: a token left for it is sent first, one offered meanwhile after,
+        and a close asked meanwhile is done last."""
+        try:
+            with self.lock:
+                self.take_token()
+                yield
+                self.take_token()
+        finally:
+            self._after()
+
+    def _after(self) -> None:
+        if self.close_pending:
+            self.close()
+
+    def close(self, wait: bool = True) -> None:
+        """Close the connection (and its socket); ``wait=False``: if another thread drives it now, that thread
+        closes it when done."""
+        if not self.lock.acquire(blocking=wait):
+            self.close_pending = True
+            return
+        try:
             if not self.closed:
                 self.closed = True
                 close_quietly(self.connection)
+        finally:
+            self.lock.release()
 
     def __enter__(self) -> PlacedAmqp10Connection:
         return self
@@ -181,12 +222,8 @@ class Amqp10Publisher:
 
     def _publish(self, body: bytes | Any, properties: dict[str, str] | None) -> None:
         placed = self.placed
-        with placed.lock:  # not driven by the token refresher meanwhile; a token it left is handed over first
-            placed.take_token()
+        with placed.driving():  # not driven by the token refresher meanwhile; the tokens it left are sent here
             publish(self.publisher, body, f"queue {self.queue!r} on {self.node}", properties)
-        if placed.pending_token is not None:  # offered while this thread sent
-            with placed.lock:
-                placed.take_token()
 
     def _follow(self) -> None:
         self._checked = time.monotonic()
@@ -261,7 +298,10 @@ class Amqp10Consumer:
     def _hand(self, message: Any, accept: Callable[[], None], requeue: Callable[[], None]) -> None:
         """One message to the application's callback.  A callback that raises is logged and counted
         (:attr:`callback_errors`), and its message given back to the queue (unless the callback settled it): it
-        comes again, never taken for a lost connection."""
+        comes again, never taken for a lost connection.  Once :meth:`close` is called, nothing more is handed over
+        (a message that comes meanwhile is not settled: it comes again to the next consumer)."""
+        if self._stopping:
+            return
         self._handed += 1
         tracer = self.placer.tracer
         try:
@@ -296,6 +336,7 @@ class Amqp10Consumer:
             raise
         loop.between = placed.take_token  # a new token, handed over on the consumer's own thread
         placed.wake = loop.wake
+        placed.ready = True
         return placed, loop
 
     def start(self) -> Amqp10Consumer:

@@ -142,8 +142,11 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self.opened += 1
         timeout = getattr(self._attempt, "seconds", self.retry.max_time)  # a recovery's attempt: its own bound
         tls_name = self.resolution.tls_name(target, dialled)  # None without TLS
-        if tls_name is not None:
-            tls_name = dns_tls_name(tls_name, self._node_at(target))
+        if tls_name is not None and self.tls is not None and self.tls.check_hostname:
+            # proton checks DNS names only: an IP is replaced by the node's host where the node is known for sure
+            # (dialled directly, no name given); through a load balancer, or an IP given, the user must name one
+            direct = self.lb is None and self.resolution.by_name is None and not self.tls_server_name
+            tls_name = dns_tls_name(tls_name, self._node_at(target) if direct else None)
         try:
             return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=timeout,
                                    heartbeat=self.heartbeat, tls=self.tls, certificate=certificate, tls_name=tls_name)
@@ -192,7 +195,11 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
             landed = self.place(node, self._new_name(purpose), retry)
         finally:
             del self._attempt.seconds
-        node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
+        try:
+            node_name = str(landed.node) if landed.node is not None else node_of(landed.connection)
+        except BaseException:
+            close_quietly(landed.connection)
+            raise
         placed = PlacedAmqp10Connection(landed.connection, node_name, landed.dialled, landed.name, landed.attempts,
                                         placer=self)
         self.live.add(placed)
@@ -223,7 +230,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         text("Amqp10Placer.queue_topology(queue)", queue)
         with self._lock:
             if self._look is None or self._look.closed:
-                self._look = self.connect(purpose="look")
+                self._look = self._looking()
             look = self._look
             try:
                 return self._ask(look, queue)
@@ -231,17 +238,21 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 raise
             except Exception:  # the connection went: once more on a new one
                 look.close()
-                self._look = self.connect(purpose="look")
+                self._look = self._looking()
                 return self._ask(self._look, queue)
             finally:
                 if self._closing and self._look is not None:  # closed meanwhile (see close)
                     self._look.close()
                     self._look = None
 
+    def _looking(self) -> PlacedAmqp10Connection:
+        look = self.connect(purpose="look")
+        look.ready = True  # no link of its own to attach: new tokens may be sent to it when idle
+        return look
+
     @staticmethod
     def _ask(look: PlacedAmqp10Connection, queue: str) -> QueueTopology:
-        with look.lock:  # not driven by the token refresher meanwhile
-            look.take_token()
+        with look.driving():  # not driven by the token refresher meanwhile; a token it left is sent first
             return queue_topology(look.connection, queue)
 
     def publisher(self, queue: str) -> Amqp10Publisher:
@@ -258,10 +269,12 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
             raise TopologyError(f"queue {queue!r} has no leader now")
         placed = self.connect(topology.leader, "publisher", retry)
         try:
-            return placed, new_publisher(placed.connection, queue)
+            publisher = new_publisher(placed.connection, queue)
         except BaseException:
             placed.close()
             raise
+        placed.ready = True  # its link attached: new tokens may be sent to it when idle
+        return placed, publisher
 
     def consumer(self, queue: str, on_message: Callable[[Any, Callable[[], None]], None], *,
                  prefer: str = "member", credit: int = 10, offset: int | str | None = None,
@@ -327,7 +340,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         if self._lock.acquire(blocking=False):
             try:
                 if self._look is not None:
-                    self._look.close()
+                    self._look.close(wait=False)  # a token on its way to it: closed once sent
                     self._look = None
             finally:
                 self._lock.release()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["install_log_redaction", "install_uri_redaction", "without_uri_passwords"]
+__all__ = ["install_log_redaction", "install_marked_redaction", "install_uri_redaction", "without_uri_passwords"]
 
 _URI_SECRET = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s'\"]*):[^@\s'\"]*@", re.IGNORECASE)
 
@@ -70,3 +70,23 @@ def install_uri_redaction(*loggers: str) -> None:
         logger = logging.getLogger(name)
         if _URI_REDACTION not in logger.filters:
             logger.addFilter(_URI_REDACTION)
+
+
+class _MarkedRedaction(logging.Filter):
+    """Replaces every record whose message holds ``marker`` by ``replacement`` (a request carrying a secret)."""
+
+    def __init__(self, marker: str, replacement: str) -> None:
+        super().__init__()
+        self.marker, self.replacement = marker, replacement
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.marker in record.getMessage():
+            record.msg, record.args = self.replacement, ()
+        return True
+
+
+def install_marked_redaction(logger: str, marker: str, replacement: str) -> None:
+    """Idempotent: every record of ``logger`` whose message holds ``marker`` is logged as ``replacement``."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, _MarkedRedaction) and f.marker == marker for f in target.filters):
+        target.addFilter(_MarkedRedaction(marker, replacement))

@@ -121,7 +121,8 @@ def dns_tls_name(name: str, node: str | None) -> str:
     certificates carry wherever the nodes are named after their hosts.  Verification stays on: a certificate
     without that name fails the connection.
 
-    :raises ConfigurationError: an IP address and no node name to verify instead."""
+    :raises ConfigurationError: an IP address and no node name to verify instead (the caller gives none where
+        the connection may reach another node than its target: through a load balancer)."""
     if not _is_ip(name.strip("[]")):
         return name
     host = default_sni_name(node) if node else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,9 +166,42 @@ def test_an_open_that_times_out_closes_its_socket_and_a_close_waits_at_most_a_se
             peer.close()
 
 
-def test_tls_takes_the_contexts_cas_and_checks_and_a_certificate_that_cannot_load_is_typed(tmp_path: Path) -> None:
-    """Proton reads CAs and certificates from files: the context's CAs are written once to a file of their own,
-    its checks kept (names, or none at all where the context says so), and a bad certificate is typed."""
+def _tls_server(ca: Any, stop: list[bool]) -> int:
+    """A loopback TLS server whose certificate (for ``localhost``) ``ca`` issued: it shakes hands, then says
+    nothing (an AMQP open times out after a good handshake)."""
+    import ssl
+    import threading
+
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server_context)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+
+    def serve() -> None:
+        held = []
+        while not stop[0]:
+            try:
+                raw = listener.accept()[0]
+            except OSError:
+                continue
+            try:
+                held.append(server_context.wrap_socket(raw, server_side=True))
+            except (OSError, ssl.SSLError):
+                raw.close()
+        for peer in held:
+            peer.close()
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+def test_tls_trusts_the_contexts_cas_and_those_only_and_a_certificate_that_cannot_load_is_typed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proton reads CAs and certificates from files: the context's CAs are written once to a file of their own and
+    are the only ones trusted, even where OpenSSL's defaults (here ``SSL_CERT_FILE``) trust the server's CA."""
     import ssl
 
     import trustme
@@ -175,18 +209,33 @@ def test_tls_takes_the_contexts_cas_and_checks_and_a_certificate_that_cannot_loa
     from smartclient import CertificateRejected, ClientCertificate
     from smartclient.amqp10._rabbitmq_amqp import _ca_file, _ssl_domain
 
-    ca = trustme.CA()
-    context = ssl.create_default_context(cadata=ca.cert_pem.bytes().decode())
+    ours, theirs = trustme.CA(), trustme.CA()
+    context = ssl.create_default_context(cadata=ours.cert_pem.bytes().decode())
     path = _ca_file(context)
-    assert path is not None and Path(path).read_bytes().strip() == ca.cert_pem.bytes().strip()
-    assert _ca_file(ssl.create_default_context(cadata=ca.cert_pem.bytes().decode())) == path  # written once
+    assert path is not None and Path(path).read_bytes().strip() == ours.cert_pem.bytes().strip()
+    assert _ca_file(ssl.create_default_context(cadata=ours.cert_pem.bytes().decode())) == path  # written once
     assert _ca_file(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) is None  # none of its own: the system's
-    unchecked = ssl.create_default_context()
-    unchecked.check_hostname = False
-    unchecked.verify_mode = ssl.CERT_NONE
-    assert _ssl_domain(unchecked, None) is not None and _ssl_domain(context, None) is not None
-    issued = ca.issue_cert("client")
+    theirs.cert_pem.write_to_path(tmp_path / "theirs.pem")
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "theirs.pem"))  # "the system" trusts their CA
+    stop = [False]
+    port = _tls_server(theirs, stop)
+    try:
+        login = Login("PLAIN", "u", "p")
+        with pytest.raises(CertificateRejected, match="certificate verify failed"):  # theirs: not trusted
+            open_connection(Address("127.0.0.1", port), login=login, vhost="/", name="pinned", timeout=3,
+                            tls=context, tls_name="localhost")
+        trusting = ssl.create_default_context(cadata=theirs.cert_pem.bytes().decode())
+        with pytest.raises(ConnectionFailed, match="timed out") as caught:  # the handshake passes; then silence
+            open_connection(Address("127.0.0.1", port), login=login, vhost="/", name="trusted", timeout=1,
+                            tls=trusting, tls_name="localhost")
+        assert not isinstance(caught.value, CertificateRejected)
+        with pytest.raises(CertificateRejected, match="certificate verify failed"):  # the name is checked
+            open_connection(Address("127.0.0.1", port), login=login, vhost="/", name="named", timeout=3,
+                            tls=trusting, tls_name="elsewhere.example")
+    finally:
+        stop[0] = True
+    issued = ours.issue_cert("client")
     issued.private_key_and_cert_chain_pem.write_to_path(tmp_path / "client.pem")
-    assert _ssl_domain(context, ClientCertificate(tmp_path / "client.pem")) is not None
+    _ssl_domain(context, ClientCertificate(tmp_path / "client.pem"))  # loads
     with pytest.raises(CertificateRejected, match="missing.pem.*cannot be loaded"):
         _ssl_domain(context, ClientCertificate(tmp_path / "missing.pem"))
