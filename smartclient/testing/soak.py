@@ -73,6 +73,7 @@ class SoakPlan:
     fault_gap: tuple[float, float] = (30.0, 60.0)
     trace_memory: bool = False  # tracemalloc on (slower): where memory grew from the warm-up to the end
     quiet: float = 0.0  # seconds at the end with no random fault (a short run judges its resources there)
+    amqp10: bool = False  # the nemesis's AMQP 1.0 publisher and consumer too (the [amqp10] extra)
 
     def __post_init__(self) -> None:
         for name in ("minutes", "rollout_every", "churn_every", "token_lifetime", "certificate_every",
@@ -90,7 +91,7 @@ class SoakPlan:
 
     def nemesis(self) -> Plan:
         return Plan(minutes=self.minutes, seed=self.seed, gap=self.fault_gap, rate=self.rate, kinds=self.faults,
-                    quiet=self.quiet)
+                    quiet=self.quiet, amqp10=self.amqp10)
 
     @property
     def rollout_times(self) -> list[float]:
