@@ -19,6 +19,7 @@ Then whether each message is one data section, and where its body starts, is dec
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -137,13 +138,16 @@ def chunk_batch(frame: Any, first: int, keep: slice | Sequence[int] | None = Non
             views, offsets = views[index], offsets[index]
         body = pa.Array.from_buffers(pa.binary_view(), len(views), [None, pa.py_buffer(views), pa.py_buffer(raw)])
     fields = schema()
-    timestamps = pa.array(np.full(len(offsets), frame.timestamp, dtype=np.int64), fields.field("timestamp").type)
+    count = len(offsets)  # (the timestamp column made from its buffer: pa.array's conversion costs 8 us a chunk)
+    timestamps = pa.Array.from_buffers(fields.field("timestamp").type, count,
+                                       [None, pa.py_buffer(np.full(count, frame.timestamp, dtype=np.int64))])
     return pa.RecordBatch.from_arrays([pa.array(offsets), timestamps, body], schema=fields)
 
 
 def _fixed_views(raw: bytes, count: int, np: Any) -> Any:
     """The views of ``count`` messages of one size, each one data section of the same kind or none, all
-    checked by strided looks (no loop, no gather); None if they are not."""
+    checked by strided looks (no loop, no gather); None if they are not.  Big-endian fields are compared as the
+    native integers their bytes make (the constant swapped once, not every field)."""
     end = len(raw)
     if count == 0 or end - DELIVER_DATA < 4:
         return None
@@ -152,30 +156,41 @@ def _fixed_views(raw: bytes, count: int, np: Any) -> Any:
     if stride * count != end - DELIVER_DATA:
         return None
     at = DELIVER_DATA + 4  # the first message
-    if not bool((np.ndarray((count,), ">u4", raw, DELIVER_DATA, (stride,)) == size).all()):
+    if not bool((np.ndarray((count,), "=u4", raw, DELIVER_DATA, (stride,)) == _native(size)).all()):
         return None
     header = 0
     if size >= 8:
-        descriptors = np.ndarray((count,), ">u4", raw, at, (stride,))
-        if bool((descriptors == DATA8).all()) and bool((np.ndarray((count,), "u1", raw, at + 4, (stride,))
-                                                        == size - 5).all()):
+        descriptors = np.ndarray((count,), "=u4", raw, at, (stride,))
+        if bool((descriptors == _NATIVE_DATA8).all()) and bool((np.ndarray((count,), "u1", raw, at + 4, (stride,))
+                                                               == size - 5).all()):
             header = 5
-        elif bool((descriptors == DATA32).all()) and bool((np.ndarray((count,), ">u4", raw, at + 4, (stride,))
-                                                           == size - 8).all()):
+        elif bool((descriptors == _NATIVE_DATA32).all()) and bool(
+                (np.ndarray((count,), "=u4", raw, at + 4, (stride,)) == _native(size - 8)).all()):
             header = 8
-        elif bool(((descriptors == DATA8) | (descriptors == DATA32)).any()):
+        elif bool(((descriptors == _NATIVE_DATA8) | (descriptors == _NATIVE_DATA32)).any()):
             return None  # some are, some are not: the general way decides each
     elif size >= 5:
         return None  # a short message may be a data section: the general way decides
     length = size - header
-    views = np.zeros((count, 4), dtype="<i4")
+    views = np.empty((count, 4), dtype="<i4")
     views[:, 0] = length
-    shown = min(length, _INLINE if length <= _INLINE else 4)  # the value inline, or its first 4 bytes
-    if shown:
-        views.view(np.uint8)[:, 4:4 + shown] = np.ndarray((count, shown), "u1", raw, at + header, (stride, 1))
-    if length > _INLINE:
-        views[:, 3] = at + header + stride * np.arange(count, dtype=np.int64)  # (buffer 0: the frame)
+    if length > _INLINE:  # its first 4 bytes, buffer 0 (the frame), where it starts in it
+        views[:, 1] = np.ndarray((count,), "<i4", raw, at + header, (stride,))
+        views[:, 2] = 0
+        views[:, 3] = np.arange(at + header, at + header + stride * count, stride, dtype=np.int32)
+    else:  # the value itself, zero-padded
+        views[:, 1:] = 0
+        if length:
+            views.view(np.uint8)[:, 4:4 + length] = np.ndarray((count, length), "u1", raw, at + header, (stride, 1))
     return views
+
+
+def _native(value: int) -> int:
+    """The native unsigned 32-bit integer whose bytes are ``value`` big-endian."""
+    return int.from_bytes(_SIZE.pack(value), sys.byteorder)
+
+
+_NATIVE_DATA8, _NATIVE_DATA32 = _native(DATA8), _native(DATA32)
 
 
 def _message_starts(raw: bytes, count: int, np: Any) -> Any:
