@@ -42,6 +42,15 @@ def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
         api.delete(f"/api/queues/%2F/{name}")
 
 
+@pytest.fixture
+def stream(rabbitmq_testbed: TestBed) -> Iterator[str]:
+    name = f"amqp10-stream-{uuid.uuid4().hex[:8]}"
+    with rabbitmq_testbed.management() as api:
+        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": "stream"}})
+        yield name
+        api.delete(f"/api/queues/%2F/{name}")
+
+
 def collector() -> tuple[list[bytes], Callable[[Any, Any], None]]:
     """The bodies a consumer is handed (from its own thread), and the callback that accepts and keeps each."""
     got: list[bytes] = []
@@ -104,87 +113,75 @@ def test_a_quorum_queue_publisher_is_on_its_leader_and_consumers_on_members(
 
 
 def test_a_stream_consumer_reads_on_a_replica_through_an_sql_filter(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream: str
 ) -> None:
     from rabbitmq_amqp_python_client import Message
 
-    name = f"amqp10-stream-{uuid.uuid4().hex[:8]}"
-    with rabbitmq_testbed.management() as api:
-        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": "stream"}})
+    name = stream
     got: list[bytes] = []
+    with lb_placer.publisher(name) as publisher:
+        for index in range(60):
+            publisher.publish(Message(body=b"s%d" % index, subject="keep" if index % 3 == 0 else "drop"))
+    topology = lb_placer.queue_topology(name)
+    version = rabbitmq_testbed.rabbitmq_version()
+    sql: str | None = "properties.subject = 'keep'"
+    expected = [b"s%d" % index for index in range(0, 60, 3)]
+    if tuple(int(part) for part in version.split(".")[:2]) < (4, 2):
+        with pytest.raises(FeatureNotSupported):
+            lb_placer.consumer(name, lambda m, a: None, offset="first", sql=sql)
+        print(f"SKIPPED part: SQL filters need RabbitMQ 4.2+, this bed runs {version}: the replica reads all")
+        sql, expected = None, [b"s%d" % index for index in range(60)]
+
+    def on_message(message: Any, accept: Any) -> None:
+        got.append(bytes(message.body))
+        accept()
+
+    consumer = lb_placer.consumer(name, on_message, prefer="replica", offset="first", sql=sql)
     try:
-        with lb_placer.publisher(name) as publisher:
-            for index in range(60):
-                publisher.publish(Message(body=b"s%d" % index, subject="keep" if index % 3 == 0 else "drop"))
-        topology = lb_placer.queue_topology(name)
-        version = rabbitmq_testbed.rabbitmq_version()
-        sql: str | None = "properties.subject = 'keep'"
-        expected = [b"s%d" % index for index in range(0, 60, 3)]
-        if tuple(int(part) for part in version.split(".")[:2]) < (4, 2):
-            with pytest.raises(FeatureNotSupported):
-                lb_placer.consumer(name, lambda m, a: None, offset="first", sql=sql)
-            print(f"SKIPPED part: SQL filters need RabbitMQ 4.2+, this bed runs {version}: the replica reads all")
-            sql, expected = None, [b"s%d" % index for index in range(60)]
-
-        def on_message(message: Any, accept: Any) -> None:
-            got.append(bytes(message.body))
-            accept()
-
-        consumer = lb_placer.consumer(name, on_message, prefer="replica", offset="first", sql=sql)
-        try:
-            assert consumer.node != topology.leader and consumer.node in topology.members
-            wait_until_sync(lambda: len(got) >= len(expected), 30,
-                            lambda: f"{len(expected)} messages, {len(got)} so far")
-            deadline = time.monotonic() + 0.5  # the scenario: nothing that does not match comes after them
-            while time.monotonic() < deadline and len(got) == len(expected):
-                time.sleep(0.05)
-        finally:
-            consumer.close()
-        assert got == expected
+        assert consumer.node != topology.leader and consumer.node in topology.members
+        wait_until_sync(lambda: len(got) >= len(expected), 30,
+                        lambda: f"{len(expected)} messages, {len(got)} so far")
+        deadline = time.monotonic() + 0.5  # the scenario: nothing that does not match comes after them
+        while time.monotonic() < deadline and len(got) == len(expected):
+            time.sleep(0.05)
     finally:
-        with rabbitmq_testbed.management() as api:
-            api.delete(f"/api/queues/%2F/{name}")
+        consumer.close()
+    assert got == expected
 
 
 def test_a_stream_consumer_starts_at_an_offset_and_reads_through_a_bloom_filter(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream: str
 ) -> None:
     from rabbitmq_amqp_python_client import Message
 
-    name = f"amqp10-bloom-{uuid.uuid4().hex[:8]}"
-    with rabbitmq_testbed.management() as api:
-        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": "stream"}})
-    try:
-        with lb_placer.publisher(name) as publisher:  # one message in flight: a chunk each
-            for index in range(30):
-                publisher.publish(Message(body=b"b%d" % index,
-                                          annotations={"x-stream-filter-value": "abc"[index % 3]}))
-        got: list[tuple[int, bytes]] = []
+    name = stream
+    with lb_placer.publisher(name) as publisher:  # one message in flight: a chunk each
+        for index in range(30):
+            publisher.publish(Message(body=b"b%d" % index,
+                                      annotations={"x-stream-filter-value": "abc"[index % 3]}))
+    got: list[tuple[int, bytes]] = []
 
-        def on_message(message: Any, accept: Any) -> None:
-            got.append((int(message.annotations["x-stream-offset"]), bytes(message.body)))
-            accept()
+    def on_message(message: Any, accept: Any) -> None:
+        got.append((int(message.annotations["x-stream-offset"]), bytes(message.body)))
+        accept()
 
-        with lb_placer.consumer(name, on_message, prefer="replica", offset=10):  # from offset 10 on
-            wait_until_sync(lambda: len(got) >= 20, 30, lambda: f"20 messages from offset 10, {len(got)} so far")
-        assert got[0] == (10, b"b10") and [o for o, _ in got] == list(range(10, 30))
-        version = rabbitmq_testbed.rabbitmq_version()
-        if tuple(int(part) for part in version.split(".")[:2]) < (4, 1):
-            with pytest.raises(FeatureNotSupported):
-                lb_placer.consumer(name, lambda m, a: None, offset="first", filter_values=["a"])
-            print(f"SKIPPED part: the official client sends Bloom filters to RabbitMQ 4.1+ only, this bed runs "
-                  f"{version}")
-            return
-        got.clear()
-        with lb_placer.consumer(name, on_message, offset="first", filter_values=["a"]):
-            wait_until_sync(lambda: len(got) >= 10, 30, lambda: f"the 10 messages valued 'a', {len(got)} so far")
-            deadline = time.monotonic() + 0.5  # the scenario: nothing else comes after them
-            while time.monotonic() < deadline and len(got) == 10:
-                time.sleep(0.05)
-        assert [body for _, body in got] == [b"b%d" % index for index in range(0, 30, 3)]
-    finally:
-        with rabbitmq_testbed.management() as api:
-            api.delete(f"/api/queues/%2F/{name}")
+    with lb_placer.consumer(name, on_message, prefer="replica", offset=10):  # from offset 10 on
+        wait_until_sync(lambda: len(got) >= 20, 30, lambda: f"20 messages from offset 10, {len(got)} so far")
+    assert got[0] == (10, b"b10") and [o for o, _ in got] == list(range(10, 30))
+    version = rabbitmq_testbed.rabbitmq_version()
+    if tuple(int(part) for part in version.split(".")[:2]) < (4, 1):
+        with pytest.raises(FeatureNotSupported):
+            lb_placer.consumer(name, lambda m, a: None, offset="first", filter_values=["a"])
+        print(f"SKIPPED part: the official client sends Bloom filters to RabbitMQ 4.1+ only, this bed runs "
+              f"{version}")
+        return
+    got.clear()
+    with lb_placer.consumer(name, on_message, offset="first", filter_values=["a"]):
+        wait_until_sync(lambda: len(got) >= 10, 30, lambda: f"the 10 messages valued 'a', {len(got)} so far")
+        deadline = time.monotonic() + 0.5  # the scenario: nothing else comes after them
+        while time.monotonic() < deadline and len(got) == 10:
+            time.sleep(0.05)
+    assert [body for _, body in got] == [b"b%d" % index for index in range(0, 30, 3)]
 
 
 def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothing_lost(
