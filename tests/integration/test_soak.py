@@ -28,7 +28,8 @@ async def test_three_minutes_of_soak_with_a_rolling_restart_lose_nothing_and_lea
     # here (within 10 %: the first minutes still grow); bench/soak.py judges it over 44 (within 5 %)
     # (the nemesis's faults stop 50 s before the end: the rollout's window, from 20 s after it, is judged quiet)
     plan = SoakPlan(minutes=3.0, seed=SEED, first_rollout=60.0, warmup=30.0, certificate_every=60.0,
-                    faults=tuple(FAULTS), fault_gap=(3.0, 8.0), rate=120.0, rss_growth=0.10, quiet=50.0)
+                    faults=tuple(FAULTS), fault_gap=(3.0, 8.0), rate=120.0, rss_growth=0.10, quiet=50.0,
+                    amqp10=True)  # the AMQP 1.0 publisher and consumer too (every stage installs the extra)
     kinds = {f.what for f in schedule(plan.nemesis(), [n.name for n in bed.nodes], ["s0", "s1", "s2"])}
     assert {"kill", "stop_app", "move_leader"} <= kinds  # the seed covers the node faults and a leader move
     result = await soak(bed, plan, tmp_path / "soak.jsonl", progress=print)
@@ -43,6 +44,7 @@ async def test_three_minutes_of_soak_with_a_rolling_restart_lose_nothing_and_lea
     assert report.ops_ok["rpc"] > 0 and report.ops_ok["mqtt"] > 0 and report.ops_ok["churn"] > 0
     assert report.ops_ok["churn-stream"] > 0 and report.ops_ok["churn-super"] > 0
     assert report.producers["p-token"].confirmed > 0 and report.consumers["c-token"].delivered > 0
+    assert report.producers["amqp10-p"].confirmed > 0  # every confirmed one received: report.lost above
     assert result.resources.samples >= 10 and not result.resources.unjudged, result.summary()
     # what must be back after the rollout in 3 minutes: the tables kept per handle, stream, placement and
     # recovery, descriptors (none left half-closed), tasks, threads and connections.  Printed, not asserted here:
