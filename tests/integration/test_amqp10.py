@@ -79,7 +79,12 @@ def test_a_connection_through_the_load_balancer_sits_on_the_node_asked_for(
     try:
         assert [p.node for p in placed] == [node.name for node in rabbitmq_testbed.nodes]
         assert {p.dialled for p in placed} == {Address(*rabbitmq_testbed.lb("amqp"))}
-        # the truth, independently: the management API lists each connection by its container id
+        # the truth, independently: the management API lists each connection by its container id (4.1+)
+        version = rabbitmq_testbed.rabbitmq_version()
+        if tuple(int(part) for part in version.split(".")[:2]) < (4, 1):
+            print(f"SKIPPED part: RabbitMQ {version}'s management API lists no container id for AMQP 1.0 "
+                  f"connections: the Open frame's node is the only check here")
+            return
         wait_until_sync(lambda: all(container_nodes(rabbitmq_testbed).get(p.name) == p.node for p in placed), 15,
                         "the management API to list each connection on its node")
     finally:
