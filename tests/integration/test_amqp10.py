@@ -33,22 +33,23 @@ def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[Amqp10Placer]:
         placer.close()
 
 
-@pytest.fixture
-def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
-    name = f"amqp10-qq-{uuid.uuid4().hex[:8]}"
-    with rabbitmq_testbed.management() as api:
-        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+def a_queue(bed: TestBed, kind: str) -> Iterator[str]:
+    """A durable queue of ``kind`` (``quorum``, ``stream``) of its own, deleted after the test."""
+    name = f"amqp10-{kind}-{uuid.uuid4().hex[:8]}"
+    with bed.management() as api:
+        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": kind}})
         yield name
         api.delete(f"/api/queues/%2F/{name}")
+
+
+@pytest.fixture
+def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
+    yield from a_queue(rabbitmq_testbed, "quorum")
 
 
 @pytest.fixture
 def stream(rabbitmq_testbed: TestBed) -> Iterator[str]:
-    name = f"amqp10-stream-{uuid.uuid4().hex[:8]}"
-    with rabbitmq_testbed.management() as api:
-        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": "stream"}})
-        yield name
-        api.delete(f"/api/queues/%2F/{name}")
+    yield from a_queue(rabbitmq_testbed, "stream")
 
 
 def collector() -> tuple[list[bytes], Callable[[Any, Any], None]]:
