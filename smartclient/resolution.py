@@ -127,6 +127,12 @@ class Resolution:
             self.allow.check(dialled, why=f"resolved from {target}")
         return dialled
 
+    @property
+    def reaches_target(self) -> bool:
+        """Whether a connection reaches the very node it aimed at, and TLS names it by the target alone: no load
+        balancer or ingress in between, no name given instead."""
+        return self.lb is None and self.by_name is None and not self.tls_override
+
     def tls_name(self, target: Address, dialled: Address, node: str | None = None) -> str | None:
         """The name TLS verifies for a connection aimed at ``target`` and dialled at ``dialled`` (None
         without TLS); ``node``: the target node's name, for a resolver that routes by it (else

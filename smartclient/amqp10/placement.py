@@ -145,8 +145,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         if tls_name is not None and self.tls is not None and self.tls.check_hostname:
             # proton checks DNS names only: an IP is replaced by the node's host where the node is known for sure
             # (dialled directly, no name given); through a load balancer, or an IP given, the user must name one
-            direct = self.lb is None and self.resolution.by_name is None and not self.tls_server_name
-            tls_name = dns_tls_name(tls_name, self._node_at(target) if direct else None)
+            tls_name = dns_tls_name(tls_name, self._node_at(target) if self.resolution.reaches_target else None)
         try:
             return open_connection(dialled, login=signed, vhost=self.vhost, name=name, timeout=timeout,
                                    heartbeat=self.heartbeat, tls=self.tls, certificate=certificate, tls_name=tls_name)
