@@ -41,6 +41,9 @@ def main() -> int:
     parser.add_argument("--history", default=None, help="where to write the history (default: a temporary file)")
     parser.add_argument("--rollout-every", type=float, default=600.0)
     parser.add_argument("--amqp10", action="store_true", help="the AMQP 1.0 publisher and consumer too")
+    parser.add_argument("--trim-every", type=float, default=60.0,
+                        help="seconds between two malloc_trim(0) (smartclient.allocator.return_free_memory, as a "
+                             "long-lived service opts in); 0: never, glibc keeps its free memory")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -49,7 +52,8 @@ def main() -> int:
     if isinstance(bed, LocalTestBed):
         bed.up()
     history = args.history or tempfile.mkstemp(prefix="soak-", suffix=".jsonl")[1]
-    plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, amqp10=args.amqp10)
+    plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, amqp10=args.amqp10,
+                     trim_every=args.trim_every or None)
     print(f"soak bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}, history {history}",
           flush=True)
     started = time.monotonic()

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--first-rollout", type=float, default=None, help="seconds until the first (default: half)")
     soak.add_argument("--trace-memory", action="store_true", help="tracemalloc on: where memory grew (slower)")
     soak.add_argument("--amqp10", action="store_true", help="the AMQP 1.0 publisher and consumer too")
+    soak.add_argument("--trim-every", type=float, default=60.0,
+                      help="seconds between two malloc_trim(0), as a long-lived service opts in (0: never)")
     spark = sub.add_parser("spark", help="the Spark standalone cluster (a master and two workers) on 127.0.0.1")
     spark.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -133,7 +135,7 @@ def _soak(bed: object, args: argparse.Namespace) -> int:
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     plan = SoakPlan(minutes=args.minutes, seed=seed, rollout_every=args.rollout_every, first_rollout=args.first_rollout,
-                    trace_memory=args.trace_memory, amqp10=args.amqp10)
+                    trace_memory=args.trace_memory, amqp10=args.amqp10, trim_every=args.trim_every or None)
     history = args.history or tempfile.mkstemp(prefix="soak-", suffix=".jsonl")[1]
     print(f"soak: history in {history}")
     if isinstance(bed, LocalTestBed):

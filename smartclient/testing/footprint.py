@@ -15,6 +15,8 @@ from collections import defaultdict
 from collections.abc import Collection
 from typing import Any
 
+from smartclient.allocator import trim_free_memory
+
 __all__ = ["half_closed_sockets", "heap_in_use", "metric_points", "process_resources", "rss_after_trim"]
 
 
@@ -112,8 +114,7 @@ def rss_after_trim() -> tuple[int, int]:
     memory in use.  ``(rss, rss)`` where there is no ``malloc_trim``.  A diagnostic: it costs a walk of the
     heap, so only at the end of a run."""
     before = _rss()
-    with contextlib.suppress(AttributeError):
-        _LIBC.malloc_trim(0)
+    trim_free_memory()
     return before, _rss()
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from smartclient._errors import ConfigurationError
+from smartclient.allocator import MemoryTrimmer
 from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
 from smartclient.testing.footprint import metric_points, process_resources, rss_after_trim
@@ -74,6 +75,9 @@ class SoakPlan:
     trace_memory: bool = False  # tracemalloc on (slower): where memory grew from the warm-up to the end
     quiet: float = 0.0  # seconds at the end with no random fault (a short run judges its resources there)
     amqp10: bool = False  # the nemesis's AMQP 1.0 publisher and consumer too (the [amqp10] extra)
+    # what a long-lived service opts into (docs/reliability.md): the allocator's kept free memory handed back
+    # every this many seconds (smartclient.allocator.return_free_memory); None: glibc keeps what it keeps
+    trim_every: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in ("minutes", "rollout_every", "churn_every", "token_lifetime", "certificate_every",
@@ -81,6 +85,10 @@ class SoakPlan:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ConfigurationError(f"SoakPlan.{name} must be a positive number of seconds, not {value!r}")
+        trim = self.trim_every
+        if trim is not None and (isinstance(trim, bool) or not isinstance(trim, int | float) or not trim > 0):
+            raise ConfigurationError(f"SoakPlan.trim_every must be a positive number of seconds or None, "
+                                     f"not {self.trim_every!r}")
         if self.first_rollout is not None and self.first_rollout < 0:
             raise ConfigurationError(f"SoakPlan.first_rollout must be 0 or more seconds, not {self.first_rollout!r}")
         if self.stream_every < 1:
@@ -470,6 +478,7 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     watch, level = _WatchCount(watcher.getEffectiveLevel()), watcher.level
     watcher.addFilter(watch)
     watcher.setLevel(min(watch.floor, logging.INFO))  # its quiet (INFO) resubscriptions are counted too
+    trimmer = None if plan.trim_every is None else MemoryTrimmer(plan.trim_every)
     try:
         report = await run(bed, plan.nemesis(), progress=say, history=history, telemetry=telemetry,
                            extras=(main_env, _rolling_restarts(shared), _churn(shared), _locked(shared),
@@ -477,6 +486,8 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     finally:
         watcher.removeFilter(watch)
         watcher.setLevel(level)
+        if trimmer is not None:
+            trimmer.close()
     records = read_history(history_path)
     trim = next(((int(r["before"]), int(r["after"])) for r in records if r.get("kind") == "trim"), (0, 0))
     resources, ops = check_resources(records, plan.warmup, plan.settle, len(bed.nodes)), dict(report.ops_ok)
