@@ -1,6 +1,7 @@
 """bench/spark_source.py: the Spark source's throughput, against reading the same range in one process.
 
-A stream (leader on rabbit-1, one replica) is filled with 500,000 100-byte messages.  Then, in ``ROUNDS`` rounds
+A stream (leader on rabbit-1, one replica) is filled with ``SPARK_BENCH_MESSAGES`` (default 500,000, a multiple of
+100,000) 100-byte messages.  Then, in ``ROUNDS`` rounds
 (``SPARK_BENCH_ROUNDS``, default 3), on ``local[CORES]`` (``SPARK_BENCH_CORES``, default 1):
 
 * **raw reader**: one connection to the replica counting the records of each Deliver frame (bench/raw_frames.py);
@@ -33,7 +34,7 @@ from smartclient import Address, Environment
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
-MESSAGES = 500_000
+MESSAGES = int(os.environ.get("SPARK_BENCH_MESSAGES", "500000"))
 CORES = int(os.environ.get("SPARK_BENCH_CORES", "1"))
 ROUNDS = int(os.environ.get("SPARK_BENCH_ROUNDS", "3"))
 TARGET = 0.5
@@ -158,6 +159,8 @@ def _floor_source() -> Any:
 
 
 def main() -> int:
+    if MESSAGES <= 0 or MESSAGES % 100_000:
+        sys.exit(f"SPARK_BENCH_MESSAGES must be a positive multiple of 100000, not {MESSAGES}")
     bed = LocalTestBed.from_env()
     bed.up()
     stream = f"bench-spark-source-{uuid.uuid4().hex[:6]}"
