@@ -58,6 +58,8 @@ class FrameReader(asyncio.StreamReader):
         self._big_got = 0
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._area.closed:  # released: the connection has ended, and what still comes is not read
+            return memoryview(bytearray(_LOW))
         if self._big is not None:
             return self._big[self._big_got:]
         if self._tail > READ_AREA - _LOW:  # the unread part moved to the front: never under _LOW free then
@@ -67,6 +69,8 @@ class FrameReader(asyncio.StreamReader):
         return self._view[self._tail:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._area.closed:
+            return
         if self._big is not None:
             self._big_got += nbytes
             full = self._big_got == len(self._big)  # nothing more to read into before it is taken
@@ -99,6 +103,8 @@ class FrameReader(asyncio.StreamReader):
         :raises asyncio.IncompleteReadError: the peer closed the connection (or it was lost) before a whole frame
             came, as :meth:`~asyncio.StreamReader.readexactly` raises."""
         while True:
+            if self._area.closed:
+                raise asyncio.IncompleteReadError(b"", None) from self._exception
             big = self._big
             if big is None:
                 head, tail = self._head, self._tail
@@ -130,6 +136,7 @@ class FrameReader(asyncio.StreamReader):
                 self._resume()
                 return bytes(big)
             if self._exception is not None or self._eof:
+                self.release()  # nothing more comes
                 raise asyncio.IncompleteReadError(b"", None) from self._exception
             self._resume()  # a frame not complete: it fits, so there is room for the rest
             self._waiter = self._loop.create_future()
@@ -138,6 +145,21 @@ class FrameReader(asyncio.StreamReader):
             finally:
                 self._waiter = None
 
+
+    def release(self) -> None:
+        """Hand the read area back now: the connection has ended, and nothing more is read from it.  Left to the
+        garbage collector, a lost connection's area (1 MiB) waited for a full collection of the cycles its
+        connection's objects make, which came every minute or more in the soak.  Idempotent; a frame not read yet
+        is dropped."""
+        if self._area.closed:
+            return
+        self._head = self._tail = 0
+        self._big = None
+        try:
+            self._view.release()
+            self._area.close()
+        except BufferError:  # a view of the area is still out: the collector frees it with its last view
+            pass
 
     def _resume(self) -> None:
         if self._paused and self._transport is not None:

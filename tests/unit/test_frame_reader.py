@@ -104,6 +104,28 @@ def test_a_peer_gone_in_the_middle_of_a_frame_ends_the_reader_after_the_whole_on
 
     async def scenario(reader: FrameReader) -> None:
         assert [await read_frame_raw(reader) for _ in whole] == whole
+        assert not reader._area.closed
+        with pytest.raises(ConnectionClosed):
+            await read_frame_raw(reader)
+        assert reader._area.closed  # handed back once nothing more comes, not at the next garbage collection
+
+    asyncio.run(served(send, scenario))
+
+
+def test_a_released_reader_reads_nothing_more_and_drops_what_still_comes() -> None:
+    async def send(writer: asyncio.StreamWriter) -> None:
+        writer.write(framed([b"first"]))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(framed([b"after the release"]) * 1000)
+        await writer.drain()
+
+    async def scenario(reader: FrameReader) -> None:
+        assert await read_frame_raw(reader) == b"first"
+        reader.release()
+        reader.release()  # idempotent
+        assert reader._area.closed
+        await asyncio.sleep(0.4)  # (what the peer sends now lands in a throwaway buffer)
         with pytest.raises(ConnectionClosed):
             await read_frame_raw(reader)
 

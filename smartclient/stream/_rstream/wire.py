@@ -38,7 +38,7 @@ from smartclient.core.address import Address
 from smartclient.core.amqp_data import starts_amqp
 from smartclient.core.deadline import remaining, step
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
-from smartclient.stream.socket_reader import open_frames
+from smartclient.stream.socket_reader import FrameReader, open_frames
 
 if TYPE_CHECKING:
     from smartclient.stream.host import Connection
@@ -114,6 +114,14 @@ class _NamedConnection(RConnection):
             waiter = self.extra_waiters.pop((key, corr), None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(bytes(raw))
+
+    async def close(self) -> None:
+        """rstream's, and the read area handed back at once (see :meth:`FrameReader.release`)."""
+        try:
+            await super().close()
+        finally:
+            if isinstance(self._reader, FrameReader):
+                self._reader.release()
 
     async def open(self) -> None:
         kwargs: dict[str, Any] = {}
@@ -404,6 +412,9 @@ def drop_socket(client: Any) -> None:
     writer = getattr(conn, "_writer", None) if conn is not None else None
     if writer is not None:
         writer.transport.abort()
+    reader = getattr(conn, "_reader", None) if conn is not None else None
+    if isinstance(reader, FrameReader):
+        reader.release()  # its read area, now and not at the next full garbage collection
 
 
 def forget_handlers(client: Any, subscription_id: int) -> None:
