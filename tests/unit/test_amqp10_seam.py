@@ -239,3 +239,17 @@ def test_tls_trusts_the_contexts_cas_and_those_only_and_a_certificate_that_canno
     _ssl_domain(context, ClientCertificate(tmp_path / "client.pem"))  # loads
     with pytest.raises(CertificateRejected, match="missing.pem.*cannot be loaded"):
         _ssl_domain(context, ClientCertificate(tmp_path / "missing.pem"))
+
+
+def test_the_seams_container_is_protons_without_the_default_tls_configuration() -> None:
+    """proton's ``Container()`` loads the system's CA store twice (an SSLConfig) for every blocking connection,
+    plain ones too; the seam's sets up everything else its constructor does, and no SSLConfig."""
+    from rabbitmq_amqp_python_client.qpid.proton.reactor import Container
+
+    from smartclient.amqp10._rabbitmq_amqp import _Container
+
+    theirs, ours = Container(), _Container()
+    assert set(vars(ours)) == set(vars(theirs))
+    assert ours.ssl is None and theirs.ssl is not None
+    assert type(ours.global_handler) is type(theirs.global_handler)
+    assert ours.container_id != _Container().container_id and ours.allow_insecure_mechs and ours.trigger is None
