@@ -123,7 +123,7 @@ CLOSE_WAIT = 1.0
 
 class _Container(Container):
     """proton's container without its default TLS configuration.  ``Container()`` builds an ``SSLConfig``, a client
-    and a server SSL domain each loading the system's CA store (1.65 MiB in use and 20 to 40 ms here), for every
+    and a server SSL domain each loading the system's CA store (1.65 MiB in use and 20 to 45 ms here), for every
     blocking connection, plain ones too, to use only for an ``amqps`` URL given no domain of its own.  The seam gives
     every TLS connection its own (:func:`_ssl_domain`), so it never uses that one.  Proton skips the whole block when
     ``impl`` is given; the rest of it is set here as proton sets it (a unit test compares the two)."""

@@ -13,10 +13,12 @@ Standard library only: the rstream seam reads its frames here (``_rstream/frames
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import mmap
 import struct
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +58,10 @@ class FrameReader(asyncio.StreamReader):
         self._tail = 0  # the end of what was received
         self._big: memoryview | None = None  # a frame larger than the area, being received into its own buffer
         self._big_got = 0
+        self._released = False  # the area handed back (release): nothing more is read
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._area.closed:  # released: the connection has ended, and what still comes is not read
+        if self._released:  # the connection has ended, and what still comes is not read
             return memoryview(bytearray(_LOW))
         if self._big is not None:
             return self._big[self._big_got:]
@@ -69,7 +72,7 @@ class FrameReader(asyncio.StreamReader):
         return self._view[self._tail:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._area.closed:
+        if self._released:
             return
         if self._big is not None:
             self._big_got += nbytes
@@ -103,7 +106,7 @@ class FrameReader(asyncio.StreamReader):
         :raises asyncio.IncompleteReadError: the peer closed the connection (or it was lost) before a whole frame
             came, as :meth:`~asyncio.StreamReader.readexactly` raises."""
         while True:
-            if self._area.closed:
+            if self._released:
                 raise asyncio.IncompleteReadError(b"", None) from self._exception
             big = self._big
             if big is None:
@@ -142,6 +145,11 @@ class FrameReader(asyncio.StreamReader):
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # the connection was lost while this waited: nothing more comes
+                self.release()
+                raise
             finally:
                 self._waiter = None
 
@@ -151,15 +159,21 @@ class FrameReader(asyncio.StreamReader):
         garbage collector, a lost connection's area (1 MiB) waited for a full collection of the cycles its
         connection's objects make, which came every minute or more in the soak.  Idempotent; a frame not read yet
         is dropped."""
-        if self._area.closed:
+        if self._released:
             return
+        self._released = True
         self._head = self._tail = 0
         self._big = None
+        self._view.release()
         try:
-            self._view.release()
             self._area.close()
-        except BufferError:  # a view of the area is still out: the collector frees it with its last view
-            pass
+        except BufferError:
+            # a slice of the area is still out: a reset connection's error keeps the read that failed, and the
+            # slice it read into, in its traceback's frames; those frames are done, so their locals can go
+            if self._exception is not None:
+                traceback.clear_frames(self._exception.__traceback__)
+            with contextlib.suppress(BufferError):  # still out: the collector frees it with its last view
+                self._area.close()
 
     def _resume(self) -> None:
         if self._paused and self._transport is not None:

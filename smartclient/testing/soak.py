@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -86,7 +87,8 @@ class SoakPlan:
             if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
                 raise ConfigurationError(f"SoakPlan.{name} must be a positive number of seconds, not {value!r}")
         trim = self.trim_every
-        if trim is not None and (isinstance(trim, bool) or not isinstance(trim, int | float) or not trim > 0):
+        if trim is not None and (isinstance(trim, bool) or not isinstance(trim, int | float)
+                                 or not 0 < trim <= threading.TIMEOUT_MAX):
             raise ConfigurationError(f"SoakPlan.trim_every must be a positive number of seconds or None, "
                                      f"not {self.trim_every!r}")
         if self.first_rollout is not None and self.first_rollout < 0:

@@ -41,7 +41,7 @@ def test_a_trim_hands_the_free_memory_kept_in_the_middle_of_the_heap_back() -> N
             libc.free(block)
 
 
-@pytest.mark.parametrize("every", [0, -1.0, "60", True, None, float("nan")])
+@pytest.mark.parametrize("every", [0, -1.0, "60", True, None, float("nan"), float("inf"), 1e300])
 def test_a_trimmer_wants_a_positive_number_of_seconds(every: object) -> None:
     with pytest.raises(ConfigurationError, match="positive number of seconds"):
         MemoryTrimmer(every)  # type: ignore[arg-type]
@@ -83,3 +83,9 @@ def test_without_malloc_trim_a_trimmer_does_nothing_and_says_so(monkeypatch: pyt
     assert "no malloc_trim" in caplog.text
     assert trim_free_memory() is False
     trimmer.close()
+    monkeypatch.setattr(allocator, "_TRIMMER", None)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="smartclient.allocator"):
+        once = return_free_memory(60)
+        assert return_free_memory(60) is once  # the process's one, said once
+    assert caplog.text.count("no malloc_trim") == 1

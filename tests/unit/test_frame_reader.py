@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 
@@ -113,21 +114,58 @@ def test_a_peer_gone_in_the_middle_of_a_frame_ends_the_reader_after_the_whole_on
 
 
 def test_a_released_reader_reads_nothing_more_and_drops_what_still_comes() -> None:
+    late = framed([b"after the release"]) * 1000
+    sent = asyncio.Event()
+
     async def send(writer: asyncio.StreamWriter) -> None:
         writer.write(framed([b"first"]))
         await writer.drain()
-        await asyncio.sleep(0.2)
-        writer.write(framed([b"after the release"]) * 1000)
+        await asyncio.wait_for(released.wait(), 10)
+        writer.write(late)
         await writer.drain()
+        sent.set()
+        await asyncio.sleep(3600)  # (held open: the reader ends only because it was released)
+
+    released = asyncio.Event()
+    errors: list[dict[str, object]] = []
 
     async def scenario(reader: FrameReader) -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
         assert await read_frame_raw(reader) == b"first"
         reader.release()
         reader.release()  # idempotent
         assert reader._area.closed
-        await asyncio.sleep(0.4)  # (what the peer sends now lands in a throwaway buffer)
+        taken = [0]
+        get_buffer = reader.get_buffer
+
+        def counted(hint: int) -> memoryview:
+            taken[0] += 1
+            return get_buffer(hint)
+        reader.get_buffer = counted  # type: ignore[method-assign]
+        released.set()
+        await asyncio.wait_for(sent.wait(), 10)
+        await until(lambda: taken[0] > 0 or reader._transport is None or reader._transport.is_closing())
+        assert reader._transport is not None and not reader._transport.is_closing()  # read, and thrown away
         with pytest.raises(ConnectionClosed):
             await read_frame_raw(reader)
+        assert errors == []
+
+    asyncio.run(served(send, scenario))
+
+
+def test_a_peer_that_resets_the_connection_gets_the_area_back_too() -> None:
+    async def send(writer: asyncio.StreamWriter) -> None:
+        writer.write(framed([b"last"]))
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: an RST
+        writer.transport.abort()
+
+    async def scenario(reader: FrameReader) -> None:
+        assert await read_frame_raw(reader) == b"last"
+        with pytest.raises((ConnectionClosed, ConnectionResetError)):  # (an OSError: rstream's reader takes both)
+            await read_frame_raw(reader)
+        assert reader._area.closed  # the reset's error keeps the failed read's frames: their locals cleared
 
     asyncio.run(served(send, scenario))
 

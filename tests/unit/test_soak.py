@@ -28,6 +28,7 @@ def test_rolling_restarts_every_ten_minutes_each_ending_before_the_workload() ->
     ("stream_every", 0, "1 or more cycles"), ("rss_growth", 2.0, "share between 0 and 1"),
     ("faults", ("kill", "flood"), "flood"), ("rate", True, "rate must be a positive"),
     ("trim_every", 0, "trim_every must be a positive"), ("trim_every", True, "trim_every must be a positive"),
+    ("trim_every", float("inf"), "trim_every must be a positive"),
 ])
 def test_a_bad_plan_is_refused_naming_the_field(field: str, value: Any, match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):

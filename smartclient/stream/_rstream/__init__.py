@@ -20,8 +20,9 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "client.Client._conn",  # the socket (its writer carries our Publish frames; aborted on a failed dial)
     "client.Client._handlers",  # frame handlers by class and name: ours are added, bound and removed
     "client.Client._frames",  # per-subscription delivery queues, dropped with the subscription
-    "client.Client._tasks",  # reader, heartbeat and delivery tasks: stopped on abort
-    "client.Client._is_not_closed",  # set False on abort
+    "client.Client._tasks",  # reader, heartbeat and delivery tasks: stopped on abort (the heartbeat also when
+    # the reader ends by itself)
+    "client.Client._is_not_closed",  # set False on abort, and when the reader ends by itself
     "client.Client._client_properties",  # the connection name given
     "client.Client._frame_max",  # the negotiated frame max (Publish frames are packed here)
     "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions
