@@ -115,8 +115,7 @@ class _NamedConnection(RConnection):
             if waiter is not None and not waiter.done():
                 waiter.set_result(bytes(raw))
 
-    async def close(self) -> None:
-        """rstream's, and the read area handed back at once (see :meth:`FrameReader.release`)."""
+    async def close(self) -> None:  # rstream's, and the read area handed back at once (FrameReader.release)
         try:
             await super().close()
         finally:
@@ -251,10 +250,8 @@ class NamedClient(Client):
         garbage collector finds it; the soak counted one more descriptor per connection an LB or a node cut
         (issue 32).  (Cancelled by ``close()``, it leaves that to ``close()``.)
 
-        Its heartbeat stops with it: rstream's heartbeat task looks at the connection only between two sleeps of
-        the heartbeat interval (60 s), and until then it held the lost connection, its read area (1 MiB) and,
-        over TLS, its SSL buffers (256 KiB): 5 management-API closes on a TLS Environment left 7 such connections
-        held."""
+        Its heartbeat stops with it: rstream's looks at the connection only every heartbeat interval (60 s), and
+        held it till then, its read area (1 MiB) and TLS buffers too (5 closes on a TLS Environment: 7 held)."""
         try:
             await super()._listener()
         finally:
