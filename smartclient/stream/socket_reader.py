@@ -106,8 +106,6 @@ class FrameReader(asyncio.StreamReader):
         :raises asyncio.IncompleteReadError: the peer closed the connection (or it was lost) before a whole frame
             came, as :meth:`~asyncio.StreamReader.readexactly` raises."""
         while True:
-            if self._released:
-                raise asyncio.IncompleteReadError(b"", None) from self._exception
             big = self._big
             if big is None:
                 head, tail = self._head, self._tail
@@ -138,7 +136,7 @@ class FrameReader(asyncio.StreamReader):
                 self._big = None
                 self._resume()
                 return bytes(big)
-            if self._exception is not None or self._eof:
+            if self._exception is not None or self._eof or self._released:  # (released: head = tail, no big)
                 self.release()  # nothing more comes
                 raise asyncio.IncompleteReadError(b"", None) from self._exception
             self._resume()  # a frame not complete: it fits, so there is room for the rest
