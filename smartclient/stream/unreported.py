@@ -63,6 +63,9 @@ DECLARE_AGAIN = Backoff(initial=1.0, factor=2.0, max=16.0)
 #: beyond the offset awaited: a consumer was silent) or "last chunk" (one chunk right at it, which may be an
 #: offset-tracking chunk, never delivered): a long run (the soak) counts them
 WATCH_RECORD = "smartclient_delivery_watch"
+#: the same record's facts, a dict: the stream, the node the consumer was on, the offset it waited for, the
+#: committed chunk id read and the seconds it had been silent (the soak records them, with the broker's view)
+WATCH_FACTS = "smartclient_delivery_watch_facts"
 # In stall_check periods: each look that finds nothing missing doubles the wait before the next, up to 8.
 IDLE_LOOKS = Backoff(initial=1.0, factor=2.0, max=8.0)
 
@@ -227,6 +230,8 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
                f"waiting for offset {mark[0]}")
         # one chunk right at the offset awaited may be an offset-tracking chunk: said quietly
         rescue = committed > mark[0]
+        facts = {"stream": consumer.stream, "node": str(consumer.node), "waiting_for": mark[0],
+                 "committed": committed, "silent": round(waited, 2)}
         log.log(logging.WARNING if rescue else logging.INFO, "%r: %s: subscribing again", consumer, why,
-                extra={WATCH_RECORD: "rescue" if rescue else "last chunk"})
+                extra={WATCH_RECORD: "rescue" if rescue else "last chunk", WATCH_FACTS: facts})
         consumer.control.lost(why)

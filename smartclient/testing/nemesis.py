@@ -367,7 +367,8 @@ async def _read_back(env: Any, streams: list[str], history: History) -> None:
 
         def on_message(message: Any, context: Any, stream: str = stream, done: asyncio.Event = done) -> None:
             body = bytes(message)  # the anchor's AMQP 1.0 messages too: one data section, handed over as the body
-            if body == b"end":
+            if body == b"end":  # (its offset: a data message, for the soak's delivery-watch evidence)
+                history.add("marker", stream=stream, offset=context.offset)
                 done.set()
                 return
             client, _, ident = body.decode().partition(":")

@@ -159,6 +159,7 @@ class SoakReport:
     #: it) and "last chunk" (one chunk right at its position: an offset-tracking chunk, most often)
     watch: dict[str, int] = field(default_factory=dict)
     trim: tuple[int, int] = (0, 0)  # RSS (KiB) at the end, and after malloc_trim(0) (footprint.rss_after_trim)
+    watches: list[str] = field(default_factory=list)  # each resubscription's facts (watch_evidence)
 
     @property
     def ok(self) -> bool:
@@ -179,6 +180,7 @@ class SoakReport:
         lines.append(f"delivery watch: {self.watch.get('rescue', 0)} rescue(s) (a consumer silent with committed "
                      f"messages beyond it), {self.watch.get('last chunk', 0)} look(s) at a last chunk (an "
                      f"offset-tracking chunk, most often)")
+        lines += self.watches
         res = self.resources
         lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the first rollout's "
                      f"settled sample ({res.rss_baseline} KiB; limit {self.plan.rss_growth * 100:.0f} %), "
@@ -477,7 +479,7 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     say(f"soak: {plan.minutes:g} min, seed {plan.seed}, rolling restarts at "
         f"{', '.join(f'{t:.0f}' for t in plan.rollout_times)} s, faults {', '.join(plan.faults)}")
     watcher = logging.getLogger(unreported.__name__)
-    watch, level = _WatchCount(watcher.getEffectiveLevel()), watcher.level
+    watch, level = _WatchCount(watcher.getEffectiveLevel(), _record_watch(bed, history)), watcher.level
     watcher.addFilter(watch)
     watcher.setLevel(min(watch.floor, logging.INFO))  # its quiet (INFO) resubscriptions are counted too
     trimmer = None if plan.trim_every is None else MemoryTrimmer(plan.trim_every)
@@ -494,19 +496,64 @@ async def soak(bed: Any, plan: SoakPlan, history_path: str | Path,
     trim = next(((int(r["before"]), int(r["after"])) for r in records if r.get("kind") == "trim"), (0, 0))
     resources, ops = check_resources(records, plan.warmup, plan.settle, len(bed.nodes)), dict(report.ops_ok)
     return SoakReport(plan, report, resources, rollouts(records, report), ops,
-                      next((list(r["top"]) for r in records if r.get("kind") == "memory"), []), dict(watch.kinds), trim)
+                      next((list(r["top"]) for r in records if r.get("kind") == "memory"), []), dict(watch.kinds), trim,
+                      watch_evidence(records))
 
 
 class _WatchCount(logging.Filter):
-    """On the delivery watch's logger: counts its resubscriptions by kind, and lets through only what the
-    logger's own level (``floor``) did before."""
+    """On the delivery watch's logger: counts its resubscriptions by kind, hands each one's facts to
+    ``on_fire`` (before the consumer subscribes again: the soak records the broker's view then), and lets
+    through only what the logger's own level (``floor``) did before."""
 
-    def __init__(self, floor: int) -> None:
+    def __init__(self, floor: int, on_fire: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         super().__init__()
         self.floor = floor
         self.kinds: Counter[str] = Counter()
+        self.on_fire = on_fire
 
     def filter(self, record: logging.LogRecord) -> bool:
         if (kind := getattr(record, unreported.WATCH_RECORD, None)) is not None:
             self.kinds[kind] += 1
+            if self.on_fire is not None:
+                self.on_fire(kind, dict(getattr(record, unreported.WATCH_FACTS, None) or {}))
         return record.levelno >= self.floor
+
+
+def _record_watch(bed: Any, history: History) -> Callable[[str, dict[str, Any]], None]:
+    """A ``watch`` history record per resubscription by the delivery watch, with the broker's view of the
+    stream's consumers at that moment (their credits, offsets and lag, from the management API: one quick GET,
+    made on the event loop so that nothing has moved yet)."""
+    def on_fire(kind: str, facts: dict[str, Any]) -> None:
+        try:
+            with bed.management() as api:
+                consumers = [{k: c.get(k) for k in ("subscription_id", "credits", "offset", "offset_lag", "consumed",
+                                                    "active")} | {"node": (c.get("connection_details") or {})
+                                                                  .get("node")}
+                             for c in api.get("/api/stream/consumers/%2F")
+                             if (c.get("queue") or {}).get("name") == facts.get("stream")]
+        except Exception as exc:  # a node down: the record says so
+            consumers = [{"error": f"{type(exc).__name__}: {exc}"[:200]}]
+        history.add("watch", watch=kind, **facts, broker=consumers)
+    return on_fire
+
+
+def watch_evidence(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What each resubscription by the delivery watch was for (pure): whether a data message sits at the
+    offset the consumer waited for (read back at the end, or the run's end marker), so it was silent on
+    something it should have had, or none does (an offset-tracking chunk, never delivered to a consumer)."""
+    stored: dict[str, set[int]] = {}
+    watches: list[Mapping[str, Any]] = []
+    for r in records:
+        if r.get("kind") in ("stored", "marker"):
+            stored.setdefault(r["stream"], set()).add(int(r["offset"]))
+        elif r.get("kind") == "watch":
+            watches.append(r)
+    lines = []
+    for w in watches:
+        data = w.get("waiting_for") in stored.get(w.get("stream", ""), set())
+        lines.append(f"  at {w['t']:8.1f} s, {w.get('watch')}: {w.get('stream')} on {w.get('node')}, silent "
+                     f"{w.get('silent')} s waiting for offset {w.get('waiting_for')}, committed chunk "
+                     f"{w.get('committed')}: " + ("a data message there (a silence)" if data else
+                                                  "no data message there (an offset-tracking chunk)")
+                     + f"; the broker's consumers: {w.get('broker')}")
+    return lines

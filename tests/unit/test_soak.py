@@ -163,3 +163,33 @@ def test_the_delivery_watchs_resubscriptions_are_counted_by_kind_and_its_quiet_o
         watcher.setLevel(level)
     assert dict(count.kinds) == {"rescue": 1, "last chunk": 1}
     assert shown == ["silent"]
+
+
+def test_each_resubscription_s_facts_are_handed_on_and_told_apart_as_a_silence_or_a_tracking_chunk() -> None:
+    import logging
+
+    from smartclient.stream import unreported
+    from smartclient.testing.soak import _WatchCount, watch_evidence
+
+    fired: list[tuple[str, dict[str, object]]] = []
+    watcher = logging.getLogger(unreported.__name__)
+    count = _WatchCount(logging.WARNING, on_fire=lambda kind, facts: fired.append((kind, facts)))
+    watcher.addFilter(count)
+    level = watcher.level
+    watcher.setLevel(logging.INFO)
+    try:
+        facts = {"stream": "s", "node": "n1", "waiting_for": 7, "committed": 7, "silent": 5.0}
+        watcher.info("a last chunk", extra={unreported.WATCH_RECORD: "last chunk", unreported.WATCH_FACTS: facts})
+        watcher.info("something else")
+    finally:
+        watcher.removeFilter(count)
+        watcher.setLevel(level)
+    assert fired == [("last chunk", facts)]
+    records = [{"kind": "stored", "t": 1.0, "stream": "s", "offset": 5}, {"kind": "marker", "t": 2.0, "stream": "s",
+                                                                          "offset": 7},
+               {"kind": "watch", "t": 1.5, "watch": "last chunk", **facts, "broker": [{"credits": 9}]},
+               {"kind": "watch", "t": 1.6, "watch": "last chunk", **facts, "waiting_for": 6, "broker": []}]
+    silence, tracking = watch_evidence(records)
+    assert "waiting for offset 7" in silence and "a data message there (a silence)" in silence
+    assert "'credits': 9" in silence
+    assert "waiting for offset 6" in tracking and "an offset-tracking chunk" in tracking

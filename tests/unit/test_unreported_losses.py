@@ -5,7 +5,10 @@ No broker."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from smartclient import Address, RecoveryPolicy
 from smartclient.core.retry import Backoff
@@ -131,7 +134,7 @@ class FakeConsumer:
     def __init__(self, waiting_for: int | None) -> None:
         self.closed, self.failure, self.stream, self.name = False, None, "s", "c"
         self.recovering, self.active, self.handing_over = False, None, False
-        self.waiting_for, self._subscriber = waiting_for, object()
+        self.waiting_for, self._subscriber, self.node = waiting_for, object(), "localhost:5552"
         self.losses: list[str] = []
 
     def _lost(self, reason: str) -> None:
@@ -186,6 +189,20 @@ async def test_a_silent_consumer_behind_the_committed_tail_subscribes_again() ->
     assert "committed messages at offset 120" in consumer.losses[0]
     # the new subscription brought nothing: that chunk is not acted on twice, a later one is
     assert len(consumer.losses) == 2 and "offset 130" in consumer.losses[1]
+
+
+async def test_each_resubscription_is_logged_with_its_kind_and_facts(caplog: pytest.LogCaptureFixture) -> None:
+    from smartclient.stream import unreported
+
+    consumer, host = FakeConsumer(waiting_for=100), StatsHost(committed=120)
+    with caplog.at_level(logging.INFO, logger=unreported.__name__):
+        await _deliveries(consumer, host, 0.05)
+    records = [r for r in caplog.records if hasattr(r, unreported.WATCH_RECORD)]
+    assert records and getattr(records[0], unreported.WATCH_RECORD) == "rescue"
+    facts = getattr(records[0], unreported.WATCH_FACTS)
+    assert {k: facts[k] for k in ("stream", "node", "waiting_for", "committed")} == {
+        "stream": "s", "node": "localhost:5552", "waiting_for": 100, "committed": 120}
+    assert facts["silent"] >= 0  # (a fake clock)
 
 
 async def test_an_offset_tracking_chunk_at_the_tail_costs_one_resubscription_at_most() -> None:
