@@ -47,6 +47,7 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 from smartclient.allocator import MemoryTrimmer
+from smartclient.management import ManagementClient
 from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
 from smartclient.testing.footprint import metric_points, process_resources, rss_after_trim
@@ -515,45 +516,67 @@ class _WatchCount(logging.Filter):
         if (kind := getattr(record, unreported.WATCH_RECORD, None)) is not None:
             self.kinds[kind] += 1
             if self.on_fire is not None:
-                self.on_fire(kind, dict(getattr(record, unreported.WATCH_FACTS, None) or {}))
+                try:
+                    self.on_fire(kind, dict(getattr(record, unreported.WATCH_FACTS, None) or {}))
+                except Exception as exc:  # the watch's own work must go on (logging lets a filter's error out)
+                    self.kinds["not recorded"] += 1
+                    logging.getLogger(__name__).debug("a delivery-watch record was not written: %s", exc)
         return record.levelno >= self.floor
 
 
 def _record_watch(bed: Any, history: History) -> Callable[[str, dict[str, Any]], None]:
     """A ``watch`` history record per resubscription by the delivery watch, with the broker's view of the
-    stream's consumers at that moment (their credits, offsets and lag, from the management API: one quick GET,
-    made on the event loop so that nothing has moved yet)."""
+    stream's consumers (their credits, offsets and lag, from the management API: one GET of at most a second,
+    made on the event loop so that the client has not moved yet; the broker's statistics are those of its last
+    refresh, every 5 s by default)."""
     def on_fire(kind: str, facts: dict[str, Any]) -> None:
         try:
-            with bed.management() as api:
-                consumers = [{k: c.get(k) for k in ("subscription_id", "credits", "offset", "offset_lag", "consumed",
-                                                    "active")} | {"node": (c.get("connection_details") or {})
-                                                                  .get("node")}
-                             for c in api.get("/api/stream/consumers/%2F")
-                             if (c.get("queue") or {}).get("name") == facts.get("stream")]
-        except Exception as exc:  # a node down: the record says so
+            with ManagementClient([n.management_url for n in bed.nodes], bed.username, bed.password,
+                                  timeout=1.0) as api:
+                listed = api.get("/api/stream/consumers/%2F")
+            consumers = [{k: c.get(k) for k in ("subscription_id", "credits", "offset", "offset_lag", "consumed",
+                                                "active")} | {"node": _of(c, "connection_details", "node")}
+                         for c in listed if _of(c, "queue", "name") == facts.get("stream")]
+        except Exception as exc:  # a node down, a slow answer: the record says so
             consumers = [{"error": f"{type(exc).__name__}: {exc}"[:200]}]
         history.add("watch", watch=kind, **facts, broker=consumers)
     return on_fire
 
 
-def watch_evidence(records: Iterable[Mapping[str, Any]]) -> list[str]:
-    """What each resubscription by the delivery watch was for (pure): whether a data message sits at the
-    offset the consumer waited for (read back at the end, or the run's end marker), so it was silent on
-    something it should have had, or none does (an offset-tracking chunk, never delivered to a consumer)."""
+def _of(entry: Any, key: str, inner: str) -> Any:
+    """``entry[key][inner]``, or None (the management API may give a string where a dict was expected)."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    return value.get(inner) if isinstance(value, dict) else None
+
+
+def watch_evidence(records: Iterable[Mapping[str, Any]], shown: int = 12) -> list[str]:
+    """What each resubscription by the delivery watch was for (pure, at most ``shown`` lines and a count of the
+    rest): whether a data message (read back at the end, or the run's end marker) sits between the offset the
+    consumer waited for and the committed chunk it read, so it was silent on something it should have had, or
+    none does (offset-tracking chunks, never delivered to a consumer), or the stream was not read back (the
+    churn's short-lived streams), so nobody knows."""
     stored: dict[str, set[int]] = {}
+    read_back: set[str] = set()
     watches: list[Mapping[str, Any]] = []
     for r in records:
         if r.get("kind") in ("stored", "marker"):
             stored.setdefault(r["stream"], set()).add(int(r["offset"]))
+            if r["kind"] == "marker":
+                read_back.add(r["stream"])
         elif r.get("kind") == "watch":
             watches.append(r)
     lines = []
-    for w in watches:
-        data = w.get("waiting_for") in stored.get(w.get("stream", ""), set())
-        lines.append(f"  at {w['t']:8.1f} s, {w.get('watch')}: {w.get('stream')} on {w.get('node')}, silent "
-                     f"{w.get('silent')} s waiting for offset {w.get('waiting_for')}, committed chunk "
-                     f"{w.get('committed')}: " + ("a data message there (a silence)" if data else
-                                                  "no data message there (an offset-tracking chunk)")
-                     + f"; the broker's consumers: {w.get('broker')}")
+    for w in watches[:shown]:
+        low, high, stream = w.get("waiting_for"), w.get("committed"), w.get("stream", "")
+        if stream not in read_back or low is None or high is None:
+            what = "not known (the stream was not read back)"
+        elif any(low <= offset <= high for offset in stored.get(stream, ())):
+            what = "a data message there (a silence)"
+        else:
+            what = "no data message there (offset-tracking chunks)"
+        lines.append(f"  at {w['t']:8.1f} s, {w.get('watch')}: {stream} on {w.get('node')}, silent {w.get('silent')} s "
+                     f"waiting for offset {low}, committed chunk {high}: {what}; the broker's consumers: "
+                     f"{w.get('broker')}")
+    if len(watches) > shown:
+        lines.append(f"  and {len(watches) - shown} more (the history's watch records)")
     return lines

@@ -186,10 +186,30 @@ def test_each_resubscription_s_facts_are_handed_on_and_told_apart_as_a_silence_o
         watcher.setLevel(level)
     assert fired == [("last chunk", facts)]
     records = [{"kind": "stored", "t": 1.0, "stream": "s", "offset": 5}, {"kind": "marker", "t": 2.0, "stream": "s",
-                                                                          "offset": 7},
+                                                                          "offset": 9},
                {"kind": "watch", "t": 1.5, "watch": "last chunk", **facts, "broker": [{"credits": 9}]},
-               {"kind": "watch", "t": 1.6, "watch": "last chunk", **facts, "waiting_for": 6, "broker": []}]
-    silence, tracking = watch_evidence(records)
-    assert "waiting for offset 7" in silence and "a data message there (a silence)" in silence
-    assert "'credits': 9" in silence
-    assert "waiting for offset 6" in tracking and "an offset-tracking chunk" in tracking
+               {"kind": "watch", "t": 1.6, "watch": "rescue", **facts, "committed": 9, "broker": []},
+               {"kind": "watch", "t": 1.7, "watch": "last chunk", **facts, "stream": "tmp-1", "broker": []}]
+    tracking, silence, unknown = watch_evidence(records)
+    assert "waiting for offset 7, committed chunk 7" in tracking and "offset-tracking chunks" in tracking
+    assert "'credits': 9" in tracking
+    # a tracking chunk at 7, the end marker at 9: silent on a data message all the same
+    assert "committed chunk 9" in silence and "a data message there (a silence)" in silence
+    assert "tmp-1" in unknown and "not known (the stream was not read back)" in unknown
+    assert watch_evidence(records, shown=1)[-1] == "  and 2 more (the history's watch records)"
+
+
+def test_a_watch_record_that_cannot_be_written_does_not_stop_the_watch() -> None:
+    import logging
+
+    from smartclient.stream import unreported
+    from smartclient.testing.soak import _WatchCount
+
+    def broken(kind: str, facts: dict[str, object]) -> None:
+        raise OSError("the history file is closed")
+
+    count = _WatchCount(logging.WARNING, on_fire=broken)
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "silent", None, None)
+    setattr(record, unreported.WATCH_RECORD, "rescue")
+    assert count.filter(record) is True  # no exception: the watch goes on to subscribe again
+    assert dict(count.kinds) == {"rescue": 1, "not recorded": 1}
