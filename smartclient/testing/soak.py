@@ -47,7 +47,6 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 from smartclient.allocator import MemoryTrimmer
-from smartclient.management import ManagementClient
 from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
 from smartclient.testing.footprint import metric_points, process_resources, rss_after_trim
@@ -531,8 +530,7 @@ def _record_watch(bed: Any, history: History) -> Callable[[str, dict[str, Any]],
     refresh, every 5 s by default)."""
     def on_fire(kind: str, facts: dict[str, Any]) -> None:
         try:
-            with ManagementClient([n.management_url for n in bed.nodes], bed.username, bed.password,
-                                  timeout=1.0) as api:
+            with bed.management(timeout=1.0) as api:
                 listed = api.get("/api/stream/consumers/%2F")
             consumers = [{k: c.get(k) for k in ("subscription_id", "credits", "offset", "offset_lag", "consumed",
                                                 "active")} | {"node": _of(c, "connection_details", "node")}
@@ -570,7 +568,7 @@ def watch_evidence(records: Iterable[Mapping[str, Any]], shown: int = 12) -> lis
         low, high, stream = w.get("waiting_for"), w.get("committed"), w.get("stream", "")
         if stream not in read_back or low is None or high is None:
             what = "not known (the stream was not read back)"
-        elif any(low <= offset <= high for offset in stored.get(stream, ())):
+        elif any(offset in stored[stream] for offset in range(low, high + 1)):
             what = "a data message there (a silence)"
         else:
             what = "no data message there (offset-tracking chunks)"

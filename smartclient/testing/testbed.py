@@ -124,10 +124,10 @@ class TestBed:
         return (f"rabbitmq-stream://{quote(self.username, safe='')}:{quote(self._password, safe='')}"
                 f"@{host}:{port}/{quote(vhost, safe='')}")
 
-    def management(self, node: str | None = None) -> ManagementClient:
+    def management(self, node: str | None = None, timeout: float = 10.0) -> ManagementClient:
         """A management client of ``node``, or (None) of the cluster: every node, the first one asked first."""
         urls = [self.node(node).management_url] if node else [n.management_url for n in self.nodes]
-        return ManagementClient(urls, self.username, self._password)
+        return ManagementClient(urls, self.username, self._password, timeout)
 
     def rabbitmq_version(self) -> str:
         """The RabbitMQ version the cluster runs, as its management API reports it (``4.3.6``)."""
