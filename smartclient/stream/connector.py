@@ -177,10 +177,14 @@ class StreamConnector:
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:
         route = await self.resolution.route(target)
         dialled = self.dialled[target] = route.dial
-        holder: dict[str, Connection] = {}
+        # weakly: the client holds this handler, and the Connection the client, so a strong reference made each
+        # connection a cycle that held its socket and buffers past its end until a full collection; while the
+        # connection is open, ``self.connections`` holds it
+        holder: dict[str, weakref.ref[Connection]] = {}
 
         async def closed(info: Any) -> None:
-            conn = holder.get("conn")
+            ref = holder.get("conn")
+            conn = ref() if ref is not None else None
             if conn is not None:
                 await self._closed(conn, info)
 
@@ -210,7 +214,7 @@ class StreamConnector:
         conn = Connection(client, node, dialled, connection_name, max_ids=self.limits.max_streams_per_connection)
         _rstream.attach(client, conn)
         self._logged_in.add(client)
-        holder["conn"] = conn
+        holder["conn"] = weakref.ref(conn)
         self.connections.add(conn)
         return conn
 

@@ -160,6 +160,10 @@ class FrameReader(asyncio.StreamReader):
         if self._released:
             return
         self._released = True
+        # asyncio's TLS layer keeps this reader's protocol (its buffer methods), and the reader's transport is
+        # that layer's: a cycle that kept the layer's 256 KiB buffer, the socket and the SSL objects of every
+        # ended TLS connection until a full collection.  Nothing is read any more, so the reader lets go of it.
+        self._transport = None
         self._head = self._tail = 0
         self._big = None
         self._view.release()

@@ -25,6 +25,7 @@ from smartclient.stream._rstream import map_stream_errors
 if TYPE_CHECKING:
     from resolvers import SrvDiscovery
     from smartclient.stream.connector import StreamConnector
+    from smartclient.stream.host import Connection
 
 __all__ = ["TOPOLOGY_TIME", "TopologyCache"]
 
@@ -58,6 +59,9 @@ class TopologyCache:
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._locator: Any = None
+        # its Connection, held here: the client refers to it only weakly (``_rstream.attach``), and its closed
+        # handler must find it to invalidate what the lost node told
+        self._locator_conn: Connection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # dropped locators, being shut
@@ -83,15 +87,21 @@ class TopologyCache:
                     entries.failed(entry, self.connector.dialled.get(entry), exc)  # refusals raise at once
                     continue
                 self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
-                self._locator = conn.client
+                self._locator, self._locator_conn = conn.client, conn
                 return conn.client
             raise entries.error()
+
+    def connection_closed(self, conn: Connection) -> None:
+        """``conn`` ended: when it was the locator, the next read opens another, and the lost one (its socket and
+        buffers) is not kept until then."""
+        if self._locator_conn is conn:
+            self._locator = self._locator_conn = None
 
     def _drop_locator(self, locator: Any) -> None:
         if self._locator is locator:
             log.info("the locator connection did not answer within %.1f s: another one is opened (this one is shut in "
                      "%.0f s)", METADATA_TIME, DROPPED_GRACE)
-            self._locator = None
+            self._locator = self._locator_conn = None
             task = asyncio.ensure_future(_quietly_shut(locator))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

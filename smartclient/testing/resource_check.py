@@ -62,6 +62,10 @@ class ResourceReport:
     rss_growth: float = 0.0  # judged: from the first settled sample after the first rollout to the end
     rss_baseline: int = 0  # (KiB)
     rss_growth_since_warmup: float = 0.0  # shown: from the baseline at the end of the warm-up
+    #: shown: the lowest RSS (KiB) in each rollout's settled window.  RSS swings with each full garbage collection
+    #: (by 8 MiB, a tenth of it, in a 2-hour run), so one sample at the end may land high or low on that swing;
+    #: the lows are what stays
+    rss_lows: list[int] = field(default_factory=list)
     samples: int = 0
     unjudged: list[str] = field(default_factory=list)  # rollouts with no settled sample after them
 
@@ -107,6 +111,8 @@ def check_resources(records: Iterable[Mapping[str, Any]], warmup: float, settle:
         if not judged:
             report.unjudged.append(label)
             continue
+        if label != "the end" and all("rss kib" in v for v in judged):
+            report.rss_lows.append(min(v["rss kib"] for v in judged))
         for name in names:
             allowed = slack(name, nodes)
             if allowed is None:

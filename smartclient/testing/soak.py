@@ -185,6 +185,8 @@ class SoakReport:
         lines.append(f"resources: {res.samples} samples; RSS {res.rss_growth * 100:+.1f} % from the first rollout's "
                      f"settled sample ({res.rss_baseline} KiB; limit {self.plan.rss_growth * 100:.0f} %), "
                      f"{res.rss_growth_since_warmup * 100:+.1f} % from the warm-up's; "
+                     + (f"its lows after each rollout (KiB): {', '.join(map(str, res.rss_lows))}; "
+                        if res.rss_lows else "")
                      + (f"not back to the baseline: {sorted(res.not_back)}" if res.not_back else "every count back")
                      + (f"; not judged (no settled sample): {res.unjudged}" if res.unjudged else ""))
         lines.append(res.table())

@@ -3,12 +3,22 @@ the LB; a certificate that does not match fails closed."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
+from typing import Any
+
 import pytest
 
 from resolvers import Chain, DnsResolver, LoadBalancer
-from smartclient import Address, CertificateRejected, Environment
+from smartclient import Address, CertificateRejected, ConnectionOptions, Environment
+from smartclient.stream._rstream.wire import LocatorClient, NamedClient
+from smartclient.stream.host import Connection
+from smartclient.stream.socket_reader import FrameReader
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
+
+from .conftest import wait_until
 
 
 def _tls_uri(bed: TestBed, host: str, port: int) -> str:
@@ -62,3 +72,71 @@ async def test_a_certificate_that_does_not_match_fails_closed(rabbitmq_testbed: 
                                tls=rabbitmq_testbed.tls_context(),
                                tls_server_name="rabbit-9.smartclient.test"):
             pass
+
+
+def _alive(refs: list[weakref.ref[Any]]) -> int:
+    return sum(ref() is not None for ref in refs)
+
+
+#: what an ended stream connection is made of: its client, its Connection, the reader of its socket, asyncio's TLS
+#: layer and its transport (asyncio's socket transport, closed, refers to itself: small, and not ours)
+CONNECTION_PARTS = (NamedClient, LocatorClient, Connection, FrameReader, asyncio.sslproto.SSLProtocol,
+                    asyncio.sslproto._SSLProtocolTransport)
+
+
+async def test_ended_tls_connections_are_freed_at_once_not_at_the_next_full_collection(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """Issue 32: each ended connection's socket, client, read area and 256 KiB TLS buffer waited for a full
+    collection, in cycles: the reader with asyncio's TLS layer (which keeps its protocol's buffer methods), the
+    client with its Connection (each referred to the other, also through the closed handler), and a lost
+    connection's client with its own frame handlers.  They were much of the soak's RSS swing.  With the collector
+    off, the connections the broker closes and those the Environment closes all go at once."""
+    bed = rabbitmq_testbed
+    node = bed.nodes[0]
+    name = f"freed-{rabbitmq_unique_name}"
+    await create_stream_led_by(bed, rabbitmq_unique_name, 0)
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, asyncio.sslproto.SSLProtocol)}
+    gc.disable()
+    try:
+        async with Environment(_tls_uri(bed, node.host, node.stream_tls_port), tls=bed.tls_context(),
+                               connection=ConnectionOptions(name=name)) as env:
+            producer = await env.producer(rabbitmq_unique_name)
+            got: list[int] = []
+            await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first")
+            await producer.send_wait(b"before")
+            layers = [weakref.ref(o) for o in gc.get_objects()
+                      if isinstance(o, asyncio.sslproto.SSLProtocol) and id(o) not in before]
+            assert layers
+
+            def listed() -> list[str]:  # the management API lists a connection a statistics round late
+                with bed.management() as api:
+                    return [c["name"] for c in api.connections()
+                            if str((c.get("client_properties") or {}).get("connection_name", "")).startswith(name)]
+            names = await wait_until(lambda: len(listed()) >= 2 and listed(), 30, "the connections listed")
+            with bed.management() as api:
+                for server_name in names:
+                    api.close_connection(server_name, reason="test: freed at once")
+            await producer.send_wait(b"after")  # recovered on new connections
+            await wait_until(lambda: len(got) >= 2, 30, "both messages")
+            # nothing of the closed connections is left for the collector: what is freed at once is not in the
+            # garbage a full collection finds (one may still be held until it is replaced: a carrier's last client)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                gc.collect()
+                cyclic = sorted({type(o).__qualname__ for o in gc.garbage if isinstance(o, CONNECTION_PARTS)})
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+            assert cyclic == [], f"left in cycles by the connections the broker closed: {cyclic}"
+            layers = [weakref.ref(o) for o in gc.get_objects()
+                      if isinstance(o, asyncio.sslproto.SSLProtocol) and id(o) not in before]
+        # (the closed Environment's own objects still refer to its closed clients until it is collected: one
+        # Environment, once; each connection's socket and buffers go with its end)
+        await wait_until(lambda: not _alive(layers), 10,
+                         lambda: f"the Environment's TLS layers freed with the collector off (still alive: "
+                                 f"{_alive(layers)} of {len(layers)})")
+    finally:
+        gc.enable()
+        await delete_streams(bed, rabbitmq_unique_name)

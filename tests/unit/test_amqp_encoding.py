@@ -19,7 +19,7 @@ from smartclient.core.amqp_data import check_encoding, data_section, starts_amqp
 from smartclient.core.delivery import Chunk
 from smartclient.stream._rstream.columns import chunk_of
 from smartclient.stream._rstream.frames import decode_hot, messages_of, stored_of
-from smartclient.stream._rstream.wire import decode_amqp_message
+from smartclient.stream._rstream.messages import decode_amqp_message
 from smartclient.stream.codec import decode_amqp
 from smartclient.stream.publish_frames import sub_entry
 from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer

@@ -47,6 +47,7 @@ def test_counts_back_to_their_baseline_after_each_rollout_are_flat() -> None:
     # RSS is judged from the first settled sample after the first rollout (every path has run once by then)
     assert report.rss_baseline == 1030 and report.rss_growth == pytest.approx(1020 / 1030 - 1) and report.flat(0.05)
     assert report.rss_growth_since_warmup == pytest.approx(0.02)
+    assert report.rss_lows == [1020]  # shown: the lowest in each rollout's settled window (RSS swings with the GC)
 
 
 def test_a_count_that_never_comes_back_or_rss_that_grows_is_named() -> None:

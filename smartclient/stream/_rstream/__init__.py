@@ -1,9 +1,10 @@
 """The ONE place that touches rstream: its internals, its client, its errors (``tests/unit/test_rstream_seam.py``
 checks every internal it relies on; the version range is pinned in ``pyproject.toml``).
 
-:mod:`.wire`: the client, error mapping, frames and values; :mod:`.frames`: the socket read in large pieces and
-the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into rstream's frame classes with one
-``struct`` call each; :mod:`.placed`: rstream's Producer and Consumer, placed by smartclient.
+:mod:`.wire`: the client, error mapping, frames and values; :mod:`.messages`: AMQP 1.0 messages; :mod:`.frames`:
+the socket read in large pieces and the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into
+rstream's frame classes with one ``struct`` call each; :mod:`.placed`: rstream's Producer and Consumer, placed by
+smartclient.
 """
 
 from smartclient.stream._rstream.placed import *  # noqa: F403

@@ -28,7 +28,7 @@ from smartclient._pyarrow import PROPERTY_NAMES, arrow, decoded_schema, schema
 from smartclient.core.amqp_data import DATA8, DATA32
 from smartclient.core.delivery import Chunk
 from smartclient.stream._rstream.frames import DELIVER_DATA, messages_of, stored_of
-from smartclient.stream._rstream.wire import body_of, decode_amqp_message
+from smartclient.stream._rstream.messages import body_of, decode_amqp_message
 
 __all__ = ["chunk_batch", "chunk_of", "decoded_batch"]
 

@@ -35,11 +35,11 @@ from smartclient.core.topology import Role
 
 if TYPE_CHECKING:
     from smartclient.core.settings import ClientSettings
-    from smartclient.stream.host import Connection, StreamHost
+    from smartclient.stream.host import StreamHost
 
 from smartclient.stream._rstream.columns import chunk_of
 from smartclient.stream._rstream.frames import messages_of
-from smartclient.stream._rstream.wire import HANDING, forget_handlers, offset_spec
+from smartclient.stream._rstream.wire import HANDING, connection_of, forget_handlers, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
@@ -105,11 +105,6 @@ _NOTHING = contextlib.nullcontext()  # around a chunk, when metrics and traces a
 _PLACED = Addr("placed-by-smartclient", 0)  # rstream wants an address; the Environment chooses the node
 
 
-def _conn_of(client: Any) -> Connection | None:
-    conn: Connection | None = getattr(client, "smartclient_conn", None)
-    return conn
-
-
 class _Placed:
     """What both placed carriers share: their connections come from the Environment's placement."""
 
@@ -118,11 +113,14 @@ class _Placed:
     _clients: dict[str, Client]
     _connection_name: str
     _on_connection_closed: Any
+    smartclient_placed: Client | None = None  # a consumer's last placement, until its id is taken on it
 
     async def _get_or_create_client(self, stream: str) -> Client:
         # (rstream calls it, a consumer's under the carrier's lock: the id is then taken on what it returns)
-        self.smartclient_placed = await self.smartclient_place(stream)
-        return self.smartclient_placed
+        placed: Client = await self.smartclient_place(stream)
+        if isinstance(self, RConsumer):  # its subscription id is taken on it next (get_available_id)
+            self.smartclient_placed = placed
+        return placed
 
     async def smartclient_place(self, stream: str) -> Client:
         """rstream would first ask its locator where to go: the Environment's placement decides that (a consumer
@@ -145,7 +143,7 @@ class PlacedProducer(_Placed, RProducer):
         if publisher is not None:
             return publisher
         client = await self._get_or_create_client(stream)
-        conn = _conn_of(client)
+        conn = connection_of(client)
         publisher_id = conn.take_id(self._publishers) if conn is not None else self._get_next_available_id()
         await client.inc_available_id()
         publisher = self._publishers[publisher_id] = _Publisher(
@@ -181,7 +179,10 @@ class PlacedConsumer(_Placed, RConsumer):
 
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
-        conn = _conn_of(getattr(self, "smartclient_placed", None))
+        # taken, not kept: held here, a lost connection's client (its socket and buffers) stayed until the next
+        # placement of this carrier
+        placed, self.smartclient_placed = self.smartclient_placed, None
+        conn = connection_of(placed)
         if conn is None:
             return await super().get_available_id()
         return conn.take_id(self._subscribers)
@@ -496,7 +497,7 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
 
 
 def _free_id(client: Any, ident: int) -> None:
-    conn = _conn_of(client)
+    conn = connection_of(client)
     if conn is not None:
         conn.ids.discard(ident)
 
@@ -508,7 +509,7 @@ async def _drop_client(carrier: RProducer | RConsumer, stream: str, dead_only: b
     del carrier._clients[stream]
     await client.remove_stream(stream)
     await client.free_available_id()
-    conn = _conn_of(client)
+    conn = connection_of(client)
     if conn is None:
         return
     if all(other is not client for other in carrier._clients.values()):

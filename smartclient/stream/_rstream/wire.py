@@ -1,6 +1,7 @@
 """The seam to rstream, wire side: its client with the TLS name smartclient chooses, its errors mapped
 in one place, and the frames and values smartclient reads or writes on rstream's connections itself
-(Publish frames and confirms, metadata, StreamStats, offset specifications, AMQP 1.0 messages)."""
+(Publish frames and confirms, metadata, StreamStats, offset specifications; AMQP 1.0 messages in
+:mod:`.messages`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import logging
 import socket
 import ssl
 import struct
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from rstream import AMQPMessage, ConsumerOffsetSpecification, FilterConfiguration, OffsetType, amqp_decoder, schema
+from rstream import ConsumerOffsetSpecification, FilterConfiguration, OffsetType, schema
 from rstream import exceptions as rx
 from rstream.client import Client
 from rstream.connection import Connection as RConnection
@@ -27,7 +29,6 @@ from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConnectionFailed,
-    MessageDecodeError,
     ResolutionError,
     SmartClientError,
     StreamNotFound,
@@ -35,9 +36,9 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
-from smartclient.core.amqp_data import starts_amqp
 from smartclient.core.deadline import remaining, step
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
+from smartclient.stream._rstream.messages import amqp_message, body_of, decode_amqp_message, is_amqp_message
 from smartclient.stream.socket_reader import FrameReader, open_frames
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ __all__ = [
     "attach",
     "body_of",
     "command_versions",
+    "connection_of",
     "consumer_update_answer",
     "create_stream",
     "create_super_stream",
@@ -263,6 +265,10 @@ class NamedClient(Client):
         if heartbeat is not None:
             heartbeat.cancel()
         drop_socket(self)
+        # nothing is read any more, so no frame is handed to a handler: its tables (rstream's own methods among
+        # them) made the client a cycle, which kept the connection, its socket and TLS buffers until a full
+        # collection; rstream's close() clears them too, but a lost connection's client may never be closed
+        self._handlers.clear()
 
     async def close(self) -> None:
         """rstream's, and the socket closed even when the connection was already broken (see :meth:`_listener`)."""
@@ -391,7 +397,16 @@ def identity(client: Any) -> tuple[Address | None, str]:
 
 
 def attach(client: Any, conn: Connection) -> None:
-    client.smartclient_conn = conn
+    """Let ``client`` find its :class:`Connection` (:func:`connection_of`).  Weakly: the Connection holds the
+    client, and a strong reference back made each pair a cycle, so every ended connection (its socket, read
+    area and TLS buffers) waited for a full collection; the Environment holds each Connection it uses."""
+    client.smartclient_conn = weakref.ref(conn)
+
+
+def connection_of(client: Any) -> Connection | None:
+    """The :class:`Connection` ``client`` was attached to, while the Environment still holds it."""
+    ref: weakref.ref[Connection] | None = getattr(client, "smartclient_conn", None)
+    return ref() if ref is not None else None
 
 
 async def abort(client: Any) -> None:
@@ -561,39 +576,3 @@ def consumer_update_answer(spec: Any) -> schema.OffsetSpecification:
 
 def filter_config(stream_filter: Any) -> FilterConfiguration:
     return FilterConfiguration(list(stream_filter.values), stream_filter.post_filter, stream_filter.match_unfiltered)
-
-
-
-def amqp_message(body: bytes, application_properties: dict[str, Any] | None) -> Any:
-    """An AMQP 1.0 message rstream encodes (application properties carried)."""
-    return AMQPMessage(body=body, application_properties=application_properties)
-
-
-def is_amqp_message(value: Any) -> bool:
-    return isinstance(value, AMQPMessage)
-
-
-def decode_amqp_message(raw: bytes, where: str = "the message", stream: str = "", offset: int | None = None) -> Any:
-    """rstream's ``AMQPMessage`` decoded from ``raw``, an AMQP 1.0 message as stored.
-
-    :raises MessageDecodeError: ``raw`` does not begin as an AMQP 1.0 message (a described section), or
-        rstream's decoder fails on it (its IndexError, TypeError... is the cause); it carries ``stream`` and
-        ``offset``, and its message begins with ``where``."""
-    if not starts_amqp(raw):
-        begins = f"it begins {bytes(raw[:8]).hex(' ')!r}" if raw else "it is empty"
-        raise MessageDecodeError(f"{where} is not an AMQP 1.0 message ({begins}, not with a section: written with "
-                                 f"encoding='raw'?)", stream, offset)
-    try:
-        return amqp_decoder(raw)
-    except (IndexError, TypeError, ValueError, KeyError, OverflowError, struct.error) as exc:
-        raise MessageDecodeError(f"{where} is not a valid AMQP 1.0 message ({type(exc).__name__}: {exc})", stream,
-                                 offset) from exc
-
-
-def body_of(message: Any) -> bytes:
-    """The body of a decoded AMQP 1.0 message (rstream's ``AMQPMessage``): its data sections' bytes, joined when
-    there are several, or an AMQP value's text."""
-    body = message.body
-    if isinstance(body, list):  # several data sections
-        body = b"".join(bytes(b) for b in body)
-    return body if isinstance(body, bytes) else str(body).encode()
