@@ -149,7 +149,6 @@ class StreamPlacement:
     async def on_connection_closed(self, conn: Connection, info: Any) -> None:
         log.info("connection %s to %s closed: topologies with that node invalidated", conn.name, conn.node)
         self.topologies.drop(node=conn.node)
-        self.topologies.connection_closed(conn)
         for key, record in list(self.records.items()):
             if record.connection == conn.name:
                 del self.records[key]

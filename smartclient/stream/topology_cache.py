@@ -59,8 +59,8 @@ class TopologyCache:
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._locator: Any = None
-        # its Connection, held here: the client refers to it only weakly (``_rstream.attach``), and its closed
-        # handler must find it to invalidate what the lost node told
+        # its Connection, held here while it is the locator: the client refers to it only weakly
+        # (``_rstream.attach``), and the connector does not hold a locator's
         self._locator_conn: Connection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -90,12 +90,6 @@ class TopologyCache:
                 self._locator, self._locator_conn = conn.client, conn
                 return conn.client
             raise entries.error()
-
-    def connection_closed(self, conn: Connection) -> None:
-        """``conn`` ended: when it was the locator, the next read opens another, and the lost one (its socket and
-        buffers) is not kept until then."""
-        if self._locator_conn is conn:
-            self._locator = self._locator_conn = None
 
     def _drop_locator(self, locator: Any) -> None:
         if self._locator is locator:

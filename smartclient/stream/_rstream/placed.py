@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
@@ -144,7 +145,7 @@ class PlacedProducer(_Placed, RProducer):
             return publisher
         client = await self._get_or_create_client(stream)
         conn = connection_of(client)
-        publisher_id = conn.take_id(self._publishers) if conn is not None else self._get_next_available_id()
+        publisher_id = conn.take_id(self._publishers) if conn is not None else _free_id_in(self._publishers)
         await client.inc_available_id()
         publisher = self._publishers[publisher_id] = _Publisher(
             id=publisher_id, stream=stream, reference=publisher_name, sequence=MonotonicSeq(), client=client)
@@ -183,9 +184,9 @@ class PlacedConsumer(_Placed, RConsumer):
         # placement of this carrier
         placed, self.smartclient_placed = self.smartclient_placed, None
         conn = connection_of(placed)
-        if conn is None:
-            return await super().get_available_id()
-        return conn.take_id(self._subscribers)
+        # (no Connection: the connection ended and was let go; the subscribe on it fails, and must not take an id
+        # this carrier uses elsewhere, as rstream's own counter would)
+        return conn.take_id(self._subscribers) if conn is not None else _free_id_in(self._subscribers)
 
     async def maybe_restart_subscriber(self, reason: str, stream: str) -> None:
         self.smartclient_host.lost(Role.CONSUMER, self, stream, reason)
@@ -494,6 +495,11 @@ async def forget_subscriber(carrier: RConsumer, stream: str, dead_only: bool = F
                 _free_id(client, sid)
         await _drop_client(carrier, stream, dead_only)
     return found
+
+
+def _free_id_in(taken: Collection[int]) -> int:
+    """The lowest id not in ``taken``: for a client whose Connection is gone (it ended), so no live id clashes."""
+    return next(i for i in itertools.count() if i not in taken)
 
 
 def _free_id(client: Any, ident: int) -> None:
