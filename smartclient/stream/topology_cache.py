@@ -58,9 +58,8 @@ class TopologyCache:
         self._topologies: dict[str, StreamTopology] = {}
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
-        self._locator: Any = None
-        # its Connection, held here while it is the locator: the client refers to it only weakly
-        # (``_rstream.attach``), and the connector does not hold a locator's
+        # the locator's Connection, held here: its client refers to it only weakly (``_rstream.attach``), and the
+        # connector does not hold a locator's
         self._locator_conn: Connection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -87,15 +86,19 @@ class TopologyCache:
                     entries.failed(entry, self.connector.dialled.get(entry), exc)  # refusals raise at once
                     continue
                 self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
-                self._locator, self._locator_conn = conn.client, conn
+                self._locator_conn = conn
                 return conn.client
             raise entries.error()
+
+    @property
+    def _locator(self) -> Any:
+        return self._locator_conn.client if self._locator_conn is not None else None
 
     def _drop_locator(self, locator: Any) -> None:
         if self._locator is locator:
             log.info("the locator connection did not answer within %.1f s: another one is opened (this one is shut in "
                      "%.0f s)", METADATA_TIME, DROPPED_GRACE)
-            self._locator = self._locator_conn = None
+            self._locator_conn = None
             task = asyncio.ensure_future(_quietly_shut(locator))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

@@ -114,14 +114,9 @@ class _Placed:
     _clients: dict[str, Client]
     _connection_name: str
     _on_connection_closed: Any
-    smartclient_placed: Client | None = None  # a consumer's last placement, until its id is taken on it
 
     async def _get_or_create_client(self, stream: str) -> Client:
-        # (rstream calls it, a consumer's under the carrier's lock: the id is then taken on what it returns)
-        placed: Client = await self.smartclient_place(stream)
-        if isinstance(self, RConsumer):  # its subscription id is taken on it next (get_available_id)
-            self.smartclient_placed = placed
-        return placed
+        return await self.smartclient_place(stream)
 
     async def smartclient_place(self, stream: str) -> Client:
         """rstream would first ask its locator where to go: the Environment's placement decides that (a consumer
@@ -177,6 +172,12 @@ class PlacedConsumer(_Placed, RConsumer):
         #: (stream, messages, first offset) -> a context the chunk's callbacks run in: its span, its size
         #: recorded (None: metrics and traces are off; one check per chunk)
         self.smartclient_around_chunk: Callable[[str, int, int], Any] | None = None
+        self.smartclient_placed: Client | None = None  # its last placement, until its id is taken on it
+
+    async def _get_or_create_client(self, stream: str) -> Client:
+        # (rstream calls it under the carrier's lock: the subscription id is taken on what it returns next)
+        self.smartclient_placed = await self.smartclient_place(stream)
+        return self.smartclient_placed
 
     async def get_available_id(self) -> int:
         # called by rstream's _create_subscriber right after _get_or_create_client, under the carrier's lock
