@@ -5,13 +5,16 @@ super-stream creation, the local random exchange and native MQTT, so the test
 bed runs ``rabbitmq-server`` from a chroot made by ``debootstrap --variant=minbase``:
 forky's 4.3.x (Erlang 29, the default) or trixie's 4.0.5 (Erlang 27), each in its
 own chroot.  A chroot is built in a temporary directory and renamed into place,
-so a half-built one is never used.  It gets the host's ``/etc/hosts`` (without it
+so a half-built one is never used, under a lock beside it, so a second process that provisions the same
+chroot (``./dev test`` builds both in the background while a test session may ask for one) waits for the
+first and finds it built.  It gets the host's ``/etc/hosts`` (without it
 forky's epmd cannot resolve ``localhost`` and the node fails with ``nxdomain``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -62,16 +65,28 @@ class RabbitChroot:
         return marker.read_text().strip() if marker.exists() else "?"
 
     def provision(self) -> float:
-        """Build the chroot if it is not cached; return the seconds it took (0.0 when cached)."""
+        """Build the chroot if it is not cached; return the seconds it took (0.0 when cached, or when another
+        process built it while this one waited for the lock)."""
         if self.provisioned:
             return 0.0
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.root.with_name(self.root.name + ".lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("another process is provisioning %s: waiting for it", self.root)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.provisioned:  # built by the process this one waited for
+                return 0.0
+            return self._build()
+
+    def _build(self) -> float:
         if shutil.which("debootstrap") is None:
             raise PrerequisiteMissing(
                 f"debootstrap is not installed, and the test bed needs it to install RabbitMQ from {self.suite}: "
                 "run `apt-get install -y debootstrap` (or ./dev, which does it)."
             )
         started = time.monotonic()
-        self.root.parent.mkdir(parents=True, exist_ok=True)
         staging = self.root.with_name(self.root.name + ".staging")
         if staging.exists():
             self._unmount_proc(staging)

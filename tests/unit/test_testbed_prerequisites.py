@@ -131,3 +131,37 @@ def test_down_leaves_proc_mounted_while_another_test_bed_runs_in_the_chroot(tmp_
     chroot = RabbitChroot.__new__(RabbitChroot)
     chroot.root = root
     assert sorted(chroot.processes_inside(proc)) == [101, 103]
+
+
+def test_a_second_provisioner_waits_for_the_first_and_finds_the_chroot_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """./dev test provisions both chroots in the background while a test session may ask for the same one:
+    one debootstrap runs, the other caller waits on the lock and builds nothing."""
+    import threading
+
+    started, release, builds = threading.Event(), threading.Event(), []
+
+    def build(self: RabbitChroot) -> float:
+        builds.append(self.root)
+        started.set()
+        assert release.wait(10)
+        self.root.mkdir()
+        (self.root / chroot_module.MARKER).write_text("4.3.6\n")
+        return 1.0
+
+    monkeypatch.setattr(RabbitChroot, "_build", build)
+    first = RabbitChroot(tmp_path / "rabbitmq-4.3-forky", "forky")
+    second = RabbitChroot(tmp_path / "rabbitmq-4.3-forky", "forky")
+    took: dict[str, float] = {}
+    one = threading.Thread(target=lambda: took.__setitem__("first", first.provision()))
+    one.start()
+    assert started.wait(10)
+    two = threading.Thread(target=lambda: took.__setitem__("second", second.provision()))
+    two.start()
+    two.join(0.3)
+    assert two.is_alive()  # waiting on the lock, not building
+    release.set()
+    one.join(10), two.join(10)
+    assert took == {"first": 1.0, "second": 0.0} and builds == [first.root]
+    assert second.rabbitmq_version() == "4.3.6"
