@@ -74,7 +74,7 @@ class RabbitChroot:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                log.info("another process is provisioning %s: waiting for it", self.root)
+                log.warning("another process is provisioning %s: waiting for it", self.root)
                 fcntl.flock(lock, fcntl.LOCK_EX)
             if self.provisioned:  # built by the process this one waited for
                 return 0.0
