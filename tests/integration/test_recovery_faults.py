@@ -513,3 +513,20 @@ async def test_a_consumer_that_gets_nothing_while_its_stream_moves_on_subscribes
               f"{time.monotonic() - started:.1f} s after the publish (stall_check 1 s)")
         assert consumer.node != silent and consumer.recoveries >= 1
         collector.assert_no_gap(200)
+
+
+async def test_a_connection_without_streams_that_the_broker_closes_leaves_the_connector(
+    rabbitmq_testbed: TestBed,
+) -> None:
+    """rstream tells its closed handler only of a connection with streams on it; one with none (its streams
+    moved away, or never placed) ended unseen, and the connector kept it as open, with its client: the 2-hour
+    soak's connections went from 5 to 18, their sockets closed (issue 32)."""
+    bed = rabbitmq_testbed
+    node = bed.nodes[0]
+    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
+        conn = await env.connector.dial(Address(*node.advertised), "streamless")
+        assert conn in env.connector.connections and not conn.closed
+        bed.close_connection(await asyncio.to_thread(bed.connection_named, conn.name))
+        await wait_until(lambda: conn not in env.connector.connections, 10,
+                         lambda: f"the closed connection to leave the connector ({len(env.connector.connections)})")
+        assert conn.closed

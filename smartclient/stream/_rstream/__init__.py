@@ -24,6 +24,7 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "client.Client._tasks",  # reader, heartbeat and delivery tasks: stopped on abort (the heartbeat also when
     # the reader ends by itself)
     "client.Client._is_not_closed",  # set False on abort, and when the reader ends by itself
+    "client.Client._connection_closed_handler",  # wrapped: told also when a connection without streams ends
     "client.Client._client_properties",  # the connection name given
     "client.Client._frame_max",  # the negotiated frame max (Publish frames are packed here)
     "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions

@@ -24,6 +24,7 @@ from rstream.client import Client
 from rstream.connection import Connection as RConnection
 from rstream.constants import SlasMechanism
 from rstream.encoding import decode_frame
+from rstream.utils import OnClosedErrorInfo
 
 from smartclient._errors import (
     AuthenticationFailed,
@@ -137,6 +138,19 @@ class _NamedConnection(RConnection):
             raise ConnectionError(f"Could not connect to {self.host}:{self.port}") from None
 
 
+class _Told:
+    """A connection-closed handler that remembers it was called (it holds the handler, not the client: no cycle)."""
+
+    __slots__ = ("handler", "told")
+
+    def __init__(self, handler: Callable[[OnClosedErrorInfo], Any]) -> None:
+        self.handler, self.told = handler, False
+
+    def __call__(self, info: OnClosedErrorInfo) -> Any:
+        self.told = True
+        return self.handler(info)
+
+
 class NamedClient(Client):
     """rstream's Client, opening its socket with ``server_hostname`` (set before :meth:`start`), whose delivery
     tasks are never stopped in the middle of an application's handler (:meth:`stop_queue_listener_task`)."""
@@ -156,6 +170,8 @@ class NamedClient(Client):
         #: single active consumers' activations being answered, off the reader: subscription id -> its answers, in
         #: the order the broker asked (those of different subscriptions never wait for each other)
         self.smartclient_updates: dict[str, list[asyncio.Task[None]]] = {}
+        if self._connection_closed_handler is not None:  # told of every end: see _listener
+            self._connection_closed_handler = _Told(self._connection_closed_handler)
 
     def add_handler(self, frame_cls: Any, handler: Any, name: str | None = None) -> None:
         """rstream's, except that a single active consumer's activation (ConsumerUpdate) is answered from a task
@@ -250,10 +266,9 @@ class NamedClient(Client):
         A reader that ended by itself (the peer closed the connection, or a write failed) closes the socket:
         rstream's ``close()`` leaves the socket of a broken connection open, half-closed (CLOSE_WAIT), until the
         garbage collector finds it; the soak counted one more descriptor per connection an LB or a node cut
-        (issue 32).  (Cancelled by ``close()``, it leaves that to ``close()``.)
-
-        Its heartbeat stops with it: rstream's looks at the connection only every heartbeat interval (60 s), and
-        held it till then, its read area (1 MiB) and TLS buffers too (5 closes on a TLS Environment: 7 held)."""
+        (issue 32).  (Cancelled by ``close()``, it leaves that to ``close()``.)  Its heartbeat stops with it:
+        rstream's looks at the connection only every heartbeat interval (60 s), and held it till then, its read
+        area (1 MiB) and TLS buffers too (5 closes on a TLS Environment: 7 held)."""
         try:
             await super()._listener()
         finally:
@@ -269,6 +284,13 @@ class NamedClient(Client):
         # them) made the client a cycle, which kept the connection, its socket and TLS buffers until a full
         # collection; rstream's close() clears them too, but a lost connection's client may never be closed
         self._handlers.clear()
+        # rstream tells its closed handler only of a connection with streams on it; one with none ended unseen,
+        # and the connector kept it as open (the 2-hour soak: 5 became 18, their sockets closed)
+        told = self._connection_closed_handler
+        if isinstance(told, _Told) and not told.told:
+            result = told(OnClosedErrorInfo("Connection Closed", []))
+            if inspect.isawaitable(result):
+                await result
 
     async def close(self) -> None:
         """rstream's, and the socket closed even when the connection was already broken (see :meth:`_listener`)."""
