@@ -101,15 +101,23 @@ class StreamAdmin:
 
     async def delete_stream(self, stream: str, missing_ok: bool) -> None:
         await self.carriers.end_handles_of({stream}, f"stream {stream!r} was deleted by this Environment")
-        locator = await self.topologies.locator()
         try:
+            locator = await self.topologies.locator()
             with map_stream_errors(f"deleting stream {stream!r}"):
                 await locator.delete_stream(stream)
         except StreamNotFound:
             if not missing_ok:
                 raise
-        self.topologies.drop(stream=stream)
-        self.carriers.forget_stream(stream)
+        finally:
+            self._forget({stream})
+
+    def _forget(self, streams: set[str]) -> None:
+        """Its handles were ended: what they left goes with them even when the deletion failed (the caller tries
+        it again; the 2-hour soak kept the totals of each short-lived stream whose deletion a rolling restart
+        cut, for the rest of the run)."""
+        for stream in streams:
+            self.topologies.drop(stream=stream)
+            self.carriers.forget_stream(stream)
 
     async def stream_stats(self, stream: str, node: Address | None = None) -> dict[str, int]:
         from smartclient.stream.stats import stream_stats_from
@@ -204,9 +212,8 @@ class StreamAdmin:
         except StreamNotFound:
             if not missing_ok:
                 raise
-        for partition in partitions:
-            self.topologies.drop(stream=partition)
-            self.carriers.forget_stream(partition)
+        finally:
+            self._forget(partitions)
 
     async def partitions(self, super_stream: str) -> list[str]:
         locator = await self.topologies.locator()

@@ -205,6 +205,10 @@ class Carriers:
                 with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
                     self.handles.remove(handle)
                     self.telemetry.retire(handle)
+        if handle.stream_gone and all(h.stream != handle.stream for h in self.handles):
+            # deleted by someone else: its last handle takes what the stream's closed handles left with it (else a
+            # service whose streams others create and delete would keep every one it ever used)
+            self.forget_stream(handle.stream)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step

@@ -9,6 +9,7 @@ import ctypes
 import ctypes.util
 import os
 import socket
+import subprocess
 import sys
 import threading
 from collections import defaultdict
@@ -17,7 +18,7 @@ from typing import Any
 
 from smartclient.allocator import trim_free_memory
 
-__all__ = ["half_closed_sockets", "heap_in_use", "metric_points", "process_resources", "rss_after_trim"]
+__all__ = ["half_closed_sockets", "heap_in_use", "metric_points", "node_sockets", "process_resources", "rss_after_trim"]
 
 
 def process_resources() -> dict[str, int]:
@@ -124,3 +125,18 @@ def _rss() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def node_sockets(node: str) -> list[str]:
+    """The TCP connections to ``node``'s port (``host:port``) with their queues (``ss``): bytes the client has
+    not read (its Recv-Q) or the broker has not (the other end's), so that a silent connection says which side
+    stopped reading.  The 2-hour soak's one silence came with every request on its connection unanswered."""
+    port = node.rpartition(":")[2]
+    if not port.isdigit():
+        return []
+    try:
+        out = subprocess.run(["ss", "-tnH", "state", "established", f"( sport = :{port} or dport = :{port} )"],
+                             capture_output=True, text=True, timeout=2).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"ss: {exc}"]
+    return [" ".join(line.split()) for line in out.splitlines()][:40]

@@ -40,16 +40,16 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smartclient._errors import ConfigurationError
+from smartclient._errors import ConfigurationError, SmartClientError
 from smartclient.allocator import MemoryTrimmer
 from smartclient.stream import unreported
 from smartclient.testing.checker import Report, read_history
-from smartclient.testing.footprint import metric_points, process_resources, rss_after_trim
+from smartclient.testing.footprint import metric_points, node_sockets, process_resources, rss_after_trim
 from smartclient.testing.nemesis import History, Plan, Run, run
 from smartclient.testing.probe import writable_back
 from smartclient.testing.resource_check import ResourceReport, check_resources
@@ -343,8 +343,8 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
                 consumer = await env.consumer(name, lambda m, c: got.set(), offset="first")
                 await asyncio.wait_for(got.wait(), 15)
                 await consumer.close()
-            finally:
-                await env.delete_stream(name, missing_ok=True)
+            finally:  # a rolling restart may cut one try: a service tries again, or the broker keeps the stream
+                await _until_done(lambda: env.delete_stream(name, missing_ok=True), 30, f"deleting {name}")
 
         while not await _wait(ctx.stop, shared.plan.churn_every):
             cycle += 1
@@ -360,6 +360,19 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
                 else:
                     ctx.history.add("op", client=kind, ok=True, untimed=True)
     return churn
+
+
+async def _until_done(action: Callable[[], Awaitable[object]], timeout: float, what: str) -> None:
+    """``action`` again every second while it fails, for up to ``timeout`` s (then its last failure is raised)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await action()
+            return
+        except SmartClientError as exc:
+            if time.monotonic() > deadline:
+                raise SmartClientError(f"{what}: still failing after {timeout:g} s: {exc}") from exc
+        await asyncio.sleep(1)
 
 
 async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -539,8 +552,9 @@ def _record_watch(bed: Any, history: History) -> Callable[[str, dict[str, Any]],
                          for c in listed if _of(c, "queue", "name") == facts.get("stream")]
         except Exception as exc:  # a node down, a slow answer: the record says so
             consumers = [{"error": f"{type(exc).__name__}: {exc}"[:200]}]
-        history.add("watch", watch=kind, **facts, broker=consumers)
+        history.add("watch", watch=kind, **facts, broker=consumers, sockets=node_sockets(str(facts.get("node", ""))))
     return on_fire
+
 
 
 def _of(entry: Any, key: str, inner: str) -> Any:
@@ -576,7 +590,8 @@ def watch_evidence(records: Iterable[Mapping[str, Any]], shown: int = 12) -> lis
             what = "no data message there (offset-tracking chunks)"
         lines.append(f"  at {w['t']:8.1f} s, {w.get('watch')}: {stream} on {w.get('node')}, silent {w.get('silent')} s "
                      f"waiting for offset {low}, committed chunk {high}: {what}; the broker's consumers: "
-                     f"{w.get('broker')}")
+                     f"{w.get('broker')}; sockets with bytes unread (Recv-Q Send-Q local peer): "
+                     f"{[q for q in w.get('sockets', []) if not q.startswith('0 0 ')]}")
     if len(watches) > shown:
         lines.append(f"  and {len(watches) - shown} more (the history's watch records)")
     return lines

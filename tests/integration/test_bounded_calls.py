@@ -27,6 +27,8 @@ from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProd
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
+from .conftest import wait_until
+
 # A value for every required parameter of a public method, by name.  A method with a parameter missing here
 # fails the contract test with the name to add: the walk below cannot fall behind the public surface.
 ARGUMENTS: dict[str, Any] = {
@@ -113,6 +115,37 @@ async def test_messages_pending_when_the_stream_is_deleted_fail_with_the_reason_
         with pytest.raises(HandleClosed, match="was deleted by this Environment"):
             await producer.send_wait(b"after")
         assert env.placements() == []
+
+
+async def test_a_stream_deleted_elsewhere_leaves_nothing_of_it_once_its_handles_are_closed(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """What closed handles and subscriptions leave (their totals, so that each stream's metric series stays
+    monotonic) is kept per stream while it exists.  A stream another process deletes must take it along once this
+    Environment's handles on it are closed, or a service whose streams others create and delete keeps a little
+    of every stream it ever used."""
+    node = rabbitmq_testbed.nodes[0]
+    subscriptions, handles = "closed subscriptions' counts", "retired handle totals"
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        await env.create_stream(rabbitmq_unique_name)
+        before = env.resources()
+        producer = await env.producer(rabbitmq_unique_name, name="p")
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None, offset="first")
+        await producer.send_wait(b"one")
+        got: list[int] = []
+        reader = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first")
+        await wait_until(lambda: got, 10, "the second consumer's message")
+        await reader.close()
+        kept = env.resources()
+        assert kept[subscriptions] > before[subscriptions] and kept[handles] > before[handles]
+        await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)  # by someone else
+        await wait_until(lambda: producer.failure is not None and consumer.failure is not None, 30,
+                         lambda: f"both handles to stop (producer: {producer.failure}, consumer: {consumer.failure})")
+        assert "does not exist" in str(consumer.failure), consumer.failure
+        await producer.close()
+        await consumer.close()
+        after = env.resources()
+        assert (after[subscriptions], after[handles]) == (before[subscriptions], before[handles]), after
 
 
 async def test_creating_an_existing_stream_with_other_arguments_names_the_difference(
