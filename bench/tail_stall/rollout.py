@@ -39,6 +39,7 @@ from repro import all_nodes, broker_view, erl, node_index
 
 from smartclient import Environment, RecoveryPolicy
 from smartclient.testing import from_env
+from smartclient.testing.footprint import node_sockets
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
@@ -165,6 +166,7 @@ async def check(bed: Any, flows: list[Flow], label: str, silent: float, evidence
                       "first_missing": missing[0], "silent": round(now - reader.last_at, 1),
                       "node": str(consumer.node), "recoveries": consumer.recoveries,
                       "last_offset": consumer.last_offset, "orphans": view,
+                      "sockets": node_sockets(str(consumer.node)),
                       "broker": await asyncio.to_thread(broker_view, bed, reader.flow.stream)}
             print("  STALL " + json.dumps(record, default=str, indent=1), flush=True)
             with open(evidence, "a") as out:

@@ -42,6 +42,7 @@ def resources(env: Any) -> dict[str, int]:
     counts["metadata cache entries"] = len(topologies._topologies) + len(topologies._routed)
     counts["metadata reads in flight"] = len(topologies._inflight)
     counts["committed-chunk cache entries"] = len(carriers._committed)
+    counts["streams gone, waiting for their last handle"] = len(carriers.gone)
     counts["closed subscriptions' counts"] = sum(len(totals) for totals in carriers.left.values())
     counts["background tasks"] = len(carriers._tasks)
     pending = 0

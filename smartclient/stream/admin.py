@@ -117,7 +117,7 @@ class StreamAdmin:
         cut, for the rest of the run)."""
         for stream in streams:
             self.topologies.drop(stream=stream)
-            self.carriers.forget_stream(stream)
+            self.carriers.forget_when_unused(stream)
 
     async def stream_stats(self, stream: str, node: Address | None = None) -> dict[str, int]:
         from smartclient.stream.stats import stream_stats_from

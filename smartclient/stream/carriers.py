@@ -59,6 +59,8 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
+        #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
+        self.gone: set[str] = set()
         #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
         self.left: dict[str, Counter[str]] = {"smartclient_consumed": Counter(), "smartclient_chunks": Counter()}
         self.telemetry: StreamTelemetry | None = None
@@ -205,10 +207,20 @@ class Carriers:
                 with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
                     self.handles.remove(handle)
                     self.telemetry.retire(handle)
-        if handle.stream_gone and all(h.stream != handle.stream for h in self.handles):
-            # deleted by someone else: its last handle takes what the stream's closed handles left with it (else a
-            # service whose streams others create and delete would keep every one it ever used)
+        if handle.stream_gone:  # its recovery found the stream deleted (by someone else)
+            self.gone.add(handle.stream)
+        if handle.stream in self.gone and all(h.stream != handle.stream for h in self.handles):
+            # the last handle of a stream that is gone takes what its closed handles left with it (else a service
+            # whose streams others create and delete would keep a little of every one it ever used)
             self.forget_stream(handle.stream)
+
+    def forget_when_unused(self, stream: str) -> None:
+        """:meth:`forget_stream` now if no handle is on ``stream``, else once its last one is released (one still
+        closing, or opened meanwhile, would otherwise leave its totals behind)."""
+        if any(h.stream == stream for h in self.handles):
+            self.gone.add(stream)
+        else:
+            self.forget_stream(stream)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step
@@ -254,6 +266,7 @@ class Carriers:
         handles' counters left (its metric series end; a service that creates and deletes streams for weeks would
         otherwise report every stream it ever had)."""
         self._committed.pop(stream, None)
+        self.gone.discard(stream)
         if self.telemetry is not None:
             with self.telemetry.lock:
                 for totals in self.telemetry.retired.values():

@@ -130,7 +130,9 @@ def _rss() -> int:
 def node_sockets(node: str) -> list[str]:
     """The TCP connections to ``node``'s port (``host:port``) with their queues (``ss``): bytes the client has
     not read (its Recv-Q) or the broker has not (the other end's), so that a silent connection says which side
-    stopped reading.  The 2-hour soak's one silence came with every request on its connection unanswered."""
+    stopped reading (both ends are seen when the broker shares this host's network, as the local bed's does).
+    The 2-hour soak's one silence came with every request on its connection unanswered.  (``ss`` takes a few
+    milliseconds; it is called once per rescue.)"""
     port = node.rpartition(":")[2]
     if not port.isdigit():
         return []
@@ -139,4 +141,4 @@ def node_sockets(node: str) -> list[str]:
                              capture_output=True, text=True, timeout=2).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return [f"ss: {exc}"]
-    return [" ".join(line.split()) for line in out.splitlines()][:40]
+    return [" ".join(line.split()) for line in out.splitlines()][:200]

@@ -363,7 +363,8 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
 
 
 async def _until_done(action: Callable[[], Awaitable[object]], timeout: float, what: str) -> None:
-    """``action`` again every second while it fails, for up to ``timeout`` s (then its last failure is raised)."""
+    """``action`` again every second while it fails, for up to ``timeout`` s (then its last failure is raised);
+    ``what`` names it in a log line per failed try."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -371,7 +372,8 @@ async def _until_done(action: Callable[[], Awaitable[object]], timeout: float, w
             return
         except SmartClientError as exc:
             if time.monotonic() > deadline:
-                raise SmartClientError(f"{what}: still failing after {timeout:g} s: {exc}") from exc
+                raise  # its own type: the op's error count names it
+            logging.getLogger(__name__).info("%s failed (%s): trying again", what, exc)
         await asyncio.sleep(1)
 
 
@@ -554,7 +556,6 @@ def _record_watch(bed: Any, history: History) -> Callable[[str, dict[str, Any]],
             consumers = [{"error": f"{type(exc).__name__}: {exc}"[:200]}]
         history.add("watch", watch=kind, **facts, broker=consumers, sockets=node_sockets(str(facts.get("node", ""))))
     return on_fire
-
 
 
 def _of(entry: Any, key: str, inner: str) -> Any:

@@ -1,11 +1,15 @@
-"""StreamAdmin's bookkeeping around a deletion (pure: its collaborators are stand-ins)."""
+"""StreamAdmin's and Carriers' bookkeeping around a deletion (pure: their collaborators are stand-ins)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from smartclient import ConnectionFailed, StreamNotFound
+from smartclient.core.topology import Role
 from smartclient.stream.admin import StreamAdmin
+from smartclient.stream.carriers import Carriers
 
 
 class _Locator:
@@ -42,7 +46,7 @@ class _Carriers:
     async def end_handles_of(self, streams: set[str], reason: str) -> None:
         self.ended.append(set(streams))
 
-    def forget_stream(self, stream: str) -> None:
+    def forget_when_unused(self, stream: str) -> None:
         self.forgotten.append(stream)
 
 
@@ -76,3 +80,43 @@ async def test_a_super_stream_deletion_that_fails_forgets_its_partitions_too() -
     with pytest.raises(ConnectionFailed):
         await admin.delete_super_stream("orders", missing_ok=False)
     assert sorted(carriers.forgotten) == ["orders-0", "orders-1"] == sorted(topologies.dropped)
+
+
+class _Handle:
+    def __init__(self, stream: str, gone: bool = False) -> None:
+        self.stream, self.stream_gone, self.role = stream, gone, Role.PRODUCER
+        self.control = SimpleNamespace(carrier=object())
+
+
+def _carriers(*handles: _Handle) -> tuple[Carriers, list[str]]:
+    carriers = Carriers.__new__(Carriers)  # only the bookkeeping of handles and gone streams is exercised
+    carriers.handles, carriers.gone, carriers.telemetry = list(handles), set(), None
+    carriers._carriers = {Role.PRODUCER: [], Role.CONSUMER: []}
+    carriers.placement = SimpleNamespace(forget=lambda carrier, stream: None)  # type: ignore[assignment]
+    forgotten: list[str] = []
+    carriers.forget_stream = forgotten.append  # type: ignore[method-assign]
+    return carriers, forgotten
+
+
+def test_a_stream_gone_is_forgotten_when_its_last_handle_is_released_whichever_stopped_on_it() -> None:
+    """The review of the first version: only the last handle released decided, so a stream whose producer found
+    it gone but whose consumer stopped for another reason (closed last) was never forgotten."""
+    producer, consumer, other = _Handle("s", gone=True), _Handle("s"), _Handle("t")
+    carriers, forgotten = _carriers(producer, consumer, other)
+    carriers.release(producer)
+    assert forgotten == [] and carriers.gone == {"s"}
+    carriers.release(consumer)
+    assert forgotten == ["s"]
+    carriers.release(other)
+    assert forgotten == ["s"]
+
+
+def test_a_deleted_stream_with_a_handle_still_closing_is_forgotten_once_that_handle_is_released() -> None:
+    closing = _Handle("s")
+    carriers, forgotten = _carriers(closing)
+    carriers.forget_when_unused("s")
+    assert forgotten == [] and carriers.gone == {"s"}
+    carriers.release(closing)
+    assert forgotten == ["s"]
+    carriers.forget_when_unused("u")  # no handle on it: at once
+    assert forgotten == ["s", "u"]
