@@ -207,20 +207,22 @@ class Carriers:
                 with self.telemetry.lock:  # a reading sees the handle's totals live or retired, never both or neither
                     self.handles.remove(handle)
                     self.telemetry.retire(handle)
-        if handle.stream_gone:  # its recovery found the stream deleted (by someone else)
-            self.gone.add(handle.stream)
-        if handle.stream in self.gone and all(h.stream != handle.stream for h in self.handles):
+        if handle.stream in self.gone and not self._in_use(handle.stream):
             # the last handle of a stream that is gone takes what its closed handles left with it (else a service
             # whose streams others create and delete would keep a little of every one it ever used)
             self.forget_stream(handle.stream)
 
     def forget_when_unused(self, stream: str) -> None:
         """:meth:`forget_stream` now if no handle is on ``stream``, else once its last one is released (one still
-        closing, or opened meanwhile, would otherwise leave its totals behind)."""
-        if any(h.stream == stream for h in self.handles):
+        closing, or opened meanwhile, would otherwise leave its totals behind): for a stream deleted here, or
+        found deleted by a handle's recovery."""
+        if self._in_use(stream):
             self.gone.add(stream)
         else:
             self.forget_stream(stream)
+
+    def _in_use(self, stream: str) -> bool:
+        return any(h.stream == stream for h in self.handles)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step

@@ -110,7 +110,6 @@ class _Handle:
         #: why it stopped on its own, if it did: RecoveryFailed (recovery gave up), CallbackFailed (a consumer's
         #: callback raised and on_error said stop), HandleStopped (the Environment deleted its stream)
         self.failure: HandleStopped | None = None
-        self.stream_gone = False  # its recovery found the stream deleted (elsewhere): closing forgets its totals
         self._losses = 0
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
@@ -195,7 +194,7 @@ class _Handle:
                         done = await self._reattach()
                     except StreamNotFound as exc:
                         self._note_attempt(attempts, began, f"StreamNotFound: {exc}", deadline.log())
-                        self.stream_gone = True
+                        self._host.forget_when_unused(self.stream)  # deleted elsewhere: with its last handle
                         self._give_up(str(exc))
                         return
                     except (AuthenticationFailed, CertificateRejected) as exc:  # retrying would repeat it

@@ -133,6 +133,9 @@ class StreamHost(Protocol):
     def release(self, handle: Any) -> None:
         """``handle`` closed: its carrier slot and placement record are free."""
 
+    def forget_when_unused(self, stream: str) -> None:
+        """``stream`` is gone: what its handles left is forgotten once none is open on it."""
+
     async def stored_offset(self, stream: str, name: str) -> int | None:
         """The offset stored for consumer ``name`` on ``stream``."""
 

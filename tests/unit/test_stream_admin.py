@@ -83,8 +83,8 @@ async def test_a_super_stream_deletion_that_fails_forgets_its_partitions_too() -
 
 
 class _Handle:
-    def __init__(self, stream: str, gone: bool = False) -> None:
-        self.stream, self.stream_gone, self.role = stream, gone, Role.PRODUCER
+    def __init__(self, stream: str) -> None:
+        self.stream, self.role = stream, Role.PRODUCER
         self.control = SimpleNamespace(carrier=object())
 
 
@@ -101,8 +101,9 @@ def _carriers(*handles: _Handle) -> tuple[Carriers, list[str]]:
 def test_a_stream_gone_is_forgotten_when_its_last_handle_is_released_whichever_stopped_on_it() -> None:
     """The review of the first version: only the last handle released decided, so a stream whose producer found
     it gone but whose consumer stopped for another reason (closed last) was never forgotten."""
-    producer, consumer, other = _Handle("s", gone=True), _Handle("s"), _Handle("t")
+    producer, consumer, other = _Handle("s"), _Handle("s"), _Handle("t")
     carriers, forgotten = _carriers(producer, consumer, other)
+    carriers.forget_when_unused("s")  # the producer's recovery found the stream gone
     carriers.release(producer)
     assert forgotten == [] and carriers.gone == {"s"}
     carriers.release(consumer)
