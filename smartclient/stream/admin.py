@@ -141,9 +141,9 @@ class StreamAdmin:
 
         if spec.kind not in RESOLVABLE or KEY not in await self.command_versions():
             return spec
-        locator = await self.topologies.locator()
-        with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):
-            offset = await resolve_offset_spec(locator, stream, spec, stream_filter)
+        with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):  # (it asks a member: aside)
+            offset = await self.topologies.aside(
+                "resolve", lambda client: resolve_offset_spec(client, stream, spec, stream_filter))
         return spec if offset is None else OffsetSpec.at(offset)
 
     async def require_filtering(self) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, SmartClientError
@@ -38,6 +38,7 @@ __all__ = ["Carriers"]
 
 log = logging.getLogger(__name__)
 P = TypeVar("P")
+T = TypeVar("T")
 
 
 class Carriers:
@@ -59,6 +60,7 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
+        self._no_stats = False  # the broker has no StreamStats: member_ready does not ask
         #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
         self.gone: set[str] = set()
         #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
@@ -94,12 +96,14 @@ class Carriers:
         """rstream's carriers of ``role`` (a consumer carrier counts what it hands over, per stream)."""
         return [carrier for carrier, _ in self._carriers[role]]
 
-    def carrier(self, role: Role, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> Any:
-        """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's."""
+    def carrier(self, role: Role, stream: str, name: str | None, flow: ConsumerFlow | None = None,
+                apart: bool = False) -> Any:
+        """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's;
+        ``apart``: on connections apart from the other consumers' (see :class:`StreamPlacement`)."""
         for carrier, streams in self._carriers[role]:
             if stream not in streams:
                 streams.add(stream)
-                _rstream.name_stream(carrier, stream, name, flow)
+                _rstream.name_stream(carrier, stream, name, flow, apart)
                 return carrier
         carrier = _rstream.new_carrier(role, self, self.settings, self.entry,
                                        f"{self.connection_name}-{role.value}", self.limits.max_streams_per_connection)
@@ -108,7 +112,7 @@ class Carriers:
             carrier.smartclient_around_chunk = self._around_chunk
             # a chunk that ends after its consumer was released counts in what closed subscriptions left
             carrier.smartclient_streams, carrier.smartclient_left = streams, self.left
-        _rstream.name_stream(carrier, stream, name, flow)
+        _rstream.name_stream(carrier, stream, name, flow, apart)
         self._carriers[role].append((carrier, streams))
         return carrier
 
@@ -227,9 +231,33 @@ class Carriers:
     async def stored_offset(self, stream: str, name: str) -> int | None:
         from smartclient.core.deadline import step
 
-        locator = await self.locator()
-        with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):
-            return await step("offset query", _rstream.query_offset(locator, stream, name))
+        with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):  # (it asks the writer: aside)
+            return await self.aside("offset", lambda client: step("offset query",
+                                                                  _rstream.query_offset(client, stream, name)))
+
+    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        return await self.topologies.aside(purpose, request)
+
+    async def member_ready(self, stream: str, node: Address) -> None:
+        """Wait until ``stream``'s member on ``node`` answers: StreamStats on a connection of its own to that node,
+        which the broker answers only once that member can be read, as it does a Subscribe.
+
+        A member that a restart or a leader change has just started answers only once it has initialised
+        (22.5 s once in the 2-hour soak): a Subscribe to it held the broker's process of the connection,
+        with no time limit, and with it every other consumer on that connection (no delivery, no answer, no
+        MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).
+        Brokers without StreamStats (before 3.11) are not asked."""
+        from smartclient._errors import FeatureNotSupported
+        from smartclient.stream.stats import stream_stats_from
+
+        if self._no_stats:
+            return
+        topo = await self.topologies.topology(stream)
+        try:
+            await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
+                                    f"{self.connection_name}-ready", f"waiting for the member on {node}")
+        except FeatureNotSupported:
+            self._no_stats = True
 
     async def committed_chunk_id(self, stream: str) -> int:
         """The leader's view (the authority), read on a connection of its own, and kept for half a

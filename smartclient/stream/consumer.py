@@ -8,6 +8,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Literal
 
 from smartclient._errors import (
@@ -18,6 +19,7 @@ from smartclient._errors import (
     ConnectionFailed,
     SmartClientError,
 )
+from smartclient.core.address import Address
 from smartclient.core.deadline import attempt, step
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.filters import StreamFilter
@@ -251,7 +253,8 @@ class Consumer(_Handle):
         if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
             self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
 
-    async def _subscribe_at(self, offset: OffsetSpec) -> None:
+    async def _subscribe_at(self, offset: OffsetSpec, ready: Callable[[Address], Awaitable[None]] | None = None
+                            ) -> None:
         from smartclient.stream import _rstream
 
         how = dict(self._how)
@@ -260,7 +263,7 @@ class Consumer(_Handle):
         if self.active is not None:  # a single active consumer joins its group inactive: the broker says when not
             self.active = False  # (it was active before a recovery, another member may be now: no delivery watch)
         self.subscription_id, self._subscriber = await _rstream.subscribe(
-            self._carrier, self.stream, self._deliver, offset, **how)
+            self._carrier, self.stream, self._deliver, offset, ready, **how)
         self._start = offset.start
 
     def _subscriber_now(self) -> Any:
@@ -275,7 +278,10 @@ class Consumer(_Handle):
         self._subscriber = None
         resume = OffsetSpec.at(self._last_offset + 1) if self._last_offset is not None else self.offset
         with map_stream_errors(f"recovering the consumer on {self.stream!r}"):
-            await self._subscribe_at(resume)
+            # after a restart or a leader change, the stream's member on the node may still be initialising: the
+            # broker's process of the connection would wait for it, with no limit and serving nothing else, so the
+            # consumer waits for it on a connection of its own first (Carriers.member_ready)
+            await self._subscribe_at(resume, partial(self._host.member_ready, self.stream))
         return f"subscribed again from {resume} (subscription {self.subscription_id})"
 
     def _callback_raised(self, exc: Exception, where: Any) -> bool:

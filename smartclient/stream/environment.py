@@ -346,7 +346,8 @@ class StreamEnvironment:
         spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
         if filter is not None:
             await self._admin.require_filtering()
-        handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow), stream, name)
+        handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow, single_active),
+                          stream, name)
         self._carriers.add(handle)
 
         async def start() -> OffsetSpec:  # (a single active consumer's start is decided when it becomes active)

@@ -297,8 +297,9 @@ class Producer(_Handle):
         self.encoding = encoding
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
-            if self.name:
-                self._ids.stored = await _rstream.stored_sequence(client, self.stream, self.name)
+            if name := self.name:  # (it asks the writer: on a connection of its own)
+                self._ids.stored = await self._host.aside(
+                    "sequence", lambda other: _rstream.stored_sequence(other, self.stream, name))
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
                                      on_confirmed=self._host.confirm_watch(self.stream), encoding=encoding)
         self._setup_done()

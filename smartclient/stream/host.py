@@ -10,9 +10,9 @@ machinery (the Environment's carriers, the watches) reaches a handle only throug
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from smartclient._errors import ConnectionFailed
 from smartclient.core.address import Address
@@ -22,6 +22,7 @@ from smartclient.core.topology import Role, StreamTopology
 __all__ = ["Connection", "HandleControl", "PlacementRecord", "StreamHost", "StreamOpener"]
 
 ClosedHandler = Callable[[Any], Any]
+T = TypeVar("T")
 
 
 class HandleControl(Protocol):
@@ -135,6 +136,14 @@ class StreamHost(Protocol):
 
     def forget_when_unused(self, stream: str) -> None:
         """``stream`` is gone: what its handles left is forgotten once none is open on it."""
+
+    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """``request(client)`` on a connection of its own, closed afterwards: for a request the broker answers
+        only after asking a stream member (see :meth:`TopologyCache.aside`)."""
+
+    async def member_ready(self, stream: str, node: Address) -> None:
+        """Wait until ``stream``'s member on ``node`` answers, on a connection of its own (see
+        :meth:`Carriers.member_ready`)."""
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
         """The offset stored for consumer ``name`` on ``stream``."""

@@ -6,6 +6,11 @@ producers and consumers.  A placement asks the connector, which runs :class:`~sm
 with this role's shared connections behind its ``Kept`` hook: a shared connection to a tier-0 node with room, a
 parked one, or new ones until one lands on a candidate (offered the shared and parked ones again before each
 dial).  A connection nobody uses any more is parked for the next placement.
+
+Single active consumers keep to connections of their own (a lane apart): their Subscribe and Unsubscribe are
+commands to the stream coordinator, for which the broker's process of the connection waits, serving nothing else,
+up to 30 s on each coordinator server while the coordinator elects a leader (every rolling restart); the 2-hour
+soak's one silent consumer was a plain one on a connection held that way (``bench/tail_stall/member_wait.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["StreamPlacement"]
 
 log = logging.getLogger(__name__)
+Lane = tuple[Role, bool]  # a role, and whether its handles keep to connections apart
 _NOTHING = contextlib.nullcontext()
 
 
@@ -52,9 +58,11 @@ class StreamPlacement:
         self.recovery_retry = replace(retry, max_time=min(retry.max_time, recovery.attempt_time),
                                       backoff_max=min(retry.backoff_max, recovery.attempt_time))
         self.recovering: Counter[tuple[Role, str]] = Counter()  # recoveries under way, by role and stream
-        self._locks: dict[tuple[Role, tuple[Address, ...]], asyncio.Lock] = {}
-        self._waiting: Counter[tuple[Role, tuple[Address, ...]]] = Counter()  # placements holding or awaiting each
-        self.shared: dict[Role, list[Connection]] = {Role.PRODUCER: [], Role.CONSUMER: []}
+        self._locks: dict[tuple[Lane, tuple[Address, ...]], asyncio.Lock] = {}
+        self._waiting: Counter[tuple[Lane, tuple[Address, ...]]] = Counter()  # placements holding or awaiting each
+        #: the connections each lane shares: a role, and whether its handles keep apart (single active consumers)
+        self.shared: dict[Lane, list[Connection]] = {(role, apart): [] for role in (Role.PRODUCER, Role.CONSUMER)
+                                                     for apart in (False, True)}
         self.records: dict[tuple[int, str], PlacementRecord] = {}
         #: told each placement's time and the connections it opened (telemetry)
         self.on_placed: Callable[[Role, float, int], None] | None = None
@@ -80,12 +88,13 @@ class StreamPlacement:
 
     async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
         candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
-        if Shared(self.shared[role]).take(candidates.tiers[0]) is not None:
+        lane = (role, stream in getattr(pool, "apart", ()))
+        if Shared(self.shared[lane]).take(candidates.tiers[0]) is not None:
             # a connection of this role to a first-choice node is open and has room: nothing to wait for (a
             # recovery must not queue behind a placement that dials, maybe while an election goes on)
-            return await self._acquire(pool, stream, closed_handler, role, candidates)
+            return await self._acquire(pool, stream, closed_handler, lane, candidates)
         # placements that would dial the same nodes wait for one another, then share what the first opened
-        key = (role, candidates.tiers[0])
+        key = (lane, candidates.tiers[0])
         lock = self._locks.setdefault(key, asyncio.Lock())
         self._waiting[key] += 1
         try:
@@ -95,14 +104,15 @@ class StreamPlacement:
             raise
         try:
             candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
-            return await self._acquire(pool, stream, closed_handler, role, candidates)
+            return await self._acquire(pool, stream, closed_handler, lane, candidates)
         finally:
             lock.release()
             self._let_go(key)
 
-    async def _acquire(self, pool: Any, stream: str, closed_handler: Any, role: Role,
+    async def _acquire(self, pool: Any, stream: str, closed_handler: Any, lane: Lane,
                        candidates: Candidates) -> tuple[Connection, int]:
-        shared = self.shared[role]
+        role = lane[0]
+        shared = self.shared[lane]
         shared[:] = [c for c in shared if c.alive()]
         retry = self.recovery_retry if self.recovering[(role, stream)] else None
         conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
@@ -113,7 +123,7 @@ class StreamPlacement:
         self._record(pool, stream, conn, closed_handler)
         return conn, conn.sessions
 
-    def _let_go(self, key: tuple[Role, tuple[Address, ...]]) -> None:
+    def _let_go(self, key: tuple[Lane, tuple[Address, ...]]) -> None:
         """One placement less on ``key``'s lock: the last one drops it (leaders move: a lock per set of nodes
         ever placed on would pile up over weeks)."""
         self._waiting[key] -= 1

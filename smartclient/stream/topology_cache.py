@@ -10,8 +10,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
 from smartclient.core.address import Address
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from smartclient.stream.host import Connection
 
 __all__ = ["TOPOLOGY_TIME", "TopologyCache"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class TopologyCache:
         # the locator's Connection, held here: its client refers to it only weakly (``_rstream.attach``), and the
         # connector does not hold a locator's
         self._locator_conn: Connection | None = None
+        self._aside_conn: Connection | None = None  # for the requests that wait on a member (see aside)
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # dropped locators, being shut
@@ -77,18 +81,53 @@ class TopologyCache:
                 raise HandleClosed("the Environment is closed")
             if self._locator is not None and self._locator.is_connection_alive():
                 return self._locator
-            entries = EntryPoints(await self._srv.discover() if self._srv is not None else self.entry_points,
-                                  "the stream locator")
-            while (entry := entries.next_entry()) is not None:
-                try:
-                    conn = await self.connector.dial(entry, f"{self.connection_name}-locator", _rstream.LocatorClient)
-                except SmartClientError as exc:
-                    entries.failed(entry, self.connector.dialled.get(entry), exc)  # refusals raise at once
-                    continue
-                self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
-                self._locator_conn = conn
-                return conn.client
-            raise entries.error()
+            conn = self._locator_conn = await self._dial_entry("locator", _rstream.LocatorClient)
+            return conn.client
+
+    async def _dial_entry(self, purpose: str, client_class: type[Any] | None = None) -> Connection:
+        """A connection to the first entry point that answers, owned by the caller (not by a producer or
+        consumer)."""
+        entries = EntryPoints(await self._srv.discover() if self._srv is not None else self.entry_points,
+                              "the stream locator")
+        while (entry := entries.next_entry()) is not None:
+            try:
+                conn = await self.connector.dial(entry, f"{self.connection_name}-{purpose}", client_class)
+            except SmartClientError as exc:
+                entries.failed(entry, self.connector.dialled.get(entry), exc)  # refusals raise at once
+                continue
+            self.connector.connections.discard(conn)
+            return conn
+        raise entries.error()
+
+    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """``request(client)`` on the Environment's second metadata connection, not the locator: for the requests
+        the broker answers only after asking a stream member process.
+
+        QueryOffset and QueryPublisherSequence ask the stream's writer, and ResolveOffsetSpec a member; the broker
+        process of the connection waits for that member and serves nothing else meanwhile.  A member that a
+        restart or a leader change has just started answers only once it has initialised (22.5 s once in the
+        2-hour soak), and a QueryOffset kept past 5 s crashes the whole connection: on the locator, that held
+        every topology read of the Environment, and then closed it; on a producer's connection, every producer on
+        it (``bench/tail_stall/member_wait.py``).  A request here that does not end (its time ran out, or the
+        connection went) leaves this connection to the member it waits on: the next request opens another.
+        ``purpose`` names the request in the log."""
+        async with self._lock:
+            if self._closed:
+                raise HandleClosed("the Environment is closed")
+            conn = self._aside_conn
+            if conn is None or not conn.client.is_connection_alive():
+                conn = self._aside_conn = await self._dial_entry("aside")
+        try:
+            return await request(conn.client)
+        except (asyncio.CancelledError, StepTimeout, ConnectionFailed):
+            if self._aside_conn is conn:
+                log.info("%s on the aside connection did not end: another one is opened for the next request",
+                         purpose)
+                self._aside_conn = None
+                task = asyncio.ensure_future(_quietly_shut(conn.client))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            raise
 
     @property
     def _locator(self) -> Any:
@@ -109,6 +148,9 @@ class TopologyCache:
             task.cancel()
         if isinstance(self._locator, _rstream.LocatorClient):
             await self._locator.shutdown()
+        if self._aside_conn is not None:
+            await self.connector.close_connection(self._aside_conn)
+            self._aside_conn = None
 
     # -- topologies ----------------------------------------------------------------------------------
     async def topology(self, stream: str) -> StreamTopology:

@@ -12,7 +12,30 @@ from smartclient._errors import TestBedError
 from smartclient.core.address import Address
 from smartclient.testing.testbed import TestBed
 
-__all__ = ["create_stream_led_by", "delete_streams", "raw_stream_client", "stream_members"]
+__all__ = ["coordinator_leader", "create_stream_led_by", "delete_streams", "hold_coordinator", "hold_member",
+           "raw_stream_client", "stream_members"]
+
+# hold the process PID (an expression) on this node for HOLDMS ms: suspended by a process of its own, which lets it
+# go or kills it after that (the suspension also ends if that process dies); a member's reader context out of
+# osiris' cache meanwhile if UNCACHE
+_HOLD = r"""
+P = PID,
+Tab = osiris_reader_context_cache,
+Cached = ets:lookup(Tab, P),
+Me = self(),
+spawn(fun() ->
+    erlang:suspend_process(P),
+    case UNCACHE of true -> ets:delete(Tab, P); false -> ok end,
+    Me ! held,
+    receive after HOLDMS -> ok end,
+    case OUTCOME of
+        release -> [ets:insert(Tab, E) || E <- Cached], erlang:resume_process(P);
+        kill -> exit(P, kill)
+    end end),
+receive held -> ok after 5000 -> timeout end,
+io:format("~p~n", [P]).
+"""
+_MEMBER = 'element(2, {ok, _} = rabbit_stream_manager:lookup_local_member(<<"/">>, <<"STREAM">>))'
 
 
 @asynccontextmanager
@@ -62,3 +85,55 @@ def stream_members(bed: TestBed, stream: str) -> tuple[Address, set[Address]]:
     by_name = {n.name: Address(*n.advertised) for n in bed.nodes}
     leader = by_name[info["leader"]]
     return leader, {by_name[m] for m in info["members"]} - {leader}
+
+
+def hold_member(bed: TestBed, node_index: int, stream: str, seconds: float, outcome: str = "release",
+                uncache: bool = False) -> str:
+    """Hold ``stream``'s member on node ``node_index`` (its writer or a replica) as one still initialising after a
+    restart is: alive, answering nothing, for ``seconds``; then let it go (``outcome="release"``) or kill it
+    (``"kill"``: the coordinator starts another).  ``uncache``: its reader context is also taken out of osiris'
+    cache until then, as before a member's initialisation ends, so that a Subscribe to it waits for it (a
+    cached one is read without asking the member).  Returns the member's pid as the node prints it.
+
+    :raises TestBedError: ``outcome`` is neither, or the node could not hold it (no member there)."""
+    return _hold(bed, node_index, _MEMBER.replace("STREAM", stream), f"the member of {stream!r}", seconds, outcome,
+                 uncache)
+
+
+def coordinator_leader(bed: TestBed) -> int:
+    """The index of the node whose stream coordinator (the Ra cluster that also decides single active consumers)
+    leads now."""
+    out = _ctl(bed, 0, "{ok, _, {_, Leader}} = ra:members({rabbit_stream_coordinator, node()}), "
+                       'io:format("~s~n", [Leader]).')
+    name = out.splitlines()[0].split("@")[0]
+    names = [n.name.split("@")[0] for n in bed.nodes]
+    if name not in names:
+        raise TestBedError(f"the stream coordinator's leader {out!r} is not a node of the bed ({names})")
+    return names.index(name)
+
+
+def hold_coordinator(bed: TestBed, seconds: float) -> int:
+    """Hold the stream coordinator's leader as one busy electing is: suspended for ``seconds``, then let go.  Every
+    single active consumer's Subscribe and Unsubscribe waits for it (a Ra command, up to 30 s on each coordinator
+    server).  Returns the index of its node."""
+    node = coordinator_leader(bed)
+    _hold(bed, node, "whereis(rabbit_stream_coordinator)", "the stream coordinator", seconds, "release", False)
+    return node
+
+
+def _hold(bed: TestBed, node_index: int, pid: str, what: str, seconds: float, outcome: str, uncache: bool) -> str:
+    if outcome not in ("release", "kill"):
+        raise TestBedError(f"hold: outcome must be 'release' or 'kill', not {outcome!r}")
+    text = (_HOLD.replace("PID", pid).replace("HOLDMS", str(int(seconds * 1000))).replace("OUTCOME", outcome)
+            .replace("UNCACHE", "true" if uncache else "false"))
+    out = _ctl(bed, node_index, text)
+    if not out.startswith("<"):
+        raise TestBedError(f"{bed.nodes[node_index].name} could not hold {what}: {out}")
+    return out.splitlines()[0]
+
+
+def _ctl(bed: TestBed, node_index: int, text: str) -> str:
+    broker = getattr(bed, "broker", None)
+    if broker is None:
+        raise TestBedError("holding a broker process needs the local test bed (it runs rabbitmqctl eval in the node)")
+    return str(broker(bed.nodes[node_index].name).ctl(["eval", " ".join(text.split())], timeout=30)).strip()

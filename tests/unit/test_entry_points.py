@@ -15,6 +15,7 @@ from smartclient import (
     CertificateRejected,
     ConnectionFailed,
     StepTimeout,
+    StreamNotFound,
 )
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.retry import RetryPolicy
@@ -137,6 +138,61 @@ class _Placer(NodePlacer[str]):
 
     def _new_name(self, purpose: str) -> str:
         return f"test-{purpose}"
+
+
+def test_requests_that_wait_on_a_member_share_a_connection_of_their_own_beside_the_locator() -> None:
+    connector = _StreamConnector({A: None, B: None, C: None})
+    cache = _cache(connector)
+
+    async def run() -> tuple[Any, list[Any]]:
+        locator = await cache.locator()
+        seen = [await cache.aside("offset", lambda client: _answer(client)) for _ in range(3)]
+        return locator, seen
+
+    locator, seen = asyncio.run(run())
+    assert len({id(c) for c in seen}) == 1 and seen[0] is not locator
+    assert connector.tried == [A, A]  # the locator, then the aside connection: one dial each
+
+
+@pytest.mark.parametrize("failure", [StepTimeout("offset query: no answer"), ConnectionFailed("closed"),
+                                     asyncio.CancelledError()])
+def test_a_request_that_did_not_end_leaves_the_aside_connection_to_the_member_it_waits_on(
+        failure: BaseException) -> None:
+    connector = _StreamConnector({A: None, B: None, C: None})
+    cache = _cache(connector)
+
+    async def fail(client: Any) -> None:
+        raise failure
+
+    async def run() -> tuple[Any, Any]:
+        first = await cache.aside("offset", _answer)
+        with pytest.raises(type(failure)):
+            await cache.aside("offset", fail)
+        return first, await cache.aside("offset", _answer)
+
+    first, then = asyncio.run(run())
+    assert then is not first and len(connector.tried) == 2
+
+
+def test_an_answer_that_is_an_error_keeps_the_aside_connection() -> None:
+    connector = _StreamConnector({A: None, B: None, C: None})
+    cache = _cache(connector)
+
+    async def missing(client: Any) -> None:
+        raise StreamNotFound("no such stream")
+
+    async def run() -> tuple[Any, Any]:
+        first = await cache.aside("offset", _answer)
+        with pytest.raises(StreamNotFound):
+            await cache.aside("offset", missing)
+        return first, await cache.aside("offset", _answer)
+
+    first, then = asyncio.run(run())
+    assert then is first and len(connector.tried) == 1
+
+
+async def _answer(client: Any) -> Any:
+    return client
 
 
 def test_the_node_placer_drives_the_same_loop() -> None:

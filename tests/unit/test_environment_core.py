@@ -244,9 +244,9 @@ async def test_a_placement_with_a_shared_connection_open_does_not_queue_behind_o
         if connector.dials:
             break
         await asyncio.sleep(0)
-    placement.shared[Role.CONSUMER].append(_conn(node))  # meanwhile a connection to n1 is open, with room
+    placement.shared[(Role.CONSUMER, False)].append(_conn(node))  # meanwhile a connection to n1 is open, with room
     conn = await asyncio.wait_for(placement.place(pool, "s2", None), 1)  # taken at once, not behind the dial
-    assert conn is placement.shared[Role.CONSUMER][0] and not dialling.done()
+    assert conn is placement.shared[(Role.CONSUMER, False)][0] and not dialling.done()
     connector.release.set()
     await dialling
     assert placement._locks == {} and not placement._waiting  # the lock went with its last placement

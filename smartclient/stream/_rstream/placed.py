@@ -14,7 +14,7 @@ import itertools
 import logging
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from functools import partial
 from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
@@ -76,6 +76,7 @@ class PlacedClientPool(ClientPool):
         self.carrier = carrier
         self.names: dict[str, str | None] = {}  # stream -> producer/consumer name, for the placement table
         self.flows: dict[str, ConsumerFlow] = {}  # stream -> a consumer's flow (credit strategy), if not rstream's
+        self.apart: set[str] = set()  # streams of a single active consumer: on connections only such ones share
         #: stream -> what a consumer does when its callback raises: (exception, context or chunk) -> go on?
         self.on_error: dict[str, Callable[[Exception, Any], bool]] = {}
 
@@ -355,10 +356,15 @@ async def _on_metadata(carrier: Any, client: Any, role: Role, frame: schema.Meta
         carrier.smartclient_host.lost(role, carrier, stream, "Metadata Update")
 
 
-def name_stream(carrier: Any, stream: str, name: str | None, flow: ConsumerFlow | None = None) -> None:
-    """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table), and a
-    consumer's :class:`ConsumerFlow`."""
+def name_stream(carrier: Any, stream: str, name: str | None, flow: ConsumerFlow | None = None,
+                apart: bool = False) -> None:
+    """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table), a consumer's
+    :class:`ConsumerFlow`, and whether it keeps to connections apart (a single active consumer's)."""
     carrier._pool.names[stream] = name
+    if apart:
+        carrier._pool.apart.add(stream)
+    else:
+        carrier._pool.apart.discard(stream)
     if flow is not None:
         carrier._pool.flows[stream] = flow
     else:
@@ -537,14 +543,18 @@ async def stored_sequence(client: Any, stream: str, name: str) -> int:
     return int(await step("reading the stored publishing id", client.query_publisher_sequence(stream, name)))
 
 
-async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any, **how: Any) -> tuple[int, Any]:
+async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any,
+                    ready: Callable[[Address], Awaitable[None]] | None = None, **how: Any) -> tuple[int, Any]:
     """Subscribe, within the attempt's time (placement included); the subscription id and rstream's
-    subscriber (whose position is the offset after the last chunk).  On any failure, nothing is left."""
+    subscriber (whose position is the offset after the last chunk).  On any failure, nothing is left.
+    ``ready(node)``: awaited once placed, before the Subscribe goes out on the (shared) connection to ``node``."""
     flow: ConsumerFlow | None = carrier._pool.flows.get(stream)
     if flow is not None:
         how["initial_credit"] = flow.initial_credit
     try:
-        await carrier.smartclient_place(stream)
+        conn = connection_of(await carrier.smartclient_place(stream))
+        if ready is not None and conn is not None:
+            await ready(conn.node)
         sid = await step("subscribing", carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset),
                                                           **how))
     except BaseException:
