@@ -143,7 +143,7 @@ class StreamAdmin:
             return spec
         with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):  # (it asks a member: aside)
             offset = await self.topologies.aside(
-                "resolve", lambda client: resolve_offset_spec(client, stream, spec, stream_filter))
+                stream, "ResolveOffsetSpec", lambda client: resolve_offset_spec(client, stream, spec, stream_filter))
         return spec if offset is None else OffsetSpec.at(offset)
 
     async def require_filtering(self) -> None:

@@ -232,11 +232,11 @@ class Carriers:
         from smartclient.core.deadline import step
 
         with map_stream_errors(f"querying the offset of {name!r} on {stream!r}"):  # (it asks the writer: aside)
-            return await self.aside("offset", lambda client: step("offset query",
-                                                                  _rstream.query_offset(client, stream, name)))
+            return await self.aside(stream, "offset query", lambda client: step(
+                "offset query", _rstream.query_offset(client, stream, name)))
 
-    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
-        return await self.topologies.aside(purpose, request)
+    async def aside(self, stream: str, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        return await self.topologies.aside(stream, purpose, request)
 
     async def member_ready(self, stream: str, node: Address) -> None:
         """Wait until ``stream``'s member on ``node`` answers: StreamStats on a connection of its own to that node,

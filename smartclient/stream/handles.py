@@ -299,7 +299,8 @@ class Producer(_Handle):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if name := self.name:  # (it asks the writer: on a connection of its own)
                 self._ids.stored = await self._host.aside(
-                    "sequence", lambda other: _rstream.stored_sequence(other, self.stream, name))
+                    self.stream, "the publishing id query", lambda other: _rstream.stored_sequence(other, self.stream,
+                                                                                                    name))
         self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
                                      on_confirmed=self._host.confirm_watch(self.stream), encoding=encoding)
         self._setup_done()

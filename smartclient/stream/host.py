@@ -137,9 +137,9 @@ class StreamHost(Protocol):
     def forget_when_unused(self, stream: str) -> None:
         """``stream`` is gone: what its handles left is forgotten once none is open on it."""
 
-    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
-        """``request(client)`` on a connection of its own, closed afterwards: for a request the broker answers
-        only after asking a stream member (see :meth:`TopologyCache.aside`)."""
+    async def aside(self, stream: str, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """``request(client)`` about ``stream`` on the second metadata connection: for a request the broker
+        answers only after asking a stream member (see :meth:`TopologyCache.aside`)."""
 
     async def member_ready(self, stream: str, node: Address) -> None:
         """Wait until ``stream``'s member on ``node`` answers, on a connection of its own (see

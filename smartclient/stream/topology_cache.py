@@ -65,6 +65,7 @@ class TopologyCache:
         # connector does not hold a locator's
         self._locator_conn: Connection | None = None
         self._aside_conn: Connection | None = None  # for the requests that wait on a member (see aside)
+        self._aside_lock = asyncio.Lock()
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # dropped locators, being shut
@@ -99,24 +100,28 @@ class TopologyCache:
             return conn
         raise entries.error()
 
-    async def aside(self, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
-        """``request(client)`` on the Environment's second metadata connection, not the locator: for the requests
-        the broker answers only after asking a stream member process.
+    async def aside(self, stream: str, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
+        """``request(client)`` about ``stream`` on the Environment's second metadata connection, not the locator:
+        for the requests the broker answers only after asking a stream member process.
 
         QueryOffset and QueryPublisherSequence ask the stream's writer, and ResolveOffsetSpec a member; the broker
         process of the connection waits for that member and serves nothing else meanwhile.  A member that a
         restart or a leader change has just started answers only once it has initialised (22.5 s once in the
         2-hour soak), and a QueryOffset kept past 5 s crashes the whole connection: on the locator, that held
         every topology read of the Environment, and then closed it; on a producer's connection, every producer on
-        it (``bench/tail_stall/member_wait.py``).  A request here that does not end (its time ran out, or the
-        connection went) leaves this connection to the member it waits on: the next request opens another.
-        ``purpose`` names the request in the log."""
-        async with self._lock:
+        it (``bench/tail_stall/member_wait.py``).  The connection goes to any member of ``stream`` (any node
+        answers these), and stays for the next request.  A request that does not end there (its time ran out, or
+        the connection went) leaves it to what it waits on: the next request opens another.  ``purpose`` names
+        the request in the log."""
+        async with self._aside_lock:
             if self._closed:
                 raise HandleClosed("the Environment is closed")
             conn = self._aside_conn
             if conn is None or not conn.client.is_connection_alive():
-                conn = self._aside_conn = await self._dial_entry("aside")
+                topology = await self.topology(stream)
+                conn = await self.connector.acquire(topology.candidates(Role.LOCATOR), f"{self.connection_name}-aside")
+                self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
+                self._aside_conn = conn
         try:
             return await request(conn.client)
         except (asyncio.CancelledError, StepTimeout, ConnectionFailed):

@@ -136,7 +136,11 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
     try:
         await _stored(env, stream, [b"m%d" % i for i in range(10)])
         plain: list[int] = []
-        neighbour = await env.consumer(stream, lambda m, c: plain.append(c.offset), offset="next")
+        # single active consumers share connections only with one another: the neighbour is one, of its own group
+        # (from the first message: a single active consumer's "next" is where it stands when its answer arrives)
+        neighbour = await env.consumer(stream, lambda m, c: plain.append(c.offset) if bytes(m)[:1] == b"n" else None,
+                                       offset="first", name="neighbour", single_active=True)
+        await wait_until(lambda: neighbour.active, 10, "the neighbour's activation")
         real = _rstream.query_offset
         held, release = asyncio.Event(), asyncio.Event()
 

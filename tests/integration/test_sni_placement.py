@@ -23,6 +23,7 @@ from smartclient import (
     RetryPolicy,
     Role,
 )
+from smartclient.stream.resolve_offset import KEY as RESOLVE_KEY
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
@@ -88,8 +89,10 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
                     assert {c.node.host for c in consumers if c.node} == {r.host for r in replicas}
                     await producer.send_wait(b"through the ingress")
                 records = env.placements()
-                needed = len({(r.role, r.node) for r in records}) + 1  # and the metadata connection
-                assert env.connector.opened == needed == 7 and not env.connector.mismatches  # 0 wrong landings
+                # and the metadata connection, and the second one where 4.3 resolves a consumer's start offset
+                resolves = RESOLVE_KEY in await env.command_versions()
+                needed = len({(r.role, r.node) for r in records}) + 1 + resolves
+                assert env.connector.opened == needed == 7 + resolves and not env.connector.mismatches  # 0 wrong
                 assert {c.client.server_hostname for c in env.connector.connections} == \
                     {f"rabbit-{i}.smartclient.test" for i in (1, 2, 3)}
                 assert {c.dialled for c in env.connector.connections} == {Address(*bed.sni("stream"))}
@@ -153,6 +156,8 @@ async def test_a_node_whose_route_is_down_falls_through(rabbitmq_faulty_testbed:
                 client.loop_stop()
             with hostnames(bed):
                 down, other = (await env.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
+                # the second metadata connection (a consumer's start offset is resolved there), opened now
+                assert await env.stored_offset(stream, "nobody") is None
                 bed.sni_route_down(short(down), "stream")
                 opened = env.connector.opened
                 consumer = await env.consumer(stream, lambda m, c: None)

@@ -4,6 +4,7 @@ by both shells with fake dialers: the stream locator (async) and the AMQP/MQTT n
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -140,52 +141,66 @@ class _Placer(NodePlacer[str]):
         return f"test-{purpose}"
 
 
-def test_requests_that_wait_on_a_member_share_a_connection_of_their_own_beside_the_locator() -> None:
-    connector = _StreamConnector({A: None, B: None, C: None})
+class _AsideConnector(_StreamConnector):
+    async def acquire(self, candidates: Any, name: str) -> Connection:
+        assert candidates == "any member"
+        return await self.dial(A, name)
+
+
+def _aside_cache() -> tuple[_AsideConnector, TopologyCache]:
+    connector = _AsideConnector({A: None, B: None, C: None})
     cache = _cache(connector)
+
+    async def topology(stream: str) -> Any:
+        return SimpleNamespace(candidates=lambda role: "any member")
+
+    cache.topology = topology  # type: ignore[method-assign]
+    return connector, cache
+
+
+def test_requests_that_wait_on_a_member_share_a_connection_of_their_own_beside_the_locator() -> None:
+    connector, cache = _aside_cache()
 
     async def run() -> tuple[Any, list[Any]]:
         locator = await cache.locator()
-        seen = [await cache.aside("offset", lambda client: _answer(client)) for _ in range(3)]
+        seen = [await cache.aside("s", "offset", _answer) for _ in range(3)]
         return locator, seen
 
     locator, seen = asyncio.run(run())
     assert len({id(c) for c in seen}) == 1 and seen[0] is not locator
-    assert connector.tried == [A, A]  # the locator, then the aside connection: one dial each
+    assert connector.tried == [A, A] and not connector.connections  # one dial each; neither a handle's
 
 
 @pytest.mark.parametrize("failure", [StepTimeout("offset query: no answer"), ConnectionFailed("closed"),
                                      asyncio.CancelledError()])
 def test_a_request_that_did_not_end_leaves_the_aside_connection_to_the_member_it_waits_on(
         failure: BaseException) -> None:
-    connector = _StreamConnector({A: None, B: None, C: None})
-    cache = _cache(connector)
+    connector, cache = _aside_cache()
 
     async def fail(client: Any) -> None:
         raise failure
 
     async def run() -> tuple[Any, Any]:
-        first = await cache.aside("offset", _answer)
+        first = await cache.aside("s", "offset", _answer)
         with pytest.raises(type(failure)):
-            await cache.aside("offset", fail)
-        return first, await cache.aside("offset", _answer)
+            await cache.aside("s", "offset", fail)
+        return first, await cache.aside("s", "offset", _answer)
 
     first, then = asyncio.run(run())
     assert then is not first and len(connector.tried) == 2
 
 
 def test_an_answer_that_is_an_error_keeps_the_aside_connection() -> None:
-    connector = _StreamConnector({A: None, B: None, C: None})
-    cache = _cache(connector)
+    connector, cache = _aside_cache()
 
     async def missing(client: Any) -> None:
         raise StreamNotFound("no such stream")
 
     async def run() -> tuple[Any, Any]:
-        first = await cache.aside("offset", _answer)
+        first = await cache.aside("s", "offset", _answer)
         with pytest.raises(StreamNotFound):
-            await cache.aside("offset", missing)
-        return first, await cache.aside("offset", _answer)
+            await cache.aside("s", "offset", missing)
+        return first, await cache.aside("s", "offset", _answer)
 
     first, then = asyncio.run(run())
     assert then is first and len(connector.tried) == 1
