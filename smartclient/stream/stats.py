@@ -73,5 +73,5 @@ async def stream_stats_from(connector: StreamConnector, candidates: Candidates, 
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):
             return await step(label, query_stream_stats(conn.client, stream))
-    finally:
-        await connector.close_connection(conn)
+    finally:  # (its reader is stopped: no Close exchange, whose wait would add to a recovery's)
+        await connector.close_connection(conn, handshake=False)
