@@ -8,11 +8,13 @@ topology (exchange, partition streams, bindings) is built through the management
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient._errors import (
+    ConnectionFailed,
     FeatureNotSupported,
     ManagementError,
     SmartClientError,
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from smartclient.stream.carriers import Carriers
     from smartclient.stream.connector import StreamConnector
     from smartclient.stream.topology_cache import TopologyCache
+
+log = logging.getLogger(__name__)
 
 __all__ = ["StreamAdmin", "partition_names"]
 
@@ -141,9 +145,15 @@ class StreamAdmin:
 
         if spec.kind not in RESOLVABLE or KEY not in await self.command_versions():
             return spec
-        with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):  # (it asks a member: aside)
-            offset = await self.topologies.aside(
-                stream, "ResolveOffsetSpec", lambda client: resolve_offset_spec(client, stream, spec, stream_filter))
+        try:
+            with map_stream_errors(f"resolving the offset {spec} of {stream!r}"):  # (it asks a member: aside)
+                offset = await self.topologies.aside(
+                    stream, "ResolveOffsetSpec", lambda client: resolve_offset_spec(client, stream, spec,
+                                                                                      stream_filter))
+        except ConnectionFailed as exc:  # (a member of another version, in a rolling upgrade, closes on it)
+            log.info("the offset %s of %r is not resolved (%s): the consumer starts at %s itself", spec, stream, exc,
+                     spec)
+            return spec
         return spec if offset is None else OffsetSpec.at(offset)
 
     async def require_filtering(self) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, SmartClientError
@@ -60,7 +61,8 @@ class Carriers:
         self.handles: list[Any] = []
         self._tasks: set[asyncio.Future[Any]] = set()
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
-        self._no_stats = False  # the broker has no StreamStats: member_ready does not ask
+        #: (stream, node) -> the read the consumers recovering onto that member wait for (member_ready)
+        self._probes: dict[tuple[str, Address], asyncio.Future[None]] = {}
         #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
         self.gone: set[str] = set()
         #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
@@ -201,6 +203,7 @@ class Carriers:
         for other, streams in self._carriers[handle.role]:
             if other is handle.control.carrier:
                 streams.discard(handle.stream)
+                _rstream.unname_stream(other, handle.stream)
                 if handle.role is Role.CONSUMER:
                     self._fold(other, handle.stream)
         self.placement.forget(handle.control.carrier, handle.stream)
@@ -245,19 +248,37 @@ class Carriers:
         A member that a restart or a leader change has just started answers only once it has initialised
         (22.5 s once in the 2-hour soak): a Subscribe to it held the broker's process of the connection,
         with no time limit, and with it every other consumer on that connection (no delivery, no answer, no
-        MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).
-        Brokers without StreamStats (before 3.11) are not asked."""
+        MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).  The
+        consumers recovering onto one member share one such read (one connection, however many wait and however
+        often they try again), within each one's own attempt.  A broker that closes it instead (one without
+        StreamStats, before 3.11) is not waited for."""
         from smartclient._errors import FeatureNotSupported
+        from smartclient.core.deadline import step
+
+        key = (stream, node)
+        probe = self._probes.get(key)
+        if probe is None:
+            probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node))
+            probe.add_done_callback(partial(self._probed, key))
+        try:
+            await step(f"waiting for the member on {node}", asyncio.shield(probe))
+        except FeatureNotSupported:
+            return
+
+    async def _probe(self, stream: str, node: Address) -> None:
+        from smartclient.core.deadline import detach
         from smartclient.stream.stats import stream_stats_from
 
-        if self._no_stats:
-            return
+        detach()  # its own bound (the default step's), not the first waiter's attempt
         topo = await self.topologies.topology(stream)
-        try:
-            await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
-                                    f"{self.connection_name}-ready", f"waiting for the member on {node}")
-        except FeatureNotSupported:
-            self._no_stats = True
+        await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
+                                f"{self.connection_name}-ready")
+
+    def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:
+        if self._probes.get(key) is probe:
+            del self._probes[key]
+        if not probe.cancelled():
+            probe.exception()  # (its waiters were told, or have gone)
 
     async def committed_chunk_id(self, stream: str) -> int:
         """The leader's view (the authority), read on a connection of its own, and kept for half a
@@ -323,6 +344,8 @@ class Carriers:
                 log.debug("closing %r: %s", handle, result)
             elif isinstance(result, BaseException):
                 raise result
+        for probe in list(self._probes.values()):  # (nobody waits for a member any more)
+            probe.cancel()
         try:
             for carriers in self._carriers.values():
                 for carrier, _ in carriers:

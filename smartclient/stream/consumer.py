@@ -324,13 +324,13 @@ class Consumer(_Handle):
 
     async def _activated(self) -> OffsetSpec:
         """The answer to the broker's activation.  Until it goes out, the broker hands the group nothing, so the
-        stored offset is read again (on a fresh locator) while one recovery attempt lasts: a rolling restart can
-        close the locator under the query (a 2-hour soak found a group silent until the delivery watch
+        stored offset is read again (on a fresh connection) while one recovery attempt lasts: a rolling restart
+        can close the connection under the query (a 2-hour soak found a group silent until the delivery watch
         resubscribed it).  If it still cannot be read, it raises, and the consumer subscribes again at once."""
         delays = ACTIVATION_RETRY.delays()
         with attempt(self._host.recovery.attempt_time, f"reading the stored offset of {self!r}") as deadline:
             while True:
-                try:  # (a step: the whole attempt's time bounds the read, a new locator's dial included)
+                try:  # (a step: the whole attempt's time bounds the read, a new connection's dial included)
                     return await step("reading the stored offset", self._resume_point())
                 except (AuthenticationFailed, CertificateRejected):
                     raise  # a refusal: asking again would repeat it

@@ -74,8 +74,9 @@ class StreamPlacement:
         return Counter(r.node for r in self.records.values() if r.role is Role.CONSUMER and r.stream == stream)
 
     async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
-        """A connection for ``stream`` on a node of its candidates, from the connector: a shared one of this role
-        with a free id, a parked one or a new one (in a ``smartclient.place`` span when tracing)."""
+        """A connection for ``stream`` on a node of its candidates, from the connector: a shared one of its lane
+        (its role, and whether it keeps apart) with a free id, a parked one or a new one (in a ``smartclient.place``
+        span when tracing)."""
         role: Role = pool.role
         began = time.monotonic()
         with _NOTHING if self.tracing is None else self.tracing.placing(role, stream) as placed:
@@ -141,11 +142,18 @@ class StreamPlacement:
 
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it
-        closes after ``PoolLimits.idle_timeout``)."""
-        for shared in self.shared.values():
+        closes after ``PoolLimits.idle_timeout``).  One of single active consumers is closed at once instead: an
+        unsubscription of theirs may still be waiting for the coordinator there (its id is retired until the
+        broker answers), and a parked connection goes to any lane next."""
+        apart = False
+        for (_, lane_apart), shared in self.shared.items():
             if conn in shared:
                 shared.remove(conn)
-        await self.connector.park(conn)
+                apart = apart or lane_apart
+        if apart:
+            await self.connector.close_connection(conn, handshake=False)  # (a waiting broker would not answer)
+        else:
+            await self.connector.park(conn)
 
     def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
         return self.records.get((id(carrier), stream))

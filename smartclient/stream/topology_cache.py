@@ -68,7 +68,7 @@ class TopologyCache:
         self._aside_lock = asyncio.Lock()
         self._lock = asyncio.Lock()
         self._closed = False
-        self._closing: set[asyncio.Future[None]] = set()  # dropped locators, being shut
+        self._closing: dict[asyncio.Future[None], Any] = {}  # dropped connections being shut -> their client
 
     # -- the locator -------------------------------------------------------------------------------
     async def locator(self) -> Any:
@@ -118,20 +118,22 @@ class TopologyCache:
                 raise HandleClosed("the Environment is closed")
             conn = self._aside_conn
             if conn is None or not conn.client.is_connection_alive():
-                topology = await self.topology(stream)
+                # any member of any stream answers: a cached topology's, so that no election is waited for
+                topology = next(iter(self._topologies.values()), None) or await self.topology(stream)
                 conn = await self.connector.acquire(topology.candidates(Role.LOCATOR), f"{self.connection_name}-aside")
                 self.connector.connections.discard(conn)  # owned here, not by a producer or consumer
+                if self._closed:  # (closed while it was dialled)
+                    await self.connector.close_connection(conn, handshake=False)
+                    raise HandleClosed("the Environment is closed")
                 self._aside_conn = conn
         try:
             return await request(conn.client)
-        except (asyncio.CancelledError, StepTimeout, ConnectionFailed):
+        except (asyncio.CancelledError, StepTimeout, ConnectionFailed, OSError):
             if self._aside_conn is conn:
                 log.info("%s on the aside connection did not end: another one is opened for the next request",
                          purpose)
                 self._aside_conn = None
-                task = asyncio.ensure_future(_quietly_shut(conn.client))
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                self._shut_later(conn.client)
             raise
 
     @property
@@ -143,9 +145,14 @@ class TopologyCache:
             log.info("the locator connection did not answer within %.1f s: another one is opened (this one is shut in "
                      "%.0f s)", METADATA_TIME, DROPPED_GRACE)
             self._locator_conn = None
-            task = asyncio.ensure_future(_quietly_shut(locator))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._shut_later(locator)
+
+    def _shut_later(self, client: Any) -> None:
+        """Shut a dropped connection once what other callers still asked of it has had :data:`DROPPED_GRACE`
+        seconds to be answered (at once if the Environment closes first)."""
+        task = asyncio.ensure_future(_quietly_shut(client))
+        self._closing[task] = client
+        task.add_done_callback(lambda done: self._closing.pop(done, None))
 
     async def close(self) -> None:
         self._closed = True
@@ -153,9 +160,12 @@ class TopologyCache:
             task.cancel()
         if isinstance(self._locator, _rstream.LocatorClient):
             await self._locator.shutdown()
-        if self._aside_conn is not None:
-            await self.connector.close_connection(self._aside_conn)
+        if self._aside_conn is not None:  # (at once: it may be waiting on a member, which would not let it answer)
+            await self.connector.close_connection(self._aside_conn, handshake=False)
             self._aside_conn = None
+        for shutting, client in list(self._closing.items()):
+            shutting.cancel()
+            await _rstream.abort(client)
 
     # -- topologies ----------------------------------------------------------------------------------
     async def topology(self, stream: str) -> StreamTopology:

@@ -11,7 +11,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -29,159 +30,139 @@ def uris(bed: TestBed) -> list[str]:
     return [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
 
 
+async def publish_steadily(env: Environment, stream: str, stop: asyncio.Event) -> None:
+    producer = await env.producer(stream)
+    while not stop.is_set():
+        await producer.send_wait(b"steady")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def two_streams(bed: TestBed, first: str, second: str, leaders: tuple[int, int] = (0, 0)
+                      ) -> AsyncIterator[tuple[Environment, str, str, str]]:
+    """An Environment on ``bed`` and two new streams, led by ``leaders``; yields it, a tag and their names."""
+    tag = f"held-{uuid.uuid4().hex[:6]}"
+    names = f"{tag}-{first}", f"{tag}-{second}"
+    for name, leader in zip(names, leaders, strict=True):
+        await create_stream_led_by(bed, name, leader)
+    try:
+        async with Environment(uris(bed)) as env:
+            yield env, tag, *names
+    finally:
+        await delete_streams(bed, *names)
+
+
 async def test_a_named_producer_asking_a_busy_writer_leaves_the_producers_on_its_connection_confirming(
         rabbitmq_testbed: TestBed) -> None:
-    tag = f"held-{uuid.uuid4().hex[:6]}"
-    busy, steady_stream = f"{tag}-busy", f"{tag}-steady"
-    await create_stream_led_by(rabbitmq_testbed, busy, 0)
-    await create_stream_led_by(rabbitmq_testbed, steady_stream, 0)
-    try:
-        async with Environment(uris(rabbitmq_testbed)) as env:
-            steady = await env.producer(steady_stream)
-            confirmed: list[float] = []
-            stop = asyncio.Event()
+    async with two_streams(rabbitmq_testbed, "busy", "steady") as (env, tag, busy, steady_stream):
+        steady = await env.producer(steady_stream)
+        confirmed: list[float] = []
+        stop = asyncio.Event()
 
-            async def publish() -> None:
-                while not stop.is_set():
-                    await steady.send_wait(b"steady")
-                    confirmed.append(time.monotonic())
+        async def publish() -> None:
+            while not stop.is_set():
+                await steady.send_wait(b"steady")
+                confirmed.append(time.monotonic())
 
-            publishing = asyncio.create_task(publish())
-            await wait_until(lambda: len(confirmed) > 5, 10, "the steady producer's first confirms")
-            await asyncio.to_thread(hold_member, rabbitmq_testbed, 0, busy, HOLD)
-            started = time.monotonic()
-            named = await env.producer(busy, name=f"{tag}-named")  # asks the held writer for its last publishing id
-            waited = time.monotonic() - started
-            stop.set()
-            await publishing
-            connections = {r.connection for r in env.placements() if r.role is Role.PRODUCER}
-            during = [t for t in confirmed if started + 0.3 < t < started + waited - 0.3]
-            print(f"the named producer waited {waited:.2f} s for the held writer; the other producer on its "
-                  f"connection had {len(during)} confirms meanwhile")
-            assert len(connections) == 1, "the two producers were meant to share one connection"
-            assert waited >= HOLD / 2, "the writer was not held: the test shows nothing"
-            assert during, "the other producer on the connection got no confirm while the named one waited"
-            assert await named.send_wait(b"after") is not None
-    finally:
-        await delete_streams(rabbitmq_testbed, busy, steady_stream)
+        publishing = asyncio.create_task(publish())
+        await wait_until(lambda: len(confirmed) > 5, 10, "the steady producer's first confirms")
+        await asyncio.to_thread(hold_member, rabbitmq_testbed, 0, busy, HOLD)
+        started = time.monotonic()
+        named = await env.producer(busy, name=f"{tag}-named")  # asks the held writer for its last publishing id
+        waited = time.monotonic() - started
+        stop.set()
+        await publishing
+        connections = {r.connection for r in env.placements() if r.role is Role.PRODUCER}
+        during = [t for t in confirmed if started + 0.3 < t < started + waited - 0.3]
+        print(f"the named producer waited {waited:.2f} s for the held writer; the other producer on its "
+              f"connection had {len(during)} confirms meanwhile")
+        assert len(connections) == 1, "the two producers were meant to share one connection"
+        assert waited >= HOLD / 2, "the writer was not held: the test shows nothing"
+        assert during, "the other producer on the connection got no confirm while the named one waited"
+        assert await named.send_wait(b"after") is not None
 
 
 async def test_an_offset_query_on_a_busy_writer_leaves_the_locator_answering(
         rabbitmq_testbed: TestBed, caplog: pytest.LogCaptureFixture) -> None:
-    tag = f"held-{uuid.uuid4().hex[:6]}"
-    busy, other = f"{tag}-busy", f"{tag}-other"
-    await create_stream_led_by(rabbitmq_testbed, busy, 0)
-    await create_stream_led_by(rabbitmq_testbed, other, 1)
     caplog.set_level(logging.INFO, logger="smartclient.stream.topology_cache")
-    try:
-        async with Environment(uris(rabbitmq_testbed)) as env:
-            await env.topology(other)
-            await asyncio.to_thread(hold_member, rabbitmq_testbed, 0, busy, HOLD)
-            started = time.monotonic()
-            query = asyncio.create_task(env.stored_offset(busy, f"{tag}-reader"))
-            reads = 0
-            while not query.done():
-                env.invalidate(other)
-                await env.topology(other)  # through the locator
-                reads += 1
-                await asyncio.sleep(0.1)
-            waited = time.monotonic() - started
-            print(f"the offset query waited {waited:.2f} s for the held writer; {reads} topology reads meanwhile")
-            assert await query is None  # no offset stored: answered once the writer was let go
-            assert waited >= HOLD / 2, "the writer was not held: the test shows nothing"
-            dropped = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
-            assert not dropped, dropped
-    finally:
-        await delete_streams(rabbitmq_testbed, busy, other)
+    async with two_streams(rabbitmq_testbed, "busy", "other", (0, 1)) as (env, tag, busy, other):
+        await env.topology(other)
+        await asyncio.to_thread(hold_member, rabbitmq_testbed, 0, busy, HOLD)
+        started = time.monotonic()
+        query = asyncio.create_task(env.stored_offset(busy, f"{tag}-reader"))
+        reads = 0
+        while not query.done():
+            env.invalidate(other)
+            await env.topology(other)  # through the locator
+            reads += 1
+            await asyncio.sleep(0.1)
+        waited = time.monotonic() - started
+        print(f"the offset query waited {waited:.2f} s for the held writer; {reads} topology reads meanwhile")
+        assert await query is None  # no offset stored: answered once the writer was let go
+        assert waited >= HOLD / 2, "the writer was not held: the test shows nothing"
+        dropped = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+        assert not dropped, dropped
 
 
 async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its_connection_delivering(
         rabbitmq_testbed: TestBed) -> None:
-    tag = f"held-{uuid.uuid4().hex[:6]}"
-    busy, steady_stream = f"{tag}-busy", f"{tag}-steady"
-    await create_stream_led_by(rabbitmq_testbed, busy, 0)
-    await create_stream_led_by(rabbitmq_testbed, steady_stream, 0)
-    try:
-        async with Environment(uris(rabbitmq_testbed)) as env:
-            producer = await env.producer(steady_stream)
-            stop = asyncio.Event()
+    async with two_streams(rabbitmq_testbed, "busy", "steady") as (env, _tag, busy, steady_stream):
+        stop = asyncio.Event()
+        publishing = asyncio.create_task(publish_steadily(env, steady_stream, stop))
+        arrivals: dict[int, list[float]] = {}
 
-            async def publish() -> None:
-                while not stop.is_set():
-                    await producer.send_wait(b"steady")
-                    await asyncio.sleep(0.02)
+        def arrived(index: int) -> Callable[[Any, Any], None]:
+            return lambda message, context: arrivals.setdefault(index, []).append(time.monotonic())
 
-            publishing = asyncio.create_task(publish())
-            arrivals: dict[int, list[float]] = {}
-
-            def arrived(index: int) -> Callable[[Any, Any], None]:
-                return lambda message, context: arrivals.setdefault(index, []).append(time.monotonic())
-
-            moving = await env.consumer(busy, lambda message, context: None)
-            # the consumers of the steady stream spread over both replicas' nodes, where the moving one recovers
-            steady = [await env.consumer(steady_stream, arrived(i)) for i in range(2)]
-            await wait_until(lambda: all(len(arrivals.get(i, ())) > 5 for i in range(2)), 10,
-                             "the steady consumers' first messages")
-            nodes = [Address(*n.advertised) for n in rabbitmq_testbed.nodes]
-            for consumer in steady:  # the busy stream's member there is held as one initialising is
-                assert consumer.node is not None
-                await asyncio.to_thread(hold_member, rabbitmq_testbed, nodes.index(consumer.node), busy, HOLD,
-                                        "release", True)
-            started = time.monotonic()
-            recoveries = moving.recoveries
-            moving.control.lost("the test: its member restarted")  # as a MetadataUpdate would
-            await wait_until(lambda: moving.recoveries > recoveries, 20, "the moving consumer's recovery")
-            waited = time.monotonic() - started
-            stop.set()
-            await publishing
-            index = next(i for i, c in enumerate(steady) if c.node == moving.node)
-            shared = {r.connection for r in env.placements() if r.role is Role.CONSUMER and r.node == moving.node}
-            during = [t for t in arrivals[index] if started + 0.3 < t < started + waited - 0.3]
-            print(f"the moving consumer recovered onto {moving.node} in {waited:.2f} s (the member there held); the "
-                  f"steady consumer on its connection received {len(during)} messages meanwhile; steps: "
-                  f"{moving.recovery_attempts[-1].steps}")
-            assert len(shared) == 1, "the consumers on that node were meant to share one connection"
-            assert waited >= HOLD / 2, "the member was not held: the test shows nothing"
-            assert during, "the steady consumer on the connection received nothing while the other recovered"
-    finally:
-        await delete_streams(rabbitmq_testbed, busy, steady_stream)
+        moving = await env.consumer(busy, lambda message, context: None)
+        # the consumers of the steady stream spread over both replicas' nodes, where the moving one recovers
+        steady = [await env.consumer(steady_stream, arrived(i)) for i in range(2)]
+        await wait_until(lambda: all(len(arrivals.get(i, ())) > 5 for i in range(2)), 10,
+                         "the steady consumers' first messages")
+        nodes = [Address(*n.advertised) for n in rabbitmq_testbed.nodes]
+        for consumer in steady:  # the busy stream's member there is held as one initialising is
+            assert consumer.node is not None
+            await asyncio.to_thread(hold_member, rabbitmq_testbed, nodes.index(consumer.node), busy, HOLD,
+                                    "release", True)
+        started = time.monotonic()
+        recoveries = moving.recoveries
+        moving.control.lost("the test: its member restarted")  # as a MetadataUpdate would
+        await wait_until(lambda: moving.recoveries > recoveries, 20, "the moving consumer's recovery")
+        waited = time.monotonic() - started
+        stop.set()
+        await publishing
+        index = next(i for i, c in enumerate(steady) if c.node == moving.node)
+        shared = {r.connection for r in env.placements() if r.role is Role.CONSUMER and r.node == moving.node}
+        during = [t for t in arrivals[index] if started + 0.3 < t < started + waited - 0.3]
+        print(f"the moving consumer recovered onto {moving.node} in {waited:.2f} s (the member there held); the "
+              f"steady consumer on its connection received {len(during)} messages meanwhile; steps: "
+              f"{moving.recovery_attempts[-1].steps}")
+        assert len(shared) == 1, "the consumers on that node were meant to share one connection"
+        assert waited >= HOLD / 2, "the member was not held: the test shows nothing"
+        assert during, "the steady consumer on the connection received nothing while the other recovered"
 
 
 async def test_a_single_active_consumer_waiting_on_the_coordinator_leaves_the_plain_consumers_delivering(
         rabbitmq_testbed: TestBed) -> None:
-    tag = f"held-{uuid.uuid4().hex[:6]}"
-    group, steady_stream = f"{tag}-group", f"{tag}-steady"
-    await create_stream_led_by(rabbitmq_testbed, group, 0)
-    await create_stream_led_by(rabbitmq_testbed, steady_stream, 0)
-    try:
-        async with Environment(uris(rabbitmq_testbed)) as env:
-            producer = await env.producer(steady_stream)
-            stop = asyncio.Event()
-
-            async def publish() -> None:
-                while not stop.is_set():
-                    await producer.send_wait(b"steady")
-                    await asyncio.sleep(0.02)
-
-            publishing = asyncio.create_task(publish())
-            arrivals: dict[int, list[float]] = {0: [], 1: []}
-            steady = [await env.consumer(steady_stream, lambda m, c, i=i: arrivals[i].append(time.monotonic()))
-                      for i in range(2)]  # one on each replica's node
-            await wait_until(lambda: all(len(a) > 5 for a in arrivals.values()), 10, "the steady consumers' messages")
-            await env.topology(group)  # read now: a Metadata request waits on the coordinator too (on its node)
-            node = await asyncio.to_thread(hold_coordinator, rabbitmq_testbed, HOLD)
-            started = time.monotonic()
-            # RabbitMQ 4.3 answers the Subscribe once the coordinator has registered it, 4.0 before; either way the
-            # connection's broker process waits for the coordinator, so the window is the hold's
-            single = await env.consumer(group, lambda m, c: None, name=f"{tag}-single", single_active=True)
-            await asyncio.sleep(max(0.0, started + HOLD + 0.3 - time.monotonic()))
-            stop.set()
-            await publishing
-            beside = [i for i, c in enumerate(steady) if c.node == single.node]
-            during = {i: [t for t in arrivals[i] if started + 0.3 < t < started + HOLD / 2] for i in beside}
-            print(f"the coordinator was held on node {node + 1}; while it was, the plain consumers on the single "
-                  f"active consumer's node received {[len(d) for d in during.values()]}")
-            assert beside, "no plain consumer on the single active consumer's node"
-            assert all(during.values()), "a plain consumer on its node received nothing while the coordinator was held"
-    finally:
-        await delete_streams(rabbitmq_testbed, group, steady_stream)
+    async with two_streams(rabbitmq_testbed, "group", "steady") as (env, tag, group, steady_stream):
+        stop = asyncio.Event()
+        publishing = asyncio.create_task(publish_steadily(env, steady_stream, stop))
+        arrivals: dict[int, list[float]] = {0: [], 1: []}
+        steady = [await env.consumer(steady_stream, lambda m, c, i=i: arrivals[i].append(time.monotonic()))
+                  for i in range(2)]  # one on each replica's node
+        await wait_until(lambda: all(len(a) > 5 for a in arrivals.values()), 10, "the steady consumers' messages")
+        await env.topology(group)  # read now: a Metadata request waits on the coordinator too (on its node)
+        node = await asyncio.to_thread(hold_coordinator, rabbitmq_testbed, HOLD)
+        started = time.monotonic()
+        # RabbitMQ 4.3 answers the Subscribe once the coordinator has registered it, 4.0 before; either way the
+        # connection's broker process waits for the coordinator, so the window is the hold's
+        single = await env.consumer(group, lambda m, c: None, name=f"{tag}-single", single_active=True)
+        await asyncio.sleep(max(0.0, started + HOLD + 0.3 - time.monotonic()))
+        stop.set()
+        await publishing
+        beside = [i for i, c in enumerate(steady) if c.node == single.node]
+        during = {i: [t for t in arrivals[i] if started + 0.3 < t < started + HOLD / 2] for i in beside}
+        print(f"the coordinator was held on node {node + 1}; while it was, the plain consumers on the single "
+              f"active consumer's node received {[len(d) for d in during.values()]}")
+        assert beside, "no plain consumer on the single active consumer's node"
+        assert all(during.values()), "a plain consumer on its node received nothing while the coordinator was held"

@@ -1,7 +1,8 @@
 """A single active consumer's activation, when the stored-offset read it needs is cut or slow (issue 32).
 
 The broker hands a single active consumer nothing until it answers its activation (ConsumerUpdate), and the
-answer needs the stored offset, read on the Environment's locator connection.  The 2-hour soak found both ways
+answer needs the stored offset, read on the Environment's locator connection then (on its second metadata
+connection, ``-aside``, now: QueryOffset waits for the writer).  The 2-hour soak found both ways
 this went wrong in a rolling restart: the locator died under the read (the answer never went out, and the group
 was silent until the delivery watch subscribed it again, 14 times in 2 hours), and the read waited inside
 rstream's reader of the consumer's own connection (every other consumer on that node silent meanwhile, their
@@ -138,9 +139,12 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
         plain: list[int] = []
         # single active consumers share connections only with one another: the neighbour is one, of its own group
         # (from the first message: a single active consumer's "next" is where it stands when its answer arrives)
-        neighbour = await env.consumer(stream, lambda m, c: plain.append(c.offset) if bytes(m)[:1] == b"n" else None,
-                                       offset="first", name="neighbour", single_active=True)
-        await wait_until(lambda: neighbour.active, 10, "the neighbour's activation")
+        before: list[int] = []
+        neighbour = await env.consumer(
+            stream, lambda m, c: (plain if bytes(m)[:1] == b"n" else before).append(c.offset), offset="first",
+            name="neighbour", single_active=True)
+        # its activation answered (the stored offset read before the slow one below) and delivering
+        await wait_until(lambda: len(before) == 10, 10, "the neighbour's first 10 messages")
         real = _rstream.query_offset
         held, release = asyncio.Event(), asyncio.Event()
 
@@ -149,7 +153,7 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
         async def slow(client: Any, stream_: str, name: str) -> Any:
             reads.append(time.monotonic())
             held.set()
-            await release.wait()  # a locator that does not answer (yet)
+            await release.wait()  # a connection that does not answer (yet)
             return await real(client, stream_, name)
 
         monkeypatch.setattr(_rstream, "query_offset", slow)

@@ -250,3 +250,39 @@ async def test_a_placement_with_a_shared_connection_open_does_not_queue_behind_o
     connector.release.set()
     await dialling
     assert placement._locks == {} and not placement._waiting  # the lock went with its last placement
+
+
+async def test_single_active_consumers_keep_to_a_lane_apart_and_its_emptied_connections_close(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single active consumer's connection may still carry an unsubscription waiting for the stream coordinator:
+    plain consumers never share it, nor take it parked."""
+    from smartclient.core.recovery import RecoveryPolicy
+    from smartclient.core.retry import RetryPolicy
+    from smartclient.core.topology import Role
+    from smartclient.stream import _rstream
+    from smartclient.stream.placement import StreamPlacement
+
+    monkeypatch.setattr(_rstream, "on_metadata_update", lambda *args: None)
+    node = Address("n1", 1)
+    connector = _Connector()
+    connector.release.set()
+    closed: list[tuple[Connection, bool]] = []
+    parked: list[Connection] = []
+
+    async def close_connection(conn: Connection, handshake: bool = True) -> None:
+        closed.append((conn, handshake))
+
+    async def park(conn: Connection) -> None:
+        parked.append(conn)
+
+    connector.close_connection = close_connection  # type: ignore[attr-defined]
+    connector.park = park  # type: ignore[attr-defined]
+    placement = StreamPlacement(connector, _OneNode(node), RetryPolicy(), RecoveryPolicy(), "t")  # type: ignore[arg-type]
+    monkeypatch.setattr(placement, "_record", lambda *args: None)
+    plain = await placement.place(SimpleNamespace(role=Role.CONSUMER, apart=set()), "s1", None)
+    single = await placement.place(SimpleNamespace(role=Role.CONSUMER, apart={"s2"}), "s2", None)
+    other = await placement.place(SimpleNamespace(role=Role.CONSUMER, apart={"s3"}), "s3", None)
+    assert single is not plain and other is single and connector.dials == 2
+    await placement.unused(single)
+    await placement.unused(plain)
+    assert closed == [(single, False)] and parked == [plain]

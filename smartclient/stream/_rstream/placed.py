@@ -46,7 +46,7 @@ __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
     "close_subscriber", "closed_forwarder", "declare_publisher", "forget_publisher", "forget_subscriber", "name_stream",
     "new_carrier", "on_callback_error", "position", "queued_chunks", "stop_delivery", "store_offset", "stored_sequence",
-    "subscribe",
+    "subscribe", "unname_stream",
 ]
 
 log = logging.getLogger(__name__)
@@ -360,15 +360,20 @@ def name_stream(carrier: Any, stream: str, name: str | None, flow: ConsumerFlow 
                 apart: bool = False) -> None:
     """Record the producer or consumer name of ``stream`` on ``carrier`` (for the placement table), a consumer's
     :class:`ConsumerFlow`, and whether it keeps to connections apart (a single active consumer's)."""
+    unname_stream(carrier, stream)
     carrier._pool.names[stream] = name
     if apart:
         carrier._pool.apart.add(stream)
-    else:
-        carrier._pool.apart.discard(stream)
     if flow is not None:
         carrier._pool.flows[stream] = flow
-    else:
-        carrier._pool.flows.pop(stream, None)
+
+
+def unname_stream(carrier: Any, stream: str) -> None:
+    """Forget what :func:`name_stream` recorded (its handle is released: streams come and go over weeks)."""
+    pool = carrier._pool
+    pool.names.pop(stream, None)
+    pool.flows.pop(stream, None)
+    pool.apart.discard(stream)
 
 
 def on_callback_error(carrier: Any, stream: str, decide: Callable[[Exception, Any], bool] | None) -> None:
@@ -573,10 +578,8 @@ async def _abandon_subscription(carrier: Any, stream: str) -> None:
 
 def position(subscriber: Any) -> int | None:
     """The offset after the last chunk handed to the callback, or None before the first.  rstream's subscriber
-    starts at the subscription's offset, so its offset alone cannot tell whether a chunk came; comparing it
-    with its value when ``subscribe()`` returned missed a first chunk handed over before that (the broker
-    sends it right after its answer): a plain consumer's ``last_offset`` then stayed None on an idle stream,
-    which was the Spark source's silent read of a last chunk (issue 18, anomaly 2)."""
+    starts at the subscription's offset, so its offset alone cannot tell whether a chunk came; comparing it with
+    its value when ``subscribe()`` returned missed a first chunk the broker sent right after its answer (issue 18)."""
     return int(subscriber.offset) if getattr(subscriber, "smartclient_moved", False) else None
 
 
@@ -593,6 +596,3 @@ def queued_chunks(subscriber: Any) -> int:
 
 async def store_offset(carrier: Any, stream: str, name: str, value: int) -> None:
     await carrier.store_offset(stream, name, value)
-
-
-

@@ -432,12 +432,13 @@ def connection_of(client: Any) -> Connection | None:
 
 
 async def abort(client: Any) -> None:
-    """Drop a connection that failed while it was being opened, without a Close handshake (the broker may
-    be the reason it failed, and the attempt's time is spent)."""
-    for name in list(client._tasks):
-        await client.stop_task(name)
-    drop_socket(client)
-    client._is_not_closed = False
+    """Drop a connection without a Close handshake (it failed while opening, or its broker may not answer)."""
+    try:
+        for name in list(client._tasks):
+            await client.stop_task(name)
+    finally:  # (even if cancelled while a task stops)
+        drop_socket(client)
+        client._is_not_closed = False
 
 
 def drop_socket(client: Any) -> None:
@@ -445,10 +446,9 @@ def drop_socket(client: Any) -> None:
     already closing: a close waits for the write buffer to drain (or TLS for the peer's answer) and a cancelled
     ``close()`` left it there, holding its descriptor; ``abort()`` twice is harmless."""
     conn = getattr(client, "_conn", None)
-    writer = getattr(conn, "_writer", None) if conn is not None else None
-    if writer is not None:
+    if (writer := getattr(conn, "_writer", None)) is not None:
         writer.transport.abort()
-    reader = getattr(conn, "_reader", None) if conn is not None else None
+    reader = getattr(conn, "_reader", None)
     if isinstance(reader, FrameReader):
         reader.release()  # its read area, now and not at the next full garbage collection
 
