@@ -373,8 +373,11 @@ class Consumer(_Handle):
         value = self.last_offset if offset is None else offset
         if value is None:
             raise ConfigurationError(f"consumer {self.name!r} on {self.stream!r} has no offset to store yet")
+        name = self.name
         with map_stream_errors(f"storing the offset of {self.name!r} on {self.stream!r}"):
-            await _rstream.store_offset(self._carrier, self.stream, self.name, value)
+            # on the connection its QueryOffset goes on (the aside one): the broker reads it back after this store
+            await self._host.aside(self.stream, "offset store",
+                                   lambda client: _rstream.store_offset(client, self.stream, name, value))
         self._stored = value
         self._since_store = 0
         self._last_store_at = time.monotonic()

@@ -594,5 +594,5 @@ def queued_chunks(subscriber: Any) -> int:
     return queue.qsize() if queue is not None else 0
 
 
-async def store_offset(carrier: Any, stream: str, name: str, value: int) -> None:
-    await carrier.store_offset(stream, name, value)
+async def store_offset(client: Any, stream: str, name: str, value: int) -> None:
+    await client.store_offset(stream=stream, reference=name, offset=value)
