@@ -63,7 +63,7 @@ async def query_stream_stats(client: Any, stream: str) -> dict[str, int]:
 
 
 async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
-                            name: str, label: str = "stream statistics") -> dict[str, int]:
+                            name: str) -> dict[str, int]:
     """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
     with its own view: the leader's is the authority), closed afterwards."""
     from smartclient.core.deadline import step
@@ -72,6 +72,6 @@ async def stream_stats_from(connector: StreamConnector, candidates: Candidates, 
     conn = await connector.acquire(candidates, name)
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):
-            return await step(label, query_stream_stats(conn.client, stream))
+            return await step("stream statistics", query_stream_stats(conn.client, stream))
     finally:  # (its reader is stopped: no Close exchange, whose wait would add to a recovery's)
         await connector.close_connection(conn, handshake=False)
