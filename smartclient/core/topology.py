@@ -8,7 +8,7 @@ resolver's business and happens at one seam, in the connector.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -22,6 +22,7 @@ __all__ = [
     "Role",
     "StreamTopology",
     "TopologyNode",
+    "ready_choice",
     "replica_wait",
 ]
 
@@ -148,6 +149,8 @@ class Candidates:
     stream: str
     role: Role
     tiers: tuple[tuple[Address, ...], ...]
+    #: narrowed to a node of a later tier than the first (see :func:`ready_choice`)
+    fallback: bool = False
 
     def __post_init__(self) -> None:
         if not self.tiers or not all(self.tiers):
@@ -167,10 +170,32 @@ class Candidates:
         return " > ".join("{" + ", ".join(map(str, tier)) + "}" for tier in self.tiers)
 
 
-def replica_wait(topology: StreamTopology, role: Role, policy: PlacementPolicy, max_time: float) -> float:
+def replica_wait(topology: StreamTopology, role: Role, policy: PlacementPolicy, max_time: float,
+                 recovering: bool = False) -> float:
     """Seconds a placement should keep re-reading ``topology`` for replicas before it places: a new
     stream's replicas come up a moment after its leader.  A consumer that must have a replica waits up to
-    the placement's time; one that may fall back to the leader waits a second; anything else not at all."""
+    the placement's time; one that may fall back to the leader waits a second, or, ``recovering``, not at all
+    (after an election the replicas are named only once they have joined the new leader: a recovering consumer
+    takes a member that can be read now, and moves back to a replica later); anything else not at all."""
     if role is not Role.CONSUMER or topology.replicas:
         return 0.0
-    return max_time if policy.force_replica_for_consumers else 1.0
+    if policy.force_replica_for_consumers:
+        return max_time
+    return 0.0 if recovering else 1.0
+
+
+def ready_choice(candidates: Candidates, ready: Collection[Address], waited: float, grace: float) -> Address | None:
+    """Where a recovering consumer goes, given the candidates' members known ``ready`` (able to be read) after
+    ``waited`` seconds: the first ready node of the first tier at once; once ``grace`` seconds have passed with
+    none of it ready, the first ready node of the next tiers, in order; None: wait on.
+
+    After a restart or an election a member answers only once it has initialised (seconds, once 22.5 s), and a
+    newly named leader's replicas join it one by one: waiting for the first choice alone kept consumers from
+    messages their stream already took."""
+    for index, tier in enumerate(candidates.tiers):
+        if index and waited < grace:
+            return None
+        for node in tier:
+            if node in ready:
+                return node
+    return None

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient._errors import ConfigurationError, SmartClientError
+from smartclient._errors import ConfigurationError, ConnectionFailed, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.topology import Role, StreamTopology
+from smartclient.core.topology import Candidates, Role, StreamTopology, ready_choice
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import PlacementRecord
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["Carriers"]
 
 log = logging.getLogger(__name__)
+#: seconds a recovering consumer waits for a first-choice member that cannot be read yet before it takes another
+#: that can (it moves back later): after an election the replicas join the new leader one by one
+READY_GRACE = 0.25
+READY_FRESH = 1.0  # seconds a member read ready is taken as ready without asking it again
 P = TypeVar("P")
 T = TypeVar("T")
 
@@ -63,6 +67,9 @@ class Carriers:
         self._committed: dict[str, tuple[float, int]] = {}  # stream -> (read at, committed chunk id)
         #: (stream, node) -> the read the consumers recovering onto that member wait for (member_ready)
         self._probes: dict[tuple[str, Address], asyncio.Future[None]] = {}
+        self._ready_at: dict[tuple[str, Address], float] = {}  # (stream, node) -> when its member last answered
+        self._fell_back: dict[str, float] = {}  # stream -> when a consumer of it last took a member not its first
+        placement.ready = self.ready_member
         #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
         self.gone: set[str] = set()
         #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
@@ -250,29 +257,65 @@ class Carriers:
         with no time limit, and with it every other consumer on that connection (no delivery, no answer, no
         MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).  The
         consumers recovering onto one member share one such read (one connection, however many wait and however
-        often they try again), within each one's own attempt.  A broker that closes it instead (one without
+        often they try again), within each one's own attempt; a member read ready less than
+        :data:`READY_FRESH` seconds ago is not asked again.  A broker that closes it instead (one without
         StreamStats, before 3.11) is not waited for."""
-        from smartclient._errors import FeatureNotSupported
         from smartclient.core.deadline import step
 
+        if not self._fresh(stream, node):
+            await step(f"waiting for the member on {node}", asyncio.shield(self._member_probe(stream, node)))
+
+    async def ready_member(self, stream: str, candidates: Candidates) -> Address:
+        """The member of ``candidates`` a recovering consumer of ``stream`` goes to: each candidate is asked as
+        :meth:`member_ready` asks (all at once), and :func:`~smartclient.core.topology.ready_choice` decides.
+
+        :raises ConnectionFailed: no candidate could be asked (each one's error is named)."""
+        began = time.monotonic()
+        probes = {node: self._member_probe(stream, node) for node in candidates.all if not self._fresh(stream, node)}
+        # (the grace is waited once: the placement's second look, and the stream's other consumers, take the
+        # fallback at once for a moment)
+        grace = 0.0 if began - self._fell_back.get(stream, -READY_FRESH) < READY_FRESH else READY_GRACE
+        while True:
+            ready = {node for node in candidates.all if self._fresh(stream, node)}
+            waited = time.monotonic() - began
+            if (node := ready_choice(candidates, ready, waited, grace)) is not None:
+                if candidates.tier_of(node):
+                    self._fell_back[stream] = time.monotonic()
+                return node
+            pending = [probe for probe in probes.values() if not probe.done()]
+            if not pending:
+                failed = "; ".join(f"{node}: {probe.exception()}" for node, probe in probes.items()
+                                   if not probe.cancelled() and probe.exception() is not None)
+                raise ConnectionFailed(f"no member of {stream!r} could be read ({failed or 'none answered'})")
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED,
+                               timeout=grace - waited if waited < grace else None)
+
+    def _member_probe(self, stream: str, node: Address) -> asyncio.Future[None]:
+        """The one read of ``stream``'s member on ``node`` under way (started if none is)."""
         key = (stream, node)
         probe = self._probes.get(key)
         if probe is None:
             probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node))
             probe.add_done_callback(partial(self._probed, key))
-        try:
-            await step(f"waiting for the member on {node}", asyncio.shield(probe))
-        except FeatureNotSupported:
-            return
+        return probe
+
+    def _fresh(self, stream: str, node: Address) -> bool:
+        return time.monotonic() - self._ready_at.get((stream, node), -READY_FRESH) < READY_FRESH
 
     async def _probe(self, stream: str, node: Address) -> None:
+        from smartclient._errors import FeatureNotSupported
         from smartclient.core.deadline import detach
         from smartclient.stream.stats import stream_stats_from
 
         detach()  # its own bound (the default step's), not the first waiter's attempt
         topo = await self.topologies.topology(stream)
-        await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
-                                f"{self.connection_name}-ready")
+        with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
+            await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
+                                    f"{self.connection_name}-ready")
+        now = time.monotonic()
+        _prune(self._ready_at, now)  # (kept only while fresh: streams and members come and go)
+        _prune(self._fell_back, now)
+        self._ready_at[(stream, node)] = now
 
     def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:
         if self._probes.get(key) is probe:
@@ -353,3 +396,9 @@ class Carriers:
         finally:
             if self.telemetry is not None:
                 self.telemetry.close()
+
+
+def _prune(table: dict[Any, float], now: float) -> None:
+    """Drop the entries of ``table`` (key -> when) older than :data:`READY_FRESH`."""
+    for key in [key for key, at in table.items() if now - at >= READY_FRESH]:
+        del table[key]

@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, Literal
 
@@ -28,7 +28,7 @@ from smartclient.core.retry import WATCH_POLL, Backoff
 from smartclient.core.topology import Role
 from smartclient.stream.handles import _Handle
 from smartclient.stream.lag import lag_sampler
-from smartclient.stream.unreported import watch_deliveries
+from smartclient.stream.unreported import move_back, watch_deliveries
 
 __all__ = ["Consumer", "OnError", "check_on_error", "consumer_handler"]
 
@@ -249,6 +249,7 @@ class Consumer(_Handle):
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()
+        self._follow(self._after_recovery("placed"))  # (placed while another consumer of its stream recovered)
         lag_sampler(self._host).attach(asyncio.get_running_loop())
         if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
             self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
@@ -283,6 +284,14 @@ class Consumer(_Handle):
             # consumer waits for it on a connection of its own first (Carriers.member_ready)
             await self._subscribe_at(resume, partial(self._host.member_ready, self.stream))
         return f"subscribed again from {resume} (subscription {self.subscription_id})"
+
+    def _after_recovery(self, reason: str) -> Coroutine[Any, Any, None] | None:
+        """A consumer placed on a fallback (its first choice could not be read yet) moves back later; a single
+        active consumer stays (a move would hand its group's activity over twice)."""
+        record = self.placement
+        if record is None or not record.fallback or self.active is not None:
+            return None
+        return move_back(self, self._host)
 
     def _callback_raised(self, exc: Exception, where: Any) -> bool:
         """The delivery loop's question when the callback raised on ``where`` (a MessageContext, or a Chunk):

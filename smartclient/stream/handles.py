@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -208,8 +208,7 @@ class _Handle:
                             self._note_attempt(attempts, began, "recovered", deadline.log())
                             log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self, attempts,
                                         time.monotonic() - started, done, deadline.log())
-                            if self.role is Role.PRODUCER and "Metadata Update" in reason:
-                                self._verify = asyncio.get_running_loop().create_task(confirm_leader(self, self._host))
+                            self._follow(self._after_recovery(reason))
                             return
                         last = SmartClientError("lost again while recovering")
                 self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
@@ -224,6 +223,16 @@ class _Handle:
                 await asyncio.sleep(delay)
         finally:
             self._host.recovering(self.role, self.stream, False, self)
+
+    def _after_recovery(self, reason: str) -> Coroutine[Any, Any, None] | None:
+        """What looks after this handle once it recovered from ``reason`` (:mod:`~smartclient.stream.unreported`)."""
+        return None
+
+    def _follow(self, looks: Coroutine[Any, Any, None] | None) -> None:
+        """Run ``looks`` in place of the last recovery's."""
+        if self._verify is not None:
+            self._verify.cancel()
+        self._verify = asyncio.get_running_loop().create_task(looks) if looks is not None else None
 
     def _note_attempt(self, number: int, began: float, outcome: str, steps: str) -> None:
         self.recovery_attempts.append(RecoveryAttempt(number, time.monotonic() - began, outcome, steps))
@@ -310,6 +319,9 @@ class Producer(_Handle):
     @property
     def buffer(self) -> PublishBuffer | None:
         return getattr(self, "_buffer", None)
+
+    def _after_recovery(self, reason: str) -> Coroutine[Any, Any, None] | None:
+        return confirm_leader(self, self._host) if "Metadata Update" in reason else None
 
     def _suspend(self) -> None:
         if hasattr(self, "_buffer"):

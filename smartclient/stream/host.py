@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from smartclient._errors import ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.topology import Role, StreamTopology
+from smartclient.core.topology import Candidates, Role, StreamTopology
 
 __all__ = ["Connection", "HandleControl", "PlacementRecord", "StreamHost", "StreamOpener"]
 
@@ -91,10 +91,12 @@ class PlacementRecord:
     node: Address
     dialled: Address
     connection: str
+    #: a consumer placed on a later tier than its first choice, which could not be read then (it moves back)
+    fallback: bool = False
 
     def row(self) -> str:
         return (f"{self.role.value:<9} {self.stream:<28} {self.name or '-':<16} node {self.node!s:<22} "
-                f"via {self.dialled!s:<22} {self.connection}")
+                f"via {self.dialled!s:<22} {self.connection}" + (" (fallback)" if self.fallback else ""))
 
 
 class StreamHost(Protocol):
@@ -140,6 +142,10 @@ class StreamHost(Protocol):
     async def aside(self, stream: str, purpose: str, request: Callable[[Any], Awaitable[T]]) -> T:
         """``request(client)`` about ``stream`` on the second metadata connection: for a request the broker
         answers only after asking a stream member (see :meth:`TopologyCache.aside`)."""
+
+    async def ready_member(self, stream: str, candidates: Candidates) -> Address:
+        """The first of ``candidates`` whose member of ``stream`` can be read (see
+        :meth:`Carriers.ready_member`)."""
 
     async def member_ready(self, stream: str, node: Address) -> None:
         """Wait until ``stream``'s member on ``node`` answers, on a connection of its own (see

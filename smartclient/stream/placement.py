@@ -11,6 +11,11 @@ Single active consumers keep to connections of their own (a lane apart): their S
 commands to the stream coordinator, for which the broker's process of the connection waits, serving nothing else,
 up to 30 s on each coordinator server while the coordinator elects a leader (every rolling restart); the 2-hour
 soak's one silent consumer was a plain one on a connection held that way (``bench/tail_stall/member_wait.py``).
+
+A consumer placed while one of its stream's recovers goes to a member that can be read now (``ready``, which
+asks each candidate on a connection of its own; :func:`~smartclient.core.topology.ready_choice` decides): after a
+restart or an election the first choice may still be initialising while the stream takes writes again.  A
+placement below the first tier is marked ``fallback`` in its record, and the consumer moves back later.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +63,8 @@ class StreamPlacement:
         self.recovery_retry = replace(retry, max_time=min(retry.max_time, recovery.attempt_time),
                                       backoff_max=min(retry.backoff_max, recovery.attempt_time))
         self.recovering: Counter[tuple[Role, str]] = Counter()  # recoveries under way, by role and stream
+        #: (stream, candidates) -> the first candidate that can be read (set by the Carriers: member_ready's reads)
+        self.ready: Callable[[str, Candidates], Awaitable[Address]] | None = None
         self._locks: dict[tuple[Lane, tuple[Address, ...]], asyncio.Lock] = {}
         self._waiting: Counter[tuple[Lane, tuple[Address, ...]]] = Counter()  # placements holding or awaiting each
         #: the connections each lane shares: a role, and whether its handles keep apart (single active consumers)
@@ -88,7 +95,7 @@ class StreamPlacement:
         return conn
 
     async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
-        candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
+        candidates = await self._candidates(stream, role)
         lane = (role, stream in getattr(pool, "apart", ()))
         if Shared(self.shared[lane]).take(candidates.tiers[0]) is not None:
             # a connection of this role to a first-choice node is open and has room: nothing to wait for (a
@@ -104,11 +111,24 @@ class StreamPlacement:
             self._let_go(key)
             raise
         try:
-            candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream))
+            candidates = await self._candidates(stream, role)
             return await self._acquire(pool, stream, closed_handler, lane, candidates)
         finally:
             lock.release()
             self._let_go(key)
+
+    async def _candidates(self, stream: str, role: Role) -> Candidates:
+        """Where a ``role`` of ``stream`` may go.  While one of the stream's consumers recovers, a consumer goes
+        only to the first member that can be read (``ready``), marked ``fallback`` if it is not a first choice."""
+        recovering = bool(self.recovering[(role, stream)])
+        candidates = await self.topologies.candidates(stream, role, self.consumer_load(stream), recovering)
+        if role is not Role.CONSUMER or not recovering or self.ready is None:
+            return candidates
+        node = await step("waiting for a member that can be read", self.ready(stream, candidates))
+        # (the leader is a consumer's last choice, also when no replica is named yet: after an election they are
+        # named once they have joined the new leader)
+        leader = (await self.topologies.topology(stream)).leader
+        return Candidates(stream, role, ((node,),), fallback=node == leader or candidates.tier_of(node) != 0)
 
     async def _acquire(self, pool: Any, stream: str, closed_handler: Any, lane: Lane,
                        candidates: Candidates) -> tuple[Connection, int]:
@@ -121,7 +141,7 @@ class StreamPlacement:
             _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
             if conn.alive():
                 shared.append(conn)
-        self._record(pool, stream, conn, closed_handler)
+        self._record(pool, stream, conn, closed_handler, candidates.fallback)
         return conn, conn.sessions
 
     def _let_go(self, key: tuple[Lane, tuple[Address, ...]]) -> None:
@@ -132,13 +152,13 @@ class StreamPlacement:
             del self._waiting[key]
             self._locks.pop(key, None)
 
-    def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any) -> None:
+    def _record(self, pool: Any, stream: str, conn: Connection, closed_handler: Any, fallback: bool) -> None:
         role: Role = pool.role
         conn.forwards[id(pool.carrier)] = _rstream.closed_forwarder(pool.carrier, conn.client, closed_handler)
         conn.client.add_stream(stream)
         name = pool.names.get(stream)
         self.records[(id(pool.carrier), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled,
-                                                                   conn.name)
+                                                                   conn.name, fallback)
 
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it

@@ -34,10 +34,12 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-TOPOLOGY_TIME = 5.0  # seconds one metadata lookup keeps asking while the stream has no leader (an election)
+TOPOLOGY_TIME = 5.0  # seconds a metadata lookup keeps asking while the stream has no leader, since its last asker
 # a stream with no leader: asking again soon, then a little less (a leader named between two asks is a wait of the
 # client's own: the soak measured up to the whole step, 0.5 s, at 2 asks a second)
 ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.15)
+#: seconds a lookup is told "no leader" by its locator before it also asks another node
+SECOND_OPINION = 1.0
 #: seconds one Metadata request may take: a locator on a node that is stopping (stop_app, a rolling restart)
 #: neither answers nor closes for seconds; after this it is dropped and another one asked
 METADATA_TIME = 1.0
@@ -61,6 +63,8 @@ class TopologyCache:
         self._topologies: dict[str, StreamTopology] = {}
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
+        self._asked: dict[str, float] = {}  # stream -> when a caller last joined its lookup under way
+        self._nodes: set[Address] = set()  # every member a topology named (another node to ask in an election)
         # the locator's Connection, held here: its client refers to it only weakly (``_rstream.attach``), and the
         # connector does not hold a locator's
         self._locator_conn: Connection | None = None
@@ -181,38 +185,78 @@ class TopologyCache:
         if task is None:
             task = asyncio.create_task(self._query(stream))
             self._inflight[stream] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(stream, None))
+            task.add_done_callback(lambda _t: (self._inflight.pop(stream, None), self._asked.pop(stream, None)))
+        self._asked[stream] = time.monotonic()
         return await step(f"reading the topology of {stream!r}", asyncio.shield(task))
 
     async def _query(self, stream: str) -> StreamTopology:
         # shared by every placement that asks meanwhile: bounded on its own (each asker bounds its wait)
         detach()
-        deadline = time.monotonic() + TOPOLOGY_TIME
         polls = 0
-        while True:
-            try:
-                locator = await self.locator()
+        began = time.monotonic()
+        other = _OtherNode()
+        try:
+            while True:
                 try:
-                    with map_stream_errors(f"reading the topology of {stream!r}"):
-                        members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
-                                             default=METADATA_TIME)
-                except StepTimeout:  # a locator that does not answer (its node stopping): the next ask opens another
-                    self._drop_locator(locator)
-                    raise
-                if members is None and time.monotonic() > deadline:
+                    locator = await self.locator()
+                    try:
+                        with map_stream_errors(f"reading the topology of {stream!r}"):
+                            members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
+                                                 default=METADATA_TIME)
+                    except StepTimeout:  # a locator that does not answer (its node stopping): the next ask opens
+                        self._drop_locator(locator)  # another
+                        raise
+                except ConnectionFailed:  # the locator's node went away: the next lookup opens another
+                    if self._late(stream):
+                        raise
+                    members = None
+                if members is None and time.monotonic() - began >= SECOND_OPINION:
+                    members = await self._ask_another_node(stream, other)
+                if members is None and self._late(stream):
                     raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
-            except ConnectionFailed:  # the locator's node went away: the next lookup opens another
-                if time.monotonic() > deadline:
-                    raise
-                members = None
-            if members is None:  # an election: ask again soon
-                polls += 1
-                await asyncio.sleep(ELECTION_POLL.delay(polls))
-                continue
-            leader, replicas = members  # advertised addresses: resolved only when dialled (one seam)
-            topo = StreamTopology(stream, leader, tuple(replicas))
-            self._topologies[stream] = topo
-            return topo
+                if members is None:  # an election: ask again soon
+                    polls += 1
+                    await asyncio.sleep(ELECTION_POLL.delay(polls))
+                    continue
+                leader, replicas = members  # advertised addresses: resolved only when dialled (one seam)
+                self._nodes.update((leader, *replicas))
+                topo = StreamTopology(stream, leader, tuple(replicas))
+                self._topologies[stream] = topo
+                return topo
+        finally:
+            if other.conn is not None:
+                await self.connector.close_connection(other.conn, handshake=False)
+
+    async def _ask_another_node(self, stream: str, other: _OtherNode) -> tuple[Address, list[Address]] | None:
+        """Metadata of ``stream`` from another node than the locator's (on a connection of ``other``'s, opened
+        the first time): the broker answers from its node's own copy of the stream coordinator's state, and the
+        locator's node may be one that is stopping, whose copy no longer follows (the 45-minute soak: clients
+        told "no leader" for 2 s after their stream took a write again).  None if none could be asked."""
+        if other.given_up:
+            return None
+        try:
+            if other.conn is None:
+                mine = self._locator_conn.node if self._locator_conn is not None else None
+                nodes = tuple(sorted(self._nodes - {mine}))
+                if not nodes:
+                    other.given_up = True
+                    return None
+                other.conn = await step("opening a connection to another node", self.connector.acquire(
+                    Candidates(stream, Role.LOCATOR, (nodes,)), f"{self.connection_name}-metadata"),
+                    default=METADATA_TIME)
+                self.connector.connections.discard(other.conn)  # owned here, closed at the lookup's end
+            with map_stream_errors(f"reading the topology of {stream!r} on another node"):
+                return await step("metadata query (another node)",
+                                  _rstream.leader_and_replicas(other.conn.client, stream), default=METADATA_TIME)
+        except SmartClientError as exc:  # (another lookup will try again)
+            log.info("reading the topology of %r on another node: %s", stream, exc)
+            other.given_up = True
+            return None
+
+    def _late(self, stream: str) -> bool:
+        """Whether the shared lookup of ``stream`` has asked for :data:`TOPOLOGY_TIME` seconds since the last
+        caller joined it (one that joined late, a recovery's next attempt, is not told "no leader" at once)."""
+        return time.monotonic() - self._asked.get(stream, 0.0) > TOPOLOGY_TIME
 
     async def with_routes(self, topo: StreamTopology) -> StreamTopology:
         """``topo`` with where each member would be dialled (or why it cannot be), for people to read; the
@@ -246,10 +290,12 @@ class TopologyCache:
         log.info("MetadataUpdate for %s: topology invalidated", stream)
         self.drop(stream=stream)
 
-    async def candidates(self, stream: str, role: Role, load: Counter[Address] | None = None) -> Candidates:
-        """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`)."""
+    async def candidates(self, stream: str, role: Role, load: Counter[Address] | None = None,
+                         recovering: bool = False) -> Candidates:
+        """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`);
+        ``recovering``: while one of the stream's recovers (see :func:`replica_wait`)."""
         topo = await self.topology(stream)
-        wait = replica_wait(topo, role, self.policy, self.retry.max_time)
+        wait = replica_wait(topo, role, self.policy, self.retry.max_time, recovering)
         if wait:
             deadline = time.monotonic() + min(wait, remaining(wait))
             polls = REPLICA_POLL.delays()
@@ -258,6 +304,14 @@ class TopologyCache:
                 self.drop(stream=stream)
                 topo = await self.topology(stream)
         return topo.candidates(role, self.policy, load)
+
+
+class _OtherNode:
+    """A lookup's connection to another node than the locator's (see ``_ask_another_node``)."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.given_up = False
 
 
 async def _quietly_shut(locator: Any) -> None:

@@ -10,6 +10,9 @@ messages wait for confirms that never come.  Two looks catch it:
 
 - :func:`confirm_leader`: a producer recovered from a leader change reads the topology again 0.25, 1, 3.25
   and 7.25 s later (:data:`LEADER_SETTLE`), and moves if its node is no longer the first choice;
+- :func:`move_back`: a consumer that recovered onto a member that is not its first choice (the first could not
+  be read yet: :meth:`~smartclient.stream.carriers.Carriers.ready_member`) reads the topology again 1, 3, 7, ...
+  s later (:data:`MOVE_BACK`) and moves once a first-choice member can be read;
 - :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
   ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; a named
   producer whose third look still finds it on the leader declares its publisher again (what is pending is
@@ -46,8 +49,8 @@ if TYPE_CHECKING:
     from smartclient.core.topology import Role
     from smartclient.stream.host import HandleControl, StreamHost
 
-__all__ = ["DECLARE_AGAIN", "IDLE_LOOKS", "LEADER_LOOKS", "LEADER_SETTLE", "STALL_LOOKS", "confirm_leader",
-           "leader_moved", "watch_confirms", "watch_deliveries"]
+__all__ = ["DECLARE_AGAIN", "IDLE_LOOKS", "LEADER_LOOKS", "LEADER_SETTLE", "MOVE_BACK", "MOVE_BACK_LOOKS",
+           "STALL_LOOKS", "confirm_leader", "leader_moved", "move_back", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,10 @@ STALL_LOOKS = 3  # looks at the topology, on the leader, before the publisher is
 # 7.25 s): an election settles within a second or so, and a broker may answer with the old leader meanwhile.
 LEADER_SETTLE = Backoff(initial=0.25, factor=3.0, max=4.0)
 LEADER_LOOKS = 4
+# A consumer placed on a fallback: the waits before each look for a first choice that can be read (a restarted
+# node's members may initialise for tens of seconds), about 4 minutes in all
+MOVE_BACK = Backoff(initial=1.0, factor=2.0, max=30.0)
+MOVE_BACK_LOOKS = 12
 # In stall_check periods: a producer with no confirm looks once a period; each declaration in a row doubles
 # that, up to 16 periods, so a broker that is only slow is not flooded.
 DECLARE_AGAIN = Backoff(initial=1.0, factor=2.0, max=16.0)
@@ -139,6 +146,35 @@ async def confirm_leader(handle: _Handle, host: StreamHost, settle: Backoff = LE
         await asyncio.sleep(delay)
         if await leader_moved(handle, host, "while it was recovering"):
             return
+
+
+async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BACK,
+                    looks: int = MOVE_BACK_LOOKS) -> None:
+    """``handle``, a consumer placed on a fallback (its first choice could not be read then): look ``looks``
+    times, ``settle`` apart, and once a first-choice member can be read, move there (a recovery, from its next
+    offset, onto that member: it was read ready a moment ago)."""
+    from smartclient.core.topology import Candidates
+
+    for delay in islice(settle.delays(), looks):
+        await asyncio.sleep(delay)
+        if handle.closed or handle.recovering or handle.failure is not None or handle.node is None:
+            return
+        host.drop_topology(handle.stream)
+        try:
+            with attempt(host.recovery.attempt_time, f"looking for a first choice for {handle!r}"):
+                topology = await host.topology(handle.stream)
+                first = topology.candidates(handle.role)  # (the core decides)
+                if not topology.replicas:  # (named once they have joined the leader)
+                    continue
+                if first.tier_of(handle.node) == 0:
+                    return
+                node = await host.ready_member(handle.stream, Candidates(handle.stream, handle.role, first.tiers[:1]))
+        except Exception as exc:  # a first choice not ready yet, or a loss (which comes through the connection)
+            log.debug("%r: no first choice that can be read yet (%s)", handle, exc)
+            continue
+        if not (handle.closed or handle.recovering or handle.failure is not None):
+            handle.control.lost(f"moving back to {node}, a first choice that can be read again")
+        return
 
 
 async def watch_confirms(producer: _Producer, host: StreamHost, every: float,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from smartclient import Address, Environment, Role
+from smartclient import Address, Environment, PlacementPolicy, Role
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, hold_coordinator, hold_member
 
@@ -38,15 +38,15 @@ async def publish_steadily(env: Environment, stream: str, stop: asyncio.Event) -
 
 
 @asynccontextmanager
-async def two_streams(bed: TestBed, first: str, second: str, leaders: tuple[int, int] = (0, 0)
-                      ) -> AsyncIterator[tuple[Environment, str, str, str]]:
+async def two_streams(bed: TestBed, first: str, second: str, leaders: tuple[int, int] = (0, 0),
+                      placement: PlacementPolicy | None = None) -> AsyncIterator[tuple[Environment, str, str, str]]:
     """An Environment on ``bed`` and two new streams, led by ``leaders``; yields it, a tag and their names."""
     tag = f"held-{uuid.uuid4().hex[:6]}"
     names = f"{tag}-{first}", f"{tag}-{second}"
     for name, leader in zip(names, leaders, strict=True):
         await create_stream_led_by(bed, name, leader)
     try:
-        async with Environment(uris(bed)) as env:
+        async with Environment(uris(bed), placement=placement or PlacementPolicy()) as env:
             yield env, tag, *names
     finally:
         await delete_streams(bed, *names)
@@ -106,7 +106,9 @@ async def test_an_offset_query_on_a_busy_writer_leaves_the_locator_answering(
 
 async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its_connection_delivering(
         rabbitmq_testbed: TestBed) -> None:
-    async with two_streams(rabbitmq_testbed, "busy", "steady") as (env, _tag, busy, steady_stream):
+    # replicas forced: with the leader as a fallback, the consumer would not wait for a replica (the next test)
+    async with two_streams(rabbitmq_testbed, "busy", "steady", placement=PlacementPolicy(
+            force_replica_for_consumers=True)) as (env, _tag, busy, steady_stream):
         stop = asyncio.Event()
         publishing = asyncio.create_task(publish_steadily(env, steady_stream, stop))
         arrivals: dict[int, list[float]] = {}
@@ -140,6 +142,55 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
         assert len(shared) == 1, "the consumers on that node were meant to share one connection"
         assert waited >= HOLD / 2, "the member was not held: the test shows nothing"
         assert during, "the steady consumer on the connection received nothing while the other recovered"
+
+
+async def test_a_consumer_recovering_while_its_replicas_initialise_reads_the_leader_then_moves_back(
+        rabbitmq_testbed: TestBed) -> None:
+    hold = 4.0  # seconds both replicas answer nothing, as after a restart or an election
+    async with two_streams(rabbitmq_testbed, "busy", "unused") as (env, _tag, busy, _unused):
+        stop = asyncio.Event()
+        publishing = asyncio.create_task(publish_steadily(env, busy, stop))
+        offsets: list[int] = []
+        arrivals: list[float] = []
+
+        def got(message: Any, context: Any) -> None:
+            offsets.append(context.offset)
+            arrivals.append(time.monotonic())
+
+        consumer = await env.consumer(busy, got)
+        await wait_until(lambda: len(offsets) > 5, 10, "the consumer's first messages")
+        topology = await env.topology(busy)
+        assert consumer.node in topology.replicas
+        nodes = [Address(*n.advertised) for n in rabbitmq_testbed.nodes]
+        held = time.monotonic()
+        for replica in topology.replicas:
+            await asyncio.to_thread(hold_member, rabbitmq_testbed, nodes.index(replica), busy, hold, "release", True)
+        started = time.monotonic()
+        recoveries = consumer.recoveries
+        consumer.control.lost("the test: its member restarted")  # as a MetadataUpdate would
+        await wait_until(lambda: consumer.recoveries > recoveries, 20, "the consumer's recovery")
+        recovered = time.monotonic() - started
+        record = consumer.placement
+        assert record is not None
+        fallback_node, fallback = record.node, record.fallback
+        await wait_until(lambda: any(t > started + recovered for t in arrivals), 10, "a message on the leader")
+        first_message = min(t for t in arrivals if t > started) - started
+        await wait_until(lambda: consumer.node in topology.replicas and not consumer.placement.fallback, 30,
+                         "the consumer moving back to a replica")
+        moved_back = time.monotonic() - started
+        count = len(offsets)
+        await wait_until(lambda: len(offsets) > count + 5, 10, "messages after the move back")
+        stop.set()
+        await publishing
+        print(f"both replicas held {hold:.1f} s: the consumer recovered onto {fallback_node} (fallback {fallback}) "
+              f"in {recovered:.2f} s, its first message {first_message:.2f} s after the loss; back on a replica "
+              f"({consumer.node}) {moved_back:.2f} s after; steps: {consumer.recovery_attempts[-2].steps} / "
+              f"{consumer.recovery_attempts[-1].steps}")
+        assert fallback_node == topology.leader and fallback, "it did not fall back to the leader"
+        assert recovered < hold, "the consumer waited for the held replicas"
+        assert started + moved_back > held + hold, "it moved back before a replica could be read"
+        assert offsets == sorted(set(offsets)), "a message was handed over twice, or out of order"
+        assert consumer.redelivered == 0
 
 
 async def test_a_single_active_consumer_waiting_on_the_coordinator_leaves_the_plain_consumers_delivering(

@@ -17,6 +17,7 @@ from smartclient import (
     ConnectionFailed,
     StepTimeout,
     StreamNotFound,
+    TopologyError,
 )
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.retry import RetryPolicy
@@ -220,3 +221,73 @@ def test_the_node_placer_drives_the_same_loop() -> None:
     placer = _Placer({A: ConnectionFailed("down")})
     with pytest.raises(ConnectionFailed, match=r"for an amqp connection \(1 tried\): dialled a:5552 for a:5552"):
         placer.place()
+
+
+# -- a lookup through an election asks another node too ----------------------------------------------------
+class _MetadataClient(_Client):
+    """Names ``leader`` (with ``replicas``), or no leader while ``leader`` is None."""
+
+    def __init__(self, leader: Address | None, replicas: tuple[Address, ...] = ()) -> None:
+        self.leader, self.replicas, self.asked = leader, replicas, 0
+
+    async def query_leader_and_replicas(self, stream: str) -> Any:
+        from rstream import exceptions
+
+        self.asked += 1
+        if self.leader is None:
+            raise exceptions.LeaderNotAvailable(f"Leader not yet elected for stream {stream}")
+        broker = lambda a: SimpleNamespace(host=a.host, port=a.port)  # noqa: E731
+        return broker(self.leader), [broker(r) for r in self.replicas]
+
+
+class _ElectionConnector(_StreamConnector):
+    """The locator (on A) names no leader; a connection to another node (B) names C."""
+
+    def __init__(self) -> None:
+        super().__init__({A: None, B: None, C: None})
+        self.clients = {A: _MetadataClient(None), B: _MetadataClient(C, (A,))}
+        self.acquired: list[Any] = []
+        self.closed: list[Address] = []
+
+    async def dial(self, target: Address, name: str, client_class: Any = None) -> Connection:
+        self.tried.append(target)
+        return Connection(self.clients[target], target, target, name)
+
+    async def acquire(self, candidates: Any, name: str) -> Connection:
+        self.acquired.append(candidates)
+        return await self.dial(candidates.all[0], name)
+
+    async def close_connection(self, conn: Connection, handshake: bool = True) -> None:
+        self.closed.append(conn.node)
+
+
+def test_a_locator_that_names_no_leader_for_a_second_has_another_node_asked_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from smartclient.stream import topology_cache
+
+    monkeypatch.setattr(topology_cache, "SECOND_OPINION", 0.1)
+    connector = _ElectionConnector()
+    cache = _cache(connector)
+    cache._nodes.update((A, B))  # known from earlier topologies
+
+    async def run() -> Any:
+        return await cache.topology("s")
+
+    topo = asyncio.run(run())
+    assert topo.leader == C and topo.replicas == (A,)
+    assert [c.all for c in connector.acquired] == [(B,)]  # another node than the locator's, asked once
+    assert connector.clients[A].asked >= 2 and connector.clients[B].asked == 1
+    assert connector.closed == [B]  # that connection ends with the lookup
+    assert cache._nodes == {A, B, C}
+
+
+def test_with_no_other_node_known_the_lookup_asks_its_locator_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from smartclient.stream import topology_cache
+
+    monkeypatch.setattr(topology_cache, "SECOND_OPINION", 0.0)
+    monkeypatch.setattr(topology_cache, "TOPOLOGY_TIME", 0.3)
+    connector = _ElectionConnector()
+    cache = _cache(connector)
+    with pytest.raises(TopologyError, match="no leader available yet"):
+        asyncio.run(cache.topology("s"))
+    assert connector.acquired == [] and connector.closed == []

@@ -201,7 +201,7 @@ class _OneNode:
         self.node = node
         self.on_metadata_update = None
 
-    async def candidates(self, stream: str, role: object, load: object = None) -> object:
+    async def candidates(self, stream: str, role: object, load: object = None, recovering: bool = False) -> object:
         from smartclient.core.topology import Candidates, Role
 
         return Candidates(stream, Role.CONSUMER, ((self.node,),))

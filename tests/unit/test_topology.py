@@ -52,6 +52,21 @@ def test_how_long_a_placement_waits_for_replicas() -> None:
     assert replica_wait(lonely, Role.PRODUCER, PlacementPolicy(), 15) == 0
     assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(), 15) == 1.0
     assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(force_replica_for_consumers=True), 15) == 15
+    # recovering, a consumer that may fall back takes what can be read now (and moves back later)
+    assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(), 15, recovering=True) == 0
+    assert replica_wait(lonely, Role.CONSUMER, PlacementPolicy(force_replica_for_consumers=True), 15, True) == 15
+
+
+def test_a_recovering_consumer_takes_the_first_choice_that_can_be_read() -> None:
+    from smartclient.core.topology import ready_choice
+
+    c = TOPO.consumer_candidates(load={R1: 1})  # {R2} > {R1} > {L}
+    assert ready_choice(c, {R2, L}, 0.0, 0.25) == R2  # a first choice, at once
+    assert ready_choice(c, {R1, L}, 0.1, 0.25) is None  # within the grace: the first choice is waited for
+    assert ready_choice(c, {R1, L}, 0.3, 0.25) == R1  # then the next tiers, in order
+    assert ready_choice(c, {L}, 0.3, 0.25) == L
+    assert ready_choice(c, set(), 5.0, 0.25) is None
+    assert ready_choice(TOPO.consumer_candidates(), {R2}, 0.0, 0.25) == R2  # any of the first tier, in its order
 
 
 def test_a_members_own_candidates_are_that_member_alone() -> None:

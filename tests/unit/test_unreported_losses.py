@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from smartclient import Address, RecoveryPolicy
+from smartclient import Address, ConnectionFailed, RecoveryPolicy
 from smartclient.core.retry import Backoff
-from smartclient.core.topology import Role, StreamTopology
+from smartclient.core.topology import Candidates, Role, StreamTopology
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
@@ -236,3 +236,60 @@ async def test_no_look_while_messages_come_a_chunk_is_in_the_callback_or_the_sta
     await _deliveries(inactive, host, 0.05)
     await _deliveries(unknown := FakeConsumer(waiting_for=None), host, 0.05)  # 'next' before any delivery
     assert flowing.losses == busy.losses == inactive.losses == unknown.losses == [] and host.looks == 0
+
+
+class FallbackHost:
+    """A consumer on the leader n1 of stream s (replicas n2, n3 named once ``replicas`` is set); ``ready``: the
+    members that can be read."""
+
+    recovery = RecoveryPolicy()
+
+    def __init__(self) -> None:
+        self.replicas: tuple[Address, ...] = ()
+        self.ready: set[Address] = set()
+        self.asked: list[tuple[Address, ...]] = []
+
+    def drop_topology(self, stream: str) -> None:
+        pass
+
+    async def topology(self, stream: str) -> StreamTopology:
+        return StreamTopology(stream, Address("n1", 5552), self.replicas)
+
+    async def ready_member(self, stream: str, candidates: Candidates) -> Address:
+        self.asked.append(candidates.all)
+        for node in candidates.all:
+            if node in self.ready:
+                return node
+        raise ConnectionFailed("not ready")
+
+
+async def test_a_consumer_on_a_fallback_moves_back_once_a_first_choice_can_be_read() -> None:
+    from smartclient.stream.unreported import move_back
+
+    consumer, host = FakeConsumer(None), FallbackHost()
+    consumer.node, consumer.role = Address("n1", 5552), Role.CONSUMER  # type: ignore[assignment,attr-defined]
+    task = asyncio.create_task(move_back(consumer, host, Backoff.steady(0.001), looks=50))  # type: ignore[arg-type]
+    await asyncio.sleep(0.02)
+    assert consumer.losses == [] and host.asked == []  # no replica named yet: nothing to ask
+    host.replicas = (Address("n2", 5552), Address("n3", 5552))
+    await asyncio.sleep(0.02)
+    assert consumer.losses == [] and host.asked  # named, but none can be read yet: asked, and waited for
+    host.ready = {Address("n3", 5552)}
+    await asyncio.wait_for(task, 1)
+    assert consumer.losses == ["moving back to n3:5552, a first choice that can be read again"]
+    assert set(host.asked[-1]) == {Address("n2", 5552), Address("n3", 5552)}  # the first choices only
+
+
+async def test_a_consumer_on_a_first_choice_or_closed_or_recovering_stays() -> None:
+    from smartclient.stream.unreported import move_back
+
+    host = FallbackHost()
+    host.replicas, host.ready = (Address("n2", 5552),), {Address("n2", 5552)}
+    consumer = FakeConsumer(None)
+    consumer.node, consumer.role = Address("n2", 5552), Role.CONSUMER  # type: ignore[assignment,attr-defined]
+    await asyncio.wait_for(move_back(consumer, host, NOW, looks=3), 1)  # type: ignore[arg-type]
+    consumer.node, consumer.recovering = Address("n1", 5552), True  # type: ignore[assignment]
+    await asyncio.wait_for(move_back(consumer, host, NOW, looks=3), 1)  # type: ignore[arg-type]
+    consumer.recovering, consumer.closed = False, True
+    await asyncio.wait_for(move_back(consumer, host, NOW, looks=3), 1)  # type: ignore[arg-type]
+    assert consumer.losses == [] and host.asked == []
