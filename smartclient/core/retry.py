@@ -96,7 +96,8 @@ class RetryPolicy:
         that many clients whose connections failed together do not dial again in lock step.
     :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
         beside it, and the first to open wins (0: never).  A load balancer holds a connection it sent to a
-        node that has just died while it retries that node (HAProxy: 3 s); the second goes to another node.
+        node that has just died while it retries that node (HAProxy: 3 s), and one it sent to a node that is
+        stopping gracefully opens only when that node closes it (seconds); the second goes to another node.
     """
 
     max_attempts: int = 40
@@ -105,7 +106,7 @@ class RetryPolicy:
     backoff_initial: float = 0.05
     backoff_max: float = 1.0
     backoff_factor: float = 2.0
-    hedge_after: float = 1.0
+    hedge_after: float = 0.5
     backoff_jitter: float = 0.0
 
     def __post_init__(self) -> None:

@@ -41,8 +41,13 @@ ELECTION_POLL = Backoff(initial=0.05, factor=1.5, max=0.15)
 #: seconds a lookup is told "no leader" by its locator before it also asks another node
 SECOND_OPINION = 1.0
 #: seconds one Metadata request may take: a locator on a node that is stopping (stop_app, a rolling restart)
-#: neither answers nor closes for seconds; after this it is dropped and another one asked
-METADATA_TIME = 1.0
+#: neither answers nor closes for seconds; after this it is dropped and another one asked (it answers in
+#: milliseconds otherwise)
+METADATA_TIME = 0.5
+#: seconds a lookup's connection to another node may take to open (the LB may first send it to the stopping node:
+#: the connector's second dial beside it, RetryPolicy.hedge_after, goes elsewhere), and tries per lookup
+OTHER_NODE_TIME = 1.5
+OTHER_NODE_TRIES = 3
 DROPPED_GRACE = 10.0  # seconds a dropped locator stays open for the requests other callers made on it
 # a new stream's replicas come up a moment after its leader (core.topology.replica_wait says how long to wait)
 REPLICA_POLL = Backoff.steady(0.1)
@@ -232,25 +237,28 @@ class TopologyCache:
         the first time): the broker answers from its node's own copy of the stream coordinator's state, and the
         locator's node may be one that is stopping, whose copy no longer follows (the 45-minute soak: clients
         told "no leader" for 2 s after their stream took a write again).  None if none could be asked."""
-        if other.given_up:
+        if other.tries >= OTHER_NODE_TRIES:
             return None
         try:
             if other.conn is None:
                 mine = self._locator_conn.node if self._locator_conn is not None else None
                 nodes = tuple(sorted(self._nodes - {mine}))
                 if not nodes:
-                    other.given_up = True
+                    other.tries = OTHER_NODE_TRIES
                     return None
+                other.tries += 1
                 other.conn = await step("opening a connection to another node", self.connector.acquire(
                     Candidates(stream, Role.LOCATOR, (nodes,)), f"{self.connection_name}-metadata"),
-                    default=METADATA_TIME)
+                    default=OTHER_NODE_TIME)
                 self.connector.connections.discard(other.conn)  # owned here, closed at the lookup's end
             with map_stream_errors(f"reading the topology of {stream!r} on another node"):
                 return await step("metadata query (another node)",
                                   _rstream.leader_and_replicas(other.conn.client, stream), default=METADATA_TIME)
-        except SmartClientError as exc:  # (another lookup will try again)
+        except SmartClientError as exc:  # (the next ask opens another, up to OTHER_NODE_TRIES)
             log.info("reading the topology of %r on another node: %s", stream, exc)
-            other.given_up = True
+            if other.conn is not None:
+                await self.connector.close_connection(other.conn, handshake=False)
+                other.conn = None
             return None
 
     def _late(self, stream: str) -> bool:
@@ -311,7 +319,7 @@ class _OtherNode:
 
     def __init__(self) -> None:
         self.conn: Connection | None = None
-        self.given_up = False
+        self.tries = 0  # connections opened (or tried)
 
 
 async def _quietly_shut(locator: Any) -> None:
