@@ -266,26 +266,36 @@ class Carriers:
             await step(f"waiting for the member on {node}", asyncio.shield(self._member_probe(stream, node)))
 
     async def ready_member(self, stream: str, candidates: Candidates) -> Address:
-        """The member of ``candidates`` a recovering consumer of ``stream`` goes to: each candidate is asked as
-        :meth:`member_ready` asks (all at once), and :func:`~smartclient.core.topology.ready_choice` decides.
+        """The member of ``candidates`` a recovering consumer of ``stream`` goes to: the first tier's members are
+        asked as :meth:`member_ready` asks (all at once), the next tiers' only once :data:`READY_GRACE` has passed
+        with none ready (a healthy recovery dials no more than before), and
+        :func:`~smartclient.core.topology.ready_choice` decides.  A member read ready that went stale meanwhile
+        is asked again; one whose read failed is not, within this call.
 
-        :raises ConnectionFailed: no candidate could be asked (each one's error is named)."""
+        :raises ConnectionFailed: no candidate could be read (each one's error is named)."""
         began = time.monotonic()
-        probes = {node: self._member_probe(stream, node) for node in candidates.all if not self._fresh(stream, node)}
         # (the grace is waited once: the placement's second look, and the stream's other consumers, take the
         # fallback at once for a moment)
         grace = 0.0 if began - self._fell_back.get(stream, -READY_FRESH) < READY_FRESH else READY_GRACE
+        probes: dict[Address, asyncio.Future[None]] = {}
         while True:
-            ready = {node for node in candidates.all if self._fresh(stream, node)}
             waited = time.monotonic() - began
+            for member in (member for tier in candidates.tiers[:None if waited >= grace else 1] for member in tier):
+                probe = probes.get(member)
+                if not self._fresh(stream, member) and (probe is None or _succeeded(probe)):
+                    probes[member] = self._member_probe(stream, member)
+            ready = {node for node in candidates.all if self._fresh(stream, node)}
             if (node := ready_choice(candidates, ready, waited, grace)) is not None:
                 if candidates.tier_of(node):
                     self._fell_back[stream] = time.monotonic()
                 return node
             pending = [probe for probe in probes.values() if not probe.done()]
+            if not pending and waited < grace:  # the first tier failed at once: the next tiers are asked now
+                grace = 0.0
+                continue
             if not pending:
                 failed = "; ".join(f"{node}: {probe.exception()}" for node, probe in probes.items()
-                                   if not probe.cancelled() and probe.exception() is not None)
+                                   if probe.done() and not probe.cancelled() and probe.exception() is not None)
                 raise ConnectionFailed(f"no member of {stream!r} could be read ({failed or 'none answered'})")
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED,
                                timeout=grace - waited if waited < grace else None)
@@ -396,6 +406,10 @@ class Carriers:
         finally:
             if self.telemetry is not None:
                 self.telemetry.close()
+
+
+def _succeeded(probe: asyncio.Future[None]) -> bool:
+    return probe.done() and not probe.cancelled() and probe.exception() is None
 
 
 def _prune(table: dict[Any, float], now: float) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -43,7 +44,8 @@ SECOND_OPINION = 1.0
 #: seconds one Metadata request may take: a locator on a node that is stopping (stop_app, a rolling restart)
 #: neither answers nor closes for seconds; after this it is dropped and another one asked (it answers in
 #: milliseconds otherwise)
-METADATA_TIME = 0.5
+METADATA_TIME = 1.0  # (0.5 s dropped locators over and over while the coordinator elected: it answers late then)
+TOPOLOGY_LIMIT = 30.0  # seconds a lookup asks at most, however often callers join it
 #: seconds a lookup's connection to another node may take to open (the LB may first send it to the stopping node:
 #: the connector's second dial beside it, RetryPolicy.hedge_after, goes elsewhere), and tries per lookup
 OTHER_NODE_TIME = 1.5
@@ -199,25 +201,23 @@ class TopologyCache:
         detach()
         polls = 0
         began = time.monotonic()
-        other = _OtherNode()
+        other = _OtherNode(stream)
         try:
             while True:
-                try:
-                    locator = await self.locator()
-                    try:
-                        with map_stream_errors(f"reading the topology of {stream!r}"):
-                            members = await step("metadata query", _rstream.leader_and_replicas(locator, stream),
-                                                 default=METADATA_TIME)
-                    except StepTimeout:  # a locator that does not answer (its node stopping): the next ask opens
-                        self._drop_locator(locator)  # another
-                        raise
-                except ConnectionFailed:  # the locator's node went away: the next lookup opens another
-                    if self._late(stream):
-                        raise
-                    members = None
-                if members is None and time.monotonic() - began >= SECOND_OPINION:
-                    members = await self._ask_another_node(stream, other)
-                if members is None and self._late(stream):
+                if time.monotonic() - began >= SECOND_OPINION:
+                    self._open_another(other)  # (in the background: the locator is asked on meanwhile)
+                if other.conn is None:
+                    members = await self._ask_locator(stream)
+                else:  # both at once: whichever names a leader
+                    mine, theirs = await asyncio.gather(self._ask_locator(stream), self._ask_another(other),
+                                                        return_exceptions=True)
+                    members = theirs if isinstance(theirs, tuple) else None
+                    if isinstance(mine, BaseException):
+                        if members is None or not isinstance(mine, Exception):
+                            raise mine
+                    elif mine is not None:
+                        members = mine
+                if members is None and (self._late(stream) or time.monotonic() - began > TOPOLOGY_LIMIT):
                     raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
                 if members is None:  # an election: ask again soon
                     polls += 1
@@ -229,36 +229,79 @@ class TopologyCache:
                 self._topologies[stream] = topo
                 return topo
         finally:
+            other.over = True
+            if other.opening is not None:
+                other.opening.cancel()
             if other.conn is not None:
                 await self.connector.close_connection(other.conn, handshake=False)
 
-    async def _ask_another_node(self, stream: str, other: _OtherNode) -> tuple[Address, list[Address]] | None:
-        """Metadata of ``stream`` from another node than the locator's (on a connection of ``other``'s, opened
-        the first time): the broker answers from its node's own copy of the stream coordinator's state, and the
-        locator's node may be one that is stopping, whose copy no longer follows (the 45-minute soak: clients
-        told "no leader" for 2 s after their stream took a write again).  None if none could be asked."""
-        if other.tries >= OTHER_NODE_TRIES:
-            return None
+    async def _ask_locator(self, stream: str) -> tuple[Address, list[Address]] | None:
+        """The locator's answer: the members, or None while the stream has no leader (or the locator's node went
+        away: the next ask opens another).
+
+        :raises StepTimeout: the locator did not answer (its node stopping): it is dropped, the next ask opens
+            another."""
         try:
-            if other.conn is None:
-                mine = self._locator_conn.node if self._locator_conn is not None else None
-                nodes = tuple(sorted(self._nodes - {mine}))
-                if not nodes:
-                    other.tries = OTHER_NODE_TRIES
-                    return None
-                other.tries += 1
-                other.conn = await step("opening a connection to another node", self.connector.acquire(
-                    Candidates(stream, Role.LOCATOR, (nodes,)), f"{self.connection_name}-metadata"),
-                    default=OTHER_NODE_TIME)
-                self.connector.connections.discard(other.conn)  # owned here, closed at the lookup's end
-            with map_stream_errors(f"reading the topology of {stream!r} on another node"):
+            locator = await self.locator()
+            try:
+                with map_stream_errors(f"reading the topology of {stream!r}"):
+                    return await step("metadata query", _rstream.leader_and_replicas(locator, stream),
+                                      default=METADATA_TIME)
+            except StepTimeout:
+                self._drop_locator(locator)
+                raise
+        except ConnectionFailed:
+            if self._late(stream):
+                raise
+            return None
+
+    def _open_another(self, other: _OtherNode) -> None:
+        """Open ``other``'s connection to another node than the locator's (not one that failed it), in the
+        background, unless it is open, opening, or out of tries: the broker answers Metadata from its node's own
+        copy of the stream coordinator's state, and the locator's node may be one that is stopping, whose copy
+        no longer follows (the 45-minute soak: clients told "no leader" for 2 s after their stream took a write
+        again)."""
+        if other.conn is not None or other.opening is not None or other.tries >= OTHER_NODE_TRIES:
+            return
+        mine = self._locator_conn.node if self._locator_conn is not None else None
+        nodes = list(self._nodes - {mine} - other.failed)
+        if not nodes:
+            return
+        random.shuffle(nodes)
+        other.tries += 1
+        other.opening = asyncio.ensure_future(self._dial_another(other, tuple(nodes)))
+
+    async def _dial_another(self, other: _OtherNode, nodes: tuple[Address, ...]) -> None:
+        try:
+            conn = await step("opening a connection to another node", self.connector.acquire(
+                Candidates(other.stream, Role.LOCATOR, (nodes,)), f"{self.connection_name}-metadata"),
+                default=OTHER_NODE_TIME)
+        except (SmartClientError, asyncio.CancelledError) as exc:
+            log.info("reading the topology of %r on another node: %s", other.stream, exc or "the lookup ended")
+            return
+        finally:
+            other.opening = None
+        self.connector.connections.discard(conn)  # owned by the lookup, closed at its end
+        if other.over or self._closed:  # (it ended while this one opened)
+            await self.connector.close_connection(conn, handshake=False)
+            return
+        other.conn = conn
+
+    async def _ask_another(self, other: _OtherNode) -> tuple[Address, list[Address]] | None:
+        """``other``'s node's answer, None if it names no leader; on a failure its connection is closed (the next
+        ask may open another, up to :data:`OTHER_NODE_TRIES`)."""
+        conn = other.conn
+        assert conn is not None
+        try:
+            with map_stream_errors(f"reading the topology of {other.stream!r} on another node"):
                 return await step("metadata query (another node)",
-                                  _rstream.leader_and_replicas(other.conn.client, stream), default=METADATA_TIME)
-        except SmartClientError as exc:  # (the next ask opens another, up to OTHER_NODE_TRIES)
-            log.info("reading the topology of %r on another node: %s", stream, exc)
-            if other.conn is not None:
-                await self.connector.close_connection(other.conn, handshake=False)
+                                  _rstream.leader_and_replicas(conn.client, other.stream), default=METADATA_TIME)
+        except SmartClientError as exc:
+            log.info("reading the topology of %r on another node (%s): %s", other.stream, conn.node, exc)
+            if other.conn is conn:
                 other.conn = None
+                other.failed.add(conn.node)
+                await self.connector.close_connection(conn, handshake=False)
             return None
 
     def _late(self, stream: str) -> bool:
@@ -315,11 +358,15 @@ class TopologyCache:
 
 
 class _OtherNode:
-    """A lookup's connection to another node than the locator's (see ``_ask_another_node``)."""
+    """A lookup's connection to another node than the locator's (see ``_open_another``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
         self.conn: Connection | None = None
+        self.opening: asyncio.Future[None] | None = None
         self.tries = 0  # connections opened (or tried)
+        self.failed: set[Address] = set()  # nodes whose connection failed in this lookup
+        self.over = False  # the lookup has ended
 
 
 async def _quietly_shut(locator: Any) -> None:

@@ -63,6 +63,7 @@ LEADER_LOOKS = 4
 # node's members may initialise for tens of seconds), about 4 minutes in all
 MOVE_BACK = Backoff(initial=1.0, factor=2.0, max=30.0)
 MOVE_BACK_LOOKS = 12
+MOVE_BACK_ALONE = 4  # looks in a row with no replica named, after which the leader is the stream's only member
 # In stall_check periods: a producer with no confirm looks once a period; each declaration in a row doubles
 # that, up to 16 periods, so a broker that is only slow is not flooded.
 DECLARE_AGAIN = Backoff(initial=1.0, factor=2.0, max=16.0)
@@ -155,6 +156,7 @@ async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BA
     offset, onto that member: it was read ready a moment ago)."""
     from smartclient.core.topology import Candidates
 
+    alone = 0  # looks in a row that found no replica named
     for delay in islice(settle.delays(), looks):
         await asyncio.sleep(delay)
         if handle.closed or handle.recovering or handle.failure is not None or handle.node is None:
@@ -164,8 +166,12 @@ async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BA
             with attempt(host.recovery.attempt_time, f"looking for a first choice for {handle!r}"):
                 topology = await host.topology(handle.stream)
                 first = topology.candidates(handle.role)  # (the core decides)
-                if not topology.replicas:  # (named once they have joined the leader)
+                if not topology.replicas:  # named once they have joined the leader; a stream of one member has
+                    alone += 1  # none (MOVE_BACK_ALONE looks, about 15 s)
+                    if alone >= MOVE_BACK_ALONE:
+                        return
                     continue
+                alone = 0
                 if first.tier_of(handle.node) == 0:
                     return
                 node = await host.ready_member(handle.stream, Candidates(handle.stream, handle.role, first.tiers[:1]))

@@ -248,11 +248,13 @@ class FallbackHost:
         self.replicas: tuple[Address, ...] = ()
         self.ready: set[Address] = set()
         self.asked: list[tuple[Address, ...]] = []
+        self.reads = 0
 
     def drop_topology(self, stream: str) -> None:
         pass
 
     async def topology(self, stream: str) -> StreamTopology:
+        self.reads += 1
         return StreamTopology(stream, Address("n1", 5552), self.replicas)
 
     async def ready_member(self, stream: str, candidates: Candidates) -> Address:
@@ -269,7 +271,8 @@ async def test_a_consumer_on_a_fallback_moves_back_once_a_first_choice_can_be_re
     consumer, host = FakeConsumer(None), FallbackHost()
     consumer.node, consumer.role = Address("n1", 5552), Role.CONSUMER  # type: ignore[assignment,attr-defined]
     task = asyncio.create_task(move_back(consumer, host, Backoff.steady(0.001), looks=50))  # type: ignore[arg-type]
-    await asyncio.sleep(0.02)
+    while host.reads < 2:
+        await asyncio.sleep(0)
     assert consumer.losses == [] and host.asked == []  # no replica named yet: nothing to ask
     host.replicas = (Address("n2", 5552), Address("n3", 5552))
     await asyncio.sleep(0.02)
@@ -293,3 +296,12 @@ async def test_a_consumer_on_a_first_choice_or_closed_or_recovering_stays() -> N
     consumer.recovering, consumer.closed = False, True
     await asyncio.wait_for(move_back(consumer, host, NOW, looks=3), 1)  # type: ignore[arg-type]
     assert consumer.losses == [] and host.asked == []
+
+
+async def test_a_consumer_of_a_stream_with_no_replica_stops_looking() -> None:
+    from smartclient.stream.unreported import MOVE_BACK_ALONE, move_back
+
+    consumer, host = FakeConsumer(None), FallbackHost()
+    consumer.node, consumer.role = Address("n1", 5552), Role.CONSUMER  # type: ignore[assignment,attr-defined]
+    await asyncio.wait_for(move_back(consumer, host, NOW, looks=50), 1)  # type: ignore[arg-type]
+    assert host.reads == MOVE_BACK_ALONE and consumer.losses == [] and host.asked == []
