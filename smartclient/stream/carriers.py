@@ -287,7 +287,7 @@ class Carriers:
             ready = {node for node in candidates.all if self._fresh(stream, node)}
             if (node := ready_choice(candidates, ready, waited, grace)) is not None:
                 if candidates.tier_of(node):
-                    self._fell_back[stream] = time.monotonic()
+                    _keep_fresh(self._fell_back, stream)
                 return node
             pending = [probe for probe in probes.values() if not probe.done()]
             if not pending and waited < grace:  # the first tier failed at once: the next tiers are asked now
@@ -322,10 +322,7 @@ class Carriers:
         with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
             await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
                                     f"{self.connection_name}-ready")
-        now = time.monotonic()
-        _prune(self._ready_at, now)  # (kept only while fresh: streams and members come and go)
-        _prune(self._fell_back, now)
-        self._ready_at[(stream, node)] = now
+        _keep_fresh(self._ready_at, (stream, node))
 
     def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:
         if self._probes.get(key) is probe:
@@ -412,7 +409,12 @@ def _succeeded(probe: asyncio.Future[None]) -> bool:
     return probe.done() and not probe.cancelled() and probe.exception() is None
 
 
-def _prune(table: dict[Any, float], now: float) -> None:
-    """Drop the entries of ``table`` (key -> when) older than :data:`READY_FRESH`."""
-    for key in [key for key, at in table.items() if now - at >= READY_FRESH]:
-        del table[key]
+def _keep_fresh(table: dict[Any, float], key: Any) -> None:
+    """``table[key]`` = now, for :data:`READY_FRESH` seconds: each entry leaves when it goes stale (streams and
+    members come and go over weeks; the 2-hour soak found entries kept until a next use that may never come)."""
+    at = table[key] = time.monotonic()
+
+    def stale() -> None:
+        if table.get(key) == at:
+            del table[key]
+    asyncio.get_running_loop().call_later(READY_FRESH, stale)
