@@ -44,7 +44,6 @@ def resources(env: Any) -> dict[str, int]:
     counts["committed-chunk cache entries"] = len(carriers._committed)
     counts["member reads kept fresh"] = len(carriers._ready_at) + len(carriers._fell_back)
     counts["member reads under way"] = len(carriers._probes)
-    counts["metadata lookups' askers"] = len(topologies._asked)
     counts["known nodes"] = len(topologies._nodes)
     counts["streams gone, waiting for their last handle"] = len(carriers.gone)
     counts["closed subscriptions' counts"] = sum(len(totals) for totals in carriers.left.values())

@@ -11,7 +11,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -50,6 +50,7 @@ TOPOLOGY_LIMIT = 30.0  # seconds a lookup asks at most, however often callers jo
 #: the connector's second dial beside it, RetryPolicy.hedge_after, goes elsewhere), and tries per lookup
 OTHER_NODE_TIME = 1.5
 OTHER_NODE_TRIES = 3
+NODE_MEMORY = 3600.0  # seconds a node a topology named is kept as one to ask (nodes leave a cluster too)
 DROPPED_GRACE = 10.0  # seconds a dropped locator stays open for the requests other callers made on it
 # a new stream's replicas come up a moment after its leader (core.topology.replica_wait says how long to wait)
 REPLICA_POLL = Backoff.steady(0.1)
@@ -71,7 +72,8 @@ class TopologyCache:
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._asked: dict[str, float] = {}  # stream -> when a caller last joined its lookup under way
-        self._nodes: set[Address] = set()  # every member a topology named (another node to ask in an election)
+        self._nodes: dict[Address, float] = {}  # members topologies named, and when (another node to ask)
+        self._dials: set[asyncio.Future[None]] = set()  # lookups' dials to another node under way
         # the locator's Connection, held here: its client refers to it only weakly (``_rstream.attach``), and the
         # connector does not hold a locator's
         self._locator_conn: Connection | None = None
@@ -167,8 +169,11 @@ class TopologyCache:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._inflight.values()):
+        lookups = list(self._inflight.values())
+        for task in lookups:
             task.cancel()
+        # (each closes its connection to another node, and a dial still under way closes what it opens)
+        await asyncio.gather(*lookups, *self._dials, return_exceptions=True)
         if isinstance(self._locator, _rstream.LocatorClient):
             await self._locator.shutdown()
         if self._aside_conn is not None:  # (at once: it may be waiting on a member, which would not let it answer)
@@ -208,15 +213,8 @@ class TopologyCache:
                     self._open_another(other)  # (in the background: the locator is asked on meanwhile)
                 if other.conn is None:
                     members = await self._ask_locator(stream)
-                else:  # both at once: whichever names a leader
-                    mine, theirs = await asyncio.gather(self._ask_locator(stream), self._ask_another(other),
-                                                        return_exceptions=True)
-                    members = theirs if isinstance(theirs, tuple) else None
-                    if isinstance(mine, BaseException):
-                        if members is None or not isinstance(mine, Exception):
-                            raise mine
-                    elif mine is not None:
-                        members = mine
+                else:  # both at once: the first to name a leader
+                    members = await self._ask_both(stream, other)
                 if members is None and (self._late(stream) or time.monotonic() - began > TOPOLOGY_LIMIT):
                     raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
                 if members is None:  # an election: ask again soon
@@ -224,23 +222,54 @@ class TopologyCache:
                     await asyncio.sleep(ELECTION_POLL.delay(polls))
                     continue
                 leader, replicas = members  # advertised addresses: resolved only when dialled (one seam)
-                self._nodes.update((leader, *replicas))
+                self._seen((leader, *replicas))
                 topo = StreamTopology(stream, leader, tuple(replicas))
                 self._topologies[stream] = topo
                 return topo
-        finally:
+        finally:  # (a dial still under way closes what it opens: it sees ``over``)
             other.over = True
-            if other.opening is not None:
-                other.opening.cancel()
             if other.conn is not None:
                 await self.connector.close_connection(other.conn, handshake=False)
 
-    async def _ask_locator(self, stream: str) -> tuple[Address, list[Address]] | None:
-        """The locator's answer: the members, or None while the stream has no leader (or the locator's node went
-        away: the next ask opens another).
+    async def _ask_both(self, stream: str, other: _OtherNode) -> tuple[Address, list[Address]] | None:
+        """The locator and ``other``'s node asked at once: the first answer naming a leader (the other request
+        is cancelled); None if neither does.  The locator's error is raised only if the other named none."""
+        asks = {asyncio.ensure_future(self._ask_locator(stream)): True, asyncio.ensure_future(self._ask_another(other)):
+                False}
+        pending: set[asyncio.Future[Any]] = set(asks)
+        members: tuple[Address, list[Address]] | None = None
+        error: BaseException | None = None
+        try:
+            while pending and members is None:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for ask in done:
+                    if ask.exception() is not None:
+                        if asks[ask]:
+                            error = ask.exception()
+                        else:
+                            log.info("reading the topology of %r on another node: %s", stream, ask.exception())
+                    elif members is None:
+                        members = ask.result()
+        finally:
+            for ask in pending:
+                ask.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if members is None and error is not None:
+            raise error
+        return members
 
-        :raises StepTimeout: the locator did not answer (its node stopping): it is dropped, the next ask opens
-            another."""
+    def _seen(self, nodes: Iterable[Address]) -> None:
+        """Members a topology named: nodes another lookup may ask (each kept for :data:`NODE_MEMORY` seconds)."""
+        now = time.monotonic()
+        for node in [node for node, at in self._nodes.items() if now - at > NODE_MEMORY]:
+            del self._nodes[node]
+        self._nodes.update(dict.fromkeys(nodes, now))
+
+    async def _ask_locator(self, stream: str) -> tuple[Address, list[Address]] | None:
+        """The locator's answer: the members, or None while the stream has no leader, or while the locator's
+        node went away or did not answer in time (its node stopping: it is dropped); the next ask opens another.
+
+        :raises ConnectionFailed: so, once the lookup is late (see :meth:`_late`)."""
         try:
             locator = await self.locator()
             try:
@@ -264,20 +293,22 @@ class TopologyCache:
         if other.conn is not None or other.opening is not None or other.tries >= OTHER_NODE_TRIES:
             return
         mine = self._locator_conn.node if self._locator_conn is not None else None
-        nodes = list(self._nodes - {mine} - other.failed)
+        nodes = list(set(self._nodes) - {mine} - other.failed)
         if not nodes:
             return
         random.shuffle(nodes)
         other.tries += 1
         other.opening = asyncio.ensure_future(self._dial_another(other, tuple(nodes)))
+        self._dials.add(other.opening)  # (close() waits for it: what it opens late, it closes)
+        other.opening.add_done_callback(self._dials.discard)
 
     async def _dial_another(self, other: _OtherNode, nodes: tuple[Address, ...]) -> None:
         try:
             conn = await step("opening a connection to another node", self.connector.acquire(
                 Candidates(other.stream, Role.LOCATOR, (nodes,)), f"{self.connection_name}-metadata"),
                 default=OTHER_NODE_TIME)
-        except (SmartClientError, asyncio.CancelledError) as exc:
-            log.info("reading the topology of %r on another node: %s", other.stream, exc or "the lookup ended")
+        except Exception as exc:  # (the next ask may open another, up to OTHER_NODE_TRIES)
+            log.info("reading the topology of %r on another node: %s", other.stream, exc)
             return
         finally:
             other.opening = None
@@ -296,7 +327,7 @@ class TopologyCache:
             with map_stream_errors(f"reading the topology of {other.stream!r} on another node"):
                 return await step("metadata query (another node)",
                                   _rstream.leader_and_replicas(conn.client, other.stream), default=METADATA_TIME)
-        except SmartClientError as exc:
+        except Exception as exc:
             log.info("reading the topology of %r on another node (%s): %s", other.stream, conn.node, exc)
             if other.conn is conn:
                 other.conn = None
