@@ -22,6 +22,7 @@ __all__ = [
     "Role",
     "StreamTopology",
     "TopologyNode",
+    "consumer_fallback",
     "ready_choice",
     "replica_wait",
 ]
@@ -182,6 +183,13 @@ def replica_wait(topology: StreamTopology, role: Role, policy: PlacementPolicy, 
     if policy.force_replica_for_consumers:
         return max_time
     return 0.0 if recovering else 1.0
+
+
+def consumer_fallback(topology: StreamTopology, node: Address) -> bool:
+    """Whether a consumer on ``node`` is off its first choice, and moves back once one can be read: it is not on a
+    replica.  The leader is a consumer's last choice, also while no replica is named (after an election the
+    replicas are named once they have joined the new leader); a more loaded replica is a first choice here."""
+    return node not in topology.replicas
 
 
 def ready_choice(candidates: Candidates, ready: Collection[Address], waited: float, grace: float) -> Address | None:

@@ -34,7 +34,7 @@ from smartclient.core.deadline import step
 from smartclient.core.landing import Shared
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.topology import Candidates, Role
+from smartclient.core.topology import Candidates, Role, consumer_fallback
 from smartclient.stream import _rstream
 from smartclient.stream.host import PlacementRecord
 
@@ -125,10 +125,8 @@ class StreamPlacement:
         if role is not Role.CONSUMER or not recovering or self.ready is None:
             return candidates
         node = await step("waiting for a member that can be read", self.ready(stream, candidates))
-        # (the leader is a consumer's last choice, also when no replica is named yet: after an election they are
-        # named once they have joined the new leader)
-        leader = (await self.topologies.topology(stream)).leader
-        return Candidates(stream, role, ((node,),), fallback=node == leader or candidates.tier_of(node) != 0)
+        return Candidates(stream, role, ((node,),),
+                          fallback=consumer_fallback(await self.topologies.topology(stream), node))
 
     async def _acquire(self, pool: Any, stream: str, closed_handler: Any, lane: Lane,
                        candidates: Candidates) -> tuple[Connection, int]:

@@ -154,7 +154,7 @@ async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BA
     """``handle``, a consumer placed on a fallback (its first choice could not be read then): look ``looks``
     times, ``settle`` apart, and once a first-choice member can be read, move there (a recovery, from its next
     offset, onto that member: it was read ready a moment ago)."""
-    from smartclient.core.topology import Candidates
+    from smartclient.core.topology import Candidates, consumer_fallback
 
     alone = 0  # looks in a row that found no replica named
     for delay in islice(settle.delays(), looks):
@@ -165,16 +165,16 @@ async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BA
         try:
             with attempt(host.recovery.attempt_time, f"looking for a first choice for {handle!r}"):
                 topology = await host.topology(handle.stream)
-                first = topology.candidates(handle.role)  # (the core decides)
                 if not topology.replicas:  # named once they have joined the leader; a stream of one member has
                     alone += 1  # none (MOVE_BACK_ALONE looks, about 15 s)
                     if alone >= MOVE_BACK_ALONE:
                         return
                     continue
                 alone = 0
-                if first.tier_of(handle.node) == 0:
+                if not consumer_fallback(topology, handle.node):  # (the core decides)
                     return
-                node = await host.ready_member(handle.stream, Candidates(handle.stream, handle.role, first.tiers[:1]))
+                first = topology.candidates(handle.role).tiers[:1]
+                node = await host.ready_member(handle.stream, Candidates(handle.stream, handle.role, first))
         except Exception as exc:  # a first choice not ready yet, or a loss (which comes through the connection)
             log.debug("%r: no first choice that can be read yet (%s)", handle, exc)
             continue

@@ -75,3 +75,10 @@ def test_a_members_own_candidates_are_that_member_alone() -> None:
     assert TOPO.member_candidates(R1) == Candidates("s", Role.LOCATOR, ((R1,),))
     with pytest.raises(TopologyError, match="is not a member of stream 's'"):
         TOPO.member_candidates(Address("elsewhere", 1))
+
+
+def test_a_consumer_is_on_a_fallback_when_not_on_a_replica() -> None:
+    from smartclient.core.topology import consumer_fallback
+
+    assert consumer_fallback(TOPO, L) and not consumer_fallback(TOPO, R1) and not consumer_fallback(TOPO, R2)
+    assert consumer_fallback(StreamTopology("s", L, ()), L)  # no replica named yet (an election): still the leader
