@@ -44,10 +44,15 @@ class Deadline:
     seconds: float
     at: float
     steps: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)  # the names of the steps that finished in time
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # the tasks carrying the attempt
 
     def remaining(self) -> float:
         return max(0.0, self.at - time.monotonic())
+
+    def got_past(self, prefix: str) -> bool:
+        """Whether a step whose name starts with ``prefix`` finished in time in this attempt."""
+        return any(name.startswith(prefix) for name in self.passed)
 
     def log(self) -> str:
         return ", ".join(self.steps) or "no step"
@@ -95,6 +100,7 @@ def attempt(seconds: float, what: str) -> Iterator[Deadline]:
         _current.reset(token)
         if outer is not None:
             outer.steps.extend(deadline.steps)
+            outer.passed.extend(deadline.passed)
 
 
 async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP_TIME) -> T:
@@ -126,3 +132,5 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
     finally:
         if deadline is not None:
             deadline.steps.append(f"{name} {1000 * (time.monotonic() - started):.0f} ms {outcome}")
+            if outcome == "ok":
+                deadline.passed.append(name)

@@ -70,13 +70,21 @@ class RecoveryPolicy:
         flag("RecoveryPolicy.retry_authentication", self.retry_authentication)
         number("RecoveryPolicy.stall_check", self.stall_check, low=0, high=3600, note="seconds; 0: off")
 
-    def next_delay(self, attempts: int, elapsed: float, *, authentication: bool = False,
+    def next_delay(self, attempts: int, elapsed: float, *, authentication: bool = False, progressed: bool = False,
                    rng: random.Random | None = None) -> float | None:
-        """Seconds to wait after ``attempts`` failed attempts and ``elapsed`` seconds, or None: give up."""
+        """Seconds to wait after ``attempts`` failed attempts and ``elapsed`` seconds, or None: give up.
+
+        ``progressed``: the last attempt ran out of time after its topology read had named a leader (it was
+        waiting for a member still joining, or for the broker to answer a subscribe or a declare).  The stream is
+        back, and the reads that attempt started go on without it: the next attempt goes at once (a back-off
+        there only added to the client's own share of the recovery; each attempt is bounded, so this is no tight
+        loop)."""
         if not self.enabled or attempts >= self.max_attempts or elapsed >= self.max_time:
             return None
         if authentication and not self.retry_authentication:
             return None
+        if progressed:
+            return 0.0
         rule = self.backoff_rule
         if authentication:  # the same credentials will not start working in a tight loop: the longest delay
             rule = Backoff(self.max_delay, 1.0, self.max_delay, self.jitter)

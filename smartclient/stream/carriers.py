@@ -283,11 +283,14 @@ class Carriers:
             for member in (member for tier in candidates.tiers[:None if waited >= grace else 1] for member in tier):
                 probe = probes.get(member)
                 if not self._fresh(stream, member) and (probe is None or _succeeded(probe)):
-                    probes[member] = self._member_probe(stream, member)
+                    probes[member] = self._member_probe(stream, member, keep=True)
             ready = {node for node in candidates.all if self._fresh(stream, node)}
             if (node := ready_choice(candidates, ready, waited, grace)) is not None:
                 if candidates.tier_of(node):
                     _keep_fresh(self._fell_back, stream)
+                # (read ready within READY_FRESH: fresh again from the choice, so that the placement's dial, if
+                # it has to dial, does not send member_ready to ask it once more)
+                _keep_fresh(self._ready_at, (stream, node))
                 return node
             pending = [probe for probe in probes.values() if not probe.done()]
             if not pending and waited < grace:  # the first tier failed at once: the next tiers are asked now
@@ -300,19 +303,21 @@ class Carriers:
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED,
                                timeout=grace - waited if waited < grace else None)
 
-    def _member_probe(self, stream: str, node: Address) -> asyncio.Future[None]:
-        """The one read of ``stream``'s member on ``node`` under way (started if none is)."""
+    def _member_probe(self, stream: str, node: Address, keep: bool = False) -> asyncio.Future[None]:
+        """The one read of ``stream``'s member on ``node`` under way (started if none is).  ``keep``: its
+        connection is parked once the member answered, for the placement about to dial that node (a recovering
+        consumer asks before it is placed; :meth:`member_ready` asks after, so its connection is closed)."""
         key = (stream, node)
         probe = self._probes.get(key)
         if probe is None:
-            probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node))
+            probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node, keep))
             probe.add_done_callback(partial(self._probed, key))
         return probe
 
     def _fresh(self, stream: str, node: Address) -> bool:
         return time.monotonic() - self._ready_at.get((stream, node), -READY_FRESH) < READY_FRESH
 
-    async def _probe(self, stream: str, node: Address) -> None:
+    async def _probe(self, stream: str, node: Address, keep: bool) -> None:
         from smartclient._errors import FeatureNotSupported
         from smartclient.core.deadline import detach
         from smartclient.stream.stats import stream_stats_from
@@ -321,7 +326,7 @@ class Carriers:
         topo = await self.topologies.topology(stream)
         with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
             await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
-                                    f"{self.connection_name}-ready")
+                                    f"{self.connection_name}-ready", keep=keep)
         _keep_fresh(self._ready_at, (stream, node))
 
     def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:

@@ -21,6 +21,7 @@ from smartclient._errors import (
     PublishFailed,
     RecoveryFailed,
     SmartClientError,
+    StepTimeout,
     StreamNotFound,
 )
 from smartclient.core.address import Address
@@ -182,11 +183,13 @@ class _Handle:
             self._give_up(f"lost ({reason}) and recovery is disabled")
             return
         self._host.recovering(self.role, self.stream, True, self)
+        progressed = False
         try:
             while not self.closed:
                 seen = self._losses
                 attempts += 1
-                self._host.drop_topology(self.stream)
+                if not progressed:  # (after one that did, the topology it read just now is kept)
+                    self._host.drop_topology(self.stream)
                 authentication = False
                 began = time.monotonic()
                 with attempt(policy.attempt_time, f"recovery attempt {attempts} of {self!r}") as deadline:
@@ -213,7 +216,8 @@ class _Handle:
                         last = SmartClientError("lost again while recovering")
                 self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
                 elapsed = time.monotonic() - started
-                delay = policy.next_delay(attempts, elapsed, authentication=authentication)
+                progressed = isinstance(last, StepTimeout) and deadline.got_past("reading the topology")
+                delay = policy.next_delay(attempts, elapsed, authentication=authentication, progressed=progressed)
                 if delay is None:
                     self._give_up(f"recovery gave up after {attempts} attempt(s) in {elapsed:.1f} s: "
                                   f"{type(last).__name__}: {last}")

@@ -50,28 +50,40 @@ def decode_stream_stats(frame: bytes, stream: str) -> dict[str, int]:
     return stats
 
 
-async def query_stream_stats(client: Any, stream: str) -> dict[str, int]:
+async def query_stream_stats(client: Any, stream: str, in_place: bool = False) -> dict[str, int]:
     """Run StreamStats on ``client``, an authenticated rstream client smartclient owns; the client is
-    unusable afterwards (its reader is stopped): close it."""
+    unusable afterwards (its reader is stopped): close it.  ``in_place`` (for a broker known to answer it,
+    3.11+): as a request its reader hands back, and the client stays usable."""
     from smartclient.stream import _rstream
 
     def refused() -> FeatureNotSupported:
         return FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
 
-    raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), _RESPONSE, refused)
+    if in_place:
+        raw = await _rstream.extra_request(client, lambda corr: encode_stream_stats(corr, stream), _RESPONSE)
+    else:
+        raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), _RESPONSE, refused)
     return decode_stream_stats(raw, stream)
 
 
 async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
-                            name: str) -> dict[str, int]:
+                            name: str, keep: bool = False) -> dict[str, int]:
     """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
-    with its own view: the leader's is the authority), closed afterwards."""
+    with its own view: the leader's is the authority), closed afterwards; with ``keep``, parked instead once it
+    answered (the next placement on that node takes it, saving a dial: a recovering consumer's member read)."""
     from smartclient.core.deadline import step
-    from smartclient.stream._rstream import map_stream_errors
+    from smartclient.stream._rstream import broker_version, map_stream_errors
 
     conn = await connector.acquire(candidates, name)
+    keep = keep and broker_version(conn.client) >= (3, 11)  # (an older one would close it: asked the old way)
+    answered = False
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):
-            return await step("stream statistics", query_stream_stats(conn.client, stream))
-    finally:  # (its reader is stopped: no Close exchange, whose wait would add to a recovery's)
-        await connector.close_connection(conn, handshake=False)
+            stats = await step("stream statistics", query_stream_stats(conn.client, stream, in_place=keep))
+        answered = True
+        return stats
+    finally:
+        if keep and answered and conn.alive():
+            await connector.park(conn)
+        else:  # (its reader is stopped: no Close exchange, whose wait would add to a recovery's)
+            await connector.close_connection(conn, handshake=False)

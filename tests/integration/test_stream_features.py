@@ -384,8 +384,33 @@ async def test_stream_statistics(env: Environment, rabbitmq_unique_name: str) ->
         assert later["committed_chunk_id"] > stats["committed_chunk_id"]
         with pytest.raises(StreamNotFound):
             await env.stream_stats(f"{rabbitmq_unique_name}-missing")
+        await _a_kept_read_leaves_its_connection_usable(env, rabbitmq_unique_name)
     finally:
         await env.delete_stream(rabbitmq_unique_name)
+
+
+async def _a_kept_read_leaves_its_connection_usable(env: Environment, stream: str) -> None:
+    """A recovering consumer's member read (``keep``) parks its connection, which stays usable: the consumer's
+    placement on that node takes it instead of dialling (one dial less per recovery)."""
+    from smartclient.core.topology import Role
+    from smartclient.stream._rstream import broker_version
+    from smartclient.stream.stats import stream_stats_from
+
+    topo = await env.topology(stream)
+    node = topo.replicas[0] if topo.replicas else topo.leader
+    opened = env.connector.opened
+    stats = await stream_stats_from(env.connector, topo.member_candidates(node), stream, "kept-read", keep=True)
+    assert stats["first_chunk_id"] == 0
+    assert env.connector.opened == opened + 1
+    parked = env.connector.parking.all()  # (both of the bed's lines are 3.11+: kept)
+    assert [c.node for c in parked] == [node] and parked[0].alive() and broker_version(parked[0].client) >= (3, 11)
+    consumer = await env.consumer(stream, lambda m, c: None, offset="first")  # (lands on a replica)
+    try:
+        assert env.connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
+        assert (await stream_stats_from(env.connector, topo.candidates(Role.PRODUCER), stream, "once")
+                )["first_chunk_id"] == 0  # (and the old way still closes what it opened)
+    finally:
+        await consumer.close()
 
 
 async def test_producer_confirms_backpressure_and_frame_max(env: Environment, rabbitmq_unique_name: str) -> None:

@@ -42,3 +42,16 @@ def test_a_step_gets_the_time_left_and_says_so() -> None:
     started = time.monotonic()
     assert "slow" in asyncio.run(main()) and "timeout" in asyncio.run(main())
     assert time.monotonic() - started < 2
+
+
+def test_an_attempt_knows_which_steps_it_got_past() -> None:
+    async def main() -> deadline.Deadline:
+        with deadline.attempt(0.2, "an attempt") as attempt:
+            await deadline.step("reading the topology of 's'", asyncio.sleep(0))
+            with pytest.raises(StepTimeout):
+                await deadline.step("waiting for the member on n2:5552", asyncio.sleep(5))
+            return attempt
+
+    attempt = asyncio.run(main())
+    assert attempt.got_past("reading the topology")
+    assert not attempt.got_past("waiting for the member")  # (it timed out: in the log, not among those passed)

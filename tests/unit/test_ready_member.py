@@ -24,12 +24,14 @@ class Members:
         self.gates = {node: asyncio.Event() for node in (L, R1, R2)}
         self.errors: dict[Address, Exception] = {}
         self.asked: list[Address] = []
+        self.kept: list[bool] = []
 
     def carriers(self) -> Carriers:
         carriers = Carriers.__new__(Carriers)
         carriers._probes, carriers._ready_at, carriers._fell_back = {}, {}, {}
 
-        async def probe(stream: str, node: Address) -> None:
+        async def probe(stream: str, node: Address, keep: bool) -> None:
+            self.kept.append(keep)
             self.asked.append(node)
             await self.gates[node].wait()
             if node in self.errors:
@@ -50,6 +52,7 @@ async def test_a_first_choice_that_answers_is_taken_and_the_leader_is_not_asked(
     members.answer(R2)
     assert await carriers.ready_member("s", CANDIDATES) == R2
     assert sorted(members.asked) == [R1, R2]  # the first tier only
+    assert members.kept == [True, True]  # each read's connection is kept for the placement about to dial
     members.answer(R1, L)
 
 
@@ -97,4 +100,18 @@ async def test_a_member_read_ready_is_forgotten_once_stale(monkeypatch: pytest.M
     assert carriers._ready_at
     await asyncio.sleep(0.1)
     assert carriers._ready_at == {} and carriers._fell_back == {}  # (no later use needed: they leave on time)
+    members.answer(R2, L)
+
+
+async def test_the_member_chosen_stays_fresh_from_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(carriers_module, "READY_FRESH", 0.2)
+    members = Members()
+    carriers = members.carriers()
+    members.answer(R1)
+    await asyncio.sleep(0)
+    carriers._member_probe("s", R1)  # read ready a while before a consumer asks
+    await asyncio.sleep(0.15)
+    assert await carriers.ready_member("s", CANDIDATES) == R1
+    await asyncio.sleep(0.1)  # 0.25 s after the read, 0.1 s after the choice
+    assert carriers._fresh("s", R1)  # member_ready, after the placement's dial, does not ask it again
     members.answer(R2, L)

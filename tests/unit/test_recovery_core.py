@@ -42,6 +42,15 @@ def test_authentication_failures_stop_at_once_or_wait_the_longest_delay() -> Non
     assert slow.next_delay(1, 0, authentication=True) == 4.0  # never a tight loop
 
 
+def test_an_attempt_that_got_past_its_topology_read_is_followed_at_once_within_the_bounds() -> None:
+    policy = RecoveryPolicy(max_attempts=5, max_time=10.0, jitter=0)
+    assert policy.next_delay(3, 1.0) == pytest.approx(0.256)
+    assert policy.next_delay(3, 1.0, progressed=True) == 0.0  # the stream is back: no back-off
+    assert policy.next_delay(5, 1.0, progressed=True) is None  # still bounded by attempts ...
+    assert policy.next_delay(1, 10.0, progressed=True) is None  # ... and by time
+    assert policy.next_delay(1, 0, authentication=True, progressed=True) is None
+
+
 def test_disabled_gives_up_at_once() -> None:
     assert RecoveryPolicy(enabled=False).next_delay(1, 0) is None
 

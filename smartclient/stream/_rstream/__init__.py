@@ -4,17 +4,19 @@ checks every internal it relies on; the version range is pinned in ``pyproject.t
 :mod:`.wire`: the client, error mapping, frames and values; :mod:`.messages`: AMQP 1.0 messages; :mod:`.frames`:
 the socket read in large pieces and the hot paths' frames (PublishConfirm, PublishError, Deliver) decoded into
 rstream's frame classes with one ``struct`` call each; :mod:`.placed`: rstream's Producer and Consumer, placed by
-smartclient.
+smartclient; :mod:`.requests`: the commands rstream does not know.
 """
 
 from smartclient.stream._rstream.placed import *  # noqa: F403
 from smartclient.stream._rstream.placed import __all__ as _carrier_names
+from smartclient.stream._rstream.requests import *  # noqa: F403
+from smartclient.stream._rstream.requests import __all__ as _request_names
 from smartclient.stream._rstream.tables import carrier_clients, carrier_tables, client_tables, write_until_confirmed
 from smartclient.stream._rstream.wire import *  # noqa: F403
 from smartclient.stream._rstream.wire import __all__ as _wire_names
 
-__all__ = [*_carrier_names, *_wire_names, "RSTREAM_INTERNALS", "RSTREAM_NAMES", "carrier_clients", "carrier_tables",
-           "client_tables", "write_until_confirmed"]
+__all__ = [*_carrier_names, *_request_names, *_wire_names, "RSTREAM_INTERNALS", "RSTREAM_NAMES", "carrier_clients",
+           "carrier_tables", "client_tables", "write_until_confirmed"]
 
 RSTREAM_INTERNALS: tuple[str, ...] = (
     # rstream.client.Client (BaseClient): the connection, its frames and its handler tables

@@ -37,7 +37,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
-from smartclient.core.deadline import remaining, step
+from smartclient.core.deadline import remaining
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
 from smartclient.stream._rstream.messages import amqp_message, body_of, decode_amqp_message, is_amqp_message
 from smartclient.stream.socket_reader import FrameReader, open_frames
@@ -54,14 +54,12 @@ __all__ = [
     "amqp_message",
     "attach",
     "body_of",
-    "command_versions",
     "connection_of",
     "consumer_update_answer",
     "create_stream",
     "create_super_stream",
     "decode_amqp_message",
     "drop_socket",
-    "extra_request",
     "filter_config",
     "forget_handlers",
     "frame_max_of",
@@ -76,7 +74,6 @@ __all__ = [
     "on_metadata_update",
     "on_publish_frames",
     "query_offset",
-    "raw_request",
     "update_secret",
     "writer_of",
 ]
@@ -87,7 +84,8 @@ log = logging.getLogger(__name__)
 #: responses (key with the response bit) to the commands rstream does not know and smartclient sends on a
 #: live connection itself; its reader would stop on them
 RESOLVE_OFFSET_SPEC_KEY = 0x001F
-EXTRA_RESPONSES = frozenset({RESOLVE_OFFSET_SPEC_KEY | 0x8000})
+STREAM_STATS_KEY = 0x001C  # (RabbitMQ 3.11+)
+EXTRA_RESPONSES = frozenset({RESOLVE_OFFSET_SPEC_KEY | 0x8000, STREAM_STATS_KEY | 0x8000})
 
 
 class _NamedConnection(RConnection):
@@ -106,7 +104,11 @@ class _NamedConnection(RConnection):
         a response to a command rstream does not know answers the request smartclient sent
         (:func:`extra_request`) instead of stopping rstream's reader."""
         while True:
-            raw = await self._read_frame_raw()
+            try:
+                raw = await self._read_frame_raw()
+            except BaseException as exc:  # the connection ended: a request of smartclient's is answered now
+                self.fail_extra(exc)
+                raise
             frame = decode_hot(raw)
             if frame is not None:
                 return frame  # type: ignore[no-any-return]
@@ -118,7 +120,14 @@ class _NamedConnection(RConnection):
             if waiter is not None and not waiter.done():
                 waiter.set_result(bytes(raw))
 
+    def fail_extra(self, exc: BaseException) -> None:
+        for waiter in self.extra_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(ConnectionFailed(f"the connection ended before the broker answered: {exc!r}"))
+        self.extra_waiters.clear()
+
     async def close(self) -> None:  # rstream's, and the read area handed back at once (FrameReader.release)
+        self.fail_extra(ConnectionError("closed"))
         try:
             await super().close()
         finally:
@@ -529,54 +538,6 @@ async def query_offset(client: Any, stream: str, name: str) -> int | None:
         return int(await client.query_offset(stream, name))
     except rx.OffsetNotFound:
         return None
-
-
-async def command_versions(locator: Any) -> dict[int, tuple[int, int]]:
-    """The broker's stream commands, ``{key: (min_version, max_version)}`` (ExchangeCommandVersions)."""
-    ours = [schema.FrameHandlerInfo(2, 1, 2)]  # what we speak is not what matters here
-    response = await locator.sync_request(
-        schema.ExchangeCommandVersionRequest(locator._corr_id_seq.next(), command_versions=ours),
-        resp_schema=schema.ExchangeCommandVersionResponse, raise_exception=False,
-    )
-    return {c.key_command: (c.min_version, c.max_version) for c in response.command_versions}
-
-
-async def extra_request(client: Any, encode: Callable[[int], bytes], response_key: int) -> bytes:
-    """Send a request rstream does not know on ``client``, a live connection that stays usable, and return
-    its response (size prefix stripped), within the attempt's time.  ``encode(correlation_id)`` builds the
-    frame.  Only for commands the broker announced (ExchangeCommandVersions): it closes a connection
-    that sends one it does not know."""
-    conn = client._conn
-    if not isinstance(conn, _NamedConnection) or response_key not in EXTRA_RESPONSES:
-        raise ConnectionFailed(f"this connection cannot carry the command {response_key & 0x7FFF:#06x}")
-    corr = int(client._corr_id_seq.next())
-    waiter: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-    conn.extra_waiters[(response_key, corr)] = waiter
-    try:
-        await conn._write_frame_raw(encode(corr))
-        return await step(f"command {response_key & 0x7FFF:#06x}", asyncio.shield(waiter))
-    finally:
-        conn.extra_waiters.pop((response_key, corr), None)
-
-
-async def raw_request(client: Any, frame: bytes, response_key: int, refused: Callable[[], BaseException]) -> bytes:
-    """Send ``frame`` on ``client`` and return the frame answering it (size prefix stripped), for a command
-    rstream does not know (its reader would stop on the answer).  The client's reader and heartbeat stop:
-    close it afterwards.  ``refused()`` is raised if the broker closes instead of answering."""
-    await client.stop_task("listener")
-    await client.stop_task("heartbeat_sender")
-    conn = client._conn
-    conn._writer.write(frame)
-    await conn._writer.drain()
-    for _ in range(16):  # skip heartbeats or other frames that were already on their way
-        raw = bytes(await conn._read_frame_raw())
-        (key,) = struct.unpack_from(">H", raw, 0)
-        if key == response_key:
-            return raw
-        if key in (0x0016, 0x0016 | 0x8000):  # Close: the broker does not know the command
-            break
-    raise refused()
-
 
 
 def offset_spec(spec: Any) -> ConsumerOffsetSpecification:
