@@ -26,7 +26,7 @@ from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, Sma
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Reject, RoutedStep, Shared
-from smartclient.core.retry import RetryPolicy
+from smartclient.core.retry import HANG_MEMORY, RetryPolicy
 from smartclient.core.settings import ClientSettings, PoolLimits
 from smartclient.core.topology import Candidates
 from smartclient.resolution import Resolution
@@ -138,6 +138,8 @@ class StreamConnector:
         self.connections: set[Connection] = set()
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
         self.dialled: dict[Address, Address] = {}
+        #: dialled address -> when a dial to it last went unanswered for ``hedge_after`` (RetryPolicy.hedge_wait)
+        self._hung: dict[Address, float] = {}
         #: the token refreshes (token credentials), handed to the connections on the loop of the first one
         self._refreshes = credentials.Refreshes("the stream connections", self._on_refresh)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,7 +161,9 @@ class StreamConnector:
         """
         with _otel.detached():  # the connection's tasks outlive the caller's span
             first = asyncio.ensure_future(self._dial_once(target, name, client_class))
-        hedge = self.retry.hedge_after
+        address = self.dialled.get(target, target)  # (behind an LB: the LB's, for every node)
+        began = time.monotonic()
+        hedge = self.retry.hedge_wait(began - self._hung.get(address, -HANG_MEMORY))
         if not hedge:
             return await first
         try:
@@ -169,6 +173,10 @@ class StreamConnector:
             raise
         if done:
             return first.result()
+        if hedge >= self.retry.hedge_after:  # (a quick hedge proves nothing: it does not renew the memory)
+            self._hung[address] = time.monotonic()
+            for old in [a for a, at in self._hung.items() if began - at >= HANG_MEMORY]:
+                del self._hung[old]
         log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
         with _otel.detached():
             second = asyncio.ensure_future(self._dial_once(target, name, client_class))

@@ -281,3 +281,41 @@ def test_the_stream_shell_shares_through_the_hook_without_dialling() -> None:
     connector = FakeStreamConnector(round_robin())
     conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
     assert conn is not in_use and conn.node == N1 and conn.sessions == connector.opened
+
+
+def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_quickly() -> None:
+    """Behind an LB, a node stopping gracefully takes every few connections and answers none: once one dial
+    went unanswered for ``hedge_after``, the dials to that address for HANG_MEMORY seconds get their second
+    one after QUICK_HEDGE (the pure rule: RetryPolicy.hedge_wait)."""
+    from smartclient.core.retry import HANG_MEMORY, QUICK_HEDGE
+    from smartclient.resolution import Resolution
+
+    policy = RetryPolicy(hedge_after=0.4)
+    assert policy.hedge_wait(HANG_MEMORY + 1) == 0.4 and policy.hedge_wait(1.0) == QUICK_HEDGE
+    assert RetryPolicy(hedge_after=0.05).hedge_wait(1.0) == 0.05 and RetryPolicy(hedge_after=0).hedge_wait(1.0) == 0
+    held: list[float] = []
+
+    class Connector(StreamConnector):
+        hold = True
+
+        async def _dial_once(self, target: Address, name: str, client_class: Any) -> Connection:
+            if self.hold:  # every first dial is taken by the stopping node, and held
+                self.hold = False
+                held.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(30)
+            self.hold = True
+            return Connection(_Client(), target, target, name)
+
+    async def main() -> list[float]:
+        connector = Connector(ClientSettings(Credentials(), "/", None), Resolution(None), retry=policy)
+        took = []
+        for _ in range(3):
+            began = asyncio.get_running_loop().time()
+            await connector.dial(NODES[0], "t")
+            took.append(asyncio.get_running_loop().time() - began)
+        return took
+
+    first, second, third = asyncio.run(main())
+    assert 0.4 <= first < 0.6  # the first hang costs hedge_after
+    assert second < 0.3 and third < 0.3  # the next ones, QUICK_HEDGE
+    assert len(held) == 3
