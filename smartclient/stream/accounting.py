@@ -42,7 +42,7 @@ def resources(env: Any) -> dict[str, int]:
     counts["metadata cache entries"] = len(topologies._topologies) + len(topologies._routed)
     counts["metadata reads in flight"] = len(topologies._inflight)
     counts["committed-chunk cache entries"] = len(carriers._committed)
-    counts["member reads kept fresh"] = len(carriers._ready_at) + len(carriers._fell_back)
+    counts["member reads kept fresh"] = len(carriers._ready_at) + len(carriers._fell_back) + len(carriers._chosen)
     counts["member reads under way"] = len(carriers._probes)
     counts["known nodes"] = len(topologies._nodes)
     counts["streams gone, waiting for their last handle"] = len(carriers.gone)

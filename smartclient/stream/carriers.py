@@ -69,6 +69,7 @@ class Carriers:
         self._probes: dict[tuple[str, Address], asyncio.Future[None]] = {}
         self._ready_at: dict[tuple[str, Address], float] = {}  # (stream, node) -> when its member last answered
         self._fell_back: dict[str, float] = {}  # stream -> when a consumer of it last took a member not its first
+        self._chosen: dict[tuple[str, Address], float] = {}  # (stream, node) -> when ready_member last chose it
         placement.ready = self.ready_member
         #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
         self.gone: set[str] = set()
@@ -262,7 +263,7 @@ class Carriers:
         StreamStats, before 3.11) is not waited for."""
         from smartclient.core.deadline import step
 
-        if not self._fresh(stream, node):
+        if not self._fresh(stream, node) and (stream, node) not in self._chosen:
             await step(f"waiting for the member on {node}", asyncio.shield(self._member_probe(stream, node)))
 
     async def ready_member(self, stream: str, candidates: Candidates) -> Address:
@@ -288,9 +289,10 @@ class Carriers:
             if (node := ready_choice(candidates, ready, waited, grace)) is not None:
                 if candidates.tier_of(node):
                     _keep_fresh(self._fell_back, stream)
-                # (read ready within READY_FRESH: fresh again from the choice, so that the placement's dial, if
-                # it has to dial, does not send member_ready to ask it once more)
-                _keep_fresh(self._ready_at, (stream, node))
+                # (read ready within READY_FRESH; member_ready, after the placement's dial, takes the choice for
+                # READY_FRESH more rather than ask it once more.  Only member_ready: the choices do not keep a
+                # member fresh for the next choices, or one chosen every second would never be read again)
+                _keep_fresh(self._chosen, (stream, node))
                 return node
             pending = [probe for probe in probes.values() if not probe.done()]
             if not pending and waited < grace:  # the first tier failed at once: the next tiers are asked now

@@ -174,6 +174,7 @@ class StreamConnector:
         if done:
             return first.result()
         if hedge >= self.retry.hedge_after:  # (a quick hedge proves nothing: it does not renew the memory)
+            address = self.dialled.get(target, address)  # (the route is known now: behind an LB, the LB's)
             self._hung[address] = time.monotonic()
             for old in [a for a, at in self._hung.items() if began - at >= HANG_MEMORY]:
                 del self._hung[old]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STREAM_STATS_KEY", "decode_stream_stats", "encode_stream_stats", "query_stream_stats", "stream_stats_from"]
 
-STREAM_STATS_KEY = 0x001C
+STREAM_STATS_KEY = 0x001C  # (the seam's EXTRA_RESPONSES holds its answer: tests/unit/test_stream_stats_kept.py)
 _RESPONSE = STREAM_STATS_KEY | 0x8000
 _OK, _NO_STREAM = 1, 2
 
@@ -69,17 +69,19 @@ async def query_stream_stats(client: Any, stream: str, in_place: bool = False) -
 async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
                             name: str, keep: bool = False) -> dict[str, int]:
     """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
-    with its own view: the leader's is the authority), closed afterwards; with ``keep``, parked instead once it
-    answered (the next placement on that node takes it, saving a dial: a recovering consumer's member read)."""
+    with its own view: the leader's is the authority), closed afterwards.  On a broker that answers it in place
+    (3.11+) the connection stays usable: it is parked instead once it answered if ``keep`` (a recovering
+    consumer's member read: its placement on that node may take it, saving a dial) or if it was a parked one."""
     from smartclient.core.deadline import step
     from smartclient.stream._rstream import broker_version, map_stream_errors
 
     conn = await connector.acquire(candidates, name)
-    keep = keep and broker_version(conn.client) >= (3, 11)  # (an older one would close it: asked the old way)
+    in_place = broker_version(conn.client) >= (3, 11)  # (an older one would close it: asked the old way)
+    keep = in_place and (keep or conn.sessions == 0)  # (0: taken from the parking lot, where it goes back)
     answered = False
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):
-            stats = await step("stream statistics", query_stream_stats(conn.client, stream, in_place=keep))
+            stats = await step("stream statistics", query_stream_stats(conn.client, stream, in_place=in_place))
         answered = True
         return stats
     finally:

@@ -28,7 +28,7 @@ class Members:
 
     def carriers(self) -> Carriers:
         carriers = Carriers.__new__(Carriers)
-        carriers._probes, carriers._ready_at, carriers._fell_back = {}, {}, {}
+        carriers._probes, carriers._ready_at, carriers._fell_back, carriers._chosen = {}, {}, {}, {}
 
         async def probe(stream: str, node: Address, keep: bool) -> None:
             self.kept.append(keep)
@@ -103,15 +103,19 @@ async def test_a_member_read_ready_is_forgotten_once_stale(monkeypatch: pytest.M
     members.answer(R2, L)
 
 
-async def test_the_member_chosen_stays_fresh_from_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(carriers_module, "READY_FRESH", 0.2)
+async def test_member_ready_takes_the_choice_but_the_next_choices_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(carriers_module, "READY_FRESH", 0.3)
     members = Members()
     carriers = members.carriers()
     members.answer(R1)
     await asyncio.sleep(0)
     carriers._member_probe("s", R1)  # read ready a while before a consumer asks
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.2)
     assert await carriers.ready_member("s", CANDIDATES) == R1
-    await asyncio.sleep(0.1)  # 0.25 s after the read, 0.1 s after the choice
-    assert carriers._fresh("s", R1)  # member_ready, after the placement's dial, does not ask it again
+    await asyncio.sleep(0.2)  # 0.4 s after the read, 0.2 s after the choice
+    assert not carriers._fresh("s", R1)
+    await carriers.member_ready("s", R1)  # after the placement's dial: the choice stands, R1 is not asked again
+    assert members.asked.count(R1) == 1
+    assert await carriers.ready_member("s", CANDIDATES) == R1  # a next choice reads it again: a choice is no read
+    assert members.asked.count(R1) == 2
     members.answer(R2, L)

@@ -66,7 +66,6 @@ async def raw_request(client: Any, frame: bytes, response_key: int, refused: Cal
     raise refused()
 
 
-
 def broker_version(client: Any) -> tuple[int, ...]:
     """The RabbitMQ version an opened connection's broker gave in its peer properties (``()`` if it gave none
     that reads as one)."""

@@ -84,7 +84,7 @@ log = logging.getLogger(__name__)
 #: responses (key with the response bit) to the commands rstream does not know and smartclient sends on a
 #: live connection itself; its reader would stop on them
 RESOLVE_OFFSET_SPEC_KEY = 0x001F
-STREAM_STATS_KEY = 0x001C  # (RabbitMQ 3.11+)
+STREAM_STATS_KEY = 0x001C  # (RabbitMQ 3.11+: smartclient.stream.stats, which imports no part of the seam at load)
 EXTRA_RESPONSES = frozenset({RESOLVE_OFFSET_SPEC_KEY | 0x8000, STREAM_STATS_KEY | 0x8000})
 
 
@@ -104,11 +104,7 @@ class _NamedConnection(RConnection):
         a response to a command rstream does not know answers the request smartclient sent
         (:func:`extra_request`) instead of stopping rstream's reader."""
         while True:
-            try:
-                raw = await self._read_frame_raw()
-            except BaseException as exc:  # the connection ended: a request of smartclient's is answered now
-                self.fail_extra(exc)
-                raise
+            raw = await self._read_frame_raw()
             frame = decode_hot(raw)
             if frame is not None:
                 return frame  # type: ignore[no-any-return]
@@ -120,14 +116,7 @@ class _NamedConnection(RConnection):
             if waiter is not None and not waiter.done():
                 waiter.set_result(bytes(raw))
 
-    def fail_extra(self, exc: BaseException) -> None:
-        for waiter in self.extra_waiters.values():
-            if not waiter.done():
-                waiter.set_exception(ConnectionFailed(f"the connection ended before the broker answered: {exc!r}"))
-        self.extra_waiters.clear()
-
     async def close(self) -> None:  # rstream's, and the read area handed back at once (FrameReader.release)
-        self.fail_extra(ConnectionError("closed"))
         try:
             await super().close()
         finally:
