@@ -56,10 +56,10 @@ class ParkingLot:
         self.parked_twice = 0  # connections parked while already parked (counted for the soak's accounting)
         self.stale = 0  # entries found no longer parked (taken elsewhere) and dropped
 
-    def put(self, conn: Connection) -> Connection | None:
-        """Park ``conn`` (again: its idle time starts over); return a connection that no longer fits (to be
-        closed), if any."""
-        conn.parked_at = self._clock()
+    def put(self, conn: Connection, since: float | None = None) -> Connection | None:
+        """Park ``conn`` (again: its idle time starts over, or goes on from ``since``); return a connection that
+        no longer fits (to be closed), if any."""
+        conn.parked_at = self._clock() if since is None else since
         slot = self._by_node.setdefault(conn.node, [])
         if conn in slot:  # parked twice (two carriers let go of it): once is enough, or a take leaves a copy behind
             log.debug("connection %s parked again", conn.name)
@@ -76,7 +76,7 @@ class ParkingLot:
             while slot:
                 conn = slot.pop()
                 if conn.alive():
-                    conn.parked_at = None
+                    conn.idle_since, conn.parked_at = conn.parked_at, None
                     return conn
         return None
 
@@ -328,8 +328,10 @@ class StreamConnector:
         if self.on_attempt is not None:
             self.on_attempt(attempt)
 
-    async def park(self, conn: Connection) -> None:
-        evicted = self.parking.put(conn)
+    async def park(self, conn: Connection, since: float | None = None) -> None:
+        """Park ``conn`` for the next placement on its node; ``since``: its idle time goes on from then (a
+        connection only borrowed from the parking lot, which a read every few seconds must not keep open)."""
+        evicted = self.parking.put(conn, since)
         if evicted is not None:
             await self.close_connection(evicted)
         if self._reaper is None or self._reaper.done():

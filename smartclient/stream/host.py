@@ -58,6 +58,7 @@ class Connection:
     ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
     last_id: int = -1  # the id given last (ids go round)
     parked_at: float | None = None
+    idle_since: float | None = None  # when it was parked, the last time it was taken from the parking lot
     sessions: int = 0  # connections the placement that took it last opened (0: a kept one, reused)
     closed: bool = False
 

@@ -71,13 +71,19 @@ async def stream_stats_from(connector: StreamConnector, candidates: Candidates, 
     """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
     with its own view: the leader's is the authority), closed afterwards.  On a broker that answers it in place
     (3.11+) the connection stays usable: it is parked instead once it answered if ``keep`` (a recovering
-    consumer's member read: its placement on that node may take it, saving a dial) or if it was a parked one."""
+    consumer's member read: its placement on that node may take it, saving a dial), or put back if it was a
+    parked one, its idle time going on."""
     from smartclient.core.deadline import step
     from smartclient.stream._rstream import broker_version, map_stream_errors
 
     conn = await connector.acquire(candidates, name)
     in_place = broker_version(conn.client) >= (3, 11)  # (an older one would close it: asked the old way)
-    keep = in_place and (keep or conn.sessions == 0)  # (0: taken from the parking lot, where it goes back)
+    borrowed = conn.sessions == 0 and conn.idle_since is not None  # (taken from the parking lot)
+    park = in_place and (keep or borrowed)
+    # a kept read's connection starts its idle time now, for the placement about to dial; one borrowed goes back
+    # with its idle time going on (the lag sampler reads every few seconds: parked anew each time, it would
+    # never close)
+    since = None if keep else conn.idle_since
     answered = False
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):
@@ -85,7 +91,7 @@ async def stream_stats_from(connector: StreamConnector, candidates: Candidates, 
         answered = True
         return stats
     finally:
-        if keep and answered and conn.alive():
-            await connector.park(conn)
+        if park and answered and conn.alive():
+            await connector.park(conn, since)
         else:  # (its reader is stopped: no Close exchange, whose wait would add to a recovery's)
             await connector.close_connection(conn, handshake=False)

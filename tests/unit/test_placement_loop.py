@@ -319,3 +319,21 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
     assert first >= 1.0  # the first hang costs hedge_after
     assert second < 0.7 and third < 0.7  # the next ones, a fifth of it (0.2 s)
     assert len(held) == 3
+
+
+def test_a_connection_put_back_after_a_borrow_keeps_its_idle_time() -> None:
+    """A statistics read every few seconds borrows a parked connection and puts it back: its idle time goes on
+    from when it was parked, so it still closes after ``idle_timeout`` (parked anew, it never would)."""
+    from smartclient.stream.connector import ParkingLot
+
+    now = [0.0]
+    lot = ParkingLot(PoolLimits(idle_timeout=5.0), clock=lambda: now[0])
+    conn = Connection(_Client(), NODES[0], NODES[0], "c")
+    lot.put(conn)
+    for t in (2.0, 4.0):
+        now[0] = t
+        taken = lot.take((NODES[0],))
+        assert taken is conn and conn.idle_since == 0.0
+        lot.put(conn, conn.idle_since)
+    now[0] = 5.0
+    assert lot.expired() == [conn]

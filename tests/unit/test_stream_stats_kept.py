@@ -28,6 +28,7 @@ class Client:
 class Conn:
     def __init__(self, version: str, sessions: int) -> None:
         self.client, self.sessions = Client(version), sessions
+        self.idle_since = 100.0 if sessions == 0 else None  # (parked at 100.0, when taken from the parking lot)
 
     def alive(self) -> bool:
         return True
@@ -36,12 +37,14 @@ class Conn:
 class Connector:
     def __init__(self, conn: Conn) -> None:
         self.conn, self.parked, self.closed = conn, [], []  # type: tuple[Conn, list[Conn], list[Conn]]
+        self.since: list[float | None] = []
 
     async def acquire(self, candidates: Any, name: str) -> Conn:
         return self.conn
 
-    async def park(self, conn: Conn) -> None:
+    async def park(self, conn: Conn, since: float | None = None) -> None:
         self.parked.append(conn)
+        self.since.append(since)
 
     async def close_connection(self, conn: Conn, handshake: bool = True) -> None:
         self.closed.append(conn)
@@ -75,19 +78,21 @@ def test_the_seam_hands_a_stream_stats_answer_back() -> None:
     assert STREAM_STATS_KEY | 0x8000 in EXTRA_RESPONSES
 
 
-@pytest.mark.parametrize(("version", "sessions", "keep", "sent", "parked"), [
-    ("4.3.6", 1, True, "in place", True),  # a member read: kept for the placement
-    ("4.3.6", 1, False, "in place", False),  # dialled for this read alone: closed
-    ("4.0.5", 0, False, "in place", True),  # taken from the parking lot: back there
-    ("3.10.7", 1, True, "reader stopped", False),  # a broker that would close it: asked the old way, closed
-    ("", 0, True, "reader stopped", False),
+@pytest.mark.parametrize(("version", "sessions", "keep", "sent", "parked", "since"), [
+    ("4.3.6", 1, True, "in place", True, None),  # a member read: kept for the placement, its idle time from now
+    ("4.3.6", 0, True, "in place", True, None),
+    ("4.3.6", 1, False, "in place", False, None),  # dialled for this read alone: closed
+    ("4.0.5", 0, False, "in place", True, 100.0),  # borrowed from the parking lot: back, its idle time going on
+    ("3.10.7", 1, True, "reader stopped", False, None),  # a broker that would close it: asked the old way, closed
+    ("", 0, True, "reader stopped", False, None),
 ])
 def test_where_the_connection_goes_after_an_answer(requests: list[str], version: str, sessions: int, keep: bool,
-                                                   sent: str, parked: bool) -> None:
+                                                   sent: str, parked: bool, since: float | None) -> None:
     connector = Connector(Conn(version, sessions))
     assert read(connector, keep) == {}
     assert requests == [sent]
     assert (connector.parked, connector.closed) == (([connector.conn], []) if parked else ([], [connector.conn]))
+    assert connector.since == ([since] if parked else [])
 
 
 def test_a_read_that_failed_closes_its_connection(requests: list[str]) -> None:
