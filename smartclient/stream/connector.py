@@ -156,20 +156,21 @@ class StreamConnector:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports.
 
         One still opening after ``retry.hedge_after`` seconds gets a second dial beside it; the first to open
-        wins and the other is closed.  (An LB holds a connection it sent to a node that has just died while it
-        retries that node; the second dial goes to the next one.)
+        wins and the other is parked if it opens too (closed through an SNI ingress).  (An LB holds a connection
+        it sent to a node that has just died while it retries that node; the second dial goes to the next one.)
         """
         with _otel.detached():  # the connection's tasks outlive the caller's span
             first = asyncio.ensure_future(self._dial_once(target, name, client_class))
         address = self.dialled.get(target, target)  # (behind an LB: the LB's, for every node)
         began = time.monotonic()
         hedge = self.retry.hedge_wait(began - self._hung.get(address, -HANG_MEMORY))
+        keep = self.resolution.by_name is None  # (through an SNI ingress a connection serves the name it sent)
         if not hedge:
             return await first
         try:
             done, _ = await asyncio.wait({first}, timeout=hedge)
         except BaseException:
-            await _settle([first], self)
+            await _settle([first], self, keep)
             raise
         if done:
             return first.result()
@@ -181,7 +182,7 @@ class StreamConnector:
         log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
         with _otel.detached():
             second = asyncio.ensure_future(self._dial_once(target, name, client_class))
-        return await _first_opened([first, second], self)
+        return await _first_opened([first, second], self, keep)
 
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:
         route = await self.resolution.route(target)
@@ -374,7 +375,8 @@ class StreamConnector:
             await self.close_connection(conn)
 
 
-async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector) -> Connection:
+async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector,
+                        keep: bool = False) -> Connection:
     """The first of ``dials`` to open; the others are cancelled, or closed if they opened too.  When all fail,
     the first failure is raised; a refusal that another node would repeat is raised at once."""
     pending = set(dials)
@@ -392,16 +394,21 @@ async def _first_opened(dials: list[asyncio.Future[Connection]], connector: Stre
                 failures.append(error)
         raise failures[0]
     finally:
-        await _settle(list(pending), connector)
+        await _settle(list(pending), connector, keep)
 
 
-async def _settle(dials: list[asyncio.Future[Connection]], connector: StreamConnector) -> None:
-    """Cancel dials no one waits for any more, and close those that opened all the same."""
+async def _settle(dials: list[asyncio.Future[Connection]], connector: StreamConnector, keep: bool = False) -> None:
+    """Cancel dials no one waits for any more, and close those that opened all the same; with ``keep``, park
+    them instead: behind an LB the one that lost the race may have reached the very node the placement wants
+    (its next look at the parking lot takes it), and one nobody takes closes after ``idle_timeout``."""
     for task in dials:
         task.cancel()
     for outcome in await asyncio.gather(*dials, return_exceptions=True):
         if isinstance(outcome, Connection):
-            await connector.close_connection(outcome)
+            if keep and outcome.alive():
+                await connector.park(outcome)
+            else:
+                await connector.close_connection(outcome)
 
 
 def _said(done: Any) -> None:

@@ -337,3 +337,32 @@ def test_a_connection_put_back_after_a_borrow_keeps_its_idle_time() -> None:
         lot.put(conn, conn.idle_since)
     now[0] = 5.0
     assert lot.expired() == [conn]
+
+
+def test_the_hedge_s_losing_dial_that_opened_is_parked_for_the_placement_not_closed() -> None:
+    """Two dials at once through a round-robin LB reach two nodes: the first to open is returned, and the other,
+    which may be the node the placement wants, is parked (its next look at the parking lot takes it); through an
+    SNI ingress (``keep`` False) it is closed."""
+    from smartclient.stream.connector import _first_opened
+
+    class Lot(FakeStreamConnector):
+        def __init__(self) -> None:
+            super().__init__(round_robin())
+            self.closed: list[Connection] = []
+
+        async def close_connection(self, conn: Connection, handshake: bool = True) -> None:
+            self.closed.append(conn)
+
+    async def race(keep: bool) -> tuple[Connection, Lot, Connection]:
+        connector = Lot()
+        won, lost = (Connection(_Client(), node, node, node.host) for node in NODES[:2])
+        dials: list[asyncio.Future[Connection]] = []
+        for conn in (won, lost):  # both opened by the time the race looks
+            dials.append(asyncio.get_running_loop().create_future())
+            dials[-1].set_result(conn)
+        return await _first_opened(dials, connector, keep), connector, lost
+
+    taken, connector, lost = asyncio.run(race(keep=True))
+    assert taken.node == NODES[0] and connector.parking.take((NODES[1],)) is lost and connector.closed == []
+    taken, connector, lost = asyncio.run(race(keep=False))
+    assert len(connector.parking) == 0 and connector.closed == [lost]
