@@ -26,9 +26,13 @@ from typing import Any, TypeVar
 
 from smartclient._errors import StepTimeout
 
-__all__ = ["DEFAULT_STEP_TIME", "Deadline", "attempt", "current", "detach", "remaining", "step"]
+__all__ = ["DEFAULT_STEP_TIME", "TOPOLOGY_READ", "Deadline", "attempt", "current", "detach", "remaining", "step"]
 
 T = TypeVar("T")
+
+#: the step a topology read is (``f"{TOPOLOGY_READ} of {stream!r}"``): a recovery that got past it knows its stream
+#: has a leader again (RecoveryPolicy.next_delay's ``progressed``)
+TOPOLOGY_READ = "reading the topology"
 
 DEFAULT_STEP_TIME = 10.0
 """Seconds one step may take when no attempt bounds it (for example the Environment's first locator)."""

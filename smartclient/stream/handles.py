@@ -25,7 +25,7 @@ from smartclient._errors import (
     StreamNotFound,
 )
 from smartclient.core.address import Address
-from smartclient.core.deadline import attempt, detach
+from smartclient.core.deadline import TOPOLOGY_READ, attempt, detach
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.topology import Role
 from smartclient.stream.publish_frames import sub_entry
@@ -216,7 +216,7 @@ class _Handle:
                         last = SmartClientError("lost again while recovering")
                 self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
                 elapsed = time.monotonic() - started
-                progressed = isinstance(last, StepTimeout) and deadline.got_past("reading the topology")
+                progressed = isinstance(last, StepTimeout) and deadline.got_past(TOPOLOGY_READ)
                 delay = policy.next_delay(attempts, elapsed, authentication=authentication, progressed=progressed)
                 if delay is None:
                     self._give_up(f"recovery gave up after {attempts} attempt(s) in {elapsed:.1f} s: "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
 from smartclient.core.address import Address
-from smartclient.core.deadline import detach, remaining, step
+from smartclient.core.deadline import TOPOLOGY_READ, detach, remaining, step
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, replica_wait
@@ -199,7 +199,7 @@ class TopologyCache:
             self._inflight[stream] = task
             task.add_done_callback(lambda _t: (self._inflight.pop(stream, None), self._asked.pop(stream, None)))
         self._asked[stream] = time.monotonic()
-        return await step(f"reading the topology of {stream!r}", asyncio.shield(task))
+        return await step(f"{TOPOLOGY_READ} of {stream!r}", asyncio.shield(task))
 
     async def _query(self, stream: str) -> StreamTopology:
         # shared by every placement that asks meanwhile: bounded on its own (each asker bounds its wait)
