@@ -17,12 +17,11 @@ gentler rate, and adds what weeks bring:
 * now and then a **leader move**, a management-API connection close or the LB's sessions cut (the nemesis's).
 
 **Resource accounting**: every ``sample_every`` seconds, between two churn cycles once the connections the last
-one parked have left (after their idle time, up to 8 s), the process's RSS, open file
-descriptors, asyncio tasks and threads, every table of each Environment
-(:meth:`~smartclient.Environment.resources`) and the metric attribute sets (data points) its instruments report
-are recorded as ``resources`` history records.  :func:`check_resources` (pure) then says whether each is flat:
-RSS grows by less than ``rss_growth`` from the first rollout's settled window (every path has run once by then)
-to the end, and every count comes back to its
+one parked have left (after their idle time, up to 8 s), the process's RSS, open file descriptors, asyncio tasks
+and threads, every table of each Environment (:meth:`~smartclient.Environment.resources`) and the metric
+attribute sets (data points) its instruments report are recorded as ``resources`` history records.
+:func:`check_resources` (pure) then says whether each is flat: RSS grows by less than ``rss_growth`` from the
+first rollout's settled window (every path has run once by then) to the end, and every count comes back to its
 baseline (the first sample after the warm-up) after each rollout (some sample after it has settled is at or
 below it; what follows the leaders, such as connections and their descriptors and tasks, may settle up to a few
 per node higher, :data:`PER_NODE`, since the leaders move at each rollout).  A probe
@@ -293,8 +292,6 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
     ``stream_every`` cycles a stream created, written, read and deleted.  The main Environment (through the LB)
     and the certificate one take turns.  Each cycle is an ``op`` (``churn``, ``churn-super``, ``churn-stream``)."""
     async def churn(ctx: Run) -> None:
-        from smartclient import Confirmation
-
         stream = f"nemesis-{ctx.run_id}-churn"
         await ctx.env.create_stream(stream, {"initial-cluster-size": 3})
         ctx.read_back.append(stream)
@@ -302,27 +299,8 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
 
         async def handles(env: Any) -> None:
             nonlocal next_id
-            got: list[int] = []
-            consumer = await env.consumer(stream, lambda message, context: got.append(context.offset), offset="next")
-            producer = await env.producer(stream, name=f"nemesis-{ctx.run_id}-churn")
-            try:
-                ids = range(next_id, next_id + 10)
-                next_id += 10
-
-                def confirmed(c: Confirmation) -> None:
-                    if c.confirmed:
-                        ctx.history.add("confirm", client="p-churn", id=c.publishing_id, untimed=True)
-                    else:
-                        ctx.history.add("fail", client="p-churn", id=c.publishing_id,
-                                        reason=str(c.reason or ""), code=c.code, untimed=True)
-                for i in ids:
-                    await producer.send(f"p-churn:{i}".encode(), publishing_id=i, on_confirm=confirmed)
-                    ctx.history.add("send", client="p-churn", id=i, untimed=True)
-                await producer.flush()
-                await _until(lambda: len(got) >= 10, 15, "the churn consumer's ten messages")
-            finally:
-                await producer.close()
-                await consumer.close()
+            next_id += 10
+            await churn_handles(env, stream, f"nemesis-{ctx.run_id}-churn", range(next_id - 10, next_id), ctx.history)
 
         async def super_consumer(env: Any) -> None:
             got = asyncio.Event()
@@ -335,14 +313,15 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
         async def short_lived(env: Any) -> None:
             name = f"nemesis-{ctx.run_id}-tmp-{cycle}"
             await env.create_stream(name, {"initial-cluster-size": 3})
-            try:
-                producer = await env.producer(name)
-                await producer.send_wait(b"tmp:1")
-                await producer.close()
-                got = asyncio.Event()
-                consumer = await env.consumer(name, lambda m, c: got.set(), offset="first")
-                await asyncio.wait_for(got.wait(), 15)
-                await consumer.close()
+            try:  # each handle closed even when what follows its opening fails
+                async with contextlib.AsyncExitStack() as opened:
+                    producer = await env.producer(name)
+                    opened.push_async_callback(producer.close)
+                    await producer.send_wait(b"tmp:1")
+                    got = asyncio.Event()
+                    consumer = await env.consumer(name, lambda m, c: got.set(), offset="first")
+                    opened.push_async_callback(consumer.close)
+                    await asyncio.wait_for(got.wait(), 15)
             finally:  # a rolling restart may cut one try: a service tries again, or the broker keeps the stream
                 await _until_done(lambda: env.delete_stream(name, missing_ok=True), 30, f"deleting {name}")
 
@@ -360,6 +339,29 @@ def _churn(shared: _Shared) -> Callable[[Run], Any]:
                 else:
                     ctx.history.add("op", client=kind, ok=True, untimed=True)
     return churn
+
+
+async def churn_handles(env: Any, stream: str, name: str, ids: range, history: History) -> None:
+    """A consumer and a named producer opened on ``stream``, ``ids`` sent and read, both closed, each even when
+    opening the other failed (the 2-hour soak of 2026-11-27 leaked a consumer at each of 4 failed producer opens)."""
+    got: list[int] = []
+
+    def confirmed(c: Any) -> None:  # a smartclient.Confirmation
+        if c.confirmed:
+            history.add("confirm", client="p-churn", id=c.publishing_id, untimed=True)
+        else:
+            history.add("fail", client="p-churn", id=c.publishing_id, reason=str(c.reason or ""),
+                        code=c.code, untimed=True)
+    async with contextlib.AsyncExitStack() as opened:
+        consumer = await env.consumer(stream, lambda message, context: got.append(context.offset), offset="next")
+        opened.push_async_callback(consumer.close)
+        producer = await env.producer(stream, name=name)
+        opened.push_async_callback(producer.close)
+        for i in ids:
+            await producer.send(f"p-churn:{i}".encode(), publishing_id=i, on_confirm=confirmed)
+            history.add("send", client="p-churn", id=i, untimed=True)
+        await producer.flush()
+        await _until(lambda: len(got) >= len(ids), 15, "the churn consumer's ten messages")
 
 
 async def _until_done(action: Callable[[], Awaitable[object]], timeout: float, what: str) -> None:

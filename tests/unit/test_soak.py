@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from smartclient import ConfigurationError
+from smartclient import ConfigurationError, ConnectionFailed
 from smartclient.testing.checker import check
-from smartclient.testing.soak import SoakPlan, check_resources, rollouts
+from smartclient.testing.nemesis import History
+from smartclient.testing.soak import SoakPlan, check_resources, churn_handles, rollouts
 
 
 def _sample(t: float, rolling: bool = False, **values: int) -> dict[str, Any]:
@@ -214,3 +215,33 @@ def test_a_watch_record_that_cannot_be_written_does_not_stop_the_watch() -> None
     setattr(record, unreported.WATCH_RECORD, "rescue")
     assert count.filter(record) is True  # no exception: the watch goes on to subscribe again
     assert dict(count.kinds) == {"rescue": 1, "not recorded": 1}
+
+
+class _Handle:
+    def __init__(self, opened: list[str], kind: str) -> None:
+        self.opened, self.kind = opened, kind
+        opened.append(kind)
+
+    async def close(self) -> None:
+        self.opened.remove(self.kind)
+
+
+class _FailingProducerEnv:
+    """An Environment whose consumers open and whose producers fail to (as during a rollout)."""
+
+    def __init__(self) -> None:
+        self.opened: list[str] = []
+
+    async def consumer(self, stream: str, callback: Any, offset: str) -> _Handle:
+        return _Handle(self.opened, "consumer")
+
+    async def producer(self, stream: str, name: str) -> _Handle:
+        raise ConnectionFailed(f"no connection to the leader of {stream!r}")
+
+
+async def test_a_churn_cycle_whose_producer_cannot_open_closes_the_consumer_it_opened() -> None:
+    # the 2-hour soak of 2026-11-27: 4 producer opens failed during rollouts, and each left its consumer open
+    env = _FailingProducerEnv()
+    with pytest.raises(ConnectionFailed, match="leader"):
+        await churn_handles(env, "s", "p", range(1, 11), History())
+    assert env.opened == []
