@@ -361,7 +361,7 @@ async def churn_handles(env: Any, stream: str, name: str, ids: range, history: H
             await producer.send(f"p-churn:{i}".encode(), publishing_id=i, on_confirm=confirmed)
             history.add("send", client="p-churn", id=i, untimed=True)
         await producer.flush()
-        await _until(lambda: len(got) >= len(ids), 15, "the churn consumer's ten messages")
+        await _until(lambda: len(got) >= len(ids), 15, f"the churn consumer's {len(ids)} messages")
 
 
 async def _until_done(action: Callable[[], Awaitable[object]], timeout: float, what: str) -> None:
