@@ -311,7 +311,10 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
             assert [p.name for p in amqp.placed()] == names
             assert all(p.connection.is_open and p.failure is None for p in amqp.placed())
             assert mqtt.dropped == 0 and mqtt.publisher.failovers == mqtt.subscriber.failovers == 0
-            assert mqtt.fleet.disconnects == mqtt.fleet.reconnects == 0 and mqtt.fleet.connected == MqttSoak.FLEET
+            # a client in a hand-over is down for a moment (20 s tokens: one every few seconds): every one comes back
+            await wait_until(lambda: mqtt.fleet.connected == MqttSoak.FLEET, 15,
+                             lambda: f"the fleet: {mqtt.fleet.connected} of {MqttSoak.FLEET} connected")
+            assert mqtt.fleet.disconnects == mqtt.fleet.reconnects == 0
             # every connection took the new tokens
             assert refreshes >= SOAK // LIFETIME, f"{refreshes} refreshes in {SOAK:.0f} s of {LIFETIME:.0f} s tokens"
             assert provider.calls <= refreshes + 2  # one call for every connection of every wing
