@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -89,7 +90,7 @@ async def child(ops: int) -> None:
                 await handle.close()
             await measure("stream consumer open, close", consumer, ops, 20)
 
-            created = iter(range(1 << 30))
+            created = itertools.count()
 
             async def create() -> None:
                 name = f"{stream}-{next(created)}"
@@ -101,7 +102,7 @@ async def child(ops: int) -> None:
             certificate = [ClientCertificate(issued.cert_file, issued.key_file)]
             entries = [f"rabbitmq-stream+tls://{n.host}:{n.stream_tls_port}/" for n in bed.nodes]
             async with Environment(entries, tls=bed.tls_context(), client_certificate=lambda: certificate[0]) as tls:
-                opened = iter(range(1 << 30))
+                opened = itertools.count()
 
                 async def on_certificate() -> None:
                     if next(opened) % 10 == 9:
