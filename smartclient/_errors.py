@@ -22,6 +22,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── MessageDecodeError          a stored message is not what it was read as (raw bytes as AMQP 1.0)
     ├── PublishFailed               the broker answered a message with an error instead of a confirm
+    │   ├── PublishNotSent          an MQTT message held while reconnecting was never sent (also a RuntimeError)
     │   └── EnqueueTimeout          no room under max_in_flight within enqueue_timeout; not queued
     ├── RpcTimeout                  an RPC request got no reply in time
     ├── ConnectionFailed            a connection could not be opened or kept
@@ -36,7 +37,8 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     ├── HandleStopped               a producer or consumer stopped on its own (its ``failure``)
     │   ├── RecoveryFailed          recovery gave up (or is disabled) after a loss
     │   └── CallbackFailed          a consumer's callback raised and ``on_error`` said stop
-    ├── ManagementError             the management API answered an error (``status``) or was unreachable
+    ├── ManagementError             the management API answered an error (``status``; a 401 is
+    │                               AuthenticationFailed) or was unreachable
     └── TestBedError                the local test bed could not do what was asked
         ├── PrerequisiteMissing     not root, no debootstrap, port taken, no Java...
         └── FaultUnavailable        this test bed (e.g. an external one) cannot inject that fault
@@ -67,6 +69,7 @@ __all__ = [
     "PlacementError",
     "PrerequisiteMissing",
     "PublishFailed",
+    "PublishNotSent",
     "PublishingIdNotIncreasing",
     "RecoveryFailed",
     "ResolutionError",
@@ -105,6 +108,12 @@ class PublishFailed(SmartClientError):
     def __init__(self, message: str, confirmation: object = None) -> None:
         super().__init__(message)
         self.confirmation = confirmation
+
+
+class PublishNotSent(PublishFailed, RuntimeError):
+    """A message an MQTT client held while it reconnected or handed over to a new token was never sent: the client
+    gave up reconnecting (the cause says why), it was disconnected, or it already held ``MAX_HELD`` messages.  A
+    ``RuntimeError`` too, which is what paho's ``wait_for_publish`` raises."""
 
 
 class EnqueueTimeout(PublishFailed):
@@ -259,7 +268,17 @@ class HandleStopped(SmartClientError):
 
 
 class RecoveryFailed(HandleStopped):
-    """The producer or consumer was lost and recovery gave up (or is disabled); the message says why."""
+    """The producer or consumer was lost and recovery gave up (or is disabled); the message says why.  ``cause``
+    (also the ``__cause__``) is the last attempt's error: for a recovery the broker's refusal ended at once (see
+    :data:`REFUSALS`), that refusal (``TokenExpired``, ``AuthenticationFailed``...)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[type[RecoveryFailed], tuple[str]]:  # crosses processes (the cause stays behind)
+        return (type(self), (str(self),))
 
 
 class CallbackFailed(HandleStopped):
@@ -276,7 +295,8 @@ class CallbackFailed(HandleStopped):
 
 
 class ManagementError(SmartClientError):
-    """The management API answered with an error (``status``: its HTTP status), or could not be reached."""
+    """The management API answered with an error (``status``: its HTTP status), or could not be reached.  A 401 is
+    not one: the credentials refused are :class:`AuthenticationFailed` (:class:`TokenExpired`), as everywhere."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

@@ -19,6 +19,8 @@ a rotated certificate is used by the next connection with no restart.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import hashlib
 import inspect
 import logging
 import os
@@ -30,14 +32,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartclient._errors import ConfigurationError, SmartClientError, TokenExpired, TokenProviderFailed
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConfigurationError,
+    SmartClientError,
+    TokenExpired,
+    TokenProviderFailed,
+)
 from smartclient.core.retry import Backoff
 from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.tokens import Token, coerce_token, describe_expiry, refresh_delay
 from smartclient.core.validation import function, instance, number, text
 
-__all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "TokenCredentials", "alogin", "current_certificate",
-           "login", "tls_context", "watch"]
+__all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "RefusedLogins", "TokenCredentials", "acting_alone",
+           "alogin", "current_certificate", "login", "tls_context", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -397,3 +406,59 @@ def _mtime(path: Any) -> int:
         return os.stat(path).st_mtime_ns
     except OSError:
         return -1
+
+
+# -- refused logins ----------------------------------------------------------------------------------------------
+_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("smartclient_acting_alone", default=False)
+
+
+def acting_alone() -> None:
+    """Mark the rest of this task (and the tasks it starts) as work smartclient does on its own, not asked by the
+    application: a recovery, a reconnect.  Such work does not dial again with a login the broker refused
+    (:class:`RefusedLogins`)."""
+    _ALONE.set(True)
+
+
+class RefusedLogins:
+    """The last login one connector or placer saw refused (credentials, a token, a client certificate), so that
+    what smartclient dials on its own never dials with it again: a refusal is the same on every node and at every
+    try.  A login that changed (a new token, another certificate, a rotated file) is dialled as usual, and so is
+    anything the application asks for itself (it may know that the broker has changed its mind)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refused: tuple[str, SmartClientError] | None = None
+
+    @staticmethod
+    def key(signed: Login, certificate: CertificateLike | None = None) -> str:
+        """A digest of what a connection presents: the login, and the client certificate's files as they are now."""
+        parts = [signed.mechanism, signed.username, signed.password]
+        current = current_certificate(certificate) if certificate is not None else None
+        if current is not None:
+            key_file = current.key_file if current.key_file is not None else current.cert_file
+            parts += [os.fspath(current.cert_file), str(_mtime(current.cert_file)), os.fspath(key_file),
+                      str(_mtime(key_file))]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def check(self, key: str) -> None:
+        """Before a dial with the login ``key``.
+
+        :raises AuthenticationFailed: (or :class:`CertificateRejected`) the refusal of this very login, when the
+            dial is one smartclient makes on its own (:func:`acting_alone`); nothing is dialled."""
+        with self._lock:
+            refused = self._refused
+        if refused is not None and refused[0] == key and _ALONE.get():
+            raise refused[1]
+
+    def note(self, key: str, error: BaseException) -> None:
+        """A dial with the login ``key`` failed with ``error``: remembered if the broker refused the login (an
+        :class:`AuthenticationFailed` or :class:`CertificateRejected`; anything else says nothing of the login)."""
+        if isinstance(error, AuthenticationFailed | CertificateRejected):
+            with self._lock:
+                self._refused = (key, error)
+
+    def accepted(self) -> None:
+        """A connection logged in: whatever was refused before may log in again."""
+        if self._refused is not None:
+            with self._lock:
+                self._refused = None

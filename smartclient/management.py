@@ -7,11 +7,13 @@ of ``repr`` and of every error message.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from smartclient._errors import ConfigurationError, ManagementError
+from smartclient._errors import AuthenticationFailed, ConfigurationError, ManagementError
+from smartclient.core.relogin import refusal
 from smartclient.core.settings import Credentials
 from smartclient.core.validation import instance, number, text, texts
 
@@ -124,6 +126,8 @@ class ManagementClient:
             except httpx.HTTPError as exc:
                 raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
             self.base_url = base
+            if response.status_code == 401:
+                raise self._refused(f"{method} {base}{path} answered 401: {response.text[:300]}")
             if response.status_code >= 400:
                 raise ManagementError(
                     f"{method} {base}{path} answered {response.status_code}: {response.text[:300]}",
@@ -132,6 +136,17 @@ class ManagementClient:
             return response
         raise ManagementError(f"{method} {path} failed: no management node could be reached ("
                               + "; ".join(unreachable) + ")")
+
+    def _refused(self, text: str) -> AuthenticationFailed:
+        """What a 401 means: the credentials refused, as every wing says it (a token past its expiry is
+        :class:`TokenExpired`; never a :class:`ManagementError`, whose type would depend on which call came
+        first)."""
+        tokens = self.tokens
+        if tokens is None:
+            return AuthenticationFailed(f"the management API refused the credentials of {self.username!r}: {text}")
+        token = tokens.token
+        return refusal(AuthenticationFailed(f"the management API refused the token: {text}"), time.time(),
+                       mechanism="PLAIN", provider=tokens.name, expires_at=token.expires_at if token else None)
 
     def get(self, path: str) -> Any:
         return self._request("GET", path).json()

@@ -37,6 +37,7 @@ from smartclient._errors import (
     TokenRefused,
 )
 from smartclient.core.address import Address
+from smartclient.core.relogin import certificate_alert
 from smartclient.credentials import Login
 
 __all__ = [
@@ -149,7 +150,13 @@ def pika_errors(
         with its reply code and text), or the socket failed.
     """
     try:
-        yield
+        try:
+            yield
+        except (px.AMQPError, OSError) as exc:  # the broker refused the client certificate: pika passes its alert
+            if not callbacks and (alert := certificate_alert(str(exc))) is not None:  # on inside another error
+                raise CertificateRejected(f"{where} (AMQP over TLS): the broker refused the client certificate "
+                                          f"({alert}): {exc}") from exc
+            raise
     except SmartClientError:
         raise
     except (px.ProbableAuthenticationError, px.ProbableAccessDeniedError) as exc:

@@ -118,8 +118,7 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
     outcome = "ok"
     try:
         if limit <= 0:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
+            _abandon(awaitable)
             raise asyncio.TimeoutError
         inner = asyncio.ensure_future(awaitable)
         if deadline is not None:
@@ -138,3 +137,16 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
             deadline.steps.append(f"{name} {1000 * (time.monotonic() - started):.0f} ms {outcome}")
             if outcome == "ok":
                 deadline.passed.append(name)
+
+
+def _abandon(awaitable: Awaitable[Any]) -> None:
+    """Let go of ``awaitable`` without awaiting it: a coroutine is closed, a future cancelled (a shielded one's
+    inner work goes on, and its outcome is read by the shield), or, if it is done, its error read: else asyncio
+    would log "exception was never retrieved" when it is collected."""
+    if asyncio.iscoroutine(awaitable):
+        awaitable.close()
+    elif asyncio.isfuture(awaitable):
+        if not awaitable.done():
+            awaitable.cancel()
+        elif not awaitable.cancelled():
+            awaitable.exception()

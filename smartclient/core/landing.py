@@ -94,7 +94,9 @@ class Wait:
 
 @dataclass(frozen=True)
 class UseFallback:
-    node: Address
+    """Use a kept connection to one of ``nodes`` (the best first): the candidates' later tiers, reached before."""
+
+    nodes: tuple[Address, ...]
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,13 @@ class Landing:
         self._seen: set[Address] = set()  # nodes reached
         self._since_new_node = 0  # consecutive wrong landings that reached no new node
         self._consecutive_failures = 0
-        self._fallback: tuple[int, Address] | None = None  # (tier, node) of the best kept landing
+        #: (tier, node) of every kept landing on a candidate, the best first: a lower tier, then the latest (a client
+        #: that can hold one connection at a time, as an MQTT client id, holds only its latest)
+        self._fallbacks: list[tuple[int, Address]] = []
         self.accepted: Address | None = None
         self._last_error: BaseException | None = None
+        self._began: float | None = None  # when the attempt under way was started (its target given)
+        self.longest = 0.0  #: the longest attempt so far, in seconds: what one more attempt may take
 
     # -- what to do next -------------------------------------------------------------------
     def next_target(self) -> Address:
@@ -132,9 +138,17 @@ class Landing:
         if not untried:  # every candidate failed once: start another round
             self._failed.clear()
             untried = list(self._targets)
+        self._began = self._clock()
         return untried[0]
 
+    def _ended(self) -> None:
+        """An attempt ended (landed or failed): how long it took counts as what the next one may take."""
+        if self._began is not None:
+            self.longest = max(self.longest, self._clock() - self._began)
+            self._began = None
+
     def landed(self, target: Address, dialled: Address, reported: Address) -> Decision:
+        self._ended()
         self._consecutive_failures = 0
         new_node = reported not in self._seen
         self._seen.add(reported)
@@ -144,8 +158,8 @@ class Landing:
             self.attempts.append(Attempt(target, dialled, reported, f"accepted (tier {tier})"))
             return Decision.ACCEPT
         if tier is not None:
-            if self._fallback is None or tier < self._fallback[0]:
-                self._fallback = (tier, reported)
+            self._fallbacks = sorted([(tier, reported), *(f for f in self._fallbacks if f[1] != reported)],
+                                     key=lambda fallback: fallback[0])  # (stable: the latest first in its tier)
             outcome = f"kept: tier {tier}, used only if tier 0 {self._tier0()} stays out of reach"
         else:
             outcome = f"kept for another placement: not a candidate ({self.candidates})"
@@ -157,6 +171,7 @@ class Landing:
                reported: Address | None = None) -> None:
         """The attempt at ``target`` failed: no connection, or (``reported``) one that reached a node it must
         not be used as (misrouted)."""
+        self._ended()
         self._last_error = error
         self._failed.add(target)
         self._consecutive_failures += 1
@@ -165,13 +180,16 @@ class Landing:
         self.attempts.append(Attempt(target, dialled, reported, f"failed: {type(error).__name__}: {error}"))
 
     def next_step(self) -> Step:
-        """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up."""
+        """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up.  With a fallback
+        kept, one more attempt that could not end within the policy's time (it would take as long as the longest so
+        far) is not made: the fallback is used now."""
         elapsed = self._clock() - self._started
         exhausted = len(self.attempts) >= self.policy.max_attempts or elapsed >= self.policy.max_time
         sticky = self._since_new_node >= self.policy.sticky_window
-        if exhausted or sticky:
-            if self._fallback is not None:
-                return UseFallback(self._fallback[1])
+        late = bool(self._fallbacks) and elapsed + self.longest > self.policy.max_time
+        if exhausted or sticky or late:
+            if self._fallbacks:
+                return UseFallback(tuple(node for _, node in self._fallbacks))
             error = self._error(sticky, elapsed)
             error.__cause__ = self._last_error  # raised as `raise ... from` the last connection failure
             return GiveUp(error)
@@ -179,8 +197,8 @@ class Landing:
         return Wait(min(delay, max(0.0, self.policy.max_time - elapsed)))
 
     def forget_fallback(self) -> None:
-        """The kept fallback connection is gone (closed meanwhile)."""
-        self._fallback = None
+        """The kept fallback connections are gone (closed meanwhile)."""
+        self._fallbacks = []
 
     # -- helpers -----------------------------------------------------------------------------
     def _earlier_tiers_failed(self, tier: int) -> bool:
@@ -359,7 +377,7 @@ class Placement(Generic[C]):
         """After a kept landing or a failure: dial again (maybe after a back-off), fall back, or give up."""
         step = self.landing.next_step()
         if isinstance(step, UseFallback):
-            fallback = self._offered((step.node,))
+            fallback = self._offered(step.nodes)
             if fallback is not None:
                 return fallback
             self.landing.forget_fallback()  # it was closed meanwhile

@@ -15,6 +15,8 @@ logs in again with the new token, once the refresher has it and before its own t
   others.
 * :func:`refusal`: what a refused login means, said with what was sent (every wing maps the broker's refusal onto
   :class:`~smartclient.AuthenticationFailed`; this names the token's provider and expiry, or the certificate).
+* :func:`certificate_alert`: whether a TLS failure is the broker refusing the client's certificate (an alert it
+  sent about it), which every wing raises as :class:`~smartclient.CertificateRejected` and never retries.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from smartclient.core.tokens import describe_expiry
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import number, whole
 
-__all__ = ["HANDOVER_SHARE", "handover_candidates", "handover_delay", "refusal", "slot_of", "slot_of_name"]
+__all__ = ["CERTIFICATE_ALERTS", "HANDOVER_SHARE", "certificate_alert", "handover_candidates", "handover_delay",
+           "refusal", "slot_of", "slot_of_name"]
+
+#: the TLS alerts a server sends about the client's certificate, as OpenSSL names them in its messages (``[SSL:
+#: TLSV1_ALERT_UNKNOWN_CA] tlsv1 alert unknown ca``): a certificate from a CA it does not trust, one it cannot
+#: parse, expired, revoked, or none where it requires one (``fail_if_no_peer_cert``)
+CERTIFICATE_ALERTS = ("alert unknown ca", "alert bad certificate", "alert certificate required",
+                      "alert certificate unknown", "alert certificate expired", "alert certificate revoked",
+                      "alert unsupported certificate")
 
 #: the share of the time a connection's token has left over which the hand-overs are spread; the rest is theirs
 #: to finish in (20 s tokens refreshed at 15 s: spread over 2.5 s; one-hour tokens: over 7.5 minutes)
@@ -90,3 +100,10 @@ def refusal(error: AuthenticationFailed, now: float, *, mechanism: str, provider
         return AuthenticationFailed(f"{error}: it refused the client certificate's identity (SASL EXTERNAL): no "
                                     f"user named as the certificate says, or no EXTERNAL on this listener")
     return error
+
+
+def certificate_alert(text: str) -> str | None:
+    """The alert named in ``text`` (a TLS error's message, as a client library passed it on) if the server refused
+    the client's certificate with it (:data:`CERTIFICATE_ALERTS`), else None."""
+    lowered = text.lower().replace("_", " ")
+    return next((alert for alert in CERTIFICATE_ALERTS if alert in lowered), None)

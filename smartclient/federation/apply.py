@@ -94,13 +94,13 @@ class _Broker:
             if method == "PUT":
                 return self.api.put(path, body)
             return self.api.delete(path)
+        except AuthenticationFailed as exc:
+            raise AuthenticationFailed(
+                f"broker {b.name}: the management API refused the credentials of {b.username!r} ({what})"
+            ) from exc
         except ManagementError as exc:
             if exc.status == 404 and method in ("GET", "DELETE"):
                 return None
-            if exc.status == 401:
-                raise AuthenticationFailed(
-                    f"broker {b.name}: the management API refused the credentials of {b.username!r} ({what})"
-                ) from exc
             if exc.status is None:
                 raise ConnectionFailed(
                     f"broker {b.name}: the management API at {b.management_url} did not answer ({what}): {exc}"

@@ -12,25 +12,24 @@ When paho 3 arrives, this file changes and that test says what broke.
 
 Why each private name is touched:
 
-* ``Client._loop`` is overridden: paho waits with ``select()``, which cannot watch a file descriptor
-  numbered 1024 or more, so in a busy process a client silently never gets its CONNACK
-  (eclipse-paho/paho.mqtt.python#183, #238, #819).  :meth:`PahoClient._loop` is the same loop on
-  ``poll()``; ``loop()`` and ``loop_forever()`` (``loop_start``'s thread) call it.  It reads ``_sock`` (the
-  connection) and ``_sockpairR`` (the socket ``publish()`` from another thread writes to, to wake the loop).
+* ``Client._loop`` is overridden: paho waits with ``select()``, which cannot watch a file descriptor numbered 1024
+  or more, so in a busy process a client silently never gets its CONNACK (eclipse-paho/paho.mqtt.python#183,
+  #238, #819).  :meth:`PahoClient._loop` is the same loop on ``poll()``; ``loop()`` and ``loop_forever()`` call
+  it.  It reads ``_sock`` (the connection) and ``_sockpairR`` (the socket ``publish()`` from another thread writes
+  to, to wake the loop; ``_sockpairW`` is its other end, written to wake the loop for a hand-over that is due).
 * ``Client._host`` and ``Client._port`` are where ``reconnect()`` dials.  A failover re-aims them before
   paho reconnects; the public ``host``/``port`` setters refuse while paho considers itself connecting.
-* ``Client._ssl_context`` holds a :class:`NamedContext`, and ``Client._ssl_wrap_socket`` (not touched,
-  relied on) wraps every socket with its ``wrap_socket(..., server_hostname=self._host)`` and skips its own
-  ``match_hostname`` when the context has ``check_hostname``: so TLS verifies the name smartclient chose,
-  not the address dialled.
+* ``Client._ssl_context`` holds a :class:`NamedContext`, and ``Client._ssl_wrap_socket`` (relied on) wraps every
+  socket with its ``wrap_socket(..., server_hostname=self._host)`` and skips its own ``match_hostname`` when the
+  context has ``check_hostname``: so TLS verifies the name smartclient chose, not the address dialled.
 * ``Client._sock_close`` drops a connection without DISCONNECT (calling ``on_socket_close``), for fleets
   that move a client and for closing a broken client.
-* ``Client._thread`` says whether ``loop_start``'s thread runs (if not, a DISCONNECT is flushed by hand).
-* ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
+* ``Client._thread`` says whether ``loop_start``'s thread runs (if not, a DISCONNECT is flushed by hand);
+  ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
+* ``Client._sock_recv`` is overridden to keep the error a read failed with (paho logs it, and says only "connection
+  lost"): a TLS alert there is the broker refusing the client certificate (:class:`CertificateRejected`).
 * ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
-  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`; read, never written).  Messages
-  queued behind paho's in-flight window are not waited for: they were never sent, and go on the next connection.
-* ``Client._sockpairW`` is the other end of ``_sockpairR``: written to wake the loop for a hand-over that is due.
+  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`; read, never written).
 * ``Client.publish`` and ``Client.disconnect`` are overridden (public methods): a client that hands over to a new
   token, or reconnects, *holds* what it is asked to publish meanwhile and sends it once connected again
   (:class:`HeldInfo`), so nothing published in between is lost; a disconnect asked for ends that.
@@ -59,27 +58,15 @@ from smartclient._errors import (
     CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
+    PublishNotSent,
     SmartClientError,
 )
 from smartclient.core.address import Address
+from smartclient.core.relogin import certificate_alert
 
-__all__ = [
-    "PAHO_INTERNALS",
-    "PAHO_NAMES",
-    "PAHO_OVERRIDES",
-    "PAHO_SIGNATURES",
-    "HeldInfo",
-    "MQTTMessage",
-    "MQTTMessageInfo",
-    "MQTTProtocolVersion",
-    "NamedContext",
-    "PahoClient",
-    "Properties",
-    "connack_of",
-    "is_refusal",
-    "paho_errors",
-    "session_properties",
-]
+__all__ = ["PAHO_INTERNALS", "PAHO_NAMES", "PAHO_OVERRIDES", "PAHO_SIGNATURES", "HeldInfo", "MQTTMessage",
+           "MQTTMessageInfo", "MQTTProtocolVersion", "NamedContext", "PahoClient", "Properties", "connack_of",
+           "is_refusal", "paho_errors", "session_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +84,12 @@ PAHO_INTERNALS: tuple[str, ...] = (
     "Client._client_id",  # the client id, bytes
     "Client._inflight_messages",  # QoS 1 and 2 messages sent and not yet acknowledged (read)
     "Client._sockpairW",  # written to wake the loop (as publish() from another thread does)
+    "Client._sock_recv",  # overridden: keeps the error a read failed with
 )
 
 #: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
-PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.publish", "Client.disconnect")
+PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.publish", "Client.disconnect",
+                                   "Client._sock_recv")
 
 #: Every public name of paho this module imports or relies on, as a module path.
 PAHO_NAMES: tuple[str, ...] = (
@@ -122,6 +111,7 @@ PAHO_NAMES: tuple[str, ...] = (
 #: The parameters the seam passes to (or, for :data:`PAHO_OVERRIDES`, receives from) paho's callables.
 PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
     "Client._loop": ("self", "timeout"),
+    "Client._sock_recv": ("self", "bufsize"),
     "Client.reconnect": ("self",),
     "Client.publish": ("self", "topic", "payload", "qos", "retain", "properties"),
     "Client.disconnect": ("self", "reasoncode", "properties"),
@@ -206,6 +196,9 @@ def paho_errors(dialled: Address) -> Iterator[None]:
         reason = getattr(exc, "verify_message", None) or exc
         raise CertificateRejected(f"connecting to {dialled} (MQTT over TLS): {reason}") from exc
     except OSError as exc:  # refused, reset, timed out, unresolvable, a TLS handshake that failed
+        if (alert := certificate_alert(str(exc))) is not None:  # the broker refused the client certificate
+            raise CertificateRejected(f"connecting to {dialled} (MQTT over TLS): the broker refused the client "
+                                      f"certificate ({alert}): {exc}") from exc
         raise ConnectionFailed(f"connecting to {dialled} (MQTT): {type(exc).__name__}: {exc}") from exc
     except ValueError as exc:
         raise ConfigurationError(f"connecting to {dialled} (MQTT): paho refused a setting: {exc}") from exc
@@ -252,35 +245,43 @@ class HeldInfo(MQTTMessageInfo):
     """What :meth:`PahoClient.publish` answers for a message it held while the client was handing over to a new
     token or reconnecting: ``mid`` is 0 until the message is sent; then it follows the sent message's info
     (``wait_for_publish`` waits for its PUBACK at QoS 1).  ``rc`` says why, if it is never sent (the client gave up,
-    or was closed)."""
+    or was closed), and the :class:`PublishNotSent` its wait raises (a ``RuntimeError`` too, as paho's) says it with
+    ``why`` (the client's failure, say)."""
 
-    __slots__ = ("_sent", "_settled")
+    __slots__ = ("_sent", "_settled", "why")
 
     def __init__(self) -> None:
         super().__init__(0)
         self._sent: MQTTMessageInfo | None = None
         self._settled = threading.Event()
+        self.why: BaseException | None = None
 
     def bind(self, sent: MQTTMessageInfo) -> None:
         self.mid, self.rc, self._sent = sent.mid, sent.rc, sent
         self._settled.set()
 
-    def fail(self, rc: MQTTErrorCode) -> None:
-        self.rc = rc
+    def fail(self, rc: MQTTErrorCode, why: BaseException | None = None) -> None:
+        self.rc, self.why = rc, why
         self._settled.set()
+
+    def _not_sent(self) -> PublishNotSent:
+        error = PublishNotSent(f"Message publish failed: {paho.error_string(self.rc)}"
+                               + (f": {type(self.why).__name__}: {self.why}" if self.why is not None else ""))
+        error.__cause__ = self.why
+        return error
 
     def wait_for_publish(self, timeout: float | None = None) -> None:
         began = time.monotonic()
         if not self._settled.wait(timeout):
             return  # as paho's: a timeout returns, is_published() says
         if self._sent is None:
-            raise RuntimeError(f"Message publish failed: {paho.error_string(self.rc)}")
+            raise self._not_sent()
         self._sent.wait_for_publish(None if timeout is None else max(0.0, timeout - (time.monotonic() - began)))
 
     def is_published(self) -> bool:
         if self._sent is None:
             if self._settled.is_set():
-                raise RuntimeError(f"Message publish failed: {paho.error_string(self.rc)}")
+                raise self._not_sent()
             return False
         return self._sent.is_published()
 
@@ -297,6 +298,14 @@ class PahoClient(paho.Client):
     _held_lock: threading.RLock | None = None
     #: hold what is published while the connection is down (a client that reconnects on its own)
     hold_while_down: bool = False
+    _read_error: OSError | None = None  # why the last read failed (paho keeps it to itself): a TLS alert, say
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        try:
+            return super()._sock_recv(bufsize)
+        except OSError as exc:
+            self._read_error = None if isinstance(exc, BlockingIOError) else exc
+            raise
 
     @classmethod
     def create(cls: type[_C], client_id: str, protocol: MQTTProtocolVersion, clean_start: bool) -> _C:
@@ -362,6 +371,7 @@ class PahoClient(paho.Client):
             ``timeout`` seconds, or another reason code.
         """
         dialled = Address(self._host, self._port)
+        self._read_error = None
         with paho_errors(dialled):
             deadline = time.monotonic() + timeout
             while self.last_connack is None:
@@ -371,6 +381,8 @@ class PahoClient(paho.Client):
                 if self._loop(min(left, 0.1)) != paho.MQTT_ERR_SUCCESS:
                     break
             if self.last_connack is None:
+                if self._read_error is not None:  # (paho logs it and says only "connection lost")
+                    raise self._read_error
                 raise _NoConnack(timeout)
             session_present, code = self.last_connack
             if code != 0:
@@ -474,12 +486,12 @@ class PahoClient(paho.Client):
                 info.bind(super().publish(*args))
             return len(held or ())
 
-    def fail_held(self, rc: MQTTErrorCode = MQTTErrorCode.MQTT_ERR_NO_CONN) -> int:
-        """Fail every held publish with ``rc`` (the client will not connect again) and stop holding."""
+    def fail_held(self, rc: MQTTErrorCode = MQTTErrorCode.MQTT_ERR_NO_CONN, why: BaseException | None = None) -> int:
+        """Fail every held publish with ``rc`` and ``why`` (the client will not connect again); stop holding."""
         with self._holding_lock():
             held, self._held_publishes = self._held_publishes, None
             for _, info in held or ():
-                info.fail(rc)
+                info.fail(rc, why)
             return len(held or ())
 
     def publish(self, topic: str, payload: Any = None, qos: int = 0, retain: bool = False,

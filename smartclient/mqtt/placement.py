@@ -369,6 +369,13 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             self._call = _Call(setup, list(subscriptions))
             landed = self.place(node, client_id or self._new_name("mqtt"))
         client = landed.connection
+        try:  # only on the client the application receives: not on those the placement dialled and dropped
+            if setup is not None:
+                setup(client)
+        except BaseException:
+            client.close_quietly()
+            raise
+        _chain_on_connect(client)
         client.node, client.attempts, client.listed_at = landed.node, landed.attempts, landed.listed_at
         client._failover = True
         client.hold_while_down = True  # what it is asked to publish while it reconnects is held
@@ -533,11 +540,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                             server_name=self.server_name(target, dialled) if self.tls is not None else None)
 
     def _dial(self, target: Address, dialled: Address, name: str) -> PlacedMqttClient:
-        call = self._call
-        client = self.new_client(name, call.subscriptions)
-        if call.setup is not None:
-            call.setup(client)
-        _chain_on_connect(client)
+        client = self.new_client(name, self._call.subscriptions)
+        client.on_connect = client._connack_received  # (held while placing: told to setup's on_connect if kept)
+        client._placing = True
         self.opened += 1
         try:
             self.begin_connect(client, target, dialled)
@@ -556,15 +561,21 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
 
 @dataclass
 class _Call:
-    setup: Callable[[PlacedMqttClient], None] | None
+    setup: Callable[[PlacedMqttClient], None] | None  # (called on the client kept: MqttPlacer.connect)
     subscriptions: list[tuple[str, int]]
 
 
 def _chain_on_connect(client: PlacedMqttClient) -> None:
-    """Record every CONNACK (for the dial and for re-subscribing), then call the user's on_connect (after a
-    reconnect: once the reconnect's placement keeps the connection)."""
-    client._user_on_connect = client.on_connect
+    """Once the placement kept ``client`` and ``setup`` has set the user's callbacks: record every CONNACK (for
+    re-subscribing), then call the user's on_connect (after a reconnect: once the reconnect's placement keeps the
+    connection), told now of the CONNACK of the connection kept."""
+    on_connect = client.on_connect
+    client._user_on_connect = None if on_connect == client._connack_received else on_connect
     client.on_connect = client._connack_received
+    client._placing = False
+    held, client._held = client._held, None
+    if held is not None and client._user_on_connect is not None:
+        client._user_on_connect(*held)
 
 
 def _strip_scheme(value: str) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient._errors import (
+    REFUSALS,
     ConnectionFailed,
     FeatureNotSupported,
     ManagementError,
@@ -150,6 +151,8 @@ class StreamAdmin:
                 offset = await self.topologies.aside(
                     stream, "ResolveOffsetSpec", lambda client: resolve_offset_spec(client, stream, spec,
                                                                                       stream_filter))
+        except REFUSALS:
+            raise
         except ConnectionFailed as exc:  # (a member of another version, in a rolling upgrade, closes on it)
             log.info("the offset %s of %r is not resolved (%s): the consumer starts at %s itself", spec, stream, exc,
                      spec)

@@ -147,6 +147,8 @@ class StreamConnector:
         self._logged_in: weakref.WeakSet[Any] = weakref.WeakSet()
         self.secret_updates = 0  # connections that took a refreshed token
         self.secret_failures = 0  # connections that did not (refused, or lost on the way)
+        #: the last login the broker refused: a recovery does not dial with it again (credentials.RefusedLogins)
+        self.refused = credentials.RefusedLogins()
 
     async def resolve(self, advertised: Address) -> Address:
         """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
@@ -200,6 +202,8 @@ class StreamConnector:
 
         connection_name = f"{name}-{next(self._ids)}"
         signed = await credentials.alogin(self.settings.credentials, connection_name)
+        login = self.refused.key(signed, self.settings.client_certificate)
+        self.refused.check(login)  # (a recovery: not with a login refused already)
         client = _rstream.new_client(
             client_class, host=dialled.host, port=dialled.port,
             tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
@@ -214,9 +218,11 @@ class StreamConnector:
                 await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
                 await step(f"authenticate and open on {dialled}", client.authenticate(
                     vhost=self.settings.vhost, username=signed.username, password=signed.password))
-        except BaseException:
+        except BaseException as exc:
+            self.refused.note(login, exc)
             await _rstream.abort(client)
             raise
+        self.refused.accepted()
         node, connection_name = _rstream.identity(client)
         if node is None:
             await _rstream.abort(client)

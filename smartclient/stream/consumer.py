@@ -12,9 +12,8 @@ from functools import partial
 from typing import Any, Literal
 
 from smartclient._errors import (
-    AuthenticationFailed,
+    REFUSALS,
     CallbackFailed,
-    CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
     SmartClientError,
@@ -341,7 +340,7 @@ class Consumer(_Handle):
             while True:
                 try:  # (a step: the whole attempt's time bounds the read, a new connection's dial included)
                     return await step("reading the stored offset", self._resume_point())
-                except (AuthenticationFailed, CertificateRejected):
+                except REFUSALS:
                     raise  # a refusal: asking again would repeat it
                 except ConnectionFailed as exc:
                     if deadline.remaining() <= (pause := next(delays)):

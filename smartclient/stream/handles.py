@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from smartclient import credentials
 from smartclient._errors import (
-    AuthenticationFailed,
-    CertificateRejected,
+    REFUSALS,
     ConfigurationError,
     EnqueueTimeout,
     HandleClosed,
@@ -169,12 +169,13 @@ class _Handle:
         """One recovery attempt; returns what it did, for the log."""
         raise NotImplementedError
 
-    def _give_up(self, reason: str) -> None:
-        self.failure = RecoveryFailed(reason)
+    def _give_up(self, reason: str, cause: BaseException | None = None) -> None:
+        self.failure = RecoveryFailed(reason, cause)
         log.error("%r stopped: %s", self, reason)
 
     async def _recover(self, reason: str) -> None:
         detach()  # started from a connection's reader, whose context holds the deadline of an old attempt
+        credentials.acting_alone()  # not asked by the application: no dial with a login the broker refused
         policy = self._host.recovery
         started = time.monotonic()
         attempts = 0
@@ -200,8 +201,8 @@ class _Handle:
                         self._host.forget_when_unused(self.stream)  # deleted elsewhere: with its last handle
                         self._give_up(str(exc))
                         return
-                    except (AuthenticationFailed, CertificateRejected) as exc:  # retrying would repeat it
-                        last: BaseException = exc
+                    except REFUSALS as exc:  # every node, every attempt would repeat it (a refused login, a
+                        last: BaseException = exc  # token expired or refused, a token provider failing, a certificate)
                         authentication = True
                     except Exception as exc:  # any other failure of one attempt is retried, within the policy
                         last = exc
@@ -219,8 +220,10 @@ class _Handle:
                 progressed = isinstance(last, StepTimeout) and deadline.got_past(TOPOLOGY_READ)
                 delay = policy.next_delay(attempts, elapsed, authentication=authentication, progressed=progressed)
                 if delay is None:
-                    self._give_up(f"recovery gave up after {attempts} attempt(s) in {elapsed:.1f} s: "
-                                  f"{type(last).__name__}: {last}")
+                    why = ("ended at once, refused (RecoveryPolicy.retry_authentication retries a refusal)"
+                           if authentication else "gave up")
+                    self._give_up(f"recovery {why} after {attempts} attempt(s) in {elapsed:.1f} s: "
+                                  f"{type(last).__name__}: {last}", last)
                     return
                 log.info("%r: recovery attempt %d failed after %.2f s (%s: %s; steps: %s); next in %.2f s", self,
                          attempts, time.monotonic() - began, type(last).__name__, last, deadline.log(), delay)
@@ -341,9 +344,9 @@ class Producer(_Handle):
         resent = self._buffer.resume(client, publisher_id)
         return f"{resent} unconfirmed message(s) sent again"
 
-    def _give_up(self, reason: str) -> None:
-        super()._give_up(reason)
-        self._buffer.fail_all(reason)
+    def _give_up(self, reason: str, cause: BaseException | None = None) -> None:
+        super()._give_up(reason, cause)
+        self._buffer.fail_all(reason, self.failure)
 
     async def send(self, body: bytes | Any, *, publishing_id: int | None = None,
                    on_confirm: ConfirmCallback | None = None) -> None:

@@ -191,12 +191,16 @@ class PublishBuffer:
         self.resent += count - (self.sent - sent)  # not those queued while suspended and written the first time
         return count
 
-    def fail_all(self, reason: str) -> None:
-        """Give up: every pending message fails with ``reason``, and so does every later send."""
-        self.close(reason, PublishFailed(f"producer on {self.stream!r} stopped: {reason}"))
+    def fail_all(self, reason: str, cause: BaseException | None = None) -> None:
+        """Give up: every pending message fails with ``reason`` (raised ``from cause``), and so does every later
+        send."""
+        error = PublishFailed(f"producer on {self.stream!r} stopped: {reason}")
+        error.__cause__ = cause
+        self.close(reason, error, cause)
 
-    def close(self, reason: str, error: BaseException) -> None:
-        """Stop for good: every pending message fails with ``reason``; every later send raises ``error``."""
+    def close(self, reason: str, error: BaseException, cause: BaseException | None = None) -> None:
+        """Stop for good: every pending message fails with ``reason`` (its error raised ``from cause``); every
+        later send raises ``error``."""
         self._suspended = True
         self._unbind()
         self._clear_batch()
@@ -208,7 +212,7 @@ class PublishBuffer:
             self._expiry.cancel()
             self._expiry = None
         self._error = error
-        self._settle(sorted(self._pending), False, CONNECTION_LOST, reason)
+        self._settle(sorted(self._pending), False, CONNECTION_LOST, reason, cause)
         self._space.set()  # a send waiting for room wakes up and raises the error
 
     # -- sending --------------------------------------------------------------------------------
@@ -520,7 +524,8 @@ class PublishBuffer:
         if retry is not None and not self._suspended:
             self._lost(f"the broker answered {retry!r}")
 
-    def _settle(self, ids: Iterable[int], ok: bool, code: int, reason: str = "") -> None:
+    def _settle(self, ids: Iterable[int], ok: bool, code: int, reason: str = "",
+                cause: BaseException | None = None) -> None:
         pending = self._pending
         before = len(pending)
         _drain(map(pending.pop, ids, repeat(None)))  # one pass in C: a confirm frame's ids, or a failure's
@@ -544,8 +549,10 @@ class PublishBuffer:
                     if ok:
                         waiter.set_result(confirmation)
                     else:
-                        waiter.set_exception(PublishFailed(
-                            f"message {pid} on {self.stream!r} failed: {reason or f'code {code}'}", confirmation))
+                        failed = PublishFailed(
+                            f"message {pid} on {self.stream!r} failed: {reason or f'code {code}'}", confirmation)
+                        failed.__cause__ = cause
+                        waiter.set_exception(failed)
                 else:
                     try:
                         result = waiter(confirmation)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient._errors import ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
+from smartclient._errors import REFUSALS, ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
 from smartclient.core.address import Address
 from smartclient.core.deadline import TOPOLOGY_READ, detach, remaining, step
 from smartclient.core.entry_points import EntryPoints
@@ -197,7 +197,9 @@ class TopologyCache:
         if task is None:
             task = asyncio.create_task(self._query(stream))
             self._inflight[stream] = task
-            task.add_done_callback(lambda _t: (self._inflight.pop(stream, None), self._asked.pop(stream, None)))
+            # (its error is read here too: every asker may have stopped waiting before it ended)
+            task.add_done_callback(lambda done: (self._inflight.pop(stream, None), self._asked.pop(stream, None),
+                                                 done.cancelled() or done.exception()))
         self._asked[stream] = time.monotonic()
         return await step(f"{TOPOLOGY_READ} of {stream!r}", asyncio.shield(task))
 
@@ -244,6 +246,8 @@ class TopologyCache:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for ask in done:
                     if ask.exception() is not None:
+                        if isinstance(ask.exception(), REFUSALS):  # (from either: every node would repeat it)
+                            raise ask.exception()
                         if asks[ask]:
                             error = ask.exception()
                         else:
@@ -269,7 +273,9 @@ class TopologyCache:
         """The locator's answer: the members, or None while the stream has no leader, or while the locator's
         node went away or did not answer in time (its node stopping: it is dropped); the next ask opens another.
 
-        :raises ConnectionFailed: so, once the lookup is late (see :meth:`_late`)."""
+        :raises ConnectionFailed: so, once the lookup is late (see :meth:`_late`).
+        :raises AuthenticationFailed: at once (and so every refusal another node would repeat: a token expired or
+            refused, a token provider failing, a certificate rejected): asking again would only repeat it."""
         try:
             locator = await self.locator()
             try:
@@ -279,6 +285,8 @@ class TopologyCache:
             except StepTimeout:
                 self._drop_locator(locator)
                 raise
+        except REFUSALS:
+            raise
         except ConnectionFailed:
             if self._late(stream):
                 raise
@@ -327,6 +335,8 @@ class TopologyCache:
             with map_stream_errors(f"reading the topology of {other.stream!r} on another node"):
                 return await step("metadata query (another node)",
                                   _rstream.leader_and_replicas(conn.client, other.stream), default=METADATA_TIME)
+        except REFUSALS:
+            raise
         except Exception as exc:
             log.info("reading the topology of %r on another node (%s): %s", other.stream, conn.node, exc)
             if other.conn is conn:

@@ -26,7 +26,7 @@ def drive(landing: Landing, lb: Iterator[Address]) -> tuple[Address, int]:
             return node, len(landing.attempts)
         step = landing.next_step()
         if isinstance(step, UseFallback):
-            return step.node, len(landing.attempts)
+            return step.nodes[0], len(landing.attempts)
         if isinstance(step, GiveUp):
             raise step.error
         assert isinstance(step, Wait) and step.seconds == 0  # wrong landings never sleep
@@ -135,3 +135,33 @@ def test_giving_up_chains_the_last_failure_as_its_cause() -> None:
     landing.failed(N1, N1, cause)
     step = landing.next_step()
     assert isinstance(step, GiveUp) and step.error.__cause__ is cause
+
+
+def test_the_fallbacks_offered_are_every_candidate_reached_the_latest_first_in_its_tier() -> None:
+    # a consumer's tiers: the replicas N2, N3, then the leader N1; an LB that sends it to N1 only
+    landing = Landing(TOPO.consumer_candidates(), RetryPolicy(sticky_window=3))
+    for _ in range(4):
+        landing.landed(landing.next_target(), LB, N1)
+    step = landing.next_step()
+    assert isinstance(step, UseFallback) and step.nodes == (N1,)
+    # two nodes of one later tier: a client that holds one connection at a time holds the latest
+    cands = StreamTopology("s", N1, (N2,)).producer_candidates()  # the leader N1; then N2 (its fallback tier)
+    landing = Landing(type(cands)("s", cands.role, ((N1,), (N2, N3))), RetryPolicy(sticky_window=3))
+    for node in (N2, N3, N2, N3, N2):  # two new nodes, then three landings that reach none: sticky
+        landing.landed(landing.next_target(), LB, node)
+    step = landing.next_step()
+    assert isinstance(step, UseFallback) and step.nodes == (N2, N3)
+
+
+def test_with_a_fallback_kept_no_attempt_is_made_that_could_not_end_in_time() -> None:
+    now = [0.0]
+    landing = Landing(TOPO.consumer_candidates(), RetryPolicy(max_time=10.0, sticky_window=9), clock=lambda: now[0])
+    landing.next_target()
+    now[0] = 4.0  # an attempt takes 4 s (through an LB, waiting for the management API to list the connection)
+    landing.landed(N2, LB, N1)  # the leader: a later tier, kept
+    assert landing.longest == 4.0 and isinstance(landing.next_step(), Wait)  # 4 + 4 <= 10: one more
+    landing.next_target()
+    now[0] = 8.0
+    landing.landed(N2, LB, N1)
+    step = landing.next_step()  # 8 + 4 > 10: that one would end too late, so the kept one now
+    assert isinstance(step, UseFallback) and step.nodes == (N1,)

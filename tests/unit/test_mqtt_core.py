@@ -4,6 +4,7 @@ fleet spread arithmetic, AMQP 1.0 decoding of what MQTT stores in a stream.  No 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -286,3 +287,13 @@ def test_what_mqtt_stores_in_a_stream_decodes_to_payload_and_topic_key() -> None
     with pytest.raises(MessageDecodeError, match=r"offset 3 of stream 's' is not an AMQP 1\.0 message") as caught:
         decode_amqp(b"plain bytes", stream="s", offset=3)
     assert (caught.value.stream, caught.value.offset) == ("s", 3)
+
+
+def test_a_hand_over_through_a_balancer_that_never_reaches_its_node_keeps_the_connection_it_holds() -> None:
+    # its own node B is tier 0 of a hand-over; the balancer sends it to C and A by turns: both tier 1, and the
+    # client (one connection per client id) holds only the latest, which is what it must keep (issue 53)
+    reached = itertools.cycle([C, A])
+    client = _Client(lambda dialled: next(reached), B)
+    lb_placer().reconnect(client, handover=True)  # type: ignore[arg-type]
+    assert client.is_connected() and client.node == f"rabbit@{client.reached.host}"  # type: ignore[union-attr]
+    assert client.attempts == 6  # the core's sticky window (4) past the two new nodes

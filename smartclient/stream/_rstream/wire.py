@@ -38,6 +38,7 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining
+from smartclient.core.relogin import certificate_alert
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
 from smartclient.stream._rstream.messages import amqp_message, body_of, decode_amqp_message, is_amqp_message
 from smartclient.stream.socket_reader import FrameReader, open_frames
@@ -299,12 +300,16 @@ class NamedClient(Client):
             drop_socket(self)
 
     def fail_pending(self) -> None:
-        text = f"{self.host}:{self.port} closed the connection before answering"
         conn = self._conn
+        # why the socket ended, if it said (a TLS alert: the broker refused the client certificate)
+        cause = getattr(getattr(conn, "_reader", None), "_exception", None)
+        text = f"{self.host}:{self.port} closed the connection before answering" + (f" ({cause})" if cause else "")
         extra = conn.extra_waiters.values() if isinstance(conn, _NamedConnection) else ()
         for waiter in [*self._waiters.values(), *extra]:
             if not waiter.done():
-                waiter.set_exception(ConnectionResetError(text))
+                error = ConnectionResetError(text)
+                error.__cause__ = cause
+                waiter.set_exception(error)
                 waiter.exception()  # retrieved here: one nobody awaits any more must not log "never retrieved"
 
 
@@ -362,11 +367,14 @@ def map_stream_errors(context: str) -> Iterator[None]:
                               f"a resolver (StaticMap, DnsResolver) can map it") from exc
     except ssl.SSLCertVerificationError as exc:
         raise CertificateRejected(f"{context}: TLS certificate verify failed: {exc.verify_message or exc}") from exc
-    except ssl.SSLError as exc:
-        raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
     except asyncio.TimeoutError as exc:  # rstream's own request timeout; its message is empty
         raise ConnectionFailed(f"{context}: the broker did not answer in time") from exc
     except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+        if (alert := certificate_alert(str(exc))) is not None:  # a TLS alert, as such or as why the socket ended
+            raise CertificateRejected(f"{context}: the broker refused the client certificate ({alert}): {exc}") \
+                from exc
+        if isinstance(exc, ssl.SSLError):
+            raise ConnectionFailed(f"{context}: TLS failed: {exc}") from exc
         raise ConnectionFailed(f"{context}: {type(exc).__name__}: {exc or 'connection closed'}") from exc
     except rx.ServerError as exc:
         raise ConnectionFailed(f"{context}: the broker answered {type(exc).__name__}: {exc}") from exc
