@@ -8,10 +8,11 @@ Pure arithmetic, no I/O.  Every port is ``base + slot * 100 + offset``:
 * slots 20..22 hold the extra LB listeners (``random``, ``source`` and ``random1`` balance);
 * slot 23 holds the SNI frontends: one TLS port per protocol, routed to the node the client names in its SNI.
 
-With the default base 20000, rabbit-2's stream port is 20252 and the
-round-robin LB's stream port is 20052.  The default stays below Linux's
-ephemeral range (32768-60999): a listener whose port lies inside it can find
-that port taken by the source port of some outgoing connection.
+So a bed spans ``PORT_SPAN`` (2,400) ports, ``[base, base + 2400)``, and two beds side by side need bases at least
+2,400 apart: the defaults, 20000 (4.3: 20000-22399) and 23000 (4.0: 23000-25399), are.  With the default base
+20000, rabbit-2's stream port is 20252 and the round-robin LB's stream port is 20052.  The default stays below
+Linux's ephemeral range (32768-60999): a listener whose port lies inside it can find that port taken by the source
+port of some outgoing connection.  :meth:`Layout.port_uses` lists every port, and what it is for.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "SNI_PROTOCOLS",
     "BrokerSpec",
     "Layout",
+    "PortUse",
     "Release",
     "release_named",
 ]
@@ -104,6 +106,15 @@ def release_named(line: str) -> Release:
     return RELEASES[key]
 
 
+@dataclass(frozen=True, order=True)
+class PortUse:
+    """One port the bed listens on, and what for: ``transport`` is ``tcp`` (the DNS server binds ``udp`` too)."""
+
+    port: int
+    transport: str
+    what: str
+
+
 @dataclass(frozen=True)
 class BrokerSpec:
     """One RabbitMQ node of the test bed: its Erlang node name and its ports on 127.0.0.1."""
@@ -157,6 +168,10 @@ class BrokerSpec:
     @property
     def dist_port(self) -> int:
         return self.port("dist")
+
+    def port_uses(self) -> tuple[PortUse, ...]:
+        """Every port the node listens on (its distribution port on every address, the others on 127.0.0.1)."""
+        return tuple(PortUse(self.port(p), "tcp", f"the {p} port of {self.name}") for p in PROTOCOL_OFFSETS)
 
 
 @dataclass(frozen=True)
@@ -260,3 +275,16 @@ class Layout:
         if protocol not in SNI_PROTOCOLS:
             raise ConfigurationError(f"no SNI frontend for protocol {protocol!r}; use one of {SNI_PROTOCOLS}")
         return self.base + SNI_SLOT * 100 + PROTOCOL_OFFSETS[protocol]
+
+    def port_uses(self) -> tuple[PortUse, ...]:
+        """Every port the bed may listen on, in port order: epmd, the DNS server (TCP and UDP), every LB listener
+        (those started on demand too), the SNI frontends, and every port of the cluster's nodes and of the extra
+        brokers (started on demand).  HAProxy's admin socket is a Unix socket: no port."""
+        uses = [PortUse(self.epmd_port, "tcp", "the nodes' epmd"),
+                PortUse(self.dns_port, "tcp", "the DNS server"), PortUse(self.dns_port, "udp", "the DNS server")]
+        uses += [PortUse(self.lb_port(p, b), "tcp", f"the {p}_{b} LB listener")
+                 for b in BALANCE_SLOTS for p in LB_PROTOCOLS]
+        uses += [PortUse(self.sni_port(p), "tcp", f"the {p} SNI frontend") for p in SNI_PROTOCOLS]
+        brokers = [*self.nodes, *(self.extra_broker(i) for i in range(1, MAX_EXTRA_BROKERS + 1))]
+        uses += [use for spec in brokers for use in spec.port_uses()]
+        return tuple(sorted(uses))

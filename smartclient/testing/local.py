@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,13 @@ from smartclient._errors import ManagementError, PrerequisiteMissing, TestBedErr
 from smartclient.testing.broker import BrokerProcess
 from smartclient.testing.certificates import ensure_certificates
 from smartclient.testing.chroot import RabbitChroot
-from smartclient.testing.layout import PORT_SPAN, SNI_PROTOCOLS, BrokerSpec, Layout
+from smartclient.testing.layout import PORT_SPAN, SNI_PROTOCOLS, BrokerSpec, Layout, PortUse
 from smartclient.testing.loadbalancer import HAProxy, sni_frontend
 from smartclient.testing.locked import LockedLocalBed
 from smartclient.testing.nameserver import ZONE, DnsServer
 from smartclient.testing.oauth import ensure_signing_key
-from smartclient.testing.processes import ephemeral_port_range, port_is_free, wait_until
+from smartclient.testing.ports import BedIdentity, find_taken_ports, refusal
+from smartclient.testing.processes import ephemeral_port_range, wait_until
 from smartclient.testing.testbed import Node
 
 __all__ = ["LocalTestBed", "UpReport"]
@@ -110,23 +111,16 @@ class LocalTestBed(LockedLocalBed):
                 f"{low}-{high}, where outgoing connections can take them before a listener binds: set "
                 f"SMARTCLIENT_TESTBED_PORT_BASE below {low - PORT_SPAN}"
             )
-        wanted: list[tuple[int, str]] = []
-        for broker in self.brokers:
-            if not broker.running():
-                for protocol in ("amqp", "stream", "mqtt", "management", "dist"):
-                    wanted.append((broker.spec.port(protocol), f"the {protocol} port of {broker.spec.name}"))
-        if not self.haproxy.running():
-            for protocol, balance in sorted(self.haproxy.listeners()):
-                wanted.append((self.layout.lb_port(protocol, balance), f"the {protocol} {balance} LB listener"))
-            wanted += [(self.layout.sni_port(p), f"the {p} SNI frontend") for p in SNI_PROTOCOLS]
-        if not self.dns.running():
-            wanted.append((self.layout.dns_port, "the DNS server"))
-        for port, what in wanted:
-            if not port_is_free(port):
-                raise PrerequisiteMissing(
-                    f"port {port} ({what}) is taken by another process: free it, or move the test bed with "
-                    f"SMARTCLIENT_TESTBED_PORT_BASE (now {self.layout.base})"
-                )
+        self._refuse_taken_ports(self.layout.port_uses())
+
+    def _refuse_taken_ports(self, uses: Iterable[PortUse]) -> None:
+        """Raise :class:`PrerequisiteMissing` naming the first port of ``uses`` held by a process that is not this
+        bed's own, and that process.  Own means started for this release's chroot and this port base (see
+        :class:`~smartclient.testing.ports.BedIdentity`): an ``up()`` on the running bed passes; one beside
+        another bed that holds its ports refuses at once, before it starts anything."""
+        taken = find_taken_ports(uses, BedIdentity.of(self.layout))
+        if taken:
+            raise PrerequisiteMissing(refusal(taken, self.layout.base))
 
     # -- up / down ---------------------------------------------------------------------
     def up(self) -> UpReport:
@@ -514,6 +508,7 @@ class LocalTestBed(LockedLocalBed):
     def start_brokers(self, count: int) -> tuple[Node, ...]:
         """Start ``count`` independent single-node brokers (for federation); return them."""
         brokers = [self.broker(f"broker-{i}") for i in range(1, count + 1)]
+        self._refuse_taken_ports(use for b in brokers for use in b.spec.port_uses())
         for b in brokers:
             b.start()
         for b in brokers:

@@ -49,7 +49,7 @@ def test_port_taken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         with pytest.raises(PrerequisiteMissing) as info:
             bed.check_prerequisites()
     message = str(info.value)
-    assert f"port {taken} (the amqp port of rabbit-2@localhost) is taken" in message
+    assert f"port {taken} (the amqp port of rabbit-2@localhost) is taken by pid {os.getpid()} (" in message
     assert "SMARTCLIENT_TESTBED_PORT_BASE (now 26000)" in message
 
 
