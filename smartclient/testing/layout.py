@@ -192,7 +192,8 @@ class Layout:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Layout:
         """Read ``SMARTCLIENT_TESTBED_RABBITMQ`` (``4.3``, the default, or ``4.0``),
-        ``SMARTCLIENT_TESTBED_PORT_BASE`` (by default the line's own: 20000 for 4.3, 23000 for 4.0) and
+        ``SMARTCLIENT_TESTBED_PORT_BASE`` (by default the line's own: 20000 for 4.3, 23000 for 4.0; a bed spans
+        ``PORT_SPAN``, 2,400 ports, from it, so beds side by side need bases at least that far apart) and
         ``SMARTCLIENT_TESTBED_CACHE``."""
         env = os.environ if environ is None else environ
         release = release_named(env.get("SMARTCLIENT_TESTBED_RABBITMQ") or DEFAULT_RELEASE)

@@ -4,7 +4,7 @@
 
 Every process is started with ``<pyspark>/bin/spark-class`` (which ``exec``\\ s the JVM, so the PID the test bed
 records is the JVM's) in its own session, and every port is on 127.0.0.1 at ``base + offset`` with base 27000
-(``SMARTCLIENT_SPARK_PORT_BASE``): above both RabbitMQ test beds (20000-22299 for 4.3, 23000-25299 for 4.0) and
+(``SMARTCLIENT_SPARK_PORT_BASE``): above both RabbitMQ test beds (20000-22399 for 4.3, 23000-25399 for 4.0) and
 below the kernel's ephemeral range.
 
 * ``base + 77``: the master (``spark://127.0.0.1:27077``); ``base + 80``: its web UI and JSON status;
