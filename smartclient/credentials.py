@@ -46,7 +46,7 @@ from smartclient.core.tokens import Token, coerce_token, describe_expiry, refres
 from smartclient.core.validation import function, instance, number, text
 
 __all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "RefusedLogins", "TokenCredentials", "acting_alone",
-           "alogin", "current_certificate", "login", "tls_context", "watch"]
+           "alogin", "alone", "current_certificate", "login", "tls_context", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +419,11 @@ def acting_alone() -> None:
     _ALONE.set(True)
 
 
+def alone() -> bool:
+    """Whether this code runs in work smartclient does on its own (:func:`acting_alone`)."""
+    return _ALONE.get()
+
+
 class RefusedLogins:
     """The last login one connector or placer saw refused (credentials, a token, a client certificate), so that
     what smartclient dials on its own never dials with it again: a refusal is the same on every node and at every
@@ -447,7 +452,7 @@ class RefusedLogins:
             dial is one smartclient makes on its own (:func:`acting_alone`); nothing is dialled."""
         with self._lock:
             refused = self._refused
-        if refused is not None and refused[0] == key and _ALONE.get():
+        if refused is not None and refused[0] == key and alone():
             raise refused[1]
 
     def note(self, key: str, error: BaseException) -> None:

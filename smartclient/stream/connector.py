@@ -149,6 +149,8 @@ class StreamConnector:
         self.secret_failures = 0  # connections that did not (refused, or lost on the way)
         #: the last login the broker refused: a recovery does not dial with it again (credentials.RefusedLogins)
         self.refused = credentials.RefusedLogins()
+        #: login -> done once the broker has judged it on the connection it is judging it on (see _verdict)
+        self._judging: dict[str, asyncio.Future[None]] = {}
 
     async def resolve(self, advertised: Address) -> Address:
         """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
@@ -203,13 +205,20 @@ class StreamConnector:
         connection_name = f"{name}-{next(self._ids)}"
         signed = await credentials.alogin(self.settings.credentials, connection_name)
         login = self.refused.key(signed, self.settings.client_certificate)
-        self.refused.check(login)  # (a recovery: not with a login refused already)
+        await self._verdict(login)  # (a recovery: not with a login refused already, or being judged)
+        judged: list[asyncio.Future[None]] = []
+
+        def judging() -> None:  # the broker answered: it judges this login now (the others that wait see its verdict)
+            if (pending := self._judging.get(login)) is None or pending.done():
+                self._judging[login] = asyncio.get_running_loop().create_future()
+                judged.append(self._judging[login])
+
         client = _rstream.new_client(
             client_class, host=dialled.host, port=dialled.port,
             tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
             frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat,
             name=connection_name, on_closed=closed, max_ids=self.limits.max_streams_per_connection,
-            server_hostname=route.tls_name, mechanism=signed.mechanism)
+            server_hostname=route.tls_name, mechanism=signed.mechanism, on_answer=judging)
         self.opened += 1
         self._watch_credentials()
         try:
@@ -222,6 +231,11 @@ class StreamConnector:
             self.refused.note(login, exc)
             await _rstream.abort(client)
             raise
+        finally:
+            for verdict in judged:
+                verdict.set_result(None)
+                if self._judging.get(login) is verdict:
+                    del self._judging[login]
         self.refused.accepted()
         node, connection_name = _rstream.identity(client)
         if node is None:
@@ -233,6 +247,20 @@ class StreamConnector:
         holder["conn"] = weakref.ref(conn)
         self.connections.add(conn)
         return conn
+
+    async def _verdict(self, login: str) -> None:
+        """Before a dial that smartclient makes on its own (a recovery: :func:`credentials.acting_alone`) with the
+        login ``login``: wait for the broker's verdict on it where a live broker is judging it now on another
+        connection (it takes 3 s to refuse one), so that a refused login costs one connection, however many
+        recoveries there are; then raise its refusal, if it was refused (now or before).
+
+        :raises AuthenticationFailed: (or CertificateRejected) the broker refused this login."""
+        if not credentials.alone():
+            return
+        pending = self._judging.get(login)
+        if pending is not None and not pending.done():
+            await step("the broker's verdict on this login, on another connection", asyncio.shield(pending))
+        self.refused.check(login)
 
     # -- tokens refreshed on the live connections ------------------------------------------------------
     def _watch_credentials(self) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +25,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration" in str(item.path):
             item.add_marker(pytest.mark.integration)
+
+
+class _NeverRetrieved(logging.Handler):
+    """What asyncio logs of a future or task whose error nobody read ("... exception was never retrieved"): a
+    failure that nobody was told of.  Each one is kept to fail the test it was logged in."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "exception was never retrieved" in message:
+            self.seen.append(message.splitlines()[0] + " " + " ".join(message.splitlines()[1:2])[:300])
+
+
+_NEVER_RETRIEVED = _NeverRetrieved()
+logging.getLogger("asyncio").addHandler(_NEVER_RETRIEVED)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """After every fixture of the test has ended (its event loop closed too): collect the garbage, so that what it
+    left unread is logged now, and fail the test if asyncio said of anything that its exception was never
+    retrieved (issue 53)."""
+    result = yield
+    gc.collect()
+    seen, _NEVER_RETRIEVED.seen[:] = list(_NEVER_RETRIEVED.seen), []
+    if seen:
+        pytest.fail(f"asyncio logged {len(seen)} exception(s) nobody retrieved: " + "; ".join(seen[:3]),
+                     pytrace=False)
+    return result
 
 
 class _Wait:

@@ -55,3 +55,37 @@ def test_an_attempt_knows_which_steps_it_got_past() -> None:
     attempt = asyncio.run(main())
     assert attempt.got_past("reading the topology")
     assert not attempt.got_past("waiting for the member")  # (it timed out: in the log, not among those passed)
+
+
+def test_a_step_with_no_time_left_lets_go_of_its_future_without_leaving_an_error_unread() -> None:
+    """A shared lookup (read by its owner, as the topology cache reads its lookups) that a later asker joins with no
+    time left: the shield is cancelled, not left to take the lookup's error with nobody to read it; a task already
+    done has its error read at once (issue 53: asyncio's "exception was never retrieved")."""
+    async def failing() -> None:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("the lookup failed")
+
+    async def main() -> tuple[bool, bool]:
+        lookup = asyncio.ensure_future(failing())
+        lookup.add_done_callback(lambda task: task.exception())  # its owner reads it
+        with deadline.attempt(0.0, "an attempt with no time"):
+            with pytest.raises(StepTimeout):
+                await deadline.step("joining it", asyncio.shield(lookup))
+            await asyncio.sleep(0.05)
+            done = asyncio.ensure_future(failing())
+            await asyncio.wait([done])
+            with pytest.raises(StepTimeout):
+                await deadline.step("a finished one", done)
+        return lookup.done(), done.done()
+
+    unread: list[dict[str, object]] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, context: unread.append(context))
+    try:
+        assert loop.run_until_complete(main()) == (True, True)
+    finally:
+        loop.close()
+    import gc
+
+    gc.collect()
+    assert unread == []

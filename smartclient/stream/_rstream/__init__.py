@@ -77,6 +77,6 @@ RSTREAM_NAMES: tuple[str, ...] = (
     "schema.FrameHandlerInfo", "schema.ExchangeCommandVersionRequest", "schema.ExchangeCommandVersionResponse",
     "schema.OffsetSpecification", "encoding.decode_frame", "schema.SaslAuthenticate", "schema.SaslAuthenticateResponse",
     "schema.PublishingError", "schema.SubEntryChunk", "schema.Message",
-    "connection.ConnectionClosed",
+    "connection.ConnectionClosed", "client.Client.peer_properties",
 )
 """The public names of rstream the seam imports or uses."""

@@ -155,6 +155,14 @@ class NamedClient(Client):
     tasks are never stopped in the middle of an application's handler (:meth:`stop_queue_listener_task`)."""
 
     server_hostname: str | None = None
+    #: called once the broker answered the connection's first request: it is alive, and judges the login next
+    smartclient_on_answer: Callable[[], None] | None = None
+
+    async def peer_properties(self) -> dict[str, str]:
+        properties = await super().peer_properties()
+        if self.smartclient_on_answer is not None:
+            self.smartclient_on_answer()
+        return properties
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -383,15 +391,17 @@ def map_stream_errors(context: str) -> Iterator[None]:
 # -- connections -------------------------------------------------------------------------------------
 def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLContext | None, frame_max: int,
                heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None,
-               mechanism: str = "PLAIN") -> Client:
+               mechanism: str = "PLAIN", on_answer: Callable[[], None] | None = None) -> Client:
     """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise) that logs in with the
-    SASL ``mechanism`` (``PLAIN`` or ``EXTERNAL``)."""
+    SASL ``mechanism`` (``PLAIN`` or ``EXTERNAL``); ``on_answer`` is called once the broker answered its first
+    request (it judges the login next)."""
     client = (cls or NamedClient)(host=host, port=port, ssl_context=tls, frame_max=frame_max, heartbeat=heartbeat,
                                   connection_name=name, connection_closed_handler=on_closed,
                                   max_clients_by_connections=max_ids,
                                   sasl_configuration_mechanism=SlasMechanism(mechanism))
     if isinstance(client, NamedClient):
         client.server_hostname = server_hostname
+        client.smartclient_on_answer = on_answer
     return client
 
 
