@@ -90,6 +90,9 @@ class NodePlacer(Generic[C]):
     #: keep a connection that reached the wrong node while trying others (False where a second
     #: connection with the same name would take the first one over, as MQTT client ids do)
     keep_fallbacks: ClassVar[bool] = True
+    #: each connection names the node it reached (AMQP 1.0's Open frame): through a load balancer no management API
+    #: is needed, and the nodes are known by their names alone (:meth:`named_node`)
+    names_its_node: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -132,6 +135,7 @@ class NodePlacer(Generic[C]):
         self.identify_timeout = identify_timeout
         self.entry_points = entry_points
         self._nodes: list[BrokerNode] | None = None
+        self._named: dict[str, BrokerNode] = {}  # by name alone (see named_node)
         self.opened = 0
         self.live: weakref.WeakSet[Any] = weakref.WeakSet()  # what this placer placed (metrics: clients per node)
 
@@ -182,8 +186,26 @@ class NodePlacer(Generic[C]):
             )
         return self.management
 
+    def by_name_only(self) -> bool:
+        """Whether nodes are known by name alone: through a load balancer, with no management API nor entry points
+        to list them, for a protocol whose connections name their node (:attr:`names_its_node`)."""
+        return self.names_its_node and self.lb is not None and self.management is None and self.entry_points is None
+
+    def named_node(self, name: str) -> BrokerNode:
+        """The node called ``name`` when nodes are known by name alone: its "listener" is an address that stands
+        for it (its name, port 1: through the load balancer nothing dials it), the same for its full name
+        (``rabbit-2@host``) as for the short one an application gave (``rabbit-2``)."""
+        node = self._named.get(name)
+        if node is None:
+            short = self._named.get(name.split("@", 1)[0])
+            stand_in = short.listeners[self.protocol] if short is not None else Address(name, 1)
+            node = self._named[name] = BrokerNode(name, {self.protocol: stand_in})
+        return node
+
     def nodes(self, refresh: bool = False) -> list[BrokerNode]:
-        """The cluster's nodes and their listeners (read once)."""
+        """The cluster's nodes and their listeners (read once); by name alone, those named so far."""
+        if self.by_name_only():
+            return list(self._named.values())
         if self._nodes is None or refresh:
             if self.entry_points is None:
                 self._nodes = nodes_from_overview(self._api().overview())
@@ -288,6 +310,10 @@ class NodePlacer(Generic[C]):
         if node is None and self.lb is None and self.management is None and self.entry_points is not None:
             # any node, no way (and no need) to ask which: the first entry point that answers
             return self._first_entry_point(name)
+        if self.by_name_only():
+            if node is None:  # any node: the first connection through the balancer (it names its node)
+                return self._first_entry_point(name, [self.lb] if self.lb is not None else [])
+            self.named_node(node)
         nodes = self.nodes()
         by_address = {n.address(self.protocol): n for n in nodes if self.protocol in n.listeners}
         if node is not None:
@@ -334,15 +360,17 @@ class NodePlacer(Generic[C]):
                     step = plan.failed(step.target, self.resolution.listener or step.target, exc)
                     continue
                 seen = max(seen, landed.listed_at)
-                reported = pick_node(nodes, str(landed.node)).address(self.protocol)
+                reported = (self.named_node(str(landed.node)) if self.by_name_only()
+                            else pick_node(nodes, str(landed.node))).address(self.protocol)
                 routed = self.resolution.routed(step.target, wanted, landed.node)
                 step = plan.landed(step.target, landed.dialled, reported, landed, routed)
         finally:
             for landed in kept.drain():
                 self._close(landed.connection)
 
-    def _first_entry_point(self, name: str | None) -> Landed[C]:
-        entries = EntryPoints(self.entry_addresses(), f"an {self.protocol} connection")
+    def _first_entry_point(self, name: str | None, addresses: list[Address] | None = None) -> Landed[C]:
+        entries = EntryPoints(self.entry_addresses() if addresses is None else addresses,
+                              f"an {self.protocol} connection")
         while (address := entries.next_entry()) is not None:
             dialled = self.resolve(address)
             try:

@@ -89,6 +89,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
 
     protocol = "amqp"
     protocol_version = "1.0"  #: its clients per node are measured apart from AMQP 0.9.1's (the same listener)
+    names_its_node = True  # the Open frame: through a load balancer, no management API is needed
     default_port = 5672
     name_column = "name"
 

@@ -111,10 +111,13 @@ class Landing:
     """State of one placement. Call :meth:`next_step` after every :meth:`landed` or :meth:`failed`."""
 
     def __init__(
-        self, candidates: Candidates, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic
+        self, candidates: Candidates, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic,
+        holds_one: bool = False,
     ) -> None:
         self.candidates = candidates
         self.policy = policy
+        #: the client holds one connection at a time (an MQTT client id): its next dial ends the fallback it holds
+        self.holds_one = holds_one
         self._clock = clock
         self._started = clock()
         self.attempts: list[Attempt] = []
@@ -182,11 +185,14 @@ class Landing:
     def next_step(self) -> Step:
         """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up.  With a fallback
         kept, one more attempt that could not end within the policy's time (it would take as long as the longest so
-        far) is not made: the fallback is used now."""
+        far) is not made: the fallback is used now.  A client that holds one connection at a time gives its
+        fallback up when it dials again, so it dials again only with the time for two more such attempts: one that
+        may miss, and one more."""
         elapsed = self._clock() - self._started
         exhausted = len(self.attempts) >= self.policy.max_attempts or elapsed >= self.policy.max_time
         sticky = self._since_new_node >= self.policy.sticky_window
-        late = bool(self._fallbacks) and elapsed + self.longest > self.policy.max_time
+        ahead = self.longest * (2 if self.holds_one else 1)
+        late = bool(self._fallbacks) and elapsed + ahead > self.policy.max_time
         if exhausted or sticky or late:
             if self._fallbacks:
                 return UseFallback(tuple(node for _, node in self._fallbacks))
@@ -331,9 +337,10 @@ class Placement(Generic[C]):
     """Every decision of one placement (see the module docstring for the loop that drives it)."""
 
     def __init__(self, candidates: Candidates, policy: RetryPolicy, kept: Kept[C] | None = None,
-                 clock: Callable[[], float] = time.monotonic, *, shared: Kept[C] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, shared: Kept[C] | None = None,
+                 holds_one: bool = False) -> None:
         self.candidates = candidates
-        self.landing = Landing(candidates, policy, clock)
+        self.landing = Landing(candidates, policy, clock, holds_one)
         self.kept = kept
         self.shared = shared
 

@@ -124,6 +124,7 @@ class HandsOver(PahoClient):
     _login_secret: str | None = None  # what the current connection logged in with (the fallback of a refusal)
     _handover_due: float | None = None  # monotonic time the next hand-over is due
     _turning: bool = False  # a hand-over is under way on the loop's thread
+    _placing: bool = False  # a reconnect is placing the client (its loop turns wait for the CONNACK meanwhile)
 
     def logged_in_with(self, secret: str | None, expires_at: float | None) -> None:
         """Note the token the next connect sends, and its expiry."""
@@ -164,7 +165,7 @@ class HandsOver(PahoClient):
 
     def _loop_turn(self) -> float | None:
         due = self._handover_due
-        if due is None or self._turning:
+        if due is None or self._turning or self._placing:  # (not inside a reconnect's own turns: it logs in anew)
             return None
         left = due - time.monotonic()
         if left > 0:

@@ -36,6 +36,7 @@ from smartclient._errors import (
     ConfigurationError,
     ConnectionFailed,
     NoCandidateNode,
+    PlacementError,
     ResolutionError,
     SmartClientError,
     TokenProviderFailed,
@@ -194,6 +195,11 @@ class PlacedMqttClient(HandsOver):
                     if not handover:
                         raise
                     self._placer.reconnect(self, handover=True, login=self.fallback_after(exc, fallback))
+                except PlacementError as exc:  # a hand-over that reached no node: a reconnect, with a policy of its own
+                    if not handover:
+                        raise
+                    log.warning("MQTT client %s: the hand-over reached no node (%s); reconnecting", self.client_id, exc)
+                    self._placer.reconnect(self)
             except SmartClientError as exc:
                 self.failure = exc
                 log.error("MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
@@ -432,7 +438,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
         current = _Current(client)
-        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, current)
+        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, current, holds_one=True)
         landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
         unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
         step = plan.start()

@@ -86,12 +86,7 @@ PRELUDE_STREAM = {"producer": "orders", "table": "orders", "stream": "orders"}
 #: a federation's sites: the bed's independent brokers, broker-1 to broker-3
 SITES = ("paris", "tokyo", "lima")
 #: blocks that fail on a bug of the library, not of the doc: (page, text in the block) -> the bug
-KNOWN_BUGS = {
-    ("docs/amqp10.md", "env.amqp10_placer()"):
-        "smartclient bug: the AMQP 1.0 placer through a load balancer needs the HTTP management API "
-        "(NodePlacer.nodes(): ConfigurationError 'finding which node a amqp connection reached needs the "
-        "management API'), which docs/amqp10.md and Environment.amqp10_placer say it does not",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

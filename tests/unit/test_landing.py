@@ -165,3 +165,18 @@ def test_with_a_fallback_kept_no_attempt_is_made_that_could_not_end_in_time() ->
     landing.landed(N2, LB, N1)
     step = landing.next_step()  # 8 + 4 > 10: that one would end too late, so the kept one now
     assert isinstance(step, UseFallback) and step.nodes == (N1,)
+
+
+def test_a_client_that_holds_one_connection_dials_again_only_with_time_for_two_more_attempts() -> None:
+    now = [0.0]
+    landing = Landing(TOPO.consumer_candidates(), RetryPolicy(max_time=15.0, sticky_window=9), clock=lambda: now[0],
+                      holds_one=True)
+    landing.next_target()
+    now[0] = 4.0
+    landing.landed(N2, LB, N1)  # kept (a later tier), and given up by the next dial
+    assert isinstance(landing.next_step(), Wait)  # 4 + 2 x 4 <= 15: it may miss once and still dial again
+    landing.next_target()
+    now[0] = 8.0
+    landing.landed(N2, LB, N1)
+    step = landing.next_step()  # 8 + 2 x 4 > 15: a miss now would leave it nothing; the one it holds, then
+    assert isinstance(step, UseFallback) and step.nodes == (N1,)
