@@ -2,7 +2,9 @@
 
 A resolver maps the address a node *advertises* (from the stream metadata) to
 the address the client should *dial*.  Any object with ``resolve`` or any
-callable works, sync or async; the built-ins are:
+callable works, sync or async; a :class:`Resolver` subclass may declare more
+(listeners per protocol, a TLS name, an SNI rule: see ``resolvers.base``).
+The built-ins are:
 
 * :class:`Identity` (the default) dials what is advertised;
 * :class:`StaticMap` remaps advertised ``host[:port]`` from a table (containers, NAT);
@@ -19,7 +21,7 @@ reaches is not a resolver's job: the Environment does it, in one place.
 from __future__ import annotations
 
 from .allow_list import AllowList
-from .base import Resolver, ResolverLike, as_async
+from .base import Resolver, ResolverLike, Resolves, as_async, as_resolver
 from .chain import Chain
 from .dns_resolver import DnsResolver
 from .identity import Identity
@@ -36,8 +38,10 @@ __all__ = [
     "LoadBalancer",
     "Resolver",
     "ResolverLike",
+    "Resolves",
     "SniRouter",
     "SrvDiscovery",
     "StaticMap",
     "as_async",
+    "as_resolver",
 ]

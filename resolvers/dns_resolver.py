@@ -11,11 +11,12 @@ from smartclient.core.address import Address
 from smartclient.core.validation import function
 
 from ._dnspython import dns_resolver_for, dnspython_errors, servers_asked
+from .base import Resolver
 
 __all__ = ["DnsResolver", "dns_resolver_for"]
 
 
-class DnsResolver:
+class DnsResolver(Resolver):
     """Resolve the host of an advertised address to an IP (A, then AAAA) through the given name servers.
 
     Answers are cached for their TTL, so a name server that goes away is not noticed until the cached
@@ -73,6 +74,9 @@ class DnsResolver:
                 if answer.rrset:
                     return str(answer.rrset[0].address), int(answer.rrset.ttl)
         raise ResolutionError(f"{host} has no A or AAAA record ({where})")
+
+    def cache_counts(self) -> tuple[int, int]:
+        return self.lookups, self.cache_hits
 
     def __repr__(self) -> str:
         servers = ",".join(self.nameservers) if self.nameservers else "system"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from smartclient.core.address import Address
 
+from .base import Resolver
+
 __all__ = ["Identity"]
 
 
-class Identity:
+class Identity(Resolver):
     """Return the address unchanged: right when the nodes advertise names the client can resolve."""
 
     blocking = False

@@ -5,10 +5,12 @@ from __future__ import annotations
 from smartclient.core.address import Address
 from smartclient.core.validation import instance, whole
 
+from .base import Resolver
+
 __all__ = ["LoadBalancer", "listener"]
 
 
-class LoadBalancer:
+class LoadBalancer(Resolver):
     """Map every address to the LB's.  Placement still holds: each connection's reported node is checked
     against the candidates, wrong landings are kept for other placements, and attempts are capped.
 
@@ -35,6 +37,9 @@ class LoadBalancer:
                                         ("mqtt_tls", "mqtt/ssl", mqtt_tls), ("amqp_tls", "amqp/ssl", amqp_tls)):
             if value is not None:
                 self.listeners[protocol] = listener(self.address, f"the load balancer's {option} listener", value)
+
+    def listens(self) -> bool:
+        return True
 
     def address_for(self, protocol: str) -> Address | None:
         """The LB's listener for ``protocol`` (``stream``, ``amqp``, ``amqp/ssl``, ``mqtt``, ``mqtt/ssl``), if it has

@@ -17,12 +17,13 @@ from smartclient.core.address import Address
 from smartclient.core.tls_names import checked_sni_name, default_sni_name
 from smartclient.core.validation import function, instance
 
+from .base import Resolver
 from .load_balancer import listener
 
 __all__ = ["SniRouter"]
 
 
-class SniRouter:
+class SniRouter(Resolver):
     """Dial the ingress's listener for the protocol, sending the *target node's* name as SNI (and verifying
     it: each node's certificate must carry the name that routes to it).
 
@@ -67,6 +68,7 @@ class SniRouter:
         function("name", name, takes="a node's name, and maybe the protocol")
         self.address = address if isinstance(address, Address) else Address.parse(address)
         self.name = name
+        self._rule_name = name.__qualname__ if inspect.isfunction(name) or inspect.ismethod(name) else repr(name)
         self._per_protocol = name is not None and _takes_two(name)
         self.listeners: dict[str, Address] = {"stream": self.address}
         if amqp is not None:
@@ -76,14 +78,19 @@ class SniRouter:
             self.listeners["mqtt"] = self.listeners["mqtt/ssl"] = listener(
                 self.address, "the SNI ingress's mqtt_tls listener", mqtt_tls)
 
-    @staticmethod
-    def option_for(protocol: str) -> str:
+    def option_for(self, protocol: str) -> str:
         """The option naming the listener for ``protocol`` (``amqp`` for AMQPS: every listener here is TLS)."""
         return "mqtt_tls" if protocol.startswith("mqtt") else protocol.replace("/ssl", "")
 
     def resolve(self, address: Address) -> Address:
         """Every stream connection dials the ingress (its name routes it)."""
         return self.address
+
+    def listens(self) -> bool:
+        return True
+
+    def routes_by_name(self) -> bool:
+        return True
 
     def address_for(self, protocol: str) -> Address | None:
         """The ingress's listener for ``protocol`` (``stream``, ``amqp`` or ``amqp/ssl``, ``mqtt`` or ``mqtt/ssl``:
@@ -115,7 +122,7 @@ class SniRouter:
     def __repr__(self) -> str:
         extra = "".join(f", {option}={str(self.listeners[key])!r}" for option, key in
                         (("amqp", "amqp"), ("mqtt_tls", "mqtt/ssl")) if key in self.listeners)
-        rule = f", name={getattr(self.name, '__qualname__', self.name)}" if self.name is not None else ""
+        rule = f", name={self._rule_name}" if self.name is not None else ""
         return f"SniRouter({str(self.address)!r}{rule}{extra})"
 
 

@@ -8,10 +8,12 @@ from smartclient._errors import ConfigurationError, ResolutionError
 from smartclient.core.address import Address
 from smartclient.core.validation import flag, refuse
 
+from .base import Resolver
+
 __all__ = ["StaticMap"]
 
 
-class StaticMap:
+class StaticMap(Resolver):
     """Remap advertised addresses from a fixed table; unmapped addresses pass through (or fail, if strict).
 
     Keys are ``host:port`` (that exact listener) or ``host`` (every port of that host); values are

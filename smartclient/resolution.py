@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, TypeVar
 from smartclient._errors import CertificateRejected, ConfigurationError, ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.landing import Routed
-from smartclient.core.tls_names import RoutesByName, tls_server_name
+from smartclient.core.tls_names import tls_server_name
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
+    from resolvers.base import Resolver
 
 __all__ = ["Resolution", "Route", "run_sync", "through"]
 
@@ -45,18 +46,17 @@ def through(resolver: ResolverLike, protocol: str) -> Address | None:
     to one place (a load balancer, an SNI ingress), or None (each connection goes where the resolver says).
 
     :raises ConfigurationError: the resolver has no listener for ``protocol``."""
-    from resolvers.base import ListensPerProtocol
+    from resolvers.base import as_resolver
 
-    named = getattr(resolver, "option_for", None)  # the resolver's own name for the option, if it has one
-    option = named(protocol) if callable(named) else protocol.replace("/ssl", "_tls")
-    if isinstance(resolver, ListensPerProtocol):
-        listener = resolver.address_for(protocol)
-        if listener is None:
-            raise ConfigurationError(
-                f"the resolver sends every address to {resolver!r}, which has no {protocol} listener: "
-                f"{type(resolver).__name__}(..., {option}=PORT)")
-        return listener
-    return None
+    contract = as_resolver(resolver)
+    if not contract.listens():
+        return None
+    listener = contract.address_for(protocol)
+    if listener is None:
+        raise ConfigurationError(
+            f"the resolver sends every address to {resolver!r}, which has no {protocol} listener: "
+            f"{type(resolver).__name__}(..., {contract.option_for(protocol)}=PORT)")
+    return listener
 
 
 @dataclass(frozen=True)
@@ -84,17 +84,19 @@ class Resolution:
     def __init__(self, resolver: ResolverLike | None, allow: AllowList | None = None, *, tls: bool = False,
                  tls_override: str | None = None, protocol: str | None = None) -> None:
         from resolvers import Identity
-        from resolvers.base import as_async
+        from resolvers.base import as_async, as_resolver
 
-        self.resolver = resolver if resolver is not None else Identity()
-        self._resolve = as_async(self.resolver)
+        self.resolver = resolver if resolver is not None else Identity()  #: as it was given
+        #: the same, as the whole contract (its every optional member declared: resolvers.base)
+        self.contract: Resolver = as_resolver(self.resolver)
+        self._resolve = as_async(self.contract)
         self.allow = allow
         self.tls = tls
         self.tls_override = tls_override
         #: the protocol an SNI rule is told: ``stream``, ``amqp`` or ``mqtt`` (over TLS or not)
         self.family = (protocol or "stream").split("/", 1)[0]
         #: the resolver, when it routes each connection by the name it sends (SNI); None otherwise
-        self.by_name: RoutesByName | None = self.resolver if isinstance(self.resolver, RoutesByName) else None
+        self.by_name: Resolver | None = self.contract if self.contract.routes_by_name() else None
         if self.by_name is not None and not tls:
             raise ConfigurationError(f"{self.resolver!r} routes each connection by the name in its TLS hello (SNI): "
                                      f"give tls= (an ssl.SSLContext) as well")
@@ -143,7 +145,7 @@ class Resolution:
             return None
         if node is None and self.by_name is not None and self.node_named is not None:
             node = self.node_named(target)
-        return tls_server_name(target, dialled, self.resolver, self.tls_override, node, self.family)
+        return tls_server_name(target, dialled, self.contract, self.tls_override, node, self.family)
 
     def routed(self, target: Address, node: str | None = None, reached: str | None = None) -> Routed | None:
         """How a connection aimed at ``target`` (the node called ``node``, if known) is routed: by the SNI name

@@ -27,29 +27,25 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol
 
 from smartclient._errors import ResolutionError
 from smartclient.core.address import Address
 
-__all__ = ["NamesTls", "RoutesByName", "checked_sni_name", "default_sni_name", "dns_tls_name", "tls_server_name"]
+__all__ = ["NamesNodes", "checked_sni_name", "default_sni_name", "dns_tls_name", "tls_server_name"]
 
 
-@runtime_checkable
-class NamesTls(Protocol):
-    """The optional second method of the resolver contract (see :mod:`resolvers.base`): the name TLS must
-    verify for connections aimed at ``address``, or None to let the rule below decide."""
-
-    def tls_name(self, address: Address) -> str | None: ...
-
-
-@runtime_checkable
-class RoutesByName(Protocol):
-    """The optional protocol of a resolver that sends every connection to one ingress, which routes it by the
-    name in its TLS hello (SNI): ``sni_name(node, protocol)`` is the name that reaches ``node`` over ``protocol``
+class NamesNodes(Protocol):
+    """What the TLS rule reads of a resolver (declared, with defaults, by :class:`resolvers.Resolver`): the name
+    it gives connections aimed at ``address`` (``tls_name``, None: the rule below decides), and whether it routes
+    each connection by the name in its TLS hello (SNI), and then the name that reaches ``node`` over ``protocol``
     (``stream``, ``amqp``, ``mqtt``; see the module docstring for the string ``node`` is).  That name is sent and
     verified, and each connection is checked to have reached the node it named (a connection that reports
     another node is :class:`Misrouted`)."""
+
+    def tls_name(self, address: Address) -> str | None: ...
+
+    def routes_by_name(self) -> bool: ...
 
     def sni_name(self, node: str, protocol: str) -> str: ...
 
@@ -91,21 +87,20 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-def tls_server_name(target: Address, dialled: Address, resolver: Any, override: str | None = None,
+def tls_server_name(target: Address, dialled: Address, resolver: NamesNodes, override: str | None = None,
                     node: str | None = None, protocol: str = "stream") -> str:
     """The name a TLS connection aimed at ``target`` and dialled at ``dialled`` must verify; ``node``: the
     target node's name, where the caller knows it (AMQP and MQTT placement), and ``protocol`` (``stream``,
     ``amqp``, ``mqtt``), for a resolver that routes by name.
 
     :raises ResolutionError: a resolver that routes by name gave no usable name."""
-    if isinstance(resolver, RoutesByName):
+    if resolver.routes_by_name():
         return resolver.sni_name(node or target.host, protocol)
     if override:
         return override
-    if isinstance(resolver, NamesTls):
-        name = resolver.tls_name(target)
-        if name:
-            return str(name)
+    name = resolver.tls_name(target)
+    if name:
+        return str(name)
     if not _is_ip(dialled.host):
         return dialled.host
     if not _is_ip(target.host):

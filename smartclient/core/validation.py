@@ -20,7 +20,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from smartclient._errors import ConfigurationError
 
@@ -197,12 +197,20 @@ def provider(name: str, value: Any, method: str, kind: str) -> None:
     refuse(name, f"an OpenTelemetry {kind} (with {method}()) or None", value)
 
 
+@runtime_checkable
+class _Resolves(Protocol):
+    """The resolver contract's one required method (:class:`resolvers.Resolves`, declared here too: the core is
+    below the resolvers)."""
+
+    def resolve(self, address: Any) -> Any: ...
+
+
 def resolver(name: str, value: Any, *, optional: bool = True) -> None:
     """``value`` is a resolver: an object with a callable ``resolve``, or a callable (None too if ``optional``).
 
     :raises ConfigurationError: otherwise (an address given where a resolver goes, say), naming ``name``.
     """
-    if (value is None and optional) or callable(value) or callable(getattr(value, "resolve", None)):
+    if (value is None and optional) or callable(value) or isinstance(value, _Resolves):
         return
     refuse(name, f"a resolver (an object with resolve(address), or a function of an address)"
                  f"{' or None' if optional else ''}", value)

@@ -191,16 +191,17 @@ class StreamTelemetry:
 
     def _dns(self) -> Iterable[tuple[float, dict[str, str]]]:
         """Lookups of the DNS resolvers in use (the Environment's, a chain's steps): asked, or from the cache."""
-        resolvers, seen = [self.carriers.placement.connector.resolution.resolver], list[Any]()
+        resolvers, seen = [self.carriers.placement.connector.resolution.contract], list[Any]()
         while resolvers:
             resolver = resolvers.pop()
-            resolvers.extend(getattr(resolver, "resolvers", ()))  # a Chain's steps
-            if hasattr(resolver, "cache_hits") and all(resolver is not r for r in seen):
+            resolvers.extend(resolver.parts())  # a Chain's steps
+            if resolver.cache_counts() is not None and all(resolver is not r for r in seen):
                 seen.append(resolver)
         if not seen:
             return []
-        return [(sum(r.lookups for r in seen), {**_SYSTEM, "smartclient.cache": "miss"}),
-                (sum(r.cache_hits for r in seen), {**_SYSTEM, "smartclient.cache": "hit"})]
+        counts = [r.cache_counts() for r in seen]
+        return [(sum(c[0] for c in counts), {**_SYSTEM, "smartclient.cache": "miss"}),
+                (sum(c[1] for c in counts), {**_SYSTEM, "smartclient.cache": "hit"})]
 
     # -- events ------------------------------------------------------------------------------------------
     def confirm_timer(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
@@ -218,7 +219,7 @@ class StreamTelemetry:
 
     def _time_resolution(self, resolution: Any) -> None:
         if self.timed:
-            attributes = {**_SYSTEM, "smartclient.resolver": type(resolution.resolver).__name__}
+            attributes = {**_SYSTEM, "smartclient.resolver": resolution.contract.resolver_name}
             resolution.on_resolved = lambda seconds: self.resolution_time.record(seconds, attributes)
 
     def chunk_size(self, stream: str, messages: int) -> None:

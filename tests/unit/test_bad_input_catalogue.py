@@ -210,6 +210,7 @@ MORE: dict[str, list[Any]] = {
 # Where a typed error other than ConfigurationError is the documented one.
 OTHER_ERRORS: dict[str, type[SmartClientError]] = {
     "as_async(resolver)": ResolutionError,  # a resolver that is none: documented as ResolutionError
+    "as_resolver(resolver)": ResolutionError,
 }
 # The names an error may use instead of the parameter's own: *resolvers is checked one resolver at a time.
 SAID_AS = {"Chain(resolvers)": "resolver"}
@@ -227,7 +228,8 @@ NOT_BUILT_BY_APPLICATIONS = {
     "Role": "an enum of two members",
     "StreamTopology": "from Environment.topology()",
     "TopologyNode": "a row of the topology report",
-    "Resolver": "a Protocol: what a resolver is, not one",
+    "Resolver": "the base class of the resolver contract: its methods are declared defaults, it takes nothing",
+    "Resolves": "a Protocol: the contract's one required method",
     "ResolverLike": "a type alias",
     "SyncProducer": "made by SyncEnvironment.producer()",
     "SyncConsumer": "made by SyncEnvironment.consumer()",
@@ -279,6 +281,7 @@ BASE: dict[str, dict[str, Any]] = {
     "SrvDiscovery": {"name": "_stream._tcp.example", "nameservers": ["127.0.0.1"]},
     "StaticMap": {"mapping": {"node-1": "127.0.0.1"}},
     "as_async": {"resolver": Identity()},
+    "as_resolver": {"resolver": Identity()},
     "ExactlyOnceSink": {"connection": StreamConnection("rabbitmq-stream://h"), "app_id": "app", "stream": "s",
                         "key_columns": ["k"], "order_columns": ["o"]},
     "StreamConnection": {"uri": "rabbitmq-stream://h"},
