@@ -57,7 +57,6 @@ from smartclient.core.retry import RetryPolicy
 from smartclient.core.routing import hash_partition
 from smartclient.core.settings import (
     ClientCertificate,
-    ClientSettings,
     ConnectionOptions,
     Credentials,
     PoolLimits,
@@ -69,6 +68,7 @@ from smartclient.core.tokens import Token
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology, TopologyNode
 from smartclient.credentials import EXTERNAL, TokenCredentials
 from smartclient.environment import Environment
+from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.stream.consumer import Consumer
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
@@ -97,6 +97,7 @@ __all__ = [
     "ConnectionOptions",
     "Consumer",
     "ConsumerFlow",
+    "ConsumerOptions",
     "Credentials",
     "DataLoss",
     "EnqueueTimeout",
@@ -121,6 +122,7 @@ __all__ = [
     "PoolLimits",
     "PrerequisiteMissing",
     "Producer",
+    "ProducerOptions",
     "PublishFailed",
     "PublishNotSent",
     "PublishingIdNotIncreasing",

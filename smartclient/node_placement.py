@@ -40,10 +40,11 @@ from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement, Reject, RoutedStep
 from smartclient.core.retry import Backoff, RetryPolicy
-from smartclient.core.settings import ClientSettings, Credentials
+from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import checked
-from smartclient.options import CLIENT_OPTIONS
+from smartclient.credentials import ExternalLogin, TokenCredentials
+from smartclient.options import CLIENT_OPTIONS, ClientSettings
 from smartclient.resolution import Route, run_sync
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class NodePlacer(Generic[C]):
         management: ManagementClient | None,
         *,
         settings: ClientSettings | None = None,
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,

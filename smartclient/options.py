@@ -1,25 +1,172 @@
-"""What the options every client of smartclient shares take, by name: credentials, vhost, TLS, the resolver and
-the allow-list, the retry policy, the management API, where to connect.  The Environment
-(:mod:`smartclient.stream.options`) and the AMQP and MQTT placers check what they are given by this table
-(:func:`smartclient.core.validation.checked`), each adding the options of its own; the kinds of value are
-:mod:`smartclient.core.validation`'s.
+"""Options as values, and what the options every client of smartclient shares take.
+
+* :class:`ClientSettings`: the one settings object an Environment hands every wing (credentials, vhost, TLS, the
+  resolver and the allow-list, the retry policy, how connections are opened), typed all the way.
+* :class:`ProducerOptions` and :class:`ConsumerOptions`: how a stream producer or consumer is made, each a frozen
+  value that checks itself once (httpx's ``Timeout`` and ``Limits`` are the model).  ``env.producer(...)`` and
+  ``env.consumer(...)`` take the common ones as keywords and build the value; it travels typed to the stream seam.
+  A new option touches its value, its one use and the seam.
+* :data:`CLIENT_OPTIONS`: the checks of the arguments the Environment's methods and the AMQP and MQTT placers
+  share by name (:func:`smartclient.core.validation.checked`): credentials, vhost, TLS, the resolver and the
+  allow-list, the retry policy, the management API, where to connect.
 """
 
 from __future__ import annotations
 
+import datetime
 import ssl
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
+from smartclient.core.amqp_data import check_encoding
+from smartclient.core.batching import BatchingPolicy
+from smartclient.core.filters import StreamFilter
+from smartclient.core.flow import ConsumerFlow
+from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
-from smartclient.core.validation import Check, flag, function, instance, number, refuse, resolver, text, whole
+from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials
+from smartclient.core.validation import (
+    Check,
+    flag,
+    function,
+    instance,
+    number,
+    refuse,
+    resolver,
+    text,
+    whole,
+)
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
 
-__all__ = ["CLIENT_OPTIONS", "entry_points", "management", "settings"]
+if TYPE_CHECKING:
+    from resolvers import AllowList, ResolverLike
+
+__all__ = ["CLIENT_OPTIONS", "ClientSettings", "ConsumerOptions", "OnError", "ProducerOptions", "check_on_error",
+           "entry_points", "management", "settings"]
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The one settings object an Environment hands every wing, whatever its protocol: credentials, vhost, TLS
+    (and the name it verifies, when given), the resolver, the allow-list, the retry policy, and how connections
+    are opened (name, frame max, heartbeat).  The stream connector, and the AMQP and MQTT placers, are built
+    from it instead of from a pile of keyword arguments."""
+
+    credentials: Credentials | TokenCredentials | ExternalLogin = field(default_factory=Credentials)
+    vhost: str = "/"
+    tls: ssl.SSLContext | None = None
+    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
+    resolver: ResolverLike | None = None  # None: resolvers.Identity
+    allow: AllowList | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
+    #: a ClientCertificate, or a function answering the current one (loaded before each connection)
+    client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None
+
+    @property
+    def frame_max(self) -> int:
+        return self.connection.frame_max
+
+    @property
+    def heartbeat(self) -> int:
+        return self.connection.heartbeat
+
+    @property
+    def connection_name(self) -> str:
+        return self.connection.name
+
+
+OnError = Literal["stop", "skip"] | Callable[[Exception, Any], str]
+"""What a consumer does when its callback raises: ``"stop"``, ``"skip"``, or a function ``(exception, context or
+chunk) -> "skip" | "stop"`` (see :class:`ConsumerOptions`)."""
+
+
+def check_on_error(on_error: Any, where: str) -> OnError:
+    """``on_error`` as given, if it is one: ``"stop"``, ``"skip"`` or a callable.
+    :raises ConfigurationError: anything else (before any I/O)."""
+    if on_error in ("stop", "skip") or callable(on_error):
+        return on_error  # type: ignore[no-any-return]
+    raise ConfigurationError(f"on_error of {where} must be 'stop', 'skip' or a function (exception, context) -> "
+                             f"'skip' | 'stop', not {on_error!r}")
+
+
+@dataclass(frozen=True)
+class ProducerOptions:
+    """How a stream producer is made (``env.producer(stream, options=...)``, or its keywords).
+
+    :param name: the producer's name, for deduplication (unique per stream; the same on every partition of a
+        super stream).
+    :param filter_value: returns the filter value of a message (its body, as given to ``send``), for consumers with a
+        :class:`StreamFilter`.
+    :param batching: how ``send()`` batches (None: the Environment's :class:`BatchingPolicy`).
+    :param encoding: ``"amqp"`` (default): each ``bytes`` body goes as an AMQP 1.0 message of one data section (5 to
+        8 bytes more), which every client reads; ``"raw"``: the body alone, which only stream clients read.
+    :raises ConfigurationError: any of them malformed, naming it.
+    """
+
+    name: str | None = None
+    filter_value: Callable[[Any], str] | None = None
+    batching: BatchingPolicy | None = None
+    encoding: str = "amqp"
+
+    def __post_init__(self) -> None:
+        text("ProducerOptions.name", self.name, optional=True)
+        function("ProducerOptions.filter_value", self.filter_value, takes="message -> filter value")
+        instance("ProducerOptions.batching", self.batching, BatchingPolicy)
+        check_encoding(self.encoding, "ProducerOptions")
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    """How a stream consumer is made (``env.consumer(stream, callback, options=...)``, or its keywords).
+
+    :param offset: where it starts: an :class:`OffsetSpec`, or ``"first"``, ``"last"``, ``"next"`` (default), an
+        absolute offset, a ``datetime`` or an interval such as ``"1h"`` (kept as the :class:`OffsetSpec` it means).
+    :param name: the consumer's name: needed for offset tracking and single active consumer.
+    :param single_active: one instance of ``name`` receives at a time; another takes over on failure.
+    :param on_update: for a single active consumer, called with ``(is_active, consumer)`` when it becomes active
+        (or not); returns where to resume.  Default: after the stored offset, else ``offset``.
+    :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
+    :param filter: only messages with these filter values (see :class:`StreamFilter`).
+    :param flow: when credit is granted, so how many chunks wait in memory (see :class:`ConsumerFlow`).
+    :param on_error: when the callback raises: ``"stop"`` there (``consumer.failure``: :class:`CallbackFailed`; a
+        tracked offset never passes it), ``"skip"`` it (``consumer.callback_errors``), or a function
+        ``(exception, context or chunk) -> "skip" | "stop"``.
+    :raises ConfigurationError: any of them malformed, or tracking or single active without a name.
+    """
+
+    offset: OffsetSpec = field(default_factory=OffsetSpec.next)
+    name: str | None = None
+    single_active: bool = False
+    on_update: Callable[[bool, Any], Awaitable[OffsetSpec] | OffsetSpec] | None = None
+    tracking: OffsetTracking | None = None
+    filter: StreamFilter | None = None
+    flow: ConsumerFlow | None = None
+    on_error: OnError = "stop"
+
+    def __init__(self, offset: OffsetSpec | str | int | datetime.datetime = "next", *, name: str | None = None,
+                 single_active: bool = False,
+                 on_update: Callable[[bool, Any], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
+                 tracking: OffsetTracking | None = None, filter: StreamFilter | None = None,
+                 flow: ConsumerFlow | None = None, on_error: OnError = "stop") -> None:
+        text("ConsumerOptions.name", name, optional=True)
+        flag("ConsumerOptions.single_active", single_active)
+        function("ConsumerOptions.on_update", on_update, takes="(is_active, consumer) -> OffsetSpec")
+        instance("ConsumerOptions.tracking", tracking, OffsetTracking)
+        instance("ConsumerOptions.filter", filter, StreamFilter)
+        instance("ConsumerOptions.flow", flow, ConsumerFlow)
+        check_on_error(on_error, "ConsumerOptions")
+        if (single_active or tracking is not None) and not name:
+            raise ConfigurationError("ConsumerOptions: single_active and offset tracking need a name")
+        values = {"offset": OffsetSpec.parse(offset), "name": name, "single_active": single_active,
+                  "on_update": on_update, "tracking": tracking, "filter": filter, "flow": flow, "on_error": on_error}
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
 
 
 def settings(kind: type | tuple[type, ...], *, optional: bool = True) -> Check:

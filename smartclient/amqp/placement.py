@@ -43,11 +43,11 @@ from smartclient.amqp._pika import (
 from smartclient.core.address import Address
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.validation import checked
-from smartclient.credentials import CredentialsLike, TokenCredentials
+from smartclient.credentials import CredentialsLike, ExternalLogin, TokenCredentials
 from smartclient.node_placement import NodePlacer
-from smartclient.options import CLIENT_OPTIONS
+from smartclient.options import CLIENT_OPTIONS, ClientSettings
 from smartclient.options import management as check_management
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         management: ManagementClient,
         *,
         settings: ClientSettings | None = None,
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,

@@ -49,12 +49,12 @@ from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.tls_names import dns_tls_name
 from smartclient.core.validation import checked, choice, function, instance, provider, text, texts, whole
-from smartclient.credentials import CredentialsLike, TokenCredentials
+from smartclient.credentials import CredentialsLike, ExternalLogin, TokenCredentials
 from smartclient.node_placement import NodePlacer
-from smartclient.options import CLIENT_OPTIONS
+from smartclient.options import CLIENT_OPTIONS, ClientSettings
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -98,7 +98,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         management: ManagementClient | None = None,
         *,
         settings: ClientSettings | None = None,
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,

@@ -1,10 +1,10 @@
-"""Small frozen settings: credentials, the one settings object every wing of an Environment is handed, connection
-options, telemetry, entry-point URIs, pool limits.  Validated on construction."""
+"""Small frozen settings: credentials, connection options, telemetry, entry-point URIs, pool limits.  Validated on
+construction.  The one settings object every wing of an Environment is handed is
+:class:`smartclient.options.ClientSettings`, above the credentials and the resolvers it holds."""
 
 from __future__ import annotations
 
 import os
-import ssl
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -13,7 +13,7 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
 from smartclient.core.validation import flag, number, provider, refuse, text, whole
 
-__all__ = ["ClientCertificate", "ClientSettings", "ConnectionOptions", "Credentials", "PoolLimits", "StreamURI",
+__all__ = ["ClientCertificate", "ConnectionOptions", "Credentials", "PoolLimits", "StreamURI",
            "Telemetry", "parse_stream_uri"]
 
 STREAM_PORT = 5552
@@ -117,38 +117,6 @@ class Telemetry:
         provider("Telemetry.meter_provider", self.meter_provider, method="get_meter", kind="MeterProvider")
         provider("Telemetry.tracer_provider", self.tracer_provider, method="get_tracer", kind="TracerProvider")
         flag("Telemetry.trace_context", self.trace_context)
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """The one settings object an Environment hands every wing, whatever its protocol: credentials, vhost, TLS
-    (and the name it verifies, when given), the resolver, the allow-list, the retry policy, and how connections
-    are opened (name, frame max, heartbeat).  The stream connector, and the AMQP and MQTT placers, are built
-    from it instead of from a pile of keyword arguments."""
-
-    #: a Credentials, smartclient.credentials.TokenCredentials or smartclient.credentials.EXTERNAL
-    credentials: Any = field(default_factory=Credentials)
-    vhost: str = "/"
-    tls: ssl.SSLContext | None = None
-    tls_server_name: str | None = None  # overrides the name TLS verifies (see smartclient.core.tls_names)
-    resolver: Any = None  # a resolvers.ResolverLike (None: Identity)
-    allow: Any = None  # a resolvers.AllowList
-    retry: Any = None  # a RetryPolicy (None: the default)
-    connection: ConnectionOptions = field(default_factory=ConnectionOptions)
-    #: a ClientCertificate, or a function answering the current one (loaded before each connection)
-    client_certificate: Any = None
-
-    @property
-    def frame_max(self) -> int:
-        return self.connection.frame_max
-
-    @property
-    def heartbeat(self) -> int:
-        return self.connection.heartbeat
-
-    @property
-    def connection_name(self) -> str:
-        return self.connection.name
 
 
 @dataclass(frozen=True)

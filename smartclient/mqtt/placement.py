@@ -46,14 +46,14 @@ from smartclient.core.broker_nodes import pick_node, reconnect_candidates
 from smartclient.core.landing import Done, GiveUp, Keep, Placement
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
 from smartclient.core.retry import Backoff, RetryPolicy
-from smartclient.core.settings import ClientCertificate, ClientSettings, Credentials
+from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.validation import checked, flag, number, refuse, whole
-from smartclient.credentials import EXTERNAL, Refreshes
+from smartclient.credentials import EXTERNAL, ExternalLogin, Refreshes, TokenCredentials
 from smartclient.mqtt._paho import MQTTProtocolVersion, Properties, session_properties
 from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
-from smartclient.options import CLIENT_OPTIONS, settings
+from smartclient.options import CLIENT_OPTIONS, ClientSettings, settings
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
@@ -279,7 +279,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         management: ManagementClient | None = None,
         *,
         settings: ClientSettings | None = None,
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
         vhost: str = "/",
         resolver: ResolverLike | None = None,
         allow: AllowList | None = None,

@@ -28,7 +28,8 @@ from smartclient.stream.host import PlacementRecord
 
 if TYPE_CHECKING:
     from smartclient.core.flow import ConsumerFlow
-    from smartclient.core.settings import ClientSettings, PoolLimits
+    from smartclient.core.settings import PoolLimits
+    from smartclient.options import ClientSettings
     from smartclient.stream.host import Connection
     from smartclient.stream.placement import StreamPlacement
     from smartclient.stream.telemetry import StreamTelemetry

@@ -27,8 +27,9 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Reject, RoutedStep, Shared
 from smartclient.core.retry import HANG_MEMORY, RetryPolicy
-from smartclient.core.settings import ClientSettings, PoolLimits
+from smartclient.core.settings import PoolLimits
 from smartclient.core.topology import Candidates
+from smartclient.options import ClientSettings
 from smartclient.resolution import Resolution
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors

@@ -30,7 +30,6 @@ from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import (
     ClientCertificate,
-    ClientSettings,
     ConnectionOptions,
     Credentials,
     PoolLimits,
@@ -43,6 +42,7 @@ from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamT
 from smartclient.core.validation import checked
 from smartclient.credentials import EXTERNAL, ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
+from smartclient.options import ClientSettings
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.publishing import BatchingPolicy

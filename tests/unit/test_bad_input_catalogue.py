@@ -49,7 +49,8 @@ from smartclient import (
     StreamFilter,
 )
 from smartclient.core.retry import Backoff
-from smartclient.core.settings import ClientCertificate, ClientSettings, ConnectionOptions, Credentials, Telemetry
+from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials, Telemetry
+from smartclient.options import ClientSettings
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient

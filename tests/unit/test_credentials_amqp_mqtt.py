@@ -235,7 +235,7 @@ def test_a_provider_that_fails_or_answers_an_expired_token_stops_the_connect_typ
 
 
 def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
-    from smartclient.core.settings import ClientSettings
+    from smartclient.options import ClientSettings
 
     context = ssl.create_default_context()
     assert MqttPlacer(entry_points=["x:8883"], settings=ClientSettings(tls=context)).protocol == "mqtt/ssl"

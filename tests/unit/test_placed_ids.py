@@ -9,7 +9,7 @@ import gc
 from typing import Any
 
 from smartclient.core.address import Address
-from smartclient.core.settings import ClientSettings
+from smartclient.options import ClientSettings
 from smartclient.core.topology import Role
 from smartclient.stream._rstream import attach, connection_of
 from smartclient.stream._rstream.placed import new_carrier

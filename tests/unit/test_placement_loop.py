@@ -15,7 +15,8 @@ import pytest
 from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy, StreamTopology
 from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement, Shared
-from smartclient.core.settings import ClientSettings, Credentials, PoolLimits
+from smartclient.core.settings import Credentials, PoolLimits
+from smartclient.options import ClientSettings
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
 from smartclient.stream.connector import StreamConnector

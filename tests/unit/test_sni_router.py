@@ -24,7 +24,8 @@ from smartclient import (
 )
 from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.landing import Dial, Done, GiveUp, Placement, Reject, Routed, misroute
-from smartclient.core.settings import ClientSettings, Credentials, PoolLimits
+from smartclient.core.settings import Credentials, PoolLimits
+from smartclient.options import ClientSettings
 from smartclient.core.tls_names import default_sni_name, tls_server_name
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer

@@ -35,7 +35,7 @@ from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
 
 if TYPE_CHECKING:
-    from smartclient.core.settings import ClientSettings
+    from smartclient.options import ClientSettings
     from smartclient.stream.host import StreamHost
 
 from smartclient.stream._rstream.columns import chunk_of
