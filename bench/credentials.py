@@ -68,7 +68,7 @@ async def run(bed: LocalTestBed, stream: str, credentials: Any) -> tuple[float, 
         if got < sent:
             raise RuntimeError(f"the consumer read {got} of {sent} messages")
         consume = (got - 1) / (last - first)
-        return publish, consume, env.connector.secret_updates
+        return publish, consume, env.streams.connector.secret_updates
 
 
 async def main() -> int:

@@ -121,7 +121,7 @@ async def child(ops: int) -> None:
                     connection.channel().close()
             await measure("AMQP 0.9.1 connection open, close", lambda: asyncio.to_thread(amqp_connection), ops, 20)
 
-            placer = env.amqp_placer()
+            placer = env.amqp
             with RpcServer(placer, f"{stream}-rpc", lambda body, properties: b"re:" + body) as server:
                 server.start()
                 with placer.connect() as placed:
@@ -150,7 +150,7 @@ async def amqp10(env: Any, queue: str, ops: int) -> None:
     if importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
         print("SKIPPED: AMQP 1.0 (the [amqp10] extra is not installed)", flush=True)
         return
-    placer = env.amqp10_placer()
+    placer = env.amqp10
     env.management.put(f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
     try:
         publisher = placer.publisher(queue)

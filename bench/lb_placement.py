@@ -130,7 +130,7 @@ async def run_smartclient(bed: LocalTestBed, streams: list[str], work: Workload,
         records = env.placements()
         connections = len({r.connection for r in records})
         minimum = len({(r.role, r.node) for r in records}) + 1
-        wrong = sum(env.connector.mismatches.values())
+        wrong = sum(env.streams.connector.mismatches.values())
     return Result(opened, connections, minimum, seconds, *score(bed, placed), wrong=wrong)
 
 

@@ -44,7 +44,7 @@ async def main() -> int:
 
         topology = await env.topology(STREAM)
         print(f"stream {STREAM}: leader {topology.leader}, replicas {', '.join(map(str, topology.replicas))}")
-        print(f"dialled only the load balancer {lb}; {env.connector.opened} connections opened in all\n")
+        print(f"dialled only the load balancer {lb}; {env.streams.connector.opened} connections opened in all\n")
         print(f"{'ROLE':<9} {'NODE (reported by the connection)':<36} {'DIALLED':<18} CONNECTION")
         rows = [("producer", producer.placement)] + [("consumer", c.placement) for c in consumers]
         for role, record in rows:

@@ -161,7 +161,7 @@ async def _topology(args: argparse.Namespace, console: Any) -> int:
         for stream in args.streams:
             topo = await env.topology(stream)
             for role, node in [("leader", topo.leader), *(("replica", r) for r in topo.replicas)]:
-                dialled = await env.connector.resolve(node)
+                dialled = await env.streams.connector.resolve(node)
                 style = "green" if role == "leader" else None
                 table.add_row(stream, role, str(node), str(dialled) + ("" if dialled != node else " (same)"),
                               style=style)
@@ -182,9 +182,9 @@ async def _probe(args: argparse.Namespace, console: Any) -> int:
             task = progress.add_task(f"connecting through {lb}", total=args.connections)
             for _ in range(args.connections):
                 try:
-                    conn = await env.connector.dial(lb, f"smartclient-probe-{uuid.uuid4().hex[:6]}")
+                    conn = await env.streams.connector.dial(lb, f"smartclient-probe-{uuid.uuid4().hex[:6]}")
                     reached[conn.node] += 1
-                    await env.connector.close_connection(conn)
+                    await env.streams.connector.close_connection(conn)
                 except SmartClientError as exc:
                     failures.append(str(exc))
                 progress.advance(task)
@@ -214,7 +214,7 @@ async def _place(args: argparse.Namespace, console: Any) -> int:
     policy = _policy(args)
     async with _environment(args) as env:
         # the Environment's own decision, under the policy given: each role's candidates before it is placed
-        candidates = {role: await env.candidates(args.stream, role) for role in (Role.PRODUCER, Role.CONSUMER)}
+        candidates = {role: await env.streams.candidates(args.stream, role) for role in (Role.PRODUCER, Role.CONSUMER)}
         started = time.monotonic()
         producer = await env.producer(args.stream)
         consumer = await env.consumer(args.stream, lambda message, context: None, offset="next")

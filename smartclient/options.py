@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import ssl
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,7 +28,7 @@ from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials
+from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials, StreamURI, parse_entry_points
 from smartclient.core.validation import (
     Check,
     flag,
@@ -40,14 +40,14 @@ from smartclient.core.validation import (
     text,
     whole,
 )
-from smartclient.credentials import ExternalLogin, TokenCredentials
+from smartclient.credentials import EXTERNAL, ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike
+    from resolvers import AllowList, ResolverLike, SrvDiscovery
 
 __all__ = ["CLIENT_OPTIONS", "ClientSettings", "ConsumerOptions", "OnError", "ProducerOptions", "check_on_error",
-           "entry_points", "management", "settings"]
+           "client_settings", "entry_points", "management", "settings"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,50 @@ class ClientSettings:
     @property
     def connection_name(self) -> str:
         return self.connection.name
+
+
+def client_settings(
+    entry_points: str | Address | Sequence[str | Address] | SrvDiscovery,
+    *,
+    credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
+    vhost: str | None = None,
+    tls: ssl.SSLContext | None = None,
+    client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
+    tls_server_name: str | None = None,
+    resolver: ResolverLike | None = None,
+    allow: AllowList | None = None,
+    retry: RetryPolicy | None = None,
+    connection: ConnectionOptions | None = None,
+) -> tuple[ClientSettings, tuple[Address, ...], SrvDiscovery | None]:
+    """The one :class:`ClientSettings` of an Environment's arguments, with its entry points (addresses, or an SRV
+    discovery): the URIs' user, password and vhost unless given, TLS for a ``+tls`` URI.
+
+    :raises ConfigurationError: URIs that disagree on credentials or vhost, or a client certificate without TLS."""
+    from resolvers import Identity, SrvDiscovery
+
+    srv: SrvDiscovery | None = None
+    uris: list[StreamURI] = []
+    if isinstance(entry_points, SrvDiscovery):
+        srv = entry_points
+    else:
+        uris = parse_entry_points([entry_points] if isinstance(entry_points, str | Address) else list(entry_points))
+    creds = {u.credentials for u in uris if u.credentials}
+    vhosts = {u.vhost for u in uris if u.vhost is not None}
+    if len(creds) > 1 and credentials is None:
+        raise ConfigurationError("the entry-point URIs carry different credentials; pass credentials=")
+    if len(vhosts) > 1 and vhost is None:
+        raise ConfigurationError(f"the entry-point URIs name different vhosts {sorted(vhosts)}; pass vhost=")
+    if any(u.tls for u in uris) and tls is None:
+        tls = ssl.create_default_context()
+    if client_certificate is not None and tls is None:
+        raise ConfigurationError("client_certificate= needs TLS: give tls= (an ssl.SSLContext) as well")
+    if credentials is None:
+        credentials = next(iter(creds), EXTERNAL if client_certificate is not None else Credentials())
+    settings = ClientSettings(
+        credentials, vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name,
+        resolver if resolver is not None else Identity(), allow, retry if retry is not None else RetryPolicy(),
+        connection if connection is not None else ConnectionOptions(), client_certificate)
+    return settings, tuple(u.address for u in uris), srv
 
 
 OnError = Literal["stop", "skip"] | Callable[[Exception, Any], str]

@@ -18,21 +18,30 @@ Consumer callbacks run on that loop's thread: keep them short, or hand the work 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from smartclient._errors import ConnectionFailed
+from smartclient.core.batching import BatchingPolicy
+from smartclient.core.delivery import Chunk
+from smartclient.core.filters import StreamFilter
+from smartclient.core.flow import ConsumerFlow
+from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.topology import StreamTopology
 from smartclient.environment import Environment
+from smartclient.options import ConsumerOptions, OnError, ProducerOptions
 from smartclient.stream.consumer import Consumer
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.publishing import Confirmation
 from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
+from smartclient.stream.wing import StreamWing
 
-__all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer", "SyncSuperStreamConsumer", "SyncSuperStreamProducer"]
+__all__ = ["SyncConsumer", "SyncEnvironment", "SyncProducer", "SyncStreams", "SyncSuperStreamConsumer",
+           "SyncSuperStreamProducer"]
 
 T = TypeVar("T")
 
@@ -132,6 +141,16 @@ class SyncConsumer(_SyncHandle):
         return self._loop.run(self.aio.stored_offset())
 
 
+class SyncStreams:
+    """The stream wing, its coroutine methods run to completion on the facade's loop (``env.streams``)."""
+
+    def __init__(self, loop: _Loop, wing: StreamWing) -> None:
+        self._loop, self.aio = loop, wing
+
+    def __getattr__(self, name: str) -> Any:
+        return _blocking(self._loop, name, getattr(self.aio, name))
+
+
 def _blocking(loop: _Loop, name: str, attribute: Any) -> Any:
     """``attribute`` itself, or for a coroutine method, a function that runs it to completion on ``loop``."""
     if not asyncio.iscoroutinefunction(attribute):
@@ -207,20 +226,38 @@ class SyncEnvironment:
             self._loop.stop()
 
     # -- the common calls, typed ------------------------------------------------------------------
-    def producer(self, stream: str, **options: Any) -> SyncProducer:
+    @property
+    def streams(self) -> SyncStreams:
+        """The stream wing (:attr:`Environment.streams <smartclient.Environment.streams>`), its calls blocking."""
+        return SyncStreams(self._loop, self.aio.streams)
+
+    def producer(self, stream: str, *, options: ProducerOptions | None = None, name: str | None = None,
+                 filter_value: Callable[[Any], str] | None = None, batching: BatchingPolicy | None = None,
+                 encoding: str = "amqp") -> SyncProducer:
         """See :meth:`Environment.producer <smartclient.Environment.producer>`."""
-        return SyncProducer(self._loop, self._loop.run(self.aio.producer(stream, **options)))
+        return SyncProducer(self._loop, self._loop.run(self.aio.producer(
+            stream, options=options, name=name, filter_value=filter_value, batching=batching, encoding=encoding)))
 
-    def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
-                 **options: Any) -> SyncConsumer:
-        """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` (or ``on_chunk=``)
+    def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None] | None = None, *,
+                 on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
+                 options: ConsumerOptions | None = None, offset: OffsetSpec | str | int | datetime.datetime = "next",
+                 name: str | None = None, single_active: bool = False,
+                 on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
+                 tracking: OffsetTracking | None = None, filter: StreamFilter | None = None,
+                 flow: ConsumerFlow | None = None, on_error: OnError = "stop") -> SyncConsumer:
+        """See :meth:`Environment.consumer <smartclient.Environment.consumer>`; ``callback`` (or ``on_chunk``)
         runs on the facade's loop thread."""
-        return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(stream, callback, **options)))
+        return SyncConsumer(self._loop, self._loop.run(self.aio.consumer(
+            stream, callback, on_chunk=on_chunk, options=options, offset=offset, name=name,
+            single_active=single_active, on_update=on_update, tracking=tracking, filter=filter, flow=flow,
+            on_error=on_error)))
 
-    def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, **options: Any) -> Iterator[Any]:
+    def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, *, filter: StreamFilter | None = None,
+                   settle: float = 1.0, fail_on_data_loss: bool = True, decode: bool = False) -> Iterator[Any]:
         """See :meth:`Environment.iter_arrow <smartclient.Environment.iter_arrow>`: the batches, each read on the
         facade's loop thread as the iteration asks for it (the arguments are checked at once)."""
-        batches = self.aio.iter_arrow(stream, start, end, **options)
+        batches = self.aio.iter_arrow(stream, start, end, filter=filter, settle=settle,
+                                      fail_on_data_loss=fail_on_data_loss, decode=decode)
 
         async def step() -> Any:
             return await anext(batches)
@@ -240,17 +277,26 @@ class SyncEnvironment:
 
         return iterate()
 
-    def super_stream_producer(self, super_stream: str, **options: Any) -> SyncSuperStreamProducer:
+    def super_stream_producer(self, super_stream: str, *, routing: str = "hash",
+                              key: Callable[[Any], str] | None = None, options: ProducerOptions | None = None,
+                              name: str | None = None, encoding: str = "amqp") -> SyncSuperStreamProducer:
         """See :meth:`Environment.super_stream_producer <smartclient.Environment.super_stream_producer>`."""
-        handle = self._loop.run(self.aio.super_stream_producer(super_stream, **options))
+        handle = self._loop.run(self.aio.super_stream_producer(super_stream, routing=routing, key=key,
+                                                               options=options, name=name, encoding=encoding))
         return SyncSuperStreamProducer(self._loop, handle)
 
     def super_stream_consumer(self, super_stream: str,
-                              callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
-                              **options: Any) -> SyncSuperStreamConsumer:
+                              callback: Callable[[Any, Any], Awaitable[None] | None] | None = None, *,
+                              on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
+                              options: ConsumerOptions | None = None,
+                              offset: OffsetSpec | str | int | datetime.datetime = "next", name: str | None = None,
+                              single_active: bool = False, tracking: OffsetTracking | None = None,
+                              flow: ConsumerFlow | None = None, on_error: OnError = "stop") -> SyncSuperStreamConsumer:
         """See :meth:`Environment.super_stream_consumer <smartclient.Environment.super_stream_consumer>`;
-        ``callback`` (or ``on_chunk=``) runs on the facade's loop thread."""
-        handle = self._loop.run(self.aio.super_stream_consumer(super_stream, callback, **options))
+        ``callback`` (or ``on_chunk``) runs on the facade's loop thread."""
+        handle = self._loop.run(self.aio.super_stream_consumer(
+            super_stream, callback, on_chunk=on_chunk, options=options, offset=offset, name=name,
+            single_active=single_active, tracking=tracking, flow=flow, on_error=on_error))
         return SyncSuperStreamConsumer(self._loop, handle)
 
     def create_stream(self, stream: str, arguments: Any = None, exists_ok: bool = False) -> None:
@@ -269,8 +315,8 @@ class SyncEnvironment:
         return self.aio.placements()
 
     def resources(self) -> dict[str, int]:
-        """See :meth:`Environment.resources <smartclient.Environment.resources>` (read on the loop thread)."""
+        """See :meth:`StreamWing.resources <smartclient.stream.wing.StreamWing.resources>` (read on the loop thread)."""
 
         async def read() -> dict[str, int]:
-            return self.aio.resources()
+            return self.aio.streams.resources()
         return self._loop.run(read())

@@ -9,7 +9,7 @@ from smartclient.core.settings import ConnectionOptions, Credentials, parse_stre
 from smartclient.core.validation import resolver, text
 
 if TYPE_CHECKING:
-    from smartclient.stream.environment import StreamEnvironment
+    from smartclient.stream.wing import StreamWing
 
 __all__ = ["StreamConnection"]
 
@@ -37,11 +37,14 @@ class StreamConnection:
     def key(self) -> tuple[Any, ...]:
         return (self.uri, self.username, self.password, repr(self.resolver))
 
-    def environment(self) -> StreamEnvironment:
-        from smartclient.stream.environment import StreamEnvironment
+    def environment(self) -> StreamWing:
+        """The stream wing this connection describes (a task's only need: no other wing is built)."""
+        from smartclient.options import client_settings
+        from smartclient.stream.wing import StreamWing
 
         given = parse_stream_uri(self.uri).credentials or Credentials()
         credentials = Credentials(self.username if self.username is not None else given.username,
                                   self.password if self.password is not None else given.password)
-        return StreamEnvironment(self.uri, credentials=credentials, resolver=self.resolver,
-                                 connection=ConnectionOptions(name="smartclient-spark"))
+        settings, entries, _ = client_settings(self.uri, credentials=credentials, resolver=self.resolver,
+                                               connection=ConnectionOptions(name="smartclient-spark"))
+        return StreamWing(settings, entries)

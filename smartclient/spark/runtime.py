@@ -1,7 +1,7 @@
-"""One event loop per Python worker, in a background thread, with the StreamEnvironments it opened.
+"""One event loop per Python worker, in a background thread, with the StreamWings it opened.
 
 Spark runs ``foreachPartition`` functions and data-source readers in Python worker processes that
-are reused across tasks; the StreamEnvironment (and its connections) of a given :class:`StreamConnection`
+are reused across tasks; the StreamWing (and its connections) of a given :class:`StreamConnection`
 is opened once per worker and closed when the worker exits.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from smartclient.spark.config import StreamConnection
-from smartclient.stream.environment import StreamEnvironment
+from smartclient.stream.wing import StreamWing
 
 __all__ = ["run_with_environment"]
 
@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
-_envs: dict[tuple[Any, ...], StreamEnvironment] = {}
+_envs: dict[tuple[Any, ...], StreamWing] = {}
 
 
 def _get_loop() -> asyncio.AbstractEventLoop:
@@ -37,7 +37,7 @@ def _get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-async def _environment(connection: StreamConnection) -> StreamEnvironment:
+async def _environment(connection: StreamConnection) -> StreamWing:
     env = _envs.get(connection.key)
     if env is None or env.closed:
         env = connection.environment()
@@ -46,8 +46,8 @@ async def _environment(connection: StreamConnection) -> StreamEnvironment:
     return env
 
 
-def run_with_environment(connection: StreamConnection, work: Callable[[StreamEnvironment], Awaitable[T]]) -> T:
-    """Run ``work(env)`` on the worker's loop with the worker's StreamEnvironment for ``connection``; block."""
+def run_with_environment(connection: StreamConnection, work: Callable[[StreamWing], Awaitable[T]]) -> T:
+    """Run ``work(env)`` on the worker's loop with the worker's StreamWing for ``connection``; block."""
 
     async def call() -> T:
         return await work(await _environment(connection))

@@ -49,6 +49,7 @@ from typing import Any
 from smartclient import _otel
 from smartclient._errors import ConfigurationError, MessageTooLarge
 from smartclient.core.validation import choice, function, instance, provider, text, texts, whole
+from smartclient.options import ProducerOptions
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.publish_frames import as_part
@@ -408,7 +409,7 @@ class _TaskWriter:
             key = (stream, name)
             producer = self.producers.get(key)
             if producer is None:
-                producer = self.producers[key] = await env.producer(stream, name=name)
+                producer = self.producers[key] = await env.producer(stream, ProducerOptions(name=name))
             position = self.positions.get(key, 0)
             if position + len(bodies) > MAX_ROWS_PER_SLOT:
                 raise ConfigurationError(f"more than 2**32 rows for producer {name} of batch {self.batch_id}")

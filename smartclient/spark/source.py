@@ -66,6 +66,7 @@ from smartclient._errors import ConfigurationError
 from smartclient._pyarrow import arrow
 from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
+from smartclient.options import ConsumerOptions
 from smartclient.spark._pyspark import (
     PYSPARK_VERSION,
     DataSource,
@@ -210,7 +211,7 @@ async def _record_bytes(env: Any, stream: str, offset: int, available: int) -> f
             if len(sizes) >= want:
                 got.set()
 
-    consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(offset))
+    consumer = await env.consumer(stream, on_chunk=on_chunk, options=ConsumerOptions(OffsetSpec.at(offset)))
     try:
         await got.wait()
     finally:

@@ -20,7 +20,7 @@ __all__ = ["resources"]
 
 
 def resources(env: Any) -> dict[str, int]:
-    """The sizes of an Environment's tables, by name (see :meth:`smartclient.Environment.resources`)."""
+    """The sizes of an Environment's tables, by name (see :meth:`smartclient.stream.wing.StreamWing.resources`)."""
     connector, carriers, placement, topologies = env.connector, env._carriers, env._placement, env._topologies
     counts: Counter[str] = Counter()
     counts["connections"] = len(connector.connections)

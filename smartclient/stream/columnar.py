@@ -31,6 +31,7 @@ from smartclient.core.offsets import OffsetSpec
 from smartclient.core.retry import Backoff
 from smartclient.core.stream_arguments import validate_stream_name
 from smartclient.core.validation import flag, instance, number, whole
+from smartclient.options import ConsumerOptions
 
 __all__ = ["QUEUED_BATCHES", "iter_range", "next_offset", "read_range"]
 
@@ -68,7 +69,8 @@ async def _next_offset_by_reading(env: Any, stream: str, last_chunk: int, wait: 
     are never read)."""
     if last_chunk < 0:
         return 0  # empty
-    consumer = await env.consumer(stream, lambda message, context: None, offset=OffsetSpec.at(last_chunk))
+    consumer = await env.consumer(stream, lambda message, context: None,
+                                  options=ConsumerOptions(OffsetSpec.at(last_chunk)))
     try:
         began = time.monotonic()
         looked = began
@@ -148,7 +150,8 @@ async def _iter_range(env: Any, stream: str, start: int, end: int | None, filter
             reached = True
             await queue.put(_DONE)
 
-    consumer = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(start), filter=filter)
+    consumer = await env.consumer(stream, on_chunk=on_chunk,
+                                  options=ConsumerOptions(OffsetSpec.at(start), filter=filter))
     try:
         async for batch in _batches(env, consumer, queue, stream, start, end, settle, filter, fail_on_data_loss,
                                     loss_hint, first_seen):
@@ -245,7 +248,7 @@ async def _next_handed(env: Any, stream: str, offset: int, settle: float, filter
         if len(chunk) and not handed.done():
             handed.set_result(chunk.first_offset)
 
-    probe = await env.consumer(stream, on_chunk=on_chunk, offset=OffsetSpec.at(offset), filter=filter)
+    probe = await env.consumer(stream, on_chunk=on_chunk, options=ConsumerOptions(OffsetSpec.at(offset), filter=filter))
     try:
         return await asyncio.wait_for(asyncio.shield(handed), settle)
     except asyncio.TimeoutError:

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from smartclient._errors import (
     REFUSALS,
@@ -21,24 +21,21 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt, step
 from smartclient.core.delivery import Chunk, ChunkHandler
-from smartclient.core.filters import StreamFilter
-from smartclient.core.offsets import OffsetSpec, OffsetTracking
+from smartclient.core.offsets import OffsetSpec
 from smartclient.core.retry import WATCH_POLL, Backoff
 from smartclient.core.topology import Role
+from smartclient.options import ConsumerOptions, OnError
 from smartclient.stream.handles import _Handle
 from smartclient.stream.lag import lag_sampler
 from smartclient.stream.unreported import move_back, watch_deliveries
 
-__all__ = ["Consumer", "OnError", "check_on_error", "consumer_handler"]
+__all__ = ["Consumer", "consumer_handler"]
 
 log = logging.getLogger(__name__)
 
 #: between reads of the stored offset when a single active consumer is activated and the first read failed
 ACTIVATION_RETRY = Backoff(initial=0.05, factor=2.0, max=0.5)
 
-OnError = Literal["stop", "skip"] | Callable[[Exception, Any], str]
-"""What a consumer does when its callback raises: ``"stop"``, ``"skip"``, or a function ``(exception, context or
-chunk) -> "skip" | "stop"`` (see :meth:`Environment.consumer`)."""
 
 
 class Consumer(_Handle):
@@ -113,28 +110,17 @@ class Consumer(_Handle):
 
         return _rstream.queued_chunks(self._subscriber) if self._subscriber is not None else 0
 
-    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
-        offset = await place() if place is not None else options.pop("offset")
-        await self._subscribe(offset=offset, **options)
-
-    async def _subscribe(
-        self,
-        callback: Callable[..., Awaitable[None] | None],
-        offset: OffsetSpec,
-        *,
-        chunks: bool = False,
-        single_active: bool = False,
-        on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
-        tracking: OffsetTracking | None = None,
-        super_stream: str | None = None,
-        stream_filter: StreamFilter | None = None,
-        on_error: OnError = "stop",
-    ) -> None:
+    async def subscribe(self, callback: Callable[..., Awaitable[None] | None], offset: OffsetSpec,
+                        options: ConsumerOptions, *, chunks: bool = False, super_stream: str | None = None) -> None:
+        """Subscribe from ``offset``, handing each message (or chunk, ``chunks``) to ``callback`` as ``options`` say:
+        the consumer's placement.  ``super_stream``: the super stream whose partition its stream is."""
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
+        single_active, on_update, tracking = options.single_active, options.on_update, options.tracking
+        stream_filter = options.filter
         self.offset = offset
-        self._on_error = on_error
+        self._on_error = options.on_error
         self._tracking = tracking
         self._stored: int | None = None
         self._since_store = 0
@@ -432,27 +418,13 @@ class Consumer(_Handle):
             self._host.release(self)
 
 
-def consumer_handler(stream: str, callback: Any, on_chunk: Any, on_error: Any, *, name: str | None = None,
-                     single_active: bool = False, tracking: Any = None) -> Callable[..., Any]:
-    """The one handler of a consumer on ``stream`` (``callback`` or ``on_chunk``), its options checked.
-    :raises ConfigurationError: both or neither given, not callable, a bad ``on_error``, or tracking or single
-        active without a name (before any I/O)."""
+def consumer_handler(stream: str, callback: Any, on_chunk: Any) -> Callable[..., Any]:
+    """The one handler of a consumer on ``stream``: ``callback`` or ``on_chunk``.
+    :raises ConfigurationError: both or neither given, or not callable (before any I/O)."""
     if (callback is None) == (on_chunk is None):
         raise ConfigurationError(f"a consumer on {stream!r} takes a callback or on_chunk, and only one of them")
     if not callable(handler := callback if on_chunk is None else on_chunk):
         raise ConfigurationError(
             f"the {'callback' if on_chunk is None else 'on_chunk'} of a consumer on {stream!r} must be callable "
             f"({'message, context' if on_chunk is None else 'chunk'}), not {handler!r}")
-    check_on_error(on_error, f"a consumer on {stream!r}")
-    if (single_active or tracking is not None) and not name:
-        raise ConfigurationError(f"a consumer on {stream!r} with single_active or offset tracking needs a name")
     return handler  # type: ignore[no-any-return]
-
-
-def check_on_error(on_error: Any, where: str) -> OnError:
-    """``on_error`` as given, if it is one: ``"stop"``, ``"skip"`` or a callable.
-    :raises ConfigurationError: anything else (before any I/O)."""
-    if on_error in ("stop", "skip") or callable(on_error):
-        return on_error  # type: ignore[no-any-return]
-    raise ConfigurationError(f"on_error of {where} must be 'stop', 'skip' or a function (exception, context) -> "
-                             f"'skip' | 'stop', not {on_error!r}")

@@ -40,6 +40,7 @@ from smartclient.stream.publishing import (
 from smartclient.stream.unreported import confirm_leader, watch_confirms
 
 if TYPE_CHECKING:
+    from smartclient.options import ProducerOptions
     from smartclient.stream.host import HandleControl, PlacementRecord, StreamHost
 
 __all__ = ["Producer", "RecoveryAttempt", "open_handle"]
@@ -59,13 +60,12 @@ class RecoveryAttempt:
     steps: str
 
 
-async def open_handle(handle: H, seconds: float, place: Callable[[], Awaitable[Any]] | None = None,
-                      **options: Any) -> H:
-    """Place ``handle`` (a Producer, or a Consumer given ``place``, the work before it subscribes) within
-    ``seconds``; on any failure, or a cancellation, nothing of it stays behind in rstream."""
+async def open_handle(handle: H, seconds: float, opening: Callable[[], Awaitable[Any]]) -> H:
+    """Place ``handle`` (a Producer or a Consumer) within ``seconds``: ``opening`` is what places it (declaring the
+    publisher, subscribing); on any failure, or a cancellation, nothing of it stays behind in rstream."""
     try:
         with attempt(seconds, f"placing {handle!r}") as deadline:
-            await handle._open(place, **options)
+            await opening()
         log.debug("%r placed: %s", handle, deadline.log())
     except BaseException:
         await asyncio.shield(handle._close(flush=False))
@@ -137,9 +137,6 @@ class _Handle:
         await self._close(flush=True)
 
     async def _close(self, flush: bool) -> None:
-        raise NotImplementedError
-
-    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
         raise NotImplementedError
 
     @property
@@ -299,26 +296,24 @@ class Producer(_Handle):
         is why automatically numbered ids start at 1.  ``None`` for an unnamed producer (no stored sequence)."""
         return self._ids.stored if self.name else None
 
-    async def _open(self, place: Callable[[], Awaitable[Any]] | None, **options: Any) -> None:
-        await self._place(**options)
-
-    async def _place(self, batching: BatchingPolicy, filter_value: Callable[[Any], str] | None,
-                     encoding: str = "amqp") -> None:
+    async def place(self, options: ProducerOptions, batching: BatchingPolicy) -> None:
+        """Declare the publisher on the leader (and, named, read its stored sequence): the producer's placement."""
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors
 
         # rstream creates its publisher lazily, on the first send; create it now so that placement
         # (and any placement error) happens here.  Publishing itself goes through PublishBuffer.
         self._ids = PublishingIds(self.stream, self.name)
-        self.encoding = encoding
+        self.encoding = encoding = options.encoding
         with map_stream_errors(f"declaring a producer on {self.stream!r}"):
             client, publisher_id = await _rstream.declare_publisher(self._carrier, self.stream, self.name)
             if name := self.name:  # (it asks the writer: on a connection of its own)
                 self._ids.stored = await self._host.aside(
                     self.stream, "the publishing id query", lambda other: _rstream.stored_sequence(other, self.stream,
                                                                                                     name))
-        self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, filter_value, on_lost=self._lost,
-                                     on_confirmed=self._host.confirm_watch(self.stream), encoding=encoding)
+        self._buffer = PublishBuffer(client, publisher_id, self.stream, batching, options.filter_value,
+                                     on_lost=self._lost, on_confirmed=self._host.confirm_watch(self.stream),
+                                     encoding=encoding)
         self._setup_done()
         if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
             self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))

@@ -18,6 +18,7 @@ from smartclient._errors import ConnectionFailed
 from smartclient.core.address import Address
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.topology import Candidates, Role, StreamTopology
+from smartclient.options import ConsumerOptions, ProducerOptions
 
 __all__ = ["Connection", "HandleControl", "PlacementRecord", "StreamHost", "StreamOpener"]
 
@@ -162,10 +163,9 @@ class StreamHost(Protocol):
 class StreamOpener(Protocol):
     """What a super stream needs: producers and consumers of its partitions, and the broker's routes."""
 
-    async def producer(self, stream: str, *, name: str | None = None, encoding: str = ...) -> Any: ...
+    async def producer(self, stream: str, options: ProducerOptions = ...) -> Any: ...
 
-    async def consumer(self, stream: str, callback: Any = ..., *, on_chunk: Any = ..., offset: Any = ...,
-                       name: str | None = ..., single_active: bool = ..., tracking: Any = ..., flow: Any = ...,
-                       on_error: Any = ..., _super_stream: str | None = ...) -> Any: ...
+    async def consumer(self, stream: str, callback: Any = ..., *, on_chunk: Any = ...,
+                       options: ConsumerOptions = ..., super_stream: str | None = ...) -> Any: ...
 
     async def route(self, super_stream: str, routing_key: str) -> list[str]: ...

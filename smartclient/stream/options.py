@@ -1,10 +1,10 @@
-"""What each option of the stream wing's ``StreamEnvironment`` takes, by name: the table its constructor and every
-public method check what they are given by, before anything else (so before any I/O).
+"""What each argument of the Environment's stream calls takes, by name: the table the face and the stream wing
+check what they are given by, before anything else (so before any I/O).
 
-An option means the same in every method that takes it (``stream``, ``name``, ``flow``...); a method whose option
+An argument means the same in every method that takes it (``stream``, ``partitions``...); a method whose argument
 differs has an entry of its own (``"stored_offset.name"``: a name is needed there).  The kinds of value are
-:mod:`smartclient.core.validation`'s; the consumer's handler and ``on_error`` are checked with the handler
-(:func:`smartclient.stream.consumer.consumer_handler`).
+:mod:`smartclient.core.validation`'s.  A producer's and a consumer's options are not here: each is a value that
+checks itself (:class:`~smartclient.options.ProducerOptions`, :class:`~smartclient.options.ConsumerOptions`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from typing import Any
 
 from smartclient.core.address import Address
 from smartclient.core.batching import BatchingPolicy
-from smartclient.core.filters import StreamFilter
-from smartclient.core.flow import ConsumerFlow
-from smartclient.core.offsets import OffsetSpec, OffsetTracking
+from smartclient.core.offsets import OffsetSpec
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.settings import ConnectionOptions, PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
@@ -59,19 +57,10 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     "invalidate.stream": _optional_stream,
     "super_stream": _stream,
     "role": settings(Role, optional=False),
-    "name": partial(text, optional=True),
     "stored_offset.name": text,
-    "batching": settings(BatchingPolicy),
-    "filter_value": partial(function, takes="message -> filter value"),
     "key": partial(function, takes="message -> routing key"),
     "routing": partial(choice, choices=("hash", "key")),
     "routing_key": partial(text, empty=True),
-    "offset": _offset,
-    "single_active": flag,
-    "on_update": partial(function, takes="(is_active, consumer) -> OffsetSpec"),
-    "tracking": settings(OffsetTracking),
-    "filter": settings(StreamFilter),
-    "flow": settings(ConsumerFlow),
     "arguments": _arguments,
     "exists_ok": flag,
     "missing_ok": flag,

@@ -18,8 +18,7 @@ from smartclient.core.routing import hash_partition
 from smartclient.stream.admin import partition_names
 
 if TYPE_CHECKING:
-    from smartclient.core.flow import ConsumerFlow
-    from smartclient.core.offsets import OffsetSpec, OffsetTracking
+    from smartclient.options import ConsumerOptions, ProducerOptions
     from smartclient.stream.consumer import Consumer
     from smartclient.stream.handles import Producer
     from smartclient.stream.host import StreamOpener
@@ -65,7 +64,7 @@ class SuperStreamProducer:
     """
 
     def __init__(self, env: StreamOpener, super_stream: str, partitions: list[str], routing: str,
-                 key: Callable[[Any], str] | None, name: str | None, encoding: str = "amqp") -> None:
+                 key: Callable[[Any], str] | None, options: ProducerOptions) -> None:
         if routing not in ROUTINGS:
             raise ConfigurationError(f"routing {routing!r} must be one of {ROUTINGS}")
         self.env = env
@@ -73,8 +72,9 @@ class SuperStreamProducer:
         self.partitions = partitions
         self.routing = routing
         self.key = key
-        self.name = name
-        self.encoding = encoding  #: "amqp" or "raw", for every partition (see Environment.producer)
+        self.options = options  #: every partition's producer's (the same name on each)
+        self.name = options.name
+        self.encoding = options.encoding  #: "amqp" or "raw", for every partition (see Environment.producer)
         self.producers: dict[str, Producer] = {}
         self.closed = False
         self._routes: dict[str, list[str]] = {}
@@ -88,7 +88,7 @@ class SuperStreamProducer:
 
     async def _open(self) -> None:
         for partition in self.partitions:
-            self.producers[partition] = await self.env.producer(partition, name=self.name, encoding=self.encoding)
+            self.producers[partition] = await self.env.producer(partition, self.options)
 
     async def route(self, body: Any, key: str | None = None) -> list[str]:
         """The partitions a message goes to (one for hash routing; those bound to the key for key routing).
@@ -248,15 +248,12 @@ class SuperStreamConsumer:
     def __repr__(self) -> str:
         return f"SuperStreamConsumer(super_stream={self.super_stream!r})"
 
-    async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None] | None, offset: OffsetSpec,
-                    name: str | None, single_active: bool, tracking: OffsetTracking | None,
-                    flow: ConsumerFlow | None = None, on_chunk: Callable[[Any], Any] | None = None,
-                    on_error: Any = "stop") -> None:
+    async def _open(self, callback: Callable[[Any, Any], Awaitable[None] | None] | None,
+                    on_chunk: Callable[[Any], Any] | None, options: ConsumerOptions) -> None:
         for partition in self.partitions:
             self.consumers[partition] = await self.env.consumer(
-                partition, callback, on_chunk=on_chunk, offset=offset, name=name, single_active=single_active,
-                tracking=tracking, on_error=on_error,
-                flow=flow, _super_stream=self.super_stream if single_active else None,
+                partition, callback, on_chunk=on_chunk, options=options,
+                super_stream=self.super_stream if options.single_active else None,
             )
 
     @property

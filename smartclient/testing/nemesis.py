@@ -466,7 +466,7 @@ def _rpc_loop(env: Any, history: History, halt: threading.Event, run_id: str) ->
     from smartclient.amqp.rpc import RpcClient, RpcServer
 
     exchange = f"nemesis-{run_id}-rpc"
-    placer = env.amqp_placer()
+    placer = env.amqp
     with RpcServer(placer, exchange, lambda body, properties: b"re:" + body) as server:
         while not _op(history, "rpc-server", server.start, setup=True):  # a fault at the start: try again
             server.stop()
@@ -541,7 +541,7 @@ def _amqp10_loop(env: Any, history: History, halt: threading.Event, run_id: str)
             else:
                 awaited.add(number)
 
-    placer = env.amqp10_placer()
+    placer = env.amqp10
     while not _op(history, "amqp10-setup", lambda: env.management.put(
             f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}}), setup=True):
         if halt.wait(1.0):

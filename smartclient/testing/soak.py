@@ -18,7 +18,7 @@ gentler rate, and adds what weeks bring:
 
 **Resource accounting**: every ``sample_every`` seconds, between two churn cycles once the connections the last
 one parked have left (after their idle time, up to 8 s), the process's RSS, open file descriptors, asyncio tasks
-and threads, every table of each Environment (:meth:`~smartclient.Environment.resources`) and the metric
+and threads, every table of each Environment (:meth:`~smartclient.stream.wing.StreamWing.resources`) and the metric
 attribute sets (data points) its instruments report are recorded as ``resources`` history records.
 :func:`check_resources` (pure) then says whether each is flat: RSS grows by less than ``rss_growth`` from the
 first rollout's settled window (every path has run once by then) to the end, and every count comes back to its
@@ -275,10 +275,10 @@ def _sampler(shared: _Shared, reader: Any) -> Callable[[Run], Any]:
             async with shared.quiet:
                 # the connections the last cycle parked leave after their idle time: sampled once they have
                 with contextlib.suppress(TimeoutError):
-                    await _until(lambda: all(not len(e.connector.parking) for e in shared.envs.values()), 8, "")
+                    await _until(lambda: all(not len(e.streams.connector.parking) for e in shared.envs.values()), 8, "")
                 values = process_resources()
                 for env in shared.envs.values():
-                    for key, n in env.resources().items():
+                    for key, n in env.streams.resources().items():
                         values[key] = values.get(key, 0) + n
                 if reader is not None:
                     values.update(await asyncio.to_thread(metric_points, reader))
@@ -422,9 +422,9 @@ def _locked(shared: _Shared) -> Callable[[Run], Any]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await rotations
                 await consumer.close()
+                connector = by_token.streams.connector
                 ctx.say(f"tokens: {tokens.provider_calls} provider calls, {tokens.refreshes} refreshes, "
-                        f"{by_token.connector.secret_updates} secret updates, {by_token.connector.secret_failures} "
-                        f"failed")
+                        f"{connector.secret_updates} secret updates, {connector.secret_failures} failed")
                 shared.envs.pop("token", None)
                 shared.envs.pop("certificate", None)
     return locked

@@ -40,7 +40,7 @@ def test_over_tls_through_the_sni_ingress_each_connection_lands_on_its_node_at_t
     entry = bed.stream_uri(bed_name(bed.nodes[0].name), bed.nodes[0].stream_tls_port)
     env = Environment(entry.replace("rabbitmq-stream://", "rabbitmq-stream+tls://"), resolver=router(bed),
                       tls=bed.tls_context(), management=bed.management(), retry=RetryPolicy())
-    placer = env.amqp10_placer()
+    placer = env.amqp10
     placed = []
     try:
         for node in reversed(bed.nodes):
@@ -70,7 +70,7 @@ def test_external_with_a_client_certificate_and_a_rotated_one_on_the_next_connec
     node = bed.nodes[1]
     entry = f"rabbitmq-stream+tls://{node.host}:{node.stream_tls_port}/"
     env = Environment(entry, tls=bed.tls_context(), client_certificate=certificate, management=bed.management())
-    placer = env.amqp10_placer()  # no credentials: EXTERNAL, the certificate is the identity
+    placer = env.amqp10  # no credentials: EXTERNAL, the certificate is the identity
     subjects = []
     try:
         for rotation in range(2):

@@ -184,7 +184,7 @@ async def _(ctx: Ctx) -> None:
 
 @case("unknown super stream", StreamNotFound, "does not exist")
 async def _(ctx: Ctx) -> None:
-    await ctx.env.partitions(ctx.missing)
+    await ctx.env.streams.partitions(ctx.missing)
 
 
 @case("empty stream name", ConfigurationError, "stream must be a non-empty str")

@@ -128,7 +128,7 @@ async def test_a_stream_deleted_elsewhere_leaves_nothing_of_it_once_its_handles_
     subscriptions, handles = "closed subscriptions' counts", "retired handle totals"
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
         await env.create_stream(rabbitmq_unique_name)
-        before = env.resources()
+        before = env.streams.resources()
         producer = await env.producer(rabbitmq_unique_name, name="p")
         consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None, offset="first")
         await producer.send_wait(b"one")
@@ -136,7 +136,7 @@ async def test_a_stream_deleted_elsewhere_leaves_nothing_of_it_once_its_handles_
         reader = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(c.offset), offset="first")
         await wait_until(lambda: got, 10, "the second consumer's message")
         await reader.close()
-        kept = env.resources()
+        kept = env.streams.resources()
         assert kept[subscriptions] > before[subscriptions] and kept.get(handles, 1) > before.get(handles, 0)
         await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)  # by someone else
         await wait_until(lambda: producer.failure is not None and consumer.failure is not None, 30,
@@ -144,7 +144,7 @@ async def test_a_stream_deleted_elsewhere_leaves_nothing_of_it_once_its_handles_
         assert "does not exist" in str(consumer.failure), consumer.failure
         await producer.close()
         await consumer.close()
-        after = env.resources()
+        after = env.streams.resources()
         assert (after[subscriptions], after.get(handles)) == (before[subscriptions], before.get(handles)), after
         assert after["streams gone, waiting for their last handle"] == 0
 
@@ -206,7 +206,7 @@ async def test_consumers_and_producers_share_one_connection_per_node(rabbitmq_te
             connections = {r.connection for r in records}
             minimum = len(pairs) + 1  # one connection per (role, node) needed, and the locator
             print(f"{len(records)} placements on {len(connections)} connections; {sessions} LB sessions; "
-                  f"minimum {minimum}; opened {env.connector.opened}")
+                  f"minimum {minimum}; opened {env.streams.connector.opened}")
             assert len(connections) == len(pairs) <= 2 * len(rabbitmq_testbed.nodes)
             assert sessions <= 1.5 * minimum, (sessions, minimum)  # the bench holds the 1.2 target
             for producer in producers:

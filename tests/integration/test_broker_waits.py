@@ -92,7 +92,7 @@ async def test_an_offset_query_on_a_busy_writer_leaves_the_locator_answering(
         query = asyncio.create_task(env.stored_offset(busy, f"{tag}-reader"))
         reads = 0
         while not query.done():
-            env.invalidate(other)
+            env.streams.invalidate(other)
             await env.topology(other)  # through the locator
             reads += 1
             await asyncio.sleep(0.1)

@@ -115,12 +115,12 @@ async def test_placements_made_all_at_once_still_share_connections(rabbitmq_test
             pairs = {(r.role, r.node) for r in records}
             connections = {r.connection for r in records}
             print(f"all at once: {len(records)} placements on {len(connections)} connections "
-                  f"({len(pairs)} role/node pairs), {env.connector.opened} opened")
+                  f"({len(pairs)} role/node pairs), {env.streams.connector.opened} opened")
             assert len(records) == 25 and len(connections) <= len(pairs) + 2  # in use: the minimum, or nearly
             # LB sessions for a minimum of 7 (one per role and node, and the locator), all 25 racing through one
             # round-robin LB: 7 to 10 over 22 runs (median 8) since each placement is offered what the others
             # opened before every dial; 7 to 32 (median 12) when only its start was
-            assert env.connector.opened <= 2 * (len(pairs) + 1)
+            assert env.streams.connector.opened <= 2 * (len(pairs) + 1)
             for handle in handles:
                 await handle.close()
     finally:

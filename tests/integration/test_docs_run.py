@@ -590,7 +590,7 @@ async def test_doc_block_runs(block: Block, rabbitmq_testbed: TestBed, request: 
         code = compile(tree, str(ROOT / block.page), "exec", ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         try:
             async with contextlib.AsyncExitStack() as stack:
-                await create_streams(bed, written, free, names, quorum="amqp10_placer" in block.source)
+                await create_streams(bed, written, free, names, quorum="amqp10" in block.source)
                 prelude = Prelude(bed, names, request, stack)
                 given = {name: await prelude.get(name) for name in sorted(free - set(namespace))}
                 namespace.update(given)

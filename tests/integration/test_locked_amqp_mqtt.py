@@ -118,7 +118,7 @@ class StreamSoak:
             self.got.append(int(message))
 
         self.consumer = await self.env.consumer(self.stream, on_message, offset="first")
-        self.opened = {conn.name for conn in self.env.connector.connections}
+        self.opened = {conn.name for conn in self.env.streams.connector.connections}
         self.task = asyncio.get_running_loop().create_task(self._send())
 
     async def _send(self) -> None:
@@ -178,7 +178,7 @@ class Amqp10Soak:
     def __init__(self, env: Environment, queue: str) -> None:
         self.env, self.queue = env, queue
         self._admin(lambda channel: channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"}))
-        self.placer = env.amqp10_placer()
+        self.placer = env.amqp10
         self.sent = 0
         self.got: list[int] = []
         self.consumer = self.placer.consumer(queue, self._on_message, prefer="replica")
@@ -305,7 +305,7 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
                                      f"{ {s: len(mqtt.got.get(s, [])) for s in mqtt.sent} } of {dict(mqtt.sent)}")
             amqp.workers[0].join()
             refreshes = credentials.refreshes
-            placer = env.amqp_placer()
+            placer = env.amqp
             # no connection was closed by the broker, none replaced: AMQP's are the same, open; MQTT's were handed
             # over by the clients themselves (DISCONNECT first), never dropped or failed over
             assert [p.name for p in amqp.placed()] == names
@@ -334,16 +334,16 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
                 assert all(n >= refreshes - 1 for n in updates), updates
                 assert amqp10.got == list(range(amqp10.sent))
             # the stream connections: the same ones open, nothing recovered, every update taken (the locator too)
-            assert {conn.name for conn in env.connector.connections} == stream.opened
+            assert {conn.name for conn in env.streams.connector.connections} == stream.opened
             assert stream.producer.recoveries == 0 and stream.consumer.recoveries == 0
-            assert env.connector.secret_failures == 0
-            assert env.connector.secret_updates >= (refreshes - 1) * (len(stream.opened) + 1)
+            assert env.streams.connector.secret_failures == 0
+            assert env.streams.connector.secret_updates >= (refreshes - 1) * (len(stream.opened) + 1)
             log.warning(
                 "soak of %.0f s, %d refreshes, %d provider calls: AMQP %d messages confirmed and consumed, secret "
                 "updates %s; MQTT %d messages from %d senders, hand-overs %s; stream %d messages, %d secret updates",
                 SOAK, refreshes, provider.calls, amqp.sent, [p.secret_updates for p in amqp.placed()],
                 sum(mqtt.sent.values()), len(mqtt.sent), [c.handovers for c in clients], stream.sent,
-                env.connector.secret_updates)
+                env.streams.connector.secret_updates)
         finally:
             for worker in amqp.workers + mqtt.workers + (amqp10.workers if amqp10 else []):
                 worker.stop.set()
@@ -441,7 +441,7 @@ async def test_a_token_past_its_expiry_at_connect_is_token_expired_naming_it(
     bed = rabbitmq_testbed
     expired = TokenCredentials(lambda: rabbitmq_tokens.mint("late", -30.0, SCOPES), name="late-idp")
     async with environment(bed) as env:  # the stream wing logs in with guest; these two wings with the token
-        amqp = env.amqp_placer()
+        amqp = env.amqp
         amqp.login = expired
         with pytest.raises(TokenExpired, match=r"late-idp answered a token that expired at \d{4}-\d\d-\d\dT") as caught:
             amqp.connect(bed.nodes[0].short)

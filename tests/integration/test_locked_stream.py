@@ -80,8 +80,8 @@ async def test_a_token_the_broker_refuses_is_typed_on_connect_and_on_a_live_conn
     credentials = TokenCredentials(provider, refresh_at=0.5, jitter=0.05)
     async with Environment(entry(rabbitmq_testbed), credentials=credentials) as env:
         # the locator connection opened with the first token
-        await wait_until(lambda: env.connector.secret_failures >= 1, 15, "a refused token on the live connection")
-        assert env.connector.secret_updates == 0
+        await wait_until(lambda: env.streams.connector.secret_failures >= 1, 15, "a refused token on the live connection")
+        assert env.streams.connector.secret_updates == 0
 
 
 async def test_an_expired_token_at_connect_time_names_its_expiry(

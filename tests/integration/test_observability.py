@@ -66,8 +66,8 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
             assert 1 <= total(metrics, "messaging.client.operation.duration", **on) <= 300
             # what only smartclient knows: the LB sessions it opened, the wrong landings among them, where
             # each handle sits, and how long placing took
-            assert total(metrics, "smartclient.placement.sessions") == env.connector.opened
-            assert total(metrics, "smartclient.placement.mismatches") == sum(env.connector.mismatches.values())
+            assert total(metrics, "smartclient.placement.sessions") == env.streams.connector.opened
+            assert total(metrics, "smartclient.placement.mismatches") == sum(env.streams.connector.mismatches.values())
             placed = {(a["server.node"], a["smartclient.role"]): v for a, v in metrics["smartclient.connections"]}
             assert placed == {(str(producer.node), "producer"): 1, (str(consumer.node), "consumer"): 1}
             assert total(metrics, "smartclient.placement.duration") == 2  # two placements, one sample each
@@ -76,7 +76,7 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
                         for metric in sc.metrics if metric.name == "smartclient.placement.attempts"
                         for p in metric.data.data_points]
             assert sum(p.count for p in sessions) == 2
-            assert sum(p.sum for p in sessions) == env.connector.opened - 1
+            assert sum(p.sum for p in sessions) == env.streams.connector.opened - 1
             await producer.close()
             assert total(read(reader), "rabbitmq.stream.published", **on) == 300  # a closed producer's stay
     finally:
@@ -144,7 +144,7 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
                                management=bed.management(), telemetry=Telemetry(meter_provider=provider)) as env:
             await env.producer(rabbitmq_unique_name)
             amqp = env.amqp_connection(bed.nodes[1].name)
-            amqp10 = env.amqp10_placer().connect(bed.nodes[0].name)
+            amqp10 = env.amqp10.connect(bed.nodes[0].name)
             mqtt = env.mqtt_client(f"observed-{uuid.uuid4().hex[:6]}", bed.nodes[2].name)
             try:
                 metrics = read(reader)
@@ -153,7 +153,7 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
                 assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "hit"}) == dns.cache_hits
                 # one resolver call per connection dialled: the stream ones, and the AMQP and MQTT placers' own
                 assert total(metrics, "smartclient.resolution.duration",
-                              **{"smartclient.resolver": "DnsResolver"}) >= env.connector.opened + 3
+                              **{"smartclient.resolver": "DnsResolver"}) >= env.streams.connector.opened + 3
                 clients = {(a["network.protocol.name"], a.get("network.protocol.version", ""), a["server.node"]): v
                            for a, v in metrics["smartclient.clients"]}
                 assert clients == {("amqp", "", bed.nodes[1].name): 1, ("amqp", "1.0", bed.nodes[0].name): 1,

@@ -85,7 +85,7 @@ async def test_placement_through_the_load_balancer(
         await check_placement(rabbitmq_testbed, env, three_streams)
         assert {r.dialled for r in env.placements()} == {lb}
         if balance == "roundrobin":  # each node is reached within one cycle, and wrong landings get reused
-            assert env.connector.opened <= 12, env.connector.opened
+            assert env.streams.connector.opened <= 12, env.streams.connector.opened
 
 
 async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(
@@ -281,7 +281,7 @@ async def test_producers_of_streams_led_by_one_node_share_a_connection(
         async with environment(rabbitmq_testbed) as env:
             producers = [await env.producer(s) for s in streams]
             assert len({p.placement.connection for p in producers if p.placement}) == 1
-            assert env.connector.opened == 2  # the locator and one data connection
+            assert env.streams.connector.opened == 2  # the locator and one data connection
     finally:
         await delete(rabbitmq_testbed, *streams)
 

@@ -524,9 +524,9 @@ async def test_a_connection_without_streams_that_the_broker_closes_leaves_the_co
     bed = rabbitmq_testbed
     node = bed.nodes[0]
     async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
-        conn = await env.connector.dial(Address(*node.advertised), "streamless")
-        assert conn in env.connector.connections and not conn.closed
+        conn = await env.streams.connector.dial(Address(*node.advertised), "streamless")
+        assert conn in env.streams.connector.connections and not conn.closed
         bed.close_connection(await asyncio.to_thread(bed.connection_named, conn.name))
-        await wait_until(lambda: conn not in env.connector.connections, 10,
-                         lambda: f"the closed connection to leave the connector ({len(env.connector.connections)})")
+        await wait_until(lambda: conn not in env.streams.connector.connections, 10,
+                         lambda: f"the closed connection to leave the connector ({len(env.streams.connector.connections)})")
         assert conn.closed

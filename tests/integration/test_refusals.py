@@ -86,7 +86,7 @@ async def test_stream_handles_whose_tokens_turn_bad_stop_typed_fail_what_is_pend
             partitioned = await env.super_stream_producer(other, routing="hash", key=lambda body: body.decode())
             await wait_until(lambda: credentials.refreshes >= 1, 3 * LIFETIME, "one token refresh")
             provider.turn()
-            opened = env.connector.opened
+            opened = env.streams.connector.opened
             pending: list[asyncio.Future[Any]] = []
             while producer.failure is None and time.monotonic() - provider.turned_at < 40:  # type: ignore[operator]
                 pending.append(await producer.submit(b"x"))
@@ -110,14 +110,14 @@ async def test_stream_handles_whose_tokens_turn_bad_stop_typed_fail_what_is_pend
             with pytest.raises((PublishFailed, HandleClosed)):
                 await producer.send_wait(b"after")
             # a metadata read, and the locator it needs, say the refusal at once (no "no answer in 3 s")
-            env.invalidate()
+            env.streams.invalidate()
             with pytest.raises(refusal):
                 await asyncio.wait_for(env.topology(stream), 5)
-            dialled = env.connector.opened - opened
+            dialled = env.streams.connector.opened - opened
             assert dialled <= 3, f"{dialled} connections dialled after the provider turned"
-            quiet = env.connector.opened
+            quiet = env.streams.connector.opened
             await asyncio.sleep(5)  # a window, not a wait: nothing may be dialled in it
-            assert env.connector.opened == quiet
+            assert env.streams.connector.opened == quiet
     finally:
         await delete_streams(rabbitmq_testbed, stream, f"{other}-0", f"{other}-1")
         async with lb_environment(rabbitmq_testbed) as env:  # as guest
@@ -157,7 +157,7 @@ async def test_an_untrusted_client_certificate_is_certificate_rejected_on_every_
         wings: dict[str, tuple[Any, Any]] = {
             "mqtt": (mqtt, lambda: mqtt.connect(f"rogue-{uuid.uuid4().hex[:6]}", node.short))}
         if through == "direct":  # (the bed's LB has no AMQPS listener)
-            wings["amqp"] = (env.amqp_placer(), lambda: env.amqp_connection(node.short))
+            wings["amqp"] = (env.amqp, lambda: env.amqp_connection(node.short))
         for wing, (placer, connect) in wings.items():
             opened, began = placer.opened, time.monotonic()
             with pytest.raises(CertificateRejected, match="refused the client certificate"):

@@ -90,12 +90,12 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
                     await producer.send_wait(b"through the ingress")
                 records = env.placements()
                 # and the metadata connection, and the second one where 4.3 resolves a consumer's start offset
-                resolves = RESOLVE_KEY in await env.command_versions()
+                resolves = RESOLVE_KEY in await env.streams.command_versions()
                 needed = len({(r.role, r.node) for r in records}) + 1 + resolves
-                assert env.connector.opened == needed == 7 + resolves and not env.connector.mismatches  # 0 wrong
-                assert {c.client.server_hostname for c in env.connector.connections} == \
+                assert env.streams.connector.opened == needed == 7 + resolves and not env.streams.connector.mismatches  # 0 wrong
+                assert {c.client.server_hostname for c in env.streams.connector.connections} == \
                     {f"rabbit-{i}.smartclient.test" for i in (1, 2, 3)}
-                assert {c.dialled for c in env.connector.connections} == {Address(*bed.sni("stream"))}
+                assert {c.dialled for c in env.streams.connector.connections} == {Address(*bed.sni("stream"))}
             took = added(before, sessions(bed, "stream"))
         assert took["frontend"] == needed  # LB sessions == connections the handles need: none wasted
         assert sum(n for key, n in took.items() if key != "frontend") == needed
@@ -121,7 +121,7 @@ async def test_amqp_and_mqtt_land_on_their_node_on_the_first_try(rabbitmq_testbe
             for protocol in ("amqp", "mqtt"):
                 took = added(before[protocol], sessions(bed, protocol))
                 assert took == {"frontend": 3, **{n.short: 1 for n in bed.nodes}}, protocol  # LB sessions == handles
-            assert env.amqp_placer().misrouted == env.mqtt_placer().misrouted == 0
+            assert env.amqp.misrouted == env.mqtt_placer().misrouted == 0
         finally:
             for handle in handles:
                 if hasattr(handle, "loop_stop"):
@@ -155,14 +155,14 @@ async def test_a_node_whose_route_is_down_falls_through(rabbitmq_faulty_testbed:
                 client.disconnect()
                 client.loop_stop()
             with hostnames(bed):
-                down, other = (await env.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
+                down, other = (await env.streams.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
                 # the second metadata connection (a consumer's start offset is resolved there), opened now
                 assert await env.stored_offset(stream, "nobody") is None
                 bed.sni_route_down(short(down), "stream")
-                opened = env.connector.opened
+                opened = env.streams.connector.opened
                 consumer = await env.consumer(stream, lambda m, c: None)
-                assert consumer.node == other and env.connector.opened == opened + 2  # one failed, one landed
-                assert not env.connector.mismatches
+                assert consumer.node == other and env.streams.connector.opened == opened + 2  # one failed, one landed
+                assert not env.streams.connector.mismatches
     finally:
         await delete_streams(bed, stream)
 
@@ -205,13 +205,13 @@ async def test_a_misroute_past_tls_is_caught_by_the_node_check(rabbitmq_faulty_t
             assert isinstance(cause, Misrouted)
             assert "'rabbit-2.smartclient.test' for node rabbit-2@localhost" in str(cause)
             assert "reached node rabbit-3@localhost" in str(cause)
-            assert env.amqp_placer().misrouted == len(caught.value.attempts) == QUICK.max_attempts
+            assert env.amqp.misrouted == len(caught.value.attempts) == QUICK.max_attempts
             with hostnames(bed):
-                misrouted, other = (await env.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
+                misrouted, other = (await env.streams.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
                 bed.sni_misroute(short(misrouted), "rabbit-3", "stream")  # its route reaches the leader
                 consumer = await env.consumer(stream, lambda m, c: None)
                 assert consumer.node == other  # the next candidate, not the leader it reached
-                assert env.connector.mismatches == {"misrouted": 1}  # closed: nothing parked as the leader
-                assert len(env.connector.parking) == 0
+                assert env.streams.connector.mismatches == {"misrouted": 1}  # closed: nothing parked as the leader
+                assert len(env.streams.connector.parking) == 0
     finally:
         await delete_streams(bed, stream)

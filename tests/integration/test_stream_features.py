@@ -398,16 +398,16 @@ async def _a_kept_read_leaves_its_connection_usable(env: Environment, stream: st
 
     topo = await env.topology(stream)
     node = topo.replicas[0] if topo.replicas else topo.leader
-    opened = env.connector.opened
-    stats = await stream_stats_from(env.connector, topo.member_candidates(node), stream, "kept-read", keep=True)
+    opened = env.streams.connector.opened
+    stats = await stream_stats_from(env.streams.connector, topo.member_candidates(node), stream, "kept-read", keep=True)
     assert stats["first_chunk_id"] == 0
-    assert env.connector.opened == opened + 1
-    parked = env.connector.parking.all()  # (both of the bed's lines are 3.11+: kept)
+    assert env.streams.connector.opened == opened + 1
+    parked = env.streams.connector.parking.all()  # (both of the bed's lines are 3.11+: kept)
     assert [c.node for c in parked] == [node] and parked[0].alive() and broker_version(parked[0].client) >= (3, 11)
     consumer = await env.consumer(stream, lambda m, c: None, offset="first")  # (lands on a replica)
     try:
-        assert env.connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
-        assert (await stream_stats_from(env.connector, topo.candidates(Role.PRODUCER), stream, "once")
+        assert env.streams.connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
+        assert (await stream_stats_from(env.streams.connector, topo.candidates(Role.PRODUCER), stream, "once")
                 )["first_chunk_id"] == 0  # (and the old way still closes what it opened)
     finally:
         await consumer.close()

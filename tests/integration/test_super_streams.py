@@ -49,16 +49,16 @@ async def test_create_partitions_route_and_delete(env: Environment, rabbitmq_uni
     names = await env.create_super_stream(rabbitmq_unique_name, partitions=3)
     try:
         assert names == [f"{rabbitmq_unique_name}-0", f"{rabbitmq_unique_name}-1", f"{rabbitmq_unique_name}-2"]
-        assert await env.partitions(rabbitmq_unique_name) == names
-        assert await env.route(rabbitmq_unique_name, "1") == [f"{rabbitmq_unique_name}-1"]
-        assert await env.route(rabbitmq_unique_name, "nowhere") == []
+        assert await env.streams.partitions(rabbitmq_unique_name) == names
+        assert await env.streams.route(rabbitmq_unique_name, "1") == [f"{rabbitmq_unique_name}-1"]
+        assert await env.streams.route(rabbitmq_unique_name, "nowhere") == []
         with pytest.raises(TopologyError, match="already exists"):
             await env.create_super_stream(rabbitmq_unique_name, partitions=3)
         await env.create_super_stream(rabbitmq_unique_name, partitions=3, exists_ok=True)
     finally:
         await env.delete_super_stream(rabbitmq_unique_name)
     with pytest.raises(StreamNotFound):
-        await env.partitions(rabbitmq_unique_name)
+        await env.streams.partitions(rabbitmq_unique_name)
     with pytest.raises(ConfigurationError, match="either partitions=N or binding_keys"):
         await env.create_super_stream(rabbitmq_unique_name, partitions=2, binding_keys=["a"])
     with pytest.raises(ConfigurationError, match="positive int"):
@@ -142,8 +142,8 @@ async def test_super_stream_over_the_management_api(
         with pytest.raises(TopologyError, match="already exists"):
             await env.create_super_stream(rabbitmq_unique_name, partitions=2, management=api)
     try:
-        assert await env.partitions(rabbitmq_unique_name) == names
-        assert await env.route(rabbitmq_unique_name, "1") == [names[1]]
+        assert await env.streams.partitions(rabbitmq_unique_name) == names
+        assert await env.streams.route(rabbitmq_unique_name, "1") == [names[1]]
         with rabbitmq_testbed.management() as api:
             assert api.queue("/", names[0])["arguments"]["x-max-age"] == "1D"
         producer = await env.super_stream_producer(rabbitmq_unique_name, key=lambda body: "k")

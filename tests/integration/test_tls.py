@@ -40,7 +40,7 @@ async def test_remapped_container_names_are_verified_not_the_ip(
             consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: None)
             await producer.send_wait(b"over TLS")
             assert producer.node == Address("rabbit-2.smartclient.test", bed.nodes[1].stream_tls_port)
-            placed = [c for c in env.connector.connections if c.node == producer.node]
+            placed = [c for c in env.streams.connector.connections if c.node == producer.node]
             assert placed and all(c.dialled.host == "127.0.0.1" for c in placed)
             assert {c.client.server_hostname for c in placed} == {"rabbit-2.smartclient.test"}
             assert consumer.node is not None and consumer.node.host.endswith(".smartclient.test")
@@ -59,8 +59,8 @@ async def test_through_the_lb_tls_verifies_the_lb_name(rabbitmq_testbed: TestBed
                                resolver=resolver) as env:
             producer = await env.producer(rabbitmq_unique_name)
             assert producer.node == Address("localhost", rabbitmq_testbed.nodes[2].stream_tls_port)
-            assert {c.client.server_hostname for c in env.connector.connections} == {"lb.smartclient.test"}
-            assert {c.dialled for c in env.connector.connections} == {Address(host, port)}
+            assert {c.client.server_hostname for c in env.streams.connector.connections} == {"lb.smartclient.test"}
+            assert {c.dialled for c in env.streams.connector.connections} == {Address(host, port)}
     finally:
         await delete_streams(rabbitmq_testbed, rabbitmq_unique_name)
 

@@ -50,9 +50,9 @@ async def test_a_placement_through_the_lb_is_a_span_with_each_lb_session_as_an_a
     host, port = rabbitmq_testbed.lb("stream")
     async with Environment(rabbitmq_testbed.stream_uri(host, port), resolver=LoadBalancer(f"{host}:{port}"),
                            telemetry=Telemetry(tracer_provider=provider)) as env:
-        before = env.connector.opened
+        before = env.streams.connector.opened
         producer = await env.producer(stream)
-        dialled = env.connector.opened - before
+        dialled = env.streams.connector.opened - before
         [place] = named(exporter, "smartclient.place")
         attempts = [e for e in place.events if e.name == "attempt"]
         # one event per LB session the placement opened (a hedged second dial is one attempt), the last one
@@ -130,8 +130,8 @@ async def test_a_consumer_span_links_to_its_producer_span_when_propagation_is_on
 async def test_without_a_tracer_provider_no_tracing_is_set_up(rabbitmq_testbed: TestBed) -> None:
     node = rabbitmq_testbed.nodes[0]
     async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
-        assert env._carriers.tracing is None
-        assert env.connector.on_attempt is None
+        assert env.streams._carriers.tracing is None
+        assert env.streams.connector.on_attempt is None
 
 
 def test_an_rpc_call_is_a_client_span_and_its_request_a_server_span_on_the_callers_node(

@@ -85,7 +85,7 @@ def test_a_bad_encoding_fails_before_any_io() -> None:
         env = Environment("rabbitmq-stream://guest:guest@127.0.0.1:1/")  # nothing listens there: no I/O at all
         with pytest.raises(ConfigurationError, match="encoding='json'"):
             await env.producer("s", encoding="json")
-        with pytest.raises(ConfigurationError, match="encoding='xml' for a producer on super stream 'ss'"):
+        with pytest.raises(ConfigurationError, match="encoding='xml' for ProducerOptions"):
             await env.super_stream_producer("ss", encoding="xml")
 
     asyncio.run(scenario())

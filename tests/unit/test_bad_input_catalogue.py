@@ -50,7 +50,7 @@ from smartclient import (
 )
 from smartclient.core.retry import Backoff
 from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials, Telemetry
-from smartclient.options import ClientSettings
+from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient
@@ -100,6 +100,7 @@ TYPES: dict[str, type] = {
     "PoolLimits": PoolLimits, "RecoveryPolicy": RecoveryPolicy, "RetryPolicy": RetryPolicy, "Role": Role,
     "SrvDiscovery": SrvDiscovery, "StreamArguments": StreamArguments, "StreamConnection": StreamConnection,
     "StreamFilter": StreamFilter, "datetime.datetime": datetime.datetime, "ssl.SSLContext": ssl.SSLContext,
+    "ProducerOptions": ProducerOptions, "ConsumerOptions": ConsumerOptions,
 }
 # Type aliases, as the union they stand for.
 ALIASES = {
@@ -219,7 +220,7 @@ SAID_AS = {"Chain(resolvers)": "resolver"}
 # Public names applications do not build: smartclient makes them and hands them over.
 NOT_BUILT_BY_APPLICATIONS = {
     "Attempt": "one placement attempt, in a PlacementError",
-    "Candidates": "the nodes a placement may use, from Environment.candidates()",
+    "Candidates": "the nodes a placement may use, from env.streams.candidates()",
     "Chunk": "what a consumer's on_chunk is handed",
     "Confirmation": "the fate of one message, from a producer",
     "Consumer": "made by Environment.consumer()",
@@ -236,6 +237,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "SyncConsumer": "made by SyncEnvironment.consumer()",
     "SyncSuperStreamProducer": "made by SyncEnvironment.super_stream_producer()",
     "SyncSuperStreamConsumer": "made by SyncEnvironment.super_stream_consumer()",
+    "SyncStreams": "SyncEnvironment.streams: the stream wing, its calls blocking",
     "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/test_spark_source.py",
     "ClientSettings": "the one settings object the Environment hands every wing (Environment.settings)",
     "Landed": "where one placement landed, from NodePlacer.place()",

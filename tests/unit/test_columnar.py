@@ -78,9 +78,10 @@ class Env:
     async def stream_stats(self, stream: str, node: Any = None) -> dict[str, int]:
         return dict(self.member if node == "replica" and self.member is not None else self.stats)
 
-    async def consumer(self, stream: str, on_chunk: Any = None, offset: Any = None, filter: Any = None) -> Consumer:
+    async def consumer(self, stream: str, callback: Any = None, *, on_chunk: Any = None, options: Any = None
+                       ) -> Consumer:
         script = self.script if not self.consumers or self.probe is None else self.probe
-        consumer = Consumer(script, on_chunk, offset.value)
+        consumer = Consumer(script, on_chunk, options.offset.value)
         self.consumers.append(consumer)
         return consumer
 

@@ -15,7 +15,7 @@ from smartclient.stream.topology_cache import TopologyCache
 
 def test_entry_points_and_credentials() -> None:
     env = Environment(["rabbitmq-stream://app:pw@n1:5552/prod", "n2:5553", Address("n3", 5554)])
-    assert env.entry_points == (Address("n1", 5552), Address("n2", 5553), Address("n3", 5554))
+    assert env.streams.entry_points == (Address("n1", 5552), Address("n2", 5553), Address("n3", 5554))
     assert env.settings.vhost == "prod" and env.settings.credentials.username == "app"
     assert "pw" not in repr(env) and "pw" not in repr(env.settings)
     assert Environment("rabbitmq-stream+tls://h").settings.tls is not None
@@ -127,9 +127,9 @@ async def test_filtering_on_a_broker_without_it_is_a_typed_error() -> None:
     async def locator() -> _OldBroker:
         return old
 
-    env._topologies.locator = locator  # type: ignore[method-assign]
+    env.streams._topologies.locator = locator  # type: ignore[method-assign]
     with pytest.raises(FeatureNotSupported, match=r"RabbitMQ 3\.13"):
-        await env.require_filtering()
+        await env.streams.require_filtering()
     with pytest.raises(FeatureNotSupported):
         await env.producer("s", filter_value=lambda body: "x")
 
@@ -157,7 +157,7 @@ async def test_super_stream_falls_back_to_the_management_api_without_the_command
         return old
 
     env = Environment("h:5552")
-    env._topologies.locator = locator  # type: ignore[method-assign]
+    env.streams._topologies.locator = locator  # type: ignore[method-assign]
     with pytest.raises(FeatureNotSupported, match="ManagementClient"):
         await env.create_super_stream("inv", partitions=2)
     env.management = FakeManagement()  # type: ignore[assignment]
@@ -188,7 +188,7 @@ def test_the_face_hands_its_settings_to_the_federation_wing() -> None:
 def test_an_environment_counts_its_tables_before_any_connection() -> None:
     from smartclient import Environment
 
-    counts = Environment("rabbitmq-stream://localhost:5552").resources()
+    counts = Environment("rabbitmq-stream://localhost:5552").streams.resources()
     assert counts["connections"] == 0 and counts["handles"] == 0 and counts["pending confirms"] == 0
     assert {"parked connections", "metadata cache entries", "placement locks", "producer carriers",
             "recovery keys"} <= set(counts)

@@ -62,7 +62,7 @@ MODULES = sorted({module for package in PACKAGES for module in _walk_without_imp
 
 def test_the_walk_finds_the_house() -> None:
     """The walk reaches into subpackages (a broken walk would make every other test here vacuous)."""
-    for expected in ("smartclient.core.topology", "smartclient.stream.environment", "resolvers.load_balancer",
+    for expected in ("smartclient.core.topology", "smartclient.stream.wing", "resolvers.load_balancer",
                      "smartclient.testing.pytest_plugin"):
         assert expected in MODULES
     assert not [m for m in MODULES if m.endswith(".__main__")]

@@ -228,7 +228,7 @@ def test_the_sampler_weighs_what_it_reads_and_leaves_out_what_fails_or_is_late(m
             closed.append(1)
 
     class Env:
-        async def consumer(self, stream: str, on_chunk: Any, offset: Any) -> Consumer:
+        async def consumer(self, stream: str, *, on_chunk: Any, options: Any) -> Consumer:
             if stream == "broken":
                 raise ConnectionError("no route")
             if stream == "sized":  # two chunks: 40 records of 10 bytes, then 40 of 30

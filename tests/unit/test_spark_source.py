@@ -121,8 +121,8 @@ class FakeEnvironment:
     async def stream_stats(self, stream: str) -> dict[str, int]:
         return self.stats
 
-    async def consumer(self, stream: str, callback: Any, offset: Any) -> FakeConsumer:
-        self.subscribed.append(offset)
+    async def consumer(self, stream: str, callback: Any, options: Any) -> FakeConsumer:
+        self.subscribed.append(options.offset)
         return FakeConsumer(self.chunk_ends_at)
 
     def invalidate(self, stream: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from smartclient import ProducerOptions
 from smartclient import ConfigurationError, Confirmation, HandleClosed, PublishFailed
 from smartclient.stream.super_stream import SuperStreamProducer
 
@@ -65,7 +66,8 @@ class FakeProducer:
 
 
 def producer(routing: str = "key") -> tuple[SuperStreamProducer, dict[str, FakeProducer]]:
-    handle = SuperStreamProducer(FakeEnv(), "ss", ["ss-a", "ss-b"], routing, None, None)  # type: ignore[arg-type]
+    handle = SuperStreamProducer(FakeEnv(), "ss", ["ss-a", "ss-b"], routing, None,  # type: ignore[arg-type]
+                                 ProducerOptions())
     fakes = {p: FakeProducer(p) for p in handle.partitions}
     handle.producers = fakes  # type: ignore[assignment]
     return handle, fakes

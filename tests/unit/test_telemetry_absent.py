@@ -15,7 +15,7 @@ def test_without_opentelemetry_there_is_no_meter_and_no_telemetry(monkeypatch: p
     from smartclient import Environment
 
     env = Environment("rabbitmq-stream://guest:guest@localhost:5552/")  # no I/O before it is entered
-    assert env._carriers.telemetry is None
+    assert env.streams._carriers.telemetry is None
 
 
 def test_every_instrument_has_a_known_kind_a_unit_and_a_description() -> None:

@@ -1,7 +1,7 @@
-"""``StreamEnvironment``: the stream wing's facade over its machinery; :class:`smartclient.Environment` (the face
-over every wing) is one.
+"""``StreamWing``: the stream wing's facade over its machinery, ``env.streams`` of an :class:`smartclient.Environment`
+(the face, which composes the wings and keeps the common stream calls as its own).
 
-One StreamEnvironment holds, each in a module of its own:
+One StreamWing holds, each in a module of its own:
 
 * :class:`~smartclient.stream.topology_cache.TopologyCache`: the locator connection and each stream's members;
 * :class:`~smartclient.stream.placement.StreamPlacement`: shared connections by role, where each handle sits;
@@ -9,148 +9,75 @@ One StreamEnvironment holds, each in a module of its own:
   :class:`~smartclient.stream.host.StreamHost`);
 * :class:`~smartclient.stream.admin.StreamAdmin`: creating, deleting and describing streams and super streams;
 * the :class:`~smartclient.stream.connector.StreamConnector`: dials through the resolution seam, checks the node.
-"""
+
+It is built from the Environment's one :class:`~smartclient.options.ClientSettings`; producers and consumers are
+made from :class:`~smartclient.options.ProducerOptions` and :class:`~smartclient.options.ConsumerOptions`, typed
+all the way to the rstream seam."""
 
 from __future__ import annotations
 
-import datetime
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient._errors import ConfigurationError, HandleClosed
+from smartclient._errors import HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
 from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
-from smartclient.core.flow import ConsumerFlow
-from smartclient.core.offsets import OffsetSpec, OffsetTracking
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import (
-    ClientCertificate,
-    ConnectionOptions,
-    Credentials,
-    PoolLimits,
-    StreamURI,
-    Telemetry,
-    parse_entry_points,
-)
+from smartclient.core.settings import PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
 from smartclient.core.validation import checked
-from smartclient.credentials import EXTERNAL, ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
-from smartclient.options import ClientSettings
+from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.publishing import BatchingPolicy
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike, SrvDiscovery
-    from smartclient.stream.consumer import Consumer, OnError
+    from resolvers import SrvDiscovery
+    from smartclient.stream.consumer import Consumer
     from smartclient.stream.handles import Producer
     from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
 
-    EntryPoints = str | Address | Sequence[str | Address] | SrvDiscovery
-
-__all__ = ["PlacementRecord", "StreamEnvironment"]
+__all__ = ["PlacementRecord", "StreamWing"]
 
 log = logging.getLogger(__name__)
-E = TypeVar("E", bound="StreamEnvironment")
+E = TypeVar("E", bound="StreamWing")
 P = TypeVar("P")
 
 
 @checked(ENVIRONMENT_OPTIONS)  # every option of every method, when given, before the method runs
-class StreamEnvironment:
-    """Connections to a RabbitMQ cluster's streams, each placed on the right node (the stream wing; use
-    :class:`smartclient.Environment`, which is one and adds the other protocols).
+class StreamWing:
+    """Connections to a RabbitMQ cluster's streams, each placed on the right node: ``env.streams``.
 
-    :param entry_points: where to reach the cluster first: one or more ``rabbitmq-stream[+tls]://`` URIs or
-        ``host:port`` strings or :class:`Address` values, or a :class:`resolvers.SrvDiscovery`.
-    :param credentials: a :class:`Credentials`, instead of the URI's user and password (default guest/guest); or a
-        :class:`~smartclient.credentials.TokenCredentials` (OAuth2 tokens from a provider, refreshed on every live
-        connection before they expire); or :data:`~smartclient.credentials.EXTERNAL` (the client certificate is
-        the identity), which is the default with a ``client_certificate`` and no credentials in the URIs.
-    :param vhost: override the URI's vhost (default ``/``).
-    :param tls: an ``ssl.SSLContext``; a ``+tls`` URI without one gets ``ssl.create_default_context()``.
-    :param client_certificate: a :class:`ClientCertificate` presented to every node (mutual TLS), or a function
-        answering the current one: it is loaded into ``tls`` before each connection when it changed, so a
-        rotated certificate is used by the next connection with no restart.
-    :param tls_server_name: the name every TLS connection verifies (SNI and hostname check), instead of
-        the one smartclient works out (the LB's name, or the advertised node name; see smartclient.core.tls_names).
-    :param resolver: maps advertised node addresses to dialable ones (default :class:`resolvers.Identity`).
-    :param allow: an :class:`resolvers.AllowList` checked on every address before it is dialled.
+    :param settings: the Environment's one :class:`ClientSettings` (credentials, vhost, TLS, resolver, allow-list,
+        retry policy, connection options).
+    :param entry_points: where to reach the cluster first (the URIs' addresses), or none with ``srv``.
+    :param srv: a :class:`resolvers.SrvDiscovery` that finds the entry points instead.
     :param placement: producers on the leader, consumers on replicas (see :class:`PlacementPolicy`).
-    :param retry: caps and back-off of each placement (see :class:`RetryPolicy`).
     :param recovery: how producers and consumers recover from a lost connection or a leader move (RecoveryPolicy).
-    :param batching: how producers batch ``send()`` (see :class:`BatchingPolicy`).
+    :param batching: how producers batch ``send()`` by default (see :class:`BatchingPolicy`).
     :param pool: connection sharing and parking limits (see :class:`PoolLimits`).
-    :param management: a :class:`ManagementClient`, for what the stream protocol of an older broker
-        cannot do (creating a super stream without the CreateSuperStream command), and for AMQP and MQTT.
-    :param connection: the connections' name, frame max, heartbeat, and how long a topology is cached
-        (see :class:`ConnectionOptions`).
+    :param management: the management API, for what the stream protocol of an older broker cannot do.
     :param telemetry: where metrics and spans go (see :class:`Telemetry`).
-
-    Every option is a value: the Environment keeps them in one frozen :class:`ClientSettings` (``settings``),
-    which it hands to each wing.  Use it as ``async with Environment(...) as env:``; bad arguments raise
-    :class:`ConfigurationError` before any I/O.
     """
 
     def __init__(
         self,
-        entry_points: EntryPoints,
+        settings: ClientSettings,
+        entry_points: tuple[Address, ...] = (),
         *,
-        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-        vhost: str | None = None,
-        tls: ssl.SSLContext | None = None,
-        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
-        tls_server_name: str | None = None,
-        resolver: ResolverLike | None = None,
-        allow: AllowList | None = None,
+        srv: SrvDiscovery | None = None,
         placement: PlacementPolicy = PlacementPolicy(),
-        retry: RetryPolicy = RetryPolicy(),
         recovery: RecoveryPolicy = RecoveryPolicy(),
         batching: BatchingPolicy = BatchingPolicy(),
         pool: PoolLimits = PoolLimits(),
         management: ManagementClient | None = None,
-        connection: ConnectionOptions = ConnectionOptions(),
         telemetry: Telemetry = Telemetry(),
     ) -> None:
-        from resolvers import Identity, SrvDiscovery
-        from smartclient.core.redaction import install_log_redaction
-
-        install_log_redaction()
-
-        self._srv: SrvDiscovery | None = None
-        uris: list[StreamURI] = []
-        if isinstance(entry_points, SrvDiscovery):
-            self._srv = entry_points
-        else:
-            uris = parse_entry_points([entry_points] if isinstance(entry_points, str | Address) else list(entry_points))
-        creds = {u.credentials for u in uris if u.credentials}
-        vhosts = {u.vhost for u in uris if u.vhost is not None}
-        if len(creds) > 1 and credentials is None:
-            raise ConfigurationError("the entry-point URIs carry different credentials; pass credentials=")
-        if len(vhosts) > 1 and vhost is None:
-            raise ConfigurationError(f"the entry-point URIs name different vhosts {sorted(vhosts)}; pass vhost=")
-        if any(u.tls for u in uris) and tls is None:
-            tls = ssl.create_default_context()
-        self.entry_points = tuple(u.address for u in uris)
-        self.resolver = resolver if resolver is not None else Identity()
-        if client_certificate is not None and tls is None:
-            raise ConfigurationError("client_certificate= needs TLS: give tls= (an ssl.SSLContext) as well")
-        if credentials is None:
-            credentials = next(iter(creds), EXTERNAL if client_certificate is not None else Credentials())
-        self.settings = ClientSettings(
-            credentials, vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name,
-            self.resolver, allow, retry, connection, client_certificate)
-        self.placement = placement
-        self.retry = retry
-        self.batching = batching
-        self.recovery = recovery
-        self.telemetry = telemetry
         from smartclient.resolution import Resolution
         from smartclient.stream.admin import StreamAdmin  # imports rstream: only when an Environment is made
         from smartclient.stream.carriers import Carriers
@@ -158,22 +85,31 @@ class StreamEnvironment:
         from smartclient.stream.placement import StreamPlacement
         from smartclient.stream.topology_cache import TopologyCache
 
+        self.settings = settings
+        self.entry_points = entry_points
+        self._srv = srv
+        self.placement = placement
+        self.retry = retry = settings.retry
+        self.batching = batching
+        self.recovery = recovery
+        self.telemetry = telemetry
+        connection = settings.connection
         name = connection.name
-        resolution = Resolution(self.resolver, allow, tls=tls is not None, tls_override=tls_server_name)
-        self.connector = StreamConnector(self.settings, resolution, retry=retry, limits=pool)
-        self._topologies = TopologyCache(self.connector, self.entry_points, self._srv, name,
-                                         connection.topology_max_age, placement, retry)
+        resolution = Resolution(settings.resolver, settings.allow, tls=settings.tls is not None,
+                                tls_override=settings.tls_server_name)
+        self.connector = StreamConnector(settings, resolution, retry=retry, limits=pool)
+        self._topologies = TopologyCache(self.connector, entry_points, srv, name, connection.topology_max_age,
+                                         placement, retry)
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, name)
-        entry = self.entry_points[0] if self.entry_points else Address("srv-discovered", 5552)
-        self._carriers = Carriers(self._placement, self._topologies, self.settings, pool, recovery, name, entry,
+        entry = entry_points[0] if entry_points else Address("srv-discovered", 5552)
+        self._carriers = Carriers(self._placement, self._topologies, settings, pool, recovery, name, entry,
                                   telemetry.meter_provider, telemetry.tracer_provider, telemetry.trace_context)
-        self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, self.settings.vhost,
-                                  management, name)
+        self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, settings.vhost, management, name)
         self._closed = False
 
     def __repr__(self) -> str:
-        return (f"Environment(entry_points={[str(a) for a in self.entry_points]}, "
-                f"user={self.settings.credentials.username!r}, resolver={self.resolver!r})")
+        return (f"StreamWing(entry_points={[str(a) for a in self.entry_points]}, "
+                f"user={self.settings.credentials.username!r}, resolver={self.settings.resolver!r})")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -184,9 +120,9 @@ class StreamEnvironment:
         """Whether :meth:`close` was called: every call but ``close()`` then raises :class:`HandleClosed`."""
         return self._closed
 
-    def _measure(self, placer: P) -> P:
-        """``placer`` (an AMQP or MQTT placer of this Environment) measured with its metrics: clients per node,
-        resolution times."""
+    def watch(self, placer: P) -> P:
+        """``placer`` (an AMQP or MQTT placer of the same Environment) measured with the stream wing's metrics:
+        clients per node, resolution times."""
         return self._carriers.watch(placer)
 
     @property
@@ -264,75 +200,35 @@ class StreamEnvironment:
         return self._placement.placements()
 
     # -- producers and consumers -------------------------------------------------------------------
-    async def producer(self, stream: str, *, name: str | None = None,
-                       filter_value: Callable[[Any], str] | None = None,
-                       batching: BatchingPolicy | None = None, encoding: str = "amqp") -> Producer:
-        """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
+    async def producer(self, stream: str, options: ProducerOptions = ProducerOptions()) -> Producer:
+        """A producer on ``stream``, connected to its leader (see :meth:`smartclient.Environment.producer`).
 
-        :param name: producer name, for deduplication (unique per stream).
-        :param filter_value: returns the filter value of a message (its body, as given to ``send``),
-            for consumers with a :class:`StreamFilter`.
-        :param batching: how ``send()`` batches (default: the Environment's :class:`BatchingPolicy`).
-        :param encoding: ``"amqp"`` (default): each ``bytes`` body goes as an AMQP 1.0 message of one data section
-            (5 to 8 bytes more), which every client reads (AMQP 0.9.1 and 1.0 consumers, the other stream clients);
-            ``"raw"``: the body alone, which only stream clients read as bytes (the broker closes an AMQP 0.9.1
-            consumer's connection on it).  smartclient's consumers hand back the body either way.
-        :raises ConfigurationError: a bad name, ``filter_value`` or ``encoding`` (before any I/O).
-        :raises FeatureNotSupported: ``filter_value`` on a broker without filtering.
+        :raises FeatureNotSupported: a filter value on a broker without filtering.
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
-        from smartclient.core.amqp_data import check_encoding
         from smartclient.stream.handles import Producer, open_handle
 
         self._check_open()
         validate_stream_name(stream)
-        check_encoding(encoding, f"a producer on {stream!r}")
-        if filter_value is not None:
+        if options.filter_value is not None:
             await self._admin.require_filtering()
-        handle = Producer(self._carriers, self._carriers.carrier(Role.PRODUCER, stream, name), stream, name)
+        handle = Producer(self._carriers, self._carriers.carrier(Role.PRODUCER, stream, options.name), stream,
+                          options.name)
         self._carriers.add(handle)
-        await open_handle(handle, self.retry.max_time, batching=batching or self.batching, filter_value=filter_value,
-                          encoding=encoding)
+        batching = options.batching or self.batching
+        await open_handle(handle, self.retry.max_time, lambda: handle.place(options, batching))
         self._carriers.traced(handle)
         return handle
 
-    async def consumer(
-        self,
-        stream: str,
-        callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
-        *,
-        on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
-        offset: OffsetSpec | str | int | datetime.datetime = "next",
-        name: str | None = None,
-        single_active: bool = False,
-        on_update: Callable[[bool, Consumer], Awaitable[OffsetSpec] | OffsetSpec] | None = None,
-        tracking: OffsetTracking | None = None,
-        filter: StreamFilter | None = None,
-        flow: ConsumerFlow | None = None,
-        on_error: OnError = "stop",
-        _super_stream: str | None = None,
-    ) -> Consumer:
-        """A consumer on ``stream``, connected to a replica (spread over the replicas; leader as fallback).
+    async def consumer(self, stream: str, callback: Callable[[Any, Any], Awaitable[None] | None] | None = None, *,
+                       on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
+                       options: ConsumerOptions = ConsumerOptions(), super_stream: str | None = None) -> Consumer:
+        """A consumer on ``stream``, connected to a replica (see :meth:`smartclient.Environment.consumer`);
+        ``super_stream``: the super stream whose partition ``stream`` is (a single active consumer's group).
 
-        :param callback: called with each message (``bytes``) and its :class:`MessageContext`; or
-        :param on_chunk: called with each :class:`Chunk` instead (its offsets, its bodies split when asked for,
-            decoded on demand): one call per chunk, for code that works on batches.  Give one of the two.
-        :param offset: an :class:`OffsetSpec`, or ``"first"``, ``"last"``, ``"next"``, an absolute offset,
-            a ``datetime`` or an interval such as ``"1h"``.
-        :param name: consumer name: needed for offset tracking and single active consumer.
-        :param single_active: one instance of ``name`` receives at a time; another takes over on failure.
-        :param on_update: for a single active consumer, called with ``(is_active, consumer)`` when it
-            becomes active (or not); returns where to resume.  Default: after the stored offset, else
-            ``offset``.
-        :param tracking: store the offset on the server automatically (see :class:`OffsetTracking`).
-        :param filter: only messages with these filter values (see :class:`StreamFilter`).
-        :param flow: when credit is granted, so how many chunks wait in memory (see :class:`ConsumerFlow`).
-        :param on_error: when the callback raises: ``"stop"`` there (``consumer.failure``: :class:`CallbackFailed`;
-            a tracked offset never passes it), ``"skip"`` it (``consumer.callback_errors``), or a function
-            ``(exception, context or chunk) -> "skip" | "stop"``.
-        :raises FeatureNotSupported: ``filter`` on a broker without filtering.
-        :raises ConfigurationError: a bad offset, or tracking or single active without a name.
+        :raises FeatureNotSupported: a filter on a broker without filtering.
+        :raises ConfigurationError: no callback, or both a callback and ``on_chunk``.
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
@@ -341,22 +237,20 @@ class StreamEnvironment:
 
         self._check_open()
         validate_stream_name(stream)
-        handler = consumer_handler(stream, callback, on_chunk, on_error, name=name, single_active=single_active,
-                                   tracking=tracking)
-        spec = OffsetSpec.parse(offset)  # bad input fails here, before any I/O
-        if filter is not None:
+        handler = consumer_handler(stream, callback, on_chunk)
+        if options.filter is not None:
             await self._admin.require_filtering()
-        handle = Consumer(self._carriers, self._carriers.carrier(Role.CONSUMER, stream, name, flow, single_active),
-                          stream, name)
+        carrier = self._carriers.carrier(Role.CONSUMER, stream, options.name, options.flow, options.single_active)
+        handle = Consumer(self._carriers, carrier, stream, options.name)
         self._carriers.add(handle)
-
-        async def start() -> OffsetSpec:  # (a single active consumer's start is decided when it becomes active)
-            return spec if single_active else await self._admin.concrete_offset(stream, spec, filter)
-
         traced = handler if on_chunk is not None else self._carriers.traced_callback(stream, handler)
-        return await open_handle(handle, self.retry.max_time, start, callback=traced, chunks=on_chunk is not None,
-                                 single_active=single_active, on_update=on_update, on_error=on_error,
-                                 tracking=tracking, super_stream=_super_stream, stream_filter=filter)
+
+        async def subscribe() -> None:  # (a single active consumer's start is decided when it becomes active)
+            start = options.offset if options.single_active else await self._admin.concrete_offset(
+                stream, options.offset, options.filter)
+            await handle.subscribe(traced, start, options, chunks=on_chunk is not None, super_stream=super_stream)
+
+        return await open_handle(handle, self.retry.max_time, subscribe)
 
     async def read_arrow(self, stream: str, start: int = 0, end: int | None = None, *,
                          filter: StreamFilter | None = None, settle: float = 1.0,
@@ -495,48 +389,27 @@ class StreamEnvironment:
         self._check_open()
         return await self._admin.route(super_stream, routing_key)
 
-    async def super_stream_producer(
-        self, super_stream: str, *, routing: str = "hash", key: Callable[[Any], str] | None = None,
-        name: str | None = None, encoding: str = "amqp",
-    ) -> SuperStreamProducer:
-        """A producer on every partition of ``super_stream``, each on its partition's leader.
-
-        :param routing: ``"hash"`` (murmur3, compatible with the Java/Go/JS clients) or ``"key"`` (the
-            broker's bindings, through the Route command).
-        :param key: extracts the routing key from a message (or pass ``key=`` to ``send``).
-        :param name: producer name for deduplication (the same name on every partition).
-        :param encoding: ``"amqp"`` (default) or ``"raw"``, for every partition (see :meth:`producer`).
-        """
-        from smartclient.core.amqp_data import check_encoding
+    async def super_stream_producer(self, super_stream: str, *, routing: str = "hash",
+                                    key: Callable[[Any], str] | None = None,
+                                    options: ProducerOptions = ProducerOptions()) -> SuperStreamProducer:
+        """A producer on every partition of ``super_stream``, each on its partition's leader (see
+        :meth:`smartclient.Environment.super_stream_producer`)."""
         from smartclient.stream.super_stream import SuperStreamProducer, opened
 
         self._check_open()
-        check_encoding(encoding, f"a producer on super stream {super_stream!r}")
         return await opened(SuperStreamProducer(self, super_stream, await self.partitions(super_stream), routing, key,
-                                                name, encoding))
+                                                options))
 
     async def super_stream_consumer(
-        self,
-        super_stream: str,
-        callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
-        *,
+        self, super_stream: str, callback: Callable[[Any, Any], Awaitable[None] | None] | None = None, *,
         on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
-        offset: OffsetSpec | str | int | datetime.datetime = "next",
-        name: str | None = None,
-        single_active: bool = False,
-        tracking: OffsetTracking | None = None,
-        flow: ConsumerFlow | None = None,
-        on_error: OnError = "stop",
+        options: ConsumerOptions = ConsumerOptions(),
     ) -> SuperStreamConsumer:
-        """A consumer on every partition (each with ``flow``), with a ``callback`` per message or ``on_chunk`` per
-        chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
-        per partition across every instance of the name, and fails over between them."""
+        """A consumer on every partition (see :meth:`smartclient.Environment.super_stream_consumer`)."""
         from smartclient.stream.consumer import consumer_handler
         from smartclient.stream.super_stream import SuperStreamConsumer, opened
 
         self._check_open()
-        spec = OffsetSpec.parse(offset)
-        consumer_handler(super_stream, callback, on_chunk, on_error, name=name, single_active=single_active,
-                         tracking=tracking)
+        consumer_handler(super_stream, callback, on_chunk)
         return await opened(SuperStreamConsumer(self, super_stream, await self.partitions(super_stream)),
-                            callback, spec, name, single_active, tracking, flow, on_chunk, on_error)
+                            callback, on_chunk, options)
