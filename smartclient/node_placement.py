@@ -32,13 +32,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from smartclient._errors import (
     REFUSALS,
     ConnectionFailed,
-    ResolutionError,
     SmartClientError,
 )
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
 from smartclient.core.entry_points import EntryPoints
-from smartclient.core.landing import Done, GiveUp, Keep, KeptList, Placement, Reject, RoutedStep
+from smartclient.core.landing import Attempt, Keep, KeptList, Missed, Placement, Reached, Reject, drive
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
@@ -324,47 +323,10 @@ class NodePlacer(Generic[C]):
         candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
         kept: KeptList[Landed[C]] = KeptList()
         plan: Placement[Landed[C]] = Placement(candidates, retry or self.retry, kept if self.keep_fallbacks else None)
-        seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
-        step: RoutedStep[Landed[C]] = plan.start()
         try:
-            while True:
-                if isinstance(step, Done):
-                    step.connection.attempts = plan.attempts
-                    return step.connection
-                if isinstance(step, GiveUp):
-                    raise step.error
-                if isinstance(step, Keep):
-                    if self.keep_fallbacks:
-                        kept.put(step.node, step.connection)
-                    else:
-                        self._close(step.connection.connection)
-                    step = plan.next()
-                    continue
-                if isinstance(step, Reject):  # an SNI ingress sent it elsewhere: never used as the node it reached
-                    self.misrouted += 1
-                    log.warning("%s connection misrouted: expected %s, got %s, candidates %s: %s", self.protocol,
-                                step.target, step.node, candidates, step.error)
-                    self._close(step.connection.connection)
-                    step = plan.next()
-                    continue
-                if step.delay:
-                    time.sleep(step.delay)
-                wanted = by_address[step.target].name
-                try:
-                    with self.resolution.routing_errors(step.target, wanted):
-                        landed = self._open(step.target, by_address, name, seen)
-                except ResolutionError:
-                    raise
-                except REFUSALS:  # another node would repeat it (a failing token provider too)
-                    raise
-                except ConnectionFailed as exc:
-                    step = plan.failed(step.target, self.resolution.listener or step.target, exc)
-                    continue
-                seen = max(seen, landed.listed_at)
-                reported = (self.named_node(str(landed.node)) if self.by_name_only()
-                            else pick_node(nodes, str(landed.node))).address(self.protocol)
-                routed = self.resolution.routed(step.target, wanted, landed.node)
-                step = plan.landed(step.target, landed.dialled, reported, landed, routed)
+            done = drive(plan, _Placing(self, candidates, nodes, by_address, name, kept))
+            done.connection.attempts = plan.attempts
+            return done.connection
         finally:
             for landed in kept.drain():
                 self._close(landed.connection)
@@ -396,6 +358,52 @@ class NodePlacer(Generic[C]):
         except BaseException:
             self._close(connection)
             raise
+
+
+class _Placing(Generic[C]):
+    """A node placer as the sync placement driver's shell, for one placement: how it dials and learns the node
+    reached (through a load balancer or an SNI ingress, the management API's listing, or what the protocol says),
+    keeps (for this placement only, or closes), rejects (closes) and sleeps."""
+
+    def __init__(self, placer: NodePlacer[C], candidates: Candidates, nodes: list[BrokerNode],
+                 by_address: dict[Address, BrokerNode], name: str | None, kept: KeptList[Landed[C]]) -> None:
+        self.placer, self.candidates, self.nodes, self.by_address = placer, candidates, nodes, by_address
+        self.name, self.kept = name, kept
+        self.seen = -1  # the newest connected_at listed for ``name`` so far (a reused name: see listings())
+
+    def dial(self, target: Address) -> Reached[Landed[C]] | Missed:
+        placer = self.placer
+        wanted = self.by_address[target].name
+        try:
+            with placer.resolution.routing_errors(target, wanted):
+                landed = placer._open(target, self.by_address, self.name, self.seen)
+        except REFUSALS:  # another node would repeat it (a failing token provider too)
+            raise
+        except ConnectionFailed as exc:
+            return Missed(placer.resolution.listener or target, exc)
+        self.seen = max(self.seen, landed.listed_at)
+        reported = (placer.named_node(str(landed.node)) if placer.by_name_only()
+                    else pick_node(self.nodes, str(landed.node))).address(placer.protocol)
+        return Reached(landed, landed.dialled, reported, placer.resolution.routed(target, wanted, landed.node))
+
+    def keep(self, step: Keep[Landed[C]]) -> None:
+        if self.placer.keep_fallbacks:
+            self.kept.put(step.node, step.connection)
+        else:
+            self.placer._close(step.connection.connection)
+
+    def reject(self, step: Reject[Landed[C]]) -> None:  # an SNI ingress sent it elsewhere: never used as that node
+        placer = self.placer
+        placer.misrouted += 1
+        log.warning("%s connection misrouted: expected %s, got %s, candidates %s: %s", placer.protocol, step.target,
+                    step.node, self.candidates, step.error)
+        placer._close(step.connection.connection)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def attempted(self, attempt: Attempt) -> None:
+        pass
 
 
 def _column(row: Any, dotted: str) -> Any:

@@ -1,22 +1,20 @@
 """Where a connection goes: the one place that decides, for streams, AMQP and MQTT alike. No I/O.
 
-:class:`Placement` is the whole loop of one placement as pure decisions, dnspython's ``_Resolution``
-again: reuse a kept connection, dial a target, keep a connection that reached another node, fall back to
-a kept one, wait, or give up.  Every protocol shell drives it the same way and differs only in how it
-dials, how it learns the node a connection reached, and how it sleeps::
+:class:`Placement` is the whole loop of one placement as pure decisions, in one step vocabulary, dnspython's
+``_Resolution`` again: :class:`Dial` a target (after a back-off), :class:`Done` (landed right, or a shared or kept
+connection), :class:`Keep` a connection that reached another node, :class:`Reject` one routed by name that reached
+another node, or :class:`GiveUp`.  Two drivers run it, one sync (:func:`drive`) and one async (:func:`drive_async`),
+and differ only in awaiting; every protocol supplies only its :class:`Shell`: how it dials and learns the node a
+connection reached, what it does with a connection kept or rejected, and how it sleeps::
 
     plan = Placement(candidates, policy, kept, shared=shared)   # shared: connections of this role in use
-    step = plan.start()                                         # kept: connections to nodes nobody needed yet
-    while True:
-        if isinstance(step, Done): return step.connection          # landed right, or a shared or kept one
-        if isinstance(step, GiveUp): raise step.error
-        if isinstance(step, Keep):                                  # reached another node: keep it
-            ... keep (park) step.connection; step = plan.next(); continue
-        ... sleep step.delay, dial step.target, then
-        step = plan.landed(step.target, dialled, reported, connection)   # or plan.failed(target, dialled, error)
+    done = drive(plan, shell)                                   # kept: connections to nodes nobody needed yet
+    done.connection                                             # or PlacementError, listing every attempt
 
-The connector for streams (async, node read from the Open response) and the node placer for AMQP and MQTT
-(sync, node read from the management API) are such shells.  :class:`Landing` underneath keeps the attempts.
+The stream connector (async, the node read from the Open response), the node placer of AMQP 0.9.1 and 1.0 and the
+MQTT reconnect (sync, the node from the management API or the Open frame) are such shells.  The MQTT fleet advances
+ten thousand placements on the events of one selector thread: it calls :meth:`Placement.landed`, ``failed`` and
+``next`` itself, as a driver would.
 
 Before every dial the placement is offered what it already has: a shared connection of its role on a tier-0
 node with room for one more stream (:class:`Shared`), then a kept one to a tier-0 node.  A placement that
@@ -50,15 +48,16 @@ from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates
 
-__all__ = ["Attempt", "Decision", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Landing", "Placement",
-           "Reject", "Routed", "Shareable", "Shared", "UseFallback", "Wait", "misroute", "summarise"]
+__all__ = ["AsyncShell", "Attempt", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Missed", "Placement",
+           "Reached", "Reject", "Routed", "Shareable", "Shared", "Shell", "drive", "drive_async", "misroute",
+           "summarise"]
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)
 S = TypeVar("S", bound="Shareable")
 
 
-class Decision(str, Enum):
+class _Decision(str, Enum):
     ACCEPT = "accept"
     KEEP = "keep"  # a good connection to the wrong node: park it for another placement
 
@@ -88,12 +87,12 @@ def summarise(attempts: list[Attempt]) -> str:
 
 
 @dataclass(frozen=True)
-class Wait:
+class _Wait:
     seconds: float
 
 
 @dataclass(frozen=True)
-class UseFallback:
+class _UseFallback:
     """Use a kept connection to one of ``nodes`` (the best first): the candidates' later tiers, reached before."""
 
     nodes: tuple[Address, ...]
@@ -101,14 +100,13 @@ class UseFallback:
 
 @dataclass(frozen=True)
 class GiveUp:
+    """The placement is over and failed: raise ``error`` (it lists every attempt)."""
+
     error: PlacementError
 
 
-Step = Wait | UseFallback | GiveUp
-
-
-class Landing:
-    """State of one placement. Call :meth:`next_step` after every :meth:`landed` or :meth:`failed`."""
+class _Attempts:
+    """The attempts of one placement and what they say (the state :class:`Placement` decides from)."""
 
     def __init__(
         self, candidates: Candidates, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic,
@@ -150,7 +148,7 @@ class Landing:
             self.longest = max(self.longest, self._clock() - self._began)
             self._began = None
 
-    def landed(self, target: Address, dialled: Address, reported: Address) -> Decision:
+    def landed(self, target: Address, dialled: Address, reported: Address) -> _Decision:
         self._ended()
         self._consecutive_failures = 0
         new_node = reported not in self._seen
@@ -159,7 +157,7 @@ class Landing:
         if tier == 0 or (tier is not None and self._earlier_tiers_failed(tier)):
             self.accepted = reported
             self.attempts.append(Attempt(target, dialled, reported, f"accepted (tier {tier})"))
-            return Decision.ACCEPT
+            return _Decision.ACCEPT
         if tier is not None:
             self._fallbacks = sorted([(tier, reported), *(f for f in self._fallbacks if f[1] != reported)],
                                      key=lambda fallback: fallback[0])  # (stable: the latest first in its tier)
@@ -168,7 +166,7 @@ class Landing:
             outcome = f"kept for another placement: not a candidate ({self.candidates})"
         self.attempts.append(Attempt(target, dialled, reported, outcome))
         self._since_new_node = 0 if new_node else self._since_new_node + 1
-        return Decision.KEEP
+        return _Decision.KEEP
 
     def failed(self, target: Address, dialled: Address | None, error: BaseException,
                reported: Address | None = None) -> None:
@@ -182,7 +180,7 @@ class Landing:
             self._seen.add(reported)
         self.attempts.append(Attempt(target, dialled, reported, f"failed: {type(error).__name__}: {error}"))
 
-    def next_step(self) -> Step:
+    def next_step(self) -> _Wait | _UseFallback | GiveUp:
         """After a rejected or failed attempt: wait and retry, use a kept fallback, or give up.  With a fallback
         kept, one more attempt that could not end within the policy's time (it would take as long as the longest so
         far) is not made: the fallback is used now.  A client that holds one connection at a time gives its
@@ -195,12 +193,12 @@ class Landing:
         late = bool(self._fallbacks) and elapsed + ahead > self.policy.max_time
         if exhausted or sticky or late:
             if self._fallbacks:
-                return UseFallback(tuple(node for _, node in self._fallbacks))
+                return _UseFallback(tuple(node for _, node in self._fallbacks))
             error = self._error(sticky, elapsed)
             error.__cause__ = self._last_error  # raised as `raise ... from` the last connection failure
             return GiveUp(error)
         delay = self.policy.backoff(self._consecutive_failures)
-        return Wait(min(delay, max(0.0, self.policy.max_time - elapsed)))
+        return _Wait(min(delay, max(0.0, self.policy.max_time - elapsed)))
 
     def forget_fallback(self) -> None:
         """The kept fallback connections are gone (closed meanwhile)."""
@@ -340,7 +338,7 @@ class Placement(Generic[C]):
                  clock: Callable[[], float] = time.monotonic, *, shared: Kept[C] | None = None,
                  holds_one: bool = False) -> None:
         self.candidates = candidates
-        self.landing = Landing(candidates, policy, clock, holds_one)
+        self.landing = _Attempts(candidates, policy, clock, holds_one)
         self.kept = kept
         self.shared = shared
 
@@ -371,7 +369,7 @@ class Placement(Generic[C]):
         if routed is not None and (error := misroute(routed, target, dialled, reported)) is not None:
             self.landing.failed(target, dialled, error, reported)
             return Reject(connection, target, reported, error)
-        if self.landing.landed(target, dialled, reported) is Decision.ACCEPT:
+        if self.landing.landed(target, dialled, reported) is _Decision.ACCEPT:
             return Done(connection)
         return Keep(connection, reported, stale=dialled == target)
 
@@ -383,7 +381,7 @@ class Placement(Generic[C]):
     def next(self) -> PlacementStep[C]:
         """After a kept landing or a failure: dial again (maybe after a back-off), fall back, or give up."""
         step = self.landing.next_step()
-        if isinstance(step, UseFallback):
+        if isinstance(step, _UseFallback):
             fallback = self._offered(step.nodes)
             if fallback is not None:
                 return fallback
@@ -395,12 +393,23 @@ class Placement(Generic[C]):
         offered = self._offered(self.candidates.tiers[0])
         if offered is not None:
             return offered
-        delay = step.seconds if isinstance(step, Wait) else 0.0
+        delay = step.seconds if isinstance(step, _Wait) else 0.0
         return Dial(self.landing.next_target(), delay)
 
     @property
     def attempts(self) -> int:
+        """How many attempts this placement made."""
         return len(self.landing.attempts)
+
+    @property
+    def history(self) -> list[Attempt]:
+        """Every attempt so far, the latest last."""
+        return self.landing.attempts
+
+    @property
+    def longest(self) -> float:
+        """The longest attempt so far, in seconds."""
+        return self.landing.longest
 
 
 class KeptList(Generic[C]):
@@ -422,3 +431,104 @@ class KeptList(Generic[C]):
     def drain(self) -> list[C]:
         items, self._items = self._items, []
         return [connection for _, connection in items]
+
+
+# -- the two drivers: one sync, one async (dnspython's _Resolution is driven the same two ways) --------------------
+@dataclass(frozen=True)
+class Reached(Generic[C]):
+    """A dial that opened: the connection, the address dialled, the node it reports, and how it was routed (by the
+    name it sent: an SNI ingress)."""
+
+    connection: C
+    dialled: Address
+    reported: Address
+    routed: Routed | None = None
+
+
+@dataclass(frozen=True)
+class Missed:
+    """A dial that failed as another attempt may not (refused, reset, timed out; a resolver that failed now): the
+    address dialled, if any, and why.  What every attempt would repeat (a refused login) is raised instead."""
+
+    dialled: Address | None
+    error: BaseException
+
+
+class Shell(Protocol[C]):
+    """What the sync driver needs of a protocol: how it dials, and what it does with a connection the placement does
+    not take now (keep it, or close it) or must never take (a misroute), and how it sleeps."""
+
+    def dial(self, target: Address) -> Reached[C] | Missed: ...
+
+    def keep(self, step: Keep[C]) -> None: ...
+
+    def reject(self, step: Reject[C]) -> None: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+    def attempted(self, attempt: Attempt) -> None: ...
+
+
+class AsyncShell(Protocol[C]):
+    """:class:`Shell`, for a protocol whose I/O is async (the stream connector)."""
+
+    async def dial(self, target: Address) -> Reached[C] | Missed: ...
+
+    async def keep(self, step: Keep[C]) -> None: ...
+
+    async def reject(self, step: Reject[C]) -> None: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def attempted(self, attempt: Attempt) -> None: ...
+
+
+def _after(plan: Placement[C], target: Address, outcome: Reached[C] | Missed) -> RoutedStep[C]:
+    if isinstance(outcome, Missed):
+        return plan.failed(target, outcome.dialled, outcome.error)
+    return plan.landed(target, outcome.dialled, outcome.reported, outcome.connection, outcome.routed)
+
+
+def drive(plan: Placement[C], shell: Shell[C]) -> Done[C]:
+    """Run ``plan`` to its end with ``shell``'s blocking I/O: its :class:`Done`.
+
+    :raises PlacementError: the placement gave up (its error lists every attempt).
+    :raises BaseException: whatever ``shell.dial`` raised (a refusal every attempt would repeat)."""
+    step: RoutedStep[C] = plan.start()
+    while True:
+        if isinstance(step, Done):
+            return step
+        if isinstance(step, GiveUp):
+            raise step.error
+        if isinstance(step, Keep):
+            shell.keep(step)
+        elif isinstance(step, Reject):
+            shell.reject(step)
+        else:
+            if step.delay:
+                shell.sleep(step.delay)
+            step = _after(plan, step.target, shell.dial(step.target))
+            shell.attempted(plan.history[-1])
+            continue
+        step = plan.next()
+
+
+async def drive_async(plan: Placement[C], shell: AsyncShell[C]) -> Done[C]:
+    """:func:`drive`, awaiting ``shell``'s I/O (the only difference between the two)."""
+    step: RoutedStep[C] = plan.start()
+    while True:
+        if isinstance(step, Done):
+            return step
+        if isinstance(step, GiveUp):
+            raise step.error
+        if isinstance(step, Keep):
+            await shell.keep(step)
+        elif isinstance(step, Reject):
+            await shell.reject(step)
+        else:
+            if step.delay:
+                await shell.sleep(step.delay)
+            step = _after(plan, step.target, await shell.dial(step.target))
+            shell.attempted(plan.history[-1])
+            continue
+        step = plan.next()

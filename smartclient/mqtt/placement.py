@@ -43,14 +43,15 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
-from smartclient.core.landing import Done, GiveUp, Keep, Placement
+from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientCertificate, Credentials
-from smartclient.core.validation import checked, flag, number, refuse, whole
+from smartclient.core.topology import Candidates
+from smartclient.core.validation import checked
 from smartclient.credentials import EXTERNAL, ExternalLogin, Refreshes, TokenCredentials
-from smartclient.mqtt._paho import MQTTProtocolVersion, Properties, session_properties
 from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
+from smartclient.mqtt.options import MqttOptions, mqtt_protocol
 from smartclient.mqtt.topics import validate_filter
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, ClientSettings, settings
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
-__all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]
+__all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]  # (the options: mqtt/options.py)
 
 log = logging.getLogger(__name__)
 
@@ -68,64 +69,6 @@ log = logging.getLogger(__name__)
 #: topic scopes, say), and paho sends the message again on the next connection, so without a wait the client
 #: reconnects in a tight loop, hundreds of times a second
 SHORT_LIVED = 1.0
-
-
-def mqtt_protocol(version: int | str) -> MQTTProtocolVersion:
-    """``5``/``"5"``/``"5.0"`` -> MQTT 5; ``4``/``"3.1.1"``/``311`` -> MQTT 3.1.1.
-
-    :raises ConfigurationError: any other version (3.1 is not supported by RabbitMQ's native MQTT)."""
-    key = str(version).strip()
-    if key in ("5", "5.0", "MQTTv5"):
-        return MQTTProtocolVersion.MQTTv5
-    if key in ("4", "3.1.1", "311", "MQTTv311"):
-        return MQTTProtocolVersion.MQTTv311
-    raise ConfigurationError(f"unsupported MQTT protocol version {version!r}: use 5 or '3.1.1'")
-
-
-@dataclass(frozen=True)
-class MqttOptions:
-    """How each MQTT connection is opened.
-
-    :param protocol: 5 or ``"3.1.1"``.
-    :param keepalive: seconds between PINGREQs when idle (the broker drops the client after 1.5x).
-    :param clean_start: False keeps the session (subscriptions, queued QoS 1 messages) across
-        connections; with MQTT 5, ``session_expiry`` says for how long after a disconnect.
-    :param session_expiry: MQTT 5 session expiry interval in seconds (None: 0 with a clean start,
-        one day without).
-    :param connect_timeout: seconds for the TCP/TLS connect and the CONNACK.
-    :param reconnect_delay: (first, max) seconds between the failed attempts of one reconnect (a core
-        :class:`~smartclient.core.retry.Backoff` doubling from the first, with the placer's
-        ``RetryPolicy`` jitter); the first attempt goes at once.
-    """
-
-    protocol: int | str = 5
-    keepalive: int = 60
-    clean_start: bool = True
-    session_expiry: int | None = None
-    connect_timeout: float = 5.0
-    reconnect_delay: tuple[float, float] = (0.1, 5.0)
-
-    def __post_init__(self) -> None:
-        mqtt_protocol(self.protocol)
-        whole("MqttOptions.keepalive", self.keepalive, low=1, high=65535, note="seconds")
-        flag("MqttOptions.clean_start", self.clean_start)
-        whole("MqttOptions.session_expiry", self.session_expiry, low=0, high=0xFFFFFFFF, optional=True, note="seconds")
-        number("MqttOptions.connect_timeout", self.connect_timeout, above=0, note="seconds")
-        delay = self.reconnect_delay
-        if not isinstance(delay, tuple | list) or len(delay) != 2:
-            refuse("MqttOptions.reconnect_delay", "(first, max) seconds", delay)
-        number("MqttOptions.reconnect_delay's first", delay[0], above=0, note="seconds")
-        number("MqttOptions.reconnect_delay's max", delay[1], low=delay[0], note="seconds, at least the first")
-
-    @property
-    def version(self) -> MQTTProtocolVersion:
-        return mqtt_protocol(self.protocol)
-
-    def connect_properties(self) -> Properties | None:
-        if self.version is not MQTTProtocolVersion.MQTTv5:
-            return None
-        expiry = self.session_expiry if self.session_expiry is not None else (0 if self.clean_start else 86400)
-        return session_properties(expiry)
 
 
 class PlacedMqttClient(HandsOver):
@@ -245,8 +188,8 @@ class PlacedMqttClient(HandsOver):
 
 
 class _Current:
-    """The :class:`~smartclient.core.landing.Kept` hook of a reconnect: the client itself, while its
-    connection to a node the placement did not take stays open (an MQTT client id has one connection)."""
+    """A reconnect's kept connection (:class:`~smartclient.core.landing.Kept`): the client itself, while its connection
+    to a node the placement did not take stays open (an MQTT client id has one connection)."""
 
     def __init__(self, client: PlacedMqttClient) -> None:
         self.client = client
@@ -256,6 +199,65 @@ class _Current:
         if self.node in nodes and self.client.is_connected():
             return self.client
         return None
+
+
+class _Reconnecting:
+    """An MQTT client's reconnect as the sync placement driver's shell: each dial drops the connection it holds (a
+    client id has one), logs in with the current credentials (or ``login``), connects, and learns the node reached."""
+
+    def __init__(self, placer: MqttPlacer, client: PlacedMqttClient, nodes: dict[Address, str | None],
+                 candidates: Candidates, login: LoginSent | None) -> None:
+        self.placer, self.client, self.nodes, self.candidates, self.login = placer, client, nodes, candidates, login
+        self.current = _Current(client)
+        self.landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
+        self.unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
+
+    def dial(self, target: Address) -> Reached[PlacedMqttClient] | Missed:
+        placer, client = self.placer, self.client
+        self.current.node = None
+        client.drop_connection()
+        try:
+            route = placer.route(target)
+        except AddressNotAllowed:
+            raise
+        except ResolutionError as exc:  # a resolver that failed now may answer for this node later
+            return Missed(None, exc)
+        try:
+            placer.login.sign_in(client, self.login)
+        except TokenProviderFailed as exc:  # asked again on its own back-off, not sooner
+            self.unsigned = exc
+            return Missed(route.dial, exc)
+        self.unsigned = None
+        try:
+            client.reconnect_to(route.dial, route.tls_name, placer.options.connect_timeout)
+        except AuthenticationFailed as exc:
+            raise placer.login.refused(client, exc) from exc
+        except CertificateRejected:
+            raise
+        except ConnectionFailed as exc:
+            return Missed(route.dial, exc)
+        try:
+            node, reported = placer._reached(client, target, self.nodes)
+        except ConnectionFailed as exc:
+            client.drop_connection()
+            return Missed(route.dial, exc)
+        self.landings[reported] = (target, route.dial, node)
+        self.current.node = reported
+        return Reached(client, route.dial, reported)
+
+    def keep(self, step: Keep[PlacedMqttClient]) -> None:  # left open: the fallback, should tier 0 stay out of reach
+        log.warning("MQTT client %s: reconnect expected %s, got %s, candidates %s", self.client.client_id,
+                    self.candidates.tiers[0], step.node, self.candidates)
+        self.current.node = step.node
+
+    def reject(self, step: Reject[PlacedMqttClient]) -> None:  # (a reconnect is not routed by name: never asked)
+        self.client.drop_connection()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def attempted(self, attempt: Attempt) -> None:
+        pass
 
 
 @checked({**CLIENT_OPTIONS, "options": settings(MqttOptions, optional=False)})
@@ -437,69 +439,21 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), last, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
-        current = _Current(client)
-        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, current, holds_one=True)
-        landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
-        unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
-        step = plan.start()
-        while True:
-            if isinstance(step, Done):
-                if current.node is not None:
-                    client.target, client.dialled, client.node = landings[current.node]
-                client.attempts = plan.attempts
-                client.failovers += 0 if handover else 1
-                log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
-                         "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
-                         plan.attempts, last)
-                return
-            if isinstance(step, GiveUp):
-                if unsigned is not None:  # no attempt could even log in: the provider is why, not the nodes
-                    raise unsigned from step.error
-                raise step.error
-            if isinstance(step, Keep):  # left open: the fallback, should no candidate of tier 0 be reached
-                log.warning("MQTT client %s: reconnect expected %s, got %s, candidates %s", client.client_id,
-                            candidates.tiers[0], step.node, candidates)
-                current.node = step.node
-                step = plan.next()
-                continue
-            current.node = None
-            client.drop_connection()
-            if step.delay:
-                time.sleep(step.delay)
-            target = step.target
-            try:
-                route = self.route(target)
-            except AddressNotAllowed:
-                raise
-            except ResolutionError as exc:  # a resolver that failed now may answer for this node later
-                step = plan.failed(target, None, exc)
-                continue
-            try:
-                self.login.sign_in(client, login)
-            except TokenProviderFailed as exc:  # asked again on its own back-off, not sooner
-                unsigned = exc
-                step = plan.failed(target, route.dial, exc)
-                continue
-            unsigned = None
-            try:
-                client.reconnect_to(route.dial, route.tls_name, self.options.connect_timeout)
-            except AuthenticationFailed as exc:
-                raise self.login.refused(client, exc) from exc
-            except CertificateRejected:
-                raise
-            except ConnectionFailed as exc:
-                step = plan.failed(target, route.dial, exc)
-                continue
-            try:
-                node, reported = self._reached(client, target, nodes)
-            except ConnectionFailed as exc:
-                client.drop_connection()
-                step = plan.failed(target, route.dial, exc)
-                continue
-            landings[reported] = (target, route.dial, node)
-            step = plan.landed(target, route.dial, reported, client)
-            if isinstance(step, Done):
-                current.node = reported
+        shell = _Reconnecting(self, client, nodes, candidates, login)
+        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, shell.current, holds_one=True)
+        try:
+            drive(plan, shell)
+        except PlacementError as exc:
+            if shell.unsigned is not None:  # no attempt could even log in: the provider is why, not the nodes
+                raise shell.unsigned from exc
+            raise
+        if shell.current.node is not None:
+            client.target, client.dialled, client.node = shell.landings[shell.current.node]
+        client.attempts = plan.attempts
+        client.failovers += 0 if handover else 1
+        log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
+                 "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
+                 plan.attempts, last)
 
     def _reached(self, client: PlacedMqttClient, target: Address,
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]:

@@ -25,7 +25,7 @@ from smartclient import _otel, credentials
 from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Attempt, Done, GiveUp, Keep, Placement, Reject, RoutedStep, Shared
+from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, Shared, drive_async
 from smartclient.core.retry import HANG_MEMORY, RetryPolicy
 from smartclient.core.settings import PoolLimits
 from smartclient.core.topology import Candidates
@@ -314,51 +314,16 @@ class StreamConnector:
         bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
         plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking,
                                                 shared=Shared(shared))
-        step: RoutedStep[Connection] = plan.start()
-        while True:
-            if isinstance(step, Done):
-                if step.shared:
-                    log.debug("placement of %s shares a connection to %s", candidates.stream, step.connection.node)
-                elif step.reused:
-                    log.debug("placement of %s reuses a kept connection to %s", candidates.stream, step.connection.node)
-                    self.reused += 1
-                    self._attempted(Attempt(step.connection.node, step.connection.dialled, step.connection.node,
-                                            "reused a kept connection"))
-                step.connection.sessions = plan.attempts  # opened by this placement (0: shared or kept at once)
-                return step.connection
-            if isinstance(step, GiveUp):
-                raise step.error
-            if isinstance(step, Keep):
-                log.info("node mismatch: expected %s, got %s, candidates %s (dialled %s)",
-                         candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0],
-                         step.node, candidates, step.connection.dialled)
-                self.mismatches["stale topology" if step.stale else "another node"] += 1
-                if step.stale and self.on_mismatch is not None:
-                    self.on_mismatch(step.connection.dialled, step.node, candidates)
-                await self.park(step.connection)
-                step = plan.next()
-                continue
-            if isinstance(step, Reject):  # an SNI ingress sent it to another node: never used as that node
-                log.warning("connection misrouted: expected %s, got %s, candidates %s: %s", step.target, step.node,
-                            candidates, step.error)
-                self.mismatches["misrouted"] += 1
-                await self.close_connection(step.connection)
-                step = plan.next()
-                continue
-            if step.delay:
-                await asyncio.sleep(step.delay)
-            try:
-                with self.resolution.routing_errors(step.target):
-                    conn = await self.dial(step.target, name)
-            except ResolutionError:
-                raise  # another node, or the same one again, would repeat it
-            except REFUSALS:
-                raise
-            except ConnectionFailed as exc:
-                step = plan.failed(step.target, self.dialled.get(step.target), exc)
-            else:
-                step = plan.landed(step.target, conn.dialled, conn.node, conn, self.resolution.routed(step.target))
-            self._attempted(plan.landing.attempts[-1])
+        done = await drive_async(plan, _Placing(self, candidates, name))
+        if done.shared:
+            log.debug("placement of %s shares a connection to %s", candidates.stream, done.connection.node)
+        elif done.reused:
+            log.debug("placement of %s reuses a kept connection to %s", candidates.stream, done.connection.node)
+            self.reused += 1
+            self._attempted(Attempt(done.connection.node, done.connection.dialled, done.connection.node,
+                                    "reused a kept connection"))
+        done.connection.sessions = plan.attempts  # opened by this placement (0: shared or kept at once)
+        return done.connection
 
     def _attempted(self, attempt: Attempt) -> None:
         if self.on_attempt is not None:
@@ -408,6 +373,47 @@ class StreamConnector:
             self._reaper.cancel()
         for conn in list(self.connections):
             await self.close_connection(conn)
+
+
+class _Placing:
+    """The stream connector as the async placement driver's shell, for one placement: how it dials (through the
+    resolution seam, the node read from the Open response), keeps (parks), rejects (closes) and sleeps."""
+
+    def __init__(self, connector: StreamConnector, candidates: Candidates, name: str) -> None:
+        self.connector, self.candidates, self.name = connector, candidates, name
+
+    async def dial(self, target: Address) -> Reached[Connection] | Missed:
+        connector = self.connector
+        try:
+            with connector.resolution.routing_errors(target):
+                conn = await connector.dial(target, self.name)
+        except REFUSALS:
+            raise  # every node, every attempt would repeat it (and a resolver's error is raised as it is)
+        except ConnectionFailed as exc:
+            return Missed(connector.dialled.get(target), exc)
+        return Reached(conn, conn.dialled, conn.node, connector.resolution.routed(target))
+
+    async def keep(self, step: Keep[Connection]) -> None:
+        candidates, connector = self.candidates, self.connector
+        log.info("node mismatch: expected %s, got %s, candidates %s (dialled %s)",
+                 candidates.tiers[0][0] if len(candidates.tiers[0]) == 1 else candidates.tiers[0], step.node,
+                 candidates, step.connection.dialled)
+        connector.mismatches["stale topology" if step.stale else "another node"] += 1
+        if step.stale and connector.on_mismatch is not None:
+            connector.on_mismatch(step.connection.dialled, step.node, candidates)
+        await connector.park(step.connection)
+
+    async def reject(self, step: Reject[Connection]) -> None:  # an SNI ingress sent it to another node: never used
+        log.warning("connection misrouted: expected %s, got %s, candidates %s: %s", step.target, step.node,
+                    self.candidates, step.error)
+        self.connector.mismatches["misrouted"] += 1
+        await self.connector.close_connection(step.connection)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def attempted(self, attempt: Attempt) -> None:
+        self.connector._attempted(attempt)
 
 
 async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from smartclient import Address, ConfigurationError, RetryPolicy
-from smartclient.core.landing import Landing, Wait
+from smartclient.core.landing import Dial, Placement
 from smartclient.core.retry import WATCH_POLL, Backoff
 from smartclient.core.topology import StreamTopology
 from smartclient.stream.unreported import DECLARE_AGAIN, IDLE_LOOKS, LEADER_LOOKS, LEADER_SETTLE
@@ -89,11 +89,12 @@ def test_a_placement_waits_with_its_policy_jitter() -> None:
     topology = StreamTopology("s", Address("n1", 5552), ())
     waits = []
     for _ in range(40):
-        landing = Landing(topology.producer_candidates(), policy)
-        landing.failed(landing.next_target(), None, ConnectionRefusedError("refused"))
-        step = landing.next_step()
-        assert isinstance(step, Wait)
-        waits.append(step.seconds)
+        plan: Placement[object] = Placement(topology.producer_candidates(), policy)
+        first = plan.start()
+        assert isinstance(first, Dial)
+        step = plan.failed(first.target, None, ConnectionRefusedError("refused"))
+        assert isinstance(step, Dial)
+        waits.append(step.delay)
     assert all(0.2 <= w <= 0.6 for w in waits) and len(set(waits)) > 30
 
 
