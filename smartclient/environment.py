@@ -22,12 +22,13 @@ seam, and one property here.
 from __future__ import annotations
 
 import datetime
+import logging
 import ssl
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
@@ -36,15 +37,23 @@ from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials, PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments
 from smartclient.core.topology import PlacementPolicy, StreamTopology
-from smartclient.core.validation import Check, checked, instance, text, whole
+from smartclient.core.validation import Check, checked, function, instance, text, whole
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
-from smartclient.options import ConsumerOptions, OnError, ProducerOptions, client_settings, settings
+from smartclient.options import (
+    ConsumerOptions,
+    OnError,
+    ProducerOptions,
+    client_settings,
+    given_consumer_options,
+    given_producer_options,
+    settings,
+)
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.wing import StreamWing
@@ -64,7 +73,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Environment"]
 
+log = logging.getLogger(__name__)
 E = TypeVar("E", bound="Environment")
+P = TypeVar("P")
+
+
+@runtime_checkable
+class RecoveryReporting(Protocol):
+    """A wing's placer that tells of the recoveries it makes (AMQP 1.0's, MQTT's)."""
+
+    on_recovery: Callable[[RecoveryEvent], None] | None
 
 
 def _mqtt_options(name: str, value: Any) -> None:
@@ -84,6 +102,7 @@ OPTIONS: dict[str, Check | None] = {
     "size": partial(whole, low=1),
     "federated_broker.name": text,
     "amqp_uri": text,
+    "on_recovery.hook": partial(function, takes="RecoveryEvent", optional=False),
 }
 
 
@@ -160,6 +179,8 @@ class Environment:
         #: the stream wing: producers, consumers, streams and super streams, their topology and placement
         self.streams = StreamWing(self.settings, entries, srv=srv, placement=placement, recovery=recovery,
                                   batching=batching, pool=pool, management=management, telemetry=telemetry)
+        self._hooks: list[Callable[[RecoveryEvent], Any]] = []
+        self.streams.on_recovery = self._recovered
         self._amqp: AmqpPlacer | None = None
         self._amqp10: Amqp10Placer | None = None
         self._mqtt: MqttPlacer | None = None
@@ -189,9 +210,28 @@ class Environment:
         if self.closed:
             raise HandleClosed(f"{self!r} is closed")
 
-    def _measured(self, placer: Any) -> Any:
-        """``placer`` (an AMQP or MQTT placer of this Environment) measured with the telemetry's metrics."""
+    def _measured(self, placer: P) -> P:
+        """``placer`` (an AMQP or MQTT placer of this Environment) measured with the telemetry's metrics, its
+        recoveries told to the recovery hooks."""
+        if isinstance(placer, RecoveryReporting):
+            placer.on_recovery = self._recovered
         return self.streams.watch(placer)
+
+    def on_recovery(self, hook: Callable[[RecoveryEvent], Any]) -> Callable[[], None]:
+        """Tell ``hook`` of every recovery that ends, of every wing: a :class:`RecoveryEvent` (the handle, the node
+        before and after, the cause, the seconds it took, its attempts, its failure if it gave up), on the thread
+        that recovered (the event loop for streams; the client's own thread for AMQP 1.0 and MQTT).  aio-pika's
+        ``reconnect_callbacks`` are the model.  Returns a function that removes the hook.  A hook that raises is
+        logged; the recovery is not affected."""
+        self._hooks.append(hook)
+        return lambda: self._hooks.remove(hook) if hook in self._hooks else None
+
+    def _recovered(self, event: RecoveryEvent) -> None:
+        for hook in list(self._hooks):
+            try:
+                hook(event)
+            except Exception:  # the application's hook: the recovery goes on
+                log.exception("the recovery hook %r raised on %r", hook, event)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def __aenter__(self: E) -> E:
@@ -247,7 +287,7 @@ class Environment:
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
-        return await self.streams.producer(stream, _producer_options(
+        return await self.streams.producer(stream, given_producer_options(
             options, name=name, filter_value=filter_value, batching=batching, encoding=encoding))
 
     async def consumer(
@@ -279,7 +319,7 @@ class Environment:
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
-        return await self.streams.consumer(stream, callback, on_chunk=on_chunk, options=_consumer_options(
+        return await self.streams.consumer(stream, callback, on_chunk=on_chunk, options=given_consumer_options(
             options, offset=offset, name=name, single_active=single_active, on_update=on_update, tracking=tracking,
             filter=filter, flow=flow, on_error=on_error))
 
@@ -295,7 +335,7 @@ class Environment:
             deduplication) and ``encoding`` as keywords.
         """
         return await self.streams.super_stream_producer(super_stream, routing=routing, key=key,
-                                                        options=_producer_options(options, name=name,
+                                                        options=given_producer_options(options, name=name,
                                                                                   encoding=encoding))
 
     async def super_stream_consumer(
@@ -316,7 +356,7 @@ class Environment:
         chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
         per partition across every instance of the name, and fails over between them."""
         return await self.streams.super_stream_consumer(super_stream, callback, on_chunk=on_chunk,
-                                                        options=_consumer_options(
+                                                        options=given_consumer_options(
             options, offset=offset, name=name, single_active=single_active, tracking=tracking, flow=flow,
             on_error=on_error))
 
@@ -499,7 +539,7 @@ class Environment:
                                            entry_points=entry_points,
                                            options=options if options is not None else MqttOptions()))
         self._mqtt_placers.add(placer)
-        return placer  # type: ignore[no-any-return]
+        return placer
 
     def mqtt_client(self, client_id: str | None = None, node: str | None = None, *, entry_points: Any = None,
                     options: MqttOptions | None = None, subscriptions: Sequence[tuple[str, int]] = (),
@@ -540,28 +580,3 @@ class Environment:
         signed_in = self.management.credentials
         return FederatedBroker(name, self.management.base_url, amqp_uri, signed_in.username, signed_in.password,
                                self.settings.vhost)
-
-
-def _producer_options(options: ProducerOptions | None, **keywords: Any) -> ProducerOptions:
-    """``options``, or the value the keywords make (once); both given is an error naming them."""
-    defaults = {"name": None, "filter_value": None, "batching": None, "encoding": "amqp"}
-    given = {k: v for k, v in keywords.items() if v != defaults[k]}
-    if options is None:
-        return ProducerOptions(**keywords)
-    instance("options", options, ProducerOptions, optional=False)
-    if given:
-        raise ConfigurationError(f"give a producer's options as options= or as keywords, not both: {sorted(given)}")
-    return options
-
-
-def _consumer_options(options: ConsumerOptions | None, **keywords: Any) -> ConsumerOptions:
-    """``options``, or the value the keywords make (once); both given is an error naming them."""
-    defaults = {"offset": "next", "name": None, "single_active": False, "on_update": None, "tracking": None,
-                "filter": None, "flow": None, "on_error": "stop"}
-    given = {k: v for k, v in keywords.items() if v is not defaults[k] and v != defaults[k]}
-    if options is None:
-        return ConsumerOptions(**keywords)
-    instance("options", options, ConsumerOptions, optional=False)
-    if given:
-        raise ConfigurationError(f"give a consumer's options as options= or as keywords, not both: {sorted(given)}")
-    return options

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike, SrvDiscovery
 
 __all__ = ["CLIENT_OPTIONS", "ClientSettings", "ConsumerOptions", "OnError", "ProducerOptions", "check_on_error",
-           "client_settings", "entry_points", "management", "settings"]
+           "client_settings", "entry_points", "given_consumer_options", "given_producer_options", "management",
+           "settings"]
 
 
 @dataclass(frozen=True)
@@ -282,3 +283,28 @@ CLIENT_OPTIONS: dict[str, Check | None] = {
     "start": flag,
     "heartbeat": partial(whole, low=0, high=65535, note="seconds; 0: off"),
 }
+
+
+def given_producer_options(options: ProducerOptions | None, **keywords: Any) -> ProducerOptions:
+    """``options``, or the value the keywords make (once); both given is an error naming them."""
+    defaults = {"name": None, "filter_value": None, "batching": None, "encoding": "amqp"}
+    given = {k: v for k, v in keywords.items() if v != defaults[k]}
+    if options is None:
+        return ProducerOptions(**keywords)
+    instance("options", options, ProducerOptions, optional=False)
+    if given:
+        raise ConfigurationError(f"give a producer's options as options= or as keywords, not both: {sorted(given)}")
+    return options
+
+
+def given_consumer_options(options: ConsumerOptions | None, **keywords: Any) -> ConsumerOptions:
+    """``options``, or the value the keywords make (once); both given is an error naming them."""
+    defaults = {"offset": "next", "name": None, "single_active": False, "on_update": None, "tracking": None,
+                "filter": None, "flow": None, "on_error": "stop"}
+    given = {k: v for k, v in keywords.items() if v is not defaults[k] and v != defaults[k]}
+    if options is None:
+        return ConsumerOptions(**keywords)
+    instance("options", options, ConsumerOptions, optional=False)
+    if given:
+        raise ConfigurationError(f"give a consumer's options as options= or as keywords, not both: {sorted(given)}")
+    return options

@@ -61,7 +61,8 @@ class Placing(Protocol):
     def publisher_on(self, queue: str, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]: ...
 
     def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T], *, prior: int = 0,
-                stopping: Callable[[], bool] = ...) -> T: ...
+                stopping: Callable[[], bool] = ..., handle: Any = ..., before: Any = ...,
+                after: Callable[[T], Any] = ...) -> T: ...
 
     def token_refused(self, placed: PlacedAmqp10Connection, error: SmartClientError) -> None: ...
 
@@ -247,7 +248,8 @@ class Amqp10Publisher:
     def _recover(self, lost: ConnectionFailed) -> None:
         log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
         self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
-                                        lambda retry: self.placer.publisher_on(self.queue, retry)))
+                                        lambda retry: self.placer.publisher_on(self.queue, retry), handle=self,
+                                        before=self.node, after=lambda reopened: reopened[0].node))
         self.recoveries += 1
         log.info("AMQP 1.0 publisher of %r recovered on %s", self.queue, self.node)
 
@@ -361,9 +363,10 @@ class Amqp10Consumer:
                 self._fruitless = 0 if self._handed else self._fruitless + 1
                 self._handed = 0
                 try:
-                    self.placed, self._loop = self.placer.recover(f"consumer of {self.queue!r}", exc, self._open,
-                                                                  prior=self._fruitless,
-                                                                  stopping=lambda: self._stopping)
+                    self.placed, self._loop = self.placer.recover(
+                        f"consumer of {self.queue!r}", exc, self._open, prior=self._fruitless,
+                        stopping=lambda: self._stopping, handle=self, before=self.node,
+                        after=lambda reopened: reopened[0].node)
                 except BaseException as final:
                     if not self._stopping:
                         self.failure = final

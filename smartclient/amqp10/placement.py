@@ -46,7 +46,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
 from smartclient.amqp10.clients import Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, RecoveryPolicy, Stop
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.settings import ClientCertificate, Credentials
@@ -128,6 +128,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
         self._refreshes = signing.Refreshes(f"the AMQP 1.0 connections of {self!r}", self.update_tokens)
         self.token_updates = 0  #: new tokens the broker took on a live connection
+        #: told of every recovery that ended (the Environment's recovery hooks: Environment.on_recovery)
+        self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         self.token_failures = 0  #: new tokens it did not take (refused, or a broker without PUT /auth/tokens)
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
         self._closing = False
@@ -303,30 +305,43 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         return Amqp10Consumer(queue, self, on_message, prefer, credit, offset, tuple(filter_values), sql).start()
 
     def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T], *, prior: int = 0,
-                stopping: Callable[[], bool] = lambda: False) -> T:
-        """``reopen(retry)`` again and again under :attr:`recovery` (each attempt placed within its
-        ``attempt_time``) until it answers.  ``prior``: recoveries just before this one that did not help (the
-        back-off goes on from there instead of starting again at once); ``stopping``: asked before each attempt.
+                stopping: Callable[[], bool] = lambda: False, handle: Any = None, before: Any = None,
+                after: Callable[[T], Any] = lambda reopened: None) -> T:
+        """Drive the core's recovery plan (:class:`~smartclient.core.recovery.Recovery`) over :attr:`recovery`:
+        ``reopen(retry)`` (each attempt placed within its ``attempt_time``) until it answers.  ``prior``: recoveries
+        just before this one that did not help (the back-off goes on from there instead of starting again at once);
+        ``stopping``: asked before each attempt.  :attr:`on_recovery` is told how it ended (``handle``, its node
+        ``before``, and ``after(reopened)``, its node after).
 
         :raises RecoveryFailed: recovery is off, gave up (the last error is its cause), or ``stopping`` said so.
         :raises AuthenticationFailed: the credentials were refused (not retried).
         """
-        policy, began, error = self.recovery, time.monotonic(), lost
-        retry = replace(self.retry, max_time=policy.attempt_time)
-        for attempt in itertools.count(1):
-            done = attempt - 1 + prior
-            delay = policy.next_delay(done, time.monotonic() - began) if done else 0.0
-            if delay is None or not policy.enabled or stopping():
-                raise RecoveryFailed(f"{what}: gave up after {attempt - 1} attempt(s) in "
-                                     f"{time.monotonic() - began:.1f} s: {error}") from error
-            time.sleep(delay)
-            try:
-                return reopen(retry)
-            except REFUSALS:
-                raise
-            except SmartClientError as exc:
-                error = exc
-        raise AssertionError("unreachable")
+        recovery = Recovery(self.recovery, prior=prior)
+        retry = replace(self.retry, max_time=self.recovery.attempt_time)
+        step, node = recovery.start(str(lost)), None
+        failure: BaseException | None = None
+        try:
+            while isinstance(step, AttemptNow):
+                if stopping():
+                    step = Stop(RecoveryFailed(f"stopped after {recovery.attempts - 1} attempt(s)", recovery.last))
+                    break
+                time.sleep(step.delay)
+                try:
+                    reopened = reopen(retry)
+                except REFUSALS as exc:
+                    failure = exc
+                    raise
+                except SmartClientError as exc:
+                    step = recovery.failed(exc)
+                else:
+                    node = after(reopened)
+                    return reopened
+            failure = RecoveryFailed(f"{what}: {step.failure}", step.failure.cause or lost)
+            raise failure
+        finally:
+            if self.on_recovery is not None:
+                self.on_recovery(RecoveryEvent(handle, "amqp10", before, node, str(lost), recovery.seconds,
+                                               recovery.attempts, failure))
 
     def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
         """The node a consumer of ``topology``'s queue goes to, for ``prefer`` (the core decides)."""

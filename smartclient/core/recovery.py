@@ -1,8 +1,11 @@
-"""``RecoveryPolicy``: how producers and consumers come back after a connection loss or a leader move.
+"""How producers, consumers and clients come back after a connection loss or a leader move: the one recovery plan.
 
-Pure: the policy is a frozen value and :meth:`RecoveryPolicy.next_delay` a function of the attempt
-number and the time spent, so the schedule is unit-tested without a broker.  The shell that uses it
-is ``Producer._recover`` / ``Consumer._recover`` in :mod:`smartclient.stream.handles`.
+Pure: :class:`RecoveryPolicy` is a frozen value and :meth:`RecoveryPolicy.next_delay` a function of the attempt
+number and the time spent; :class:`Recovery` is one recovery's steps over it (attempt now, wait and attempt, or
+stop: the failure names why), unit-tested without a broker.  Every wing drives it: the stream handles
+(``_Handle._recover`` in :mod:`smartclient.stream.handles`, async) and the AMQP 1.0 publishers and consumers
+(``Amqp10Placer.recover``, sync); and each recovery ends in a :class:`RecoveryEvent`, which the Environment hands to
+its recovery hooks (``env.on_recovery``) and to its telemetry.
 
 Every recovery is bounded twice, by attempts and by time; when either runs out, a producer fails its
 pending messages with the reason and a consumer reports it (nothing loops forever).  Authentication
@@ -13,13 +16,16 @@ loop.  With ``retry_authentication=True`` they are retried, but only every ``max
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from smartclient._errors import ConfigurationError
+from smartclient._errors import REFUSALS, ConfigurationError, RecoveryFailed, StreamNotFound
 from smartclient.core.retry import Backoff
 from smartclient.core.validation import flag, number, whole
 
-__all__ = ["RecoveryPolicy"]
+__all__ = ["AttemptNow", "Recovery", "RecoveryEvent", "RecoveryPolicy", "Stop"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,106 @@ class RecoveryPolicy:
     @property
     def backoff_rule(self) -> Backoff:
         return Backoff(self.initial_delay, self.factor, self.max_delay, self.jitter)
+
+
+@dataclass(frozen=True)
+class AttemptNow:
+    """Attempt the recovery, after ``delay`` seconds."""
+
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The recovery is over and failed: ``failure`` (a :class:`RecoveryFailed`, naming why; the last attempt's error
+    its ``cause``) is the handle's."""
+
+    failure: RecoveryFailed
+
+
+class Recovery:
+    """One recovery's steps over a :class:`RecoveryPolicy` (no I/O; a driver attempts and sleeps)::
+
+        recovery = Recovery(policy)
+        step = recovery.start()
+        while isinstance(step, AttemptNow):
+            sleep(step.delay)
+            try:
+                reattach()
+            except Exception as exc:
+                step = recovery.failed(exc, progressed=...)
+            else:
+                break                      # recovered: recovery.attempts, recovery.seconds
+        else:
+            handle.failure = step.failure  # it gave up, or a refusal ended it at once
+
+    A refusal (:data:`~smartclient._errors.REFUSALS`: refused credentials, a token expired or refused, a token
+    provider failing, a certificate rejected) ends it at once unless the policy retries authentication; a stream
+    that no longer exists ends it too.  ``prior``: recoveries just before this one that did not help (the back-off
+    goes on from there instead of starting again at once)."""
+
+    def __init__(self, policy: RecoveryPolicy, *, prior: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy, self.prior, self._clock = policy, prior, clock
+        self.began = clock()
+        self.attempts = 0  #: attempts made
+        self.last: BaseException | None = None  #: the last attempt's error
+
+    @property
+    def seconds(self) -> float:
+        """Seconds since the recovery began."""
+        return self._clock() - self.began
+
+    def start(self, reason: str = "") -> AttemptNow | Stop:
+        """The first step: attempt at once (after ``prior`` failed recoveries, on the back-off), or stop when the
+        policy turns recovery off."""
+        if not self.policy.enabled:
+            return Stop(RecoveryFailed(f"lost ({reason}) and recovery is disabled" if reason else
+                                       "recovery is disabled"))
+        self.attempts = 1
+        if self.prior:
+            delay = self.policy.next_delay(self.prior, 0.0)
+            if delay is None:
+                return Stop(RecoveryFailed(f"recovery gave up after {self.prior} attempt(s)"))
+            return AttemptNow(delay)
+        return AttemptNow()
+
+    def failed(self, error: BaseException, *, progressed: bool = False) -> AttemptNow | Stop:
+        """The attempt under way failed with ``error``; ``progressed``: it ran out of time past its topology read
+        (the stream is back: the next goes at once).  The next step: attempt again after the policy's delay, or
+        stop, the failure naming why."""
+        self.last = error
+        elapsed = self.seconds
+        if isinstance(error, StreamNotFound):
+            return Stop(RecoveryFailed(str(error), error))
+        refused = isinstance(error, REFUSALS)
+        delay = self.policy.next_delay(self.attempts + self.prior, elapsed, authentication=refused,
+                                       progressed=progressed)
+        if delay is None:
+            why = ("ended at once, refused (RecoveryPolicy.retry_authentication retries a refusal)" if refused
+                   else "gave up")
+            return Stop(RecoveryFailed(f"recovery {why} after {self.attempts} attempt(s) in {elapsed:.1f} s: "
+                                       f"{type(error).__name__}: {error}", error))
+        self.attempts += 1
+        return AttemptNow(delay)
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """What the Environment's recovery hooks are told of each recovery that ended (``env.on_recovery``), from every
+    wing: the ``handle`` (a producer, a consumer, an AMQP 1.0 publisher or consumer, an MQTT client), its ``wing``
+    (``stream``, ``amqp10``, ``mqtt``), the node it was on ``before`` and is on ``after`` (None: it did not come
+    back, or the wing cannot say), the ``cause`` (what was lost: a reason or the error), the ``seconds`` it took, its
+    ``attempts``, and its ``failure`` if it gave up."""
+
+    handle: Any
+    wing: str
+    before: Any
+    after: Any
+    cause: str
+    seconds: float
+    attempts: int
+    failure: BaseException | None = None
+
+    @property
+    def recovered(self) -> bool:
+        return self.failure is None

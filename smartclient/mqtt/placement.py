@@ -44,6 +44,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
 from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive
+from smartclient.core.recovery import RecoveryEvent
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
 from smartclient.core.retry import Backoff, RetryPolicy
 from smartclient.core.settings import ClientCertificate, Credentials
@@ -129,6 +130,7 @@ class PlacedMqttClient(HandsOver):
         :meth:`~smartclient.mqtt.handover.HandsOver.fallback_after`).
 
         :raises SmartClientError: it gave up (the client stays disconnected: :attr:`failure`)."""
+        began, before = time.monotonic(), self.node
         with self._sc_lock:
             self._placing, self._held = True, None
             try:
@@ -150,6 +152,10 @@ class PlacedMqttClient(HandsOver):
                 raise
             finally:
                 self._placing = False
+                if not handover and self._placer.on_recovery is not None:  # (a hand-over is no recovery)
+                    self._placer.on_recovery(RecoveryEvent(self, "mqtt", before, self.node if self.failure is None
+                                                           else None, "connection lost", time.monotonic() - began,
+                                                           self.attempts, self.failure))
             held, self._held = self._held, None
         if held is not None:  # the CONNACK of the connection kept, told now (not those of the ones dropped)
             self._connack_received(*held)
@@ -317,6 +323,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         #: the hand-overs of the clients placed by connect() to each new token, from the first one on
         self._refreshes = Refreshes(f"the MQTT clients of {self!r}", self._hand_over_all)
         self.handovers = 0  #: connections of clients placed by connect() handed over to a new token
+        #: told of every reconnect that ended (the Environment's recovery hooks: Environment.on_recovery)
+        self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the old one kept)
 
     # -- where -------------------------------------------------------------------------------

@@ -74,7 +74,6 @@ def resources(env: Any) -> dict[str, int]:
     telemetry = carriers.telemetry
     if telemetry is not None:
         counts["retired handle totals"] = sum(len(c) for c in telemetry.retired.values())
-        counts["recoveries timed"] = len(telemetry._began)
     return dict(counts)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient._errors import ConfigurationError, ConnectionFailed, SmartClientError
 from smartclient.core.address import Address
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.topology import Candidates, Role, StreamTopology, ready_choice
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
@@ -77,6 +77,8 @@ class Carriers:
         #: what consumer carriers counted for streams they no longer consume (telemetry reads it with theirs)
         self.left: dict[str, Counter[str]] = {"smartclient_consumed": Counter(), "smartclient_chunks": Counter()}
         self.telemetry: StreamTelemetry | None = None
+        #: told of every recovery that ended (the Environment's recovery hooks: Environment.on_recovery)
+        self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         if (meter := _otel.meter(meter_provider)) is not None:
             from smartclient.stream.telemetry import StreamTelemetry
 
@@ -156,8 +158,12 @@ class Carriers:
         self.placement.recovering[key] += 1 if active else -1
         if not self.placement.recovering[key]:  # no key per stream ever recovered: streams come and go
             del self.placement.recovering[key]
-        if self.telemetry is not None and handle is not None:
-            self.telemetry.recovering(handle, active)
+
+    def recovered(self, event: RecoveryEvent) -> None:
+        if self.telemetry is not None:
+            self.telemetry.recovered(event)
+        if self.on_recovery is not None:
+            self.on_recovery(event)
 
     def confirm_watch(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
         timer = self.telemetry.confirm_timer(stream) if self.telemetry is not None else None

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from smartclient import credentials
 from smartclient._errors import (
-    REFUSALS,
     ConfigurationError,
     EnqueueTimeout,
     HandleClosed,
@@ -27,6 +26,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.deadline import TOPOLOGY_READ, attempt, detach
 from smartclient.core.publishing_ids import PublishingIds
+from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, Stop
 from smartclient.core.topology import Role
 from smartclient.stream.publish_frames import sub_entry
 from smartclient.stream.publishing import (
@@ -166,67 +166,61 @@ class _Handle:
         """One recovery attempt; returns what it did, for the log."""
         raise NotImplementedError
 
-    def _give_up(self, reason: str, cause: BaseException | None = None) -> None:
-        self.failure = RecoveryFailed(reason, cause)
-        log.error("%r stopped: %s", self, reason)
+    def _give_up(self, failure: RecoveryFailed) -> None:
+        self.failure = failure
+        log.error("%r stopped: %s", self, failure)
 
     async def _recover(self, reason: str) -> None:
+        """Drive the core's recovery plan (:class:`~smartclient.core.recovery.Recovery`): reattach, within one
+        attempt's time each, until it holds or the plan stops; the host is told how it ended."""
         detach()  # started from a connection's reader, whose context holds the deadline of an old attempt
         credentials.acting_alone()  # not asked by the application: no dial with a login the broker refused
         policy = self._host.recovery
-        started = time.monotonic()
-        attempts = 0
+        recovery, before = Recovery(policy), self.node
         log.warning("%r lost (%s): recovering", self, reason)
-        if not policy.enabled:
-            self._give_up(f"lost ({reason}) and recovery is disabled")
-            return
-        self._host.recovering(self.role, self.stream, True, self)
+        step = recovery.start(reason)
+        if isinstance(step, AttemptNow):
+            self._host.recovering(self.role, self.stream, True, self)
         progressed = False
         try:
-            while not self.closed:
+            while isinstance(step, AttemptNow) and not self.closed:
+                if step.delay:
+                    await asyncio.sleep(step.delay)
                 seen = self._losses
-                attempts += 1
                 if not progressed:  # (after one that did, the topology it read just now is kept)
                     self._host.drop_topology(self.stream)
-                authentication = False
                 began = time.monotonic()
-                with attempt(policy.attempt_time, f"recovery attempt {attempts} of {self!r}") as deadline:
+                with attempt(policy.attempt_time, f"recovery attempt {recovery.attempts} of {self!r}") as deadline:
                     try:
                         done = await self._reattach()
-                    except StreamNotFound as exc:
-                        self._note_attempt(attempts, began, f"StreamNotFound: {exc}", deadline.log())
-                        self._host.forget_when_unused(self.stream)  # deleted elsewhere: with its last handle
-                        self._give_up(str(exc))
-                        return
-                    except REFUSALS as exc:  # every node, every attempt would repeat it (a refused login, a
-                        last: BaseException = exc  # token expired or refused, a token provider failing, a certificate)
-                        authentication = True
-                    except Exception as exc:  # any other failure of one attempt is retried, within the policy
-                        last = exc
+                    except Exception as exc:  # each failure is the plan's to judge (a refusal ends it at once)
+                        last: BaseException = exc
                     else:
                         if self._losses == seen:
                             self.recoveries += 1
-                            self._note_attempt(attempts, began, "recovered", deadline.log())
-                            log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self, attempts,
-                                        time.monotonic() - started, done, deadline.log())
+                            self._note_attempt(recovery.attempts, began, "recovered", deadline.log())
+                            log.warning("%r recovered after %d attempt(s) in %.2f s: %s (steps: %s)", self,
+                                        recovery.attempts, recovery.seconds, done, deadline.log())
                             self._follow(self._after_recovery(reason))
                             return
                         last = SmartClientError("lost again while recovering")
-                self._note_attempt(attempts, began, f"{type(last).__name__}: {last}", deadline.log())
-                elapsed = time.monotonic() - started
+                self._note_attempt(recovery.attempts, began, f"{type(last).__name__}: {last}", deadline.log())
                 progressed = isinstance(last, StepTimeout) and deadline.got_past(TOPOLOGY_READ)
-                delay = policy.next_delay(attempts, elapsed, authentication=authentication, progressed=progressed)
-                if delay is None:
-                    why = ("ended at once, refused (RecoveryPolicy.retry_authentication retries a refusal)"
-                           if authentication else "gave up")
-                    self._give_up(f"recovery {why} after {attempts} attempt(s) in {elapsed:.1f} s: "
-                                  f"{type(last).__name__}: {last}", last)
-                    return
-                log.info("%r: recovery attempt %d failed after %.2f s (%s: %s; steps: %s); next in %.2f s", self,
-                         attempts, time.monotonic() - began, type(last).__name__, last, deadline.log(), delay)
-                await asyncio.sleep(delay)
+                step = recovery.failed(last, progressed=progressed)
+                if isinstance(step, AttemptNow):
+                    log.info("%r: recovery attempt %d failed after %.2f s (%s: %s; steps: %s); next in %.2f s", self,
+                             recovery.attempts - 1, time.monotonic() - began, type(last).__name__, last,
+                             deadline.log(), step.delay)
+            if isinstance(step, Stop):
+                if isinstance(recovery.last, StreamNotFound):
+                    self._host.forget_when_unused(self.stream)  # deleted elsewhere: with its last handle
+                self._give_up(step.failure)
         finally:
-            self._host.recovering(self.role, self.stream, False, self)
+            if recovery.attempts:
+                self._host.recovering(self.role, self.stream, False, self)
+            after = self.node if self.failure is None and not self.closed else None
+            self._host.recovered(RecoveryEvent(self, "stream", before, after, reason, recovery.seconds,
+                                               recovery.attempts, self.failure))
 
     def _after_recovery(self, reason: str) -> Coroutine[Any, Any, None] | None:
         """What looks after this handle once it recovered from ``reason`` (:mod:`~smartclient.stream.unreported`)."""
@@ -339,9 +333,9 @@ class Producer(_Handle):
         resent = self._buffer.resume(client, publisher_id)
         return f"{resent} unconfirmed message(s) sent again"
 
-    def _give_up(self, reason: str, cause: BaseException | None = None) -> None:
-        super()._give_up(reason, cause)
-        self._buffer.fail_all(reason, self.failure)
+    def _give_up(self, failure: RecoveryFailed) -> None:
+        super()._give_up(failure)
+        self._buffer.fail_all(str(failure), failure)
 
     async def send(self, body: bytes | Any, *, publishing_id: int | None = None,
                    on_confirm: ConfirmCallback | None = None) -> None:

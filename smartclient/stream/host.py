@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from smartclient._errors import ConnectionFailed
 from smartclient.core.address import Address
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.topology import Candidates, Role, StreamTopology
 from smartclient.options import ConsumerOptions, ProducerOptions
 
@@ -120,7 +120,11 @@ class StreamHost(Protocol):
 
     def recovering(self, role: Role, stream: str, active: bool, handle: Any = None) -> None:
         """A recovery of ``stream``'s producer or consumer (``handle``) starts (or ends): placements use short
-        attempts, and the telemetry times it."""
+        attempts meanwhile."""
+
+    def recovered(self, event: RecoveryEvent) -> None:
+        """A recovery ended (recovered, gave up, or its handle closed): the telemetry and the recovery hooks are
+        told."""
 
     def confirm_watch(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
         """What a producer of ``stream`` tells of each confirm frame: the time, and the Publish frames it

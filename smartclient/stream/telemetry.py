@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from smartclient import _otel
+from smartclient.core.recovery import RecoveryEvent
 from smartclient.core.topology import Role
 from smartclient.stream.lag import lag_sampler
 
@@ -99,7 +99,6 @@ class StreamTelemetry:
         self.carriers = carriers
         self.timed = timed  # publish-to-confirm times are taken (a little work per Publish frame)
         self.retired: dict[str, Counter[str]] = {key: Counter() for key in (*_PRODUCER_COUNTS, "recoveries")}
-        self._began: dict[int, float] = {}  # id(handle) -> when its recovery began
         self.placers: weakref.WeakSet[Any] = weakref.WeakSet()  # the Environment's AMQP and MQTT placers
         self.readings: dict[str, Reading] = {
             "rabbitmq.stream.published": lambda: self._producers("published"),
@@ -231,13 +230,14 @@ class StreamTelemetry:
         self.placement_time.record(seconds, attributes)
         self.placement_sessions.record(sessions, attributes)
 
-    def recovering(self, handle: Any, active: bool) -> None:
-        if active:
-            self._began[id(handle)] = time.monotonic()
-        elif (began := self._began.pop(id(handle), None)) is not None:
-            outcome = "gave up" if handle.failure else "recovered"
-            self.recovery_time.record(time.monotonic() - began, {**_on(handle.stream), "smartclient.role":
-                                                                 handle.role.value, "smartclient.outcome": outcome})
+    def recovered(self, event: RecoveryEvent) -> None:
+        """A recovery ended: its time, by stream, role and outcome."""
+        if not event.attempts:
+            return  # (recovery off: nothing was attempted, nothing to time)
+        handle = event.handle
+        outcome = "gave up" if event.failure is not None else "recovered"
+        self.recovery_time.record(event.seconds, {**_on(handle.stream), "smartclient.role": handle.role.value,
+                                                  "smartclient.outcome": outcome})
 
     def retire(self, handle: Any) -> None:
         """A closing handle's totals stay counted."""

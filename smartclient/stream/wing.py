@@ -25,7 +25,7 @@ from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
 from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.settings import PoolLimits, Telemetry
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 from smartclient.core.topology import Candidates, PlacementPolicy, Role, StreamTopology
@@ -124,6 +124,15 @@ class StreamWing:
         """``placer`` (an AMQP or MQTT placer of the same Environment) measured with the stream wing's metrics:
         clients per node, resolution times."""
         return self._carriers.watch(placer)
+
+    @property
+    def on_recovery(self) -> Callable[[RecoveryEvent], None] | None:
+        """Told of every recovery of a producer or consumer that ended (the Environment's recovery hooks)."""
+        return self._carriers.on_recovery
+
+    @on_recovery.setter
+    def on_recovery(self, hook: Callable[[RecoveryEvent], None] | None) -> None:
+        self._carriers.on_recovery = hook
 
     @property
     def management(self) -> ManagementClient | None:

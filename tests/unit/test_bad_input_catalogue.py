@@ -313,6 +313,7 @@ BASE: dict[str, dict[str, Any]] = {
     **{f: {"topology": pair(*_BROKERS[:2], "x")} for f in ("apply", "remove", "status", "wait_running")},
     ".producer": {"stream": "s"},
     ".federated_broker": {"name": "site-a", "amqp_uri": "amqp://127.0.0.1:1"},
+    ".on_recovery": {"hook": _callback},
     ".consumer": {"stream": "s", "callback": _callback},
     ".super_stream_producer": {"super_stream": "ss"},
     ".super_stream_consumer": {"super_stream": "ss", "callback": _callback},

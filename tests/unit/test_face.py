@@ -16,7 +16,7 @@ from smartclient import (
     OffsetSpec,
     ProducerOptions,
 )
-from smartclient.environment import _consumer_options, _producer_options
+from smartclient.options import given_consumer_options, given_producer_options
 from smartclient.stream.wing import StreamWing
 
 
@@ -37,22 +37,22 @@ def test_every_wing_is_a_part_built_from_the_one_settings() -> None:
 
 
 def test_the_short_keywords_build_the_value_once_and_not_beside_one() -> None:
-    assert _producer_options(None, name="w", filter_value=None, batching=None, encoding="raw") == \
+    assert given_producer_options(None, name="w", filter_value=None, batching=None, encoding="raw") == \
         ProducerOptions(name="w", encoding="raw")
     given = ConsumerOptions("first", name="c", flow=ConsumerFlow())
-    assert _consumer_options(given, offset="next", name=None, single_active=False, on_update=None, tracking=None,
+    assert given_consumer_options(given, offset="next", name=None, single_active=False, on_update=None, tracking=None,
                              filter=None, flow=None, on_error="stop") is given
     assert given.offset == OffsetSpec.parse("first")
     with pytest.raises(ConfigurationError, match=r"options= or as keywords, not both: \['name'\]"):
-        _producer_options(ProducerOptions(), name="w", filter_value=None, batching=None, encoding="amqp")
+        given_producer_options(ProducerOptions(), name="w", filter_value=None, batching=None, encoding="amqp")
     with pytest.raises(ConfigurationError, match="single_active and offset tracking need a name"):
         ConsumerOptions(single_active=True)
-    with pytest.raises(ConfigurationError, match="ConsumerOptions.flow"):
+    with pytest.raises(ConfigurationError, match=r"ConsumerOptions\.flow"):
         ConsumerOptions(flow=3)  # type: ignore[arg-type]
 
     async def scenario() -> None:  # through the face: checked before any I/O (nothing listens there)
         env = Environment("rabbitmq-stream://guest:guest@127.0.0.1:1/")
-        with pytest.raises(ConfigurationError, match="ConsumerOptions.name"):
+        with pytest.raises(ConfigurationError, match=r"ConsumerOptions\.name"):
             await env.consumer("s", lambda m, c: None, name=7)  # type: ignore[arg-type]
 
     asyncio.run(scenario())
