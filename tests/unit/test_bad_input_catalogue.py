@@ -59,7 +59,7 @@ from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 from smartclient.spark import StreamConnection
 from smartclient.sync import SyncEnvironment
 
-from .test_public_api import PUBLIC_MODULES
+from tests.unit.test_public_api import PUBLIC_MODULES
 
 # The public modules whose names are in the catalogue, and why the others are not.
 NOT_IN_THE_CATALOGUE = {
@@ -238,7 +238,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "SyncSuperStreamProducer": "made by SyncEnvironment.super_stream_producer()",
     "SyncSuperStreamConsumer": "made by SyncEnvironment.super_stream_consumer()",
     "SyncStreams": "SyncEnvironment.streams: the stream wing, its calls blocking",
-    "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/test_spark_source.py",
+    "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/spark/test_spark_source.py",
     "ClientSettings": "the one settings object the Environment hands every wing (Environment.settings)",
     "Landed": "where one placement landed, from NodePlacer.place()",
     "PlacedConnection": "made by AmqpPlacer.connect()",

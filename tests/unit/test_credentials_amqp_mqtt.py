@@ -244,7 +244,7 @@ def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
 
 
 def test_a_reconnect_that_cannot_log_in_gives_up_with_the_providers_error() -> None:
-    from tests.unit.test_mqtt_core import QUICK, _Client, direct_network
+    from tests.unit.mqtt.test_mqtt_core import QUICK, _Client, direct_network
 
     tokens = Tokens()
     credentials = TokenCredentials(tokens)

@@ -116,7 +116,7 @@ def test_the_stall_watches_space_their_looks_as_before(n: int) -> None:
 
 # -- no wait of a number of its own --------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIBRARY = ("smartclient", "resolvers")
 # core defines the waits; the test bed (servers, nemesis) is no library code and keeps its own pace
 OUTSIDE = ("smartclient/core/", "smartclient/testing/")

@@ -38,7 +38,7 @@ from smartclient.mqtt._paho import (
     PahoClient,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIBRARY = (ROOT / "smartclient", ROOT / "resolvers")
 SEAM = ROOT / "smartclient" / "mqtt" / "_paho.py"
 

@@ -26,7 +26,7 @@ from smartclient.spark._pyspark import (
     PYSPARK_SIGNATURES,
     read_limits,
 )
-from tests.unit.test_paho_seam import (
+from tests.unit.mqtt.test_paho_seam import (
     ROOT,
     imports_of,
     parameters,

@@ -130,7 +130,7 @@ def test_the_lists_cover_every_private_name_the_seam_touches_and_nothing_else_im
 
     from smartclient.stream._rstream import RSTREAM_INTERNALS
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     seam = root / "smartclient" / "stream" / "_rstream"
     listed = {entry.rpartition(".")[2] for entry in RSTREAM_INTERNALS}
     ours = {"_rstream", "_pool", "_errors", "_publishers", "_pyarrow"}  # our own modules, or listed elsewhere

@@ -18,7 +18,7 @@ from smartclient.stream._rstream.columns import chunk_of  # noqa: E402
 from smartclient.stream._rstream.frames import decode_hot  # noqa: E402
 from smartclient.stream.columnar import iter_range, read_range  # noqa: E402
 
-from .test_frames import deliver, simple  # noqa: E402
+from tests.unit.stream.test_frames import deliver, simple  # noqa: E402
 
 
 def chunk(first: int, messages: list[bytes]) -> Chunk:

@@ -37,7 +37,7 @@ from smartclient.amqp._pika import (
     pika_errors,
 )
 from smartclient.credentials import Login
-from tests.unit.test_paho_seam import (
+from tests.unit.mqtt.test_paho_seam import (
     ROOT,
     FakeBroker,
     imports_of,

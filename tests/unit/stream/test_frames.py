@@ -195,13 +195,13 @@ def test_a_callback_that_raises_still_gives_the_credit_once_and_the_position_sta
 def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
     """put() (send's hot path), add(), add_many() with bodies of other types, resume() after a loss, and a
     filter value's version 2, with encoding="raw": each frame is byte for byte the one rstream encodes for the same
-    messages (the default encoding's frames: tests/unit/test_amqp_encoding.py)."""
+    messages (the default encoding's frames: tests/unit/stream/test_amqp_encoding.py)."""
     from rstream.encoding import encode_publish
 
     from smartclient import BatchingPolicy
     from smartclient.stream.publishing import QUEUED, PublishBuffer
 
-    from .test_recovery_core import FakeClient
+    from tests.unit.stream.test_recovery_core import FakeClient
 
     def rstreams(publisher: int, messages: list[tuple[int, bytes, str | None]], version: int = 1) -> bytes:
         return encode_publish(schema.Publish(publisher_id=publisher, messages=[
@@ -241,7 +241,7 @@ def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what
     from smartclient import BatchingPolicy, EnqueueTimeout
     from smartclient.stream.publishing import PublishBuffer
 
-    from .test_recovery_core import FakeClient
+    from tests.unit.stream.test_recovery_core import FakeClient
 
     async def scenario() -> None:
         client = FakeClient()
@@ -274,7 +274,7 @@ def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_cou
     def sub_entry(bodies: list[bytes], compression: str = "none") -> bytes:
         return sub_entry_of(bodies, compression, "raw")
 
-    from .test_recovery_core import FakeClient, confirm
+    from tests.unit.stream.test_recovery_core import FakeClient, confirm
 
     bodies = [b"one", b"two", b"three"]
     for compression, code in (("none", 0), ("gzip", 1)):

@@ -15,7 +15,7 @@ from smartclient.core.delivery import Chunk  # noqa: E402
 from smartclient.stream._rstream.columns import chunk_batch, chunk_of  # noqa: E402
 from smartclient.stream._rstream.frames import decode_hot, messages_of  # noqa: E402
 
-from .test_frames import deliver, simple, sub_batch  # noqa: E402
+from tests.unit.stream.test_frames import deliver, simple, sub_batch  # noqa: E402
 
 SIZES = (0, 1, 3, 4, 5, 7, 8, 12, 13, 14, 100, 255, 256, 300)
 

@@ -21,7 +21,7 @@ from smartclient.amqp10._rabbitmq_amqp import AMQP10_INTERNALS, QueueTopology, o
 from smartclient.amqp10.placement import Amqp10Placer  # noqa: E402
 from smartclient.credentials import Login  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEAM = ROOT / "smartclient" / "amqp10" / "_rabbitmq_amqp.py"
 
 

@@ -13,7 +13,7 @@ from resolvers import Chain, DnsResolver, Identity, LoadBalancer, Resolver, SniR
 from smartclient import Address, ConfigurationError
 from smartclient.resolution import Resolution, through
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LB = LoadBalancer("lb:5552", amqp=5672, mqtt=1883)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.stream._rstream.wire import NamedClient
 
-from .test_frames import carrier, deliver, run, simple, subscriber
+from tests.unit.stream.test_frames import carrier, deliver, run, simple, subscriber
 
 TEN = [simple(b"m%d" % i) for i in range(10)]
 

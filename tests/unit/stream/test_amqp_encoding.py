@@ -24,7 +24,7 @@ from smartclient.stream.codec import decode_amqp
 from smartclient.stream.publish_frames import sub_entry
 from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer
 
-from .test_recovery_core import FakeClient
+from tests.unit.stream.test_recovery_core import FakeClient
 
 SHORT, EDGE, LONG = b"m" * 100, b"e" * 255, b"L" * 256  # vbin8, the longest vbin8, the shortest vbin32
 

@@ -9,7 +9,7 @@ import pytest
 from smartclient import CONFIRM_TIMEOUT, BatchingPolicy, ConfigurationError, Confirmation, EnqueueTimeout, PublishFailed
 from smartclient.stream.publishing import PublishBuffer
 
-from .test_recovery_core import FakeClient, confirm
+from tests.unit.stream.test_recovery_core import FakeClient, confirm
 
 
 def make(**policy: float) -> PublishBuffer:

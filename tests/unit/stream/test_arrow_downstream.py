@@ -12,7 +12,7 @@ pa = pytest.importorskip("pyarrow", minversion="19")
 from smartclient.core.amqp_data import data_section  # noqa: E402
 from smartclient.stream._rstream.columns import chunk_batch  # noqa: E402
 
-from .test_arrow_chunks import frame  # noqa: E402
+from tests.unit.stream.test_arrow_chunks import frame  # noqa: E402
 
 BODIES = [b"%d:a body longer than twelve bytes" % i if i % 2 else b"%d:short" % i for i in range(100)]
 

@@ -179,7 +179,7 @@ def test_dnspython_is_imported_in_one_module_only() -> None:
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     importers = sorted(
         str(path.relative_to(root))
         for package in ("resolvers", "smartclient") for path in (root / package).rglob("*.py")
