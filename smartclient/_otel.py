@@ -152,6 +152,51 @@ class Tracer:
                                        links=[self._trace.Link(c) for c in links] or None)
 
 
+    def roots(self, name: str, kind: str, attributes: Attributes) -> RootSpans:
+        """Spans of one name, kind and attributes, each the root of a trace of its own and current while it is
+        open (a chunk's ``process`` span): :class:`RootSpans`."""
+        return RootSpans(self._tracer, name, getattr(self._trace.SpanKind, kind), dict(attributes))
+
+
+class RootSpans:
+    """The hot path's spans (one per chunk a consumer is handed): started with the SDK's own call and made current
+    by attaching their context directly, with what varies given per span; a third of :meth:`Tracer.start` and
+    ``use_span``'s cost (``tests/unit/stream/test_telemetry_absent.py`` keeps the shape honest)."""
+
+    __slots__ = ("_attach", "_context", "_detach", "_in_context", "_kind", "_name", "_root", "_start", "attributes")
+
+    def __init__(self, tracer: Any, name: str, kind: Any, attributes: dict[str, Any]) -> None:
+        from opentelemetry import context, trace
+
+        self._start, self._name, self._kind, self.attributes = tracer.start_span, name, kind, attributes
+        self._root, self._in_context = context.Context(), trace.set_span_in_context
+        self._attach, self._detach = context.attach, context.detach
+
+    def open(self, varying: dict[str, Any]) -> _Current:
+        """A span with the attributes and ``varying`` (``with``: current inside; ended on exit, an error recorded)."""
+        return _Current(self, self._start(self._name, context=self._root, kind=self._kind,
+                                          attributes={**self.attributes, **varying}))
+
+
+class _Current:
+    """``with``: ``span`` current inside (its context attached, then detached), ended on exit."""
+
+    __slots__ = ("_spans", "_token", "span")
+
+    def __init__(self, spans: RootSpans, span: Any) -> None:
+        self._spans, self.span = spans, span
+        self._token: Any = None
+
+    def __enter__(self) -> Any:
+        self._token = self._spans._attach(self._spans._in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind: Any, error: BaseException | None, trace: Any) -> None:
+        self._spans._detach(self._token)
+        if error is not None and self.span.is_recording():
+            self.span.record_exception(error)
+        self.span.end()
+
 
 def tracer(provider: Any = None, name: str = "smartclient") -> Tracer | None:
     """``provider``'s tracer for smartclient, or the global one's if it was set; None when OpenTelemetry is not

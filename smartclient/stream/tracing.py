@@ -44,6 +44,7 @@ class StreamTracing:
     def __init__(self, tracer: _otel.Tracer, propagate: bool = False) -> None:
         self.tracer = tracer
         self.propagate = propagate
+        self._chunks: dict[str, _otel.RootSpans] = {}  # stream -> its chunks' spans
 
     # -- placement ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -113,10 +114,13 @@ class StreamTracing:
 
     # -- consumers ---------------------------------------------------------------------------------------
     def chunk(self, stream: str, count: int, first: int) -> Any:
-        """What a consumer carrier runs each chunk's callbacks in: a current ``process {stream}`` span."""
-        return _otel.use(self.tracer.start(f"process {stream}", _otel.SpanKind.CONSUMER, {
-            **_on(stream, "process"), "messaging.batch.message_count": count,
-            "messaging.rabbitmq.stream.offset": first}, root=True))
+        """What a consumer carrier runs each chunk's callbacks in: a current ``process {stream}`` span (the hot
+        path: its spans' shape is made once per stream)."""
+        spans = self._chunks.get(stream)
+        if spans is None:
+            spans = self._chunks[stream] = self.tracer.roots(f"process {stream}", _otel.SpanKind.CONSUMER,
+                                                            _on(stream, "process"))
+        return spans.open({"messaging.batch.message_count": count, "messaging.rabbitmq.stream.offset": first})
 
     def each(self, stream: str, callback: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         """With propagation on: ``callback`` runs in a ``process {stream}`` span per message, linked to the span
