@@ -30,6 +30,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from smartclient import _otel
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.batching import BatchingPolicy
@@ -57,6 +58,7 @@ from smartclient.options import (
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.wing import StreamWing
+from smartclient.telemetry import EnvironmentTelemetry
 
 if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike, SrvDiscovery
@@ -176,9 +178,14 @@ class Environment:
         self.recovery = recovery
         self.telemetry = telemetry
         self._management = management
+        #: the instruments every wing's measurements go to (None without a meter provider): the face's own
+        self.instruments: EnvironmentTelemetry | None = None
+        if (meter := _otel.meter(telemetry.meter_provider)) is not None:
+            self.instruments = EnvironmentTelemetry(meter, timed=_otel.configured(telemetry.meter_provider))
         #: the stream wing: producers, consumers, streams and super streams, their topology and placement
         self.streams = StreamWing(self.settings, entries, srv=srv, placement=placement, recovery=recovery,
-                                  batching=batching, pool=pool, management=management, telemetry=telemetry)
+                                  batching=batching, pool=pool, management=management, telemetry=telemetry,
+                                  instruments=self.instruments)
         self._hooks: list[Callable[[RecoveryEvent], Any]] = []
         self.streams.on_recovery = self._recovered
         self._amqp: AmqpPlacer | None = None
@@ -215,7 +222,9 @@ class Environment:
         recoveries told to the recovery hooks."""
         if isinstance(placer, RecoveryReporting):
             placer.on_recovery = self._recovered
-        return self.streams.watch(placer)
+        if self.instruments is not None:
+            self.instruments.watch(placer)
+        return placer
 
     def on_recovery(self, hook: Callable[[RecoveryEvent], Any]) -> Callable[[], None]:
         """Tell ``hook`` of every recovery that ends, of every wing: a :class:`RecoveryEvent` (the handle, the node
@@ -227,6 +236,8 @@ class Environment:
         return lambda: self._hooks.remove(hook) if hook in self._hooks else None
 
     def _recovered(self, event: RecoveryEvent) -> None:
+        if self.instruments is not None:
+            self.instruments.recovered(event)
         for hook in list(self._hooks):
             try:
                 hook(event)
@@ -256,7 +267,11 @@ class Environment:
         for placer in (self._amqp, self._amqp10, *list(self._mqtt_placers)):
             if placer is not None:
                 placer.close()
-        await self.streams.close()
+        try:
+            await self.streams.close()
+        finally:
+            if self.instruments is not None:
+                self.instruments.close()
 
     # -- streams ---------------------------------------------------------------------------------------------
     async def topology(self, stream: str) -> StreamTopology:

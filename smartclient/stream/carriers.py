@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from smartclient.stream.telemetry import StreamTelemetry
     from smartclient.stream.topology_cache import TopologyCache
     from smartclient.stream.tracing import StreamTracing
+    from smartclient.telemetry import EnvironmentTelemetry
 
 __all__ = ["Carriers"]
 
@@ -52,7 +53,8 @@ class Carriers:
 
     def __init__(self, placement: StreamPlacement, topologies: TopologyCache, settings: ClientSettings,
                  limits: PoolLimits, recovery: RecoveryPolicy, connection_name: str, entry: Address,
-                 meter_provider: Any = None, tracer_provider: Any = None, propagate: bool = False) -> None:
+                 telemetry: EnvironmentTelemetry | None = None, tracer_provider: Any = None,
+                 propagate: bool = False) -> None:
         from smartclient import _otel
 
         self.placement = placement
@@ -79,10 +81,10 @@ class Carriers:
         self.telemetry: StreamTelemetry | None = None
         #: told of every recovery that ended (the Environment's recovery hooks: Environment.on_recovery)
         self.on_recovery: Callable[[RecoveryEvent], None] | None = None
-        if (meter := _otel.meter(meter_provider)) is not None:
+        if telemetry is not None:  # (its Environment's: the stream wing adds its readings to it)
             from smartclient.stream.telemetry import StreamTelemetry
 
-            self.telemetry = StreamTelemetry(self, meter, timed=_otel.configured(meter_provider))
+            self.telemetry = StreamTelemetry(self, telemetry)
         self.tracing: StreamTracing | None = None
         if (tracer := _otel.tracer(tracer_provider)) is not None:
             from smartclient.stream.tracing import StreamTracing
@@ -160,9 +162,7 @@ class Carriers:
             del self.placement.recovering[key]
 
     def recovered(self, event: RecoveryEvent) -> None:
-        if self.telemetry is not None:
-            self.telemetry.recovered(event)
-        if self.on_recovery is not None:
+        if self.on_recovery is not None:  # (its Environment's hooks, and its telemetry)
             self.on_recovery(event)
 
     def confirm_watch(self, stream: str) -> Callable[[float, list[tuple[int, float, int]]], None] | None:
@@ -175,12 +175,6 @@ class Carriers:
             timer(now, frames)
             spans(now, frames)
         return both
-
-    def watch(self, placer: P) -> P:
-        """An AMQP or MQTT placer of this Environment: its clients per node and resolution times are measured."""
-        if self.telemetry is not None:
-            self.telemetry.watch(placer)
-        return placer
 
     def traced(self, handle: Any) -> None:
         """A producer just placed: with trace-context propagation on, its messages carry their span's."""
@@ -410,13 +404,9 @@ class Carriers:
                 raise result
         for probe in list(self._probes.values()):  # (nobody waits for a member any more)
             probe.cancel()
-        try:
-            for carriers in self._carriers.values():
-                for carrier, _ in carriers:
-                    await carrier.close()
-        finally:
-            if self.telemetry is not None:
-                self.telemetry.close()
+        for carriers in self._carriers.values():
+            for carrier, _ in carriers:
+                await carrier.close()
 
 
 def _succeeded(probe: asyncio.Future[None]) -> bool:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from smartclient import _otel
 from smartclient._errors import HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.deadline import attempt
@@ -35,6 +36,7 @@ from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.options import ENVIRONMENT_OPTIONS
 from smartclient.stream.publishing import BatchingPolicy
+from smartclient.telemetry import EnvironmentTelemetry
 
 if TYPE_CHECKING:
     from resolvers import SrvDiscovery
@@ -77,6 +79,7 @@ class StreamWing:
         pool: PoolLimits = PoolLimits(),
         management: ManagementClient | None = None,
         telemetry: Telemetry = Telemetry(),
+        instruments: EnvironmentTelemetry | None = None,
     ) -> None:
         from smartclient.resolution import Resolution
         from smartclient.stream.admin import StreamAdmin  # imports rstream: only when an Environment is made
@@ -102,8 +105,14 @@ class StreamWing:
                                          placement, retry)
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, name)
         entry = entry_points[0] if entry_points else Address("srv-discovered", 5552)
+        #: the instruments its readings go to: its Environment's, or (built alone, as a Spark task builds it) its own
+        self._own = None
+        if instruments is None and (meter := _otel.meter(telemetry.meter_provider)) is not None:
+            instruments = self._own = EnvironmentTelemetry(meter, timed=_otel.configured(telemetry.meter_provider))
         self._carriers = Carriers(self._placement, self._topologies, settings, pool, recovery, name, entry,
-                                  telemetry.meter_provider, telemetry.tracer_provider, telemetry.trace_context)
+                                  instruments, telemetry.tracer_provider, telemetry.trace_context)
+        if self._own is not None:
+            self._carriers.on_recovery = self._own.recovered
         self._admin = StreamAdmin(self._topologies, self.connector, self._carriers, settings.vhost, management, name)
         self._closed = False
 
@@ -117,13 +126,8 @@ class StreamWing:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called: every call but ``close()`` then raises :class:`HandleClosed`."""
+        """See :meth:`smartclient.Environment.closed`."""
         return self._closed
-
-    def watch(self, placer: P) -> P:
-        """``placer`` (an AMQP or MQTT placer of the same Environment) measured with the stream wing's metrics:
-        clients per node, resolution times."""
-        return self._carriers.watch(placer)
 
     @property
     def on_recovery(self) -> Callable[[RecoveryEvent], None] | None:
@@ -136,7 +140,7 @@ class StreamWing:
 
     @property
     def management(self) -> ManagementClient | None:
-        """The management API client, for what the stream protocol of an older broker cannot do."""
+        """See :meth:`smartclient.Environment.management`."""
         return self._admin.management
 
     @management.setter
@@ -144,32 +148,24 @@ class StreamWing:
         self._admin.management = value
 
     # -- lifecycle -----------------------------------------------------------------------------
-    async def __aenter__(self: E) -> E:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     async def start(self) -> None:
-        """Open the locator connection to the first entry point that answers.
-
-        :raises ConnectionFailed: no entry point could be reached (each one's error is listed).
-        :raises AuthenticationFailed: the credentials or vhost were refused.
-        :raises HandleClosed: this Environment was closed.
-        """
+        """See :meth:`smartclient.Environment.start`."""
         self._check_open()
         with attempt(self.retry.max_time, "opening the locator connection"):
             await self._topologies.locator()
 
     async def close(self) -> None:
-        """Close every producer, consumer and connection of this Environment."""
+        """See :meth:`smartclient.Environment.close`."""
         if self._closed:
             return
         self._closed = True
-        await self._carriers.close()
-        await self._topologies.close()
-        await self.connector.close()
+        try:
+            await self._carriers.close()
+            await self._topologies.close()
+            await self.connector.close()
+        finally:
+            if self._own is not None:
+                self._own.close()
 
     def resources(self) -> dict[str, int]:
         """The sizes of this Environment's tables, by name: connections (placed, parked, shared), handles,
@@ -185,11 +181,7 @@ class StreamWing:
 
     # -- topology and placement ------------------------------------------------------------------
     async def topology(self, stream: str) -> StreamTopology:
-        """The stream's leader and replicas (advertised addresses), from the cache or the broker.
-
-        :raises StreamNotFound: the stream does not exist.
-        :raises TopologyError: it has no leader within a few seconds.
-        """
+        """See :meth:`smartclient.Environment.topology`."""
         self._check_open()
         return await self._topologies.with_routes(await self._topologies.topology(stream))
 
@@ -204,7 +196,7 @@ class StreamWing:
         return await self._topologies.candidates(stream, role, self._placement.consumer_load(stream))
 
     def placements(self) -> list[PlacementRecord]:
-        """Where every live producer and consumer sits: role, stream, node reported, address dialled."""
+        """See :meth:`smartclient.Environment.placements`."""
         self._check_open()
         return self._placement.placements()
 
@@ -264,10 +256,7 @@ class StreamWing:
     async def read_arrow(self, stream: str, start: int = 0, end: int | None = None, *,
                          filter: StreamFilter | None = None, settle: float = 1.0,
                          fail_on_data_loss: bool = True, decode: bool = False) -> Any:
-        """Offsets ``start`` to ``end`` (exclusive; None: where the stream ends now) of ``stream`` as one
-        ``pyarrow.Table``: ``offset``, ``timestamp`` (the chunk's), ``body`` (``binary_view``, over the frames
-        read: no body is copied).  Read by a chunk consumer on a replica, with its placement and recovery: every
-        offset comes once, in order.  Needs the ``[arrow]`` extra.  See :meth:`iter_arrow`."""
+        """See :meth:`smartclient.Environment.read_arrow`."""
         from smartclient.stream.columnar import read_range
 
         self._check_open()
@@ -276,23 +265,7 @@ class StreamWing:
 
     def iter_arrow(self, stream: str, start: int = 0, end: int | None = None, *, filter: StreamFilter | None = None,
                    settle: float = 1.0, fail_on_data_loss: bool = True, decode: bool = False) -> AsyncIterator[Any]:
-        """The range of :meth:`read_arrow` as ``pyarrow.RecordBatch`` es, one per chunk, as they come: a few
-        chunks are read ahead, and the consumer's credit waits while the loop is slow.
-
-        :param filter: only messages with these filter values (see :class:`StreamFilter`): the offsets of the
-            others are missing from the batches.
-        :param settle: seconds with nothing handed over after which the read checks whether anything is left
-            before ``end`` (offset-tracking chunks and chunks a filter skips take offsets that are never handed
-            over; see :mod:`smartclient.stream.columnar`); a read of offsets not written yet waits for them.
-        :param fail_on_data_loss: offsets from ``start`` that retention removed raise :class:`DataLoss` (the
-            default), or are skipped with a warning.
-        :param decode: each message decoded as an AMQP 1.0 message, with ``properties`` (struct) and
-            ``application_properties`` (map) columns (see :meth:`Chunk.to_arrow`).
-        :raises ConfigurationError: pyarrow or numpy is missing; a bad ``start``, ``end`` or ``settle``.
-        :raises DataLoss: see ``fail_on_data_loss``.
-        :raises MessageDecodeError: (``decode``) a message is not an AMQP 1.0 message; it names its offset.
-        :raises StreamNotFound: the stream does not exist.
-        """
+        """See :meth:`smartclient.Environment.iter_arrow`."""
         from smartclient.stream.columnar import iter_range
 
         self._check_open()
@@ -301,44 +274,22 @@ class StreamWing:
 
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:
-        """Create a stream.  Arguments are validated first (:class:`StreamArguments`); unknown keys, which
-        the broker would silently ignore, are refused.
-
-        :raises ConfigurationError: a bad name or argument; nothing was sent.
-        :raises TopologyError: the stream exists and ``exists_ok`` is False; or it exists with other
-            arguments (whatever ``exists_ok`` says): the message names those that differ, when the
-            Environment has a management client to read them.
-        """
+        """See :meth:`smartclient.Environment.create_stream`."""
         self._check_open()
         await self._admin.create_stream(stream, arguments, exists_ok)
 
     async def delete_stream(self, stream: str, missing_ok: bool = False) -> None:
-        """Delete ``stream``.  This Environment's producers and consumers of it close quietly first: no
-        recovery, no warning; their ``failure`` says why and their pending messages fail with that reason.
-
-        :raises StreamNotFound: the stream does not exist and ``missing_ok`` is False.
-        """
+        """See :meth:`smartclient.Environment.delete_stream`."""
         self._check_open()
         await self._admin.delete_stream(stream, missing_ok)
 
     async def stored_offset(self, stream: str, name: str) -> int | None:
-        """The offset stored on the server for consumer ``name`` on ``stream``, or None if there is none.
-
-        :raises StreamNotFound: the stream does not exist.
-        """
+        """See :meth:`smartclient.Environment.stored_offset`."""
         self._check_open()
         return await self._carriers.stored_offset(stream, name)
 
     async def stream_stats(self, stream: str, *, node: Address | None = None) -> dict[str, int]:
-        """The broker's statistics of ``stream`` (StreamStats): ``first_chunk_id``, ``committed_chunk_id``,
-        ``last_chunk_id`` and, from RabbitMQ 4.3, ``committed_offset`` (-1 when empty), on a short connection.
-        Each member answers with its own view (the leader's is the authority; a replica's trails it by its
-        replication): ``node`` asks that member (for example a consumer's ``node``), by default any one.
-
-        :raises StreamNotFound: the stream does not exist.
-        :raises TopologyError: ``node`` is not a member of the stream.
-        :raises FeatureNotSupported: the broker has no StreamStats command (before 3.11).
-        """
+        """See :meth:`smartclient.Environment.stream_stats`."""
         self._check_open()
         return await self._admin.stream_stats(stream, node)
 
@@ -363,25 +314,13 @@ class StreamWing:
         exists_ok: bool = False,
         management: ManagementClient | None = None,
     ) -> list[str]:
-        """Create a super stream of ``partitions`` numbered partitions, or one per binding key; return the
-        partition names.  Uses the CreateSuperStream command where the broker has it (3.13+), and the AMQP
-        topology (exchange, partition streams, bindings) through the management API otherwise, or when
-        ``management`` is given here.
-
-        :raises ConfigurationError: bad names, counts or arguments; nothing was sent.
-        :raises TopologyError: it exists and ``exists_ok`` is False.
-        :raises FeatureNotSupported: no CreateSuperStream command and no management client.
-        """
+        """See :meth:`smartclient.Environment.create_super_stream`."""
         self._check_open()
         return await self._admin.create_super_stream(super_stream, partitions, binding_keys, arguments,
                                                      exists_ok, management)
 
     async def delete_super_stream(self, super_stream: str, missing_ok: bool = False) -> None:
-        """Delete ``super_stream`` and its partitions; this Environment's producers and consumers of them
-        close quietly first (their pending messages fail with the reason).
-
-        :raises StreamNotFound: there is no such super stream and ``missing_ok`` is False.
-        """
+        """See :meth:`smartclient.Environment.delete_super_stream`."""
         self._check_open()
         await self._admin.delete_super_stream(super_stream, missing_ok)
 
