@@ -52,7 +52,7 @@ from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.landing import Attempt
 from smartclient.core.offsets import OffsetSpec, OffsetTracking
-from smartclient.core.recovery import RecoveryPolicy
+from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 from smartclient.core.routing import hash_partition
 from smartclient.core.settings import (
@@ -126,6 +126,7 @@ __all__ = [
     "PublishFailed",
     "PublishNotSent",
     "PublishingIdNotIncreasing",
+    "RecoveryEvent",
     "RecoveryFailed",
     "RecoveryPolicy",
     "ResolutionError",

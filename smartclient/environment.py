@@ -47,12 +47,12 @@ from smartclient.core.validation import Check, checked, function, instance, text
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.management import ManagementClient
 from smartclient.options import (
+    ClientSettings,
     ConsumerOptions,
     OnError,
     ProducerOptions,
     client_settings,
-    given_consumer_options,
-    given_producer_options,
+    given_options,
     settings,
 )
 from smartclient.stream.host import PlacementRecord
@@ -172,9 +172,10 @@ class Environment:
 
         install_log_redaction()
         #: the one settings value every wing is built from
+        arguments = ClientSettings(credentials or Credentials(), vhost or "/", tls, tls_server_name, resolver, allow,
+                                   retry, connection, client_certificate)
         self.settings, entries, srv = client_settings(
-            entry_points, credentials=credentials, vhost=vhost, tls=tls, client_certificate=client_certificate,
-            tls_server_name=tls_server_name, resolver=resolver, allow=allow, retry=retry, connection=connection)
+            entry_points, arguments, credentials_given=credentials is not None, vhost_given=vhost is not None)
         self.recovery = recovery
         self.telemetry = telemetry
         self._management = management
@@ -302,8 +303,9 @@ class Environment:
         :raises StreamNotFound: the stream does not exist.
         :raises PlacementError: the leader could not be reached within the retry policy.
         """
-        return await self.streams.producer(stream, given_producer_options(
-            options, name=name, filter_value=filter_value, batching=batching, encoding=encoding))
+        chosen = given_options(ProducerOptions, options, name=name, filter_value=filter_value, batching=batching,
+                               encoding=encoding)
+        return await self.streams.producer(stream, chosen)
 
     async def consumer(
         self,
@@ -334,9 +336,9 @@ class Environment:
         :raises NoCandidateNode: replicas are forced and the stream has none.
         :raises PlacementError: no acceptable node could be reached within the retry policy.
         """
-        return await self.streams.consumer(stream, callback, on_chunk=on_chunk, options=given_consumer_options(
-            options, offset=offset, name=name, single_active=single_active, on_update=on_update, tracking=tracking,
-            filter=filter, flow=flow, on_error=on_error))
+        chosen = given_options(ConsumerOptions, options, offset=offset, name=name, single_active=single_active,
+                               on_update=on_update, tracking=tracking, filter=filter, flow=flow, on_error=on_error)
+        return await self.streams.consumer(stream, callback, on_chunk=on_chunk, options=chosen)
 
     async def super_stream_producer(self, super_stream: str, *, routing: str = "hash",
                                     key: Callable[[Any], str] | None = None, options: ProducerOptions | None = None,
@@ -349,31 +351,24 @@ class Environment:
         :param options: every partition's :class:`ProducerOptions`, or ``name`` (the same on every partition, for
             deduplication) and ``encoding`` as keywords.
         """
-        return await self.streams.super_stream_producer(super_stream, routing=routing, key=key,
-                                                        options=given_producer_options(options, name=name,
-                                                                                  encoding=encoding))
+        chosen = given_options(ProducerOptions, options, name=name, encoding=encoding)
+        return await self.streams.super_stream_producer(super_stream, routing=routing, key=key, options=chosen)
 
-    async def super_stream_consumer(
-        self,
-        super_stream: str,
-        callback: Callable[[Any, Any], Awaitable[None] | None] | None = None,
-        *,
-        on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
-        options: ConsumerOptions | None = None,
-        offset: OffsetSpec | str | int | datetime.datetime = "next",
-        name: str | None = None,
-        single_active: bool = False,
-        tracking: OffsetTracking | None = None,
-        flow: ConsumerFlow | None = None,
-        on_error: OnError = "stop",
-    ) -> SuperStreamConsumer:
-        """A consumer on every partition (each with ``flow``), with a ``callback`` per message or ``on_chunk`` per
-        chunk (see :meth:`consumer`).  With ``name`` and ``single_active``, the broker keeps one active consumer
-        per partition across every instance of the name, and fails over between them."""
-        return await self.streams.super_stream_consumer(super_stream, callback, on_chunk=on_chunk,
-                                                        options=given_consumer_options(
-            options, offset=offset, name=name, single_active=single_active, tracking=tracking, flow=flow,
-            on_error=on_error))
+    async def super_stream_consumer(self, super_stream: str,
+                                    callback: Callable[[Any, Any], Awaitable[None] | None] | None = None, *,
+                                    on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
+                                    options: ConsumerOptions | None = None,
+                                    offset: OffsetSpec | str | int | datetime.datetime = "next",
+                                    name: str | None = None, single_active: bool = False,
+                                    flow: ConsumerFlow | None = None) -> SuperStreamConsumer:
+        """A consumer on every partition, with a ``callback`` per message or ``on_chunk`` per chunk (see
+        :meth:`consumer`): each with ``options`` (a :class:`ConsumerOptions`, for tracking, ``on_error``...), or
+        ``offset``, ``name``, ``single_active`` and ``flow`` as keywords.  With ``name`` and ``single_active``, the
+        broker keeps one active consumer per partition across every instance of the name, and fails over between
+        them."""
+        chosen = given_options(ConsumerOptions, options, offset=offset, name=name, single_active=single_active,
+                               flow=flow)
+        return await self.streams.super_stream_consumer(super_stream, callback, on_chunk=on_chunk, options=chosen)
 
     async def create_stream(self, stream: str, arguments: StreamArguments | Mapping[str, Any] | None = None,
                             exists_ok: bool = False) -> None:

@@ -14,11 +14,12 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from smartclient._errors import ConfigurationError
 from smartclient.core.address import Address
@@ -47,8 +48,7 @@ if TYPE_CHECKING:
     from resolvers import AllowList, ResolverLike, SrvDiscovery
 
 __all__ = ["CLIENT_OPTIONS", "ClientSettings", "ConsumerOptions", "OnError", "ProducerOptions", "check_on_error",
-           "client_settings", "entry_points", "given_consumer_options", "given_producer_options", "management",
-           "settings"]
+           "client_settings", "entry_points", "given_options", "management", "settings"]
 
 
 @dataclass(frozen=True)
@@ -82,21 +82,12 @@ class ClientSettings:
         return self.connection.name
 
 
-def client_settings(
-    entry_points: str | Address | Sequence[str | Address] | SrvDiscovery,
-    *,
-    credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-    vhost: str | None = None,
-    tls: ssl.SSLContext | None = None,
-    client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
-    tls_server_name: str | None = None,
-    resolver: ResolverLike | None = None,
-    allow: AllowList | None = None,
-    retry: RetryPolicy | None = None,
-    connection: ConnectionOptions | None = None,
-) -> tuple[ClientSettings, tuple[Address, ...], SrvDiscovery | None]:
-    """The one :class:`ClientSettings` of an Environment's arguments, with its entry points (addresses, or an SRV
-    discovery): the URIs' user, password and vhost unless given, TLS for a ``+tls`` URI.
+def client_settings(entry_points: str | Address | Sequence[str | Address] | SrvDiscovery, given: ClientSettings, *,
+                    credentials_given: bool = True, vhost_given: bool = True
+                    ) -> tuple[ClientSettings, tuple[Address, ...], SrvDiscovery | None]:
+    """The one :class:`ClientSettings` of an Environment (``given``, as its arguments made it), with its entry points
+    (addresses, or an SRV discovery): the URIs' user, password and vhost where none was given, TLS for a ``+tls``
+    URI, EXTERNAL for a client certificate with no credentials anywhere.
 
     :raises ConfigurationError: URIs that disagree on credentials or vhost, or a client certificate without TLS."""
     from resolvers import Identity, SrvDiscovery
@@ -109,20 +100,18 @@ def client_settings(
         uris = parse_entry_points([entry_points] if isinstance(entry_points, str | Address) else list(entry_points))
     creds = {u.credentials for u in uris if u.credentials}
     vhosts = {u.vhost for u in uris if u.vhost is not None}
-    if len(creds) > 1 and credentials is None:
+    if len(creds) > 1 and not credentials_given:
         raise ConfigurationError("the entry-point URIs carry different credentials; pass credentials=")
-    if len(vhosts) > 1 and vhost is None:
+    if len(vhosts) > 1 and not vhost_given:
         raise ConfigurationError(f"the entry-point URIs name different vhosts {sorted(vhosts)}; pass vhost=")
-    if any(u.tls for u in uris) and tls is None:
-        tls = ssl.create_default_context()
-    if client_certificate is not None and tls is None:
+    tls = given.tls if given.tls is not None or not any(u.tls for u in uris) else ssl.create_default_context()
+    if given.client_certificate is not None and tls is None:
         raise ConfigurationError("client_certificate= needs TLS: give tls= (an ssl.SSLContext) as well")
-    if credentials is None:
-        credentials = next(iter(creds), EXTERNAL if client_certificate is not None else Credentials())
-    settings = ClientSettings(
-        credentials, vhost if vhost is not None else next(iter(vhosts), "/"), tls, tls_server_name,
-        resolver if resolver is not None else Identity(), allow, retry if retry is not None else RetryPolicy(),
-        connection if connection is not None else ConnectionOptions(), client_certificate)
+    credentials = given.credentials if credentials_given else next(
+        iter(creds), EXTERNAL if given.client_certificate is not None else Credentials())
+    settings = replace(given, credentials=credentials, tls=tls,
+                       vhost=given.vhost if vhost_given else next(iter(vhosts), "/"),
+                       resolver=given.resolver if given.resolver is not None else Identity())
     return settings, tuple(u.address for u in uris), srv
 
 
@@ -285,26 +274,17 @@ CLIENT_OPTIONS: dict[str, Check | None] = {
 }
 
 
-def given_producer_options(options: ProducerOptions | None, **keywords: Any) -> ProducerOptions:
-    """``options``, or the value the keywords make (once); both given is an error naming them."""
-    defaults = {"name": None, "filter_value": None, "batching": None, "encoding": "amqp"}
-    given = {k: v for k, v in keywords.items() if v != defaults[k]}
-    if options is None:
-        return ProducerOptions(**keywords)
-    instance("options", options, ProducerOptions, optional=False)
-    if given:
-        raise ConfigurationError(f"give a producer's options as options= or as keywords, not both: {sorted(given)}")
-    return options
+V = TypeVar("V", ProducerOptions, ConsumerOptions)
 
 
-def given_consumer_options(options: ConsumerOptions | None, **keywords: Any) -> ConsumerOptions:
-    """``options``, or the value the keywords make (once); both given is an error naming them."""
-    defaults = {"offset": "next", "name": None, "single_active": False, "on_update": None, "tracking": None,
-                "filter": None, "flow": None, "on_error": "stop"}
-    given = {k: v for k, v in keywords.items() if v is not defaults[k] and v != defaults[k]}
+def given_options(kind: type[V], options: V | None, **keywords: Any) -> V:
+    """``options`` (a ``kind``), or the value the keywords make, once (a factory's short form: each keyword left at
+    its default is not given); both given is an error naming the keywords."""
     if options is None:
-        return ConsumerOptions(**keywords)
-    instance("options", options, ConsumerOptions, optional=False)
+        return kind(**keywords)
+    instance("options", options, kind, optional=False)
+    defaults = inspect.signature(kind).parameters
+    given = sorted(k for k, v in keywords.items() if v is not defaults[k].default and v != defaults[k].default)
     if given:
-        raise ConfigurationError(f"give a consumer's options as options= or as keywords, not both: {sorted(given)}")
+        raise ConfigurationError(f"give {kind.__name__} as options= or as keywords, not both: {given}")
     return options

@@ -290,13 +290,13 @@ class SyncEnvironment:
                               on_chunk: Callable[[Chunk], Awaitable[None] | None] | None = None,
                               options: ConsumerOptions | None = None,
                               offset: OffsetSpec | str | int | datetime.datetime = "next", name: str | None = None,
-                              single_active: bool = False, tracking: OffsetTracking | None = None,
-                              flow: ConsumerFlow | None = None, on_error: OnError = "stop") -> SyncSuperStreamConsumer:
+                              single_active: bool = False, flow: ConsumerFlow | None = None
+                              ) -> SyncSuperStreamConsumer:
         """See :meth:`Environment.super_stream_consumer <smartclient.Environment.super_stream_consumer>`;
         ``callback`` (or ``on_chunk``) runs on the facade's loop thread."""
         handle = self._loop.run(self.aio.super_stream_consumer(
             super_stream, callback, on_chunk=on_chunk, options=options, offset=offset, name=name,
-            single_active=single_active, tracking=tracking, flow=flow, on_error=on_error))
+            single_active=single_active, flow=flow))
         return SyncSuperStreamConsumer(self._loop, handle)
 
     def create_stream(self, stream: str, arguments: Any = None, exists_ok: bool = False) -> None:

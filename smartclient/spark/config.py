@@ -39,12 +39,13 @@ class StreamConnection:
 
     def environment(self) -> StreamWing:
         """The stream wing this connection describes (a task's only need: no other wing is built)."""
-        from smartclient.options import client_settings
+        from smartclient.options import ClientSettings, client_settings
         from smartclient.stream.wing import StreamWing
 
         given = parse_stream_uri(self.uri).credentials or Credentials()
         credentials = Credentials(self.username if self.username is not None else given.username,
                                   self.password if self.password is not None else given.password)
-        settings, entries, _ = client_settings(self.uri, credentials=credentials, resolver=self.resolver,
-                                               connection=ConnectionOptions(name="smartclient-spark"))
+        named = ConnectionOptions(name="smartclient-spark")
+        settings, entries, _ = client_settings(
+            self.uri, ClientSettings(credentials, resolver=self.resolver, connection=named), vhost_given=False)
         return StreamWing(settings, entries)

@@ -238,6 +238,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "SyncSuperStreamProducer": "made by SyncEnvironment.super_stream_producer()",
     "SyncSuperStreamConsumer": "made by SyncEnvironment.super_stream_consumer()",
     "SyncStreams": "SyncEnvironment.streams: the stream wing, its calls blocking",
+    "RecoveryEvent": "what Environment.on_recovery's hooks are told: made by the wings, never by applications",
     "RabbitStreamDataSource": "built by Spark from string options, checked in tests/unit/spark/test_spark_source.py",
     "ClientSettings": "the one settings object the Environment hands every wing (Environment.settings)",
     "Landed": "where one placement landed, from NodePlacer.place()",

@@ -16,7 +16,7 @@ from smartclient import (
     OffsetSpec,
     ProducerOptions,
 )
-from smartclient.options import given_consumer_options, given_producer_options
+from smartclient.options import given_options
 from smartclient.stream.wing import StreamWing
 
 
@@ -37,14 +37,14 @@ def test_every_wing_is_a_part_built_from_the_one_settings() -> None:
 
 
 def test_the_short_keywords_build_the_value_once_and_not_beside_one() -> None:
-    assert given_producer_options(None, name="w", filter_value=None, batching=None, encoding="raw") == \
+    assert given_options(ProducerOptions, None, name="w", filter_value=None, batching=None, encoding="raw") == \
         ProducerOptions(name="w", encoding="raw")
     given = ConsumerOptions("first", name="c", flow=ConsumerFlow())
-    assert given_consumer_options(given, offset="next", name=None, single_active=False, on_update=None, tracking=None,
-                             filter=None, flow=None, on_error="stop") is given
+    assert given_options(ConsumerOptions, given, offset="next", name=None, single_active=False, on_update=None,
+                         tracking=None, filter=None, flow=None, on_error="stop") is given
     assert given.offset == OffsetSpec.parse("first")
-    with pytest.raises(ConfigurationError, match=r"options= or as keywords, not both: \['name'\]"):
-        given_producer_options(ProducerOptions(), name="w", filter_value=None, batching=None, encoding="amqp")
+    with pytest.raises(ConfigurationError, match=r"ProducerOptions as options= or as keywords, not both: \['name'\]"):
+        given_options(ProducerOptions, ProducerOptions(), name="w", filter_value=None, batching=None, encoding="amqp")
     with pytest.raises(ConfigurationError, match="single_active and offset tracking need a name"):
         ConsumerOptions(single_active=True)
     with pytest.raises(ConfigurationError, match=r"ConsumerOptions\.flow"):
