@@ -50,15 +50,14 @@ from smartclient import (
 )
 from smartclient.core.retry import Backoff
 from smartclient.core.settings import ClientCertificate, ConnectionOptions, Credentials, Telemetry
-from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.federation.topology import FederatedBroker, FederationTopology, Link, UpstreamOptions, pair
 from smartclient.management import ManagementClient
 from smartclient.mqtt.fleet import MqttFleet
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer
+from smartclient.options import ClientSettings, ConsumerOptions, ProducerOptions
 from smartclient.spark import StreamConnection
 from smartclient.sync import SyncEnvironment
-
 from tests.unit.test_public_api import PUBLIC_MODULES
 
 # The public modules whose names are in the catalogue, and why the others are not.
@@ -355,7 +354,7 @@ class Target:
     mirror: Callable[..., Any] | None = None  # the async Environment's, whose annotations a facade's Any stands for
 
 
-def _run(result: Any) -> Any:
+def _awaited(result: Any) -> Any:
     return asyncio.run(result) if inspect.iscoroutine(result) else result
 
 
@@ -400,7 +399,7 @@ async def _no_start(self: Environment) -> None:
 
 
 def _plain(function: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    return lambda args, kwargs: _run(function(*args, **kwargs))
+    return lambda args, kwargs: _awaited(function(*args, **kwargs))
 
 
 def _public_methods(cls: type) -> Iterator[str]:

@@ -14,8 +14,8 @@ from smartclient import ConfigurationError, ManagementError
 from smartclient.management import ManagementClient
 
 
-class _Overview(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+class _OverviewHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
         body = json.dumps({"rabbitmq_version": "4.3.6", "node": f"port-{self.server.server_port}"}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -29,7 +29,7 @@ class _Overview(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def live() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Overview)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OverviewHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"

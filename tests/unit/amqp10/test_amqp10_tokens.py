@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("rabbitmq_amqp_python_client", reason="the [amqp10] extra is not installed")
 
-from smartclient import Address, ConnectionFailed, TokenRefused  # noqa: E402
-from smartclient.amqp10 import clients  # noqa: E402
-from smartclient.amqp10.clients import PlacedAmqp10Connection  # noqa: E402
+from smartclient import Address, ConnectionFailed, TokenRefused
+from smartclient.amqp10 import clients
+from smartclient.amqp10.clients import PlacedAmqp10Connection
 
 
 class Sent:
@@ -36,7 +36,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
     return replaced
 
 
-def placed(ready: bool = True) -> PlacedAmqp10Connection:
+def placed_connection(ready: bool = True) -> PlacedAmqp10Connection:
     return PlacedAmqp10Connection(object(), "rabbit@a", Address("a", 5672), "c-1", ready=ready)  # type: ignore[arg-type]
 
 
@@ -47,10 +47,10 @@ def offered(connection: PlacedAmqp10Connection, token: str) -> None:
 
 
 def test_an_idle_ready_connection_takes_it_at_once_and_one_not_ready_waits_for_its_owner(sent: Sent) -> None:
-    idle = placed()
+    idle = placed_connection()
     offered(idle, "t1")
     assert sent.calls == [("refresher", "t1")] and idle.token_updates == 1 and idle.pending_token is None
-    attaching = placed(ready=False)  # its owner is attaching its link on another thread: left for it
+    attaching = placed_connection(ready=False)  # its owner is attaching its link on another thread: left for it
     offered(attaching, "t2")
     assert len(sent.calls) == 1 and attaching.pending_token == "t2"
     with attaching.driving():  # the owner's next step sends it, on the owner's thread
@@ -59,7 +59,7 @@ def test_an_idle_ready_connection_takes_it_at_once_and_one_not_ready_waits_for_i
 
 
 def test_a_busy_connection_takes_it_on_the_thread_that_drives_it_after_its_step(sent: Sent) -> None:
-    busy = placed()
+    busy = placed_connection()
     with busy.driving():
         offered(busy, "t1")  # the refresher cannot have it now
         assert sent.calls == [] and busy.pending_token == "t1"
@@ -67,7 +67,7 @@ def test_a_busy_connection_takes_it_on_the_thread_that_drives_it_after_its_step(
 
 
 def test_a_consumer_is_woken_and_takes_it_on_its_own_thread(sent: Sent) -> None:
-    consumer = placed()
+    consumer = placed_connection()
     woken = threading.Event()
     consumer.wake = woken.set
     offered(consumer, "t1")
@@ -77,11 +77,11 @@ def test_a_consumer_is_woken_and_takes_it_on_its_own_thread(sent: Sent) -> None:
 
 
 def test_a_refusal_is_kept_and_a_silent_connection_is_closed_for_its_owner_to_recover(sent: Sent) -> None:
-    refused = placed()
+    refused = placed_connection()
     sent.raises = TokenRefused("no", connection="c-1")
     offered(refused, "t1")
     assert isinstance(refused.token_failure, TokenRefused) and not refused.closed and refused.token_updates == 0
-    silent = placed()
+    silent = placed_connection()
     sent.raises = ConnectionFailed("renewing the token of c-1: timed out")
     offered(silent, "t2")
     assert silent.closed  # its reply could come later and be taken for another request's
@@ -91,7 +91,7 @@ def test_a_refusal_is_kept_and_a_silent_connection_is_closed_for_its_owner_to_re
 
 
 def test_a_close_asked_while_another_thread_drives_it_is_done_by_that_thread(sent: Sent) -> None:
-    connection = placed()
+    connection = placed_connection()
     with connection.driving():
         closer = threading.Thread(target=connection.close, kwargs={"wait": False})
         closer.start()

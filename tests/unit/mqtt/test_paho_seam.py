@@ -278,7 +278,7 @@ class FakeBroker:
 
 
 @pytest.fixture
-def broker() -> Iterator[FakeBroker]:
+def connack_broker() -> Iterator[FakeBroker]:
     fake = FakeBroker()
     yield fake
     fake.close()
@@ -291,23 +291,24 @@ def new_client(tls: ssl.SSLContext | None = None) -> PahoClient:
     return client
 
 
-def test_connect_and_connack_through_the_poll_loop(broker: FakeBroker) -> None:
+def test_connect_and_connack_through_the_poll_loop(connack_broker: FakeBroker) -> None:
     client = new_client()
     try:
-        client.send_connect(broker.address, 30, clean_start=True, properties=None)
+        client.send_connect(connack_broker.address, 30, clean_start=True, properties=None)
         assert client.await_connack(2.0) is False and client.last_connack == (False, 0)
-        assert broker.received[0][0] == 0x10 and b"seam-test" in broker.received[0]  # CONNECT, our client id
+        connect = connack_broker.received[0]
+        assert connect[0] == 0x10 and b"seam-test" in connect  # CONNECT, our client id
         assert client.client_id == "seam-test" and client.tls_server_name is None
     finally:
         client.close_quietly()
     assert client.socket() is None
 
 
-def test_aim_at_moves_the_next_reconnect(broker: FakeBroker) -> None:
+def test_aim_at_moves_the_next_reconnect(connack_broker: FakeBroker) -> None:
     other = FakeBroker()
     client = new_client()
     try:
-        client.send_connect(broker.address, 30, clean_start=True, properties=None)
+        client.send_connect(connack_broker.address, 30, clean_start=True, properties=None)
         client.await_connack(2.0)
         client.drop_connection()
         assert client.socket() is None
@@ -315,19 +316,19 @@ def test_aim_at_moves_the_next_reconnect(broker: FakeBroker) -> None:
         client.last_connack = None
         client.reconnect_now()
         client.await_connack(2.0)
-        assert len(other.received) == 1 and len(broker.received) == 1
+        assert len(other.received) == 1 and len(connack_broker.received) == 1
     finally:
         client.close_quietly()
         other.close()
 
 
-def test_a_failing_aim_fails_the_reconnect_as_pahos_loop_expects(broker: FakeBroker) -> None:
+def test_a_failing_aim_fails_the_reconnect_as_pahos_loop_expects(connack_broker: FakeBroker) -> None:
     class Lost(PahoClient):
         def _before_reconnect(self) -> None:
             raise ConnectionFailed("no node left")
 
     client = Lost.create("seam-test", MQTTProtocolVersion.MQTTv311, clean_start=True)
-    client.aim_at(broker.address)
+    client.aim_at(connack_broker.address)
     with pytest.raises(ConnectionRefusedError, match="no node left"):  # an OSError: paho's loop retries it
         client.reconnect()
     with pytest.raises(ConnectionFailed, match="no node left") as caught:

@@ -23,7 +23,7 @@ def client() -> NamedClient:
     return NamedClient(host="127.0.0.1", port=1, frame_max=1 << 20, heartbeat=60)
 
 
-def frame(subscription_id: int, correlation_id: int) -> SimpleNamespace:
+def consumer_update(subscription_id: int, correlation_id: int) -> SimpleNamespace:
     return SimpleNamespace(subscription_id=subscription_id, correlation_id=correlation_id, active=1)
 
 
@@ -41,9 +41,9 @@ def test_an_activation_is_answered_aside_in_order_and_only_by_its_own_subscripti
 
         conn.add_handler(schema.ConsumerUpdateResponse, answer, name="7")
         handler = conn._handlers[schema.ConsumerUpdateResponse]["7"]
-        assert handler(frame(7, 1)) is None  # the reader goes on at once
-        assert handler(frame(8, 9)) is None  # another subscription's: not this handler's business
-        assert handler(frame(7, 2)) is None
+        assert handler(consumer_update(7, 1)) is None  # the reader goes on at once
+        assert handler(consumer_update(8, 9)) is None  # another subscription's: not this handler's business
+        assert handler(consumer_update(7, 2)) is None
         await asyncio.sleep(0.05)
         events.append("reader free")
         release.set()
@@ -69,8 +69,8 @@ def test_answers_of_different_subscriptions_never_wait_for_each_other() -> None:
 
         conn.add_handler(schema.ConsumerUpdateResponse, slow, name="7")
         conn.add_handler(schema.ConsumerUpdateResponse, quick, name="8")
-        conn._handlers[schema.ConsumerUpdateResponse]["7"](frame(7, 1))
-        conn._handlers[schema.ConsumerUpdateResponse]["8"](frame(8, 2))
+        conn._handlers[schema.ConsumerUpdateResponse]["7"](consumer_update(7, 1))
+        conn._handlers[schema.ConsumerUpdateResponse]["8"](consumer_update(8, 2))
         await asyncio.sleep(0.05)
         release.set()
         await asyncio.wait_for(asyncio.gather(*[t for ts in conn.smartclient_updates.values() for t in ts]), 5)
@@ -97,7 +97,7 @@ def test_a_failed_answer_is_logged_not_raised_and_a_removed_subscription_or_a_cl
         conn.add_handler(schema.ConsumerUpdateResponse, waits, name="2")
         conn.add_handler(schema.ConsumerUpdateResponse, waits, name="3")
         for sid in (1, 2, 3):
-            conn._handlers[schema.ConsumerUpdateResponse][str(sid)](frame(sid, sid))
+            conn._handlers[schema.ConsumerUpdateResponse][str(sid)](consumer_update(sid, sid))
         await asyncio.sleep(0.05)
         second, third = list(conn.smartclient_updates["2"]), list(conn.smartclient_updates["3"])
         forget_handlers(conn, 2)  # subscription 2 is removed: its answer would act on its consumer's next one

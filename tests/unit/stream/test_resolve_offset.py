@@ -43,16 +43,16 @@ def test_a_filter_is_passed_as_the_subscription_passes_it() -> None:
     assert pairs == ["filter.0", "eu", "filter.1", "us", "match-unfiltered", "false"]
 
 
-def _answer(code: int, offset: int = 0) -> bytes:
+def _query_offset_response(code: int, offset: int = 0) -> bytes:
     return struct.pack(">HHIHHQ", 0x801F, 1, 3, code, 4, offset)
 
 
 def test_answers_decode_to_an_offset_none_or_a_typed_error() -> None:
-    assert decode_resolved_offset(_answer(1, 42), "s") == 42
-    assert decode_resolved_offset(_answer(19), "s") is None  # no offset: the spec is kept
+    assert decode_resolved_offset(_query_offset_response(1, 42), "s") == 42
+    assert decode_resolved_offset(_query_offset_response(19), "s") is None  # no offset: the spec is kept
     with pytest.raises(StreamNotFound, match="'s'"):
-        decode_resolved_offset(_answer(2), "s")
+        decode_resolved_offset(_query_offset_response(2), "s")
     with pytest.raises(TopologyError):
-        decode_resolved_offset(_answer(6), "s")
+        decode_resolved_offset(_query_offset_response(6), "s")
     with pytest.raises(ConnectionFailed, match="code 16"):
-        decode_resolved_offset(_answer(16), "s")
+        decode_resolved_offset(_query_offset_response(16), "s")

@@ -12,7 +12,7 @@ from smartclient import ConfigurationError
 from smartclient.testing.checker import check, read_history
 
 
-def _producer(client: str, ids: range, stored: list[int], *, stream: str = "s", t0: float = 0.0,
+def _producer_records(client: str, ids: range, stored: list[int], *, stream: str = "s", t0: float = 0.0,
               failed: dict[int, str] | None = None, code: int = 17) -> list[dict[str, Any]]:
     failed = failed or {}
     records: list[dict[str, Any]] = []
@@ -34,25 +34,26 @@ def _consumer(client: str, offsets: list[int], *, t0: float = 0.0) -> list[dict[
 
 
 def test_a_clean_history_is_ok() -> None:
-    report = check(_producer("p", range(10), list(range(10))) + _consumer("c", list(range(10))))
+    report = check(_producer_records("p", range(10), list(range(10))) + _consumer("c", list(range(10))))
     assert report.ok and report.lost == 0 and report.duplicated == 0
     assert report.producers["p"].confirmed == 10 and report.consumers["c"].delivered == 10
 
 
 def test_a_loss_is_caught() -> None:
-    report = check(_producer("p", range(10), [0, 1, 2, 4, 5, 6, 7, 8, 9]))
+    report = check(_producer_records("p", range(10), [0, 1, 2, 4, 5, 6, 7, 8, 9]))
     assert not report.ok and report.producers["p"].lost == [3]
 
 
 def test_a_duplicate_is_caught() -> None:
-    report = check(_producer("p", range(5), [0, 1, 2, 2, 3, 4]))
+    report = check(_producer_records("p", range(5), [0, 1, 2, 2, 3, 4]))
     assert not report.ok and report.producers["p"].duplicated == [2]
 
 
 def test_a_reordering_is_caught_but_partitions_keep_their_own_order() -> None:
-    report = check(_producer("p", range(5), [0, 1, 3, 2, 4]))
+    report = check(_producer_records("p", range(5), [0, 1, 3, 2, 4]))
     assert not report.ok and report.producers["p"].out_of_order == [2]
-    across = _producer("q", range(4), [1, 3], stream="part-0") + _producer("q", range(0), [0, 2], stream="part-1")
+    across = (_producer_records("q", range(4), [1, 3], stream="part-0")
+              + _producer_records("q", range(0), [0, 2], stream="part-1"))
     assert check(across).producers["q"].out_of_order == []
 
 
@@ -71,20 +72,20 @@ def test_offsets_that_hold_no_message_are_no_gap_once_the_stream_is_read_back() 
 
 
 def test_failures_need_a_reason_and_a_failed_id_must_not_be_stored() -> None:
-    report = check(_producer("p", range(3), [0, 1], failed={2: ""}))
+    report = check(_producer_records("p", range(3), [0, 1], failed={2: ""}))
     assert report.producers["p"].failed_without_reason == [2] and not report.ok
-    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "refused"}))
+    report = check(_producer_records("p", range(3), [0, 1, 2], failed={2: "refused"}))
     assert report.producers["p"].unexplained == [2] and not report.ok
-    assert check(_producer("p", range(3), [0, 1], failed={2: "refused"})).ok
+    assert check(_producer_records("p", range(3), [0, 1], failed={2: "refused"})).ok
 
 
 def test_a_message_the_client_gave_up_on_may_be_stored_and_is_counted_apart() -> None:
-    report = check(_producer("p", range(3), [0, 1, 2], failed={2: "not confirmed within 60 s"}, code=-2))
+    report = check(_producer_records("p", range(3), [0, 1, 2], failed={2: "not confirmed within 60 s"}, code=-2))
     assert report.ok and report.producers["p"].given_up_stored == 1 and "given up but stored 1" in report.summary()
 
 
 def test_a_refused_send_was_never_sent_and_must_not_be_stored() -> None:
-    records = _producer("p", range(2), [0, 1, 2])
+    records = _producer_records("p", range(2), [0, 1, 2])
     records.append({"kind": "refused", "t": 0.01, "client": "p", "id": 2, "reason": "EnqueueTimeout"})
     assert check(records).producers["p"].unexplained == [2]
 
@@ -99,7 +100,7 @@ def test_a_tracked_consumer_must_resume_after_its_stored_offset() -> None:
 
 
 def test_progress_after_each_fault_worst_and_p99() -> None:
-    history = [*_producer("p", range(3), [0, 1, 2]),
+    history = [*_producer_records("p", range(3), [0, 1, 2]),
                {"kind": "fault", "t": 1.0, "what": "kill", "target": "rabbit-1"},
                {"kind": "confirm", "t": 1.5, "client": "p", "id": 3},
                {"kind": "fault", "t": 2.0, "what": "lb_cut", "target": "rabbit-2"},
@@ -147,7 +148,7 @@ def test_progress_is_also_timed_from_when_the_broker_had_every_leader_again() ->
 
 def test_a_saved_history_is_read_back_and_a_bad_line_is_named(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in _producer("p", range(3), [0, 1, 2])) + "\n")
+    path.write_text("\n".join(json.dumps(r) for r in _producer_records("p", range(3), [0, 1, 2])) + "\n")
     assert check(read_history(path)).ok
     path.write_text('{"kind": "send", "t": 0, "client": "p", "id": 1}\nnot json\n')
     with pytest.raises(ConfigurationError, match=r"history.jsonl:2 is not JSON"):
@@ -193,7 +194,8 @@ def test_a_queues_producer_is_checked_against_what_its_consumers_received_at_lea
     (redelivered), not a failure; one never received is lost; one received that was never sent is unexplained."""
     base = [{"kind": "send", "t": i / 10, "client": "q-p", "id": i} for i in range(1, 6)]
     base += [{"kind": "confirm", "t": i / 10 + 0.05, "client": "q-p", "id": i} for i in range(1, 6)]
-    got = [{"kind": "received", "t": 1 + i / 10, "client": "q-c", "producer": "q-p", "id": i} for i in [1, 2, 3, 3, 4, 5]]
+    got = [{"kind": "received", "t": 1 + i / 10, "client": "q-c", "producer": "q-p", "id": i}
+           for i in [1, 2, 3, 3, 4, 5]]
     report = check(base + got)
     assert report.ok and report.lost == 0 and report.producers["q-p"].redelivered == 1
     assert "1 id(s) received more than once" in report.summary()

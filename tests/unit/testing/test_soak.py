@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 from typing import Any
 
 import pytest
@@ -25,7 +24,8 @@ def test_rolling_restarts_every_ten_minutes_each_ending_before_the_workload() ->
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
-    ("minutes", 0, "minutes must be a positive"), ("churn_every", -1, "churn_every"), ("first_rollout", -5, "0 or more"),
+    ("minutes", 0, "minutes must be a positive"), ("churn_every", -1, "churn_every"),
+    ("first_rollout", -5, "0 or more"),
     ("stream_every", 0, "1 or more cycles"), ("rss_growth", 2.0, "share between 0 and 1"),
     ("faults", ("kill", "flood"), "flood"), ("rate", True, "rate must be a positive"),
     ("trim_every", 0, "trim_every must be a positive"), ("trim_every", True, "trim_every must be a positive"),
@@ -126,7 +126,7 @@ def test_a_socket_whose_peer_closed_and_nobody_closed_is_counted_half_closed() -
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as client:
+        with socket.create_connection(("127.0.0.1", port)):
             accepted, _ = server.accept()
             assert half_closed_sockets({port}) == 0
             accepted.close()  # the peer closes; the client does not
@@ -217,7 +217,7 @@ def test_a_watch_record_that_cannot_be_written_does_not_stop_the_watch() -> None
     assert dict(count.kinds) == {"rescue": 1, "not recorded": 1}
 
 
-class _Handle:
+class _CountedHandle:
     def __init__(self, opened: list[str], kind: str) -> None:
         self.opened, self.kind = opened, kind
         opened.append(kind)
@@ -232,10 +232,10 @@ class _FailingProducerEnv:
     def __init__(self) -> None:
         self.opened: list[str] = []
 
-    async def consumer(self, stream: str, callback: Any, offset: str) -> _Handle:
-        return _Handle(self.opened, "consumer")
+    async def consumer(self, stream: str, callback: Any, offset: str) -> _CountedHandle:
+        return _CountedHandle(self.opened, "consumer")
 
-    async def producer(self, stream: str, name: str) -> _Handle:
+    async def producer(self, stream: str, name: str) -> _CountedHandle:
         raise ConnectionFailed(f"no connection to the leader of {stream!r}")
 
 
