@@ -1,22 +1,25 @@
-"""Shared helpers for tests against the real test bed (the fixtures come from the test bed's plugin, which
-tests/conftest.py enables).  A test waits for a condition with a deadline (:func:`wait_until`), never for a
-fixed time, unless the passing time is itself the scenario."""
+"""Shared fixtures and helpers for tests against the real test bed (the test bed's own fixtures come from its plugin,
+which tests/conftest.py enables, with the suite's waits)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
-import inspect
+import json
 import logging
-import time
-from collections.abc import Callable, Iterator
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 
+from resolvers import SniRouter
+from smartclient import Address, Environment, RetryPolicy
+from smartclient.amqp.placement import AmqpPlacer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import raw_stream_client
+
+from ..conftest import bed_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,60 +62,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-class _Wait:
-    """One wait's deadline and its last "not yet" error; :func:`wait_until` and :func:`wait_until_sync` drive it
-    and differ only in how they sleep."""
-
-    def __init__(self, timeout: float, what: str | Callable[[], str],
-                 retry_on: tuple[type[BaseException], ...]) -> None:
-        self.timeout, self.what, self.retry_on = timeout, what, retry_on
-        self.deadline = time.monotonic() + timeout
-        self.error: BaseException | None = None
-
-    @contextlib.contextmanager
-    def attempt(self) -> Iterator[None]:
-        try:
-            yield
-        except self.retry_on as exc:
-            self.error = exc
-
-    def check_deadline(self) -> None:
-        if time.monotonic() >= self.deadline:
-            what = self.what if isinstance(self.what, str) else self.what()
-            raise AssertionError(f"timed out after {self.timeout:g} s waiting for {what}") from self.error
-
-
-async def wait_until(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
-                     interval: float = 0.02, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
-    """Poll ``check`` (a function, or a coroutine function) until it returns something true, and return
-    that.  After ``timeout`` s, fail naming ``what`` (a function: called then, to say how far it got).  An
-    exception of a type in ``retry_on`` means "not yet" (the last one is chained to the failure); any other
-    propagates at once."""
-    wait = _Wait(timeout, what, retry_on)
-    while True:
-        with wait.attempt():
-            value = check()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-        wait.check_deadline()
-        await asyncio.sleep(interval)
-
-
-def wait_until_sync(check: Callable[[], Any], timeout: float, what: str | Callable[[], str], *,
-                    interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
-    """:func:`wait_until` for code with no event loop (pika, paho, the sync facade, the management API)."""
-    wait = _Wait(timeout, what, retry_on)
-    while True:
-        with wait.attempt():
-            value = check()
-            if value:
-                return value
-        wait.check_deadline()
-        time.sleep(interval)
-
-
 def load_example(name: str) -> Any:
     """``examples/<name>.py`` as a module, to drive its functions from a test."""
     import importlib.util
@@ -132,3 +81,109 @@ def open_stream_client(rabbitmq_testbed: TestBed) -> Callable[..., Any]:
         return raw_stream_client(rabbitmq_testbed, host, port, name)
 
     return opener
+
+
+# -- entering the bed ---------------------------------------------------------------------------------------------
+def direct_uri(bed: TestBed) -> str:
+    """The stream URI of the bed's first node, dialled directly (no load balancer)."""
+    node = bed.nodes[0]
+    return bed.stream_uri(node.host, node.stream_port)
+
+
+def direct_env(bed: TestBed, **options: Any) -> Environment:
+    """An Environment entering through the bed's first node directly; ``options`` are Environment's own."""
+    return Environment(direct_uri(bed), **options)
+
+
+def router(bed: TestBed) -> SniRouter:
+    """The bed's SNI ingress as a resolver: one TLS port per protocol, each routed by :func:`bed_name`."""
+    host, port = bed.sni("stream")
+    return SniRouter(Address(host, port), name=bed_name, amqp=bed.sni("amqp")[1], mqtt_tls=bed.sni("mqtt")[1])
+
+
+def sni_environment(bed: TestBed, tls: ssl.SSLContext | None = None, retry: RetryPolicy | None = None) -> Environment:
+    """Through the SNI ingress only: the entry point is a node's advertised name, routed by it."""
+    entry = bed.stream_uri(bed_name(bed.nodes[0].name), bed.nodes[0].stream_tls_port)
+    return Environment(entry.replace("rabbitmq-stream://", "rabbitmq-stream+tls://"), resolver=router(bed),
+                       tls=tls or bed.tls_context(), management=bed.management(), retry=retry or RetryPolicy())
+
+
+@pytest.fixture
+async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    """An Environment on the bed's first node (:func:`direct_env`)."""
+    async with direct_env(rabbitmq_testbed) as environment:
+        yield environment
+
+
+@pytest.fixture
+async def stream(env: Environment, rabbitmq_unique_name: str) -> AsyncIterator[str]:
+    """A new stream of the test's own, created and deleted through ``env``."""
+    await env.create_stream(rabbitmq_unique_name)
+    try:
+        yield rabbitmq_unique_name
+    finally:
+        await env.delete_stream(rabbitmq_unique_name)
+
+
+@pytest.fixture
+def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
+    """An AMQP 0.9.1 placer that dials the nodes directly, as the management API lists them."""
+    with rabbitmq_testbed.management() as api:
+        yield AmqpPlacer(api)
+
+
+def a_queue(bed: TestBed, kind: str) -> Iterator[str]:
+    """A durable queue of ``kind`` (``quorum``, ``stream``) of its own, deleted after the test."""
+    name = f"amqp10-{kind}-{uuid.uuid4().hex[:8]}"
+    with bed.management() as api:
+        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": kind}})
+        yield name
+        api.delete(f"/api/queues/%2F/{name}")
+
+
+@pytest.fixture
+def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
+    """A quorum queue of the test's own (:func:`a_queue`)."""
+    yield from a_queue(rabbitmq_testbed, "quorum")
+
+
+# -- writing and reading back -------------------------------------------------------------------------------------
+def numbered(count: int, first: int = 0, *, suffix: bytes = b"", size: int = 0) -> list[bytes]:
+    """``count`` bodies numbered from ``first`` (``b"7"``, then ``suffix``), each padded with ``x`` to ``size``."""
+    return [(b"%d" % i + suffix).ljust(size, b"x") for i in range(first, first + count)]
+
+
+async def publish(env: Environment, stream: str, bodies: list[bytes], *, one_by_one: bool = False) -> None:
+    """``bodies`` sent to ``stream`` by a new producer, which is closed after: in frames of 250 (several chunks)
+    and flushed, or ``one_by_one``, each waiting for its confirm."""
+    producer = await env.producer(stream)
+    if one_by_one:
+        for body in bodies:
+            await producer.send_wait(body)
+    else:
+        for start in range(0, len(bodies), 250):
+            await producer.send_many(bodies[start:start + 250])
+        await producer.flush()
+    await producer.close()
+
+
+async def read_to_end(env: Environment, stream: str, end: bytes | None = None, timeout: float = 30.0) -> list[bytes]:
+    """Every body stored in ``stream`` before the end marker it appends (``end``, or a new one).  It reads up to
+    that marker: a stream delivers in order, so every message stored before it, a duplicate too, has arrived when
+    it has."""
+    end = end or b"end-%s" % uuid.uuid4().hex.encode()
+    await (await env.producer(stream)).send_wait(end)
+    got: list[bytes] = []
+    consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first")
+    await wait_until(lambda: got and got[-1] == end, timeout, lambda: f"the end of {stream} ({len(got)} read)")
+    await consumer.close()
+    return got[:got.index(end)]  # (what came after it while the consumer closed was stored after it)
+
+
+async def read_stream(bed: TestBed, stream: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every JSON message in ``stream`` (:func:`read_to_end` through the first node) but the end markers, this one's
+    (``{"end": ...}``) and any an earlier read left."""
+    end = json.dumps({"end": uuid.uuid4().hex}).encode()
+    async with direct_env(bed) as env:
+        bodies = await read_to_end(env, stream, end, timeout)
+    return [message for message in map(json.loads, bodies) if "end" not in message]

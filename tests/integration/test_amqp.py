@@ -17,17 +17,11 @@ from smartclient.amqp.rpc import RpcClient, RpcServer, coverage
 from smartclient.amqp.streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
 from smartclient.testing import TestBed
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
 
 
 @pytest.fixture
-def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
-    with rabbitmq_testbed.management() as api:
-        yield AmqpPlacer(api)
-
-
-@pytest.fixture
-def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
+def amqp_lb_placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
         yield AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
@@ -49,9 +43,9 @@ def test_the_nodes_and_their_amqp_listeners_come_from_the_management_api(
 
 @pytest.mark.parametrize("mode", ["direct", "load balancer"])
 def test_a_placed_connection_sits_on_the_node_it_was_asked_for(
-    rabbitmq_testbed: TestBed, placer: AmqpPlacer, lb_placer: AmqpPlacer, mode: str
+    rabbitmq_testbed: TestBed, placer: AmqpPlacer, amqp_lb_placer: AmqpPlacer, mode: str
 ) -> None:
-    chosen = lb_placer if mode == "load balancer" else placer
+    chosen = amqp_lb_placer if mode == "load balancer" else placer
     for node in rabbitmq_testbed.nodes:
         with chosen.connect(node.short) as placed:
             assert placed.node == node.name
@@ -76,7 +70,7 @@ async def test_environment_gives_amqp_connections_and_refuses_a_stream_lb_withou
                                management=api) as env:
             with pytest.raises(ConfigurationError, match=r"no amqp listener: LoadBalancer\(\.\.\., amqp=PORT\)"):
                 env.amqp_connection(rabbitmq_testbed.nodes[1].short)
-        amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
+        _amqp_host, amqp_port = rabbitmq_testbed.lb("amqp")
         async with Environment(rabbitmq_testbed.stream_uri(host, port), management=api,
                                resolver=LoadBalancer(Address(host, port), amqp=amqp_port)) as env:
             with env.amqp_connection(rabbitmq_testbed.nodes[1].short) as placed:
@@ -91,14 +85,14 @@ def echo(body: bytes, properties: Any) -> bytes:
 
 
 def test_rpc_with_servers_on_every_node_answers_from_the_callers_node(
-    rabbitmq_testbed: TestBed, lb_placer: AmqpPlacer, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, amqp_lb_placer: AmqpPlacer, rabbitmq_unique_name: str
 ) -> None:
     exchange = f"{rabbitmq_unique_name}-rpc"
-    with RpcServer(lb_placer, exchange, echo, require_full_coverage=True) as server:
+    with RpcServer(amqp_lb_placer, exchange, echo, require_full_coverage=True) as server:
         report = server.start()
         assert report.complete and set(report.servers) == set(node_names(rabbitmq_testbed))
         for node in rabbitmq_testbed.nodes:
-            with lb_placer.connect(node.short) as placed:
+            with amqp_lb_placer.connect(node.short) as placed:
                 client = RpcClient(placed, exchange)
                 for i in range(5):
                     reply = client.call(b"%d" % i)
@@ -132,7 +126,7 @@ def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
 
 @pytest.mark.faults
 def test_through_the_lb_a_connection_is_known_by_the_queue_it_declares_else_by_its_listing(
-    rabbitmq_testbed: TestBed, lb_placer: AmqpPlacer, rabbitmq_unique_name: str
+    rabbitmq_testbed: TestBed, amqp_lb_placer: AmqpPlacer, rabbitmq_unique_name: str
 ) -> None:
     """An exclusive queue lives on its connection's node and the management API shows it at once, where
     it lists the connection only after a statistics round (up to 5 s).  Without the configure permission
@@ -151,11 +145,12 @@ def test_through_the_lb_a_connection_is_known_by_the_queue_it_declares_else_by_i
         api.put(f"/api/users/{user}", {"password": "s3cret-noconf", "tags": ""})
         api.put(f"/api/permissions/%2F/{user}", {"configure": "^$", "write": ".*", "read": ".*"})
         try:
-            restricted = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)), credentials=Credentials(user, "s3cret-noconf"))
-            for chosen in (lb_placer, restricted):
+            restricted = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)),
+                                    credentials=Credentials(user, "s3cret-noconf"))
+            for chosen in (amqp_lb_placer, restricted):
                 for node in rabbitmq_testbed.nodes:
                     with chosen.connect(node.short) as placed:
-                        assert placed.node == node.name == lb_placer.node_of(placed.name)
+                        assert placed.node == node.name == amqp_lb_placer.node_of(placed.name)
                         assert placed.connection.is_open  # the refused declaration closed a channel only
             assert probe_queues(api) == before
         finally:
@@ -204,7 +199,10 @@ def amqp_stream(rabbitmq_testbed: TestBed, placer: AmqpPlacer, rabbitmq_unique_n
         api.delete(f"/api/queues/%2F/{rabbitmq_unique_name}")
 
 
-def read(placer: AmqpPlacer, stream: str, offset: Any, expect: int, prefetch: int = 5) -> tuple[list[int], str]:
+def read_over_amqp(placer: AmqpPlacer, stream: str, offset: Any, expect: int,
+                   prefetch: int = 5) -> tuple[list[int], str]:
+    """The numbers an AMQP 0.9.1 stream consumer from ``offset`` got (once ``expect`` came, or after 10 s), and
+    the node it read on."""
     got: list[StreamDelivery] = []
     with AmqpStreamConsumer(placer, stream, got.append, offset=offset, prefetch=prefetch) as consumer:
         deadline = time.monotonic() + 10
@@ -230,7 +228,7 @@ def test_stream_declared_over_amqp_has_its_arguments(rabbitmq_testbed: TestBed, 
     ("1h", list(range(30))),
 ])
 def test_every_x_stream_offset_form(placer: AmqpPlacer, amqp_stream: str, offset: Any, expected: Any) -> None:
-    bodies, node = read(placer, amqp_stream, offset, expect=len(expected) if expected is not None else 1)
+    bodies, node = read_over_amqp(placer, amqp_stream, offset, expect=len(expected) if expected is not None else 1)
     _leader, replicas = stream_members(placer, amqp_stream)
     assert node in replicas  # consumers read from a replica
     if expected is None:
@@ -241,9 +239,9 @@ def test_every_x_stream_offset_form(placer: AmqpPlacer, amqp_stream: str, offset
 
 def test_timestamp_offsets_in_seconds(placer: AmqpPlacer, amqp_stream: str) -> None:
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    assert read(placer, amqp_stream, past, expect=30)[0] == list(range(30))
+    assert read_over_amqp(placer, amqp_stream, past, expect=30)[0] == list(range(30))
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5)
-    assert read(placer, amqp_stream, future, expect=0)[0] == []
+    assert read_over_amqp(placer, amqp_stream, future, expect=0)[0] == []
 
 
 def test_global_qos_is_refused_before_the_broker_closes_the_channel(placer: AmqpPlacer, amqp_stream: str) -> None:

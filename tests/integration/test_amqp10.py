@@ -16,7 +16,8 @@ from resolvers import LoadBalancer
 from smartclient import Address, ConfigurationError, FeatureNotSupported, NoCandidateNode, TopologyError
 from smartclient.testing import TestBed
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
+from .conftest import a_queue
 
 amqp10 = pytest.importorskip("rabbitmq_amqp_python_client",
                              reason="the [amqp10] extra (rabbitmq-amqp-python-client) is not installed")
@@ -33,26 +34,13 @@ def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[Amqp10Placer]:
         placer.close()
 
 
-def a_queue(bed: TestBed, kind: str) -> Iterator[str]:
-    """A durable queue of ``kind`` (``quorum``, ``stream``) of its own, deleted after the test."""
-    name = f"amqp10-{kind}-{uuid.uuid4().hex[:8]}"
-    with bed.management() as api:
-        api.put(f"/api/queues/%2F/{name}", {"durable": True, "arguments": {"x-queue-type": kind}})
-        yield name
-        api.delete(f"/api/queues/%2F/{name}")
-
-
 @pytest.fixture
-def queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
-    yield from a_queue(rabbitmq_testbed, "quorum")
-
-
-@pytest.fixture
-def stream(rabbitmq_testbed: TestBed) -> Iterator[str]:
+def stream_queue(rabbitmq_testbed: TestBed) -> Iterator[str]:
+    """A stream declared as a queue of type stream (:func:`a_queue`)."""
     yield from a_queue(rabbitmq_testbed, "stream")
 
 
-def collector() -> tuple[list[bytes], Callable[[Any, Any], None]]:
+def accepting_collector() -> tuple[list[bytes], Callable[[Any, Any], None]]:
     """The bodies a consumer is handed (from its own thread), and the callback that accepts and keeps each."""
     got: list[bytes] = []
     lock = threading.Lock()
@@ -112,7 +100,7 @@ def test_a_quorum_queue_publisher_is_on_its_leader_and_consumers_on_members(
     topology = lb_placer.queue_topology(queue)
     assert topology.queue_type == "quorum" and topology.leader in topology.members
     assert set(topology.members) == {n.name for n in rabbitmq_testbed.nodes}
-    got, on_message = collector()
+    got, on_message = accepting_collector()
 
     with lb_placer.publisher(queue) as publisher:
         assert publisher.node == topology.leader
@@ -132,11 +120,11 @@ def test_a_quorum_queue_publisher_is_on_its_leader_and_consumers_on_members(
 
 
 def test_a_stream_consumer_reads_on_a_replica_through_an_sql_filter(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream: str
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream_queue: str
 ) -> None:
     from rabbitmq_amqp_python_client import Message
 
-    name = stream
+    name = stream_queue
     got: list[bytes] = []
     with lb_placer.publisher(name) as publisher:
         for index in range(60):
@@ -169,11 +157,11 @@ def test_a_stream_consumer_reads_on_a_replica_through_an_sql_filter(
 
 
 def test_a_stream_consumer_starts_at_an_offset_and_reads_through_a_bloom_filter(
-    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream: str
+    rabbitmq_testbed: TestBed, lb_placer: Amqp10Placer, stream_queue: str
 ) -> None:
     from rabbitmq_amqp_python_client import Message
 
-    name = stream
+    name = stream_queue
     with lb_placer.publisher(name) as publisher:  # one message in flight: a chunk each
         for index in range(30):
             publisher.publish(Message(body=b"b%d" % index,
@@ -209,7 +197,7 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
     """The leader's node stops (stop_app) while a publisher on it and a consumer on a replica run: the publisher
     recovers on the new leader and sends the message it was on again, the consumer recovers if its node went;
     every message sent comes (at least once), and the duplicates are counted."""
-    got, on_message = collector()
+    got, on_message = accepting_collector()
 
     publisher = lb_placer.publisher(queue)
     old_leader = publisher.node
@@ -246,7 +234,7 @@ def test_a_connection_cut_under_the_consumer_is_recovered_and_a_callback_that_ra
     """The LB cuts the consumer's session (no close frame: proton only marks the connection disconnected): the
     consumer recovers and gets every message.  A callback that raises has its message given back and handed
     again, counted, and no recovery."""
-    got, keep = collector()
+    got, keep = accepting_collector()
     failed: list[bytes] = []
 
     def on_message(message: Any, accept: Any) -> None:
@@ -323,7 +311,7 @@ def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span
     with rabbitmq_testbed.management() as api:
         placer = Amqp10Placer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)),
                               tracer_provider=provider)
-        got, on_message = collector()
+        got, on_message = accepting_collector()
         with placer.publisher(queue) as publisher:
             for index in range(3):
                 publisher.publish(b"t%d" % index)

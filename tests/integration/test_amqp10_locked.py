@@ -8,16 +8,14 @@ from typing import Any
 
 import pytest
 
-from smartclient import ClientCertificate, Environment, RetryPolicy
+from smartclient import ClientCertificate, Environment
 from smartclient.testing import TestBed
 
-from .conftest import wait_until_sync
-from .test_sni_placement import bed_name, router
+from ..conftest import wait_until_sync
+from .conftest import sni_environment
 
 pytest.importorskip("rabbitmq_amqp_python_client", reason="the [amqp10] extra (rabbitmq-amqp-python-client) is not "
                     "installed")
-
-from .test_amqp10 import queue  # noqa: F401  (the fixture: a quorum queue of its own)
 
 
 def amqp10_rows(bed: TestBed) -> dict[str, dict[str, Any]]:
@@ -37,9 +35,7 @@ def test_over_tls_through_the_sni_ingress_each_connection_lands_on_its_node_at_t
         rabbitmq_testbed: TestBed) -> None:
     bed = rabbitmq_testbed
     before = bed.sni_sessions("amqp")
-    entry = bed.stream_uri(bed_name(bed.nodes[0].name), bed.nodes[0].stream_tls_port)
-    env = Environment(entry.replace("rabbitmq-stream://", "rabbitmq-stream+tls://"), resolver=router(bed),
-                      tls=bed.tls_context(), management=bed.management(), retry=RetryPolicy())
+    env = sni_environment(bed)
     placer = env.amqp10
     placed = []
     try:

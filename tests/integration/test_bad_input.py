@@ -40,7 +40,7 @@ from smartclient.core.settings import ConnectionOptions, Credentials, Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client
 
-from .conftest import wait_until
+from .conftest import direct_env, read_to_end
 
 
 @dataclass
@@ -61,11 +61,6 @@ def case(name: str, error: type[SmartClientError], message: str) -> Callable[[Ca
         return fn
 
     return register
-
-
-def _direct(ctx: Ctx, **kwargs: Any) -> Environment:
-    node = ctx.bed.nodes[0]
-    return Environment(ctx.bed.stream_uri(node.host, node.stream_port), **kwargs)
 
 
 # -- URIs and credentials ----------------------------------------------------------------------------
@@ -91,13 +86,13 @@ async def _(ctx: Ctx) -> None:
 
 @case("unknown vhost", AuthenticationFailed, "vhost")
 async def _(ctx: Ctx) -> None:
-    async with _direct(ctx, vhost=f"no-such-vhost-{uuid.uuid4().hex[:4]}"):
+    async with direct_env(ctx.bed, vhost=f"no-such-vhost-{uuid.uuid4().hex[:4]}"):
         pass
 
 
 @case("wrong credentials", AuthenticationFailed, "refused the credentials")
 async def _(ctx: Ctx) -> None:
-    async with _direct(ctx, credentials=Credentials("guest", "not-the-password")):
+    async with direct_env(ctx.bed, credentials=Credentials("guest", "not-the-password")):
         pass
 
 
@@ -109,22 +104,22 @@ async def _(ctx: Ctx) -> None:
 
 @case("negative heartbeat", ConfigurationError, r"heartbeat must be an int from 0 to 3600 \(seconds; 0: off\), not -1")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, connection=ConnectionOptions(heartbeat=-1))
+    direct_env(ctx.bed, connection=ConnectionOptions(heartbeat=-1))
 
 
 @case("frame max too small", ConfigurationError, "frame_max must be an int from 8192")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, connection=ConnectionOptions(frame_max=100))
+    direct_env(ctx.bed, connection=ConnectionOptions(frame_max=100))
 
 
 @case("meter provider without get_meter", ConfigurationError, r"meter_provider must be an OpenTelemetry MeterProvider")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, telemetry=Telemetry(meter_provider=object()))
+    direct_env(ctx.bed, telemetry=Telemetry(meter_provider=object()))
 
 
 @case("tracer provider without get_tracer", ConfigurationError, r"tracer_provider must be an OpenTelemetry TracerProv")
 async def _(ctx: Ctx) -> None:
-    _direct(ctx, telemetry=Telemetry(tracer_provider=object()))
+    direct_env(ctx.bed, telemetry=Telemetry(tracer_provider=object()))
 
 
 @case("credit_after given as a str", ConfigurationError, r"ConsumerFlow.credit_after must be .*'half' \(a str\)")
@@ -157,7 +152,8 @@ async def _(ctx: Ctx) -> None:
     await ctx.env.consumer(ctx.ok, lambda message, context: None, on_chunk=lambda chunk: None)
 
 
-@case("consumer with an on_chunk that cannot be called", ConfigurationError, "on_chunk of a consumer .* must be callable")
+@case("consumer with an on_chunk that cannot be called", ConfigurationError,
+      "on_chunk of a consumer .* must be callable")
 async def _(ctx: Ctx) -> None:
     await ctx.env.consumer(ctx.ok, on_chunk="print")  # type: ignore[arg-type]
 
@@ -306,19 +302,19 @@ async def _(ctx: Ctx) -> None:
     def broken(address: Address) -> Address:
         raise KeyError(address.host)
 
-    async with _direct(ctx, resolver=broken) as env:
+    async with direct_env(ctx.bed, resolver=broken) as env:
         await env.producer(ctx.ok)
 
 
 @case("resolver that returns garbage", ResolutionError, "a resolver must return an Address")
 async def _(ctx: Ctx) -> None:
-    async with _direct(ctx, resolver=lambda address: 12345) as env:
+    async with direct_env(ctx.bed, resolver=lambda address: 12345) as env:
         await env.producer(ctx.ok)
 
 
 @case("address outside the allow-list", AddressNotAllowed, "outside the allow-list")
 async def _(ctx: Ctx) -> None:
-    async with _direct(ctx, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
+    async with direct_env(ctx.bed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
         await env.producer(ctx.ok)
 
 
@@ -354,18 +350,6 @@ def ok_stream(rabbitmq_testbed: TestBed) -> Iterator[str]:
     asyncio.run(delete_streams(rabbitmq_testbed, name))
 
 
-async def _messages(env: Environment, stream: str, timeout: float = 10.0) -> list[bytes]:
-    """Every message in ``stream``.  It appends a last one and reads up to it: a stream delivers in order, so
-    every message stored before it, a duplicate too, has arrived when it has."""
-    end = f"end-{uuid.uuid4().hex}".encode()
-    await (await env.producer(stream)).send_wait(end)
-    got: list[bytes] = []
-    consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first")
-    await wait_until(lambda: got and got[-1] == end, timeout, f"the end of {stream}")
-    await consumer.close()
-    return got
-
-
 def test_the_catalogue_has_at_least_30_cases() -> None:
     assert len(CASES) >= 30
     assert len({name for name, *_ in CASES}) == len(CASES)
@@ -374,8 +358,7 @@ def test_the_catalogue_has_at_least_30_cases() -> None:
 @pytest.mark.parametrize("name, error, message, run", CASES, ids=[c[0] for c in CASES])
 async def test_bad_input(rabbitmq_testbed: TestBed, ok_stream: str, name: str, error: type[SmartClientError],
                          message: str, run: Case) -> None:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+    async with direct_env(rabbitmq_testbed) as env:
         tag = uuid.uuid4().hex[:8]
         before, after = json.dumps({"case": name, "at": "before", "tag": tag}).encode(), json.dumps(
             {"case": name, "at": "after", "tag": tag}).encode()
@@ -387,6 +370,6 @@ async def test_bad_input(rabbitmq_testbed: TestBed, ok_stream: str, name: str, e
         assert "guest:guest" not in str(info.value) and "not-the-password" not in str(info.value)
         # the Environment still works, and nothing was lost
         await producer.send_wait(after)
-        got = await _messages(env, ok_stream)
+        got = await read_to_end(env, ok_stream, timeout=10.0)
         assert got.count(before) == 1 and got.count(after) == 1
         await producer.close()

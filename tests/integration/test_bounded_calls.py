@@ -27,7 +27,7 @@ from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProd
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 # A value for every required parameter of a public method, by name.  A method with a parameter missing here
 # fails the contract test with the name to add: the walk below cannot fall behind the public surface.
@@ -219,4 +219,3 @@ async def test_consumers_and_producers_share_one_connection_per_node(rabbitmq_te
             assert env.placements() == []
     finally:
         await delete_streams(rabbitmq_testbed, *streams)
-

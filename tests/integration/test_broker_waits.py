@@ -21,7 +21,7 @@ from smartclient import Address, Environment, PlacementPolicy, Role
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, hold_coordinator, hold_member
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 HOLD = 2.5  # seconds the writer is held: under the broker's 5 s (past it, the broker closes the connection)
 

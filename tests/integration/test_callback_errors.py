@@ -20,19 +20,11 @@ from smartclient import CallbackFailed, Chunk, ConfigurationError, Environment, 
 from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
-from .conftest import wait_until, wait_until_sync
-from .test_chunk_consumer import env, stream  # noqa: F401  (the fixtures: an Environment on rabbit-1, a new stream)
+from ..conftest import wait_until, wait_until_sync
+from .conftest import numbered, publish
 
 COUNT = 10_000
 BAD = 6_789  # the one message the callback raises on
-
-
-async def publish(env: Environment, stream: str, count: int) -> None:
-    producer = await env.producer(stream)
-    for start in range(0, count, 250):  # Publish frames of 250: many chunks
-        await producer.send_many([b"%d" % i for i in range(start, min(start + 250, count))])
-    await producer.flush()
-    await producer.close()
 
 
 class Seen:
@@ -75,7 +67,7 @@ KINDS = ["message-sync", "message-async", "chunk-sync", "chunk-async"]
 async def test_skip_goes_on_with_the_next_message_and_counts_the_one_that_raised(
     env: Environment, stream: str, kind: str
 ) -> None:
-    await publish(env, stream, COUNT)
+    await publish(env, stream, numbered(COUNT))
     seen = Seen(kind, bad=BAD)
     consumer = await env.consumer(stream, **seen.handler(), offset="first", on_error="skip")
     await wait_until(lambda: consumer.last_offset == COUNT - 1, 30, "the last message")
@@ -92,7 +84,7 @@ async def test_skip_goes_on_with_the_next_message_and_counts_the_one_that_raised
 async def test_stop_is_a_typed_failure_and_a_restart_from_the_stored_offset_resumes_at_the_failing_message(
     env: Environment, stream: str, kind: str
 ) -> None:
-    await publish(env, stream, COUNT)
+    await publish(env, stream, numbered(COUNT))
     seen = Seen(kind, bad=BAD)
     consumer = await env.consumer(stream, **seen.handler(), offset="first", name="c",
                                   tracking=OffsetTracking(every=1000))  # on_error="stop": the default
@@ -114,7 +106,7 @@ async def test_stop_is_a_typed_failure_and_a_restart_from_the_stored_offset_resu
 
 
 async def test_on_error_as_a_function_decides_per_message(env: Environment, stream: str) -> None:
-    await publish(env, stream, 100)
+    await publish(env, stream, numbered(100))
     dead_letters: list[int] = []
 
     def on_error(exc: Exception, context: Any) -> str:
@@ -228,7 +220,7 @@ async def test_a_failover_never_cancels_a_handler_and_recovery_resumes_after_its
     assert record is not None
     server_name = await asyncio.to_thread(bed.connection_named, record.connection)
     seen.cut = lambda: bed.close_connection(server_name)
-    await publish(env, stream, total)  # (once the cut is ready: a sync handler makes it itself)
+    await publish(env, stream, numbered(total))  # (once the cut is ready: a sync handler makes it itself)
     await asyncio.wait_for(seen.holding.wait(), 30)
     if kind.endswith("async"):
         await asyncio.to_thread(bed.close_connection, server_name)  # while the handler holds its chunk
@@ -247,7 +239,7 @@ async def test_a_failover_never_cancels_a_handler_and_recovery_resumes_after_its
 async def test_a_consumer_closed_from_its_own_callback_closes_at_once_and_hands_nothing_after(
     env: Environment, stream: str, kind: str
 ) -> None:
-    await publish(env, stream, 1000)
+    await publish(env, stream, numbered(1000))
     seen, closed = Seen(kind), asyncio.Event()
     holder: list[Any] = []
     inner = seen.handler()
@@ -277,7 +269,7 @@ async def test_a_consumer_closed_from_its_own_callback_closes_at_once_and_hands_
 async def test_a_tracked_consumer_closed_while_its_callback_holds_a_chunk_stores_what_it_handled(
     env: Environment, stream: str
 ) -> None:
-    await publish(env, stream, 3000)
+    await publish(env, stream, numbered(3000))
     seen = Holding("chunk-async", hold=1234)
     consumer = await env.consumer(stream, **seen.handler(), offset="first", name="c",
                                   tracking=OffsetTracking(every=100_000))  # stored only on close

@@ -16,10 +16,8 @@ from smartclient.core import deadline
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-
-def _direct(bed: TestBed, **options: Any) -> Environment:
-    node = bed.nodes[0]
-    return Environment(bed.stream_uri(node.host, node.stream_port), **options)
+from ..conftest import wait_until
+from .conftest import direct_env
 
 
 async def test_cancelled_placements_leave_nothing_and_later_ones_work(
@@ -28,7 +26,7 @@ async def test_cancelled_placements_leave_nothing_and_later_ones_work(
     stream = rabbitmq_unique_name
     await create_stream_led_by(rabbitmq_testbed, stream, 0)
     try:
-        async with _direct(rabbitmq_testbed) as env:
+        async with direct_env(rabbitmq_testbed) as env:
             for delay in (0.0005, 0.001, 0.002, 0.004, 0.008):  # cut at every step of the placement
                 for place in (lambda: env.producer(stream, name="cut"), lambda: env.consumer(stream, print)):
                     try:
@@ -41,7 +39,7 @@ async def test_cancelled_placements_leave_nothing_and_later_ones_work(
             consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first")
             confirmation = await producer.send_wait(b"after")
             assert confirmation.confirmed and producer.last_publishing_id == 0  # its own name, not "cut"
-            await asyncio.wait_for(_until(lambda: b"after" in got), 10)
+            await wait_until(lambda: b"after" in got, 10, "the message sent after")
             assert [r.name for r in env.placements() if r.role.value == "producer"] == ["after"]
             await consumer.close()
     finally:
@@ -54,7 +52,7 @@ async def test_a_cancelled_close_still_ends_closed_and_answers_its_messages(
     stream = rabbitmq_unique_name
     await create_stream_led_by(rabbitmq_testbed, stream, 0)
     try:
-        async with _direct(rabbitmq_testbed) as env:
+        async with direct_env(rabbitmq_testbed) as env:
             producer = await env.producer(stream, name="first")
             futures = [await producer.submit(b"%d" % i) for i in range(2000)]
             closing = asyncio.create_task(producer.close())
@@ -62,7 +60,7 @@ async def test_a_cancelled_close_still_ends_closed_and_answers_its_messages(
             closing.cancel()  # ... and is cancelled there
             with contextlib.suppress(asyncio.CancelledError):
                 await closing
-            await asyncio.wait_for(_until(lambda: all(f.done() for f in futures)), 10)  # every one answered
+            await wait_until(lambda: all(f.done() for f in futures), 10, "an answer to every message")
             assert producer.closed
             with pytest.raises(HandleClosed):
                 await producer.send(b"late")
@@ -80,7 +78,7 @@ async def test_callbacks_never_run_under_the_deadline_of_the_placement(
     await create_stream_led_by(rabbitmq_testbed, stream, 0)
     await create_stream_led_by(rabbitmq_testbed, other, 1)
     try:
-        async with _direct(rabbitmq_testbed, retry=RetryPolicy(max_time=1.0)) as env:
+        async with direct_env(rabbitmq_testbed, retry=RetryPolicy(max_time=1.0)) as env:
             seen: list[str] = []
 
             async def callback(message: Any, context: Any) -> None:
@@ -94,7 +92,7 @@ async def test_callbacks_never_run_under_the_deadline_of_the_placement(
             await asyncio.sleep(1.5)  # the placement's 1 s deadline is long over: that is the scenario
             producer = await env.producer(stream)
             await producer.send_wait(b"x")
-            await asyncio.wait_for(_until(lambda: len(seen) == 2), 10)
+            await wait_until(lambda: len(seen) == 2, 10, "the callback to place a producer")
             assert seen[0] == "deadline None" and seen[1].startswith("placed on"), seen
     finally:
         await delete_streams(rabbitmq_testbed, stream, other)
@@ -125,8 +123,3 @@ async def test_placements_made_all_at_once_still_share_connections(rabbitmq_test
                 await handle.close()
     finally:
         await delete_streams(rabbitmq_testbed, *streams)
-
-
-async def _until(predicate: Any, interval: float = 0.02) -> None:
-    while not predicate():
-        await asyncio.sleep(interval)

@@ -4,44 +4,18 @@ filtering, super streams, an async handler.  Recovery without a gap is in test_r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
 from typing import Any
-
-import pytest
 
 from smartclient import Chunk, Environment, OffsetTracking, StreamArguments, StreamFilter
 from smartclient.stream import _rstream
-from smartclient.testing import TestBed
 
-from .conftest import wait_until
-
-
-@pytest.fixture
-async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
-        yield environment
-
-
-@pytest.fixture
-async def stream(env: Environment, rabbitmq_unique_name: str) -> AsyncIterator[str]:
-    await env.create_stream(rabbitmq_unique_name)
-    try:
-        yield rabbitmq_unique_name
-    finally:
-        await env.delete_stream(rabbitmq_unique_name)
-
-
-async def publish(env: Environment, stream: str, count: int, first: int = 0) -> None:
-    producer = await env.producer(stream)
-    for start in range(first, first + count, 250):  # Publish frames of 250: several chunks
-        await producer.send_many([b"%d" % i for i in range(start, min(start + 250, first + count))])
-    await producer.flush()
-    await producer.close()
+from ..conftest import wait_until
+from .conftest import numbered, publish
 
 
 def increasing(values: list[int]) -> bool:
-    return all(a < b for a, b in zip(values, values[1:]))
+    return all(a < b for a, b in itertools.pairwise(values))
 
 
 class Chunks:
@@ -60,7 +34,7 @@ class Chunks:
 async def test_every_offset_once_in_order_a_chunk_at_a_time_from_first_and_from_the_middle_of_a_chunk(
     env: Environment, stream: str
 ) -> None:
-    await publish(env, stream, 2000)
+    await publish(env, stream, numbered(2000))
     whole = Chunks()
     consumer = await env.consumer(stream, on_chunk=whole, offset="first")
     await whole.wait_for(2000)
@@ -99,7 +73,7 @@ async def test_bodies_decode_as_amqp_messages_on_demand_and_an_async_handler_is_
 async def test_tracking_stores_the_last_offset_of_each_chunk_and_a_restart_resumes_after_it(
     env: Environment, stream: str
 ) -> None:
-    await publish(env, stream, 1000)
+    await publish(env, stream, numbered(1000))
     first = Chunks()
     consumer = await env.consumer(stream, on_chunk=first, offset="first", name="chunks",
                                   tracking=OffsetTracking(every=100, interval=None))
@@ -107,7 +81,7 @@ async def test_tracking_stores_the_last_offset_of_each_chunk_and_a_restart_resum
     await wait_until(lambda: consumer._stored == 999, 10, "the offset of the last chunk stored")
     await consumer.close()
     assert await env.stored_offset(stream, "chunks") == 999
-    await publish(env, stream, 500, first=1000)
+    await publish(env, stream, numbered(500, 1000))
     again = Chunks()
     consumer = await env.consumer(stream, on_chunk=again, offset="first", name="chunks",
                                   tracking=OffsetTracking(every=100, interval=None), single_active=True)
@@ -127,13 +101,13 @@ async def test_single_active_chunk_consumers_fail_over_after_the_stored_offset(e
     b = await env.consumer(stream, on_chunk=handlers["b"], offset="first", name="sac", single_active=True,
                            tracking=tracking)
     await wait_until(lambda: a.active is not None and b.active is not None, 10, "both to hear whether they are active")
-    await publish(env, stream, 600)
+    await publish(env, stream, numbered(600))
     await wait_until(lambda: len(handlers["a"].items) + len(handlers["b"].items) == 600, 10, "600 messages")
     active, standby, key = (a, b, "b") if handlers["a"].items else (b, a, "a")
     assert handlers[key].items == []  # one instance at a time
     await active.close()
     await wait_until(lambda: standby.active is True, 10, "the standby to become active")
-    await publish(env, stream, 300, first=600)
+    await publish(env, stream, numbered(300, 600))
     await handlers[key].wait_for(300)
     got = handlers[key].items
     assert [body for _, body in got] == [b"%d" % i for i in range(600, 900)]  # no gap, no duplicate

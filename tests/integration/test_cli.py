@@ -14,7 +14,7 @@ from smartclient.testing.streams import create_stream_led_by, delete_streams
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(bed: TestBed, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(bed: TestBed, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the command with the test bed's URI and LB in SMARTCLIENT_URI and SMARTCLIENT_LB."""
     host, port = bed.lb("stream")
     return run_bare(*args, environ={"SMARTCLIENT_URI": bed.stream_uri(host, port), "SMARTCLIENT_LB": f"{host}:{port}"})
@@ -43,13 +43,13 @@ async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
 ) -> None:
     await create_stream_led_by(rabbitmq_testbed, rabbitmq_unique_name, 2)
     try:
-        out = run(rabbitmq_testbed, "topology", rabbitmq_unique_name)
+        out = run_cli(rabbitmq_testbed, "topology", rabbitmq_unique_name)
         assert out.returncode == 0, out.stderr
         nodes = {f"localhost:{n.stream_port}" for n in rabbitmq_testbed.nodes}
         leader_lines = [line for line in out.stdout.splitlines() if " leader " in line]
         assert len(leader_lines) == 1 and any(n in leader_lines[0] for n in nodes), out.stdout
         assert out.stdout.count("replica") == 2 and out.stdout.count(rabbitmq_testbed.lb("stream")[0]) >= 3
-        placed = run(rabbitmq_testbed, "place", rabbitmq_unique_name)
+        placed = run_cli(rabbitmq_testbed, "place", rabbitmq_unique_name)
         assert placed.returncode == 0, placed.stderr
         producer = next(line for line in placed.stdout.splitlines() if "producer" in line)
         consumer = next(line for line in placed.stdout.splitlines() if "consumer" in line)
@@ -62,7 +62,7 @@ async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
         assert "policy: force_leader_for_producers=True, force_replica_for_consumers=False" in placed.stdout
         assert candidates(placed.stdout, "producer") == [leader]
         assert candidates(placed.stdout, "consumer") == [replicas, leader]
-        other = run(rabbitmq_testbed, "place", rabbitmq_unique_name, "--no-force-leader-for-producers",
+        other = run_cli(rabbitmq_testbed, "place", rabbitmq_unique_name, "--no-force-leader-for-producers",
                     "--force-replica-for-consumers")
         assert other.returncode == 0, other.stderr
         assert "policy: force_leader_for_producers=False, force_replica_for_consumers=True" in other.stdout
@@ -74,12 +74,12 @@ async def test_topology_and_place_show_leader_replicas_and_where_clients_landed(
 
 def test_probe_counts_nodes_and_warns_about_a_sticky_lb(rabbitmq_testbed: TestBed) -> None:
     host, port = rabbitmq_testbed.lb("stream")
-    even = run(rabbitmq_testbed, "probe", "--via", f"{host}:{port}", "-n", "9")
+    even = run_cli(rabbitmq_testbed, "probe", "--via", f"{host}:{port}", "-n", "9")
     assert even.returncode == 0, even.stderr
     assert all(f"localhost:{n.stream_port}" in even.stdout for n in rabbitmq_testbed.nodes)
     assert "sticky" not in even.stdout
     shost, sport = rabbitmq_testbed.lb("stream", "source")
-    sticky = run(rabbitmq_testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
+    sticky = run_cli(rabbitmq_testbed, "probe", "--via", f"{shost}:{sport}", "-n", "5")
     assert "100%" in sticky.stdout and "looks" in sticky.stdout and "sticky" in sticky.stdout
 
 
@@ -120,7 +120,7 @@ async def test_topology_with_lb_alone_as_docs_sync_and_cli_shows(
 
 
 def test_errors_are_one_readable_line_and_bench_names_are_checked(rabbitmq_testbed: TestBed) -> None:
-    missing = run(rabbitmq_testbed, "topology", "no-such-stream-here")
+    missing = run_cli(rabbitmq_testbed, "topology", "no-such-stream-here")
     assert missing.returncode == 1 and "StreamNotFound" in missing.stdout and "Traceback" not in missing.stderr
-    bench = run(rabbitmq_testbed, "bench", "no-such-bench")
+    bench = run_cli(rabbitmq_testbed, "bench", "no-such-bench")
     assert bench.returncode == 2 and "mqtt_fleet" in bench.stdout  # lists what there is

@@ -13,7 +13,7 @@ from smartclient import ConsumerFlow, Environment
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 MESSAGES = 200_000
 BODY = b"x" * 200  # 40 MB of stream

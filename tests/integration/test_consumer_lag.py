@@ -14,7 +14,7 @@ from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
 export = pytest.importorskip("opentelemetry.sdk.metrics.export")
@@ -105,7 +105,7 @@ def test_the_sync_face_reads_the_lag_from_the_caller_s_thread(rabbitmq_testbed: 
                                                               rabbitmq_unique_name: str) -> None:
     from smartclient.sync import SyncEnvironment
 
-    from .conftest import wait_until_sync
+    from ..conftest import wait_until_sync
 
     bed, stream = rabbitmq_testbed, rabbitmq_unique_name
     node = bed.nodes[2]

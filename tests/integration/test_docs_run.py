@@ -58,7 +58,7 @@ import smartclient
 from smartclient import FaultUnavailable
 from smartclient.testing import TestBed
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from smartclient.federation.topology import (
 from smartclient.management import ManagementClient, ManagementError
 from smartclient.testing import TestBed
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
 
 pytestmark = pytest.mark.federation
 
@@ -283,5 +283,5 @@ def test_an_environment_hands_its_cluster_to_a_topology_as_one_broker(
     mine = env.federated_broker(first.name, first.amqp_uri)
     assert mine == first  # its management API, that API's credentials and the vhost, from the Environment
     exchange = _name()
-    topology, delivery = applied(pair(mine, brokers[1], exchange, name=exchange))
+    _topology, delivery = applied(pair(mine, brokers[1], exchange, name=exchange))
     assert delivery.round() == delivery.expected()

@@ -32,7 +32,7 @@ from smartclient.mqtt.placement import MqttOptions, PlacedMqttClient
 from smartclient.testing import TestBed
 from smartclient.testing.oauth import DEFAULT_SCOPES, RESOURCE_SERVER_ID, TokenAuthority
 
-from .conftest import wait_until, wait_until_sync
+from ..conftest import wait_until, wait_until_sync
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Minting:
         return self.tokens.mint(self.subject, self.lifetime, SCOPES)
 
 
-def environment(bed: TestBed, credentials: Any = None, *, tls: bool = False, retry: RetryPolicy | None = None,
+def locked_environment(bed: TestBed, credentials: Any = None, *, tls: bool = False, retry: RetryPolicy | None = None,
                 **more: Any) -> Environment:
     node = bed.nodes[0]
     entry = (f"rabbitmq-stream+tls://{node.host}:{node.stream_tls_port}/" if tls
@@ -95,7 +95,7 @@ def mqtt_close(*clients: PlacedMqttClient) -> None:
         client.loop_stop()
 
 
-def forget_session(env: Environment, client_id: str, node: str) -> None:
+def forget_session_on(env: Environment, client_id: str, node: str) -> None:
     """Connect once more with a clean start, so that the broker drops the persistent session (and its queue)."""
     mqtt_close(env.mqtt_client(client_id, node, options=MqttOptions(clean_start=True)))
 
@@ -283,7 +283,7 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
     provider = Minting(rabbitmq_tokens, f"soak-{uuid.uuid4().hex[:6]}")
     credentials = TokenCredentials(provider)  # refreshed at 3/4 of the lifetime, spread by a tenth
     queue, topic = rabbitmq_unique_name, f"soak/{uuid.uuid4().hex[:6]}"
-    async with environment(bed, credentials) as env:
+    async with locked_environment(bed, credentials) as env:
         amqp = AmqpSoak(env, bed, queue)
         mqtt = MqttSoak(env, bed, topic)
         amqp10 = Amqp10Soak(env, f"{queue}-amqp10") if renews_amqp10(bed) else None
@@ -356,7 +356,7 @@ async def test_20_s_tokens_for_two_minutes_close_no_connection_lose_nothing_and_
                 channel.queue_delete(queue)
             for placed in amqp.placed():
                 placed.close()
-            forget_session(env, mqtt.subscriber_id, mqtt.subscriber_node)
+            forget_session_on(env, mqtt.subscriber_id, mqtt.subscriber_node)
             stream.stop.set()
             await env.delete_stream(stream.stream, missing_ok=True)
     assert stream.got == list(range(stream.sent))  # the stream's: nothing lost, nothing twice, in order
@@ -400,7 +400,7 @@ async def test_a_revoked_subject_is_a_typed_error_with_no_retry_storm(
     subject = f"revoked-{uuid.uuid4().hex[:6]}"
     provider = Minting(rabbitmq_tokens, subject, lifetime=8.0)
     credentials = TokenCredentials(provider)
-    async with environment(bed, credentials, retry=QUICK) as env:
+    async with locked_environment(bed, credentials, retry=QUICK) as env:
         placed = env.amqp_connection(bed.nodes[0].short)
         client = env.mqtt_client(f"revoked-{uuid.uuid4().hex[:6]}", bed.nodes[1].short)
         try:
@@ -440,7 +440,7 @@ async def test_a_token_past_its_expiry_at_connect_is_token_expired_naming_it(
         rabbitmq_testbed: TestBed, rabbitmq_tokens: TokenAuthority) -> None:
     bed = rabbitmq_testbed
     expired = TokenCredentials(lambda: rabbitmq_tokens.mint("late", -30.0, SCOPES), name="late-idp")
-    async with environment(bed) as env:  # the stream wing logs in with guest; these two wings with the token
+    async with locked_environment(bed) as env:  # the stream wing logs in with guest; these two wings with the token
         amqp = env.amqp
         amqp.login = expired
         with pytest.raises(TokenExpired, match=r"late-idp answered a token that expired at \d{4}-\d\d-\d\dT") as caught:
@@ -487,7 +487,7 @@ async def test_external_with_a_client_certificate_over_amqps_and_mqtts_and_a_rot
         bed_certificate = current_certificate[0]
         return ClientCertificate(bed_certificate.cert_file, bed_certificate.key_file)
 
-    async with environment(bed, tls=True, client_certificate=certificate) as env:  # no credentials: EXTERNAL
+    async with locked_environment(bed, tls=True, client_certificate=certificate) as env:  # no credentials: EXTERNAL
         subjects = []
         for rotation in range(2):
             placed = env.amqp_connection(bed.nodes[1].short)

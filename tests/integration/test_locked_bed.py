@@ -26,7 +26,7 @@ from smartclient.testing import TestBed
 from smartclient.testing.certificates import ClientCertificate
 from smartclient.testing.oauth import TokenAuthority
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
 
 NAME = "rabbit-2.smartclient.test"
 

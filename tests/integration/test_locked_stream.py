@@ -23,7 +23,7 @@ from smartclient.testing import TestBed
 from smartclient.testing.oauth import TokenAuthority
 from smartclient.testing.streams import delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 
 def entry(bed: TestBed) -> str:
@@ -80,7 +80,8 @@ async def test_a_token_the_broker_refuses_is_typed_on_connect_and_on_a_live_conn
     credentials = TokenCredentials(provider, refresh_at=0.5, jitter=0.05)
     async with Environment(entry(rabbitmq_testbed), credentials=credentials) as env:
         # the locator connection opened with the first token
-        await wait_until(lambda: env.streams.connector.secret_failures >= 1, 15, "a refused token on the live connection")
+        await wait_until(lambda: env.streams.connector.secret_failures >= 1, 15,
+                         "a refused token on the live connection")
         assert env.streams.connector.secret_updates == 0
 
 

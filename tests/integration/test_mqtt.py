@@ -34,7 +34,8 @@ from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
 from smartclient.stream.codec import decode_amqp
 from smartclient.testing import TestBed
 
-from .conftest import load_example, wait_until, wait_until_sync
+from ..conftest import wait_until, wait_until_sync
+from .conftest import load_example
 
 
 @pytest.fixture
@@ -177,7 +178,8 @@ def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(
     rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
     host, port = rabbitmq_testbed.lb("mqtt_tls")
-    placer = MqttPlacer(api, resolver=LoadBalancer(f"localhost:{port}", mqtt_tls=port), tls=rabbitmq_testbed.tls_context())
+    placer = MqttPlacer(api, resolver=LoadBalancer(f"localhost:{port}", mqtt_tls=port),
+                        tls=rabbitmq_testbed.tls_context())
     client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
     try:
         assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client.client_id)
@@ -452,7 +454,7 @@ async def test_iot_example_devices_to_stream_to_spark_to_stream(
     readings, averages = f"{rabbitmq_unique_name}-r", f"{rabbitmq_unique_name}-a"
     await example.setup(uri, api, readings, averages)
     try:
-        per_node = await asyncio.to_thread(example.run_devices, uri, api, "%s:%d" % rabbitmq_testbed.lb("mqtt"),
+        per_node = await asyncio.to_thread(example.run_devices, uri, api, "{}:{}".format(*rabbitmq_testbed.lb("mqtt")),
                                            rabbitmq_unique_name,
                                            30, 10)
         assert sorted(per_node.values()) == [10, 10, 10]

@@ -17,7 +17,7 @@ from smartclient import Address, Environment, PublishNotSent, TokenCredentials
 from smartclient.testing import TestBed
 from smartclient.testing.oauth import DEFAULT_SCOPES, RESOURCE_SERVER_ID, TokenAuthority
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
 
 #: tokens short enough for a hand-over every few seconds (refreshed at 3/4 of their life)
 LIFETIME = 8.0

@@ -13,13 +13,13 @@ from smartclient.core.settings import Credentials, Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
 export = pytest.importorskip("opentelemetry.sdk.metrics.export")
 
 
-def read(reader: Any) -> dict[str, list[tuple[dict[str, Any], float]]]:
+def metric_points(reader: Any) -> dict[str, list[tuple[dict[str, Any], float]]]:
     """instrument name -> [(attributes, value)]: a sum's value, a histogram's count."""
     out: dict[str, list[tuple[dict[str, Any], float]]] = {}
     data = reader.get_metrics_data()
@@ -53,7 +53,7 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
                 await producer.send(b"m%d" % i)
             await producer.flush()
             await wait_until(lambda: len(got) == 300, 10, "300 messages")
-            metrics = read(reader)
+            metrics = metric_points(reader)
             on = {"messaging.destination.name": stream}
             assert total(metrics, "rabbitmq.stream.published", **on) == 300
             assert total(metrics, "messaging.client.sent.messages", **on) == 300
@@ -78,7 +78,7 @@ async def test_a_placement_through_the_lb_and_publishing_are_counted(
             assert sum(p.count for p in sessions) == 2
             assert sum(p.sum for p in sessions) == env.streams.connector.opened - 1
             await producer.close()
-            assert total(read(reader), "rabbitmq.stream.published", **on) == 300  # a closed producer's stay
+            assert total(metric_points(reader), "rabbitmq.stream.published", **on) == 300  # a closed producer's stay
     finally:
         await delete_streams(rabbitmq_testbed, stream)
         provider.shutdown()
@@ -112,7 +112,7 @@ async def test_a_leader_kill_records_one_recovery_its_time_and_the_messages_rese
             stop.set()
             await task
             await producer.flush()
-            metrics = read(reader)
+            metrics = metric_points(reader)
             on = {"messaging.destination.name": stream}
             assert total(metrics, "smartclient.recoveries", **on) == producer.recoveries == 1
             assert total(metrics, "smartclient.recovery.duration", **on, **{"smartclient.outcome": "recovered"}) == 1
@@ -147,7 +147,7 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
             amqp10 = env.amqp10.connect(bed.nodes[0].name)
             mqtt = env.mqtt_client(f"observed-{uuid.uuid4().hex[:6]}", bed.nodes[2].name)
             try:
-                metrics = read(reader)
+                metrics = metric_points(reader)
                 assert dns.lookups >= 1
                 assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "miss"}) == dns.lookups
                 assert total(metrics, "smartclient.dns.lookups", **{"smartclient.cache": "hit"}) == dns.cache_hits
@@ -163,7 +163,7 @@ async def test_dns_lookups_resolution_times_and_amqp_and_mqtt_clients_per_node_a
                 amqp10.close()
                 mqtt.disconnect()
                 mqtt.loop_stop()
-            await wait_until(lambda: not read(reader).get("smartclient.clients"), 5, "no client left")
+            await wait_until(lambda: not metric_points(reader).get("smartclient.clients"), 5, "no client left")
     finally:
         await delete_streams(bed, rabbitmq_unique_name)
         provider.shutdown()
@@ -188,11 +188,11 @@ async def test_two_environments_on_one_meter_provider_each_count_and_a_closed_on
                 producer = await env.producer(stream)
                 await producer.send_many([b"m"] * count)
                 await producer.flush()
-            metrics = read(reader)
+            metrics = metric_points(reader)
             assert [total(metrics, "rabbitmq.stream.published", **{"messaging.destination.name": s})
                     for s in streams] == [100, 70]
             assert total(metrics, "rabbitmq.stream.connections") >= 2
-        metrics = read(reader)  # both closed: their totals stay, their connections go
+        metrics = metric_points(reader)  # both closed: their totals stay, their connections go
         assert [total(metrics, "rabbitmq.stream.confirmed", **{"messaging.destination.name": s})
                 for s in streams] == [100, 70]
         assert total(metrics, "rabbitmq.stream.connections") == 0

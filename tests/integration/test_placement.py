@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -30,18 +29,8 @@ from smartclient.testing.streams import delete_streams as delete
 from smartclient.testing.streams import raw_stream_client as stream_client
 from smartclient.testing.streams import stream_members as members_of
 
-from .conftest import wait_until
-
-
-def _direct(bed: TestBed) -> str:
-    return bed.stream_uri(bed.nodes[0].host, bed.nodes[0].stream_port)
-
-
-@asynccontextmanager
-async def environment(bed: TestBed, **kwargs: Any) -> AsyncIterator[Environment]:
-    uri = kwargs.pop("uri", None) or _direct(bed)
-    async with Environment(uri, **kwargs) as env:
-        yield env
+from ..conftest import wait_until
+from .conftest import direct_env
 
 
 @pytest.fixture
@@ -67,7 +56,7 @@ async def check_placement(bed: TestBed, env: Environment, streams: list[str]) ->
 async def test_direct_placement_for_streams_led_by_each_node(
     rabbitmq_testbed: TestBed, three_streams: list[str]
 ) -> None:
-    async with environment(rabbitmq_testbed) as env:
+    async with direct_env(rabbitmq_testbed) as env:
         await check_placement(rabbitmq_testbed, env, three_streams)
         leaders = {(await env.topology(s)).leader for s in three_streams}
         assert len(leaders) == 3  # the leaders really are on three different nodes
@@ -80,7 +69,7 @@ async def test_placement_through_the_load_balancer(
     rabbitmq_testbed: TestBed, three_streams: list[str], balance: str
 ) -> None:
     lb = Address(*rabbitmq_testbed.lb("stream", balance))
-    async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+    async with Environment(rabbitmq_testbed.stream_uri(lb.host, lb.port),
                            resolver=LoadBalancer(lb)) as env:
         await check_placement(rabbitmq_testbed, env, three_streams)
         assert {r.dialled for r in env.placements()} == {lb}
@@ -100,7 +89,7 @@ async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(
     await create_with_leader_on(rabbitmq_testbed, reachable, index)
     await create_with_leader_on(rabbitmq_testbed, unreachable, (index + 1) % 3)
     try:
-        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+        async with Environment(rabbitmq_testbed.stream_uri(lb.host, lb.port),
                                resolver=LoadBalancer(lb)) as env:
             producer = await env.producer(reachable)
             assert producer.node == Address(*sticky.advertised)
@@ -123,7 +112,7 @@ async def test_cluster_size_2_consumers_never_on_the_node_without_a_member(
     try:
         leader, replicas = members_of(rabbitmq_testbed, rabbitmq_unique_name)
         assert len(replicas) == 1
-        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri(lb.host, lb.port),
+        async with Environment(rabbitmq_testbed.stream_uri(lb.host, lb.port),
                                resolver=LoadBalancer(lb)) as env:
             consumers = [await env.consumer(rabbitmq_unique_name, lambda m, c: None) for _ in range(4)]
             assert {c.node for c in consumers} <= {leader, *replicas}
@@ -142,7 +131,7 @@ async def test_containers_with_unresolvable_advertised_names(
     try:
         resolver = (DnsResolver([bed.dns_address[0]], port=bed.dns_address[1]) if kind == "dns"
                     else StaticMap({f"{n.short}.smartclient.test": n.host for n in bed.nodes}))
-        async with environment(bed, resolver=resolver) as env:
+        async with direct_env(bed, resolver=resolver) as env:
             topo = await env.topology(rabbitmq_unique_name)
             assert topo.leader == Address("rabbit-2.smartclient.test", bed.nodes[1].stream_port)
             producer = await env.producer(rabbitmq_unique_name)
@@ -160,7 +149,7 @@ async def test_containers_identity_names_the_host_it_could_not_resolve(
     await create_with_leader_on(rabbitmq_faulty_testbed, rabbitmq_unique_name, 2)
     rabbitmq_faulty_testbed.advertise_hostnames(True)
     try:
-        async with environment(rabbitmq_faulty_testbed, resolver=Identity()) as env:
+        async with direct_env(rabbitmq_faulty_testbed, resolver=Identity()) as env:
             with pytest.raises(ResolutionError, match=r"rabbit-3\.smartclient\.test.*could not be resolved"):
                 await env.producer(rabbitmq_unique_name)
     finally:
@@ -172,10 +161,10 @@ async def test_allow_list_refuses_a_metadata_answer_outside_it(
 ) -> None:
     await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 0)
     try:
-        async with environment(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
+        async with direct_env(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "10.0.0.0/8"])) as env:
             with pytest.raises(AddressNotAllowed, match=r"localhost:\d+ .*outside the allow-list"):
                 await env.producer(rabbitmq_unique_name)
-        async with environment(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "localhost"])) as env:
+        async with direct_env(rabbitmq_testbed, allow=AllowList(["127.0.0.1", "localhost"])) as env:
             assert (await env.producer(rabbitmq_unique_name)).node is not None
     finally:
         await delete(rabbitmq_testbed, rabbitmq_unique_name)
@@ -201,7 +190,7 @@ async def test_a_placement_error_names_the_address_each_attempt_dialled(
 
     await create_with_leader_on(bed, rabbitmq_unique_name, 1)
     try:
-        async with environment(bed, resolver=resolver, retry=RetryPolicy(max_attempts=3, max_time=5.0)) as env:
+        async with direct_env(bed, resolver=resolver, retry=RetryPolicy(max_attempts=3, max_time=5.0)) as env:
             with pytest.raises(PlacementError) as info:
                 await env.producer(rabbitmq_unique_name)
         assert info.value.attempts and all(a.dialled == dead for a in info.value.attempts), info.value.attempts
@@ -211,7 +200,7 @@ async def test_a_placement_error_names_the_address_each_attempt_dialled(
 
 
 async def test_unknown_stream(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:
-    async with environment(rabbitmq_testbed) as env:
+    async with direct_env(rabbitmq_testbed) as env:
         with pytest.raises(StreamNotFound):
             await env.topology(rabbitmq_unique_name)
         with pytest.raises(StreamNotFound):
@@ -226,7 +215,7 @@ async def test_leader_move_invalidates_the_cache_and_producers_follow(
     bed = rabbitmq_faulty_testbed
     await create_with_leader_on(bed, rabbitmq_unique_name, 0)
     try:
-        async with environment(bed) as env:
+        async with direct_env(bed) as env:
             first = await env.producer(rabbitmq_unique_name, name="before")
             assert first.node == Address(*bed.nodes[0].advertised)
             await asyncio.to_thread(bed.move_leader, rabbitmq_unique_name, "rabbit-3")
@@ -251,7 +240,7 @@ async def test_connection_loss_invalidates_the_topology_of_that_node(
     bed = rabbitmq_faulty_testbed
     await create_with_leader_on(bed, rabbitmq_unique_name, 1)
     try:
-        async with environment(bed, recovery=RecoveryPolicy(enabled=False)) as env:
+        async with direct_env(bed, recovery=RecoveryPolicy(enabled=False)) as env:
             producer = await env.producer(rabbitmq_unique_name)
             cached = await env.topology(rabbitmq_unique_name)
             assert await env.topology(rabbitmq_unique_name) is cached  # read once, then from the cache
@@ -278,7 +267,7 @@ async def test_producers_of_streams_led_by_one_node_share_a_connection(
     for stream in streams:
         await create_with_leader_on(rabbitmq_testbed, stream, 1)
     try:
-        async with environment(rabbitmq_testbed) as env:
+        async with direct_env(rabbitmq_testbed) as env:
             producers = [await env.producer(s) for s in streams]
             assert len({p.placement.connection for p in producers if p.placement}) == 1
             assert env.streams.connector.opened == 2  # the locator and one data connection
@@ -293,13 +282,13 @@ async def test_topology_gives_advertised_and_dialable_addresses(
     await create_with_leader_on(bed, rabbitmq_unique_name, 0)
     bed.advertise_hostnames(True)
     try:
-        async with environment(bed, resolver=DnsResolver([bed.dns_address[0]], port=bed.dns_address[1])) as env:
+        async with direct_env(bed, resolver=DnsResolver([bed.dns_address[0]], port=bed.dns_address[1])) as env:
             nodes = (await env.topology(rabbitmq_unique_name)).nodes
             assert [n.role for n in nodes] == ["leader", "replica", "replica"]
             for node in nodes:
                 assert node.advertised.host.endswith(".smartclient.test")
                 assert node.dial == Address("127.0.0.1", node.advertised.port) and node.error is None
-        async with environment(bed, resolver=Identity(), allow=AllowList(["127.0.0.1"])) as env:
+        async with direct_env(bed, resolver=Identity(), allow=AllowList(["127.0.0.1"])) as env:
             node = (await env.topology(rabbitmq_unique_name)).nodes[0]
             assert node.dial is None and node.error is not None and "outside the allow-list" in node.error
     finally:
@@ -380,7 +369,7 @@ async def test_a_connection_the_lb_holds_gets_a_second_dial_beside_it(
     port = proxy.sockets[0].getsockname()[1]
     await create_with_leader_on(rabbitmq_testbed, rabbitmq_unique_name, 1)
     try:
-        async with environment(rabbitmq_testbed, uri=rabbitmq_testbed.stream_uri("127.0.0.1", port),
+        async with Environment(rabbitmq_testbed.stream_uri("127.0.0.1", port),
                                resolver=LoadBalancer(f"127.0.0.1:{port}")) as env:
             producer = await env.producer(rabbitmq_unique_name)  # the locator's dial is the one held
             assert producer.node == members_of(rabbitmq_testbed, rabbitmq_unique_name)[0]

@@ -33,7 +33,7 @@ from smartclient.testing import TestBed
 from smartclient.testing.footprint import half_closed_sockets
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -132,7 +132,7 @@ class Collector:
             assert offsets == sorted(set(offsets))
 
 
-async def read_all(bed: TestBed, stream: str) -> list[int]:
+async def read_stored(bed: TestBed, stream: str) -> list[int]:
     """Every body stored in ``stream``, in order.  It appends a last message (-1) and reads up to it: a
     stream delivers in order, so everything stored before it, a duplicate too, has arrived when it has."""
     collector = Collector()
@@ -166,7 +166,7 @@ async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
         await publisher.confirmed_after(killed_at, count=2000)  # publishing resumes
         await publisher.stop()
         assert producer.recoveries >= 1 and producer.node != Address(*bed.nodes[1].advertised)
-        bodies = await read_all(bed, stream)
+        bodies = await read_stored(bed, stream)
         assert bodies == list(range(publisher.sent))  # exactly once, in order
 
 
@@ -424,7 +424,7 @@ async def test_confirms_that_stop_on_the_leader_make_a_named_producer_declare_ag
         await publisher.confirmed_after(resumed_at, count=1000)
         await publisher.stop()
         assert producer.node == Address(*bed.nodes[1].advertised)  # it stayed on the leader
-        assert await read_all(bed, stream) == list(range(publisher.sent))  # each message once, in order
+        assert await read_stored(bed, stream) == list(range(publisher.sent))  # each message once, in order
 
 
 async def test_a_broker_that_stops_confirming_raises_enqueue_timeout_and_loses_nothing(
@@ -452,7 +452,7 @@ async def test_a_broker_that_stops_confirming_raises_enqueue_timeout_and_loses_n
         assert caught.value.queued == 0
         await asyncio.wait_for(producer.flush(), 30)  # the writer resumes: everything accepted is confirmed
         assert not failed and sorted(confirmed) == list(range(1, accepted + 1))
-        assert await read_all(bed, stream) == list(range(accepted))  # nothing refused was stored
+        assert await read_stored(bed, stream) == list(range(accepted))  # nothing refused was stored
 
 
 async def test_a_consumer_on_a_replica_that_lags_behind_its_offset_gets_nothing_before_it(
@@ -527,6 +527,7 @@ async def test_a_connection_without_streams_that_the_broker_closes_leaves_the_co
         conn = await env.streams.connector.dial(Address(*node.advertised), "streamless")
         assert conn in env.streams.connector.connections and not conn.closed
         bed.close_connection(await asyncio.to_thread(bed.connection_named, conn.name))
-        await wait_until(lambda: conn not in env.streams.connector.connections, 10,
-                         lambda: f"the closed connection to leave the connector ({len(env.streams.connector.connections)})")
+        connector = env.streams.connector
+        await wait_until(lambda: conn not in connector.connections, 10,
+                         lambda: f"the closed connection to leave the connector ({len(connector.connections)})")
         assert conn.closed

@@ -30,7 +30,7 @@ from smartclient.testing import TestBed
 from smartclient.testing.oauth import DEFAULT_SCOPES, RESOURCE_SERVER_ID, TokenAuthority
 from smartclient.testing.streams import delete_streams
 
-from .conftest import wait_until, wait_until_sync
+from ..conftest import wait_until, wait_until_sync
 
 LIFETIME = 12.0  #: the issue's tokens: 12 s, refreshed at about 9 s
 #: topic rights too, for MQTT (the bed's default scopes have none: the broker closes a connection that publishes)

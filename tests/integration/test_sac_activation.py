@@ -22,27 +22,22 @@ from smartclient.stream import _rstream
 from smartclient.stream._rstream import wire
 from smartclient.testing import TestBed
 
-from .conftest import wait_until
+from ..conftest import wait_until
+from .conftest import direct_env, publish
 
 
 @pytest.fixture
-async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port),
-                           recovery=RecoveryPolicy(stall_check=0, attempt_time=1.5)) as environment:
+async def sac_env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
+    """An Environment on the first node whose delivery watch is off (only the fix can deliver) and whose
+    recovery attempts are short."""
+    async with direct_env(rabbitmq_testbed,
+                          recovery=RecoveryPolicy(stall_check=0, attempt_time=1.5)) as environment:
         yield environment
-
-
-async def _publish(env: Environment, stream: str, bodies: list[bytes]) -> None:
-    producer = await env.producer(stream)
-    await producer.send_many(bodies)
-    await producer.flush()
-    await producer.close()
 
 
 async def _stored(env: Environment, stream: str, bodies: list[bytes]) -> None:
     """``bodies`` published, consumed by a single active consumer 'group' and its last offset stored."""
-    await _publish(env, stream, bodies)
+    await publish(env, stream, bodies)
     got: list[bytes] = []
     first = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first", name="group",
                                single_active=True, tracking=OffsetTracking(every=1000, interval=None))
@@ -75,7 +70,7 @@ async def _reads_fail_then(env: Environment, stream: str, monkeypatch: pytest.Mo
         second = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="first", name="group",
                                     single_active=True)
         await wait_until(lambda: ready(second), 15, what)
-        await _publish(env, stream, [b"n%d" % i for i in range(5)])
+        await publish(env, stream, [b"n%d" % i for i in range(5)])
         await wait_until(lambda: len(got) == 5, 10, "the 5 messages after the stored offset")
         assert got == [b"n%d" % i for i in range(5)]  # right after the stored offset: no repeat, no gap
         await second.close()
@@ -89,7 +84,7 @@ def _closed_before_answering(client: Any) -> ConnectionResetError:
 
 
 async def test_an_activation_whose_locator_dies_under_the_read_reads_again_and_resumes_after_the_stored_offset(
-    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+    sac_env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cut: list[str] = []
 
@@ -99,14 +94,14 @@ async def test_an_activation_whose_locator_dies_under_the_read_reads_again_and_r
             wire.drop_socket(client)
             raise _closed_before_answering(client)
 
-    second = await _reads_fail_then(env, rabbitmq_unique_name, monkeypatch, locator_dies,
+    second = await _reads_fail_then(sac_env, rabbitmq_unique_name, monkeypatch, locator_dies,
                                     lambda c: c.active is True, "the activation to be answered")
     assert cut, "the injected cut never happened: the test proved nothing"
     assert second.recoveries == 0  # read again within the activation, not rescued by a recovery
 
 
 async def test_an_activation_that_cannot_read_the_stored_offset_recovers_the_consumer(
-    env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+    sac_env: Environment, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failed: list[float] = []
 
@@ -115,7 +110,7 @@ async def test_an_activation_that_cannot_read_the_stored_offset_recovers_the_con
             failed.append(time.monotonic())
             raise _closed_before_answering(client)
 
-    second = await _reads_fail_then(env, rabbitmq_unique_name, monkeypatch, unreadable,
+    second = await _reads_fail_then(sac_env, rabbitmq_unique_name, monkeypatch, unreadable,
                                     lambda c: c.recoveries >= 1 and c.active is True,
                                     "a recovery and an answered activation")
     assert second.recoveries >= 1 and len(failed) > 1  # read again before giving up, then recovered
@@ -162,7 +157,7 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
                                     single_active=True)
         await asyncio.wait_for(held.wait(), 10)
         assert neighbour._subscriber.client is second._subscriber.client, "both must share a connection to test this"
-        await _publish(env, stream, [b"n%d" % i for i in range(5)])
+        await publish(env, stream, [b"n%d" % i for i in range(5)])
         await wait_until(lambda: len(plain) == 5, 10, "the neighbour's 5 messages while the activation waits")
         assert got == [] and len(reads) == 1 and second.recoveries == 0  # the group itself still waits for its answer
         release.set()
@@ -175,12 +170,12 @@ async def _slow_activation(env: Environment, rabbitmq_unique_name: str, monkeypa
 
 
 async def test_an_on_update_handler_that_raises_makes_the_consumer_subscribe_again_not_fall_silent(
-    env: Environment, rabbitmq_unique_name: str
+    sac_env: Environment, rabbitmq_unique_name: str
 ) -> None:
     stream = rabbitmq_unique_name
-    await env.create_stream(stream)
+    await sac_env.create_stream(stream)
     try:
-        await _publish(env, stream, [b"m%d" % i for i in range(3)])
+        await publish(sac_env, stream, [b"m%d" % i for i in range(3)])
         asked: list[bool] = []
 
         def flaky(is_active: bool, consumer: Any) -> OffsetSpec:
@@ -190,11 +185,11 @@ async def test_an_on_update_handler_that_raises_makes_the_consumer_subscribe_aga
             return OffsetSpec.first()
 
         got: list[bytes] = []
-        consumer = await env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="next", name="handler",
+        consumer = await sac_env.consumer(stream, lambda m, c: got.append(bytes(m)), offset="next", name="handler",
                                       single_active=True, on_update=flaky)
         await wait_until(lambda: len(got) == 3, 15, lambda: f"the 3 messages after a second activation ({asked})")
         assert asked[:2] == [True, True] and consumer.recoveries >= 1
         assert got == [b"m%d" % i for i in range(3)]
         await consumer.close()
     finally:
-        await env.delete_stream(stream, missing_ok=True)
+        await sac_env.delete_stream(stream, missing_ok=True)

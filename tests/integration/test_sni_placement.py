@@ -5,7 +5,6 @@ misroute past TLS is caught by the node check (issue 31)."""
 
 from __future__ import annotations
 
-import ssl
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from resolvers import SniRouter
 from smartclient import (
     Address,
     CertificateRejected,
-    Environment,
     Misrouted,
     PlacementError,
     RetryPolicy,
@@ -27,25 +24,9 @@ from smartclient.stream.resolve_offset import KEY as RESOLVE_KEY
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams, stream_members
 
+from .conftest import sni_environment
+
 QUICK = RetryPolicy(max_attempts=4, max_time=10.0, backoff_initial=0.05, backoff_max=0.2)
-
-
-def bed_name(node: str) -> str:
-    """The bed's SNI rule: AMQP and MQTT hand it the Erlang name (``rabbit-2@localhost``), streams the advertised
-    host (``rabbit-2.smartclient.test``); both name ``rabbit-2.smartclient.test``, which routes to rabbit-2."""
-    return f"{node.split('@')[0].split('.')[0]}.smartclient.test"
-
-
-def router(bed: TestBed) -> SniRouter:
-    host, port = bed.sni("stream")
-    return SniRouter(Address(host, port), name=bed_name, amqp=bed.sni("amqp")[1], mqtt_tls=bed.sni("mqtt")[1])
-
-
-def environment(bed: TestBed, tls: ssl.SSLContext | None = None, retry: RetryPolicy | None = None) -> Environment:
-    """Through the SNI ingress only: the entry point is a node's advertised name, routed by it."""
-    entry = bed.stream_uri(bed_name(bed.nodes[0].name), bed.nodes[0].stream_tls_port)
-    return Environment(entry.replace("rabbitmq-stream://", "rabbitmq-stream+tls://"), resolver=router(bed),
-                       tls=tls or bed.tls_context(), management=bed.management(), retry=retry or RetryPolicy())
 
 
 def sessions(bed: TestBed, protocol: str) -> dict[str, int]:
@@ -80,7 +61,7 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
     try:
         with hostnames(bed):
             before = sessions(bed, "stream")
-            async with environment(bed) as env:
+            async with sni_environment(bed) as env:
                 for stream in streams:
                     producer = await env.producer(stream)
                     consumers = [await env.consumer(stream, lambda m, c: None) for _ in range(2)]
@@ -92,7 +73,8 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
                 # and the metadata connection, and the second one where 4.3 resolves a consumer's start offset
                 resolves = RESOLVE_KEY in await env.streams.command_versions()
                 needed = len({(r.role, r.node) for r in records}) + 1 + resolves
-                assert env.streams.connector.opened == needed == 7 + resolves and not env.streams.connector.mismatches  # 0 wrong
+                connector = env.streams.connector
+                assert connector.opened == needed == 7 + resolves and not connector.mismatches  # 0 wrong
                 assert {c.client.server_hostname for c in env.streams.connector.connections} == \
                     {f"rabbit-{i}.smartclient.test" for i in (1, 2, 3)}
                 assert {c.dialled for c in env.streams.connector.connections} == {Address(*bed.sni("stream"))}
@@ -106,7 +88,7 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
 
 async def test_amqp_and_mqtt_land_on_their_node_on_the_first_try(rabbitmq_testbed: TestBed) -> None:
     bed = rabbitmq_testbed
-    async with environment(bed) as env:
+    async with sni_environment(bed) as env:
         before = {p: sessions(bed, p) for p in ("amqp", "mqtt")}
         handles: list[Any] = []
         try:
@@ -137,7 +119,7 @@ async def test_a_node_whose_route_is_down_falls_through(rabbitmq_faulty_testbed:
     stream = f"sni-down-{uuid.uuid4().hex[:6]}"
     await create_stream_led_by(bed, stream, 2)  # its replicas: rabbit-1 and rabbit-2
     try:
-        async with environment(bed, retry=QUICK) as env:
+        async with sni_environment(bed, retry=QUICK) as env:
             bed.sni_route_down(first.short, "amqp")
             connection = env.amqp_connection()  # any node: rabbit-1 first, then the next
             try:
@@ -174,7 +156,7 @@ async def test_a_misrouted_route_is_a_typed_error_naming_the_sni_name(rabbitmq_f
     await create_stream_led_by(bed, stream, 1)
     expected = r"'rabbit-2\.smartclient\.test'.*the ingress may have misrouted it"
     try:
-        async with environment(bed, retry=QUICK) as env:
+        async with sni_environment(bed, retry=QUICK) as env:
             for protocol in ("amqp", "mqtt", "stream"):
                 bed.sni_misroute("rabbit-2", "rabbit-3", protocol)
             with pytest.raises(CertificateRejected, match=expected):
@@ -197,7 +179,7 @@ async def test_a_misroute_past_tls_is_caught_by_the_node_check(rabbitmq_faulty_t
     stream = f"sni-check-{uuid.uuid4().hex[:6]}"
     await create_stream_led_by(bed, stream, 2)  # replicas on rabbit-1 and rabbit-2
     try:
-        async with environment(bed, tls=lenient, retry=QUICK) as env:
+        async with sni_environment(bed, tls=lenient, retry=QUICK) as env:
             bed.sni_misroute("rabbit-2", "rabbit-3", "amqp")
             with pytest.raises(PlacementError, match="misrouted") as caught:
                 env.amqp_connection("rabbit-2")
@@ -207,7 +189,8 @@ async def test_a_misroute_past_tls_is_caught_by_the_node_check(rabbitmq_faulty_t
             assert "reached node rabbit-3@localhost" in str(cause)
             assert env.amqp.misrouted == len(caught.value.attempts) == QUICK.max_attempts
             with hostnames(bed):
-                misrouted, other = (await env.streams.candidates(stream, Role.CONSUMER)).tiers[0]  # the replicas, in turn
+                # the replicas, in turn
+                misrouted, other = (await env.streams.candidates(stream, Role.CONSUMER)).tiers[0]
                 bed.sni_misroute(short(misrouted), "rabbit-3", "stream")  # its route reaches the leader
                 consumer = await env.consumer(stream, lambda m, c: None)
                 assert consumer.node == other  # the next candidate, not the leader it reached

@@ -21,7 +21,8 @@ from smartclient import Address, Environment, hash_partition
 from smartclient.spark import ExactlyOnceSink, StreamConnection
 from smartclient.testing import TestBed
 
-from .conftest import load_example, wait_until
+from ..conftest import wait_until
+from .conftest import load_example, read_stream
 
 pytestmark = pytest.mark.spark
 
@@ -29,22 +30,6 @@ pytestmark = pytest.mark.spark
 def connection_via_lb(bed: TestBed) -> StreamConnection:
     host, port = bed.lb("stream")
     return StreamConnection(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)))
-
-
-END = {"end": "of what the test reads"}
-
-
-async def read_stream(bed: TestBed, stream: str, timeout: float = 20.0) -> list[dict[str, Any]]:
-    """Every message in ``stream``.  It appends a last one (END) and reads up to it: a stream delivers in
-    order, so every message stored before it, a duplicate too, has arrived when it has."""
-    node = bed.nodes[0]
-    got: list[dict[str, Any]] = []
-    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
-        await (await env.producer(stream)).send_wait(json.dumps(END).encode())
-        consumer = await env.consumer(stream, lambda m, c: got.append(json.loads(bytes(m))), offset="first")
-        await wait_until(lambda: got and got[-1] == END, timeout, lambda: f"the end of {stream} ({len(got)} read)")
-        await consumer.close()
-    return got[:-1]
 
 
 def rows(rabbitmq_spark: Any, start: int, count: int) -> Any:

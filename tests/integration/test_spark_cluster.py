@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,8 @@ from smartclient.testing import TestBed
 from smartclient.testing.pytest_plugin import SparkOnCluster
 from smartclient.testing.spark_cluster import EXECUTOR_CLASS
 
-from .conftest import load_example, wait_until
+from ..conftest import wait_until
+from .conftest import load_example, read_stream
 
 pytestmark = pytest.mark.spark
 log = logging.getLogger(__name__)
@@ -121,20 +121,6 @@ async def stored(bed: TestBed, stream: str) -> int:
     async with Environment(uri, resolver=resolver) as env:
         await env.create_stream(stream, exists_ok=True)
         return int((await env.stream_stats(stream)).get("committed_offset", -1)) + 1
-
-
-async def read_stream(bed: TestBed, stream: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Every message in ``stream`` but the end markers.  It appends a new end marker and reads up to it: a stream
-    delivers in order, so every message stored before it, a duplicate too, has arrived when it has."""
-    node = bed.nodes[0]
-    end = {"end": uuid.uuid4().hex}
-    got: list[dict[str, Any]] = []
-    async with Environment(bed.stream_uri(node.host, node.stream_port)) as env:
-        await (await env.producer(stream)).send_wait(json.dumps(end).encode())
-        consumer = await env.consumer(stream, lambda m, c: got.append(json.loads(bytes(m))), offset="first")
-        await wait_until(lambda: got and got[-1] == end, timeout, lambda: f"the end of {stream} ({len(got)} read)")
-        await consumer.close()
-    return [m for m in got[:got.index(end)] if "end" not in m]
 
 
 def check_exactly_once(out: list[dict[str, Any]], ids: range) -> None:

@@ -14,7 +14,8 @@ from smartclient import ConfigurationError, Environment, hash_partition
 from smartclient.spark import ExactlyOnceSink
 from smartclient.testing import TestBed
 
-from .test_spark import connection_via_lb, fill, read_stream, rows, source
+from .conftest import read_stream
+from .test_spark import connection_via_lb, fill, rows, source
 
 pytestmark = pytest.mark.spark
 

@@ -3,19 +3,10 @@ reaches it (``x-initial-cluster-size`` included), and an unknown key is refused 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from smartclient import ConfigurationError, Environment, StreamNotFound
 from smartclient.testing import TestBed
-
-
-@pytest.fixture
-async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
-        yield environment
 
 
 @pytest.mark.parametrize("key", ["x-initial-cluster-size", "initial-cluster-size", "initial_cluster_size"])

@@ -4,7 +4,6 @@ with consecutive offsets, deduplicated as a whole, readable by an AMQP 0.9.1 con
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,8 +13,7 @@ from smartclient.amqp.streams import AmqpStreamConsumer, StreamDelivery
 from smartclient.stream import _rstream
 from smartclient.testing import TestBed
 
-from .conftest import wait_until
-from .test_chunk_consumer import env, stream  # noqa: F401  (fixtures: an Environment, a fresh stream)
+from ..conftest import wait_until
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
@@ -78,9 +76,3 @@ def test_an_amqp_consumer_reads_the_messages_of_an_uncompressed_sub_entry(
     finally:
         with rabbitmq_testbed.management() as api:
             api.delete(f"/api/queues/%2F/{rabbitmq_unique_name}")
-
-
-@pytest.fixture
-def placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
-    with rabbitmq_testbed.management() as api:
-        yield AmqpPlacer(api)

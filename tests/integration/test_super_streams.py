@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,14 +23,7 @@ from smartclient.stream.super_stream import SuperStreamProducer
 from smartclient.testing import TestBed
 from smartclient.testing.streams import stream_members
 
-from .conftest import wait_until
-
-
-@pytest.fixture
-async def env(rabbitmq_testbed: TestBed) -> AsyncIterator[Environment]:
-    node = rabbitmq_testbed.nodes[0]
-    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as environment:
-        yield environment
+from ..conftest import wait_until
 
 
 async def _drain(env: Environment, streams: list[str], expect: int, timeout: float = 10.0) -> dict[str, list[bytes]]:

@@ -11,7 +11,7 @@ from smartclient import Address, ConnectionFailed, StreamNotFound
 from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
-from .conftest import wait_until_sync
+from ..conftest import wait_until_sync
 
 
 def test_producers_and_consumers_without_asyncio_from_many_threads(

@@ -18,7 +18,7 @@ from smartclient.stream.socket_reader import FrameReader
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 
 def _tls_uri(bed: TestBed, host: str, port: int) -> str:

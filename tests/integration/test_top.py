@@ -16,7 +16,7 @@ from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 sdk = pytest.importorskip("opentelemetry.sdk.metrics", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
 exporter = pytest.importorskip("opentelemetry.exporter.prometheus",

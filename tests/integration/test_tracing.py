@@ -13,7 +13,7 @@ from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
-from .conftest import wait_until
+from ..conftest import wait_until
 
 trace_sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK (smartclient[dev]) is needed")
 export = pytest.importorskip("opentelemetry.sdk.trace.export")

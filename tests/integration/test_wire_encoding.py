@@ -20,11 +20,7 @@ from smartclient.stream.codec import decode_amqp
 from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
-from .conftest import wait_until, wait_until_sync
-from .test_chunk_consumer import env as _env
-from .test_chunk_consumer import stream as _stream
-
-env, stream = _env, _stream  # the fixtures: an Environment on a node, a fresh stream
+from ..conftest import wait_until, wait_until_sync
 
 PROPERTIES = {"colour": "blue", "n": 3}
 
