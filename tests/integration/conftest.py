@@ -9,6 +9,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from resolvers import SniRouter
 from smartclient import Address, Environment, RetryPolicy
 from smartclient.amqp.placement import AmqpPlacer
 from smartclient.testing import TestBed
-from smartclient.testing.streams import raw_stream_client
+from smartclient.testing.streams import create_stream_led_by, delete_streams, raw_stream_client
 
 from ..conftest import bed_name, wait_until
 
@@ -93,6 +94,28 @@ def direct_uri(bed: TestBed) -> str:
 def direct_env(bed: TestBed, **options: Any) -> Environment:
     """An Environment entering through the bed's first node directly; ``options`` are Environment's own."""
     return Environment(direct_uri(bed), **options)
+
+
+def all_nodes(bed: TestBed) -> list[str]:
+    """The stream URI of every node: an Environment given them all as entry points."""
+    return [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
+
+
+def node_index(bed: TestBed, address: Address | None) -> int:
+    """Which of the bed's nodes advertises ``address``."""
+    assert address is not None
+    return [Address(*n.advertised) for n in bed.nodes].index(address)
+
+
+@asynccontextmanager
+async def stream_led_by(bed: TestBed, name: str, node: int) -> AsyncIterator[str]:
+    """A stream ``name`` whose leader is node ``node``; after it, the bed healed and the stream deleted."""
+    await create_stream_led_by(bed, name, node)
+    try:
+        yield name
+    finally:
+        bed.heal()
+        await delete_streams(bed, name)
 
 
 def router(bed: TestBed) -> SniRouter:

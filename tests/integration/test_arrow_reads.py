@@ -18,8 +18,7 @@ from smartclient.sync import SyncEnvironment  # noqa: E402
 from smartclient.testing import TestBed  # noqa: E402
 
 from ..conftest import wait_until  # noqa: E402
-from .conftest import numbered, publish  # noqa: E402
-from .test_recovery_faults import all_nodes, node_index, stream_led_by  # noqa: E402
+from .conftest import all_nodes, node_index, numbered, publish, stream_led_by  # noqa: E402
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -34,17 +32,9 @@ from smartclient.testing.footprint import half_closed_sockets
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
 from ..conftest import wait_until
+from .conftest import all_nodes, node_index, stream_led_by
 
 pytestmark = pytest.mark.faults
-
-
-def all_nodes(bed: TestBed) -> list[str]:
-    return [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
-
-
-def node_index(bed: TestBed, address: Address | None) -> int:
-    assert address is not None
-    return [Address(*n.advertised) for n in bed.nodes].index(address)
 
 
 class Publisher:
@@ -141,16 +131,6 @@ async def read_stored(bed: TestBed, stream: str) -> list[int]:
         await env.consumer(stream, collector, offset="first")
         await wait_until(lambda: collector.items and collector.items[-1][1] == -1, 30, f"the end of {stream}")
     return collector.bodies()[:-1]
-
-
-@asynccontextmanager
-async def stream_led_by(bed: TestBed, name: str, node: int) -> AsyncIterator[str]:
-    await create_stream_led_by(bed, name, node)
-    try:
-        yield name
-    finally:
-        bed.heal()
-        await delete_streams(bed, name)
 
 
 async def test_leader_kill_named_producer_every_confirmed_message_once_in_order(
