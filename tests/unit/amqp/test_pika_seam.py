@@ -37,16 +37,8 @@ from smartclient.amqp._pika import (
     pika_errors,
 )
 from smartclient.credentials import Login
-from tests.unit.mqtt.test_paho_seam import (
-    ROOT,
-    FakeBroker,
-    imports_of,
-    parameters,
-    private_names_used_in,
-    private_uses,
-    resolve_path,
-    tls_contexts,
-)
+from tests.unit.fakes import FakeBroker, tls_contexts
+from tests.unit.seams import ROOT, imports_of, parameters, private_names_used_in, private_uses, resolve_path
 
 SEAM = ROOT / "smartclient" / "amqp" / "_pika.py"
 

@@ -11,16 +11,11 @@ that answers as a broker would (CONNECT in, CONNACK out): the integration tests 
 
 from __future__ import annotations
 
-import ast
-import importlib
 import inspect
 import re
 import socket
 import ssl
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -37,121 +32,10 @@ from smartclient.mqtt._paho import (
     NamedContext,
     PahoClient,
 )
+from tests.unit.fakes import FakeBroker, tls_contexts
+from tests.unit.seams import ROOT, imports_of, parameters, private_names_used_in, private_uses, resolve_path
 
-ROOT = Path(__file__).resolve().parents[3]
-LIBRARY = (ROOT / "smartclient", ROOT / "resolvers")
 SEAM = ROOT / "smartclient" / "mqtt" / "_paho.py"
-
-
-# -- helpers shared with test_pika_seam.py ----------------------------------------------------------
-def library_files() -> list[Path]:
-    return sorted(p for top in LIBRARY for p in top.rglob("*.py"))
-
-
-def resolve_path(dotted: str, base: Any = None) -> Any:
-    """The object at ``dotted``: a full module path (``paho.mqtt.enums.X``), or relative to ``base``."""
-    if base is not None:
-        obj = base
-        for part in dotted.split("."):
-            obj = getattr(obj, part)
-        return obj
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for part in parts[cut:]:
-            obj = getattr(obj, part)
-        return obj
-    raise ImportError(dotted)
-
-
-def imports_of(package: str, skip: Path) -> list[str]:
-    """``file:line`` of every import of ``package`` (TYPE_CHECKING and function-level ones too) in the
-    library, outside ``skip``."""
-    found = []
-    pattern = re.compile(r"""import_module\(\s*['"]""" + re.escape(package) + r"""\b""")
-    for path in library_files():
-        if path == skip:
-            continue
-        text = path.read_text()
-        for node in ast.walk(ast.parse(text)):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            if any(n == package or n.startswith(package + ".") for n in names):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-        found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in pattern.finditer(text)]
-    return found
-
-
-def _base_name(node: ast.expr) -> str:
-    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
-
-
-def classes_built_on(roots: set[str]) -> set[str]:
-    """Names of the library's classes that derive, directly or not, from a class named in ``roots``."""
-    derived = set(roots)
-    trees = [ast.parse(path.read_text()) for path in library_files()]
-    classes = [(n.name, {_base_name(b) for b in n.bases})
-               for tree in trees for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
-    while True:
-        more = {name for name, bases in classes if bases & derived} - derived
-        if not more:
-            return derived
-        derived |= more
-
-
-def private_uses(names: set[str], skip: Path, client_classes: set[str]) -> list[str]:
-    """``file:line: expression`` for every use of one of the private ``names`` outside ``skip``: on any object
-    (``client._sock``, ``getattr(c, "_sock")``), except a class's own attributes (``self._x``) in classes not
-    built on ``client_classes``."""
-    derived = classes_built_on(client_classes) if client_classes else set()
-    found: list[str] = []
-
-    class Visitor(ast.NodeVisitor):
-        def __init__(self, path: Path) -> None:
-            self.path = path
-            self.classes: list[str] = []
-
-        def visit_ClassDef(self, node: ast.ClassDef) -> None:
-            self.classes.append(node.name)
-            self.generic_visit(node)
-            self.classes.pop()
-
-        def report(self, node: ast.AST) -> None:
-            found.append(f"{self.path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")  # type: ignore[attr-defined]
-
-        def visit_Attribute(self, node: ast.Attribute) -> None:
-            if node.attr in names:
-                own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-                if not own or (self.classes and self.classes[-1] in derived):
-                    self.report(node)
-            self.generic_visit(node)
-
-        def visit_Call(self, node: ast.Call) -> None:
-            if (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
-                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
-                self.report(node)
-            self.generic_visit(node)
-
-    for path in library_files():
-        if path != skip:
-            Visitor(path).visit(ast.parse(path.read_text()))
-    return found
-
-
-def private_names_used_in(path: Path) -> set[str]:
-    """Every ``_name`` (not dunder) the module at ``path`` reads or writes as an attribute."""
-    return {n.attr for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")}
-
-
-def parameters(fn: Any) -> list[str]:
-    return list(inspect.signature(fn).parameters)
 
 
 # -- the lists, entry by entry -------------------------------------------------------------------------
@@ -238,45 +122,6 @@ def test_pahos_tls_wraps_with_our_context_and_leaves_the_name_check_to_it() -> N
 
 
 # -- the seam against a local socket that answers as a broker ---------------------------------------------
-@dataclass
-class FakeBroker:
-    """Accepts connections; reads each CONNECT and answers ``connack`` (nothing if None)."""
-
-    connack: bytes | None = b"\x20\x02\x00\x00"
-    tls: ssl.SSLContext | None = None
-    received: list[bytes] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.server.settimeout(5)
-        self.address = Address("127.0.0.1", self.server.getsockname()[1])
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                if self.tls is not None:
-                    conn = self.tls.wrap_socket(conn, server_side=True)
-                conn.settimeout(5)
-                self.received.append(conn.recv(4096))
-                if self.connack is not None:
-                    conn.sendall(self.connack)
-                while conn.recv(4096):
-                    pass
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
-    def close(self) -> None:
-        self.server.close()
-
-
 @pytest.fixture
 def connack_broker() -> Iterator[FakeBroker]:
     fake = FakeBroker()
@@ -374,18 +219,6 @@ def test_no_connack_refused_connect_and_bad_values_are_mapped() -> None:
     hostless: Any = type("Hostless", (), {"host": "", "port": 1883})()  # Address refuses it before paho can
     with pytest.raises(ConfigurationError, match="paho refused a setting: Invalid host"):
         new_client().send_connect(hostless, 30, clean_start=True, properties=None)
-
-
-def tls_contexts(name: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server context with a certificate for ``name`` only, and a client context trusting its CA."""
-    import trustme  # the [testbed] extra, installed in every stage
-
-    ca = trustme.CA()
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert(name).configure_cert(server_context)
-    client_context = ssl.create_default_context()
-    ca.configure_trust(client_context)
-    return server_context, client_context
 
 
 def test_tls_verifies_the_name_given_not_the_address_dialled() -> None:

@@ -26,14 +26,7 @@ from smartclient.spark._pyspark import (
     PYSPARK_SIGNATURES,
     read_limits,
 )
-from tests.unit.mqtt.test_paho_seam import (
-    ROOT,
-    imports_of,
-    parameters,
-    private_names_used_in,
-    private_uses,
-    resolve_path,
-)
+from tests.unit.seams import ROOT, imports_of, parameters, private_names_used_in, private_uses, resolve_path
 
 SEAM = ROOT / "smartclient" / "spark" / "_pyspark.py"
 TESTBED = "smartclient/testing/"
