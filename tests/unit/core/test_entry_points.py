@@ -25,6 +25,7 @@ from smartclient.core.topology import PlacementPolicy
 from smartclient.node_placement import NodePlacer
 from smartclient.stream.host import Connection
 from smartclient.stream.topology_cache import TopologyCache
+from tests.unit.fakes import FakeClient
 
 A, B, C = Address("a", 5552), Address("b", 5552), Address("c", 5552)
 
@@ -74,11 +75,6 @@ def test_no_entry_point_at_all_says_so() -> None:
 
 
 # -- the async stream shell: the locator ------------------------------------------------------------------
-class _Client:
-    def is_connection_alive(self) -> bool:
-        return True
-
-
 class _StreamConnector:
     def __init__(self, answers: dict[Address, BaseException | None]) -> None:
         self.answers = answers
@@ -92,7 +88,7 @@ class _StreamConnector:
         answer = self.answers[target]
         if answer is not None:
             raise answer
-        conn = Connection(_Client(), target, target, name)
+        conn = Connection(FakeClient(), target, target, name)
         self.connections.add(conn)
         return conn
 
@@ -105,7 +101,7 @@ def _cache(connector: _StreamConnector) -> TopologyCache:
 def test_the_stream_locator_drives_the_loop() -> None:
     connector = _StreamConnector({A: ConnectionFailed("down"), B: None, C: None})
     client = asyncio.run(_cache(connector).locator())
-    assert isinstance(client, _Client) and connector.tried == [A, B] and not connector.connections
+    assert isinstance(client, FakeClient) and connector.tried == [A, B] and not connector.connections
 
 
 def test_the_stream_locator_names_what_each_entry_point_dialled() -> None:
@@ -224,7 +220,7 @@ def test_the_node_placer_drives_the_same_loop() -> None:
 
 
 # -- a lookup through an election asks another node too ----------------------------------------------------
-class _MetadataClient(_Client):
+class _MetadataClient(FakeClient):
     """Names ``leader`` (with ``replicas``), or no leader while ``leader`` is None."""
 
     def __init__(self, leader: Address | None, replicas: tuple[Address, ...] = ()) -> None:

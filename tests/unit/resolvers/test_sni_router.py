@@ -25,23 +25,20 @@ from smartclient import (
 from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.landing import Dial, Done, GiveUp, Placement, Reject, Routed, misroute
 from smartclient.core.settings import Credentials, PoolLimits
-from smartclient.options import ClientSettings
 from smartclient.core.tls_names import default_sni_name, tls_server_name
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
+from smartclient.options import ClientSettings
 from smartclient.resolution import Resolution
 from smartclient.stream.connector import StreamConnector
 from smartclient.stream.host import Connection
+from tests.conftest import bed_name
+from tests.unit.fakes import FakeClient
 
 INGRESS = Address("ingress.example", 5551)
 N1, N2, N3 = (Address(f"rabbit-{i}.example", 5551) for i in (1, 2, 3))
 FAST = RetryPolicy(backoff_initial=0.0, backoff_max=0.0, max_attempts=6, hedge_after=0)
 TLS = ssl.create_default_context()
-
-
-def bed_name(node: str) -> str:
-    """The test bed's rule: rabbit-1@localhost (AMQP, MQTT) and rabbit-1.smartclient.test (streams) -> the latter."""
-    return f"{node.split('@')[0].split('.')[0]}.smartclient.test"
 
 
 # -- the name rule -------------------------------------------------------------------------------------------------
@@ -234,17 +231,6 @@ def test_when_every_attempt_is_misrouted_the_final_error_says_so() -> None:
 
 
 # -- driven by the stream shell (node from the Open response) ----------------------------------------------------
-class _Client:
-    def __init__(self) -> None:
-        self.closed = False
-
-    def is_connection_alive(self) -> bool:
-        return not self.closed
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 class IngressStreamConnector(StreamConnector):
     """The real stream shell behind an SNI ingress that sends ``misroutes[name]`` to another node."""
 
@@ -259,7 +245,7 @@ class IngressStreamConnector(StreamConnector):
         assert route.dial == INGRESS and route.tls_name is not None
         self.sent.append(route.tls_name)
         self.opened += 1
-        conn = Connection(_Client(), self.misroutes.get(route.tls_name, target), route.dial, f"{name}-{self.opened}")
+        conn = Connection(FakeClient(), self.misroutes.get(route.tls_name, target), route.dial, f"{name}-{self.opened}")
         self.connections.add(conn)
         return conn
 

@@ -8,7 +8,6 @@ import asyncio
 import pickle
 import random
 import struct
-import zlib
 
 import pytest
 from rstream import AMQPMessage, amqp_decoder, schema
@@ -23,8 +22,7 @@ from smartclient.stream._rstream.messages import decode_amqp_message
 from smartclient.stream.codec import decode_amqp
 from smartclient.stream.publish_frames import sub_entry
 from smartclient.stream.publishing import NOT_QUEUED, QUEUED, PublishBuffer
-
-from tests.unit.stream.test_recovery_core import FakeClient
+from tests.unit.fakes import FakeClient, deliver, simple
 
 SHORT, EDGE, LONG = b"m" * 100, b"e" * 255, b"L" * 256  # vbin8, the longest vbin8, the shortest vbin32
 
@@ -41,18 +39,6 @@ def rstreams(publisher: int, messages: list[tuple[int, bytes]], version: int = 1
     return encode_publish(schema.Publish(publisher_id=publisher, messages=[
         schema.Message(publishing_id=pid, filter_value=(values or {}).get(pid), data=data)
         for pid, data in messages]), version)
-
-
-def simple(message: bytes) -> bytes:
-    return struct.pack(">I", len(message)) + message
-
-
-def deliver(entries: list[bytes], records: int, first: int = 100) -> bytes:
-    data = b"".join(entries)
-    return encode_frame(schema.Deliver(
-        subscription_id=1, magic_version=5, chunk_type=0, num_entries=len(entries), num_records=records,
-        timestamp=1_700_000_000_123, epoch=7, chunk_first_offset=first, chunk_crc=zlib.crc32(data),
-        data_length=len(data), trailer_length=0, _reserved=0, data=data))[4:]
 
 
 # -- the data section ---------------------------------------------------------------------------------------

@@ -14,14 +14,9 @@ from smartclient.core.amqp_data import data_section  # noqa: E402
 from smartclient.core.delivery import Chunk  # noqa: E402
 from smartclient.stream._rstream.columns import chunk_batch, chunk_of  # noqa: E402
 from smartclient.stream._rstream.frames import decode_hot, messages_of  # noqa: E402
-
-from tests.unit.stream.test_frames import deliver, simple, sub_batch  # noqa: E402
+from tests.unit.fakes import deliver, delivered, simple, sub_batch  # noqa: E402
 
 SIZES = (0, 1, 3, 4, 5, 7, 8, 12, 13, 14, 100, 255, 256, 300)
-
-
-def frame(messages: list[bytes], first: int = 100) -> object:
-    return decode_hot(deliver([simple(m) for m in messages], records=len(messages), first=first))
 
 
 def bodies(batch: object) -> list[bytes]:
@@ -39,7 +34,7 @@ def check(batch: object, expected: list[bytes], offsets: list[int]) -> None:
 @pytest.mark.parametrize("encoding", ["amqp", "raw"])
 def test_messages_of_one_size_are_columns_equal_to_their_bodies(size: int, encoding: str) -> None:
     messages = [bytes([65 + i % 26]) * size for i in range(50)]
-    f = frame([data_section(m) for m in messages] if encoding == "amqp" else messages)
+    f = delivered([data_section(m) for m in messages] if encoding == "amqp" else messages)
     batch = chunk_batch(f, 100)
     check(batch, messages_of(f), list(range(100, 150)))
     assert bodies(batch) == (messages if encoding == "amqp" else messages_of(f))
@@ -50,13 +45,13 @@ def test_messages_of_one_size_are_columns_equal_to_their_bodies(size: int, encod
 def test_messages_of_every_size_and_kind_in_one_chunk() -> None:
     messages = [data_section(bytes(range(n % 256)) * (1 + n // 256)) for n in SIZES]
     messages += [b"raw message", b"", b"\x00Su\xa0\x05abc", b"\x00Su\xb0\x00\x00\x00\x02ab", b"\x00Su\xa0"]
-    f = frame(messages, first=7)
+    f = delivered(messages, first=7)
     check(chunk_batch(f, 7), messages_of(f), list(range(7, 7 + len(messages))))
 
 
 def test_the_body_column_is_a_view_into_the_frame_not_a_copy() -> None:
     for messages in ([data_section(b"m" * 100)] * 1000, [data_section(b"m" * (90 + i % 20)) for i in range(1000)]):
-        f = frame(messages)
+        f = delivered(messages)
         batch = chunk_batch(f, 0)
         raw = f.smartclient_raw  # type: ignore[attr-defined]
         assert batch.column("body").buffers()[2].address == np.frombuffer(raw, np.uint8).ctypes.data
@@ -74,18 +69,18 @@ def test_sub_entries_are_copied_once_into_the_column() -> None:
 
 
 def test_the_timestamp_is_the_chunks_in_milliseconds_utc() -> None:
-    batch = chunk_batch(frame([b"a", b"b"]), 0)
+    batch = chunk_batch(delivered([b"a", b"b"]), 0)
     assert str(batch.schema.field("timestamp").type) == "timestamp[ms, tz=UTC]"
     assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_123] * 2
 
 
 def test_an_empty_chunk_is_an_empty_batch() -> None:
-    check(chunk_batch(frame([]), 5), [], [])
+    check(chunk_batch(delivered([]), 5), [], [])
 
 
 def test_a_chunk_a_consumer_gets_gives_the_same_messages_as_columns() -> None:
     messages = [data_section(b"m%d" % i) for i in range(6)]
-    f = frame(messages, first=500)
+    f = delivered(messages, first=500)
     whole = chunk_of(f, "s", 500, 506, 0, None)
     check(whole.to_arrow(), whole.bodies, list(whole.offsets))
     skipped = chunk_of(f, "s", 502, 506, 2, None)  # a first chunk that begins before the consumer's offset
@@ -112,7 +107,7 @@ def test_decoded_columns_hold_the_properties_and_application_properties() -> Non
                        creation_time=1_700_000_000_123, group_sequence=7, user_id=b"alice")
     messages = [bytes(AMQPMessage(body=b"one", properties=props, application_properties={"k": "v", "n": 3, "b": True})),
                 data_section(b"two"), bytes(AMQPMessage(body=b"three"))]
-    chunk = chunk_of(frame(messages, first=10), "s", 10, 13, 0, None)
+    chunk = chunk_of(delivered(messages, first=10), "s", 10, 13, 0, None)
     batch = chunk.to_arrow(decode=True)
     batch.validate(full=True)
     assert batch.schema.names == ["offset", "timestamp", "body", "properties", "application_properties"]
@@ -125,6 +120,6 @@ def test_decoded_columns_hold_the_properties_and_application_properties() -> Non
     assert dict(batch.column("application_properties")[0].as_py()) == {"k": "v", "n": "3", "b": "true"}
     assert batch.column("application_properties")[2].as_py() is None
     assert chunk.after(10).to_arrow(decode=True).column("offset").to_pylist() == [11, 12]
-    raw = chunk_of(frame([b"not amqp", data_section(b"x")], first=5), "s", 5, 7, 0, None)
+    raw = chunk_of(delivered([b"not amqp", data_section(b"x")], first=5), "s", 5, 7, 0, None)
     with pytest.raises(MessageDecodeError, match="offset 5 of stream 's'"):
         raw.to_arrow(decode=True)

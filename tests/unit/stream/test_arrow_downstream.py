@@ -11,15 +11,14 @@ pa = pytest.importorskip("pyarrow", minversion="19")
 
 from smartclient.core.amqp_data import data_section  # noqa: E402
 from smartclient.stream._rstream.columns import chunk_batch  # noqa: E402
-
-from tests.unit.stream.test_arrow_chunks import frame  # noqa: E402
+from tests.unit.fakes import delivered  # noqa: E402
 
 BODIES = [b"%d:a body longer than twelve bytes" % i if i % 2 else b"%d:short" % i for i in range(100)]
 
 
 @pytest.fixture
 def table() -> Any:
-    return pa.Table.from_batches([chunk_batch(frame([data_section(b) for b in BODIES], first=1000), 1000)])
+    return pa.Table.from_batches([chunk_batch(delivered([data_section(b) for b in BODIES], first=1000), 1000)])
 
 
 def test_pandas(table: Any) -> None:

@@ -7,17 +7,12 @@ import asyncio
 import pytest
 
 from smartclient import CONFIRM_TIMEOUT, BatchingPolicy, ConfigurationError, Confirmation, EnqueueTimeout, PublishFailed
-from smartclient.stream.publishing import PublishBuffer
-
-from tests.unit.stream.test_recovery_core import FakeClient, confirm
-
-
-def make(**policy: float) -> PublishBuffer:
-    return PublishBuffer(FakeClient(), 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=4, **policy))
+from tests.conftest import wait_until
+from tests.unit.fakes import FakeClient, confirm, publish_buffer
 
 
 async def test_a_send_that_finds_no_room_raises_enqueue_timeout_and_queues_nothing() -> None:
-    buffer = make(enqueue_timeout=0.05)
+    buffer = publish_buffer(max_in_flight=4, enqueue_timeout=0.05)
     for pid in range(1, 5):
         await buffer.add(pid, b"m")
     outcome: list[Confirmation] = []
@@ -30,7 +25,7 @@ async def test_a_send_that_finds_no_room_raises_enqueue_timeout_and_queues_nothi
 
 
 async def test_send_many_says_how_many_it_queued_before_the_timeout() -> None:
-    buffer = make(enqueue_timeout=0.05)
+    buffer = publish_buffer(max_in_flight=4, enqueue_timeout=0.05)
     with pytest.raises(EnqueueTimeout) as caught:
         await buffer.add_many(1, [b"m"] * 7)
     assert caught.value.queued == 4 and sorted(buffer._pending) == [1, 2, 3, 4]
@@ -38,7 +33,7 @@ async def test_send_many_says_how_many_it_queued_before_the_timeout() -> None:
 
 
 async def test_a_message_not_confirmed_in_time_fails_with_confirm_timeout_and_a_reason() -> None:
-    buffer = make(confirm_timeout=0.08)
+    buffer = publish_buffer(max_in_flight=4, confirm_timeout=0.08)
     outcomes: list[Confirmation] = []
     await buffer.add(1, b"a", outcomes.append)
     await buffer.add(2, b"b", outcomes.append)  # a full batch: written, the expiry timer starts
@@ -46,16 +41,16 @@ async def test_a_message_not_confirmed_in_time_fails_with_confirm_timeout_and_a_
     await asyncio.sleep(0.05)
     await buffer.add(3, b"c", outcomes.append)
     buffer._flush()
-    await asyncio.wait_for(_until(lambda: buffer.timed_out == 1), 1)
+    await wait_until(lambda: buffer.timed_out == 1, 1, "the first to time out", interval=0.005)
     assert outcomes[-1] == Confirmation(1, False, CONFIRM_TIMEOUT, "not confirmed within 0.08 s")
     assert buffer.in_flight == 1  # 3 was queued later: its own time runs
-    await asyncio.wait_for(_until(lambda: buffer.in_flight == 0), 1)
+    await wait_until(lambda: buffer.in_flight == 0, 1, "nothing in flight", interval=0.005)
     assert [o.publishing_id for o in outcomes] == [2, 1, 3] and buffer.failed == 2
     assert buffer._expiry is None  # nothing pending: no timer left behind
 
 
 async def test_confirm_timeout_zero_is_off() -> None:
-    buffer = make(confirm_timeout=0)
+    buffer = publish_buffer(max_in_flight=4, confirm_timeout=0)
     await buffer.add(1, b"a")
     await buffer.add(2, b"b")
     assert buffer._expiry is None
@@ -68,24 +63,19 @@ def test_bad_timeouts_are_refused(kwargs: dict[str, float]) -> None:
         BatchingPolicy(**kwargs)
 
 
-async def _until(check: object) -> None:
-    while not check():  # type: ignore[operator]
-        await asyncio.sleep(0.005)
-
-
 async def test_the_confirm_clock_stops_while_the_producer_recovers() -> None:
-    buffer = make(confirm_timeout=0.04)
+    buffer = publish_buffer(max_in_flight=4, confirm_timeout=0.04)
     await buffer.add(1, b"a")
     await buffer.add(2, b"b")  # written: the timer runs
     buffer.suspend()
     await asyncio.sleep(0.15)  # well past the timeout, but recovering
     assert buffer.timed_out == 0 and buffer.in_flight == 2
     buffer.resume(FakeClient(), 0)  # sent again: the clock starts again
-    await asyncio.wait_for(_until(lambda: buffer.timed_out == 2), 1)
+    await wait_until(lambda: buffer.timed_out == 2, 1, "both to time out", interval=0.005)
 
 
 async def test_a_confirm_callback_that_raises_does_not_keep_the_others_from_their_answer() -> None:
-    buffer = make()
+    buffer = publish_buffer(max_in_flight=4)
     seen: list[int] = []
 
     def bad(c: Confirmation) -> None:

@@ -8,8 +8,7 @@ from typing import Any
 
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.stream._rstream.wire import NamedClient
-
-from tests.unit.stream.test_frames import carrier, deliver, run, simple, subscriber
+from tests.unit.fakes import carrier, deliver, hand_over, simple, subscriber
 
 TEN = [simple(b"m%d" % i) for i in range(10)]
 
@@ -31,7 +30,7 @@ def test_skip_goes_on_with_the_next_message_of_the_same_chunk() -> None:
 
     sub, credits = subscriber(raising_at(102, 107))
     consumer = carrier(on_error=decide)
-    run(consumer, deliver(TEN, records=10), sub)
+    hand_over(consumer, deliver(TEN, records=10), sub)
     assert [c.offset for _, c in sub.handed] == list(range(100, 110))  # every one handed, none twice
     assert asked == [("bad 102", 102), ("bad 107", 107)]
     assert credits == ["credit after 0"] and sub.offset == 110  # the whole chunk is behind it
@@ -49,7 +48,7 @@ def test_a_chunk_that_ends_after_its_consumer_was_released_counts_in_what_closed
         consumer.smartclient_streams.discard("s")  # (its consumer closed from within the callback)
 
     sub, _ = subscriber(release_meanwhile)
-    run(consumer, deliver(TEN, records=10), sub)
+    hand_over(consumer, deliver(TEN, records=10), sub)
     # the carrier keeps no count of a stream it no longer consumes (one key per stream ever consumed, for weeks)
     assert not consumer.smartclient_consumed and not consumer.smartclient_chunks
     assert left == {"smartclient_consumed": Counter(s=10), "smartclient_chunks": Counter(s=1)}
@@ -59,25 +58,26 @@ def test_skip_with_the_credit_part_way_still_gives_it_once() -> None:
     from smartclient.core.flow import ConsumerFlow
 
     sub, credits = subscriber(raising_at(100, 104, 105))
-    run(carrier(ConsumerFlow(credit_after=0.5), on_error=lambda exc, context: True), deliver(TEN, records=10), sub)
+    hand_over(carrier(ConsumerFlow(credit_after=0.5), on_error=lambda exc, context: True), deliver(TEN, records=10),
+              sub)
     assert [c.offset for _, c in sub.handed] == list(range(100, 110))
     assert credits == ["credit after 5"] and sub.offset == 110
 
 
 def test_stop_hands_nothing_more_and_the_position_ends_before_the_failing_message() -> None:
-    sub, credits = subscriber(raising_at(103))
+    sub, _credits = subscriber(raising_at(103))
     consumer = carrier(on_error=lambda exc, context: False)
-    run(consumer, deliver(TEN, records=10), sub)
+    hand_over(consumer, deliver(TEN, records=10), sub)
     assert [c.offset for _, c in sub.handed] == [100, 101, 102, 103]
     assert sub.offset == 103 and sub.smartclient_moved  # last_offset: 102
     assert 1 in sub.client.smartclient_stopping
-    run(consumer, deliver([simple(b"later")], records=1, first=110), sub)  # a chunk already on its way
+    hand_over(consumer, deliver([simple(b"later")], records=1, first=110), sub)  # a chunk already on its way
     assert len(sub.handed) == 4 and consumer.smartclient_consumed["s"] == 3
 
 
 def test_stop_at_the_first_message_leaves_no_position() -> None:
     sub, _ = subscriber(raising_at(100))
-    run(carrier(on_error=lambda exc, context: False), deliver(TEN, records=10), sub)
+    hand_over(carrier(on_error=lambda exc, context: False), deliver(TEN, records=10), sub)
     assert sub.offset is None and not getattr(sub, "smartclient_moved", False)
 
 
@@ -92,14 +92,15 @@ def test_a_chunk_handler_is_skipped_or_stopped_as_a_whole() -> None:
         asked: list[Any] = []
         sub, credits = subscriber(None)
         sub.callback = ChunkHandler(handler)
-        run(carrier(on_error=lambda exc, where, v=verdict: asked.append(where) or v), deliver(TEN, records=10), sub)
+        on_error = lambda exc, where, v=verdict, asked=asked: asked.append(where) or v  # noqa: E731
+        hand_over(carrier(on_error=on_error), deliver(TEN, records=10), sub)
         assert asked == [seen[-1]] and credits == ["credit after 0"] and sub.offset == offset
 
 
 def test_without_an_on_error_the_exception_goes_to_rstream_and_the_credit_still_goes() -> None:
     sub, credits = subscriber(raising_at(101))
     try:
-        run(carrier(), deliver(TEN, records=10), sub)
+        hand_over(carrier(), deliver(TEN, records=10), sub)
     except ValueError:
         pass
     else:

@@ -11,14 +11,13 @@ import pytest
 
 pytest.importorskip("pyarrow", minversion="19")
 
-from smartclient import MessageDecodeError  # noqa: E402
-from smartclient.core.amqp_data import data_section  # noqa: E402
-from smartclient.core.delivery import Chunk  # noqa: E402
-from smartclient.stream._rstream.columns import chunk_of  # noqa: E402
-from smartclient.stream._rstream.frames import decode_hot  # noqa: E402
-from smartclient.stream.columnar import iter_range, read_range  # noqa: E402
-
-from tests.unit.stream.test_frames import deliver, simple  # noqa: E402
+from smartclient import MessageDecodeError
+from smartclient.core.amqp_data import data_section
+from smartclient.core.delivery import Chunk
+from smartclient.stream._rstream.columns import chunk_of
+from smartclient.stream._rstream.frames import decode_hot
+from smartclient.stream.columnar import iter_range, read_range
+from tests.unit.fakes import deliver, simple
 
 
 def chunk(first: int, messages: list[bytes]) -> Chunk:

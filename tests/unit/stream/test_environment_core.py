@@ -8,9 +8,18 @@ from typing import Any
 
 import pytest
 
-from smartclient import Address, ConfigurationError, Environment, PlacementPolicy, PoolLimits, RetryPolicy, StreamTopology
+from smartclient import (
+    Address,
+    ConfigurationError,
+    Environment,
+    PlacementPolicy,
+    PoolLimits,
+    RetryPolicy,
+    StreamTopology,
+)
 from smartclient.stream.connector import Connection, ParkingLot
 from smartclient.stream.topology_cache import TopologyCache
+from tests.unit.fakes import FakeClient
 
 
 def test_entry_points_and_credentials() -> None:
@@ -33,7 +42,7 @@ def test_bad_arguments(entry: object, kwargs: dict[str, object], message: str) -
         Environment(entry, **kwargs)  # type: ignore[arg-type]
 
 
-class _Topologies(TopologyCache):
+class _CountingTopologies(TopologyCache):
     """The cache with its broker query replaced: counts the requests."""
 
     def __init__(self) -> None:
@@ -49,7 +58,7 @@ class _Topologies(TopologyCache):
 
 
 async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
-    cache = _Topologies()
+    cache = _CountingTopologies()
     results = await asyncio.gather(*(cache.topology("s") for _ in range(10)), cache.topology("t"))
     assert cache.calls == ["s", "t"]
     assert len({id(r) for r in results[:10]}) == 1
@@ -60,16 +69,8 @@ async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
     assert cache.calls == ["s", "t", "s"]
 
 
-class _FakeClient:
-    def __init__(self) -> None:
-        self.open = True
-
-    def is_connection_alive(self) -> bool:
-        return self.open
-
-
 def _conn(node: Address) -> Connection:
-    return Connection(_FakeClient(), node, node, "c")  # type: ignore[arg-type]
+    return Connection(FakeClient(), node, node, "c")  # type: ignore[arg-type]
 
 
 def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
@@ -80,7 +81,7 @@ def test_parking_lot_takes_by_node_expires_and_evicts() -> None:
     assert lot.put(c) is a  # over the per-node limit: the oldest leaves
     assert lot.take((Address("n2", 1),)) is None
     assert lot.take((Address("n2", 1), Address("n1", 1))) is c
-    b.client.open = False  # type: ignore[attr-defined]
+    b.client.closed = True  # type: ignore[attr-defined]
     assert lot.take((Address("n1", 1),)) is None  # a dead connection is never handed out
     d = _conn(Address("n3", 1))
     lot.put(d)

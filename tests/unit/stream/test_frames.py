@@ -1,48 +1,22 @@
 """The seam's frame side (smartclient/stream/_rstream/frames.py) against rstream's own encoder and decoder, and
-the one delivery loop (PlacedConsumer._on_deliver) over frames built here.  No broker."""
+the one delivery loop (PlacedConsumer._on_deliver) over frames built in tests/unit/fakes.py.  No broker."""
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import struct
-import zlib
-from collections import Counter
 from dataclasses import fields
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from rstream import OffsetType, schema
+from rstream import schema
 from rstream.connection import ConnectionClosed
 from rstream.encoding import decode_frame, encode_frame
 
 from smartclient.core.delivery import Chunk, ChunkHandler, MessageContext
 from smartclient.core.flow import ConsumerFlow
-from smartclient.stream._rstream.placed import PlacedConsumer
 from smartclient.stream._rstream.frames import decode_hot, messages_of, read_frame_raw
-
-
-def raw_of(frame: Any) -> bytes:
-    return encode_frame(frame)[4:]  # without the size prefix, as a reader hands it over
-
-
-def simple(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
-
-
-def sub_batch(bodies: list[bytes], compression: int = 0) -> bytes:
-    records = b"".join(simple(b) for b in bodies)
-    data = gzip.compress(records) if compression == 1 else records
-    return bytes([0x80 | compression << 4]) + struct.pack(">HII", len(bodies), len(records), len(data)) + data
-
-
-def deliver(entries: list[bytes], records: int, first: int = 100, subscription: int = 1) -> bytes:
-    data = b"".join(entries)
-    return raw_of(schema.Deliver(subscription_id=subscription, magic_version=5, chunk_type=0, num_entries=len(entries),
-                                 num_records=records, timestamp=1_700_000_000_123, epoch=7, chunk_first_offset=first,
-                                 chunk_crc=zlib.crc32(data), data_length=len(data), trailer_length=0, _reserved=0,
-                                 data=data))
+from tests.unit.fakes import FakeClient, carrier, confirm, deliver, hand_over, raw_of, simple, sub_batch, subscriber
 
 
 def test_a_confirm_frame_decodes_to_rstreams_frame_with_its_ids_in_one_array() -> None:
@@ -103,46 +77,10 @@ def test_frames_are_read_whole_from_one_read_and_a_closed_socket_ends_the_reader
 
 
 # -- the delivery loop ------------------------------------------------------------------------------------
-class Subscriber(SimpleNamespace):
-    pass
-
-
-def subscriber(callback: Any, offset: int | None = None) -> tuple[Subscriber, list[str]]:
-    credits: list[str] = []
-
-    async def credit(sid: int, count: int) -> None:
-        credits.append(f"credit after {len(handed)}")
-
-    handed: list[Any] = []
-
-    def record(*args: Any) -> Any:
-        handed.append(args)
-        return callback(*args)
-
-    sub = Subscriber(subscription_id=1, stream="s", reference="name", callback=record,
-                     offset_type=OffsetType.OFFSET if offset is not None else OffsetType.FIRST, offset=offset,
-                     client=SimpleNamespace(credit=credit, smartclient_stopping=set(), smartclient_handing={},
-                                            is_connection_alive=lambda: True))
-    sub.handed = handed
-    return sub, credits
-
-
-def carrier(flow: ConsumerFlow | None = None, on_error: Any = None) -> Any:
-    return SimpleNamespace(_pool=SimpleNamespace(flows={"s": flow} if flow else {},
-                                                 on_error={"s": on_error} if on_error else {}),
-                           smartclient_around_chunk=None, smartclient_streams={"s"}, smartclient_left={},
-                           smartclient_consumed=Counter(), smartclient_chunks=Counter())
-
-
-def run(consumer: Any, raw: bytes, sub: Subscriber, keep: Any = None) -> None:
-    post = SimpleNamespace(post_filler=lambda: keep) if keep is not None else None
-    asyncio.run(PlacedConsumer._on_deliver(consumer, decode_hot(raw), sub, post))  # type: ignore[arg-type]
-
-
 def test_each_message_gets_its_context_and_the_credit_goes_where_the_flow_says() -> None:
     sub, credits = subscriber(lambda message, context: None)
     consumer = carrier(ConsumerFlow(credit_after=0.5))
-    run(consumer, deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
+    hand_over(consumer, deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
     assert [m for m, _ in sub.handed] == [b"m0", b"m1", b"m2", b"m3"]
     contexts = [c for _, c in sub.handed]
     assert all(type(c) is MessageContext for c in contexts)
@@ -154,15 +92,15 @@ def test_each_message_gets_its_context_and_the_credit_goes_where_the_flow_says()
 
 def test_with_a_filter_the_credit_still_goes_at_its_share_of_the_chunk_not_of_what_passed() -> None:
     sub, credits = subscriber(lambda message, context: None)
-    run(carrier(ConsumerFlow(credit_after=0.5)), deliver([simple(b"m%d" % i) for i in range(10)], records=10), sub,
-        keep=lambda message: message >= b"m4")
+    hand_over(carrier(ConsumerFlow(credit_after=0.5)), deliver([simple(b"m%d" % i) for i in range(10)], records=10),
+              sub, keep=lambda message: message >= b"m4")
     assert [c.offset for _, c in sub.handed] == [104, 105, 106, 107, 108, 109]
     assert credits == ["credit after 1"]  # the 5th of 10 is the first handed over: the credit goes after it
 
 
 def test_messages_before_the_consumers_offset_are_not_handed_over_and_the_position_moves_by_records() -> None:
     sub, credits = subscriber(lambda message, context: None, offset=102)
-    run(carrier(), deliver([simple(b"m0"), simple(b"m1"), sub_batch([b"s2", b"s3", b"s4"])], records=5), sub)
+    hand_over(carrier(), deliver([simple(b"m0"), simple(b"m1"), sub_batch([b"s2", b"s3", b"s4"])], records=5), sub)
     assert [(m, c.offset) for m, c in sub.handed] == [(b"s2", 102), (b"s3", 103), (b"s4", 104)]
     assert credits == ["credit after 0"] and sub.offset == 105  # records, not entries (rstream moves by 3)
 
@@ -171,7 +109,7 @@ def test_a_chunk_handler_gets_the_whole_chunk_once_split_only_when_asked() -> No
     chunks: list[Chunk] = []
     sub, credits = subscriber(None, offset=101)
     sub.callback = ChunkHandler(chunks.append)
-    run(carrier(), deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
+    hand_over(carrier(), deliver([simple(b"m%d" % i) for i in range(4)], records=4), sub)
     (chunk,) = chunks
     assert chunk._bodies is None and len(chunk) == 3 and chunk.offsets == range(101, 104)  # not split yet
     assert chunk.bodies == [b"m1", b"m2", b"m3"] and list(chunk) == [(101, b"m1"), (102, b"m2"), (103, b"m3")]
@@ -187,7 +125,7 @@ def test_a_callback_that_raises_still_gives_the_credit_once_and_the_position_sta
 
     sub, credits = subscriber(fail, offset=None)
     with pytest.raises(RuntimeError):
-        run(carrier(ConsumerFlow(credit_after=1.0)), deliver([simple(b"a"), simple(b"b"), simple(b"c")], 3), sub)
+        hand_over(carrier(ConsumerFlow(credit_after=1.0)), deliver([simple(b"a"), simple(b"b"), simple(b"c")], 3), sub)
     assert credits == ["credit after 2"] and sub.offset is None  # the chunk was not handed over whole
 
 
@@ -201,7 +139,6 @@ def test_every_publish_path_writes_the_frames_rstreams_encoder_writes() -> None:
     from smartclient import BatchingPolicy
     from smartclient.stream.publishing import QUEUED, PublishBuffer
 
-    from tests.unit.stream.test_recovery_core import FakeClient
 
     def rstreams(publisher: int, messages: list[tuple[int, bytes, str | None]], version: int = 1) -> bytes:
         return encode_publish(schema.Publish(publisher_id=publisher, messages=[
@@ -241,7 +178,6 @@ def test_send_many_fills_each_frame_to_its_max_with_large_bodies_and_counts_what
     from smartclient import BatchingPolicy, EnqueueTimeout
     from smartclient.stream.publishing import PublishBuffer
 
-    from tests.unit.stream.test_recovery_core import FakeClient
 
     async def scenario() -> None:
         client = FakeClient()
@@ -274,7 +210,6 @@ def test_a_sub_entry_is_one_entry_of_many_messages_in_a_frame_of_its_own_and_cou
     def sub_entry(bodies: list[bytes], compression: str = "none") -> bytes:
         return sub_entry_of(bodies, compression, "raw")
 
-    from tests.unit.stream.test_recovery_core import FakeClient, confirm
 
     bodies = [b"one", b"two", b"three"]
     for compression, code in (("none", 0), ("gzip", 1)):

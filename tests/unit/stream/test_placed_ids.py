@@ -9,25 +9,19 @@ import gc
 from typing import Any
 
 from smartclient.core.address import Address
-from smartclient.options import ClientSettings
 from smartclient.core.topology import Role
+from smartclient.options import ClientSettings
 from smartclient.stream._rstream import attach, connection_of
 from smartclient.stream._rstream.placed import new_carrier
 from smartclient.stream.host import Connection
-
-
-class _Client:
-    """What the id path asks of an rstream client."""
-
-    async def inc_available_id(self) -> None:
-        pass
+from tests.unit.fakes import FakeClient
 
 
 def test_an_id_taken_on_a_client_whose_connection_is_gone_is_not_one_in_use() -> None:
     async def scenario() -> None:
         settings = ClientSettings()
         carrier: Any = new_carrier(Role.CONSUMER, object(), settings, Address("127.0.0.1", 5552), "ids", 10)
-        live, ended = _Client(), _Client()
+        live, ended = FakeClient(), FakeClient()
         conn = Connection(live, Address("n1", 5552), Address("n1", 5552), "c1")
         attach(live, conn)
         carrier.smartclient_placed = live

@@ -16,11 +16,12 @@ from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy,
 from smartclient.core.broker_nodes import BrokerNode
 from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement, Shared
 from smartclient.core.settings import Credentials, PoolLimits
-from smartclient.options import ClientSettings
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
+from smartclient.options import ClientSettings
 from smartclient.stream.connector import StreamConnector
 from smartclient.stream.host import Connection
+from tests.unit.fakes import FakeClient
 
 N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
 NODES = (N1, N2, N3)
@@ -66,11 +67,6 @@ def dies_after(network: Network, node: Address, connections: int) -> Network:
     return reach
 
 
-class _Client:
-    def is_connection_alive(self) -> bool:
-        return True
-
-
 class FakeStreamConnector(StreamConnector):
     """The real stream shell, dialling a simulated network."""
 
@@ -83,7 +79,7 @@ class FakeStreamConnector(StreamConnector):
 
     async def dial(self, target: Address, name: str, client_class: Any = None) -> Connection:
         self.opened += 1
-        return Connection(_Client(), self.network(target), target, f"{name}-{self.opened}")
+        return Connection(FakeClient(), self.network(target), target, f"{name}-{self.opened}")
 
     async def park(self, conn: Connection) -> None:
         self.parking.put(conn)
@@ -177,7 +173,7 @@ def test_stream_consumer_through_a_sticky_lb_on_the_leader_uses_the_kept_fallbac
 
 def test_a_kept_connection_is_reused_before_any_dial() -> None:
     connector = FakeStreamConnector(sticky(N2))
-    kept = Connection(_Client(), N1, LB, "kept")
+    kept = Connection(FakeClient(), N1, LB, "kept")
     connector.parking.put(kept)
     assert asyncio.run(connector.acquire(LEADER, "test")) is kept and connector.opened == 0
 
@@ -275,7 +271,7 @@ def test_a_fallback_takes_a_shared_connection_to_its_node_first() -> None:
 
 def test_the_stream_shell_shares_through_the_hook_without_dialling() -> None:
     connector = FakeStreamConnector(sticky(N2))
-    in_use = Connection(_Client(), N1, LB, "in-use")
+    in_use = Connection(FakeClient(), N1, LB, "in-use")
     conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
     assert conn is in_use and connector.opened == 0 and connector.reused == 0 and conn.sessions == 0
     in_use.ids.update(range(in_use.max_ids))  # no free id: not offered
@@ -305,7 +301,7 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
                 held.append(asyncio.get_running_loop().time())
                 await asyncio.sleep(30)
             self.hold = True
-            return Connection(_Client(), target, target, name)
+            return Connection(FakeClient(), target, target, name)
 
     async def main() -> list[float]:
         connector = Connector(ClientSettings(Credentials(), "/", None), Resolution(None), retry=policy)
@@ -329,7 +325,7 @@ def test_a_connection_put_back_after_a_borrow_keeps_its_idle_time() -> None:
 
     now = [0.0]
     lot = ParkingLot(PoolLimits(idle_timeout=5.0), clock=lambda: now[0])
-    conn = Connection(_Client(), NODES[0], NODES[0], "c")
+    conn = Connection(FakeClient(), NODES[0], NODES[0], "c")
     lot.put(conn)
     for t in (2.0, 4.0):
         now[0] = t
@@ -356,7 +352,7 @@ def test_the_hedge_s_losing_dial_that_opened_is_parked_for_the_placement_not_clo
 
     async def race(keep: bool) -> tuple[Connection, Lot, Connection]:
         connector = Lot()
-        won, lost = (Connection(_Client(), node, node, node.host) for node in NODES[:2])
+        won, lost = (Connection(FakeClient(), node, node, node.host) for node in NODES[:2])
         dials: list[asyncio.Future[Connection]] = []
         for conn in (won, lost):  # both opened by the time the race looks
             dials.append(asyncio.get_running_loop().create_future())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from smartclient import CONNECTION_LOST, ConfigurationError, PublishFailed, RecoveryPolicy
 from smartclient.stream.publishing import BatchingPolicy, Confirmation, PublishBuffer
+from tests.unit.fakes import FakeClient, confirm, publish_buffer
 
 
 # -- RecoveryPolicy -------------------------------------------------------------------------------
@@ -65,48 +65,14 @@ def test_bad_policies_are_refused(kwargs: dict[str, Any]) -> None:
 
 
 # -- PublishBuffer --------------------------------------------------------------------------------
-class FakeClient:
-    """What PublishBuffer uses of an rstream client: frame max, handlers, and the socket writer."""
-
-    def __init__(self) -> None:
-        self._frame_max = 1024 * 1024
-        self._handlers: dict[Any, dict[str, Any]] = {}
-        self.frames: list[bytes] = []
-        transport = SimpleNamespace(get_write_buffer_size=lambda: 0)
-        self._conn = SimpleNamespace(_writer=SimpleNamespace(write=self.frames.append, transport=transport))
-
-    def add_handler(self, frame: Any, handler: Any, name: str) -> None:
-        self._handlers.setdefault(frame, {})[name] = handler
-
-    def ids_written(self) -> list[int]:
-        ids = []
-        for frame in self.frames:
-            count = struct.unpack_from(">I", frame, 9)[0]
-            pos = 13
-            for _ in range(count):
-                pid, size = struct.unpack_from(">QI", frame, pos)
-                ids.append(pid)
-                pos += 12 + size
-        return ids
-
-
-def confirm(buffer: PublishBuffer, *ids: int) -> None:
-    buffer._on_confirm(SimpleNamespace(publisher_id=buffer.publisher_id, publishing_ids=list(ids)))
-
-
 def error(buffer: PublishBuffer, code: int, *ids: int) -> None:
     errors = [SimpleNamespace(publishing_id=i, response_code=code) for i in ids]
     buffer._on_error(SimpleNamespace(publisher_id=buffer.publisher_id, errors=errors))
 
 
-def make(client: FakeClient, lost: list[str] | None = None) -> PublishBuffer:
-    return PublishBuffer(client, 0, "s", BatchingPolicy(batch_size=2, linger=0.001, max_in_flight=10),
-                         on_lost=(lost.append if lost is not None else None))
-
-
 async def test_resume_writes_every_unconfirmed_message_again_in_order_before_later_ones() -> None:
     old, new = FakeClient(), FakeClient()
-    buffer = make(old)
+    buffer = publish_buffer(old)
     futures = []
     for pid in range(1, 6):
         future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
@@ -133,7 +99,7 @@ async def test_resume_writes_every_unconfirmed_message_again_in_order_before_lat
 
 
 async def test_fail_all_settles_every_pending_message_with_the_reason_and_refuses_later_sends() -> None:
-    buffer = make(FakeClient())
+    buffer = publish_buffer(FakeClient())
     outcomes: list[Confirmation] = []
     future: asyncio.Future[Confirmation] = asyncio.get_running_loop().create_future()
     await buffer.add(1, b"a", future)
@@ -151,7 +117,7 @@ async def test_fail_all_settles_every_pending_message_with_the_reason_and_refuse
 
 async def test_publisher_gone_keeps_messages_pending_and_reports_the_loss() -> None:
     lost: list[str] = []
-    buffer = make(FakeClient(), lost)
+    buffer = publish_buffer(FakeClient(), lost)
     await buffer.add(1, b"a")
     await buffer.add(2, b"b")
     error(buffer, 18, 1, 2)  # publisher does not exist: not the message's fault
@@ -163,7 +129,7 @@ async def test_publisher_gone_keeps_messages_pending_and_reports_the_loss() -> N
 
 async def test_sends_wait_for_room_while_suspended_and_nothing_is_dropped() -> None:
     new = FakeClient()
-    buffer = make(FakeClient())
+    buffer = publish_buffer(FakeClient())
     for pid in range(1, 11):
         await buffer.add(pid, b"m")
     buffer.suspend()
@@ -180,7 +146,7 @@ async def test_sends_wait_for_room_while_suspended_and_nothing_is_dropped() -> N
 async def test_a_write_on_a_closed_connection_suspends_instead_of_raising() -> None:
     lost: list[str] = []
     client = FakeClient()
-    buffer = make(client, lost)
+    buffer = publish_buffer(client, lost)
     client._conn = None  # rstream sets it to None when it closes
     await buffer.add(1, b"a")
     await buffer.add(2, b"b")  # a full batch: written, fails, suspends
