@@ -12,15 +12,9 @@ import pytest
 from smartclient import ConfigurationError, allocator
 from smartclient.allocator import MemoryTrimmer, return_free_memory, trim_free_memory
 from smartclient.testing.footprint import heap_in_use
+from tests.conftest import wait_until_sync
 
 glibc = pytest.mark.skipif(allocator._MALLOC_TRIM is None, reason="no glibc malloc_trim in this C library")
-
-
-def _until(condition: object, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 @glibc
@@ -54,7 +48,7 @@ def test_a_trimmer_trims_on_its_own_thread_until_it_is_closed() -> None:
     with MemoryTrimmer(0.01) as trimmer:
         assert trimmer.supported and trimmer.running
         assert any(t.name == "smartclient-malloc-trim" and t.daemon for t in threading.enumerate())
-        _until(lambda: trimmer.trims >= 3)
+        wait_until_sync(lambda: trimmer.trims >= 3, 5.0, "three trims", interval=0.01)
     assert not trimmer.running
     done = trimmer.trims
     time.sleep(0.05)  # (a check that nothing more happens, not a wait for something)

@@ -36,6 +36,7 @@ from smartclient.credentials import EXTERNAL, Login
 from smartclient.mqtt._paho import HeldInfo, PahoClient
 from smartclient.mqtt.handover import MqttCredentials
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
+from tests.unit.fakes import QUICK_RECONNECT, FakeManagement, FakeMqttClient, direct_network
 
 A, B, C = Address("a", 1883), Address("b", 1883), Address("c", 1883)
 
@@ -173,16 +174,11 @@ def test_a_closed_connection_is_not_sent_a_token() -> None:
 
 def test_amqp_over_tls_uses_the_amqps_listeners_and_a_certificate_alone_logs_in_as_external() -> None:
     tls = ssl.create_default_context()
-    placer = AmqpPlacer(management=_Api(), tls=tls, client_certificate=_certificate())  # type: ignore[arg-type]
+    placer = AmqpPlacer(management=FakeManagement(), tls=tls, client_certificate=_certificate())  # type: ignore[arg-type]
     assert placer.protocol == "amqp/ssl" and placer._login("x").mechanism == "EXTERNAL"
-    assert AmqpPlacer(management=_Api()).protocol == "amqp"  # type: ignore[arg-type]
-    assert AmqpPlacer(management=_Api(), credentials=Credentials("u", "p")  # type: ignore[arg-type]
+    assert AmqpPlacer(management=FakeManagement()).protocol == "amqp"  # type: ignore[arg-type]
+    assert AmqpPlacer(management=FakeManagement(), credentials=Credentials("u", "p")  # type: ignore[arg-type]
                       )._login("x") == Login("PLAIN", "u", "p")
-
-
-class _Api:
-    def get(self, path: str) -> Any:
-        raise AssertionError(path)
 
 
 def _certificate() -> Any:
@@ -244,13 +240,11 @@ def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
 
 
 def test_a_reconnect_that_cannot_log_in_gives_up_with_the_providers_error() -> None:
-    from tests.unit.mqtt.test_mqtt_core import QUICK, _Client, direct_network
-
     tokens = Tokens()
     credentials = TokenCredentials(tokens)
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], credentials=credentials, options=QUICK,
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], credentials=credentials, options=QUICK_RECONNECT,
                         retry=RetryPolicy(max_attempts=30, max_time=0.5, backoff_initial=0.0, backoff_max=0.0))
-    client = _Client(direct_network(set()), Address("n1", 1883))
+    client = FakeMqttClient(direct_network(set()), Address("n1", 1883))
     tokens.failing = RuntimeError("the identity provider is down")
     with pytest.raises(TokenProviderFailed, match="the identity provider is down") as caught:
         placer.reconnect(client)  # type: ignore[arg-type]
@@ -260,7 +254,7 @@ def test_a_reconnect_that_cannot_log_in_gives_up_with_the_providers_error() -> N
 
 # -- MQTT: a client hands over to a new token, against a local socket that answers as a broker -----------------
 @dataclass
-class Seen:
+class SeenOnConnection:
     """What the fake broker saw on one connection."""
 
     passwords: list[bytes] = field(default_factory=list)
@@ -280,7 +274,7 @@ class MiniBroker:
         self.refuse: set[bytes] = set()
         self.close_on_publish = False  # as the broker does with a publish it does not authorise
         self.feed = False  # deliver a QoS 1 message to every connection every 5 ms
-        self.connections: list[Seen] = []
+        self.connections: list[SeenOnConnection] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = Address("127.0.0.1", self.server.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True).start()
@@ -291,11 +285,11 @@ class MiniBroker:
                 conn, _ = self.server.accept()
             except OSError:
                 return
-            seen = Seen()
+            seen = SeenOnConnection()
             self.connections.append(seen)
             threading.Thread(target=self._serve, args=(conn, seen), daemon=True).start()
 
-    def _serve(self, conn: socket.socket, seen: Seen) -> None:
+    def _serve(self, conn: socket.socket, seen: SeenOnConnection) -> None:
         lock = threading.Lock()
 
         def send(data: bytes) -> None:
@@ -337,7 +331,7 @@ class MiniBroker:
         finally:
             conn.close()
 
-    def _deliver(self, send: Any, seen: Seen) -> None:
+    def _deliver(self, send: Any, seen: SeenOnConnection) -> None:
         try:
             while not seen.disconnected:
                 seen.delivered += 1
@@ -371,7 +365,7 @@ def _read(conn: socket.socket) -> tuple[int, bytes] | None:
 
 
 @pytest.fixture
-def broker() -> Iterator[MiniBroker]:
+def mini_broker() -> Iterator[MiniBroker]:
     fake = MiniBroker(ack_delay=0.01)  # PUBACKs take a while: there is something in flight at each hand-over
     yield fake
     fake.close()
@@ -391,9 +385,9 @@ def wait_for(check: Any, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_hand_over_drains_says_goodbye_logs_in_again_and_sends_every_message_once(broker: MiniBroker) -> None:
+def test_a_hand_over_drains_says_goodbye_logs_in_again_and_sends_every_message_once(mini_broker: MiniBroker) -> None:
     tokens = Tokens(lifetime=1.6)  # refreshed every 1.2 s (+- 0.16), the client handing over within 0.2 s
-    client = placed_client(broker, tokens)
+    client = placed_client(mini_broker, tokens)
     try:
         infos, sent = [], 0
         while client.handovers < 2:  # publish on through two hand-overs
@@ -408,7 +402,7 @@ def test_a_hand_over_drains_says_goodbye_logs_in_again_and_sends_every_message_o
     finally:
         client.disconnect()
         client.loop_stop()
-    seen = broker.connections
+    seen = mini_broker.connections
     assert len(seen) >= 3 and all(s.disconnected for s in seen[:-1])  # a goodbye before each new login
     logins = [int(password.split(b"-")[1]) for s in seen for password in s.passwords]
     assert len(logins) == len(seen) and logins[0] == 1 and logins == sorted(set(logins))  # each a newer token
@@ -419,10 +413,10 @@ def test_a_hand_over_drains_says_goodbye_logs_in_again_and_sends_every_message_o
     assert client._placer.handovers == client.handovers == len(seen) - 1
 
 
-def test_a_new_token_refused_at_a_hand_over_goes_back_to_the_one_it_had(broker: MiniBroker) -> None:
+def test_a_new_token_refused_at_a_hand_over_goes_back_to_the_one_it_had(mini_broker: MiniBroker) -> None:
     tokens = Tokens(lifetime=6.0)  # refreshed at 3 s (+- 0.6): the one it had is valid for 1.2 s more at least
-    broker.refuse.add(b"token-2")
-    client = placed_client(broker, tokens, refresh_at=0.5)
+    mini_broker.refuse.add(b"token-2")
+    client = placed_client(mini_broker, tokens, refresh_at=0.5)
     try:
         wait_for(lambda: client.handovers == 1)
         assert client.token_refusals == 1 and client._placer.token_refusals == 1 and client.failure is None
@@ -430,14 +424,14 @@ def test_a_new_token_refused_at_a_hand_over_goes_back_to_the_one_it_had(broker: 
     finally:
         client.disconnect()
         client.loop_stop()
-    assert [s.passwords for s in broker.connections[:3]] == [[b"token-1"], [b"token-2"], [b"token-1"]]
-    assert broker.connections[2].published == [(b"after", False)]
+    assert [s.passwords for s in mini_broker.connections[:3]] == [[b"token-1"], [b"token-2"], [b"token-1"]]
+    assert mini_broker.connections[2].published == [(b"after", False)]
 
 
-def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhile(broker: MiniBroker) -> None:
+def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhile(mini_broker: MiniBroker) -> None:
     from smartclient.mqtt.fleet import MqttFleet
 
-    placer = MqttPlacer(entry_points=[str(broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
+    placer = MqttPlacer(entry_points=[str(mini_broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
                         options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
     with MqttFleet(placer, 8, client_id_prefix="fleet-unit") as fleet:
         infos, sent = [], 0
@@ -451,34 +445,35 @@ def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhi
         assert fleet.connected == 8 and fleet.reconnects == fleet.disconnects == 0 and fleet.token_refusals == 0
         assert sum(m.client.handovers for m in fleet.members) == fleet.handovers
     by_client: dict[int, list[int]] = {}
-    for seen in broker.connections:
+    for seen in mini_broker.connections:
         for payload, dup in seen.published:
             assert not dup
             by_client.setdefault(int(payload) % 8, []).append(int(payload))
     assert sorted(p for ps in by_client.values() for p in ps) == list(range(sent))  # every message once
     assert all(ps == sorted(ps) for ps in by_client.values())  # each client's in order
-    assert sum(1 for s in broker.connections if s.passwords == [b"token-1"]) == 8  # then each on a newer token
+    assert sum(1 for s in mini_broker.connections if s.passwords == [b"token-1"]) == 8  # then each on a newer token
 
 
 def test_a_broker_that_closes_each_new_connection_at_once_is_not_reconnected_to_in_a_tight_loop(
-        broker: MiniBroker) -> None:
-    client = placed_client(broker, Tokens())
+        mini_broker: MiniBroker) -> None:
+    client = placed_client(mini_broker, Tokens())
     try:
-        broker.close_on_publish = True  # a token without topic scopes: the broker closes the connection, and paho
+        mini_broker.close_on_publish = True  # a token without topic scopes: the broker closes the connection, and paho
         client.publish("t", b"refused", qos=1)  # sends the message again on the next one
         time.sleep(1.5)  # the scenario is the passing time: how many connections does it make in 1.5 s?
     finally:
         client.disconnect()
         client.loop_stop()
-    assert 2 <= len(broker.connections) <= 7, len(broker.connections)  # waits 0.1, 0.2, 0.4, 0.8 s (+- a fifth)
+    # waits 0.1, 0.2, 0.4, 0.8 s (+- a fifth)
+    assert 2 <= len(mini_broker.connections) <= 7, len(mini_broker.connections)
 
 
 def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before_it_says_goodbye(
-        broker: MiniBroker) -> None:
+        mini_broker: MiniBroker) -> None:
     from smartclient.mqtt.handover import SETTLE_GRACE
 
-    broker.feed = True  # a subscriber receiving a message every 5 ms
-    placer = MqttPlacer(entry_points=[str(broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
+    mini_broker.feed = True  # a subscriber receiving a message every 5 ms
+    placer = MqttPlacer(entry_points=[str(mini_broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
                         options=MqttOptions(protocol="3.1.1", clean_start=False, connect_timeout=2.0))
     got: list[bytes] = []
     client = placer.connect("settle-1", setup=lambda c: setattr(c, "on_message", lambda *a: got.append(a[2].payload)))
@@ -487,7 +482,7 @@ def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before
     finally:
         client.disconnect()
         client.loop_stop()
-    old = broker.connections[0]
+    old = mini_broker.connections[0]
     assert old.disconnected and old.acked and len(got) >= len(old.acked)
     quiet = old.disconnected_at - old.acked[-1][0]  # its last PUBACK, then nothing read, then DISCONNECT
     assert quiet >= SETTLE_GRACE * 0.9, quiet

@@ -15,20 +15,13 @@ from smartclient.core.retry import Backoff
 from smartclient.core.settings import Credentials
 from smartclient.core.tokens import coerce_token, jwt_expiry, refresh_delay
 from smartclient.credentials import EXTERNAL, Login, alogin, login, tls_context, watch
+from tests.unit.fakes import Clock
 
 
 def jwt(claims: dict[str, object]) -> str:
     def part(obj: object) -> str:
         return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
     return f"{part({'alg': 'RS256'})}.{part(claims)}.c2ln"
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the shapes a provider may answer -------------------------------------------------------------------------

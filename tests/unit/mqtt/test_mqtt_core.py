@@ -33,6 +33,7 @@ from smartclient.mqtt.fleet import FleetReport, MqttFleet
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
 from smartclient.mqtt.topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
 from smartclient.stream.codec import decode_amqp
+from tests.unit.fakes import QUICK_RECONNECT, FakeManagement, FakeMqttClient, direct_network
 
 # what RabbitMQ 4.0.5 stored in a stream for an MQTT QoS 1 publish to iot/dev-1/temp (captured)
 MQTT_IN_STREAM = (b'\x00Sp\xc0\x06\x05A@@AC\x00Sr\xc17\x04\xa3\nx-exchange\xa1\tamq.topic\xa3\rx-routing-key'
@@ -92,7 +93,8 @@ def test_protocol_versions_and_options_are_checked_before_any_io() -> None:
 
 
 def test_a_placer_needs_a_way_to_find_nodes() -> None:
-    with pytest.raises(ConfigurationError, match="entry_points=, the management API, or a load balancer resolver with an MQTT listener"):
+    with pytest.raises(ConfigurationError,
+                       match="entry_points=, the management API, or a load balancer resolver with an MQTT listener"):
         MqttPlacer()
 
 
@@ -128,35 +130,7 @@ def test_a_rebalance_moves_the_surplus_to_the_nodes_below_their_share() -> None:
     assert rebalance([(0, "a"), (1, "b")], ["a", "b"], 2) == ([], ("a", "b"))  # even: no room, any node
 
 
-# -- a reconnect driven through the core's placement loop, with a fake network ------------------------
-class _Client:
-    """What MqttPlacer.reconnect uses of a PlacedMqttClient; ``network(target, dialled)`` says which node
-    a connection reaches (raising ConnectionFailed when none)."""
-
-    def __init__(self, network: Any, target: Address) -> None:
-        self.network, self.target, self.client_id = network, target, "dev-1"
-        self.reached: Address | None = None
-        self.dials: list[tuple[Address, Address]] = []
-        self.listed_at, self.failovers, self.attempts, self.node, self.dialled = 1, 0, 1, "n?", target
-
-    def reconnect_to(self, dialled: Address, server_name: str | None, timeout: float) -> bool:
-        self.dials.append((self.target, dialled))
-        self.reached = self.network(dialled)
-        return False
-
-    def drop_connection(self) -> None:
-        self.reached = None
-
-    def is_connected(self) -> bool:
-        return self.reached is not None
-
-    def username_pw_set(self, username: str | None, password: str | None = None) -> None:
-        self.login = (username, password)
-
-    def logged_in_with(self, secret: str | None, expires_at: float | None) -> None:
-        self.login_expires_at = expires_at
-
-
+# -- a reconnect driven through the core's placement loop, with a fake network (tests/unit/fakes.py) ---------
 class _LbPlacer(MqttPlacer):
     """Through a load balancer, the node a connection reached as the management API would list it."""
 
@@ -165,86 +139,57 @@ class _LbPlacer(MqttPlacer):
         return f"rabbit@{connection.reached.host}", newer_than + 1
 
 
-class _Overview:
-    def get(self, path: str) -> Any:
-        raise AssertionError(f"not asked here: {path}")
-
-    def overview(self) -> dict[str, Any]:
-        return {"listeners": [{"node": f"rabbit@{a.host}", "protocol": "mqtt", "ip_address": "::", "port": 1883}
-                              for a in (A, B, C)]}
-
-
 FAST = RetryPolicy(backoff_initial=0.0, backoff_max=0.0, sticky_window=4, max_time=5.0)
-QUICK = MqttOptions(reconnect_delay=(0.001, 0.001))
-
-
-def direct_network(down: set[Address]) -> Any:
-    def reach(dialled: Address) -> Address:
-        if dialled in down:
-            raise ConnectionFailed(f"{dialled} refused")
-        return dialled
-
-    return reach
 
 
 def test_a_direct_reconnect_goes_to_the_next_node_that_answers() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK)
-    client = _Client(direct_network({C}), B)
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK_RECONNECT)
+    client = FakeMqttClient(direct_network({C}), B)
     placer.reconnect(client)  # type: ignore[arg-type]
     assert [d for _, d in client.dials] == [C, A]  # the next node first, then the one after
     assert (client.target, client.dialled, client.failovers, client.attempts) == (A, A, 1, 2)
 
 
 def test_a_direct_reconnect_goes_back_to_its_node_only_when_no_other_answers() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK)
-    client = _Client(direct_network({A, C}), B)
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK_RECONNECT)
+    client = FakeMqttClient(direct_network({A, C}), B)
     placer.reconnect(client)  # type: ignore[arg-type]
     assert [d for _, d in client.dials] == [C, A, B] and client.target == B
 
 
 def test_a_reconnect_that_reaches_nothing_gives_up_typed_after_the_policys_caps() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], retry=replace(FAST, max_attempts=5), options=QUICK)
-    client = _Client(direct_network({A, B}), A)
+    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], retry=replace(FAST, max_attempts=5),
+                        options=QUICK_RECONNECT)
+    client = FakeMqttClient(direct_network({A, B}), A)
     with pytest.raises(PlacementError, match="within 5 attempts") as caught:
         placer.reconnect(client)  # type: ignore[arg-type]
     assert isinstance(caught.value.__cause__, ConnectionFailed) and len(client.dials) == 5
 
 
-def lb_placer() -> _LbPlacer:
-    return _LbPlacer(_Overview(), resolver=LoadBalancer("lb:5552", mqtt=1883), retry=FAST,  # type: ignore[arg-type]
-                     options=QUICK)
+def mqtt_lb_placer() -> _LbPlacer:
+    return _LbPlacer(FakeManagement(mqtt_nodes=(A, B, C)),  # type: ignore[arg-type]
+                     resolver=LoadBalancer("lb:5552", mqtt=1883), retry=FAST, options=QUICK_RECONNECT)
 
 
 def test_a_reconnect_through_a_balancer_is_checked_and_a_miss_dropped() -> None:
     reached = iter([B, B, C])  # the balancer sends it back to its node twice, then elsewhere
-    client = _Client(lambda dialled: next(reached), B)
-    placer = lb_placer()
+    client = FakeMqttClient(lambda dialled: next(reached), B)
+    placer = mqtt_lb_placer()
     placer.reconnect(client)  # type: ignore[arg-type]
     assert {d for _, d in client.dials} == {Address("lb", 1883)} and len(client.dials) == 3
     assert (client.node, client.target, client.attempts, client.listed_at) == ("rabbit@n3", C, 3, 4)
 
 
 def test_a_reconnect_through_a_sticky_balancer_keeps_its_own_node_as_the_fallback() -> None:
-    client = _Client(lambda dialled: B, B)  # the balancer always sends it back where it was, and it is up
-    lb_placer().reconnect(client)  # type: ignore[arg-type]
+    client = FakeMqttClient(lambda dialled: B, B)  # the balancer always sends it back where it was, and it is up
+    mqtt_lb_placer().reconnect(client)  # type: ignore[arg-type]
     assert client.node == "rabbit@n2" and client.is_connected() and client.attempts == 5  # the core's window
 
 
 def test_a_reconnect_through_a_balancer_that_never_reaches_a_cluster_node_is_node_unreachable() -> None:
-    client = _Client(lambda dialled: Address("elsewhere", 1883), B)
+    client = FakeMqttClient(lambda dialled: Address("elsewhere", 1883), B)
     with pytest.raises(NodeUnreachable, match="never routes to a candidate"):
-        lb_placer().reconnect(client)  # type: ignore[arg-type]
-
-
-class _Api:
-    """A management API stand-in that lists given connection rows."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def get(self, path: str) -> list[dict[str, Any]]:
-        assert path.startswith("/api/connections?columns=node,connected_at,client_properties.client_id")
-        return self.rows
+        mqtt_lb_placer().reconnect(client)  # type: ignore[arg-type]
 
 
 def _row(client_id: str, node: str, at: int) -> dict[str, Any]:
@@ -252,7 +197,8 @@ def _row(client_id: str, node: str, at: int) -> dict[str, Any]:
 
 
 def test_identification_takes_the_newest_listing_and_skips_ones_seen_before() -> None:
-    api = _Api([_row("d-1", "rabbit-1@h", 100), _row("d-1", "rabbit-2@h", 250), _row("d-2", "rabbit-3@h", 90)])
+    api = FakeManagement([_row("d-1", "rabbit-1@h", 100), _row("d-1", "rabbit-2@h", 250),
+                          _row("d-2", "rabbit-3@h", 90)])
     placer = MqttPlacer(api, entry_points=["x:1"])  # type: ignore[arg-type]
     assert placer.listings(["d-1", "d-2", "d-3"]) == {"d-1": ("rabbit-2@h", 250), "d-2": ("rabbit-3@h", 90)}
     # d-1 was last seen at 250: a connection being replaced must not pass for its successor
@@ -293,7 +239,7 @@ def test_a_hand_over_through_a_balancer_that_never_reaches_its_node_keeps_the_co
     # its own node B is tier 0 of a hand-over; the balancer sends it to C and A by turns: both tier 1, and the
     # client (one connection per client id) holds only the latest, which is what it must keep (issue 53)
     reached = itertools.cycle([C, A])
-    client = _Client(lambda dialled: next(reached), B)
-    lb_placer().reconnect(client, handover=True)  # type: ignore[arg-type]
+    client = FakeMqttClient(lambda dialled: next(reached), B)
+    mqtt_lb_placer().reconnect(client, handover=True)  # type: ignore[arg-type]
     assert client.is_connected() and client.node == f"rabbit@{client.reached.host}"  # type: ignore[union-attr]
     assert client.attempts == 6  # the core's sticky window (4) past the two new nodes

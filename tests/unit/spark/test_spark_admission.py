@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from smartclient import ConfigurationError
-from smartclient.spark import RabbitStreamDataSource, source
+from smartclient.spark import source
 from smartclient.spark.admission import cap_batch_end, duration_seconds, hold_batch, new_records
 from smartclient.spark.source import admission_control_supported
-
-OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
+from tests.unit.fakes import Clock
 
 
 @pytest.mark.parametrize("start, latest, max_bytes, sizes, end", [
@@ -127,26 +126,12 @@ def test_bad_durations_are_refused_by_name(raw: str, error: str) -> None:
         duration_seconds("maxTriggerDelay", raw)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-def reader(monkeypatch: pytest.MonkeyPatch, latest: dict[str, int], **options: str) -> Any:
-    state = {"latest": dict(latest)}
-    monkeypatch.setattr(source, "next_offsets", lambda connection, streams: dict(state["latest"]))
-    r = RabbitStreamDataSource({**OPTIONS, **options}).streamReader(None)
-    r.test_latest = state
-    return r
-
-
-def test_the_reader_holds_small_batches_back_until_enough_or_the_delay(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
+def test_the_reader_holds_small_batches_back_until_enough_or_the_delay(
+    monkeypatch: pytest.MonkeyPatch, open_reader: Any
+) -> None:
+    clock = Clock(1000.0)
     monkeypatch.setattr(source.time, "monotonic", clock.monotonic)
-    r = reader(monkeypatch, {"a": 100, "b": 0}, minOffsetsPerTrigger="250", maxTriggerDelay="60s")
+    r = open_reader({"a": 100, "b": 0}, minOffsetsPerTrigger="250", maxTriggerDelay="60s")
     limit = SimpleNamespace(min_rows=250)
     assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 100, "b": 0}  # the first trigger: what there is
     r.test_latest["latest"] = {"a": 150, "b": 50}
@@ -169,7 +154,9 @@ def test_the_reader_holds_small_batches_back_until_enough_or_the_delay(monkeypat
     assert r.latestOffset({"a": 260, "b": 100}, limit) == {"a": 270, "b": 100}  # AvailableNow: never held
 
 
-def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(
+    monkeypatch: pytest.MonkeyPatch, open_reader: Any
+) -> None:
     sampled: list[dict[str, int]] = []
 
     def record_bytes(connection: Any, at: dict[str, int], available: dict[str, int]) -> dict[str, float]:
@@ -179,7 +166,7 @@ def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypa
     failing = "none"
 
     monkeypatch.setattr(source, "record_bytes", record_bytes)
-    r = reader(monkeypatch, {"a": 400, "b": 400}, maxBytesPerTrigger="110000", maxRecordsPerTrigger="1000")
+    r = open_reader({"a": 400, "b": 400}, maxBytesPerTrigger="110000", maxRecordsPerTrigger="1000")
     limit = SimpleNamespace(max_rows=1000)  # the one limit Spark hands back; the byte cap still applies
     assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 70, "b": 400}
     assert r.latestOffset({"a": 0, "b": 0}, limit) == {"a": 70, "b": 400}  # the same start: no new sample
@@ -192,30 +179,32 @@ def test_the_reader_caps_bytes_at_sizes_sampled_where_each_batch_starts(monkeypa
 
 
 @pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
-def test_the_default_read_limit_names_one_kind_and_the_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_read_limit_names_one_kind_and_the_options_are_checked(open_reader: Any) -> None:
     from pyspark.sql.streaming.datasource import (  # type: ignore[import-not-found,unused-ignore]
         ReadMaxBytes,
         ReadMaxRows,
         ReadMinRows,
     )
 
-    assert reader(monkeypatch, {}, maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxBytes(5000)
-    assert reader(monkeypatch, {}, minOffsetsPerTrigger="50").getDefaultReadLimit() == ReadMinRows(50)
-    assert reader(monkeypatch, {}, minOffsetsPerTrigger="50", maxRecordsPerTrigger="9",
+    assert open_reader({}, maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxBytes(5000)
+    assert open_reader({}, minOffsetsPerTrigger="50").getDefaultReadLimit() == ReadMinRows(50)
+    assert open_reader({}, minOffsetsPerTrigger="50", maxRecordsPerTrigger="9",
                   maxBytesPerTrigger="5000").getDefaultReadLimit() == ReadMaxRows(9)
     with pytest.raises(ConfigurationError, match="maxBytesPerTrigger=0 must be positive"):
-        reader(monkeypatch, {}, maxBytesPerTrigger="0")
+        open_reader({}, maxBytesPerTrigger="0")
     with pytest.raises(ConfigurationError, match="maxTriggerDelay='later' is not a duration"):
-        reader(monkeypatch, {}, minOffsetsPerTrigger="5", maxTriggerDelay="later")
+        open_reader({}, minOffsetsPerTrigger="5", maxTriggerDelay="later")
 
 
 @pytest.mark.parametrize("option", ["maxBytesPerTrigger", "minOffsetsPerTrigger"])
-def test_byte_and_min_limits_are_refused_naming_the_version(monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+def test_byte_and_min_limits_are_refused_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch, open_reader: Any, option: str
+) -> None:
     import pyspark
 
     monkeypatch.setattr(source, "admission_control_supported", lambda: False)
     with pytest.raises(ConfigurationError, match=rf"{option} needs admission control .* PySpark {pyspark.__version__}"):
-        reader(monkeypatch, {}, **{option: "300"})
+        open_reader({}, **{option: "300"})
 
 
 def test_the_sampler_weighs_what_it_reads_and_leaves_out_what_fails_or_is_late(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from smartclient import ConfigurationError
-from smartclient.spark import RabbitStreamDataSource, source
+from smartclient.spark import source
 from smartclient.spark.source import _split, admission_control_supported, cap_batch_end, offsets_behind
 from smartclient.stream.columnar import next_offset as _next_offset
-
-OPTIONS = {"uri": "rabbitmq-stream://h", "streams": "a,b"}
+from tests.unit.fakes import FakeConsumer
 
 
 @pytest.mark.parametrize("start, latest, cap, end", [
@@ -49,21 +48,18 @@ def test_successive_capped_batches_reach_the_end_once() -> None:
     assert sizes == [300, 300, 300, 100]
 
 
-def reader(monkeypatch: pytest.MonkeyPatch, latest: dict[str, int], **options: str) -> Any:
-    monkeypatch.setattr(source, "next_offsets", lambda connection, streams: dict(latest))
-    return RabbitStreamDataSource({**OPTIONS, **options}).streamReader(None)
-
-
-def test_latest_offset_without_a_limit_is_where_the_streams_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = reader(monkeypatch, {"a": 1000, "b": 10})
+def test_latest_offset_without_a_limit_is_where_the_streams_end(open_reader: Any) -> None:
+    r = open_reader({"a": 1000, "b": 10})
     assert r.latestOffset() == {"a": 1000, "b": 10}  # PySpark 4.0 and 4.1 call it so
     assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace()) == {"a": 1000, "b": 10}  # ReadAllAvailable
     assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace(max_rows=100)) == {"a": 90, "b": 10}  # ReadMaxRows
     assert r.reportLatestOffset() == {"a": 1000, "b": 10}
 
 
-def test_trigger_available_now_stops_where_the_streams_ended_when_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    r = reader(monkeypatch, {"a": 500, "b": 10})
+def test_trigger_available_now_stops_where_the_streams_ended_when_it_started(
+    monkeypatch: pytest.MonkeyPatch, open_reader: Any
+) -> None:
+    r = open_reader({"a": 500, "b": 10})
     r.prepareForTriggerAvailableNow()
     monkeypatch.setattr(source, "next_offsets", lambda connection, streams: {"a": 900, "b": 20})  # more arrived
     assert r.latestOffset({"a": 0, "b": 0}, SimpleNamespace()) == {"a": 500, "b": 10}
@@ -72,43 +68,37 @@ def test_trigger_available_now_stops_where_the_streams_ended_when_it_started(mon
 
 
 @pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
-def test_the_default_read_limit_is_max_records_per_trigger(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_read_limit_is_max_records_per_trigger(open_reader: Any) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # type: ignore[import-not-found,unused-ignore]
 
-    assert reader(monkeypatch, {}, maxRecordsPerTrigger="300").getDefaultReadLimit() == ReadMaxRows(300)
-    assert reader(monkeypatch, {}).getDefaultReadLimit() == ReadAllAvailable()
+    assert open_reader({}, maxRecordsPerTrigger="300").getDefaultReadLimit() == ReadMaxRows(300)
+    assert open_reader({}).getDefaultReadLimit() == ReadAllAvailable()
     with pytest.raises(ConfigurationError, match="must be positive"):
-        reader(monkeypatch, {}, maxRecordsPerTrigger="0")
+        open_reader({}, maxRecordsPerTrigger="0")
 
 
 @pytest.mark.skipif(not admission_control_supported(), reason="this PySpark has no admission control")
-def test_spark_sees_admission_control_and_trigger_available_now(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spark_sees_admission_control_and_trigger_available_now(open_reader: Any) -> None:
     import io
 
     from pyspark.sql.streaming import python_streaming_source_runner as runner  # type: ignore[attr-defined,unused-ignore]
 
     out = io.BytesIO()
-    runner.check_support_func(reader(monkeypatch, {}), out)  # what Spark's source process answers the JVM
+    runner.check_support_func(open_reader({}), out)  # what Spark's source process answers the JVM
     flags = int.from_bytes(out.getvalue(), "big")
     assert flags == runner.SUPPORTS_ADMISSION_CONTROL | runner.SUPPORTS_TRIGGER_AVAILABLE_NOW
 
 
-def test_max_records_per_trigger_is_refused_naming_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_records_per_trigger_is_refused_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch, open_reader: Any
+) -> None:
     import pyspark
 
     # a PySpark without the hook (4.0, 4.1), whichever PySpark is installed
     monkeypatch.setattr(source, "admission_control_supported", lambda: False)
     refused = rf"PySpark {pyspark.__version__} does not offer .* came in PySpark 4\.2"
     with pytest.raises(ConfigurationError, match=refused):
-        reader(monkeypatch, {}, maxRecordsPerTrigger="300")
-
-
-class FakeConsumer:
-    def __init__(self, last_offset: int | None) -> None:
-        self.last_offset, self.node, self.closed = last_offset, "n1", False
-
-    async def close(self) -> None:
-        self.closed = True
+        open_reader({}, maxRecordsPerTrigger="300")
 
 
 class FakeEnvironment:
@@ -123,7 +113,7 @@ class FakeEnvironment:
 
     async def consumer(self, stream: str, callback: Any, options: Any) -> FakeConsumer:
         self.subscribed.append(options.offset)
-        return FakeConsumer(self.chunk_ends_at)
+        return FakeConsumer(last_offset=self.chunk_ends_at, node="n1")
 
     def invalidate(self, stream: str) -> None:
         pass

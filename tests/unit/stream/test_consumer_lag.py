@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from smartclient.core.lag import StreamEnd, consumer_lag, has_settled, worst
-from smartclient.core.topology import Role
 from smartclient.stream.lag import LAG_SAMPLE, LagSampler
+from tests.unit.fakes import FakeConsumer
 
 # -- the end of a stream ----------------------------------------------------------------------------------
 
@@ -81,18 +81,7 @@ def test_the_worst_lag_per_stream_and_name_unknown_ones_left_out() -> None:
 # -- the sampler, with a fake Environment -----------------------------------------------------------------
 
 
-class FakeConsumer:
-    role = Role.CONSUMER
-    closed = False
-    failure = None
-
-    def __init__(self, stream: str, name: str | None, waiting_for: int | None, active: bool | None = None,
-                 handing_over: bool = False) -> None:
-        self.stream, self.name, self.waiting_for, self.active = stream, name, waiting_for, active
-        self.handing_over, self.recovering = handing_over, False
-
-
-class FakeHost(SimpleNamespace):  # (a sampler holds its Environment's carriers weakly)
+class SamplerHost(SimpleNamespace):  # (a sampler holds its Environment's carriers weakly)
     pass
 
 
@@ -101,8 +90,8 @@ def fake_host(consumers: list[Any], stats: dict[str, dict[str, int]], asked: lis
         asked.append(stream)
         return SimpleNamespace(candidates=lambda role: stream)
 
-    return FakeHost(handles=consumers, topology=topology, recovery=SimpleNamespace(attempt_time=1.0),
-                           placement=SimpleNamespace(connector=stats), connection_name="t")
+    return SamplerHost(handles=consumers, topology=topology, recovery=SimpleNamespace(attempt_time=1.0),
+                       placement=SimpleNamespace(connector=stats), connection_name="t")
 
 
 async def test_a_sample_reads_each_stream_once_for_all_its_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,9 +101,9 @@ async def test_a_sample_reads_each_stream_once_for_all_its_consumers(monkeypatch
         return dict(connector[stream])
 
     monkeypatch.setattr("smartclient.stream.stats.stream_stats_from", stream_stats_from)
-    a, b, c = FakeConsumer("s", "billing", 1000), FakeConsumer("s", None, 200), FakeConsumer("s", None, 600)
-    inactive, t = FakeConsumer("s", "billing", 0, active=False), FakeConsumer("t", "audit", 10)
-    held = FakeConsumer("t", "held", 0, handing_over=True)
+    a, b, c = FakeConsumer(1000, name="billing"), FakeConsumer(200, name=None), FakeConsumer(600, name=None)
+    inactive, t = FakeConsumer(0, name="billing", active=False), FakeConsumer(10, stream="t", name="audit")
+    held = FakeConsumer(0, stream="t", name="held", handing_over=True)
     asked: list[str] = []
     host = fake_host([a, b, c, inactive, t, held], stats, asked)
     sampler = LagSampler(host)
@@ -134,7 +123,7 @@ async def test_the_sampler_starts_on_the_first_read_and_stops_with_the_last_cons
         return {"committed_offset": 9}
 
     monkeypatch.setattr("smartclient.stream.stats.stream_stats_from", stream_stats_from)
-    consumer = FakeConsumer("s", None, 4)
+    consumer = FakeConsumer(4, name=None)
     host = fake_host([consumer], {}, [])
     sampler = LagSampler(host)
     assert sampler.lag(consumer) is None and sampler.task is None  # no loop attached yet: nothing to run on
@@ -161,7 +150,7 @@ async def test_a_read_from_another_thread_starts_the_sampler_on_the_environment_
         return {"committed_offset": 9}
 
     monkeypatch.setattr("smartclient.stream.stats.stream_stats_from", stream_stats_from)
-    consumer = FakeConsumer("s", "x", 10)
+    consumer = FakeConsumer(10, name="x")
     host = fake_host([consumer], {}, [])
     sampler = LagSampler(host)
     sampler.attach(asyncio.get_running_loop())

@@ -16,6 +16,7 @@ from smartclient.core.topology import Candidates, Role, StreamTopology
 from smartclient.stream.handles import Producer
 from smartclient.stream.host import PlacementRecord
 from smartclient.stream.unreported import confirm_leader, watch_confirms, watch_deliveries
+from tests.unit.fakes import Clock, FakeConsumer
 
 NOW = Backoff.steady(0.0)  # the looks after a recovery, without their waits
 
@@ -73,22 +74,14 @@ class FakeBuffer:
         self.suspended = False
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 async def _watch_until(producer: Producer, clock: Clock, buffer: FakeBuffer, losses: list[str], seconds: float,
                        confirm: bool = False) -> None:
     producer._buffer = buffer  # type: ignore[assignment]
     task = asyncio.create_task(watch_confirms(producer, FakeHost.of(producer), 0.004, now=clock))
     try:
-        while clock.t < seconds:
+        while clock.now < seconds:
             await asyncio.sleep(0.001)
-            clock.t += 0.001
+            clock.now += 0.001
             if confirm:
                 buffer.confirmed += 1
     finally:
@@ -128,31 +121,6 @@ async def test_an_unnamed_producer_only_looks_since_sending_again_could_store_tw
     assert losses == [] and host.dropped >= 3
 
 
-class FakeConsumer:
-    """What the delivery watch reads of a consumer."""
-
-    def __init__(self, waiting_for: int | None) -> None:
-        self.closed, self.failure, self.stream, self.name = False, None, "s", "c"
-        self.recovering, self.active, self.handing_over = False, None, False
-        self.waiting_for, self._subscriber, self.node = waiting_for, object(), "localhost:5552"
-        self.losses: list[str] = []
-
-    def _lost(self, reason: str) -> None:
-        self.losses.append(reason)
-        self._subscriber = object()  # what a recovery does: a new subscription
-
-    @property
-    def control(self) -> FakeConsumer:  # its own HandleControl
-        return self
-
-    @property
-    def subscriber(self) -> Any:
-        return self._subscriber
-
-    def lost(self, reason: str) -> None:
-        self._lost(reason)
-
-
 class StatsHost:
     recovery = RecoveryPolicy()
 
@@ -171,12 +139,12 @@ async def _deliveries(consumer: FakeConsumer, host: StatsHost, seconds: float, d
     clock = Clock()
     task = asyncio.create_task(watch_deliveries(consumer, host, 0.004, now=clock))  # type: ignore[arg-type]
     try:
-        while clock.t < seconds:
+        while clock.now < seconds:
             await asyncio.sleep(0.001)
-            clock.t += 0.001
+            clock.now += 0.001
             if deliver and consumer.waiting_for is not None:
                 consumer.waiting_for += 1
-            if at is not None and clock.t >= at[0]:
+            if at is not None and clock.now >= at[0]:
                 host.committed = at[1]
     finally:
         task.cancel()
