@@ -1,6 +1,7 @@
 """The unit tests' shared fakes: the stand-ins more than one test file uses for what the library talks to (an
-rstream client, a consumer handle, a clock, the management API), and the frames a broker sends, built here byte
-for byte.  A fake used by one file alone stays in that file."""
+rstream client, a consumer handle, a clock, the management API, an MQTT client and its network, a socket that
+answers as a broker), and the frames a broker sends, built here byte for byte.  A fake used by one file alone stays
+in that file."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from smartclient.stream._rstream.placed import PlacedConsumer
 from smartclient.stream.publishing import BatchingPolicy, PublishBuffer
 
 
-# -- an rstream client ------------------------------------------------------------------------------------------
+# -- an rstream client ---------------------------------------------------------------------------------------------
 class FakeClient:
     """What the library uses of an rstream client: alive until closed, ids taken on it, and what a PublishBuffer
     writes through it (the frame max, the handlers it adds, the socket writer: every frame in ``frames``)."""
@@ -81,7 +82,7 @@ def confirm(buffer: PublishBuffer, *ids: int) -> None:
     buffer._on_confirm(SimpleNamespace(publisher_id=buffer.publisher_id, publishing_ids=list(ids)))
 
 
-# -- a consumer handle, a clock, the management API ---------------------------------------------------------------
+# -- a consumer handle, a clock, the management API ----------------------------------------------------------------
 class FakeConsumer:
     """What the library reads of a consumer handle: the delivery watch and the lag sampler its stream, name, the
     offset it waits for (``waiting_for``) and its state, and a recovery's new subscription (each loss kept in
@@ -146,7 +147,7 @@ class FakeManagement:
                               for a in self.mqtt_nodes]}
 
 
-# -- an MQTT client and the network it reconnects over --------------------------------------------------------------
+# -- an MQTT client, and a network a connection is dialled over ----------------------------------------------------
 QUICK_RECONNECT = MqttOptions(reconnect_delay=(0.001, 0.001))
 
 
@@ -182,13 +183,13 @@ def direct_network(down: set[Address]) -> Any:
     """A network where each address dialled is the node reached, but those ``down``, which refuse."""
     def reach(dialled: Address) -> Address:
         if dialled in down:
-            raise ConnectionFailed(f"{dialled} refused")
+            raise ConnectionFailed(f"{dialled} refused the connection")
         return dialled
 
     return reach
 
 
-# -- a listening socket that answers as a broker, and TLS contexts of a CA of its own -------------------------------
+# -- a listening socket that answers as a broker, and TLS contexts of a CA of its own ------------------------------
 @dataclass
 class FakeBroker:
     """Accepts connections; reads each CONNECT and answers ``connack`` (nothing if None), over ``tls`` if given."""

@@ -21,7 +21,7 @@ from smartclient.node_placement import Landed, NodePlacer
 from smartclient.options import ClientSettings
 from smartclient.stream.connector import StreamConnector
 from smartclient.stream.host import Connection
-from tests.unit.fakes import FakeClient
+from tests.unit.fakes import FakeClient, direct_network
 
 N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
 NODES = (N1, N2, N3)
@@ -43,15 +43,6 @@ def sticky(node: Address) -> Network:
 def random_lb(seed: int) -> Network:
     rng = random.Random(seed)
     return lambda target: rng.choice(NODES)
-
-
-def direct(down: set[Address]) -> Network:
-    def reach(target: Address) -> Address:
-        if target in down:
-            raise ConnectionFailed(f"{target} refused the connection")
-        return target
-
-    return reach
 
 
 def dies_after(network: Network, node: Address, connections: int) -> Network:
@@ -161,7 +152,7 @@ def test_a_node_that_dies_mid_placement_is_skipped(shell: str) -> None:
 
 def test_stream_with_its_replica_missing_falls_back_to_the_leader_directly() -> None:
     consumer = StreamTopology("s", N1, (N2,)).candidates(Role.CONSUMER)
-    node, opened = place_stream(consumer, direct(down={N2}))
+    node, opened = place_stream(consumer, direct_network(down={N2}))
     assert node == N1 and opened == 2  # the replica refused, then the leader (tier 1) is accepted
 
 
