@@ -132,7 +132,7 @@ def as_resolver(resolver: ResolverLike) -> Resolver:
         return _Plain(resolver.resolve, resolver, type(resolver).__name__)
     if callable(resolver):
         function = inspect.isfunction(resolver) or inspect.ismethod(resolver)
-        return _Plain(resolver, resolver, resolver.__qualname__ if function else type(resolver).__name__)
+        return _Plain(resolver, resolver, resolver.__name__ if function else type(resolver).__name__)
     raise ResolutionError(f"{resolver!r} is not a resolver: it has no resolve() and is not callable")
 
 

@@ -196,7 +196,7 @@ class ConsumerOptions:
         instance("ConsumerOptions.flow", flow, ConsumerFlow)
         check_on_error(on_error, "ConsumerOptions")
         if (single_active or tracking is not None) and not name:
-            raise ConfigurationError("ConsumerOptions: single_active and offset tracking need a name")
+            raise ConfigurationError("ConsumerOptions: a consumer with single_active or offset tracking needs a name")
         values = {"offset": OffsetSpec.parse(offset), "name": name, "single_active": single_active,
                   "on_update": on_update, "tracking": tracking, "filter": filter, "flow": flow, "on_error": on_error}
         for key, value in values.items():

@@ -55,6 +55,7 @@ ENVIRONMENT_OPTIONS: dict[str, Check | None] = {
     # streams, producers and consumers
     "stream": _stream,
     "invalidate.stream": _optional_stream,
+    "consumer.super_stream": _optional_stream,
     "super_stream": _stream,
     "role": settings(Role, optional=False),
     "stored_offset.name": text,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from smartclient import CallbackFailed, Chunk, ConfigurationError, Environment, OffsetTracking
+from smartclient import CallbackFailed, Chunk, ConfigurationError, ConsumerOptions, Environment, OffsetTracking
 from smartclient.sync import SyncEnvironment
 from smartclient.testing import TestBed
 
@@ -129,7 +129,8 @@ async def test_bad_on_error_is_refused_before_any_io(env: Environment, stream: s
         with pytest.raises(ConfigurationError, match="on_error"):
             await env.consumer(stream, lambda m, c: None, on_error=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="on_error"):
-        await env.super_stream_consumer("no-such-super-stream", lambda m, c: None, on_error="retry")  # type: ignore
+        await env.super_stream_consumer("no-such-super-stream", lambda m, c: None,
+                                        options=ConsumerOptions(on_error="retry"))  # type: ignore[arg-type]
 
 
 def test_the_sync_facade_skips_and_stops_the_same_way(rabbitmq_testbed: TestBed, rabbitmq_unique_name: str) -> None:

@@ -45,7 +45,7 @@ def test_the_short_keywords_build_the_value_once_and_not_beside_one() -> None:
     assert given.offset == OffsetSpec.parse("first")
     with pytest.raises(ConfigurationError, match=r"ProducerOptions as options= or as keywords, not both: \['name'\]"):
         given_options(ProducerOptions, ProducerOptions(), name="w", filter_value=None, batching=None, encoding="amqp")
-    with pytest.raises(ConfigurationError, match="single_active and offset tracking need a name"):
+    with pytest.raises(ConfigurationError, match="single_active or offset tracking needs a name"):
         ConsumerOptions(single_active=True)
     with pytest.raises(ConfigurationError, match=r"ConsumerOptions\.flow"):
         ConsumerOptions(flow=3)  # type: ignore[arg-type]
