@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from resolvers import LoadBalancer
-from smartclient import Address
+from smartclient import Address, ClientSettings
 from smartclient.amqp10.placement import Amqp10Placer
 from smartclient.testing.local import LocalTestBed
 
@@ -72,7 +72,8 @@ def main() -> int:
     queue = f"bench-amqp10-{uuid.uuid4().hex[:6]}"
     with bed.management() as api:
         api.put(f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
-        placer = Amqp10Placer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        through_lb = ClientSettings(resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        placer = Amqp10Placer(api, settings=through_lb)
         try:
             topology = placer.queue_topology(queue)
             follower = next(m for m in topology.members if m != topology.leader)

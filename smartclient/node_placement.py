@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ssl
 import time
 import weakref
 from collections import Counter
@@ -39,15 +38,12 @@ from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.landing import Attempt, Keep, KeptList, Missed, Placement, Reached, Reject, drive
 from smartclient.core.retry import Backoff, RetryPolicy
-from smartclient.core.settings import Credentials
 from smartclient.core.topology import Candidates, Role
 from smartclient.core.validation import checked
-from smartclient.credentials import ExternalLogin, TokenCredentials
 from smartclient.options import CLIENT_OPTIONS, ClientSettings
 from smartclient.resolution import Route, run_sync
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
 __all__ = ["Landed", "NodePlacer", "run_sync"]
@@ -76,6 +72,9 @@ class NodePlacer(Generic[C]):
     :attr:`default_port`, :attr:`name_column` and implement :meth:`_dial` and :meth:`_close`.
 
     :param management: the management API, for the nodes' listeners and to find a connection's node.
+    :param settings: the credentials, vhost, TLS (and the name it verifies), resolver, allow-list, retry policy and
+        connection options every connection takes: an Environment's, or ``ClientSettings(...)`` made for this
+        placer (a client certificate as the identity: ``credentials=EXTERNAL``).
     :param identify_timeout: seconds to wait for the management API to list a new connection (it lists
         connections after its next statistics round, up to 5 s by default).
     :param entry_points: where the nodes' listeners are, instead of the management API's overview:
@@ -94,40 +93,22 @@ class NodePlacer(Generic[C]):
     #: is needed, and the nodes are known by their names alone (:meth:`named_node`)
     names_its_node: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        management: ManagementClient | None,
-        *,
-        settings: ClientSettings | None = None,
-        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-        vhost: str = "/",
-        resolver: ResolverLike | None = None,
-        allow: AllowList | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        tls: ssl.SSLContext | None = None,
-        tls_server_name: str | None = None,
-        identify_timeout: float = 10.0,
-        entry_points: Any = None,
-    ) -> None:
+    def __init__(self, management: ManagementClient | None, *, settings: ClientSettings = ClientSettings(),
+                 identify_timeout: float = 10.0, entry_points: Any = None) -> None:
         from smartclient.resolution import Resolution
 
-        if settings is not None:  # one shared value (an Environment's) instead of the separate arguments
-            credentials, vhost = settings.credentials, settings.vhost
-            resolver, allow = settings.resolver, settings.allow
-            retry = settings.retry if settings.retry is not None else retry
-            tls = settings.tls if tls is None else tls
-            tls_server_name = settings.tls_server_name if tls_server_name is None else tls_server_name
+        self.settings = settings  #: the one settings value (an Environment's, or one made for this placer)
         self.management = management
-        self.credentials = credentials if credentials is not None else Credentials()
-        self.vhost = vhost
-        self.allow = allow
-        self.retry = retry
-        self.tls = tls
-        self.tls_server_name = tls_server_name
+        self.credentials = settings.credentials
+        self.vhost = settings.vhost
+        self.allow = settings.allow
+        self.retry = settings.retry
+        self.tls = settings.tls
+        self.tls_server_name = settings.tls_server_name
         # the one resolution seam: what to dial (the resolver, or the load balancer's listener for this protocol
         # when the resolver is one), which name TLS verifies
-        self.resolution = Resolution(resolver, allow, tls=tls is not None, tls_override=tls_server_name,
-                                     protocol=getattr(self, "protocol", None))
+        self.resolution = Resolution(settings.resolver, settings.allow, tls=settings.tls is not None,
+                                     tls_override=settings.tls_server_name, protocol=getattr(self, "protocol", None))
         self.lb = self.resolution.lb  #: the load balancer's listener every connection dials, if any (then checked)
         self.resolution.node_named = self._node_at  # an SNI rule is given the node's name, not its listener's host
         self.misrouted = 0  #: connections an SNI ingress sent to another node than the one they named (closed)

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ssl
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -42,16 +40,13 @@ from smartclient.amqp._pika import (
 )
 from smartclient.core.address import Address
 from smartclient.core.relogin import refusal
-from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.validation import checked
-from smartclient.credentials import CredentialsLike, ExternalLogin, TokenCredentials
+from smartclient.credentials import CredentialsLike, TokenCredentials
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, ClientSettings
 from smartclient.options import management as check_management
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
 __all__ = ["AmqpPlacer", "PlacedConnection"]
@@ -115,37 +110,17 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
     default_port = 5672
     name_column = "client_properties.connection_name"
 
-    def __init__(
-        self,
-        management: ManagementClient,
-        *,
-        settings: ClientSettings | None = None,
-        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-        vhost: str = "/",
-        resolver: ResolverLike | None = None,
-        allow: AllowList | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        tls: ssl.SSLContext | None = None,
-        heartbeat: int = 60,
-        connection_name: str | None = None,
-        identify_timeout: float = 10.0,
-        entry_points: Any = None,
-        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
-    ) -> None:
-        if (settings.tls if settings is not None and tls is None else tls) is not None:
+    def __init__(self, management: ManagementClient, *, settings: ClientSettings = ClientSettings(),
+                 identify_timeout: float = 10.0, entry_points: Any = None) -> None:
+        if settings.tls is not None:
             self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners
-        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=tls, identify_timeout=identify_timeout,
-                         entry_points=entry_points)
+        super().__init__(management, settings=settings, identify_timeout=identify_timeout, entry_points=entry_points)
         self.management: ManagementClient = management
-        self.heartbeat = heartbeat
-        #: the connections' name prefix: given, else the settings' (an Environment's), else "smartclient"
-        self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
+        self.heartbeat = settings.heartbeat
+        self.connection_name = settings.connection_name  #: the connections' name prefix
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connection
-        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
-        unsigned = self.client_certificate is not None and credentials is None and settings is None
-        #: how every connection logs in (EXTERNAL when a certificate is given without credentials)
-        self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
+        self.client_certificate = settings.client_certificate
+        self.login: CredentialsLike = self.credentials  #: how every connection logs in
         #: the token refreshes (token credentials), from the first connection on
         self._refreshes = signing.Refreshes(f"the AMQP connections of {self!r}", self.update_secrets)
         self.secret_updates = 0  #: new tokens the broker accepted on a live connection

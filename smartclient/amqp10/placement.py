@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ssl
 import threading
 import time
 import uuid
@@ -49,15 +48,13 @@ from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
 from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, RecoveryPolicy, Stop
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
-from smartclient.core.settings import ClientCertificate, Credentials
 from smartclient.core.tls_names import dns_tls_name
 from smartclient.core.validation import checked, choice, function, instance, provider, text, texts, whole
-from smartclient.credentials import CredentialsLike, ExternalLogin, TokenCredentials
+from smartclient.credentials import CredentialsLike, TokenCredentials
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, ClientSettings
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
 __all__ = ["CONSUMER_PREFERENCES", "Amqp10Consumer", "Amqp10Placer", "Amqp10Publisher", "PlacedAmqp10Connection"]
@@ -93,39 +90,21 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
     default_port = 5672
     name_column = "name"
 
-    def __init__(
-        self,
-        management: ManagementClient | None = None,
-        *,
-        settings: ClientSettings | None = None,
-        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-        vhost: str = "/",
-        resolver: ResolverLike | None = None,
-        allow: AllowList | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        tls: ssl.SSLContext | None = None,
-        connection_name: str | None = None,
-        entry_points: Any = None,
-        recovery: RecoveryPolicy = RecoveryPolicy(),
-        tracer_provider: Any = None,
-        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
-    ) -> None:
-        if (settings.tls if settings is not None and tls is None else tls) is not None:
+    def __init__(self, management: ManagementClient | None = None, *, settings: ClientSettings = ClientSettings(),
+                 entry_points: Any = None, recovery: RecoveryPolicy = RecoveryPolicy(), tracer_provider: Any = None,
+                 ) -> None:
+        if settings.tls is not None:
             self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners (RabbitMQ 4 serves AMQP 1.0 there too)
-        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=tls, entry_points=entry_points)
-        text("Amqp10Placer.connection_name", connection_name, optional=True)
+        super().__init__(management, settings=settings, entry_points=entry_points)
         instance("Amqp10Placer.recovery", recovery, RecoveryPolicy, optional=False)
         provider("Amqp10Placer.tracer_provider", tracer_provider, "get_tracer", "TracerProvider")
         self.recovery = recovery
         #: a span per publish and per message handed over (the provider given, or the global one if set)
         self.tracer = _otel.tracer(tracer_provider)
-        self.connection_name = connection_name or (settings.connection_name if settings is not None else "smartclient")
+        self.connection_name = settings.connection_name
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), read before each connection
-        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
-        unsigned = self.client_certificate is not None and credentials is None and settings is None
-        #: how every connection logs in (EXTERNAL when a certificate is given without credentials)
-        self.login: CredentialsLike = signing.EXTERNAL if unsigned else self.credentials
+        self.client_certificate = settings.client_certificate
+        self.login: CredentialsLike = self.credentials  #: how every connection logs in
         self._refreshes = signing.Refreshes(f"the AMQP 1.0 connections of {self!r}", self.update_tokens)
         self.token_updates = 0  #: new tokens the broker took on a live connection
         #: told of every recovery that ended (the Environment's recovery hooks: Environment.on_recovery)
@@ -136,7 +115,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
         #: seconds of silence after which a connection is taken for lost (the Environment's heartbeat)
-        self.heartbeat = float(settings.heartbeat) if settings is not None else 60.0
+        self.heartbeat = float(settings.heartbeat)
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:

@@ -21,7 +21,6 @@ new token: see :mod:`smartclient.mqtt.handover`.
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 import uuid
@@ -46,11 +45,10 @@ from smartclient.core.broker_nodes import pick_node, reconnect_candidates
 from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive
 from smartclient.core.recovery import RecoveryEvent
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
-from smartclient.core.retry import Backoff, RetryPolicy
-from smartclient.core.settings import ClientCertificate, Credentials
+from smartclient.core.retry import Backoff
 from smartclient.core.topology import Candidates
 from smartclient.core.validation import checked
-from smartclient.credentials import EXTERNAL, ExternalLogin, Refreshes, TokenCredentials
+from smartclient.credentials import Refreshes
 from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.options import MqttOptions, mqtt_protocol
 from smartclient.mqtt.topics import validate_filter
@@ -58,7 +56,6 @@ from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, ClientSettings, settings
 
 if TYPE_CHECKING:
-    from resolvers import AllowList, ResolverLike
     from smartclient.management import ManagementClient
 
 __all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]  # (the options: mqtt/options.py)
@@ -282,32 +279,15 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
     name_column = "client_properties.client_id"
     keep_fallbacks = False  # a second connection with the same client id takes the first over
 
-    def __init__(
-        self,
-        management: ManagementClient | None = None,
-        *,
-        settings: ClientSettings | None = None,
-        credentials: Credentials | TokenCredentials | ExternalLogin | None = None,
-        vhost: str = "/",
-        resolver: ResolverLike | None = None,
-        allow: AllowList | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        tls: ssl.SSLContext | None = None,
-        tls_server_name: str | None = None,
-        identify_timeout: float = 10.0,
-        entry_points: Any = None,
-        options: MqttOptions = MqttOptions(),
-        client_certificate: ClientCertificate | Callable[[], ClientCertificate] | None = None,
-    ) -> None:
+    def __init__(self, management: ManagementClient | None = None, *, settings: ClientSettings = ClientSettings(),
+                 identify_timeout: float = 10.0, entry_points: Any = None, options: MqttOptions = MqttOptions()
+                 ) -> None:
         if isinstance(entry_points, str):
             entry_points = [entry_points]
         if isinstance(entry_points, list | tuple):
             entry_points = [_strip_scheme(e) if isinstance(e, str) else e for e in entry_points]
-        # the nodes' MQTTS listeners with TLS, whether given here or in the settings (an Environment's)
-        self.protocol = "mqtt/ssl" if (tls if tls is not None else settings and settings.tls) is not None else "mqtt"
-        super().__init__(management, settings=settings, credentials=credentials, vhost=vhost, resolver=resolver,
-                         allow=allow, retry=retry, tls=tls, tls_server_name=tls_server_name,
-                         identify_timeout=identify_timeout, entry_points=entry_points)
+        self.protocol = "mqtt/ssl" if settings.tls is not None else "mqtt"  # the nodes' MQTTS listeners with TLS
+        super().__init__(management, settings=settings, identify_timeout=identify_timeout, entry_points=entry_points)
         if management is None and entry_points is None and self.lb is None:
             raise ConfigurationError("MQTT needs entry_points=, the management API, or a load balancer resolver with "
                                      "an MQTT listener: LoadBalancer(..., mqtt=PORT)")
@@ -315,11 +295,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self._placing = threading.Lock()
         self._call = _Call(None, [])
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connect
-        self.client_certificate = settings.client_certificate if settings is not None else client_certificate
-        unsigned = self.client_certificate is not None and credentials is None and settings is None
-        #: how every connect logs in (EXTERNAL when a certificate is given without credentials)
-        self.login = MqttCredentials(EXTERNAL if unsigned else self.credentials, self.vhost, self.tls,
-                                     self.client_certificate)
+        self.client_certificate = settings.client_certificate
+        #: how every connect logs in
+        self.login = MqttCredentials(self.credentials, self.vhost, self.tls, self.client_certificate)
         #: the hand-overs of the clients placed by connect() to each new token, from the first one on
         self._refreshes = Refreshes(f"the MQTT clients of {self!r}", self._hand_over_all)
         self.handovers = 0  #: connections of clients placed by connect() handed over to a new token

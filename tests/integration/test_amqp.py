@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, ConfigurationError, Environment, NoCandidateNode, NoRpcServer
+from smartclient import Address, ClientSettings, ConfigurationError, Environment, NoCandidateNode, NoRpcServer
 from smartclient.amqp.placement import AmqpPlacer
 from smartclient.amqp.rpc import RpcClient, RpcServer, coverage
 from smartclient.amqp.streams import AmqpStreamConsumer, StreamDelivery, declare_stream, stream_members, stream_qos
@@ -24,7 +24,8 @@ from ..conftest import wait_until_sync
 def amqp_lb_placer(rabbitmq_testbed: TestBed) -> Iterator[AmqpPlacer]:
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        yield AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        yield AmqpPlacer(api,
+                         settings=ClientSettings(resolver=LoadBalancer(Address(host, port), amqp=Address(host, port))))
 
 
 def node_names(bed: TestBed) -> list[str]:
@@ -145,8 +146,8 @@ def test_through_the_lb_a_connection_is_known_by_the_queue_it_declares_else_by_i
         api.put(f"/api/users/{user}", {"password": "s3cret-noconf", "tags": ""})
         api.put(f"/api/permissions/%2F/{user}", {"configure": "^$", "write": ".*", "read": ".*"})
         try:
-            restricted = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)),
-                                    credentials=Credentials(user, "s3cret-noconf"))
+            lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
+            restricted = AmqpPlacer(api, settings=ClientSettings(resolver=lb, credentials=Credentials(user, "s3cret-noconf")))
             for chosen in (amqp_lb_placer, restricted):
                 for node in rabbitmq_testbed.nodes:
                     with chosen.connect(node.short) as placed:
@@ -271,8 +272,8 @@ def test_nodes_discovered_from_dns_srv_are_identified_and_placed(rabbitmq_testbe
 
     host, port = rabbitmq_testbed.dns_address
     with rabbitmq_testbed.management() as api:
-        placer = AmqpPlacer(api, entry_points=SrvDiscovery("_amqp._tcp.smartclient.test", [host], port=port),
-                            resolver=DnsResolver([host], port=port))
+        placer = AmqpPlacer(api, settings=ClientSettings(resolver=DnsResolver([host], port=port)),
+                            entry_points=SrvDiscovery("_amqp._tcp.smartclient.test", [host], port=port))
         nodes = placer.nodes()
         assert [n.name for n in nodes] == sorted(node_names(rabbitmq_testbed))
         assert all(n.address("amqp").host.endswith(".smartclient.test") for n in nodes)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, ConfigurationError, FeatureNotSupported, NoCandidateNode, TopologyError
+from smartclient import Address, ClientSettings, ConfigurationError, FeatureNotSupported, NoCandidateNode, TopologyError
 from smartclient.testing import TestBed
 
 from ..conftest import wait_until_sync
@@ -29,7 +29,8 @@ from smartclient.amqp10.placement import Amqp10Placer  # noqa: E402  (needs the 
 def lb_placer(rabbitmq_testbed: TestBed) -> Iterator[Amqp10Placer]:
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        placer = Amqp10Placer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        through_lb = ClientSettings(resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        placer = Amqp10Placer(api, settings=through_lb)
         yield placer
         placer.close()
 
@@ -287,12 +288,13 @@ def test_a_wrong_password_is_refused_at_once_and_a_missing_vhost_is_named(rabbit
 
     bed, quick = rabbitmq_testbed, RetryPolicy(max_attempts=1, max_time=5.0)  # the broker closes after 3 s
     with bed.management() as api:
-        placer = Amqp10Placer(api, credentials=Credentials(bed.username, "wrong"), retry=quick)
+        placer = Amqp10Placer(api, settings=ClientSettings(credentials=Credentials(bed.username, "wrong"), retry=quick))
         with pytest.raises(AuthenticationFailed, match="refused the login"):
             placer.connect(bed.nodes[0].short)
         assert placer.opened == 1  # never retried
-        placer = Amqp10Placer(api, credentials=Credentials(bed.username, bed.password), vhost="no-such-vhost",
-                              retry=quick)
+        placer = Amqp10Placer(api,
+                              settings=ClientSettings(credentials=Credentials(bed.username, bed.password),
+                                                      vhost="no-such-vhost", retry=quick))
         with pytest.raises(PlacementError) as caught:
             placer.connect(bed.nodes[0].short)
         assert "the vhost does not exist or the user may not use it" in f"{caught.value} {caught.value.__cause__}"
@@ -310,8 +312,8 @@ def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span
     provider.add_span_processor(export.SimpleSpanProcessor(exporter))
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        placer = Amqp10Placer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)),
-                              tracer_provider=provider)
+        through_lb = ClientSettings(resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        placer = Amqp10Placer(api, settings=through_lb, tracer_provider=provider)
         got, on_message = accepting_collector()
         with placer.publisher(queue) as publisher:
             for index in range(3):

@@ -19,6 +19,7 @@ from resolvers import DnsResolver, LoadBalancer, SrvDiscovery
 from smartclient import (
     AuthenticationFailed,
     CertificateRejected,
+    ClientSettings,
     ConfigurationError,
     Environment,
     NodeUnreachable,
@@ -89,7 +90,8 @@ def test_a_client_sits_on_the_node_it_was_asked_for_directly_and_through_the_lb(
     rabbitmq_testbed: TestBed, api: ManagementClient, protocol: int | str
 ) -> None:
     options = MqttOptions(protocol=protocol)
-    direct, via_lb = MqttPlacer(api, options=options), MqttPlacer(api, resolver=lb(rabbitmq_testbed), options=options)
+    direct = MqttPlacer(api, options=options)
+    via_lb = MqttPlacer(api, settings=ClientSettings(resolver=lb(rabbitmq_testbed)), options=options)
     for placer in (direct, via_lb):
         for node in (rabbitmq_testbed.nodes[0], rabbitmq_testbed.nodes[2]):
             client_id = f"placed-{uuid.uuid4().hex[:8]}"
@@ -110,14 +112,14 @@ def test_a_client_finds_the_cluster_through_dns_srv(rabbitmq_testbed: TestBed, a
     srv = SrvDiscovery("_mqtt._tcp.smartclient.test", nameservers=[rabbitmq_testbed.dns_address[0]],
                        port=rabbitmq_testbed.dns_address[1])
     # without the management API: the first SRV target that answers
-    anywhere = MqttPlacer(entry_points=srv, resolver=dns(rabbitmq_testbed)).connect()
+    anywhere = MqttPlacer(settings=ClientSettings(resolver=dns(rabbitmq_testbed)), entry_points=srv).connect()
     try:
         assert anywhere.is_connected() and anywhere.node is None
         assert anywhere.target.host.endswith(".smartclient.test") and anywhere.dialled.host == "127.0.0.1"
     finally:
         close(anywhere)
     # with it: every SRV target identified, and the client placed on the one asked for
-    placer = MqttPlacer(api, entry_points=srv, resolver=dns(rabbitmq_testbed))
+    placer = MqttPlacer(api, settings=ClientSettings(resolver=dns(rabbitmq_testbed)), entry_points=srv)
     assert sorted(n.name for n in placer.nodes()) == sorted(n.name for n in rabbitmq_testbed.nodes)
     client = placer.connect(f"srv-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[1].short)
     try:
@@ -134,7 +136,7 @@ def test_environment_mqtt_client_uses_the_environments_settings(
     env = Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port), management=api)
     sub = env.mqtt_client(f"env-sub-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short,
                           subscriptions=[("env/+/x", 1)], setup=collector(got))
-    pub = MqttPlacer(api, resolver=lb(rabbitmq_testbed)).connect()
+    pub = MqttPlacer(api, settings=ClientSettings(resolver=lb(rabbitmq_testbed))).connect()
     try:
         assert sub.node == rabbitmq_testbed.nodes[2].name
         pub.publish("env/a/x", b"across nodes", qos=1).wait_for_publish(10)
@@ -154,15 +156,17 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
 ) -> None:
     node = rabbitmq_testbed.nodes[1]
     target = f"{node.short}.smartclient.test:{node.port('mqtt_tls')}"
-    placer = MqttPlacer(entry_points=[target], resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context())
+    placer = MqttPlacer(settings=ClientSettings(resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context()),
+                        entry_points=[target])
     client = placer.connect()
     try:
         assert client.is_connected() and client.dialled.host == "127.0.0.1"
         assert client.socket().server_hostname == f"{node.short}.smartclient.test"  # verified, not the IP dialled
     finally:
         close(client)
-    wrong = MqttPlacer(entry_points=[target], resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context(),
-                       tls_server_name="rabbit-9.smartclient.test")
+    wrong = MqttPlacer(settings=ClientSettings(resolver=dns(rabbitmq_testbed), tls=rabbitmq_testbed.tls_context(),
+                                               tls_server_name="rabbit-9.smartclient.test"),
+                       entry_points=[target])
     with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
         wrong.connect()
     import ssl
@@ -171,30 +175,33 @@ def test_tls_verifies_the_advertised_name_behind_a_remap_and_fails_closed(
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        MqttPlacer(entry_points=[target], tls=insecure).connect()
+        MqttPlacer(settings=ClientSettings(tls=insecure), entry_points=[target]).connect()
 
 
 def test_tls_through_the_lb_verifies_the_lb_name_and_checks_the_node(
     rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
     host, port = rabbitmq_testbed.lb("mqtt_tls")
-    placer = MqttPlacer(api, resolver=LoadBalancer(f"localhost:{port}", mqtt_tls=port),
-                        tls=rabbitmq_testbed.tls_context())
+    placer = MqttPlacer(api,
+                        settings=ClientSettings(resolver=LoadBalancer(f"localhost:{port}", mqtt_tls=port),
+                                                tls=rabbitmq_testbed.tls_context()))
     client = placer.connect(f"tls-lb-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[2].short)
     try:
         assert client.node == rabbitmq_testbed.nodes[2].name == placer.node_of(client.client_id)
         assert client.socket().server_hostname == "localhost"  # the name dialled (the LB's), not a node's
     finally:
         close(client)
-    wrong = MqttPlacer(api, resolver=LoadBalancer(f"{host}:{port}", mqtt_tls=port), tls=rabbitmq_testbed.tls_context(),
-                       tls_server_name="rabbit-9.smartclient.test")
+    wrong = MqttPlacer(api,
+                       settings=ClientSettings(resolver=LoadBalancer(f"{host}:{port}", mqtt_tls=port),
+                                               tls=rabbitmq_testbed.tls_context(),
+                                               tls_server_name="rabbit-9.smartclient.test"))
     with pytest.raises(CertificateRejected, match=r"not valid for 'rabbit-9\.smartclient\.test'"):
         wrong.connect(f"tls-bad-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[0].short)
     assert wrong.opened == 1  # not retried: another node would not change the name
 
 
 def test_bad_credentials_are_a_typed_error_not_retried(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
-    placer = MqttPlacer(api, credentials=Credentials("guest", "not-the-password"))
+    placer = MqttPlacer(api, settings=ClientSettings(credentials=Credentials("guest", "not-the-password")))
     started = time.monotonic()
     with pytest.raises(AuthenticationFailed, match="refused the client"):
         placer.connect(f"bad-{uuid.uuid4().hex[:6]}", rabbitmq_testbed.nodes[0].short)
@@ -292,7 +299,8 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
     bed = rabbitmq_faulty_testbed
     got: list[int] = []
     sub_id = f"fo311-{uuid.uuid4().hex[:6]}"
-    placer = MqttPlacer(api, resolver=lb(bed), options=MqttOptions(protocol="3.1.1", clean_start=False))
+    placer = MqttPlacer(api, settings=ClientSettings(resolver=lb(bed)),
+                        options=MqttOptions(protocol="3.1.1", clean_start=False))
     sub = placer.connect(sub_id, bed.nodes[1].short, subscriptions=[(f"fo311/{sub_id}", 1)],
                          setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
     pub = MqttPlacer(api).connect(f"fo311-pub-{uuid.uuid4().hex[:6]}", bed.nodes[0].short)
@@ -366,7 +374,8 @@ def test_a_fleet_of_1000_spreads_evenly_from_one_thread_and_carries_qos0_and_qos
 def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(
     rabbitmq_testbed: TestBed, api: ManagementClient
 ) -> None:
-    placer = MqttPlacer(api, resolver=lb(rabbitmq_testbed, "random1"))  # random(1): lands unevenly
+    # random(1): lands unevenly
+    placer = MqttPlacer(api, settings=ClientSettings(resolver=lb(rabbitmq_testbed, "random1")))
     with MqttFleet(placer, 1000, client_id_prefix=f"flb-{uuid.uuid4().hex[:6]}") as fleet:
         counts = fleet.per_node()
         assert sum(counts.values()) == 1000 and max(counts.values()) / min(counts.values()) <= 1.05
@@ -378,7 +387,9 @@ def test_a_fleet_through_an_uneven_lb_is_rebalanced_with_node_checks(
 def test_a_fleet_behind_a_sticky_lb_says_so(rabbitmq_testbed: TestBed, api: ManagementClient) -> None:
     # every connection from 127.0.0.1 to one node; the core's sticky rule judges each moved client's placement
     # (a landing per rebalance round: a window of 2 says so on the third round)
-    placer = MqttPlacer(api, resolver=lb(rabbitmq_testbed, "source"), retry=RetryPolicy(sticky_window=2))
+    placer = MqttPlacer(api,
+                        settings=ClientSettings(resolver=lb(rabbitmq_testbed, "source"),
+                                                retry=RetryPolicy(sticky_window=2)))
     fleet = MqttFleet(placer, 30, client_id_prefix=f"fst-{uuid.uuid4().hex[:6]}")
     with pytest.raises(NodeUnreachable, match="never routes to a candidate"):
         fleet.start()

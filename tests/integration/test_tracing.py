@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Environment
+from smartclient import ClientSettings, Environment
 from smartclient.core.settings import Telemetry
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
@@ -146,7 +146,8 @@ def test_an_rpc_call_is_a_client_span_and_its_request_a_server_span_on_the_calle
     node = rabbitmq_testbed.nodes[2]
     host, port = rabbitmq_testbed.lb("amqp")
     with rabbitmq_testbed.management() as api:
-        placer = AmqpPlacer(api, resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        through_lb = ClientSettings(resolver=LoadBalancer(Address(host, port), amqp=Address(host, port)))
+        placer = AmqpPlacer(api, settings=through_lb)
         with RpcServer(placer, exchange, lambda body, properties: b"re:" + body, nodes=[node.name],
                        tracer_provider=provider) as server:
             server.start()

@@ -21,6 +21,7 @@ import pytest
 from smartclient import (
     Address,
     AuthenticationFailed,
+    ClientSettings,
     ConfigurationError,
     Credentials,
     RetryPolicy,
@@ -172,13 +173,14 @@ def test_a_closed_connection_is_not_sent_a_token() -> None:
     assert _pika.update_secret(closed, "t", lambda: None) is False and not closed._impl.loop
 
 
-def test_amqp_over_tls_uses_the_amqps_listeners_and_a_certificate_alone_logs_in_as_external() -> None:
+def test_amqp_over_tls_uses_the_amqps_listeners_and_a_certificate_logs_in_as_external() -> None:
     tls = ssl.create_default_context()
-    placer = AmqpPlacer(management=FakeManagement(), tls=tls, client_certificate=_certificate())  # type: ignore[arg-type]
+    external = ClientSettings(tls=tls, client_certificate=_certificate(), credentials=EXTERNAL)
+    placer = AmqpPlacer(FakeManagement(), settings=external)  # type: ignore[arg-type]
     assert placer.protocol == "amqp/ssl" and placer._login("x").mechanism == "EXTERNAL"
-    assert AmqpPlacer(management=FakeManagement()).protocol == "amqp"  # type: ignore[arg-type]
-    assert AmqpPlacer(management=FakeManagement(), credentials=Credentials("u", "p")  # type: ignore[arg-type]
-                      )._login("x") == Login("PLAIN", "u", "p")
+    assert AmqpPlacer(FakeManagement()).protocol == "amqp"  # type: ignore[arg-type]
+    plain = AmqpPlacer(FakeManagement(), settings=ClientSettings(credentials=Credentials("u", "p")))  # type: ignore[arg-type]
+    assert plain._login("x") == Login("PLAIN", "u", "p")
 
 
 def _certificate() -> Any:
@@ -224,10 +226,12 @@ def test_a_provider_that_fails_or_answers_an_expired_token_stops_the_connect_typ
     tokens = Tokens()
     tokens.failing = RuntimeError("401 from the identity provider")
     with pytest.raises(TokenProviderFailed, match="401 from the identity provider"):
-        MqttPlacer(entry_points=["127.0.0.1:1"], credentials=TokenCredentials(tokens)).connect("c-1")
+        MqttPlacer(settings=ClientSettings(credentials=TokenCredentials(tokens)),
+                   entry_points=["127.0.0.1:1"]).connect("c-1")
     assert tokens.calls == 1
     with pytest.raises(TokenExpired, match="expired at"):
-        MqttPlacer(entry_points=["127.0.0.1:1"], credentials=TokenCredentials(Tokens(lifetime=-5))).connect("c-2")
+        MqttPlacer(settings=ClientSettings(credentials=TokenCredentials(Tokens(lifetime=-5))),
+                   entry_points=["127.0.0.1:1"]).connect("c-2")
 
 
 def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
@@ -235,15 +239,16 @@ def test_an_environments_tls_takes_mqtt_to_the_mqtts_listeners() -> None:
 
     context = ssl.create_default_context()
     assert MqttPlacer(entry_points=["x:8883"], settings=ClientSettings(tls=context)).protocol == "mqtt/ssl"
-    assert MqttPlacer(entry_points=["x:8883"], tls=context).protocol == "mqtt/ssl"
+    assert MqttPlacer(settings=ClientSettings(tls=context), entry_points=["x:8883"]).protocol == "mqtt/ssl"
     assert MqttPlacer(entry_points=["x:1883"], settings=ClientSettings()).protocol == "mqtt"
 
 
 def test_a_reconnect_that_cannot_log_in_gives_up_with_the_providers_error() -> None:
     tokens = Tokens()
     credentials = TokenCredentials(tokens)
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], credentials=credentials, options=QUICK_RECONNECT,
-                        retry=RetryPolicy(max_attempts=30, max_time=0.5, backoff_initial=0.0, backoff_max=0.0))
+    quick = RetryPolicy(max_attempts=30, max_time=0.5, backoff_initial=0.0, backoff_max=0.0)
+    placer = MqttPlacer(settings=ClientSettings(credentials=credentials, retry=quick),
+                        entry_points=["n1:1883", "n2:1883"], options=QUICK_RECONNECT)
     client = FakeMqttClient(direct_network(set()), Address("n1", 1883))
     tokens.failing = RuntimeError("the identity provider is down")
     with pytest.raises(TokenProviderFailed, match="the identity provider is down") as caught:
@@ -372,9 +377,10 @@ def mini_broker() -> Iterator[MiniBroker]:
 
 
 def placed_client(broker: MiniBroker, tokens: Tokens, refresh_at: float = 0.75) -> PlacedMqttClient:
-    placer = MqttPlacer(entry_points=[str(broker.address)], credentials=TokenCredentials(tokens, refresh_at=refresh_at),
-                        options=MqttOptions(protocol="3.1.1", connect_timeout=2.0),
-                        retry=RetryPolicy(max_attempts=2, max_time=5.0, backoff_initial=0.01, backoff_max=0.01))
+    quick = RetryPolicy(max_attempts=2, max_time=5.0, backoff_initial=0.01, backoff_max=0.01)
+    credentials = TokenCredentials(tokens, refresh_at=refresh_at)
+    placer = MqttPlacer(settings=ClientSettings(credentials=credentials, retry=quick),
+                        entry_points=[str(broker.address)], options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
     return placer.connect("hand-over-1")
 
 
@@ -431,7 +437,8 @@ def test_a_new_token_refused_at_a_hand_over_goes_back_to_the_one_it_had(mini_bro
 def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhile(mini_broker: MiniBroker) -> None:
     from smartclient.mqtt.fleet import MqttFleet
 
-    placer = MqttPlacer(entry_points=[str(mini_broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
+    placer = MqttPlacer(settings=ClientSettings(credentials=TokenCredentials(Tokens(lifetime=1.6))),
+                        entry_points=[str(mini_broker.address)],
                         options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
     with MqttFleet(placer, 8, client_id_prefix="fleet-unit") as fleet:
         infos, sent = [], 0
@@ -473,7 +480,8 @@ def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before
     from smartclient.mqtt.handover import SETTLE_GRACE
 
     mini_broker.feed = True  # a subscriber receiving a message every 5 ms
-    placer = MqttPlacer(entry_points=[str(mini_broker.address)], credentials=TokenCredentials(Tokens(lifetime=1.6)),
+    placer = MqttPlacer(settings=ClientSettings(credentials=TokenCredentials(Tokens(lifetime=1.6))),
+                        entry_points=[str(mini_broker.address)],
                         options=MqttOptions(protocol="3.1.1", clean_start=False, connect_timeout=2.0))
     got: list[bytes] = []
     client = placer.connect("settle-1", setup=lambda c: setattr(c, "on_message", lambda *a: got.append(a[2].payload)))
@@ -507,9 +515,8 @@ def test_a_fleet_client_whose_new_token_is_refused_goes_on_with_the_old_one() ->
 
     broker = MiniBroker(ack_delay=0.01)
     broker.refuse.add(b"token-2")
-    placer = MqttPlacer(entry_points=[str(broker.address)],
-                        credentials=TokenCredentials(Tokens(lifetime=6.0), refresh_at=0.5),
-                        options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
+    placer = MqttPlacer(settings=ClientSettings(credentials=TokenCredentials(Tokens(lifetime=6.0), refresh_at=0.5)),
+                        entry_points=[str(broker.address)], options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
     try:
         with MqttFleet(placer, 2, client_id_prefix="fleet-refused") as fleet:
             wait_for(lambda: fleet.handovers >= 2, 10.0)

@@ -14,6 +14,7 @@ import pytest
 from resolvers import LoadBalancer
 from smartclient import (
     Address,
+    ClientSettings,
     ConfigurationError,
     ConnectionFailed,
     MessageDecodeError,
@@ -143,7 +144,8 @@ FAST = RetryPolicy(backoff_initial=0.0, backoff_max=0.0, sticky_window=4, max_ti
 
 
 def test_a_direct_reconnect_goes_to_the_next_node_that_answers() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK_RECONNECT)
+    placer = MqttPlacer(settings=ClientSettings(retry=FAST), entry_points=["n1:1883", "n2:1883", "n3:1883"],
+                        options=QUICK_RECONNECT)
     client = FakeMqttClient(direct_network({C}), B)
     placer.reconnect(client)  # type: ignore[arg-type]
     assert [d for _, d in client.dials] == [C, A]  # the next node first, then the one after
@@ -151,15 +153,16 @@ def test_a_direct_reconnect_goes_to_the_next_node_that_answers() -> None:
 
 
 def test_a_direct_reconnect_goes_back_to_its_node_only_when_no_other_answers() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883", "n3:1883"], retry=FAST, options=QUICK_RECONNECT)
+    placer = MqttPlacer(settings=ClientSettings(retry=FAST), entry_points=["n1:1883", "n2:1883", "n3:1883"],
+                        options=QUICK_RECONNECT)
     client = FakeMqttClient(direct_network({A, C}), B)
     placer.reconnect(client)  # type: ignore[arg-type]
     assert [d for _, d in client.dials] == [C, A, B] and client.target == B
 
 
 def test_a_reconnect_that_reaches_nothing_gives_up_typed_after_the_policys_caps() -> None:
-    placer = MqttPlacer(entry_points=["n1:1883", "n2:1883"], retry=replace(FAST, max_attempts=5),
-                        options=QUICK_RECONNECT)
+    placer = MqttPlacer(settings=ClientSettings(retry=replace(FAST, max_attempts=5)),
+                        entry_points=["n1:1883", "n2:1883"], options=QUICK_RECONNECT)
     client = FakeMqttClient(direct_network({A, B}), A)
     with pytest.raises(PlacementError, match="within 5 attempts") as caught:
         placer.reconnect(client)  # type: ignore[arg-type]
@@ -168,7 +171,8 @@ def test_a_reconnect_that_reaches_nothing_gives_up_typed_after_the_policys_caps(
 
 def mqtt_lb_placer() -> _LbPlacer:
     return _LbPlacer(FakeManagement(mqtt_nodes=(A, B, C)),  # type: ignore[arg-type]
-                     resolver=LoadBalancer("lb:5552", mqtt=1883), retry=FAST, options=QUICK_RECONNECT)
+                     settings=ClientSettings(resolver=LoadBalancer("lb:5552", mqtt=1883), retry=FAST),
+                     options=QUICK_RECONNECT)
 
 
 def test_a_reconnect_through_a_balancer_is_checked_and_a_miss_dropped() -> None:
@@ -225,7 +229,7 @@ def test_fleet_input_is_checked_before_any_io() -> None:
     with pytest.raises(ConfigurationError, match="tolerance"):
         MqttFleet(placer, 10, tolerance=0.9)
     with pytest.raises(ConfigurationError, match="needs the management API"):
-        MqttFleet(MqttPlacer(resolver=LoadBalancer("lb:5552", mqtt=1883)), 10)
+        MqttFleet(MqttPlacer(settings=ClientSettings(resolver=LoadBalancer("lb:5552", mqtt=1883))), 10)
 
 
 def test_what_mqtt_stores_in_a_stream_decodes_to_payload_and_topic_key() -> None:

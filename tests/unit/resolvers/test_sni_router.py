@@ -291,7 +291,8 @@ class IngressPlacer(NodePlacer[str]):
     name_column = "name"
 
     def __init__(self, misroutes: dict[str, str]) -> None:
-        super().__init__(None, resolver=SniRouter(INGRESS, name=bed_name, amqp=5671), tls=TLS, retry=FAST)
+        super().__init__(None, settings=ClientSettings(resolver=SniRouter(INGRESS, name=bed_name, amqp=5671), tls=TLS,
+                                                       retry=FAST))
         self._nodes = [BrokerNode(name, {"amqp": address}) for name, address in LISTENERS.items()]
         self.misroutes = misroutes
         self.sent: list[str] = []

@@ -90,7 +90,7 @@ class FakeNodePlacer(NodePlacer[str]):
 
     def __init__(self, protocol: str, network: Network, keep_fallbacks: bool) -> None:
         self.protocol = protocol
-        super().__init__(None, retry=FAST)
+        super().__init__(None, settings=ClientSettings(retry=FAST))
         self.network = network
         self.keep_fallbacks = keep_fallbacks  # type: ignore[misc]
         self._nodes = [BrokerNode(f"{n.host}@localhost", {protocol: n}) for n in NODES]
