@@ -37,11 +37,12 @@ claims, nor keep it for another placement) and go on as after a failed attempt, 
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from smartclient._errors import Misrouted, NodeUnreachable, PlacementError
 from smartclient.core.address import Address
@@ -489,46 +490,72 @@ def _after(plan: Placement[C], target: Address, outcome: Reached[C] | Missed) ->
     return plan.landed(target, outcome.dialled, outcome.reported, outcome.connection, outcome.routed)
 
 
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Io = Keep[C] | Reject[C] | _Sleep | Dial | Attempt  #: what the one loop asks of a driver
+
+
+def _loop(plan: Placement[C]) -> Generator[_Io[C], Reached[C] | Missed | None, Done[C]]:
+    """The one placement loop both drivers run: each piece of I/O it needs is yielded to the driver (a dial's
+    outcome is sent back in), and it returns the :class:`Done`."""
+    step: RoutedStep[C] = plan.start()
+    while not isinstance(step, Done):
+        if isinstance(step, GiveUp):
+            raise step.error
+        if isinstance(step, Keep | Reject):
+            yield step
+            step = plan.next()
+            continue
+        if step.delay:
+            yield _Sleep(step.delay)
+        outcome = yield step
+        assert outcome is not None
+        step = _after(plan, step.target, outcome)
+        yield plan.history[-1]
+    return step
+
+
+def _call(shell: Shell[C] | AsyncShell[C], io: _Io[C]) -> Any:
+    """The shell's answer to ``io`` (an awaitable from an :class:`AsyncShell`'s I/O)."""
+    if isinstance(io, Keep):
+        return shell.keep(io)
+    if isinstance(io, Reject):
+        return shell.reject(io)
+    if isinstance(io, _Sleep):
+        return shell.sleep(io.seconds)
+    if isinstance(io, Attempt):
+        return shell.attempted(io)
+    return shell.dial(io.target)
+
+
+def _next(loop: Generator[_Io[C], Reached[C] | Missed | None, Done[C]], answer: Any) -> _Io[C] | Done[C]:
+    """The loop's next piece of I/O after ``answer``, or its :class:`Done`."""
+    try:
+        return loop.send(answer)
+    except StopIteration as end:
+        done: Done[C] = end.value
+        return done
+
+
 def drive(plan: Placement[C], shell: Shell[C]) -> Done[C]:
     """Run ``plan`` to its end with ``shell``'s blocking I/O: its :class:`Done`.
 
     :raises PlacementError: the placement gave up (its error lists every attempt).
     :raises BaseException: whatever ``shell.dial`` raised (a refusal every attempt would repeat)."""
-    step: RoutedStep[C] = plan.start()
-    while True:
-        if isinstance(step, Done):
-            return step
-        if isinstance(step, GiveUp):
-            raise step.error
-        if isinstance(step, Keep):
-            shell.keep(step)
-        elif isinstance(step, Reject):
-            shell.reject(step)
-        else:
-            if step.delay:
-                shell.sleep(step.delay)
-            step = _after(plan, step.target, shell.dial(step.target))
-            shell.attempted(plan.history[-1])
-            continue
-        step = plan.next()
+    loop, answer = _loop(plan), None
+    while not isinstance(io := _next(loop, answer), Done):
+        answer = _call(shell, io)
+    return io
 
 
 async def drive_async(plan: Placement[C], shell: AsyncShell[C]) -> Done[C]:
     """:func:`drive`, awaiting ``shell``'s I/O (the only difference between the two)."""
-    step: RoutedStep[C] = plan.start()
-    while True:
-        if isinstance(step, Done):
-            return step
-        if isinstance(step, GiveUp):
-            raise step.error
-        if isinstance(step, Keep):
-            await shell.keep(step)
-        elif isinstance(step, Reject):
-            await shell.reject(step)
-        else:
-            if step.delay:
-                await shell.sleep(step.delay)
-            step = _after(plan, step.target, await shell.dial(step.target))
-            shell.attempted(plan.history[-1])
-            continue
-        step = plan.next()
+    loop, answer = _loop(plan), None
+    while not isinstance(io := _next(loop, answer), Done):
+        answer = _call(shell, io)
+        if inspect.isawaitable(answer):
+            answer = await answer
+    return io

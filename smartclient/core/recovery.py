@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smartclient._errors import REFUSALS, ConfigurationError, RecoveryFailed, StreamNotFound
+from smartclient._errors import REFUSALS, RecoveryFailed, StreamNotFound
 from smartclient.core.retry import Backoff
-from smartclient.core.validation import flag, number, whole
+from smartclient.core.validation import backoff, flag, number, whole
 
 __all__ = ["AttemptNow", "Recovery", "RecoveryEvent", "RecoveryPolicy", "Stop"]
 
@@ -63,13 +63,8 @@ class RecoveryPolicy:
 
     def __post_init__(self) -> None:
         flag("RecoveryPolicy.enabled", self.enabled)
-        number("RecoveryPolicy.initial_delay", self.initial_delay, low=0, note="seconds")
-        number("RecoveryPolicy.factor", self.factor, low=1)
-        number("RecoveryPolicy.max_delay", self.max_delay, low=0, note="seconds")
-        if self.max_delay < self.initial_delay:
-            raise ConfigurationError(f"RecoveryPolicy needs initial_delay ({self.initial_delay}) <= max_delay "
-                                     f"({self.max_delay})")
-        number("RecoveryPolicy.jitter", self.jitter, low=0, below=1, note="a fraction of each delay")
+        backoff("RecoveryPolicy", ("initial_delay", self.initial_delay), ("factor", self.factor),
+                ("max_delay", self.max_delay), ("jitter", self.jitter))
         whole("RecoveryPolicy.max_attempts", self.max_attempts, low=1)
         number("RecoveryPolicy.max_time", self.max_time, above=0, note="seconds")
         number("RecoveryPolicy.attempt_time", self.attempt_time, above=0, note="seconds")

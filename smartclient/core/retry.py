@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from smartclient._errors import ConfigurationError
-from smartclient.core.validation import number, whole
+from smartclient.core.validation import backoff, number, whole
 
 __all__ = ["HANG_MEMORY", "QUICK_HEDGE", "WATCH_POLL", "Backoff", "RetryPolicy"]
 
@@ -118,11 +118,9 @@ class RetryPolicy:
         whole("RetryPolicy.max_attempts", self.max_attempts, low=1)
         number("RetryPolicy.max_time", self.max_time, above=0, note="seconds")
         whole("RetryPolicy.sticky_window", self.sticky_window, low=2)
-        number("RetryPolicy.backoff_initial", self.backoff_initial, low=0, note="seconds")
-        number("RetryPolicy.backoff_max", self.backoff_max, low=0, note="seconds")
-        number("RetryPolicy.backoff_factor", self.backoff_factor, low=1)
+        backoff("RetryPolicy", ("backoff_initial", self.backoff_initial), ("backoff_factor", self.backoff_factor),
+                ("backoff_max", self.backoff_max), ("backoff_jitter", self.backoff_jitter))
         number("RetryPolicy.hedge_after", self.hedge_after, low=0, note="seconds; 0: never")
-        number("RetryPolicy.backoff_jitter", self.backoff_jitter, low=0, below=1, note="a fraction of each delay")
         if self.backoff_max < self.backoff_initial:
             raise ConfigurationError(
                 "RetryPolicy back-off needs 0 <= backoff_initial <= backoff_max and backoff_factor >= 1"

@@ -24,8 +24,8 @@ from typing import Any, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from smartclient._errors import ConfigurationError
 
-__all__ = ["Check", "checked", "choice", "flag", "function", "instance", "number", "provider", "refuse", "resolver",
-           "text", "texts", "whole"]
+__all__ = ["Check", "backoff", "checked", "choice", "flag", "function", "instance", "number", "provider", "refuse",
+           "resolver", "text", "texts", "whole"]
 
 
 def refuse(name: str, wants: str, value: object, *, wrong_type: bool = True, hint: str = "",
@@ -104,6 +104,22 @@ def number(name: str, value: Any, *, low: float | None = None, high: float | Non
     if not math.isfinite(given) or (low is not None and given < low) or (above is not None and given <= above) or (
             high is not None and given > high) or (below is not None and given >= below):
         refuse(name, wants, value, wrong_type=False)
+
+
+def backoff(owner: str, initial: tuple[str, Any], factor: tuple[str, Any], maximum: tuple[str, Any],
+            jitter: tuple[str, Any]) -> None:
+    """The four numbers of an exponential back-off, each given as ``(its field's name, its value)``: delays in
+    seconds from ``initial`` up to ``maximum`` (not below it), each ``factor`` times the last, spread by up to the
+    fraction ``jitter`` either way.
+
+    :raises ConfigurationError: naming ``owner``'s field that is wrong.
+    """
+    number(f"{owner}.{initial[0]}", initial[1], low=0, note="seconds")
+    number(f"{owner}.{factor[0]}", factor[1], low=1)
+    number(f"{owner}.{maximum[0]}", maximum[1], low=0, note="seconds")
+    number(f"{owner}.{jitter[0]}", jitter[1], low=0, below=1, note="a fraction of each delay")
+    if maximum[1] < initial[1]:
+        raise ConfigurationError(f"{owner} needs {initial[0]} ({initial[1]}) <= {maximum[0]} ({maximum[1]})")
 
 
 def flag(name: str, value: Any) -> None:
