@@ -224,8 +224,8 @@ class TokenExpired(AuthenticationFailed):
 
 
 class TokenRefused(AuthenticationFailed):
-    """The broker refused a fresh token on a live connection (a revoked key, a token without the scopes):
-    the connection keeps its old token until that expires, and the next refresh tries again."""
+    """The broker refused a fresh token (on a live connection, or a provider answered again one it refused): every
+    connection goes on with the token before it until that one expires, and the provider is asked again."""
 
     def __init__(self, message: str, *, connection: str = "") -> None:
         super().__init__(message)

@@ -36,9 +36,11 @@ from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
     ConfigurationError,
+    ConnectionFailed,
     SmartClientError,
     TokenExpired,
     TokenProviderFailed,
+    TokenRefused,
 )
 from smartclient.core.retry import Backoff
 from smartclient.core.settings import ClientCertificate, Credentials
@@ -46,7 +48,8 @@ from smartclient.core.tokens import Token, coerce_token, describe_expiry, refres
 from smartclient.core.validation import function, instance, number, text
 
 __all__ = ["EXTERNAL", "ExternalLogin", "Login", "Refreshes", "RefusedLogins", "TokenCredentials", "acting_alone",
-           "alogin", "alone", "current_certificate", "login", "tls_context", "watch"]
+           "after_refusal", "alogin", "alone", "current_certificate", "current_is", "login", "refused_token",
+           "tls_context", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +132,12 @@ class TokenCredentials:
         self._clock = clock
         self._lock = threading.Lock()
         self._token: Token | None = None
+        self._previous: Token | None = None  # the token held before the current one (taken back if it is refused)
+        self._refused: list[str] = []  # tokens the broker refused, the latest last (a few)
         self._refresh_due = 0.0
         self._failures = 0
         self._next_try = 0.0
-        self._last_error: TokenProviderFailed | TokenExpired | None = None
+        self._last_error: TokenProviderFailed | TokenExpired | TokenRefused | None = None
         self._watchers: dict[int, tuple[str, Callable[[str], Any]]] = {}
         self._watch_ids = 0
         self._wake = threading.Event()
@@ -141,6 +146,7 @@ class TokenCredentials:
         self.provider_calls = 0  #: times the provider was asked
         self.refreshes = 0  #: tokens handed to the live connections by the refresher
         self.failures = 0  #: provider calls that failed
+        self.refusals = 0  #: tokens the broker refused (see :meth:`refused`)
 
     def __repr__(self) -> str:
         return f"TokenCredentials(provider={self.name}, username={self.username!r})"
@@ -162,12 +168,14 @@ class TokenCredentials:
         with self._lock:
             now = self._clock()
             held = self._token
-            if held is not None and now < self._refresh_due:
+            if now < self._refresh_due and self._usable(held, now):
+                assert held is not None
                 return held.value
             try:
                 return self._fetch(now, connection).value
-            except (TokenProviderFailed, TokenExpired):
-                if held is not None and held.expires_at - EXPIRY_MARGIN > now:
+            except (TokenProviderFailed, TokenExpired, TokenRefused):
+                if self._usable(held, now):
+                    assert held is not None
                     return held.value  # still valid: the refresher tries again on its back-off
                 raise
 
@@ -175,7 +183,7 @@ class TokenCredentials:
         """:meth:`current` from async code: at once while the token held is fresh, else on a worker thread
         (the provider may block)."""
         held = self._token
-        if held is not None and self._clock() < self._refresh_due:
+        if held is not None and self._clock() < self._refresh_due and held.value not in self._refused:
             return held.value
         return await asyncio.to_thread(self.current, connection)
 
@@ -203,6 +211,16 @@ class TokenCredentials:
             self._last_error = error
             log.warning("%s; asking again in %.1f s", error, self._next_try - now)
             raise error from exc
+        if token.value in self._refused:
+            self.failures += 1
+            self._failures += 1
+            self._next_try = now + self.retry.delay(self._failures)
+            refused = TokenRefused(
+                f"token provider {self.name} answered again a token the broker refused{_for(connection)}",
+                connection=connection)
+            self._last_error = refused
+            log.warning("%s; asking again in %.1f s", refused, self._next_try - now)
+            raise refused
         if token.expires_at - EXPIRY_MARGIN <= self._clock():
             self.failures += 1
             self._failures += 1
@@ -216,14 +234,52 @@ class TokenCredentials:
             raise expired
         self._failures = 0
         self._last_error = None
-        self._token = token
+        self._previous, self._token = self._token, token
         self._refresh_due = now + refresh_delay(token, now, self.refresh_at, self.jitter)
         return token
 
-    def _again(self, connection: str) -> TokenProviderFailed | TokenExpired:
+    def refused(self, token: str) -> bool:
+        """The broker refused ``token`` (a login, or a new token on a live connection): it is not handed out again.
+        When it is the current token and the one before it is still valid, that one is current again (every
+        connection, the management API's requests too, goes on with it until it expires) and the provider is asked
+        again on the back-off; a provider that answers a refused token again fails (:class:`TokenRefused`).
+
+        :returns: whether a valid token other than ``token`` is current now (a login may be tried again with it).
+        """
+        with self._lock:
+            now = self._clock()
+            if token not in self._refused:
+                self._refused = [*self._refused[-7:], token]
+                self.refusals += 1
+            held, previous = self._token, self._previous
+            if held is None or held.value != token:  # taken back already (or never held): is the one held good?
+                return self._usable(held, now)
+            if not self._usable(previous, now):
+                self._failures += 1
+                self._next_try = now + self.retry.delay(self._failures)
+                self._last_error = TokenRefused(
+                    f"the broker refused the token of token provider {self.name}, and no token before it is still "
+                    f"valid", connection="")
+                return False
+            assert previous is not None
+            # the one before it, until it nears its expiry; the provider is asked again halfway there (not on the
+            # provider's back-off: each token a stream connection is handed and refuses costs that connection)
+            left = previous.expires_at - EXPIRY_MARGIN - now
+            self._token, self._previous = previous, None
+            self._refresh_due = now + min(left, max(self.retry.delay(1), left / 2))
+            log.warning("the broker refused the new token of token provider %s: every connection goes on with the "
+                        "one before it, until it expires at %s; the provider is asked again in %.1f s", self.name,
+                        describe_expiry(previous.expires_at), self._refresh_due - now)
+            self._wake.set()
+            return True
+
+    def _usable(self, token: Token | None, now: float) -> bool:
+        return token is not None and token.value not in self._refused and token.expires_at - EXPIRY_MARGIN > now
+
+    def _again(self, connection: str) -> TokenProviderFailed | TokenExpired | TokenRefused:
         last = self._last_error
         assert last is not None
-        if isinstance(last, TokenExpired):
+        if isinstance(last, TokenExpired | TokenRefused):
             return last  # the same expired token: its type and expiry say it all
         error = TokenProviderFailed(
             f"token provider {self.name} failed{_for(connection)} and is not asked again before its back-off "
@@ -322,6 +378,29 @@ async def alogin(credentials: CredentialsLike, connection: str = "") -> Login:
     if isinstance(credentials, TokenCredentials):
         return Login("PLAIN", credentials.username, await credentials.acurrent(connection))
     return login(credentials, connection)
+
+
+def refused_token(credentials: CredentialsLike, token: str) -> bool:
+    """The broker refused ``token`` (a new token on a live connection, or a login): tell the token credentials
+    (:meth:`TokenCredentials.refused`).  Whether a valid token other than it is current now."""
+    return isinstance(credentials, TokenCredentials) and bool(token) and credentials.refused(token)
+
+
+def current_is(credentials: CredentialsLike, token: str) -> bool:
+    """Whether ``token`` is the token held now (not taken back after a refusal, nor refreshed since)."""
+    held = credentials.token if isinstance(credentials, TokenCredentials) else None
+    return held is not None and held.value == token
+
+
+def after_refusal(credentials: CredentialsLike, signed: Login, error: BaseException) -> BaseException:
+    """What a dial raises after its login ``signed`` failed with ``error``: ``error`` itself; but when the broker
+    refused a token and the token before it is current again (still valid), a :class:`ConnectionFailed` that is
+    no refusal, so that the placement's next attempt logs in with that token."""
+    if isinstance(error, AuthenticationFailed) and refused_token(credentials, signed.password):
+        again = ConnectionFailed(f"{error}; the token before it is still valid: the next attempt logs in with it")
+        again.__cause__ = error
+        return again
+    return error
 
 
 def watch(credentials: CredentialsLike, name: str, on_refresh: Callable[[str], Any]) -> Callable[[], None] | None:

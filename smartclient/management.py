@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from smartclient import credentials as signing
 from smartclient._errors import AuthenticationFailed, ConfigurationError, ManagementError
 from smartclient.core.relogin import refusal
 from smartclient.core.settings import Credentials
@@ -120,6 +121,8 @@ class ManagementClient:
         for base in self.base_urls[start:] + self.base_urls[:start]:
             try:
                 response = self._client.request(method, base + path, **kwargs)
+                if response.status_code == 401 and self._took_back(response):  # once, with the token before it
+                    response = self._client.request(method, base + path, **kwargs)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: try the next node
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue
@@ -136,6 +139,13 @@ class ManagementClient:
             return response
         raise ManagementError(f"{method} {path} failed: no management node could be reached ("
                               + "; ".join(unreachable) + ")")
+
+    def _took_back(self, response: httpx.Response) -> bool:
+        """A 401 to a request signed with a token: the broker refused that token, which the credentials take back
+        (:meth:`TokenCredentials.refused`); whether the token before it is current now (the request may go again)."""
+        sent = response.request.headers.get("Authorization", "")
+        return self.tokens is not None and sent.startswith("Bearer ") and signing.refused_token(
+            self.tokens, sent.removeprefix("Bearer "))
 
     def _refused(self, text: str) -> AuthenticationFailed:
         """What a 401 means: the credentials refused, as every wing says it (a token past its expiry is

@@ -73,6 +73,7 @@ class PlacedConnection:
     failure: ConnectionFailed | None = None
     #: new tokens sent and not answered yet (the broker closes the connection on one it refuses)
     pending_secrets: int = field(default=0, repr=False)
+    token_on_its_way: str = field(default="", repr=False)  # the last token handed to it (told of if refused)
 
     def channel(self) -> Any:
         """A new pika ``BlockingChannel`` on this connection.
@@ -169,6 +170,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             if not isinstance(placed, PlacedConnection) or not placed.connection.is_open:
                 continue
             placed.pending_secrets += 1
+            placed.token_on_its_way = token
             if update_secret(placed.connection, token, partial(self._secret_taken, placed)):
                 sent += 1
             else:
@@ -191,6 +193,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         if isinstance(error, TokenRefused):
             self.secret_failures += 1
             error.connection = placed.name
+            signing.refused_token(self._credentials(), placed.token_on_its_way)  # the others go on with the old one
         placed.failure = error
         if isinstance(error, TokenExpired | TokenRefused):
             log.warning("AMQP connection %s on %s closed by the broker: %s", placed.name, placed.node, error)
@@ -237,7 +240,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         except AuthenticationFailed as exc:
             creds = self._credentials()
             token = creds.token if isinstance(creds, TokenCredentials) else None
-            raise refusal(exc, time.time(), mechanism=signed.mechanism,
-                          provider=creds.name if isinstance(creds, TokenCredentials) else None,
-                          expires_at=token.expires_at if token is not None else None) from exc
+            refused = refusal(exc, time.time(), mechanism=signed.mechanism,
+                              provider=creds.name if isinstance(creds, TokenCredentials) else None,
+                              expires_at=token.expires_at if token is not None else None)
+            raise signing.after_refusal(creds, signed, refused) from exc
 

@@ -64,7 +64,7 @@ class Placing(Protocol):
                 stopping: Callable[[], bool] = ..., handle: Any = ..., before: Any = ...,
                 after: Callable[[T], Any] = ...) -> T: ...
 
-    def token_refused(self, placed: PlacedAmqp10Connection, error: SmartClientError) -> None: ...
+    def token_refused(self, placed: PlacedAmqp10Connection, token: str, error: SmartClientError) -> None: ...
 
 def _span_attributes(queue: str, node: str, operation: str) -> dict[str, str]:
     return _otel.messaging_attributes(queue, node, operation, **{"network.protocol.name": "amqp",
@@ -134,7 +134,7 @@ class PlacedAmqp10Connection:
                 raise  # lost (a refusal, TokenRefused, is an AuthenticationFailed: kept below)
             self.token_failure = exc
             if self.placer is not None:
-                self.placer.token_refused(self, exc)
+                self.placer.token_refused(self, token, exc)
             return
         self.token_updates += 1
         if self.placer is not None:

@@ -133,9 +133,10 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                                    heartbeat=self.heartbeat, tls=self.tls, certificate=certificate, tls_name=tls_name)
         except AuthenticationFailed as exc:
             token = self.login.token if isinstance(self.login, TokenCredentials) else None
-            raise refusal(exc, time.time(), mechanism=signed.mechanism,
-                          provider=self.login.name if isinstance(self.login, TokenCredentials) else None,
-                          expires_at=token.expires_at if token is not None else None) from exc
+            refused = refusal(exc, time.time(), mechanism=signed.mechanism,
+                              provider=self.login.name if isinstance(self.login, TokenCredentials) else None,
+                              expires_at=token.expires_at if token is not None else None)
+            raise signing.after_refusal(self.login, signed, refused) from exc
 
     def _identify(self, connection: Amqp10Connection, name: str, newer_than: int) -> tuple[str, int]:
         return node_of(connection), -1  # the Open frame said it: no listing to wait for
@@ -199,9 +200,13 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 offered += 1
         return offered
 
-    def token_refused(self, placed: PlacedAmqp10Connection, error: SmartClientError) -> None:
+    def token_refused(self, placed: PlacedAmqp10Connection, token: str, error: SmartClientError) -> None:
+        """The broker refused ``token`` on ``placed`` (which keeps its old one): every connection goes on with the
+        token before it while that one is valid (:meth:`TokenCredentials.refused`)."""
         self.token_failures += 1
         log.warning("AMQP 1.0 connection %s on %s kept its old token: %s", placed.name, placed.node, error)
+        if isinstance(error, AuthenticationFailed):
+            signing.refused_token(self.login, token)
 
     def queue_topology(self, queue: str) -> QueueTopology:
         """``queue``'s type, leader and members, from the broker's AMQP 1.0 management API.

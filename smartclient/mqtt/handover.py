@@ -92,10 +92,21 @@ class MqttCredentials:
             client.logged_in_with(secret, expires_at)
         signing.tls_context(self.tls, self.client_certificate)  # a rotated certificate: loaded now
 
+    def has_newer(self, client: HandsOver) -> bool:
+        """Whether the credentials hold a token other than the one ``client`` logged in with (a hand-over to the
+        same token, one the broker refused and that was taken back, would only reconnect)."""
+        creds = self.credentials
+        held = creds.token if isinstance(creds, TokenCredentials) else None
+        return held is None or held.value != client.login_sent[0]
+
     def refused(self, client: HandsOver, error: AuthenticationFailed) -> AuthenticationFailed:
         """``error`` (the broker refused ``client``'s login), said with what it sent (see
-        :func:`~smartclient.core.relogin.refusal`)."""
+        :func:`~smartclient.core.relogin.refusal`).  The token credentials are told (every connection, and the
+        management API's requests, go on with the token before it while that one is valid)."""
         creds = self.credentials
+        secret = client.login_sent[0]
+        if secret is not None:
+            signing.refused_token(creds, secret)
         return refusal(error, time.time(), mechanism="EXTERNAL" if isinstance(creds, ExternalLogin) else "PLAIN",
                        provider=creds.name if isinstance(creds, TokenCredentials) else None,
                        expires_at=client.login_expires_at)
@@ -107,6 +118,7 @@ class Reconnects(Protocol):
 
     handovers: int
     token_refusals: int
+    login: MqttCredentials
 
     def handover_drain(self) -> float: ...
 
@@ -155,6 +167,8 @@ class HandsOver(PahoClient):
         while it is valid (a :class:`TokenRefused`, logged and counted).
 
         :raises AuthenticationFailed: ``error``, when there is no such token."""
+        if self._login_secret is not None:  # (a fleet's client is told its CONNACK here, not by a placement)
+            signing.refused_token(self._handing_over().login.credentials, self._login_secret)
         if fallback is None or fallback[0] is None or fallback[1] is None or fallback[1] <= time.time() + 1:
             raise error
         self.token_refusals += 1
@@ -186,6 +200,8 @@ class HandsOver(PahoClient):
         if self.socket() is None:
             return
         placer = self._handing_over()
+        if not placer.login.has_newer(self):
+            return  # the new token was refused (on another client) and taken back: nothing to hand over to
         self.hold_publishes()
         drain = placer.handover_drain()
         deadline = time.monotonic() + drain

@@ -146,6 +146,8 @@ class PlacedMqttClient(HandsOver):
                 self.failure = exc
                 log.error("MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
                 self.stop_reconnecting()
+                if handover:  # (paho's loop calls on_connect_fail for a reconnect of its own that failed)
+                    self._handle_on_connect_fail()
                 raise
             finally:
                 self._placing = False

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from smartclient import _otel, credentials
-from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError
+from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError, TokenRefused
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, Shared, drive_async
@@ -152,6 +152,9 @@ class StreamConnector:
         self.refused = credentials.RefusedLogins()
         #: login -> done once the broker has judged it on the connection it is judging it on (see _verdict)
         self._judging: dict[str, asyncio.Future[None]] = {}
+        #: the locator (its wing's): a connection that carries no producer or consumer, opened if it is not open;
+        #: a new token goes to it first (see update_secrets)
+        self.idle: Callable[[], Awaitable[Any]] | None = None
 
     async def resolve(self, advertised: Address) -> Address:
         """What a connection aimed at ``advertised`` dials (resolver, then allow-list)."""
@@ -231,6 +234,9 @@ class StreamConnector:
         except BaseException as exc:
             self.refused.note(login, exc)
             await _rstream.abort(client)
+            again = credentials.after_refusal(self.settings.credentials, signed, exc)
+            if again is not exc:
+                raise again from exc
             raise
         finally:
             for verdict in judged:
@@ -279,21 +285,42 @@ class StreamConnector:
     async def update_secrets(self, token: str) -> int:
         """Hand ``token`` to every open connection (the stream protocol's SASL exchange again, which the
         broker takes as a secret update); return how many took it.  A refusal is logged as
-        :class:`TokenRefused` and counted; the connection keeps its old token (and the broker closes it at
-        that token's expiry, when recovery takes over)."""
+        :class:`TokenRefused` and counted, and the credentials told (:meth:`TokenCredentials.refused`): every
+        connection goes on with the token before it while that one is valid, a recovery too (RabbitMQ 4.3 closes
+        a connection 3 s after it refused it a token; 4.0 at its old token's expiry)."""
         username = self.settings.credentials.username
+        refused: list[bool] = []  # told the credentials: whether they took the token before it back
 
         async def update(client: Any) -> bool:
             try:
                 await asyncio.wait_for(_rstream.update_secret(client, username, token), SECRET_UPDATE_TIMEOUT)
             except (SmartClientError, asyncio.TimeoutError) as exc:
                 self.secret_failures += 1
+                if isinstance(exc, TokenRefused):  # every connection goes on with the token before it, if valid
+                    refused.append(credentials.refused_token(self.settings.credentials, token))
                 log.warning("connection %s kept its old token: %s", _rstream.identity(client)[1], exc)
                 return False
             return True
 
-        # at once, not one after another: a slow connection holds up no other (nor sends its token late)
-        done = sum(await asyncio.gather(*(update(c) for c in list(self._logged_in) if c.is_connection_alive())))
+        # first to the locator, which carries no producer or consumer: RabbitMQ 4.3 ends a connection that it
+        # refused a token at its next publish confirm or delivery (at once, for a busy one), an idle one 3 s later.
+        # A token it refuses costs the locator alone (the credentials take it back, and the others keep theirs).
+        # A locator that is not open is opened, which logs in with the new token: the same test.  Then to the others
+        # at once, not one after another (a slow connection holds up no other, nor sends its token late).
+        first = 0
+        try:
+            locator = await self.idle() if self.idle is not None else None
+        except SmartClientError as exc:
+            log.warning("a new token was not tried on an idle connection first: %s", exc)
+            locator = None
+        if not credentials.current_is(self.settings.credentials, token):
+            return 0  # the locator's login with it was refused (and it was taken back), or a newer one came since
+        if locator is not None and locator.is_connection_alive():
+            first = await update(locator)
+            if any(refused):
+                return 0  # refused and taken back: the others keep the token they have
+        others = [c for c in list(self._logged_in) if c is not locator and c.is_connection_alive()]
+        done = first + sum(await asyncio.gather(*(update(c) for c in others)))
         self.secret_updates += done
         return done
 

@@ -104,6 +104,7 @@ class StreamWing:
         self._topologies = TopologyCache(self.connector, entry_points, srv, name, connection.topology_max_age,
                                          placement, retry)
         self._placement = StreamPlacement(self.connector, self._topologies, retry, recovery, name)
+        self.connector.idle = self._topologies.locator  # a new token is tried there first
         entry = entry_points[0] if entry_points else Address("srv-discovered", 5552)
         #: the instruments its readings go to: its Environment's, or (built alone, as a Spark task builds it) its own
         self._own = None

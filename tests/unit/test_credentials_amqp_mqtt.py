@@ -135,10 +135,7 @@ class FakeBlocking:
 
 
 def amqp_placer() -> AmqpPlacer:
-    placer = AmqpPlacer.__new__(AmqpPlacer)  # no management API: only the token bookkeeping is driven here
-    placer.live = __import__("weakref").WeakSet()
-    placer.secret_updates = placer.secret_failures = 0
-    return placer
+    return AmqpPlacer(FakeManagement())  # type: ignore[arg-type]  # (only the token bookkeeping is driven here)
 
 
 def test_a_new_token_goes_to_every_open_connection_from_its_own_io_loop() -> None:
@@ -426,12 +423,31 @@ def test_a_new_token_refused_at_a_hand_over_goes_back_to_the_one_it_had(mini_bro
     try:
         wait_for(lambda: client.handovers == 1)
         assert client.token_refusals == 1 and client._placer.token_refusals == 1 and client.failure is None
+        # the credentials took it back: the management API's look-ups (a placement through a load balancer) and
+        # every other client go on with the old token too
+        credentials = client._placer.credentials
+        assert isinstance(credentials, TokenCredentials)
+        assert credentials.refusals == 1 and credentials.current() == "token-1"
         client.publish("t", b"after", qos=1).wait_for_publish(5)
     finally:
         client.disconnect()
         client.loop_stop()
     assert [s.passwords for s in mini_broker.connections[:3]] == [[b"token-1"], [b"token-2"], [b"token-1"]]
     assert mini_broker.connections[2].published == [(b"after", False)]
+
+
+def test_a_hand_over_that_gives_up_calls_on_connect_fail(mini_broker: MiniBroker) -> None:
+    tokens = Tokens(lifetime=2.0)  # refreshed at 1.5 s: the one it had has 0.5 s left, too little to go back to
+    mini_broker.refuse.add(b"token-2")
+    client = placed_client(mini_broker, tokens)
+    failed: list[bool] = []
+    client.on_connect_fail = lambda *_: failed.append(True)
+    try:
+        wait_for(lambda: client.failure is not None)
+        assert isinstance(client.failure, AuthenticationFailed) and failed == [True]
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 def test_a_fleet_hands_over_client_by_client_and_holds_what_is_published_meanwhile(mini_broker: MiniBroker) -> None:
@@ -519,8 +535,11 @@ def test_a_fleet_client_whose_new_token_is_refused_goes_on_with_the_old_one() ->
                         entry_points=[str(broker.address)], options=MqttOptions(protocol="3.1.1", connect_timeout=2.0))
     try:
         with MqttFleet(placer, 2, client_id_prefix="fleet-refused") as fleet:
+            # the first client's hand-over is refused and the token taken back: the other does not hand over to it;
+            # the provider is asked again halfway to the old token's expiry, and both hand over to that one
             wait_for(lambda: fleet.handovers >= 2, 10.0)
-            assert fleet.connected == 2 and fleet.token_refusals == 2
+            assert fleet.connected == 2 and fleet.token_refusals == 1
             assert all(m.failures == 0 and m.failure is None for m in fleet.members)
     finally:
         broker.close()
+    assert sum(s.passwords.count(b"token-2") for s in broker.connections) == 1

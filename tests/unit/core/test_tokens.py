@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import random
 import threading
@@ -10,11 +11,18 @@ import threading
 import pytest
 
 from smartclient import ClientCertificate, ConfigurationError, Token, TokenCredentials
-from smartclient._errors import CertificateRejected, TokenExpired, TokenProviderFailed
+from smartclient._errors import (
+    AuthenticationFailed,
+    CertificateRejected,
+    ConnectionFailed,
+    TokenExpired,
+    TokenProviderFailed,
+    TokenRefused,
+)
 from smartclient.core.retry import Backoff
 from smartclient.core.settings import Credentials
 from smartclient.core.tokens import coerce_token, jwt_expiry, refresh_delay
-from smartclient.credentials import EXTERNAL, Login, alogin, login, tls_context, watch
+from smartclient.credentials import EXTERNAL, Login, after_refusal, alogin, login, refused_token, tls_context, watch
 from tests.unit.fakes import Clock
 
 
@@ -300,3 +308,66 @@ def test_an_async_provider_is_awaited_from_a_thread_running_an_event_loop() -> N
         return creds.current("amqp-1")  # a sync placer called inside `async with Environment`
 
     assert asyncio.run(sync_placer_inside_async_code()) == "from-async"
+
+
+def test_a_refused_token_gives_way_to_the_one_before_it_while_that_one_is_valid() -> None:
+    clock = Clock(1000.0)
+    answers = itertools.chain([("good", 1100.0), ("untrusted-1", 1200.0), ("untrusted-2", 1200.0)],
+                              itertools.repeat(("untrusted-1", 1200.0)))
+    creds = TokenCredentials(lambda: next(answers), refresh_at=0.5, jitter=0.0, retry=Backoff(1.0, 2.0, 8.0),
+                             clock=clock)
+    assert creds.current() == "good"
+    clock.now = 1060.0
+    assert creds.current() == "untrusted-1"  # the refresh
+    # the broker refuses it: every connection (a recovery's login, the management API's requests) goes on with
+    # the one before it, and the provider is asked again halfway to its expiry margin (39 s left: in 19.5 s)
+    assert creds.refused("untrusted-1") is True
+    assert creds.current("recovery") == "good" and creds.refusals == 1
+    assert creds.refused("untrusted-1") is True  # told again (another connection): the same answer
+    assert creds.current() == "good" and creds.refusals == 1
+    clock.now = 1079.6
+    assert creds.current() == "untrusted-2"
+    assert creds.refused("untrusted-2") is True and creds.current() == "good"
+    # a provider that answers a refused token again fails typed, on its back-off; the valid one is kept meanwhile
+    clock.now = 1090.0
+    assert creds.current() == "good"
+    clock.now = 1099.5  # no valid token left: the refusal, typed, and no login with a refused token
+    with pytest.raises(TokenRefused, match="answered again a token the broker refused"):
+        creds.current("c-9")
+
+
+def test_a_refused_token_with_nothing_valid_before_it_is_a_typed_failure_on_the_back_off() -> None:
+    clock = Clock(1000.0)
+    calls = 0
+
+    def provider() -> tuple[str, float]:
+        nonlocal calls
+        calls += 1
+        return f"untrusted-{calls}", clock.now + 100
+
+    creds = TokenCredentials(provider, retry=Backoff(1.0, 2.0, 8.0), clock=clock)
+    assert creds.current() == "untrusted-1"
+    assert creds.refused("untrusted-1") is False  # nothing before it
+    for _ in range(20):  # a storm of logins: none with the refused token, and the provider is not asked
+        with pytest.raises(TokenRefused, match="no token before it is still valid"):
+            creds.current()
+    assert calls == 1
+    clock.now += 1.0
+    assert creds.current() == "untrusted-2" and calls == 2  # asked again after the back-off
+
+
+def test_a_dial_refused_with_a_new_token_may_try_again_with_the_one_before_it() -> None:
+    clock = Clock(1000.0)
+    answers = iter([("good", 1100.0), ("untrusted", 1200.0)])
+    creds = TokenCredentials(lambda: next(answers), refresh_at=0.5, jitter=0.0, clock=clock)
+    assert creds.current() == "good"
+    clock.now = 1060.0
+    signed = login(creds)
+    refused = AuthenticationFailed("refused the login")
+    again = after_refusal(creds, signed, refused)
+    assert type(again) is ConnectionFailed and again.__cause__ is refused and "still valid" in str(again)
+    assert login(creds).password == "good"
+    # the one before it refused too (or static credentials): the refusal itself
+    assert after_refusal(creds, login(creds), refused) is refused
+    assert after_refusal(Credentials("u", "p"), Login("PLAIN", "u", "p"), refused) is refused
+    assert refused_token(Credentials("u", "p"), "p") is False
