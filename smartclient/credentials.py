@@ -258,8 +258,9 @@ class TokenCredentials:
                 self._failures += 1
                 self._next_try = now + self.retry.delay(self._failures)
                 self._last_error = TokenRefused(
-                    f"the broker refused the token of token provider {self.name}, and no token before it is still "
-                    f"valid", connection="")
+                    f"the broker refused the token from {self.name} (valid until {describe_expiry(held.expires_at)}), "
+                    f"and no token before it is still valid: the provider is asked again in "
+                    f"{self._next_try - now:.1f} s", connection="")
                 return False
             assert previous is not None
             # the one before it, until it nears its expiry; the provider is asked again halfway there (not on the
