@@ -124,6 +124,8 @@ class Reconnects(Protocol):
 
     def handover_settle(self) -> float: ...
 
+    def check_token(self) -> None: ...
+
 
 class HandsOver(PahoClient):
     """A paho client that hands its connection over to a new token (see the module's text) when
@@ -201,7 +203,14 @@ class HandsOver(PahoClient):
             return
         placer = self._handing_over()
         if not placer.login.has_newer(self):
-            return  # the new token was refused (on another client) and taken back: nothing to hand over to
+            return  # the new token was refused (by another client's hand-over) and taken back
+        placer.check_token()
+        if not placer.login.has_newer(self):  # the management API refused it: no reconnect at all
+            self.token_refusals += 1
+            placer.token_refusals += 1
+            log.warning("MQTT client %s: TokenRefused: the management API refused the new token; it goes on with the "
+                        "token it had, until that one expires (and keeps its connection)", self.client_id)
+            return
         self.hold_publishes()
         drain = placer.handover_drain()
         deadline = time.monotonic() + drain

@@ -34,6 +34,7 @@ from smartclient._errors import (
     CertificateRejected,
     ConfigurationError,
     ConnectionFailed,
+    HandleClosed,
     NoCandidateNode,
     PlacementError,
     ResolutionError,
@@ -89,6 +90,9 @@ class PlacedMqttClient(HandsOver):
     failovers: int
     listed_at: int  # the management API's connected_at when the node was last identified (-1: never)
     failure: SmartClientError | None  # why the last reconnect gave up (then the client stays disconnected)
+    #: the client's own node: where it was placed, or where its last reconnect took it; a token hand-over aims
+    #: there first, and one that kept a connection elsewhere leaves it as it is (the next one aims there again)
+    home: Address | None
 
     def _setup(self, placer: MqttPlacer, subscriptions: Sequence[tuple[str, int]]) -> None:
         self._placer = placer
@@ -98,15 +102,33 @@ class PlacedMqttClient(HandsOver):
         self._held: tuple[Any, ...] | None = None
         self._user_on_connect: Any = None
         self._sc_lock = threading.Lock()
+        self._asked = threading.Event()  # set by disconnect(): see disconnect_asked
         self.node = None
+        self.home = None
         self.failovers = 0
         self.listed_at = -1
         self.failure = None
         self._kept_at = time.monotonic()  # when the current connection was made
         self._short_lived = 0  # connections in a row the broker ended within SHORT_LIVED
 
+    def disconnect(self, reasoncode: Any = None, properties: Any = None) -> Any:
+        """paho's ``disconnect`` (what the client holds fails), and a reconnect under way stops
+        (:attr:`disconnect_asked`)."""
+        self._asked.set()
+        return super().disconnect(reasoncode, properties)
+
+    @property
+    def disconnect_asked(self) -> bool:
+        """The application called :meth:`disconnect` (and has not connected again): a reconnect under way stops."""
+        return self._asked.is_set()
+
+    def wait_unless_disconnected(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less if the application disconnects meanwhile; whether it did."""
+        return self._asked.wait(seconds)
+
     # paho calls reconnect() for the first connect too; after placement every one is a placement
     def _before_reconnect(self) -> bool:
+        self._asked.clear()  # (paho's loop does not reconnect a client disconnected: the application does)
         if not self._failover:
             return False
         lived = time.monotonic() - self._kept_at
@@ -144,7 +166,8 @@ class PlacedMqttClient(HandsOver):
                     self._placer.reconnect(self)
             except SmartClientError as exc:
                 self.failure = exc
-                log.error("MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
+                log.log(logging.INFO if isinstance(exc, HandleClosed) else logging.ERROR,
+                        "MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
                 self.stop_reconnecting()
                 if handover:  # (paho's loop calls on_connect_fail for a reconnect of its own that failed)
                     self._handle_on_connect_fail()
@@ -219,6 +242,7 @@ class _Reconnecting:
 
     def dial(self, target: Address) -> Reached[PlacedMqttClient] | Missed:
         placer, client = self.placer, self.client
+        self._stop_if_disconnected()
         self.current.node = None
         client.drop_connection()
         try:
@@ -259,7 +283,14 @@ class _Reconnecting:
         self.client.drop_connection()
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
+        self.client.wait_unless_disconnected(seconds)
+        self._stop_if_disconnected()
+
+    def _stop_if_disconnected(self) -> None:
+        """:raises HandleClosed: the application disconnected the client: its reconnect stops."""
+        if self.client.disconnect_asked:
+            raise HandleClosed(f"MQTT client {self.client.client_id} was disconnected by the application during its "
+                               f"reconnect")
 
     def attempted(self, attempt: Attempt) -> None:
         pass
@@ -303,6 +334,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         #: the hand-overs of the clients placed by connect() to each new token, from the first one on
         self._refreshes = Refreshes(f"the MQTT clients of {self!r}", self._hand_over_all)
         self.handovers = 0  #: connections of clients placed by connect() handed over to a new token
+        self._token_checked: str | None = None  # the last token the management API took (check_token)
         #: told of every reconnect that ended (the Environment's recovery hooks: Environment.on_recovery)
         self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the old one kept)
@@ -373,6 +405,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             raise
         _chain_on_connect(client)
         client.node, client.attempts, client.listed_at = landed.node, landed.attempts, landed.listed_at
+        client.home = self.node_address(landed.node) if landed.node is not None and self.lb is not None else (
+            client.target)  # (through a load balancer: where it landed, which "any node" did not aim at)
         client._failover = True
         client.hold_while_down = True  # what it is asked to publish while it reconnects is held
         for topic, qos in subscriptions:
@@ -391,6 +425,24 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         """Seconds a hand-over reads nothing before its DISCONNECT: :data:`~smartclient.mqtt.handover.SETTLE_GRACE`
         with a persistent session, 0 with a clean start (its queue goes with the connection)."""
         return 0.0 if self.options.clean_start else SETTLE_GRACE
+
+    def check_token(self) -> None:
+        """Before a hand-over: show the new token to the management API (``/api/whoami``), which takes the same
+        tokens.  One it refuses (401) is taken back there (:meth:`TokenCredentials.refused`), so the hand-over is
+        skipped, with no reconnect; with no management API, the hand-over's own connect is the test."""
+        tokens = self.management.tokens if self.management is not None else None
+        if tokens is None or tokens is not self.credentials:
+            return  # (a management API that signs in otherwise says nothing of the token)
+        held = tokens.token
+        if held is None or held.value == self._token_checked:
+            return  # once per token, however many clients hand over to it
+        try:
+            self.management.get("/api/whoami")  # type: ignore[union-attr]
+        except SmartClientError as exc:
+            log.debug("the management API could not check the new token: %s", exc)
+            return
+        taken = tokens.token  # (the one before it, if the API refused it and it was taken back)
+        self._token_checked = taken.value if taken is not None else None
 
     def _hand_over_all(self, token: str) -> None:
         """A new token: every connected client placed by :meth:`connect` hands over to it, each at its slot of the
@@ -414,7 +466,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         dropped, the waits the back-off of ``options.reconnect_delay``, capped by the ``RetryPolicy``.
         Blocks (on paho's thread, where paho reconnects).  Each attempt logs in with the current credentials
         (:meth:`MqttCredentials.sign_in`), or with ``login``.  A ``handover`` (to a new token) tries the client's
-        own node first (:func:`~smartclient.core.relogin.handover_candidates`).
+        own node first (:func:`~smartclient.core.relogin.handover_candidates`); with ``login`` (the token it had,
+        after the new one was refused) it takes any node: that connection lasts only until that token expires, and
+        through a load balancer each miss would cost a wait for the management API's listing.
 
         :raises NodeUnreachable: through a load balancer, no attempt reached a candidate (and the client's
             own node did not stay reachable as the fallback).  :raises PlacementError: the policy ran out.
@@ -424,7 +478,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         nodes = self.targets()
         last = client.target
         what = f"{self.protocol} {'token hand-over' if handover else 'reconnect'} of {client.client_id}"
-        candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), last, what)
+        own = None if login is not None else (client.home or last) if handover else last
+        candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), own, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
         shell = _Reconnecting(self, client, nodes, candidates, login)
@@ -437,6 +492,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             raise
         if shell.current.node is not None:
             client.target, client.dialled, client.node = shell.landings[shell.current.node]
+        if not handover or client.home is None:
+            client.home = self.node_address(client.node) if client.node is not None and self.lb is not None else (
+                client.target)
         client.attempts = plan.attempts
         client.failovers += 0 if handover else 1
         log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,

@@ -160,6 +160,13 @@ class FakeMqttClient:
         self.reached: Address | None = None
         self.dials: list[tuple[Address, Address]] = []
         self.listed_at, self.failovers, self.attempts, self.node, self.dialled = 1, 0, 1, "n?", target
+        self.home: Address | None = None
+        self.disconnect_asked = False
+        self.slept: list[float] = []
+
+    def wait_unless_disconnected(self, seconds: float) -> bool:
+        self.slept.append(seconds)  # (no real wait: the placement's back-off, recorded)
+        return self.disconnect_asked
 
     def reconnect_to(self, dialled: Address, server_name: str | None, timeout: float) -> bool:
         self.dials.append((self.target, dialled))

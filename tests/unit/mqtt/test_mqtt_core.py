@@ -17,6 +17,7 @@ from smartclient import (
     ClientSettings,
     ConfigurationError,
     ConnectionFailed,
+    HandleClosed,
     MessageDecodeError,
     NodeUnreachable,
     PlacementError,
@@ -160,6 +161,21 @@ def test_a_direct_reconnect_goes_back_to_its_node_only_when_no_other_answers() -
     assert [d for _, d in client.dials] == [C, A, B] and client.target == B
 
 
+def test_a_disconnect_by_the_application_stops_a_reconnect_under_way() -> None:
+    placer = MqttPlacer(settings=ClientSettings(retry=replace(FAST, max_attempts=50)),
+                        entry_points=["n1:1883", "n2:1883"], options=QUICK_RECONNECT)
+    client = FakeMqttClient(direct_network({A, B}), A)
+
+    def refused_then_disconnected(dialled: Address) -> Address:
+        client.disconnect_asked = True  # the application's disconnect(), from its own thread, meanwhile
+        raise ConnectionFailed(f"{dialled} refused")
+
+    client.network = refused_then_disconnected
+    with pytest.raises(HandleClosed, match="disconnected by the application during its reconnect"):
+        placer.reconnect(client)  # type: ignore[arg-type]
+    assert len(client.dials) == 1
+
+
 def test_a_reconnect_that_reaches_nothing_gives_up_typed_after_the_policys_caps() -> None:
     placer = MqttPlacer(settings=ClientSettings(retry=replace(FAST, max_attempts=5)),
                         entry_points=["n1:1883", "n2:1883"], options=QUICK_RECONNECT)
@@ -244,6 +260,16 @@ def test_a_hand_over_through_a_balancer_that_never_reaches_its_node_keeps_the_co
     # client (one connection per client id) holds only the latest, which is what it must keep (issue 53)
     reached = itertools.cycle([C, A])
     client = FakeMqttClient(lambda dialled: next(reached), B)
-    mqtt_lb_placer().reconnect(client, handover=True)  # type: ignore[arg-type]
+    client.home = B
+    placer = mqtt_lb_placer()
+    placer.reconnect(client, handover=True)  # type: ignore[arg-type]
     assert client.is_connected() and client.node == f"rabbit@{client.reached.host}"  # type: ignore[union-attr]
     assert client.attempts == 6  # the core's sticky window (4) past the two new nodes
+    # the next hand-over aims at its own node again, not where it was kept; a reconnect (a failover) moves it
+    assert client.reached != B and client.home == B
+    reached = itertools.cycle([B])
+    placer.reconnect(client, handover=True)  # type: ignore[arg-type]
+    assert client.reached == B and client.attempts == 1 and client.home == B
+    reached = itertools.cycle([C])
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert client.home == C
