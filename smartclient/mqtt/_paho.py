@@ -29,7 +29,9 @@ Why each private name is touched:
 * ``Client._sock_recv`` is overridden to keep the error a read failed with (paho logs it, and says only "connection
   lost"): a TLS alert there is the broker refusing the client certificate (:class:`CertificateRejected`).
 * ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
-  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`; read, never written).
+  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`).  When a client gives up for good,
+  what ``Client._out_messages`` holds (under ``Client._out_message_mutex``) fails: each one's ``rc`` is set and
+  ``MQTTMessageInfo._set_as_published`` ends its ``wait_for_publish``, which raises (not a wait for ever).
 * ``Client.publish`` and ``Client.disconnect`` are overridden (public methods): a client that hands over to a new
   token, or reconnects, *holds* what it is asked to publish meanwhile and sends it once connected again
   (:class:`HeldInfo`), so nothing published in between is lost; a disconnect asked for ends that.
@@ -37,6 +39,7 @@ Why each private name is touched:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import select
@@ -85,6 +88,9 @@ PAHO_INTERNALS: tuple[str, ...] = (
     "Client._inflight_messages",  # QoS 1 and 2 messages sent and not yet acknowledged (read)
     "Client._sockpairW",  # written to wake the loop (as publish() from another thread does)
     "Client._sock_recv",  # overridden: keeps the error a read failed with
+    "Client._out_messages",  # what paho has to send or have acknowledged: failed when the client gives up
+    "Client._out_message_mutex",  # guards it
+    "MQTTMessageInfo._set_as_published",  # ends a wait_for_publish (with its rc set: it raises)
 )
 
 #: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
@@ -92,21 +98,10 @@ PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.p
                                    "Client._sock_recv")
 
 #: Every public name of paho this module imports or relies on, as a module path.
-PAHO_NAMES: tuple[str, ...] = (
-    "paho.mqtt.client.Client",
-    "paho.mqtt.client.ConnectFlags",
-    "paho.mqtt.client.MQTTMessage",
-    "paho.mqtt.client.MQTTMessageInfo",
-    "paho.mqtt.client.MQTT_ERR_SUCCESS",
-    "paho.mqtt.client.connack_string",
-    "paho.mqtt.client.error_string",
-    "paho.mqtt.enums.CallbackAPIVersion",
-    "paho.mqtt.enums.MQTTErrorCode",
-    "paho.mqtt.enums.MQTTProtocolVersion",
-    "paho.mqtt.packettypes.PacketTypes",
-    "paho.mqtt.properties.Properties",
-    "paho.mqtt.reasoncodes.ReasonCode",
-)
+PAHO_NAMES: tuple[str, ...] = tuple(f"paho.mqtt.{name}" for name in (
+    "client.Client", "client.ConnectFlags", "client.MQTTMessage", "client.MQTTMessageInfo", "client.MQTT_ERR_SUCCESS",
+    "client.connack_string", "client.error_string", "enums.CallbackAPIVersion", "enums.MQTTErrorCode",
+    "enums.MQTTProtocolVersion", "packettypes.PacketTypes", "properties.Properties", "reasoncodes.ReasonCode"))
 
 #: The parameters the seam passes to (or, for :data:`PAHO_OVERRIDES`, receives from) paho's callables.
 PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
@@ -486,13 +481,21 @@ class PahoClient(paho.Client):
                 info.bind(super().publish(*args))
             return len(held or ())
 
-    def fail_held(self, rc: MQTTErrorCode = MQTTErrorCode.MQTT_ERR_NO_CONN, why: BaseException | None = None) -> int:
-        """Fail every held publish with ``rc`` and ``why`` (the client will not connect again); stop holding."""
-        with self._holding_lock():
-            held, self._held_publishes = self._held_publishes, None
-            for _, info in held or ():
-                info.fail(rc, why)
-            return len(held or ())
+    def fail_held(self, rc: MQTTErrorCode = MQTTErrorCode.MQTT_ERR_NO_CONN, why: BaseException | None = None, *,
+                  unsent: bool = False) -> int:
+        """Fail every held publish with ``rc`` and ``why`` and stop holding; with ``unsent`` (the client gave up),
+        fail what paho has unsent or unacknowledged too: ``wait_for_publish`` raises instead of waiting for ever."""
+        with self._holding_lock(), self._out_message_mutex:
+            held, self._held_publishes = self._held_publishes or [], None
+            out = list(self._out_messages.values()) if unsent else []
+            if unsent:
+                self._out_messages, self._inflight_messages = collections.OrderedDict(), 0
+        for _, info in held:
+            info.fail(rc, why)
+        for message in out:
+            message.info.rc = rc
+            message.info._set_as_published()
+        return len(held) + len(out)
 
     def publish(self, topic: str, payload: Any = None, qos: int = 0, retain: bool = False,
                 properties: Properties | None = None) -> MQTTMessageInfo:

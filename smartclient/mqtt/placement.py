@@ -169,6 +169,7 @@ class PlacedMqttClient(HandsOver):
                 log.log(logging.INFO if isinstance(exc, HandleClosed) else logging.ERROR,
                         "MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
                 self.stop_reconnecting()
+                self.fail_held(unsent=True)  # (what it held failed with the disconnect; what paho had in flight too)
                 if handover:  # (paho's loop calls on_connect_fail for a reconnect of its own that failed)
                     self._handle_on_connect_fail()
                 raise

@@ -61,10 +61,14 @@ def test_the_instance_attributes_start_as_the_seam_expects() -> None:
     client = plain_client()
     instance = [e.split(".")[1] for e in PAHO_INTERNALS if e.split(".")[1] in vars(client)]
     expected = {"_sock": None, "_sockpairR": None, "_sockpairW": None, "_host": "", "_port": 1883,
-                "_ssl_context": None, "_thread": None, "_client_id": b"seam-test", "_inflight_messages": 0}
+                "_ssl_context": None, "_thread": None, "_client_id": b"seam-test", "_inflight_messages": 0,
+                "_out_messages": {}, "_out_message_mutex": "a lock"}
     assert sorted(instance) == sorted(expected), "PAHO_INTERNALS changed: say here what each attribute starts as"
     for name, value in expected.items():
-        assert getattr(client, name) == value, name
+        if value == "a lock":
+            assert callable(getattr(getattr(client, name), "acquire", None)), name
+        else:
+            assert getattr(client, name) == value, name
 
 
 @pytest.mark.parametrize("path", PAHO_NAMES)
@@ -261,3 +265,18 @@ def test_only_the_seam_imports_paho() -> None:
 def test_only_the_seam_touches_pahos_private_names() -> None:
     names = {e.split(".")[1] for e in PAHO_INTERNALS}
     assert private_uses(names, SEAM, {"PahoClient"}) == []
+
+
+def test_a_client_that_gives_up_fails_what_paho_had_unacknowledged(connack_broker: FakeBroker) -> None:
+    client = new_client()
+    try:
+        client.send_connect(connack_broker.address, 30, clean_start=True, properties=None)
+        client.await_connack(2.0)
+        info = client.publish("t", b"never acknowledged", qos=1)  # the fake broker sends no PUBACK
+        assert client.in_flight() == 1 and not info.is_published()
+        assert client.fail_held(unsent=True) == 1
+        assert client.in_flight() == 0
+        with pytest.raises(RuntimeError):
+            info.wait_for_publish(timeout=1.0)  # raises at once: the client gave up on it
+    finally:
+        client.close_quietly()
