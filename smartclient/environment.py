@@ -232,7 +232,8 @@ class Environment:
         before and after, the cause, the seconds it took, its attempts, its failure if it gave up), on the thread
         that recovered (the event loop for streams; the client's own thread for AMQP 1.0 and MQTT).  aio-pika's
         ``reconnect_callbacks`` are the model.  Returns a function that removes the hook.  A hook that raises is
-        logged; the recovery is not affected."""
+        logged; the recovery is not affected.  A closed Environment refuses (:class:`HandleClosed`)."""
+        self._check_open()
         self._hooks.append(hook)
         return lambda: self._hooks.remove(hook) if hook in self._hooks else None
 

@@ -110,7 +110,7 @@ class Consumer(_Handle):
 
         return _rstream.queued_chunks(self._subscriber) if self._subscriber is not None else 0
 
-    async def subscribe(self, callback: Callable[..., Awaitable[None] | None], offset: OffsetSpec,
+    async def _subscribe(self, callback: Callable[..., Awaitable[None] | None], offset: OffsetSpec,
                         options: ConsumerOptions, *, chunks: bool = False, super_stream: str | None = None) -> None:
         """Subscribe from ``offset``, handing each message (or chunk, ``chunks``) to ``callback`` as ``options`` say:
         the consumer's placement.  ``super_stream``: the super stream whose partition its stream is."""

@@ -290,7 +290,7 @@ class Producer(_Handle):
         is why automatically numbered ids start at 1.  ``None`` for an unnamed producer (no stored sequence)."""
         return self._ids.stored if self.name else None
 
-    async def place(self, options: ProducerOptions, batching: BatchingPolicy) -> None:
+    async def _place(self, options: ProducerOptions, batching: BatchingPolicy) -> None:
         """Declare the publisher on the leader (and, named, read its stored sequence): the producer's placement."""
         from smartclient.stream import _rstream
         from smartclient.stream._rstream import map_stream_errors

@@ -219,7 +219,7 @@ class StreamWing:
                           options.name)
         self._carriers.add(handle)
         batching = options.batching or self.batching
-        await open_handle(handle, self.retry.max_time, lambda: handle.place(options, batching))
+        await open_handle(handle, self.retry.max_time, lambda: handle._place(options, batching))
         self._carriers.traced(handle)
         return handle
 
@@ -250,7 +250,7 @@ class StreamWing:
         async def subscribe() -> None:  # (a single active consumer's start is decided when it becomes active)
             start = options.offset if options.single_active else await self._admin.concrete_offset(
                 stream, options.offset, options.filter)
-            await handle.subscribe(traced, start, options, chunks=on_chunk is not None, super_stream=super_stream)
+            await handle._subscribe(traced, start, options, chunks=on_chunk is not None, super_stream=super_stream)
 
         return await open_handle(handle, self.retry.max_time, subscribe)
 

@@ -34,7 +34,7 @@ from ..conftest import wait_until
 ARGUMENTS: dict[str, Any] = {
     "stream": "any-stream", "super_stream": "any-super-stream", "callback": lambda message, context: None,
     "body": b"x", "bodies": [b"x"], "name": "any-name", "role": Role.CONSUMER, "pool": None,
-    "routing_key": "k", "size": 1, "amqp_uri": "amqp://h:5672",
+    "routing_key": "k", "size": 1, "amqp_uri": "amqp://h:5672", "hook": lambda event: None,
 }
 
 

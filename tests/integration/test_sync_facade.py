@@ -46,7 +46,7 @@ def test_producers_and_consumers_without_asyncio_from_many_threads(
             assert {r.role for r in env.placements()} >= {"producer", "consumer"}
             with pytest.raises(StreamNotFound):  # the same errors as the async API
                 env.producer(rabbitmq_unique_name + "-missing")
-            assert env.partitions  # other async methods are there too, blocking
+            assert env.streams.partitions  # the wing's other async methods are there too, blocking
             consumer.close()
             producer.close()
         finally:
