@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, Environment, HandleClosed, RetryPolicy
+from smartclient import Address, Confirmation, Environment, HandleClosed, PublishFailed, RetryPolicy
 from smartclient.core import deadline
 from smartclient.testing import TestBed
 from smartclient.testing.streams import create_stream_led_by, delete_streams
@@ -61,6 +61,8 @@ async def test_a_cancelled_close_still_ends_closed_and_answers_its_messages(
             with contextlib.suppress(asyncio.CancelledError):
                 await closing
             await wait_until(lambda: all(f.done() for f in futures), 10, "an answer to every message")
+            answers = [f.exception() or f.result() for f in futures]  # (read: asyncio logs no "never retrieved")
+            assert all(isinstance(a, (Confirmation, PublishFailed)) for a in answers), answers[:3]
             assert producer.closed
             with pytest.raises(HandleClosed):
                 await producer.send(b"late")
