@@ -134,3 +134,16 @@ def test_no_pre_1_0_shims() -> None:
                 if "via" in {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}:
                     with_via.append(f"{module}.{node.name}")
     assert with_via == []
+
+
+def test_a_test_helper_is_defined_once() -> None:
+    """A fake, fixture or helper the tests share lives in one place (tests/unit/fakes.py, seams.py, a conftest),
+    not copied into each file that needs it (issue 54 found 35 names copied 85 times)."""
+    files: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) \
+                    and not node.name.startswith(("test_", "Test")):
+                files.setdefault(node.name, set()).add(str(path.relative_to(ROOT)))
+    copied = {name: sorted(where) for name, where in files.items() if len(where) > 1}
+    assert len(copied) <= 5, f"test helpers defined in more than one file (move them to a shared module): {copied}"
