@@ -157,6 +157,7 @@ class NamedClient(Client):
     server_hostname: str | None = None
     #: called once the broker answered the connection's first request: it is alive, and judges the login next
     smartclient_on_answer: Callable[[], None] | None = None
+    smartclient_reader_ended = False  #: its reader has stopped: no answer will ever come
 
     async def peer_properties(self) -> dict[str, str]:
         properties = await super().peer_properties()
@@ -279,6 +280,7 @@ class NamedClient(Client):
         try:
             await super()._listener()
         finally:
+            self.smartclient_reader_ended = True
             self.fail_pending()
             self.smartclient_drop_updates()  # their answers have no connection to go out on
         # ended by itself (not stopped by close() or raw_request(), which see to the rest)
@@ -298,6 +300,15 @@ class NamedClient(Client):
             result = told(OnClosedErrorInfo("Connection Closed", []))
             if inspect.isawaitable(result):
                 await result
+
+    def wait_frame(self, frame_cls: Any, corr_id: int | None = None, timeout: int | None = None) -> Any:
+        """rstream's; a request made once the reader has stopped fails at once: a TLS alert that ends the
+        connection right after the handshake (a refused client certificate) can stop the reader before the
+        login's first request is registered, which then waited for its whole bound."""
+        waiter = super().wait_frame(frame_cls, corr_id, timeout)
+        if self.smartclient_reader_ended:
+            self.fail_pending()
+        return waiter
 
     async def close(self) -> None:
         """rstream's, and the socket closed even when the connection was already broken (see :meth:`_listener`)."""

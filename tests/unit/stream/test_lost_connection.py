@@ -44,3 +44,27 @@ def test_a_connection_the_peer_closes_stops_its_heartbeat_and_is_freed() -> None
     assert stopped, "the heartbeat of a lost connection still runs (it held the connection for up to 60 s)"
     assert not alive
     assert freed, "something still holds the lost connection's client"
+
+
+def test_a_request_made_after_the_reader_stopped_fails_at_once() -> None:
+    """A TLS alert right after the handshake (a refused client certificate) can stop the reader before the login's
+    first request is registered: that request failed only at its 10 s bound (CI, 2026-12-02)."""
+    async def scenario() -> BaseException | None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            client = NamedClient(host="127.0.0.1", port=server.sockets[0].getsockname()[1], frame_max=1 << 20,
+                                 heartbeat=60, connection_closed_handler=lambda info: None)
+            await client.start()
+            await asyncio.wait_for(asyncio.wait({client._tasks["listener"]}), 5)  # the reader is gone ...
+            assert client.smartclient_reader_ended
+            try:
+                await asyncio.wait_for(client.peer_properties(), 1.0)  # ... before the first request
+            except (ConnectionError, OSError) as exc:
+                return exc
+            return None
+
+    error = asyncio.run(scenario())
+    assert isinstance(error, ConnectionResetError) and "closed the connection before answering" in str(error)
