@@ -28,9 +28,8 @@ them run with the fixtures they name; one that asks for ``rabbitmq_faulty_testbe
 ``faults`` mark (``-m "not faults"`` leaves it out while the bed is shared).  Blocks that need Spark or the
 federation's brokers carry the ``spark`` and ``federation`` marks, as the suite's other tests do.
 
-A block that needs what the bed cannot give says so in a comment line of its own, ``# docs-run: skip (why)``,
-and its test is skipped with that reason.  A block that fails on a bug of the library (not of the doc) is in
-:data:`KNOWN_BUGS`: a strict xfail naming the bug.
+Every block runs: none is skipped (a fence that is not meant to run is not a ```python one).  A block that fails on
+a bug of the library (not of the doc) is in :data:`KNOWN_BUGS`: a strict xfail naming the bug.
 """
 
 from __future__ import annotations
@@ -66,7 +65,6 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*$")
-SKIP = re.compile(r"^[ \t]*#\s*docs-run:\s*skip\s*\((?P<why>.+)\)[ \t]*$", re.MULTILINE)
 RAISES = re.compile(r"#\s*(?P<name>[A-Z]\w+):")
 #: the longest a block may take once what it needs is ready
 BLOCK_TIMEOUT = 90.0
@@ -100,11 +98,6 @@ class Block:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
-
-    @property
-    def skip(self) -> str | None:
-        found = SKIP.search(self.source)
-        return found["why"].strip() if found else None
 
     def tree(self) -> ast.Module:
         """Its syntax tree (top-level ``await`` allowed), each line numbered as on the page."""
@@ -574,8 +567,6 @@ def marks(block: Block) -> list[pytest.MarkDecorator]:
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=marks(b)) for b in doc_blocks()])
 async def test_doc_block_runs(block: Block, rabbitmq_testbed: TestBed, request: pytest.FixtureRequest,
                               tmp_path: Path) -> None:
-    if block.skip:
-        pytest.skip(f"{block.id}: {block.skip}")
     bed = rabbitmq_testbed
     token = uuid.uuid4().hex[:8]
     written = block.tree()
