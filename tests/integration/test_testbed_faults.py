@@ -12,7 +12,7 @@ import dns.exception
 import dns.resolver
 import pytest
 
-from smartclient import FaultUnavailable
+from smartclient import FaultUnavailable, TestBedError
 from smartclient.management import ManagementClient
 from smartclient.testing import TestBed
 from smartclient.testing.external import ExternalTestBed
@@ -137,6 +137,32 @@ def test_lb_backend_in_maintenance_is_healed(rabbitmq_faulty_testbed: TestBed) -
     rabbitmq_faulty_testbed.heal()
     states = rabbitmq_faulty_testbed.haproxy.server_states()
     assert all(s == "UP" for servers in states.values() for s in servers.values())
+
+
+def test_a_rolling_restart_step_removes_a_stream_record_the_coordinator_forgot(
+    rabbitmq_faulty_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    """A deletion cut by a fault can leave a stream record the coordinator no longer knows, and the operator's
+    pre-stop check then crashes on every node (seen in CI, where no node was rolled): the step removes it."""
+    from smartclient.testing.local import LocalTestBed
+
+    bed = rabbitmq_faulty_testbed
+    if not isinstance(bed, LocalTestBed):
+        raise FaultUnavailable("the orphan is made with rabbitmqctl eval on the local test bed")
+    name = rabbitmq_unique_name
+    ref = f'rabbit_misc:r(<<"/">>, queue, <<"{name}">>)'
+    ctl = bed.brokers[0].ctl
+    ctl(["eval", f'rabbit_amqqueue:declare({ref}, true, false, [{{<<"x-queue-type">>, longstr, <<"stream">>}}], '
+                 'none, <<"guest">>).'])
+    # the coordinator deletes the stream; the record's own deletion, as if it timed out, never comes
+    ctl(["eval", f"{{ok, Q}} = rabbit_amqqueue:lookup({ref}), #{{name := Id}} = amqqueue:get_type_state(Q), "
+                 "rabbit_stream_coordinator:process_command({delete_stream, Id, #{}})."])
+    node = bed.nodes[0].name
+    assert bed.orphan_streams(node) == [("/", name)]
+    with pytest.raises(TestBedError, match="list_with_minimum_quorum"):  # the broker's own check crashes on it
+        bed.brokers[0].tool("rabbitmq-upgrade", ["await_online_quorum_plus_one", "-t", "5"], timeout=30)
+    bed.roll_node(node)
+    assert [bed.orphan_streams(n.name) for n in bed.nodes] == [[], [], []]
 
 
 def _resolver(bed: TestBed) -> dns.resolver.Resolver:
