@@ -31,6 +31,7 @@ from smartclient.testing.locked import LockedLocalBed
 from smartclient.testing.nameserver import ZONE, DnsServer
 from smartclient.testing.oauth import ensure_signing_key
 from smartclient.testing.ports import BedIdentity, find_taken_ports, refusal
+from smartclient.testing.prestop import await_quorum_plus_one, orphan_streams
 from smartclient.testing.processes import ephemeral_port_range, wait_until
 from smartclient.testing.testbed import Node
 
@@ -332,7 +333,7 @@ class LocalTestBed(LockedLocalBed):
         start it and wait until it listens and has rejoined the cluster.  ``before_stop`` is called (on this thread)
         once the check has passed, just before the stop.  Returns the seconds it was down."""
         broker = self.broker(name)
-        self._await_quorum_plus_one(broker)
+        await_quorum_plus_one(broker)
         if before_stop is not None:
             before_stop()
         stopped = time.monotonic()
@@ -348,44 +349,10 @@ class LocalTestBed(LockedLocalBed):
             wait_until(self.clustered, 60, f"{broker.spec.name} to rejoin the cluster", interval=0.5)
         return down
 
-    def _await_quorum_plus_one(self, broker: BrokerProcess, timeout: float = 120.0) -> None:
-        """The operator's pre-stop check.  The broker's own check lists the node's streams and asks the coordinator
-        for each one's members; it crashes (``{badmatch,{error,not_found}}`` in ``rabbit_stream_queue:
-        list_with_minimum_quorum``, exit 69) on a stream record the coordinator no longer knows.  A deletion cut
-        by a fault leaves one behind (the coordinator forgot the stream, then the record's own deletion timed out),
-        and the check crashes until it is gone.  Such a record holds no data: it is deleted again (the deletion is
-        idempotent) and the check asked again.  Any other failure, or one past ``timeout``, is raised."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                broker.tool("rabbitmq-upgrade", ["await_online_quorum_plus_one", "-t", str(int(timeout))],
-                            timeout=timeout + 30)
-                return
-            except TestBedError as exc:
-                if "list_with_minimum_quorum" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-                removed = self.remove_orphan_streams(broker.spec.name)
-                log.warning("%s: the pre-stop check crashed; stream records without a stream removed: %s",
-                            broker.spec.name, removed or "none (asking again)")
-            time.sleep(1.0)  # the check's retry interval, within the deadline above
-
     def orphan_streams(self, name: str) -> list[tuple[str, str]]:
-        """``(vhost, stream)`` of each stream record on node ``name`` that the stream coordinator does not know."""
-        expr = ('io:format("~ts~n", [rabbit_json:encode([[amqqueue:get_vhost(Q), '
-                'element(4, amqqueue:get_name(Q))] || Q <- rabbit_amqqueue:list_local_stream_queues(), '
-                'case rabbit_stream_coordinator:members(maps:get(name, amqqueue:get_type_state(Q))) of '
-                '{ok, _} -> false; _ -> true end])]).')
-        out = self.broker(name).ctl(["eval", expr])
-        line = next((ln for ln in out.splitlines() if ln.startswith("[")), "[]")
-        return [(str(vhost), str(stream)) for vhost, stream in json.loads(line)]
-
-    def remove_orphan_streams(self, name: str) -> list[tuple[str, str]]:
-        """Delete the stream records on node ``name`` that the stream coordinator does not know (see
-        :meth:`_await_quorum_plus_one`) and return them."""
-        orphans = self.orphan_streams(name)
-        for vhost, stream in orphans:
-            self.broker(name).ctl(["delete_queue", "-p", vhost, stream])
-        return orphans
+        """``(vhost, stream)`` of each stream record on node ``name`` that the stream coordinator does not know
+        (see :mod:`smartclient.testing.prestop`)."""
+        return orphan_streams(self.broker(name))
 
     def stream_status(self, stream: str, vhost: str = "/") -> list[dict[str, Any]]:
         """The stream coordinator's view of each member (``rabbitmq-streams stream_status``): role, node,
