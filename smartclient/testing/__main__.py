@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
 from smartclient._errors import SmartClientError
 from smartclient.testing import from_env
+from smartclient.testing.layout import NETWORKS
 from smartclient.testing.local import LocalTestBed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m smartclient.testing", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="provision and start everything (idempotent), then print the status table")
+    up = sub.add_parser("up", help="provision and start everything (idempotent), then print the status table")
     down = sub.add_parser("down", help="stop everything the local test bed started")
     down.add_argument("--wipe", action="store_true", help="also delete node data")
-    sub.add_parser("status", help="print the status table")
+    status = sub.add_parser("status", help="print the status table")
+    for command in (up, down, status):
+        command.add_argument("--network", choices=NETWORKS, default=None,
+                             help="loopback (the default): every node on 127.0.0.1; namespaces: each node in a "
+                                  "network namespace of its own, reached only through the load balancer "
+                                  "(SMARTCLIENT_TESTBED_NETWORK)")
     sub.add_parser("provision", help="build the RabbitMQ chroot if it is not cached, and start nothing")
     brokers = sub.add_parser("brokers", help="start N extra independent single-node brokers")
     brokers.add_argument("count", type=int)
@@ -51,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "spark":
             return _spark(args.action)
+        if getattr(args, "network", None):
+            os.environ["SMARTCLIENT_TESTBED_NETWORK"] = args.network
         bed = from_env()
         if args.command == "up":
             if isinstance(bed, LocalTestBed):

@@ -13,6 +13,7 @@ from smartclient._errors import TestBedError
 from smartclient.testing.certificates import ca_fingerprint
 from smartclient.testing.chroot import RabbitChroot
 from smartclient.testing.layout import BrokerSpec, Layout
+from smartclient.testing.netns import listening_ports
 from smartclient.testing.oauth import PUBLIC_KEY_FILE, oauth2_conf
 from smartclient.testing.processes import find_pids_with_env, kill_pid, pid_alive, port_accepts, read_pid, wait_until
 
@@ -38,7 +39,8 @@ ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 
 def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_dir: Path | None = None,
                          ca: str = "") -> str:
-    """The node's ``rabbitmq.conf``: every listener on 127.0.0.1, on the ports of its slot.
+    """The node's ``rabbitmq.conf``: every listener on its address (127.0.0.1, or a namespaced node's own), on
+    the ports of its slot.  A namespaced node advertises its own host name.
 
     With ``tls_dir`` (as seen inside the chroot) the stream, AMQP and MQTT TLS listeners are on too, and the
     locked bed's ways in: OAuth2 tokens (the internal backend first, so guest/guest still works) and client
@@ -52,9 +54,9 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
     """
     tls = [
         f"# TLS material: CA {ca or '?'}",
-        f"listeners.ssl.default = 127.0.0.1:{spec.amqp_tls_port}",
-        f"stream.listeners.ssl.default = 127.0.0.1:{spec.stream_tls_port}",
-        f"mqtt.listeners.ssl.default = 127.0.0.1:{spec.mqtt_tls_port}",
+        f"listeners.ssl.default = {spec.host}:{spec.amqp_tls_port}",
+        f"stream.listeners.ssl.default = {spec.host}:{spec.stream_tls_port}",
+        f"mqtt.listeners.ssl.default = {spec.host}:{spec.mqtt_tls_port}",
         f"ssl_options.cacertfile = {tls_dir}/ca.pem",
         f"ssl_options.certfile = {tls_dir}/{spec.short}.pem",
         f"ssl_options.keyfile = {tls_dir}/{spec.short}.key",
@@ -68,19 +70,20 @@ def render_rabbitmq_conf(spec: BrokerSpec, extra_lines: Sequence[str] = (), tls_
         *oauth2_conf(tls_dir / PUBLIC_KEY_FILE),
     ] if tls_dir is not None else []
     lines = [
-        f"listeners.tcp.default = 127.0.0.1:{spec.amqp_port}",
-        f"stream.listeners.tcp.default = 127.0.0.1:{spec.stream_port}",
-        f"mqtt.listeners.tcp.default = 127.0.0.1:{spec.mqtt_port}",
+        f"listeners.tcp.default = {spec.host}:{spec.amqp_port}",
+        f"stream.listeners.tcp.default = {spec.host}:{spec.stream_port}",
+        f"mqtt.listeners.tcp.default = {spec.host}:{spec.mqtt_port}",
         # persistent MQTT sessions in quorum queues: a QoS 1 subscription survives the loss of its node
         "mqtt.durable_queue_type = quorum",
         # a fleet connects thousands of clients at once
         "mqtt.tcp_listen_options.backlog = 4096",
-        "management.tcp.ip = 127.0.0.1",
+        f"management.tcp.ip = {spec.host}",
         f"management.tcp.port = {spec.management_port}",
         "loopback_users = none",
         "disk_free_limit.absolute = 50MB",
         "log.console = false",
         "log.file.level = info",
+        *([f"stream.advertised_host = {spec.hostname}"] if spec.netns else []),
         *tls,
         *extra_lines,
     ]
@@ -156,13 +159,16 @@ class BrokerProcess:
         return self.pid() is not None
 
     def listening(self) -> bool:
-        return all(
-            port_accepts(p)
-            for p in (self.spec.amqp_port, self.spec.stream_port, self.spec.mqtt_port, self.spec.management_port)
-        )
+        ports = (self.spec.amqp_port, self.spec.stream_port, self.spec.mqtt_port, self.spec.management_port)
+        if self.spec.netns:  # the host may not reach a namespaced node (lb-only): its namespace's table says
+            return set(ports) <= listening_ports(self.spec.netns)
+        return all(port_accepts(p) for p in ports)
 
     def listening_any(self) -> bool:
-        return any(port_accepts(p, timeout=0.2) for p in (self.spec.amqp_port, self.spec.stream_port))
+        ports = (self.spec.amqp_port, self.spec.stream_port)
+        if self.spec.netns:
+            return bool(set(ports) & listening_ports(self.spec.netns))
+        return any(port_accepts(p, timeout=0.2) for p in ports)
 
     def render_conf(self) -> str:
         return render_rabbitmq_conf(self.spec, [*self.layout.release.conf, *self.extra_conf],
@@ -195,7 +201,7 @@ class BrokerProcess:
         out = (self.host_dir / "log" / "console.out").open("ab")
         with out:
             subprocess.Popen(
-                self.chroot.command("rabbitmq-server", []),
+                self.chroot.command("rabbitmq-server", [], netns=self.spec.netns),
                 env=self.chroot.env(self.env()),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -244,4 +250,4 @@ class BrokerProcess:
 
     def tool(self, tool: str, args: Sequence[str], timeout: float = 60.0) -> str:
         env = {"HOME": str(self.layout.inner_base_dir), "ERL_EPMD_PORT": str(self.layout.epmd_port)}
-        return self.chroot.run_tool(tool, ["-n", self.spec.name, *args], env, timeout).stdout
+        return self.chroot.run_tool(tool, ["-n", self.spec.name, *args], env, timeout, netns=self.spec.netns).stdout

@@ -165,14 +165,16 @@ class RabbitChroot:
         """A clean environment for RabbitMQ inside the chroot (nothing of the caller's leaks in)."""
         return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **extra}
 
-    def command(self, tool: str, args: Sequence[str]) -> list[str]:
-        return ["chroot", str(self.root), f"{RABBITMQ_BIN}/{tool}", *args]
+    def command(self, tool: str, args: Sequence[str], netns: str = "") -> list[str]:
+        """The command line of ``tool`` in the chroot (and in network namespace ``netns``, if given)."""
+        inner = ["chroot", str(self.root), f"{RABBITMQ_BIN}/{tool}", *args]
+        return ["ip", "netns", "exec", netns, *inner] if netns else inner
 
     def run_tool(
-        self, tool: str, args: Sequence[str], env: Mapping[str, str], timeout: float = 60.0
+        self, tool: str, args: Sequence[str], env: Mapping[str, str], timeout: float = 60.0, netns: str = ""
     ) -> subprocess.CompletedProcess[str]:
         """Run ``rabbitmqctl``/``rabbitmq-streams``/... inside the chroot; raise with its output on failure."""
-        cmd = self.command(tool, args)
+        cmd = self.command(tool, args, netns)
         try:
             proc = subprocess.run(cmd, env=self.env(env), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:

@@ -8,6 +8,10 @@ Pure arithmetic, no I/O.  Every port is ``base + slot * 100 + offset``:
 * slots 20..22 hold the extra LB listeners (``random``, ``source`` and ``random1`` balance);
 * slot 23 holds the SNI frontends: one TLS port per protocol, routed to the node the client names in its SNI.
 
+With ``network="namespaces"`` (``SMARTCLIENT_TESTBED_NETWORK=namespaces``) the cluster nodes are
+``rabbit-N@scB-nN`` instead, each in a network namespace of its own on its own address (see
+:mod:`smartclient.testing.netns`), on the same port numbers; the rest stays on 127.0.0.1.
+
 So a bed spans ``PORT_SPAN`` (2,400) ports, ``[base, base + 2400)``, and two beds side by side need bases at least
 2,400 apart: the defaults, 20000 (4.3: 20000-22399) and 23000 (4.0: 23000-25399), are.  With the default base
 20000, rabbit-2's stream port is 20252 and the round-robin LB's stream port is 20052.  The default stays below
@@ -22,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smartclient._errors import ConfigurationError
+from smartclient.testing.netns import BedNetwork
 
 __all__ = [
     "BALANCE_EXPRESSIONS",
     "BALANCE_SLOTS",
     "DEFAULT_PORT_BASE",
     "DEFAULT_RELEASE",
+    "NETWORKS",
     "PROTOCOL_OFFSETS",
     "RELEASES",
     "SNI_PROTOCOLS",
@@ -39,6 +45,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT_BASE = 20000
+#: where the cluster's nodes listen: all on 127.0.0.1 (the default), or each in a network namespace of its own
+NETWORKS = ("loopback", "namespaces")
 
 
 @dataclass(frozen=True)
@@ -117,12 +125,19 @@ class PortUse:
 
 @dataclass(frozen=True)
 class BrokerSpec:
-    """One RabbitMQ node of the test bed: its Erlang node name and its ports on 127.0.0.1."""
+    """One RabbitMQ node of the test bed: its Erlang node name, the address it listens on, and its ports."""
 
     name: str  # e.g. "rabbit-1@localhost"
     slot: int
     base: int
     clustered: bool
+    host: str = "127.0.0.1"  #: the address its listeners bind (the node's own in a namespaced bed)
+    netns: str = ""  #: the network namespace it runs in ("": the host's)
+
+    @property
+    def hostname(self) -> str:
+        """``localhost``, or the namespaced node's own host name (``sc200-n1``): the host part of its name."""
+        return self.name.split("@", 1)[1]
 
     def port(self, protocol: str) -> int:
         return self.base + self.slot * 100 + PROTOCOL_OFFSETS[protocol]
@@ -181,8 +196,14 @@ class Layout:
     base: int = DEFAULT_PORT_BASE
     cache_dir: Path = Path("/var/cache/smartclient")
     release: Release = RELEASES[DEFAULT_RELEASE]
+    network: str = "loopback"  #: one of NETWORKS
 
     def __post_init__(self) -> None:
+        if self.network not in NETWORKS:
+            raise ConfigurationError(f"SMARTCLIENT_TESTBED_NETWORK={self.network!r} is not a test-bed network; "
+                                     f"use one of {', '.join(NETWORKS)}")
+        if self.namespaced:
+            BedNetwork(self.base)  # its own checks of the base
         if not 1024 <= self.base <= 65535 - PORT_SPAN:
             raise ConfigurationError(
                 f"port base {self.base} is out of range: it must leave room for {PORT_SPAN} ports "
@@ -193,7 +214,8 @@ class Layout:
     def from_env(cls, environ: dict[str, str] | None = None) -> Layout:
         """Read ``SMARTCLIENT_TESTBED_RABBITMQ`` (``4.3``, the default, or ``4.0``),
         ``SMARTCLIENT_TESTBED_PORT_BASE`` (by default the line's own: 20000 for 4.3, 23000 for 4.0; a bed spans
-        ``PORT_SPAN``, 2,400 ports, from it, so beds side by side need bases at least that far apart) and
+        ``PORT_SPAN``, 2,400 ports, from it, so beds side by side need bases at least that far apart),
+        ``SMARTCLIENT_TESTBED_NETWORK`` (``loopback``, the default, or ``namespaces``) and
         ``SMARTCLIENT_TESTBED_CACHE``."""
         env = os.environ if environ is None else environ
         release = release_named(env.get("SMARTCLIENT_TESTBED_RABBITMQ") or DEFAULT_RELEASE)
@@ -205,7 +227,17 @@ class Layout:
                 f"SMARTCLIENT_TESTBED_PORT_BASE={raw_base!r} is not a whole number"
             ) from None
         cache = Path(env.get("SMARTCLIENT_TESTBED_CACHE", "/var/cache/smartclient"))
-        return cls(base=base, cache_dir=cache, release=release)
+        network = env.get("SMARTCLIENT_TESTBED_NETWORK") or "loopback"
+        return cls(base=base, cache_dir=cache, release=release, network=network)
+
+    @property
+    def namespaced(self) -> bool:
+        return self.network == "namespaces"
+
+    @property
+    def bed_network(self) -> BedNetwork:
+        """The namespaced bed's private network (its names and addresses follow the port base)."""
+        return BedNetwork(self.base)
 
     def overlaps(self, low: int, high: int) -> bool:
         """True if any port of the plan may fall in ``[low, high]``."""
@@ -222,15 +254,26 @@ class Layout:
     @property
     def run_dir(self) -> Path:
         """The runtime directory as seen from the host (inside the chroot)."""
-        return self.chroot / str(self.inner_run_dir).lstrip("/") / str(self.base)
+        return self.chroot / str(self.inner_run_dir).lstrip("/") / self._run_name
 
     @property
     def inner_base_dir(self) -> Path:
-        return self.inner_run_dir / str(self.base)
+        return self.inner_run_dir / self._run_name
+
+    @property
+    def _run_name(self) -> str:  # a namespaced bed's nodes have other names: their data lives apart
+        return f"{self.base}-ns" if self.namespaced else str(self.base)
 
     # -- brokers -----------------------------------------------------------------------
     @property
     def nodes(self) -> tuple[BrokerSpec, ...]:
+        if self.namespaced:
+            net = self.bed_network
+            return tuple(
+                BrokerSpec(f"rabbit-{i}@{net.namespace(i)}", slot=i, base=self.base, clustered=True,
+                           host=net.address(i), netns=net.namespace(i))
+                for i in range(1, CLUSTER_SIZE + 1)
+            )
         return tuple(
             BrokerSpec(f"rabbit-{i}@localhost", slot=i, base=self.base, clustered=True)
             for i in range(1, CLUSTER_SIZE + 1)
@@ -244,11 +287,11 @@ class Layout:
         return BrokerSpec(f"broker-{index}@localhost", slot=10 + index, base=self.base, clustered=False)
 
     def node(self, name: str) -> BrokerSpec:
-        """Find a cluster node or extra broker by ``rabbit-2``, ``rabbit-2@localhost`` or ``broker-1``."""
-        wanted = name if "@" in name else f"{name}@localhost"
+        """Find a cluster node or extra broker by ``rabbit-2``, its full name (``rabbit-2@localhost``) or
+        ``broker-1``."""
         candidates = list(self.nodes) + [self.extra_broker(i) for i in range(1, MAX_EXTRA_BROKERS + 1)]
         for spec in candidates:
-            if spec.name == wanted:
+            if name in (spec.name, spec.short):
                 return spec
         known = ", ".join(s.short for s in candidates)
         raise ConfigurationError(f"unknown test-bed node {name!r}; known nodes: {known}")

@@ -43,6 +43,8 @@ def render_haproxy_config(
     maxconn: int = 9000,
 ) -> str:
     nodes = list(nodes)
+    # a namespaced bed's HAProxy dials the nodes' own addresses from the one address its fence lets through
+    source = f" source {layout.bed_network.lb_address}" if layout.namespaced else ""
     out = [
         "global",
         f"    stats socket {admin_socket} mode 600 level admin",
@@ -64,7 +66,7 @@ def render_haproxy_config(
             f"    balance {BALANCE_EXPRESSIONS.get(balance, balance)}",
         ]
         out += [
-            f"    server {node.short} 127.0.0.1:{node.port(protocol)} check inter 1s fall 2 rise 2"
+            f"    server {node.short} {node.host}:{node.port(protocol)} check inter 1s fall 2 rise 2{source}"
             for node in nodes
         ]
         out.append("")
@@ -81,10 +83,17 @@ def render_haproxy_config(
         for node in nodes:
             out += [
                 f"backend {sni_backend(protocol, node.short)}",
-                f"    server {node.short} 127.0.0.1:{node.port(protocol)} check inter 1s fall 2 rise 2",
+                f"    server {node.short} {node.host}:{node.port(protocol)} check inter 1s fall 2 rise 2{source}",
                 "",
             ]
+    if layout.namespaced:  # each node's management API, on the loopback port it has in the loopback bed
+        for node in nodes:
+            out += [f"listen {MANAGEMENT_PREFIX}{node.short}", f"    bind 127.0.0.1:{node.management_port}",
+                    f"    server {node.short} {node.host}:{node.management_port}{source}", ""]
     return "\n".join(out)
+
+
+MANAGEMENT_PREFIX = "management_"  #: a namespaced bed's forwards to each node's management API
 
 
 def sni_frontend(protocol: str) -> str:
@@ -245,16 +254,16 @@ class HAProxy:
     def enable_sni_route(self, node: str, protocol: str) -> None:
         self._sni_command(f"enable server {self._sni_server(node, protocol)}")
 
-    def route_sni_to(self, node: str, protocol: str, port: int) -> None:
-        """Send what the SNI frontend of ``protocol`` routes for ``node``'s name to ``127.0.0.1:port`` instead."""
-        self._sni_command(f"set server {self._sni_server(node, protocol)} addr 127.0.0.1 port {port}",
+    def route_sni_to(self, node: str, protocol: str, port: int, host: str = "127.0.0.1") -> None:
+        """Send what the SNI frontend of ``protocol`` routes for ``node``'s name to ``host:port`` instead."""
+        self._sni_command(f"set server {self._sni_server(node, protocol)} addr {host} port {port}",
                           accepted=("changed", "no need to change"))
 
     def restore_sni_routes(self) -> None:
         """Every SNI route back to its own node, and in service."""
         for protocol in SNI_PROTOCOLS:
             for node in self.nodes:
-                self.route_sni_to(node.short, protocol, node.port(protocol))
+                self.route_sni_to(node.short, protocol, node.port(protocol), node.host)
                 self._sni_command(f"set server {self._sni_server(node.short, protocol)} state ready")
 
     def sni_sessions(self, protocol: str) -> dict[str, int]:
@@ -278,7 +287,8 @@ class HAProxy:
                     for protocol in SNI_PROTOCOLS for node in self.nodes}
         states: dict[str, dict[str, str]] = {}
         for row in self.stats():
-            if row["svname"] in ("FRONTEND", "BACKEND") or (row["pxname"] in backends) != sni:
+            if (row["svname"] in ("FRONTEND", "BACKEND") or (row["pxname"] in backends) != sni
+                    or row["pxname"].startswith(MANAGEMENT_PREFIX)):
                 continue
             proxy, server = backends.get(row["pxname"], (row["pxname"], row["svname"]))
             states.setdefault(proxy, {})[server] = row["status"]

@@ -57,10 +57,13 @@ class UpReport:
 
 
 def _node(spec: BrokerSpec) -> Node:
-    return Node(spec.name, "127.0.0.1", spec.stream_port, spec.amqp_port, spec.mqtt_port,
-                spec.management_port, advertised_host="localhost", advertised_port=spec.stream_port,
-                stream_tls_port=spec.stream_tls_port, advertised_tls_host="localhost",
-                mqtt_tls_port=spec.mqtt_tls_port, amqp_tls_port=spec.amqp_tls_port)
+    """A node as clients see it.  A namespaced one is dialled on its own address and advertises its own host name;
+    its management API answers on 127.0.0.1 (HAProxy forwards it from the port it has in the loopback bed)."""
+    return Node(spec.name, spec.host, spec.stream_port, spec.amqp_port, spec.mqtt_port,
+                spec.management_port, advertised_host=spec.hostname, advertised_port=spec.stream_port,
+                stream_tls_port=spec.stream_tls_port, advertised_tls_host=spec.hostname,
+                mqtt_tls_port=spec.mqtt_tls_port, amqp_tls_port=spec.amqp_tls_port,
+                management_host="127.0.0.1" if spec.netns else "")
 
 
 class LocalTestBed(LockedLocalBed):
@@ -131,6 +134,10 @@ class LocalTestBed(LockedLocalBed):
         report.provision = self.chroot.provision()
         if report.provision:
             report.actions.append(f"provisioned RabbitMQ {self.chroot.rabbitmq_version()} in {self.chroot.root}")
+        if self.layout.namespaced:  # the nodes' network, and their names in /etc/hosts (the chroot copies it)
+            self.layout.bed_network.up()
+            self.layout.bed_network.write_hosts(True)
+            report.actions.append(f"made the network {self.layout.bed_network.subnet}.0/24 (lb-only)")
         self.chroot.ensure_proc()
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         all_specs = [*self.layout.nodes, *(self.layout.extra_broker(i) for i in range(1, 7))]
@@ -217,7 +224,12 @@ class LocalTestBed(LockedLocalBed):
         wait_until(all_up, timeout, "every HAProxy backend to be UP", interval=0.25)
 
     def down(self, wipe: bool = False) -> None:
-        """Stop everything this test bed started (and delete node data with ``wipe``)."""
+        """Stop everything this test bed started (and delete node data with ``wipe``).  The loopback bed's down
+        takes down a namespaced bed at its port base too."""
+        if not self.layout.namespaced and self.layout.base % 100 == 0:
+            namespaced = LocalTestBed(dataclasses.replace(self.layout, network="namespaces"))
+            if namespaced.layout.bed_network.exists() or namespaced.haproxy.running() or namespaced.dns.running():
+                namespaced.down(wipe)
         self.dns.stop()
         self.haproxy.stop()
         extra = [self.broker(f"broker-{i}") for i in range(1, 7)]
@@ -227,6 +239,12 @@ class LocalTestBed(LockedLocalBed):
             if wipe:
                 b.wipe()
         self._stop_epmd()
+        network = self.layout.bed_network if self.layout.base % 100 == 0 else None
+        if network is not None and (self.layout.namespaced or network.exists()):
+            network.down()  # every process left in its namespaces too
+            network.write_hosts(False)
+            if self.chroot.provisioned:
+                self.chroot.copy_hosts()
         self.chroot.release()
         if wipe:
             shutil.rmtree(self.layout.run_dir, ignore_errors=True)
@@ -284,13 +302,20 @@ class LocalTestBed(LockedLocalBed):
                "state": "running" if self.dns.running() else "stopped",
                "zone": ZONE, "records": len(self.dns.records())}
         return {
-            "kind": f"local (port base {self.layout.base}, chroot {self.chroot.root})",
+            "kind": f"local (port base {self.layout.base}, chroot {self.chroot.root}, {self._network()})",
             "versions": self._versions(),
             "nodes": nodes,
             "cluster": f"{len(members)} running: {', '.join(sorted(members))}" if members else "not running",
             "lb": lb,
             "dns": dns,
         }
+
+    def _network(self) -> str:
+        if not self.layout.namespaced:
+            return "network loopback"
+        net = self.layout.bed_network
+        return (f"network namespaces {net.subnet}.0/24, lb-only, "
+                + ", ".join(f"{b.spec.short} in {b.spec.netns} at {b.spec.host}" for b in self.brokers))
 
     def _versions(self) -> str:
         parts = [f"RabbitMQ {self.chroot.rabbitmq_version()}"]
@@ -468,12 +493,14 @@ class LocalTestBed(LockedLocalBed):
         for b in self.brokers:
             if enabled:
                 expr = f'application:set_env(rabbitmq_stream, advertised_host, <<"{b.spec.tls_name}">>).'
+            elif b.spec.netns:  # its own host name, as its config says
+                expr = f'application:set_env(rabbitmq_stream, advertised_host, <<"{b.spec.hostname}">>).'
             else:
                 expr = "application:unset_env(rabbitmq_stream, advertised_host)."
             b.ctl(["eval", expr])
         self.nodes = tuple(
-            dataclasses.replace(n, advertised_host=b.spec.tls_name if enabled else "localhost",
-                                advertised_tls_host=b.spec.tls_name if enabled else "localhost")
+            dataclasses.replace(n, advertised_host=b.spec.tls_name if enabled else b.spec.hostname,
+                                advertised_tls_host=b.spec.tls_name if enabled else b.spec.hostname)
             for n, b in zip(self.nodes, self.brokers, strict=True)
         )
 
@@ -560,7 +587,7 @@ class LocalTestBed(LockedLocalBed):
         if not self.dns.running():
             self.dns.start()
         self.dns.reset_records()
-        if any(n.advertised_host != "localhost" for n in self.nodes):
+        if any(n.advertised_host != b.spec.hostname for n, b in zip(self.nodes, self.brokers, strict=True)):
             self.advertise_hostnames(False)
         self._wait_lb_backends_up()
 

@@ -2,7 +2,8 @@
 
 Default zone ``smartclient.test``:
 
-* ``rabbit-N.smartclient.test``, ``broker-N.smartclient.test`` and ``lb.smartclient.test``: A 127.0.0.1;
+* ``rabbit-N.smartclient.test``, ``broker-N.smartclient.test`` and ``lb.smartclient.test``: A 127.0.0.1 (a
+  namespaced node's: its own address);
 * ``_rabbitmq-stream._tcp``, ``_amqp._tcp`` and ``_mqtt._tcp`` under ``smartclient.test``: SRV to each node;
 * the same three under ``lb.smartclient.test``: SRV to the round-robin LB listener.
 """
@@ -27,7 +28,7 @@ SRV_SERVICES = {"stream": "_rabbitmq-stream._tcp", "amqp": "_amqp._tcp", "mqtt":
 
 def default_records(layout: Layout, nodes: Iterable[BrokerSpec], ttl: int = 30) -> list[DnsRecord]:
     nodes = list(nodes)
-    records = [DnsRecord(f"{n.short}.{ZONE}", "A", "127.0.0.1", ttl) for n in nodes]
+    records = [DnsRecord(f"{n.short}.{ZONE}", "A", n.host, ttl) for n in nodes]
     records.append(DnsRecord(f"lb.{ZONE}", "A", "127.0.0.1", ttl))
     for protocol, service in SRV_SERVICES.items():
         records += [

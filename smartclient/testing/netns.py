@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from smartclient._errors import ConfigurationError, PrerequisiteMissing, TestBedError
 
-__all__ = ["FAULTS", "BedNetwork", "Fault"]
+__all__ = ["FAULTS", "BedNetwork", "Fault", "listening_ports", "parse_listening"]
 
 FAULT_TABLE = "smartclient_fault"
 
@@ -164,6 +164,30 @@ class BedNetwork:
         body += chain.format("output", outs.replace("output ", "")) if outs else ""
         return f"table inet {FAULT_TABLE} {{\n{body}}}\n"
 
+    def hosts_block(self) -> str:
+        """The lines naming each node's address by its host name (the namespace's name), between markers."""
+        lines = "".join(f"{self.address(i)} {self.namespace(i)}\n" for i in range(1, self.nodes + 1))
+        return f"# {self.prefix} begin: smartclient's namespaced test bed\n{lines}# {self.prefix} end\n"
+
+    def with_hosts(self, text: str, present: bool) -> str:
+        """``text`` (an ``/etc/hosts``) with this network's block in it (``present``) or without it."""
+        begin, end = f"# {self.prefix} begin:", f"# {self.prefix} end\n"
+        if begin in text:
+            head, _, rest = text.partition(begin)
+            text = head + rest.partition(end)[2]
+        if present:
+            text = (text if not text or text.endswith("\n") else text + "\n") + self.hosts_block()
+        return text
+
+    def write_hosts(self, present: bool, path: str = "/etc/hosts") -> None:
+        """Name the nodes in ``path`` (or stop naming them), so that the chroot's copy and the client know them."""
+        with open(path) as f:
+            text = f.read()
+        wanted = self.with_hosts(text, present)
+        if wanted != text:
+            with open(path, "w") as f:
+                f.write(wanted)
+
     # -- doing it (root, ip, nft) ----------------------------------------------------------------------
     def exists(self) -> bool:
         return self.router in _netns_list()
@@ -269,3 +293,24 @@ def _run(cmd: list[str], *, stdin: str | None = None, missing_ok: bool = False) 
         raise TestBedError(f"{' '.join(cmd)} failed (exit {done.returncode}): "
                                   f"{(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no output']}")
     return done.stdout
+
+
+def parse_listening(table: str) -> set[int]:
+    """The ports in state LISTEN in a ``/proc/net/tcp`` (or ``tcp6``) table."""
+    ports = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A":
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def listening_ports(netns: str) -> set[int]:
+    """The TCP ports something listens on inside network namespace ``netns`` (empty if it is gone)."""
+    try:
+        out = subprocess.run(["ip", "netns", "exec", netns, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return parse_listening(out)
+

@@ -46,6 +46,7 @@ class Node:
     advertised_tls_host: str = ""
     mqtt_tls_port: int = 0  # 0: no TLS listener
     amqp_tls_port: int = 0  # 0: no TLS listener
+    management_host: str = ""  # where its management API answers, if not on ``host`` (a namespaced node's forward)
 
     @property
     def short(self) -> str:
@@ -67,7 +68,7 @@ class Node:
 
     @property
     def management_url(self) -> str:
-        return f"http://{self.host}:{self.management_port}"
+        return f"http://{self.management_host or self.host}:{self.management_port}"
 
 
 class TestBed:
