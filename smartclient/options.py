@@ -78,6 +78,10 @@ class ClientSettings:
         return self.connection.heartbeat
 
     @property
+    def dead_after(self) -> float:
+        return self.connection.dead_after
+
+    @property
     def connection_name(self) -> str:
         return self.connection.name
 

@@ -27,6 +27,7 @@ import pika.credentials
 import pika.exceptions as px
 from pika import BlockingConnection
 
+from smartclient import keepalive
 from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
@@ -222,11 +223,13 @@ def open_connection(
     heartbeat: int,
     tls: ssl.SSLContext | None,
     tls_name: str | None = None,
+    dead_after: float = 0.0,
 ) -> BlockingConnection:
     """A pika ``BlockingConnection`` to ``dialled``, named ``name`` (its client-provided
     ``connection_name``), one attempt, logging in as ``login`` says (PLAIN with a password or a token;
     EXTERNAL: the client certificate in ``tls`` is the identity), TLS verifying ``tls_name`` (what the
-    resolution seam says; else the dialled host).
+    resolution seam says; else the dialled host).  With ``dead_after``, a silent peer ends it within that many
+    seconds (:mod:`smartclient.keepalive`; pika sets the options on its socket).
 
     :raises AuthenticationFailed, CertificateRejected, ConnectionFailed: see :func:`pika_errors`.
     """
@@ -238,6 +241,7 @@ def open_connection(
         heartbeat=heartbeat, client_properties={"connection_name": name},
         ssl_options=pika.SSLOptions(tls, tls_name or dialled.host) if tls is not None else None,
         connection_attempts=1, socket_timeout=5, blocked_connection_timeout=30,
+        tcp_options=keepalive.tcp_options(dead_after) or None,
     )
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
         return BlockingConnection(params)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient import credentials as signing
+from smartclient import keepalive
 from smartclient._errors import (
     AuthenticationFailed,
     ConnectionFailed,
@@ -117,7 +118,9 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners
         super().__init__(management, settings=settings, identify_timeout=identify_timeout, entry_points=entry_points)
         self.management: ManagementClient = management
-        self.heartbeat = settings.heartbeat
+        #: pika's heartbeat timeout: the Environment's heartbeat, or a third of its dead_after if that is shorter
+        self.heartbeat = keepalive.heartbeat(settings.heartbeat, settings.dead_after)
+        self.dead_after = settings.dead_after  #: seconds of silence that end a connection (TCP keepalive, user timeout)
         self.connection_name = settings.connection_name  #: the connections' name prefix
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connection
         self.client_certificate = settings.client_certificate
@@ -236,7 +239,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self.opened += 1
         try:
             return open_connection(dialled, name=name, login=signed, vhost=self.vhost, heartbeat=self.heartbeat,
-                                   tls=tls, tls_name=self.resolution.tls_name(target, dialled))
+                                   tls=tls, tls_name=self.resolution.tls_name(target, dialled),
+                                   dead_after=self.dead_after)
         except AuthenticationFailed as exc:
             creds = self._credentials()
             token = creds.token if isinstance(creds, TokenCredentials) else None

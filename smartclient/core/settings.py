@@ -85,18 +85,28 @@ class ConnectionOptions:
     :param frame_max: bytes; the largest frame (so message) a connection carries.
     :param heartbeat: seconds between heartbeats; 0: off.
     :param topology_max_age: seconds a cached topology is trusted.
+    :param dead_after: seconds of silence after which a connection is found dead, on any network: one whose
+        peer acknowledges nothing it sent, or answers no keepalive probe when idle, ends within this bound (TCP
+        keepalive and ``TCP_USER_TIMEOUT`` on every socket; AMQP 1.0's idle timeout), not after two heartbeats.
+        A busy peer, or one that holds back a sender (back-pressure), still acknowledges, and is not taken for
+        dead.  0: off (the heartbeat alone).  See ``docs/reliability.md``, "Partitions".
     """
 
     name: str = "smartclient"
     frame_max: int = 1024 * 1024
     heartbeat: int = 60
     topology_max_age: float = 60.0
+    dead_after: float = 10.0
 
     def __post_init__(self) -> None:
         text("ConnectionOptions.name", self.name)
         whole("ConnectionOptions.frame_max", self.frame_max, low=8192, high=2**31 - 1, note="bytes")
         whole("ConnectionOptions.heartbeat", self.heartbeat, low=0, high=3600, note="seconds; 0: off")
         number("ConnectionOptions.topology_max_age", self.topology_max_age, above=0, note="seconds")
+        number("ConnectionOptions.dead_after", self.dead_after, low=0, high=3600, note="seconds; 0: off")
+        if 0 < self.dead_after < 2:
+            raise ConfigurationError(f"ConnectionOptions.dead_after must be 0 (off) or at least 2 seconds, "
+                                     f"not {self.dead_after!r}")
 
 
 @dataclass(frozen=True)

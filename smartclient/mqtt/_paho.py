@@ -28,6 +28,8 @@ Why each private name is touched:
   ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
 * ``Client._sock_recv`` is overridden to keep the error a read failed with (paho logs it, and says only "connection
   lost"): a TLS alert there is the broker refusing the client certificate (:class:`CertificateRejected`).
+* ``Client._create_socket_connection`` is overridden to set :mod:`smartclient.keepalive`'s options on the TCP
+  socket it dials (before any TLS): a silent broker ends the connection within ``dead_after``.
 * ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
   waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`).  When a client gives up for good,
   what ``Client._out_messages`` holds (under ``Client._out_message_mutex``) fails: each one's ``rc`` is set and
@@ -56,6 +58,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from smartclient import keepalive
 from smartclient._errors import (
     AuthenticationFailed,
     CertificateRejected,
@@ -66,65 +69,13 @@ from smartclient._errors import (
 )
 from smartclient.core.address import Address
 from smartclient.core.relogin import certificate_alert
+from smartclient.mqtt._paho_surface import PAHO_INTERNALS, PAHO_NAMES, PAHO_OVERRIDES, PAHO_SIGNATURES
 
 __all__ = ["PAHO_INTERNALS", "PAHO_NAMES", "PAHO_OVERRIDES", "PAHO_SIGNATURES", "HeldInfo", "MQTTMessage",
            "MQTTMessageInfo", "MQTTProtocolVersion", "NamedContext", "PahoClient", "Properties", "connack_of",
            "is_refusal", "paho_errors", "session_properties"]
 
 log = logging.getLogger(__name__)
-
-#: Every private attribute or method of paho this module reads, writes, overrides or relies on.
-PAHO_INTERNALS: tuple[str, ...] = (
-    "Client._loop",  # overridden (poll instead of select); loop() and loop_forever() call it
-    "Client._sock",  # the connection's socket, None when closed
-    "Client._sockpairR",  # the socket publish() writes to from another thread, to wake the loop
-    "Client._host",  # where reconnect() dials: written on failover
-    "Client._port",
-    "Client._ssl_context",  # holds a NamedContext: read to set the name TLS verifies
-    "Client._ssl_wrap_socket",  # relied on: wraps with _ssl_context.wrap_socket(server_hostname=self._host)
-    "Client._sock_close",  # closes the socket without DISCONNECT, calling on_socket_close
-    "Client._thread",  # loop_start's thread, None when none runs
-    "Client._client_id",  # the client id, bytes
-    "Client._inflight_messages",  # QoS 1 and 2 messages sent and not yet acknowledged (read)
-    "Client._sockpairW",  # written to wake the loop (as publish() from another thread does)
-    "Client._sock_recv",  # overridden: keeps the error a read failed with
-    "Client._out_messages",  # what paho has to send or have acknowledged: failed when the client gives up
-    "Client._out_message_mutex",  # guards it
-    "MQTTMessageInfo._set_as_published",  # ends a wait_for_publish (with its rc set: it raises)
-)
-
-#: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
-PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.publish", "Client.disconnect",
-                                   "Client._sock_recv")
-
-#: Every public name of paho this module imports or relies on, as a module path.
-PAHO_NAMES: tuple[str, ...] = tuple(f"paho.mqtt.{name}" for name in (
-    "client.Client", "client.ConnectFlags", "client.MQTTMessage", "client.MQTTMessageInfo", "client.MQTT_ERR_SUCCESS",
-    "client.connack_string", "client.error_string", "enums.CallbackAPIVersion", "enums.MQTTErrorCode",
-    "enums.MQTTProtocolVersion", "packettypes.PacketTypes", "properties.Properties", "reasoncodes.ReasonCode"))
-
-#: The parameters the seam passes to (or, for :data:`PAHO_OVERRIDES`, receives from) paho's callables.
-PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "Client._loop": ("self", "timeout"),
-    "Client._sock_recv": ("self", "bufsize"),
-    "Client.reconnect": ("self",),
-    "Client.publish": ("self", "topic", "payload", "qos", "retain", "properties"),
-    "Client.disconnect": ("self", "reasoncode", "properties"),
-    "Client.__init__": ("callback_api_version", "client_id", "clean_session", "protocol"),
-    "Client.connect": ("host", "port", "keepalive", "clean_start", "properties"),
-    "Client.username_pw_set": ("username", "password"),
-    "Client.reconnect_delay_set": ("min_delay", "max_delay"),
-    "Client.tls_set_context": ("context",),
-    "Client.want_write": ("self",),
-    "Client.loop_read": ("self",),
-    "Client.loop_write": ("self",),
-    "Client.loop_misc": ("self",),
-    "Client.loop_stop": ("self",),
-    "Client.socket": ("self",),
-    "ConnectFlags": ("session_present",),
-    "ReasonCode.__init__": ("packetType", "identifier"),
-    "connack_string": ("connack_code",),
-}
 
 #: CONNACK reason codes that mean "wrong credentials or no access" (MQTT 3.1.1: 4, 5; MQTT 5: 134, 135,
 #: 140): :class:`AuthenticationFailed`, never retried
@@ -294,6 +245,13 @@ class PahoClient(paho.Client):
     #: hold what is published while the connection is down (a client that reconnects on its own)
     hold_while_down: bool = False
     _read_error: OSError | None = None  # why the last read failed (paho keeps it to itself): a TLS alert, say
+    #: seconds of silence that end the connection (:mod:`smartclient.keepalive`, on every socket paho opens)
+    dead_after: float = 0.0
+
+    def _create_socket_connection(self) -> Any:
+        sock = super()._create_socket_connection()
+        keepalive.watch(sock, self.dead_after)
+        return sock
 
     def _sock_recv(self, bufsize: int) -> bytes:
         try:
@@ -310,8 +268,9 @@ class PahoClient(paho.Client):
                    clean_session=None if v5 else clean_start)
 
     def configure(self, username: str | None, password: str | None, *, reconnect_delay: tuple[float, float],
-                  connect_timeout: float, tls: ssl.SSLContext | None) -> None:
-        """Credentials, paho's reconnect delays, the connect timeout, and TLS (a verifying context).
+                  connect_timeout: float, tls: ssl.SSLContext | None, dead_after: float = 0.0) -> None:
+        """Credentials, paho's reconnect delays, the connect timeout, TLS (a verifying context), and the silence
+        that ends a connection.
 
         :raises ConfigurationError: ``tls`` does not verify certificates and host names.
         """
@@ -319,6 +278,7 @@ class PahoClient(paho.Client):
         low, high = reconnect_delay
         self.reconnect_delay_set(low, high)  # type: ignore[arg-type]  # paho sleeps floats fine
         self.connect_timeout = connect_timeout
+        self.dead_after = dead_after
         if tls is not None:
             self.tls_set_context(NamedContext(tls))  # type: ignore[arg-type]
 

@@ -326,6 +326,10 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
             raise ConfigurationError("MQTT needs entry_points=, the management API, or a load balancer resolver with "
                                      "an MQTT listener: LoadBalancer(..., mqtt=PORT)")
         self.options = options
+        self.dead_after = settings.dead_after  #: seconds of silence that end a connection (TCP keepalive, user timeout)
+        #: MQTT's keepalive: a PINGREQ after that long idle, its PINGRESP awaited as long, so within dead_after
+        self.keepalive = min(options.keepalive, max(1, int(settings.dead_after // 2))) if settings.dead_after \
+            else options.keepalive
         self._placing = threading.Lock()
         self._call = _Call(None, [])
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connect
@@ -522,7 +526,8 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         self.live.add(client)
         # paho waits nothing of its own before a reconnect: the reconnect's placement waits (reconnect()); the
         # credentials are set before each connect (sign_in)
-        client.configure(None, None, reconnect_delay=(0.0, 0.0), connect_timeout=opts.connect_timeout, tls=self.tls)
+        client.configure(None, None, reconnect_delay=(0.0, 0.0), connect_timeout=opts.connect_timeout, tls=self.tls,
+                         dead_after=self.dead_after)
         return client
 
     def _node_if_up(self, placed: Any) -> str | None:
@@ -542,7 +547,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         opts = self.options
         self.login.sign_in(client, login)
         client.target, client.dialled = target, dialled
-        client.send_connect(dialled, opts.keepalive, clean_start=opts.clean_start,
+        client.send_connect(dialled, self.keepalive, clean_start=opts.clean_start,
                             properties=opts.connect_properties(),
                             server_name=self.server_name(target, dialled) if self.tls is not None else None)
 

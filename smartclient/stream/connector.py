@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from smartclient import _otel, credentials
+from smartclient import _otel, credentials, keepalive
 from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError, TokenRefused
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
@@ -220,15 +220,18 @@ class StreamConnector:
         client = _rstream.new_client(
             client_class, host=dialled.host, port=dialled.port,
             tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
-            frame_max=self.settings.frame_max, heartbeat=self.settings.heartbeat,
+            frame_max=self.settings.frame_max,
+            heartbeat=keepalive.heartbeat(self.settings.heartbeat, self.settings.dead_after),
             name=connection_name, on_closed=closed, max_ids=self.limits.max_streams_per_connection,
-            server_hostname=route.tls_name, mechanism=signed.mechanism, on_answer=judging)
+            server_hostname=route.tls_name, mechanism=signed.mechanism, on_answer=judging,
+            dead_after=self.settings.dead_after)
         self.opened += 1
         self._watch_credentials()
         try:
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
             with map_stream_errors(context):
                 await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
+                keepalive.watch(_rstream.socket_of(client), self.settings.dead_after)  # a silent peer ends it
                 await step(f"authenticate and open on {dialled}", client.authenticate(
                     vhost=self.settings.vhost, username=signed.username, password=signed.password))
         except BaseException as exc:

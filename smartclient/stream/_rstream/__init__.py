@@ -33,6 +33,9 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "client.Client._listener",  # NamedClient.start mirrors rstream's start: reader task ...
     "client.Client._waiters",  # ... whose pending requests NamedClient fails once it stops
     "client.Client._on_heartbeat",  # ... heartbeat handler ...
+    "client.Client._start_heartbeat",  # extended: the silence watch starts with the heartbeat
+    "client.Client._heartbeat",  # the negotiated heartbeat (0: off, and no silence watch)
+    "client.Client._last_heartbeat",  # when the last frame was received: the silence watch reads it
     "client.Client._on_close",  # ... close handler
     "client.Client._ssl_context",  # read by NamedClient.start
     "connection.Connection._reader",  # NamedConnection.open sets both, with the TLS name we choose

@@ -41,6 +41,7 @@ from smartclient.core.deadline import remaining
 from smartclient.core.relogin import certificate_alert
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
 from smartclient.stream._rstream.messages import amqp_message, body_of, decode_amqp_message, is_amqp_message
+from smartclient.stream._rstream.silence import watch_silence
 from smartclient.stream.socket_reader import FrameReader, open_frames
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ __all__ = [
     "on_metadata_update",
     "on_publish_frames",
     "query_offset",
+    "socket_of",
     "update_secret",
     "writer_of",
 ]
@@ -158,6 +160,9 @@ class NamedClient(Client):
     #: called once the broker answered the connection's first request: it is alive, and judges the login next
     smartclient_on_answer: Callable[[], None] | None = None
     smartclient_reader_ended = False  #: its reader has stopped: no answer will ever come
+    #: seconds of silence after which the connection is ended (ConnectionOptions.dead_after; 0: never)
+    smartclient_dead_after = 0.0
+    smartclient_silent_for: float | None = None  #: how long it had heard nothing when it was ended for that
 
     async def peer_properties(self) -> dict[str, str]:
         properties = await super().peer_properties()
@@ -266,6 +271,11 @@ class NamedClient(Client):
         self.add_handler(schema.Heartbeat, self._on_heartbeat)
         self.add_handler(schema.Close, self._on_close)
 
+    def _start_heartbeat(self) -> None:
+        super()._start_heartbeat()
+        if self.smartclient_dead_after and self._heartbeat:
+            self.start_task("silence_watch", watch_silence(self, self.smartclient_dead_after))
+
     async def _listener(self) -> None:
         """rstream's reader, then: every request still waiting for an answer fails at once.  rstream leaves
         them to their timeouts, so a connection an LB closes during the handshake (its backend just died)
@@ -285,9 +295,9 @@ class NamedClient(Client):
             self.smartclient_drop_updates()  # their answers have no connection to go out on
         # ended by itself (not stopped by close() or raw_request(), which see to the rest)
         self._is_not_closed = False  # (rstream's own reader sets it only on a closed socket)
-        heartbeat = self._tasks.pop("heartbeat_sender", None)
-        if heartbeat is not None:
-            heartbeat.cancel()
+        for name in ("heartbeat_sender", "silence_watch"):
+            if (task := self._tasks.pop(name, None)) is not None and task is not asyncio.current_task():
+                task.cancel()
         drop_socket(self)
         # nothing is read any more, so no frame is handed to a handler: its tables (rstream's own methods among
         # them) made the client a cycle, which kept the connection, its socket and TLS buffers until a full
@@ -402,10 +412,11 @@ def map_stream_errors(context: str) -> Iterator[None]:
 # -- connections -------------------------------------------------------------------------------------
 def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLContext | None, frame_max: int,
                heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None,
-               mechanism: str = "PLAIN", on_answer: Callable[[], None] | None = None) -> Client:
+               mechanism: str = "PLAIN", on_answer: Callable[[], None] | None = None,
+               dead_after: float = 0.0) -> Client:
     """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise) that logs in with the
     SASL ``mechanism`` (``PLAIN`` or ``EXTERNAL``); ``on_answer`` is called once the broker answered its first
-    request (it judges the login next)."""
+    request (it judges the login next); with ``dead_after``, one silent that long is ended (``silence.py``)."""
     client = (cls or NamedClient)(host=host, port=port, ssl_context=tls, frame_max=frame_max, heartbeat=heartbeat,
                                   connection_name=name, connection_closed_handler=on_closed,
                                   max_clients_by_connections=max_ids,
@@ -413,6 +424,7 @@ def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLCo
     if isinstance(client, NamedClient):
         client.server_hostname = server_hostname
         client.smartclient_on_answer = on_answer
+        client.smartclient_dead_after = dead_after
     return client
 
 
@@ -502,6 +514,14 @@ def writer_of(client: Any) -> asyncio.StreamWriter:
     """The socket writer of ``client``: the publish path writes its own Publish frames on it."""
     writer: asyncio.StreamWriter = client._conn._writer
     return writer
+
+
+def socket_of(client: Any) -> Any:
+    """The socket under ``client``'s connection (None if it has none)."""
+    try:
+        return client._conn._writer.transport.get_extra_info("socket")
+    except AttributeError:
+        return None
 
 
 def frame_max_of(client: Any) -> int:

@@ -1,0 +1,47 @@
+"""smartclient.keepalive: the options that find a silent peer within ConnectionOptions.dead_after."""
+
+import socket
+
+import pytest
+
+from smartclient import ConfigurationError, ConnectionOptions
+from smartclient.keepalive import heartbeat, tcp_options, watch
+
+
+def test_the_options_find_a_silent_peer_within_dead_after() -> None:
+    assert tcp_options(10.0) == {"TCP_USER_TIMEOUT": 9000, "TCP_KEEPIDLE": 3, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 10}
+    assert tcp_options(2) == {"TCP_USER_TIMEOUT": 1000, "TCP_KEEPIDLE": 1, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 2}
+    assert tcp_options(0) == {}
+
+
+def test_a_tcp_socket_gets_them_and_anything_else_is_left_alone() -> None:
+    with socket.socket() as sock:
+        watch(sock, 10.0)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 9000
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 3
+    with socket.socket() as sock:
+        watch(sock, 0)  # off
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+    left, right = socket.socketpair()
+    with left, right:
+        watch(left, 10.0)  # a Unix socket: nothing to watch
+    watch(None, 10.0)
+    watch(object(), 10.0)
+
+
+def test_dead_after_is_checked() -> None:
+    assert ConnectionOptions().dead_after == 10.0
+    assert ConnectionOptions(dead_after=0).dead_after == 0
+    with pytest.raises(ConfigurationError, match="ConnectionOptions.dead_after must be 0 .off. or at least 2 seconds"):
+        ConnectionOptions(dead_after=1)
+    with pytest.raises(ConfigurationError, match="ConnectionOptions.dead_after"):
+        ConnectionOptions(dead_after=-1)
+
+
+def test_the_heartbeat_comes_at_least_every_third_of_dead_after() -> None:
+    assert heartbeat(60, 10.0) == 3  # an idle peer's two heartbeats apart at most: 6 s, within 10
+    assert heartbeat(2, 10.0) == 2  # the user's, shorter
+    assert heartbeat(60, 2.0) == 1
+    assert heartbeat(60, 0) == 60  # dead_after off: the user's heartbeat
+    assert heartbeat(0, 10.0) == 0  # heartbeats off stay off (only TCP's own checks are left)
