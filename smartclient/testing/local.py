@@ -30,6 +30,7 @@ from smartclient.testing.loadbalancer import HAProxy, sni_frontend
 from smartclient.testing.locked import LockedLocalBed
 from smartclient.testing.nameserver import ZONE, DnsServer
 from smartclient.testing.oauth import ensure_signing_key
+from smartclient.testing.partitions import PartitionableBed
 from smartclient.testing.ports import BedIdentity, find_taken_ports, refusal
 from smartclient.testing.prestop import await_quorum_plus_one, orphan_streams
 from smartclient.testing.processes import ephemeral_port_range, wait_until
@@ -66,7 +67,7 @@ def _node(spec: BrokerSpec) -> Node:
                 management_host="127.0.0.1" if spec.netns else "")
 
 
-class LocalTestBed(LockedLocalBed):
+class LocalTestBed(PartitionableBed, LockedLocalBed):
     kind = "local"
 
     def __init__(self, layout: Layout) -> None:
@@ -568,6 +569,7 @@ class LocalTestBed(LockedLocalBed):
                 b.stop()
 
     def heal(self) -> None:
+        self.heal_partitions()
         for b in self.brokers:
             if not b.running():
                 b.start()

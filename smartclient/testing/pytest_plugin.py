@@ -12,6 +12,9 @@ Every fixture carries the ``rabbitmq_`` prefix, so none collides with a fixture 
 * ``rabbitmq_testbed`` (session): the local test bed, brought up once (idempotent), or
   the external cluster named by ``SMARTCLIENT_TESTBED_EXTERNAL``;
 * ``rabbitmq_faulty_testbed``: the same, healed after the test, for tests that inject faults;
+* ``rabbitmq_namespaced_testbed`` (session): a namespaced bed, each node on its own address behind the load
+  balancer (the session's own if namespaced, else one at port base 17000);
+* ``rabbitmq_partitions``: that bed, for a test that partitions it (``bed.partition(...)``), healed after the test;
 * ``rabbitmq_unique_name``: a stream/queue name unique to the test;
 * ``rabbitmq_tokens``: the locked bed's identity provider (:class:`~smartclient.testing.oauth.TokenAuthority`),
   its faults undone after the test;
@@ -35,6 +38,7 @@ says why; a missing prerequisite fails with one sentence, not a stack trace.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -46,6 +50,7 @@ import pytest
 from smartclient._errors import FaultUnavailable, PrerequisiteMissing
 from smartclient.testing import from_env
 from smartclient.testing.certificates import ClientCertificate
+from smartclient.testing.external import ExternalTestBed
 from smartclient.testing.local import LocalTestBed
 from smartclient.testing.oauth import TokenAuthority
 from smartclient.testing.spark_cluster import SparkCluster
@@ -91,6 +96,37 @@ def rabbitmq_faulty_testbed(rabbitmq_testbed: TestBed) -> Iterator[TestBed]:
     """The test bed, for a test that injects faults: ``heal()`` undoes them after the test."""
     yield rabbitmq_testbed
     rabbitmq_testbed.heal()
+
+
+#: the namespaced bed the fixtures bring up beside the session's bed (which may be namespaced itself)
+NAMESPACED_BASE = 17000
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_namespaced_testbed(rabbitmq_testbed: TestBed) -> LocalTestBed:
+    """A namespaced test bed (each node on its own address, reached only through the load balancer): the
+    session's own if it is one (``SMARTCLIENT_TESTBED_NETWORK=namespaces``), else one at port base
+    ``SMARTCLIENT_TESTBED_NAMESPACED_BASE`` (17000), brought up once.  Skips where namespaces cannot be made (not
+    root, no ``ip`` or ``nft``: the reason is printed)."""
+    if isinstance(rabbitmq_testbed, LocalTestBed) and rabbitmq_testbed.layout.namespaced:
+        return rabbitmq_testbed
+    if isinstance(rabbitmq_testbed, ExternalTestBed):
+        pytest.skip("a namespaced bed is local: an external test bed is in use")
+    base = os.environ.get("SMARTCLIENT_TESTBED_NAMESPACED_BASE", str(NAMESPACED_BASE))
+    try:
+        bed = LocalTestBed.from_env({**os.environ, "SMARTCLIENT_TESTBED_NETWORK": "namespaces",
+                                     "SMARTCLIENT_TESTBED_PORT_BASE": base})
+        bed.up()
+    except PrerequisiteMissing as exc:
+        pytest.skip(f"no namespaced test bed here: {exc}")
+    return bed
+
+
+@pytest.fixture
+def rabbitmq_partitions(rabbitmq_namespaced_testbed: LocalTestBed) -> Iterator[LocalTestBed]:
+    """The namespaced bed, for a test that cuts it (``bed.partition(...)``): ``heal()`` after the test."""
+    yield rabbitmq_namespaced_testbed
+    rabbitmq_namespaced_testbed.heal()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ picks one.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -244,6 +244,9 @@ class TestBed:
 
     def advertise_hostnames(self, enabled: bool = True) -> None:
         raise self._unavailable("make the nodes advertise container-style host names")
+
+    def partition(self, what: str, node: str, *, minority: Sequence[str] = (), direction: str = "both") -> Any:
+        raise self._unavailable(f"partition {node} ({what})")
 
     def disable_lb_backend(self, node: str, listener: str | None = None) -> None:
         raise self._unavailable(f"disable the LB backend {node}")

@@ -33,8 +33,8 @@ def test_a_tcp_socket_gets_them_and_anything_else_is_left_alone() -> None:
 def test_dead_after_is_checked() -> None:
     assert ConnectionOptions().dead_after == 10.0
     assert ConnectionOptions(dead_after=0).dead_after == 0
-    with pytest.raises(ConfigurationError, match="ConnectionOptions.dead_after must be 0 .off. or at least 2 seconds"):
-        ConnectionOptions(dead_after=1)
+    with pytest.raises(ConfigurationError, match="ConnectionOptions.dead_after must be 0 .off. or at least 4 seconds"):
+        ConnectionOptions(dead_after=3)
     with pytest.raises(ConfigurationError, match="ConnectionOptions.dead_after"):
         ConnectionOptions(dead_after=-1)
 

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 async def watch_silence(client: Any, limit: float) -> None:
     """End ``client``'s connection once it heard nothing (rstream's ``_last_heartbeat`` is the time of the last
-    frame received) for ``limit`` seconds: the peer, or a load balancer's link to it, went silent without a reset or
+    frame received) for ``limit`` seconds (a step less, looked at every step): the peer, or a load balancer's link to it, went silent without a reset or
     a FIN.  Its reader then ends, and the connection's streams recover elsewhere.  A loop that was itself held (a
     blocking callback) is not the peer's silence: a late wake-up starts the count again."""
     step = min(1.0, limit / 4)
@@ -26,7 +26,7 @@ async def watch_silence(client: Any, limit: float) -> None:
             client._last_heartbeat = max(client._last_heartbeat, now)
             continue
         silent = now - client._last_heartbeat
-        if silent > limit:
+        if silent > limit - step:  # looked at every step: found within limit
             client.smartclient_silent_for = silent
             log.warning("%s:%s (%s): heard nothing for %.1f s (dead_after %g s): ending the connection",
                         client.host, client.port, client._client_properties.get("connection_name"), silent, limit)
