@@ -82,7 +82,9 @@ async def test_an_idle_connection_that_goes_silent_is_ended_within_dead_after(
         await env.delete_stream(rabbitmq_unique_name)
 
 
-async def test_a_busy_connection_is_no_false_alarm(rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str) -> None:
+async def test_a_busy_connection_is_no_false_alarm(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
     """dead_after 4 s, the least: a producer and a consumer busy for 15 s (the client's event loop held by the
     publishing), then idle for 12 s, are never taken for dead."""
     bed = rabbitmq_partitions
