@@ -15,8 +15,9 @@ log = logging.getLogger(__name__)
 async def watch_silence(client: Any, limit: float) -> None:
     """End ``client``'s connection once it heard nothing (rstream's ``_last_heartbeat`` is the time of the last
     frame received) for ``limit`` seconds (a step less, looked at every step): the peer, or a load balancer's link
-    to it, went silent without a reset or a FIN.  Its reader then ends, and the connection's streams recover elsewhere.  A loop that was itself held (a
-    blocking callback) is not the peer's silence: a late wake-up starts the count again."""
+    to it, went silent without a reset or a FIN.  Its reader then ends, and the connection's streams recover
+    elsewhere.  A loop that was itself held (a blocking callback) is not the peer's silence: a late wake-up starts
+    the count again."""
     step = min(1.0, limit / 4)
     while client.is_connection_alive():
         asked = time.monotonic()
