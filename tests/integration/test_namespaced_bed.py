@@ -11,31 +11,21 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from smartclient.testing.layout import Layout
 from smartclient.testing.local import LocalTestBed
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("ip") is None,
                                 reason="needs root, ip and nft (apt-get install -y nftables)")
 
-BASE = 17000  # beside the default beds (20000, 23000) and the CI lane's (11000), below the ephemeral ports
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def namespaced_bed() -> Iterator[LocalTestBed]:
-    layout = Layout.from_env({**os.environ, "SMARTCLIENT_TESTBED_PORT_BASE": str(BASE),
-                              "SMARTCLIENT_TESTBED_NETWORK": "namespaces"})
-    bed = LocalTestBed(layout)
-    bed.up()
-    try:
-        yield bed
-    finally:
-        bed.down()
+@pytest.fixture
+def namespaced_bed(rabbitmq_namespaced_testbed: LocalTestBed) -> LocalTestBed:
+    return rabbitmq_namespaced_testbed
 
 
 def test_the_nodes_run_in_their_namespaces_and_the_client_cannot_dial_them(namespaced_bed: LocalTestBed) -> None:
@@ -51,7 +41,7 @@ def test_the_nodes_run_in_their_namespaces_and_the_client_cannot_dial_them(names
         assert refused.value.errno == errno.ENETUNREACH  # the fence: at once, not a timeout
     with bed.management() as api:  # each node's management API, forwarded on 127.0.0.1
         assert {n["name"] for n in api.nodes() if n["running"]} == {n.name for n in bed.nodes}
-    assert "network namespaces 10.231.170.0/24, lb-only" in bed.status()["kind"]
+    assert f"network namespaces {net.subnet}.0/24, lb-only" in bed.status()["kind"]
 
 
 def test_the_quickstart_places_through_the_load_balancer_alone(namespaced_bed: LocalTestBed) -> None:
@@ -73,5 +63,5 @@ def test_down_leaves_nothing_behind_and_up_comes_back(namespaced_bed: LocalTestB
     assert all(b.pid() is None for b in bed.brokers)
     assert net.prefix not in Path("/etc/hosts").read_text()
     assert net.prefix not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
-    bed.up()  # from the nodes' data: the same cluster again
+    bed.up()  # from the nodes' data: the same cluster again (and the session's bed up again)
     assert bed.clustered()
