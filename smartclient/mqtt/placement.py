@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from smartclient import keepalive
 from smartclient._errors import (
     AddressNotAllowed,
     AuthenticationFailed,
@@ -327,9 +328,9 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                                      "an MQTT listener: LoadBalancer(..., mqtt=PORT)")
         self.options = options
         self.dead_after = settings.dead_after  #: seconds of silence that end a connection (TCP keepalive, user timeout)
-        #: MQTT's keepalive: a PINGREQ after that long idle, its PINGRESP awaited as long, so within dead_after
-        self.keepalive = min(options.keepalive, max(1, int(settings.dead_after // 2))) if settings.dead_after \
-            else options.keepalive
+        #: MQTT's keepalive (at most a third of dead_after): a PINGREQ after that long without a packet in, its
+        #: PINGRESP awaited as long, so a silent connection is found within dead_after
+        self.keepalive = keepalive.heartbeat(options.keepalive, settings.dead_after)
         self._placing = threading.Lock()
         self._call = _Call(None, [])
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connect

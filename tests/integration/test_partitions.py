@@ -11,10 +11,14 @@ import time
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, ConnectionOptions, EnqueueTimeout, Environment, RecoveryEvent
+from smartclient import Address, ClientSettings, ConnectionOptions, EnqueueTimeout, Environment, RecoveryEvent
+from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 from smartclient.testing.local import LocalTestBed
 
+from ..conftest import wait_until_sync
 from .conftest import node_index
+from .test_mqtt import close, until_routed
+from .test_mqtt import lb as mqtt_lb
 from .test_recovery_faults import Collector, Publisher
 
 pytestmark = pytest.mark.faults
@@ -195,3 +199,44 @@ async def test_a_busy_connection_is_no_false_alarm(
 
 async def _tick() -> None:
     await asyncio.sleep(0.1)
+
+
+def test_an_mqtt_qos1_subscriber_whose_link_goes_silent_reconnects_within_dead_after_and_loses_nothing(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """MQTT's keepalive at a third of dead_after: a PINGREQ after 3 s without a packet in, its PINGRESP awaited 3 s.
+    The subscriber (a persistent QoS 1 session, in a quorum queue) reconnects through the LB to another node and
+    gets every message published meanwhile (redeliveries allowed, no loss)."""
+    bed = rabbitmq_partitions
+    got: list[int] = []
+    sub_id = f"part-{rabbitmq_unique_name[-6:]}"
+    topic = f"part/{sub_id}"
+    with bed.management() as api:
+        settings = ClientSettings(resolver=mqtt_lb(bed))
+        placer = MqttPlacer(api, settings=settings, options=MqttOptions(clean_start=False))
+        sub = placer.connect(sub_id, bed.nodes[1].short, subscriptions=[(topic, 1)],
+                             setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
+        pub = MqttPlacer(api, settings=settings).connect(f"{sub_id}-pub", bed.nodes[0].short)
+        try:
+            until_routed(pub, topic, got)
+            cut = time.monotonic()
+            bed.partition("cut-lb", bed.nodes[1].name)
+            sent = 0
+            while sub.failovers == 0:
+                assert time.monotonic() - cut < DEAD_AFTER + 20, "the silent MQTT connection was never found"
+                pub.publish(topic, str(sent), qos=1).wait_for_publish(10)
+                sent += 1
+                time.sleep(0.05)
+            found = time.monotonic() - cut
+            for _ in range(100):
+                pub.publish(topic, str(sent), qos=1).wait_for_publish(10)
+                sent += 1
+            wait_until_sync(lambda: set(got) >= set(range(sent)), 30, lambda: f"{sent} messages ({len(set(got))} in)")
+            print(f"the MQTT subscriber on {bed.nodes[1].short} reconnected {found:.1f} s after its link went silent "
+                  f"(keepalive {placer.keepalive} s), now on {sub.node}; {sent} QoS 1 messages, none lost "
+                  f"({len(got) - len(set(got))} redelivered)")
+            assert found < DEAD_AFTER and sub.node != bed.nodes[1].name
+        finally:
+            bed.heal()
+            close(sub, pub)
+            close(MqttPlacer(api, settings=settings, options=MqttOptions(clean_start=True)).connect(sub_id))
