@@ -5,7 +5,7 @@ Only this module imports pika, and only here do pika's exceptions become smartcl
 :func:`open_connection`, builds message properties with :func:`basic_properties`, and runs every call into
 pika inside :func:`pika_errors`.
 
-The wing touches no private attribute of pika; this module touches two.  What it relies on is listed in
+The wing touches no private attribute of pika; this module touches seven.  What it relies on is listed in
 :data:`PIKA_INTERNALS` (a private method whose behaviour the error mapping depends on, and the way into the
 connection's I/O loop that a refreshed token takes: :func:`update_secret`), :data:`PIKA_NAMES` (public names
 used) and :data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing
@@ -69,6 +69,14 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # declare, process_data_events), and there update-secret is sent without waiting for its answer.
     "pika.adapters.blocking_connection.BlockingConnection._impl",  # the asynchronous connection underneath
     "pika.connection.Connection._adapter_add_callback_threadsafe",  # a call on the I/O loop's thread, from any
+    # pika looks for the peer's heartbeats every heartbeat + 5 s, and ends the connection at a look that found
+    # nothing since the last: a silent peer after up to 2 x (heartbeat + 5) s.  With dead_after the look comes every
+    # heartbeat (the broker sends one every half of it when idle): within 2 x heartbeat
+    "pika.connection.Connection._heartbeat_checker",
+    "pika.heartbeat.HeartbeatChecker._check_interval",
+    "pika.heartbeat.HeartbeatChecker._check_timer",  # its first look, scheduled again ...
+    "pika.heartbeat.HeartbeatChecker._start_check_timer",  # ... from now
+    "pika.connection.Connection._adapter_remove_timeout",
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -244,7 +252,14 @@ def open_connection(
         tcp_options=keepalive.tcp_options(dead_after) or None,
     )
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
-        return BlockingConnection(params)
+        connection = BlockingConnection(params)
+    checker = getattr(connection._impl, "_heartbeat_checker", None)
+    if dead_after and checker is not None and params.heartbeat:  # looks every heartbeat (see PIKA_INTERNALS)
+        checker._check_interval = float(params.heartbeat)
+        if checker._check_timer is not None:  # the first look, set for heartbeat + 5 s: now, every heartbeat
+            connection._impl._adapter_remove_timeout(checker._check_timer)
+            checker._start_check_timer()
+    return connection
 
 
 def update_secret(connection: Any, token: str, on_done: Callable[[], None]) -> bool:

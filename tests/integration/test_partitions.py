@@ -11,7 +11,16 @@ import time
 import pytest
 
 from resolvers import LoadBalancer
-from smartclient import Address, ClientSettings, ConnectionOptions, EnqueueTimeout, Environment, RecoveryEvent
+from smartclient import (
+    Address,
+    ClientSettings,
+    ConnectionFailed,
+    ConnectionOptions,
+    EnqueueTimeout,
+    Environment,
+    RecoveryEvent,
+)
+from smartclient.amqp.placement import AmqpPlacer
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer
 from smartclient.testing.local import LocalTestBed
 
@@ -240,3 +249,54 @@ def test_an_mqtt_qos1_subscriber_whose_link_goes_silent_reconnects_within_dead_a
             bed.heal()
             close(sub, pub)
             close(MqttPlacer(api, settings=settings, options=MqttOptions(clean_start=True)).connect(sub_id))
+
+
+def test_an_amqp_publisher_whose_link_goes_silent_fails_within_pikas_heartbeat_bound_and_loses_nothing(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """AMQP 0.9.1 through the LB onto a quorum queue, publishing with confirms.  The LB's link to the client's node
+    goes quiet: pika's heartbeat (a third of dead_after, 3 s, and looked at every 3 s) ends the connection within
+    2 x 3 s, not 2 x 65 s.  The publisher connects again (the LB has marked the node down) and sends the message
+    it had no confirm for again: every confirmed message is in the queue (one may be there twice)."""
+    import pika.exceptions
+
+    bed = rabbitmq_partitions
+    host, port = bed.lb("amqp")
+    lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
+    queue = rabbitmq_unique_name
+    with bed.management() as api:
+        placer = AmqpPlacer(api, settings=ClientSettings(resolver=lb))
+        placed = placer.connect()
+        channel = placed.channel()
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        confirmed: list[int] = []
+        for i in range(100):
+            channel.basic_publish("", queue, str(i).encode())
+            confirmed.append(i)
+        cut_node = next(n for n in bed.nodes if n.name == placed.node)
+        cut = time.monotonic()
+        bed.partition("cut-lb", cut_node.name)
+        i = len(confirmed)
+        with pytest.raises((pika.exceptions.AMQPError, ConnectionFailed)):
+            while time.monotonic() - cut < 60:
+                channel.basic_publish("", queue, str(i).encode())
+                confirmed.append(i)
+                i += 1
+        found = time.monotonic() - cut
+        placed.close()
+        placed = placer.connect()  # through the LB, to a node it still reaches
+        channel = placed.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, str(i).encode())  # the one with no confirm, again
+        confirmed.append(i)
+        bed.heal()
+        got = set()
+        while (message := channel.basic_get(queue, auto_ack=True))[0] is not None:
+            got.add(int(message[2]))
+        channel.queue_delete(queue)
+        placed.close()
+        print(f"the AMQP publisher on {cut_node.short} found its silent connection {found:.1f} s after the cut "
+              f"(heartbeat {placer.heartbeat} s); {len(confirmed)} confirmed, all in the queue")
+        assert set(confirmed) <= got
+        assert found < DEAD_AFTER
