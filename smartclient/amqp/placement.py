@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from smartclient import credentials as signing
-from smartclient import keepalive
 from smartclient._errors import (
     AuthenticationFailed,
     ConnectionFailed,
@@ -118,8 +117,9 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             self.protocol = "amqp/ssl"  # the nodes' AMQPS listeners
         super().__init__(management, settings=settings, identify_timeout=identify_timeout, entry_points=entry_points)
         self.management: ManagementClient = management
-        #: pika's heartbeat timeout: the Environment's heartbeat, or a third of its dead_after if that is shorter
-        self.heartbeat = keepalive.heartbeat(settings.heartbeat, settings.dead_after)
+        #: pika's heartbeat timeout: the Environment's, not shortened by dead_after.  A BlockingConnection sends its
+        #: heartbeats only inside pika calls, so the broker would close one left idle for two short ones
+        self.heartbeat = settings.heartbeat
         self.dead_after = settings.dead_after  #: seconds of silence that end a connection (TCP keepalive, user timeout)
         self.connection_name = settings.connection_name  #: the connections' name prefix
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connection

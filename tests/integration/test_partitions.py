@@ -254,9 +254,10 @@ def test_an_mqtt_qos1_subscriber_whose_link_goes_silent_reconnects_within_dead_a
 def test_an_amqp_publisher_whose_link_goes_silent_fails_within_pikas_heartbeat_bound_and_loses_nothing(
     rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
 ) -> None:
-    """AMQP 0.9.1 through the LB onto a quorum queue, publishing with confirms.  The LB's link to the client's node
-    goes quiet: pika's heartbeat (a third of dead_after, 3 s, and looked at every 3 s) ends the connection within
-    2 x 3 s, not 2 x 65 s.  The publisher connects again (the LB has marked the node down) and sends the message
+    """AMQP 0.9.1 through the LB onto a quorum queue, publishing with confirms, with a 3 s heartbeat (pika's
+    BlockingConnection sends heartbeats only inside its calls, so dead_after does not shorten it: the user does).
+    The LB's link to the client's node goes quiet: pika, which the seam has look every heartbeat, ends the
+    connection within 2 x 3 s, not 2 x (3 + 5) s.  The publisher connects again (the LB has marked the node down) and sends the message
     it had no confirm for again: every confirmed message is in the queue (one may be there twice)."""
     import pika.exceptions
 
@@ -265,7 +266,7 @@ def test_an_amqp_publisher_whose_link_goes_silent_fails_within_pikas_heartbeat_b
     lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
     queue = rabbitmq_unique_name
     with bed.management() as api:
-        placer = AmqpPlacer(api, settings=ClientSettings(resolver=lb))
+        placer = AmqpPlacer(api, settings=ClientSettings(resolver=lb, connection=ConnectionOptions(heartbeat=3)))
         placed = placer.connect()
         channel = placed.channel()
         channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
