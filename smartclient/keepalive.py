@@ -3,8 +3,9 @@
 On a real network a link can go quiet: no reset, no FIN, and the socket just stops.  A heartbeat of 60 s finds that
 after two of them.  Through a load balancer (a proxy) only the protocol itself can tell: the balancer's own kernel
 acknowledges everything the client sends.  So each protocol hears from its peer at least every third of
-``dead_after`` (:func:`heartbeat`: stream heartbeats, AMQP 0.9.1 heartbeats, MQTT keepalive, AMQP 1.0's idle
-timeout), and a connection that heard nothing for ``dead_after`` is ended (and recovered).  Beneath that, every TCP
+``dead_after`` (:func:`heartbeat`: stream heartbeats, MQTT keepalive), and a connection that heard nothing for
+``dead_after`` is ended (and recovered).  (AMQP 0.9.1 keeps its heartbeat: pika's BlockingConnection sends them
+only inside its calls.)  Beneath that, every TCP
 socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
 
 * ``TCP_USER_TIMEOUT`` of ``dead_after - 1`` s: data sent and not acknowledged for that long ends the connection

@@ -114,10 +114,9 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
-        #: seconds of silence after which a connection is taken for lost: AMQP 1.0's idle timeout, the Environment's
-        #: dead_after (0: off) or, shorter, its heartbeat
-        self.heartbeat = float(min(h for h in (settings.heartbeat, settings.dead_after) if h) if
-                               (settings.heartbeat or settings.dead_after) else 0)
+        #: seconds of silence after which a connection is taken for lost (the Environment's heartbeat; not shortened
+        #: by dead_after: not yet measured on a silent network)
+        self.heartbeat = float(settings.heartbeat)
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:
