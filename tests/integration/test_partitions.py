@@ -257,8 +257,9 @@ def test_an_amqp_publisher_whose_link_goes_silent_fails_within_pikas_heartbeat_b
     """AMQP 0.9.1 through the LB onto a quorum queue, publishing with confirms, with a 3 s heartbeat (pika's
     BlockingConnection sends heartbeats only inside its calls, so dead_after does not shorten it: the user does).
     The LB's link to the client's node goes quiet: pika, which the seam has look every heartbeat, ends the
-    connection within 2 x 3 s, not 2 x (3 + 5) s.  The publisher connects again (the LB has marked the node down) and sends the message
-    it had no confirm for again: every confirmed message is in the queue (one may be there twice)."""
+    connection within 2 x 3 s, not 2 x (3 + 5) s.  The publisher connects again (the LB has marked the node down)
+    and sends the message it had no confirm for again: every confirmed message is in the queue (one may be there
+    twice)."""
     import pika.exceptions
 
     bed = rabbitmq_partitions
@@ -301,3 +302,31 @@ def test_an_amqp_publisher_whose_link_goes_silent_fails_within_pikas_heartbeat_b
               f"(heartbeat {placer.heartbeat} s); {len(confirmed)} confirmed, all in the queue")
         assert set(confirmed) <= got
         assert found < DEAD_AFTER
+
+
+async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """A live broker that confirms nothing for 12 s (the stream's writer suspended: nothing is written, confirmed
+    or replicated meanwhile), with dead_after 4 s: its connections still carry its heartbeats, so none is taken for
+    dead; then every message is confirmed and stored once."""
+    bed = rabbitmq_partitions
+    async with lb_environment(bed, connection=ConnectionOptions(dead_after=4)) as env:
+        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
+        collector = Collector()
+        consumer = await env.consumer(rabbitmq_unique_name, collector, offset="first")
+        producer = await env.producer(rabbitmq_unique_name, name="p")
+        publisher = PatientPublisher(producer).start()
+        await publisher.confirmed_after(time.monotonic(), count=300)
+        leader = bed.nodes[node_index(bed, producer.node)]
+        stalled = time.monotonic()
+        await asyncio.to_thread(bed.suspend_stream_member, rabbitmq_unique_name, leader.name, 12)
+        while time.monotonic() - stalled < 12:
+            await _tick()
+        await publisher.confirmed_after(time.monotonic(), count=300, timeout=60)
+        await publisher.stop()
+        await collector.wait_for(publisher.sent, timeout=60)
+        collector.assert_no_gap(publisher.sent)
+        print(f"the leader's writer stalled 12 s (dead_after 4 s): {publisher.sent} messages, each once; "
+              f"recoveries: producer {producer.recoveries}, consumer {consumer.recoveries}")
+        assert producer.recoveries == 0 and consumer.recoveries == 0
