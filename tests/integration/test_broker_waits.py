@@ -127,9 +127,13 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
         # began (CI, 2026-12-02: recovered in 0.43 s, "the member was not held")
         held = [nodes.index(consumer.node) for consumer in steady if consumer.node is not None]
         assert len(held) == len(steady)
+        asked = time.monotonic()
         await asyncio.gather(*(asyncio.to_thread(hold_member, rabbitmq_testbed, i, busy, HOLD, "release", True)
                                for i in held))
         started = time.monotonic()
+        # the holds began after `asked`, somewhere inside the rabbitmqctl calls (seconds on a loaded machine): at
+        # least this much of them is left now (CI, 2026-12-02: 1.5 s of the 2.5 s gone, recovered in 0.97 s)
+        left = HOLD - (started - asked)
         recoveries = moving.recoveries
         moving.control.lost("the test: its member restarted")  # as a MetadataUpdate would
         await wait_until(lambda: moving.recoveries > recoveries, 20, "the moving consumer's recovery")
@@ -143,7 +147,8 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
               f"steady consumer on its connection received {len(during)} messages meanwhile; steps: "
               f"{moving.recovery_attempts[-1].steps}")
         assert len(shared) == 1, "the consumers on that node were meant to share one connection"
-        assert waited >= HOLD / 2, "the member was not held: the test shows nothing"
+        assert waited >= min(HOLD / 2, left - 0.3), f"the member was not held ({left:.2f} s of it left): the test " \
+            "shows nothing"
         assert during, "the steady consumer on the connection received nothing while the other recovered"
 
 
