@@ -49,10 +49,12 @@ async def extra_request(client: Any, encode: Callable[[int], bytes], response_ke
 
 async def raw_request(client: Any, frame: bytes, response_key: int, refused: Callable[[], BaseException]) -> bytes:
     """Send ``frame`` on ``client`` and return the frame answering it (size prefix stripped), for a command
-    rstream does not know (its reader would stop on the answer).  The client's reader and heartbeat stop:
-    close it afterwards.  ``refused()`` is raised if the broker closes instead of answering."""
+    rstream does not know (its reader would stop on the answer).  The client's reader, heartbeat and silence watch
+    stop: close it afterwards.  ``refused()`` is raised if the broker closes instead of answering."""
     await client.stop_task("listener")
     await client.stop_task("heartbeat_sender")
+    if "silence_watch" in client._tasks:  # nothing is read now: the wait below has its own bound
+        await client.stop_task("silence_watch")
     conn = client._conn
     conn._writer.write(frame)
     await conn._writer.drain()
