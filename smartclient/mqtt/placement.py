@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from smartclient import keepalive
 from smartclient._errors import (
     AddressNotAllowed,
     AuthenticationFailed,
@@ -328,9 +327,10 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                                      "an MQTT listener: LoadBalancer(..., mqtt=PORT)")
         self.options = options
         self.dead_after = settings.dead_after  #: seconds of silence that end a connection (TCP keepalive, user timeout)
-        #: MQTT's keepalive (at most a third of dead_after): a PINGREQ after that long without a packet in, its
-        #: PINGRESP awaited as long, so a silent connection is found within dead_after
-        self.keepalive = keepalive.heartbeat(options.keepalive, settings.dead_after)
+        #: MQTT's keepalive, MqttOptions.keepalive itself: not shortened by dead_after, because a placement waits for
+        #: the management API to list a new connection without pumping it, and the broker drops a client silent
+        #: for 1.5 keepalives (CI, at 3 s: connections gone before they were listed)
+        self.keepalive = options.keepalive
         self._placing = threading.Lock()
         self._call = _Call(None, [])
         #: presented to every node (mutual TLS, and the identity with EXTERNAL), loaded before each connect
