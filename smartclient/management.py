@@ -126,6 +126,11 @@ class ManagementClient:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: try the next node
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue
+            except httpx.RemoteProtocolError as exc:  # a proxy in front closed without an answer (its node is
+                if method not in ("GET", "HEAD"):  # unreachable): a read is asked of the next node, a write is not
+                    raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
+                unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
+                continue
             except httpx.HTTPError as exc:
                 raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
             self.base_url = base
