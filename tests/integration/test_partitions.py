@@ -16,8 +16,10 @@ from smartclient import (
     ClientSettings,
     ConnectionFailed,
     ConnectionOptions,
+    Consumer,
     EnqueueTimeout,
     Environment,
+    Producer,
     RecoveryEvent,
 )
 from smartclient.amqp.placement import AmqpPlacer
@@ -46,21 +48,13 @@ async def test_a_consumer_whose_replica_goes_silent_finds_it_within_dead_after_a
 ) -> None:
     bed = rabbitmq_partitions
     async with lb_environment(bed) as env:
-        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
-        collector = Collector()
-        consumer = await env.consumer(rabbitmq_unique_name, collector, offset="first")
-        producer = await env.producer(rabbitmq_unique_name)
-        publisher = Publisher(producer).start()
+        collector, consumer, producer, publisher = await flowing(env, rabbitmq_unique_name)
         await collector.wait_for(300)
         cut = bed.nodes[node_index(bed, consumer.node)]
         assert consumer.node != producer.node  # a replica
         started = time.monotonic()
         bed.partition("cut-lb", cut.name)  # the LB's link to the consumer's node goes quiet
-        deadline = started + DEAD_AFTER + 20
-        while consumer.recoveries == 0:
-            assert time.monotonic() < deadline, "the consumer's silent connection was never found"
-            await _tick()
-        recovered = time.monotonic() - started
+        recovered = await until_recovered(consumer, started)
         await collector.wait_for(len(collector.items) + 300)
         print(f"the consumer on {cut.short} recovered {recovered:.1f} s after its link went silent "
               f"(dead_after {DEAD_AFTER:g} s), on {consumer.node}")
@@ -82,11 +76,7 @@ async def test_a_producer_whose_leader_goes_silent_finds_it_within_dead_after_an
     async with lb_environment(bed) as env:
         events: list[tuple[float, RecoveryEvent]] = []
         env.on_recovery(lambda event: events.append((time.monotonic(), event)))
-        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
-        collector = Collector()
-        await env.consumer(rabbitmq_unique_name, collector, offset="first")
-        producer = await env.producer(rabbitmq_unique_name, name="p")
-        publisher = Publisher(producer).start()
+        collector, _, producer, publisher = await flowing(env, rabbitmq_unique_name, name="p")
         await publisher.confirmed_after(time.monotonic(), count=300)
         leader = bed.nodes[node_index(bed, producer.node)]
         cut = time.monotonic()
@@ -131,11 +121,8 @@ async def test_a_producer_on_a_leader_in_the_minority_loses_nothing_and_no_write
     each of them once."""
     bed = rabbitmq_partitions
     async with lb_environment(bed) as env:
-        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
-        collector = Collector()
-        consumer = await env.consumer(rabbitmq_unique_name, collector, offset="first")
-        producer = await env.producer(rabbitmq_unique_name, name="p")
-        publisher = PatientPublisher(producer).start()
+        collector, consumer, producer, publisher = await flowing(env, rabbitmq_unique_name, name="p",
+                                                                 publisher=PatientPublisher)
         await publisher.confirmed_after(time.monotonic(), count=300)
         leader = bed.nodes[node_index(bed, producer.node)]
         confirmed_before = len(publisher.confirmed)
@@ -167,11 +154,7 @@ async def test_an_idle_connection_that_goes_silent_is_ended_within_dead_after(
         cut = bed.nodes[node_index(bed, consumer.node)]
         started = time.monotonic()
         bed.partition("cut-lb", cut.name)
-        deadline = started + DEAD_AFTER + 20
-        while consumer.recoveries == 0:
-            assert time.monotonic() < deadline, "the silent idle connection was never found"
-            await _tick()
-        found = time.monotonic() - started
+        found = await until_recovered(consumer, started)
         print(f"an idle consumer's silent connection was found and recovered in {found:.1f} s")
         assert found < DEAD_AFTER + 3  # found within dead_after, then placed again
         bed.heal()
@@ -188,11 +171,7 @@ async def test_a_busy_connection_is_no_false_alarm(
     publishing), then idle for 12 s, are never taken for dead."""
     bed = rabbitmq_partitions
     async with lb_environment(bed, connection=ConnectionOptions(dead_after=4)) as env:
-        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
-        collector = Collector()
-        consumer = await env.consumer(rabbitmq_unique_name, collector, offset="first")
-        producer = await env.producer(rabbitmq_unique_name)
-        publisher = Publisher(producer).start()
+        collector, consumer, producer, publisher = await flowing(env, rabbitmq_unique_name)
         started = time.monotonic()
         while time.monotonic() - started < 15:
             await _tick()
@@ -209,6 +188,24 @@ async def test_a_busy_connection_is_no_false_alarm(
 
 async def _tick() -> None:
     await asyncio.sleep(0.1)
+
+
+async def flowing(env: Environment, stream: str, *, name: str | None = None,
+                  publisher: type[Publisher] = Publisher) -> tuple[Collector, Consumer, Producer, Publisher]:
+    """A three-member stream with a consumer from its first offset and a producer publishing steadily."""
+    await env.create_stream(stream, {"initial-cluster-size": 3})
+    collector = Collector()
+    consumer = await env.consumer(stream, collector, offset="first")
+    producer = await env.producer(stream, name=name)
+    return collector, consumer, producer, publisher(producer).start()
+
+
+async def until_recovered(handle: Consumer | Producer, since: float) -> float:
+    """Seconds from ``since`` until ``handle`` has recovered once (its silent connection found and left)."""
+    while handle.recoveries == 0:
+        assert time.monotonic() < since + DEAD_AFTER + 20, f"{handle!r}: its silent connection was never found"
+        await _tick()
+    return time.monotonic() - since
 
 
 def test_an_mqtt_qos1_subscriber_whose_link_goes_silent_reconnects_within_dead_after_and_loses_nothing(
@@ -314,11 +311,8 @@ async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
     dead; then every message is confirmed and stored once."""
     bed = rabbitmq_partitions
     async with lb_environment(bed, connection=ConnectionOptions(dead_after=4)) as env:
-        await env.create_stream(rabbitmq_unique_name, {"initial-cluster-size": 3})
-        collector = Collector()
-        consumer = await env.consumer(rabbitmq_unique_name, collector, offset="first")
-        producer = await env.producer(rabbitmq_unique_name, name="p")
-        publisher = PatientPublisher(producer).start()
+        collector, consumer, producer, publisher = await flowing(env, rabbitmq_unique_name, name="p",
+                                                                 publisher=PatientPublisher)
         await publisher.confirmed_after(time.monotonic(), count=300)
         leader = bed.nodes[node_index(bed, producer.node)]
         stalled = time.monotonic()
