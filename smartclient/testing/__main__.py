@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{node.name}: amqp {node.amqp_port}, stream {node.stream_port}, "
                       f"management {node.management_port}")
     except SmartClientError as exc:
-        print(f"smartclient test bed: {exc}", file=sys.stderr)
+        print(f"smartclient test bed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return 0
 

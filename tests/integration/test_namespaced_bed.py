@@ -65,3 +65,32 @@ def test_down_leaves_nothing_behind_and_up_comes_back(namespaced_bed: LocalTestB
     assert net.prefix not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     bed.up()  # from the nodes' data: the same cluster again (and the session's bed up again)
     assert bed.clustered()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_a_namespaced_bed_where_namespaces_cannot_be_made_says_so_in_one_typed_line_and_leaves_nothing(
+        rabbitmq_namespaced_testbed: LocalTestBed) -> None:
+    """A user namespace is root without the right to mount /run/netns (a container without CAP_SYS_ADMIN): the
+    bed's first ``ip netns add`` fails there, for real.  (The fixture only makes sure the chroot is provisioned.)"""
+    base = 14000  # clear of every other bed (each spans 2,400 ports): 8000, 11000, 17000, 20000, 23000
+    before = (_netns(), _links())
+    run = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-m", "smartclient.testing", "up",
+                          "--network", "namespaces"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SMARTCLIENT_TESTBED_PORT_BASE": str(base)})
+    print(run.stderr)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "smartclient test bed: PrerequisiteMissing: network namespaces cannot be made here:"), lines
+    assert (_netns(), _links()) == before  # nothing made, nothing taken
+    assert "sc140" not in " ".join(_netns() | _links())
+
+
+def _netns() -> set[str]:
+    return {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                                       check=True).stdout.splitlines() if line.strip()}
+
+
+def _links() -> set[str]:
+    return {line.split(":")[1].strip().split("@")[0] for line in subprocess.run(
+        ["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines()}
