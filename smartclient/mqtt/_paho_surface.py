@@ -22,6 +22,12 @@ PAHO_INTERNALS: tuple[str, ...] = (
     "Client._sockpairW",  # written to wake the loop (as publish() from another thread does)
     "Client._sock_recv",  # overridden: keeps the error a read failed with
     "Client._create_socket_connection",  # overridden: the TCP socket it dials, before TLS; watched for silence
+    "Client._check_keepalive",  # overridden: paho's keepalive, then the silence watch of dead_after
+    "Client._keepalive",  # the keepalive agreed with the broker (read: the watch pings more often only if shorter)
+    "Client._last_bytes_received",  # when paho last read from the socket (read under _msgtime_mutex)
+    "Client._msgtime_mutex",  # guards it
+    "Client._send_pingreq",  # the watch's PINGREQ
+    "Client._do_on_disconnect",  # the watch ends a silent connection as paho's keepalive does
     "Client._out_messages",  # what paho has to send or have acknowledged: failed when the client gives up
     "Client._out_message_mutex",  # guards it
     "MQTTMessageInfo._set_as_published",  # ends a wait_for_publish (with its rc set: it raises)
@@ -29,7 +35,8 @@ PAHO_INTERNALS: tuple[str, ...] = (
 
 #: The private or public methods :class:`PahoClient` overrides (their signatures must match exactly).
 PAHO_OVERRIDES: tuple[str, ...] = ("Client._loop", "Client.reconnect", "Client.publish", "Client.disconnect",
-                                   "Client._sock_recv", "Client._create_socket_connection")
+                                   "Client._sock_recv", "Client._create_socket_connection",
+                                   "Client._check_keepalive")
 
 #: Every public name of paho this module imports or relies on, as a module path.
 PAHO_NAMES: tuple[str, ...] = tuple(f"paho.mqtt.{name}" for name in (
@@ -42,6 +49,8 @@ PAHO_SIGNATURES: dict[str, tuple[str, ...]] = {
     "Client._loop": ("self", "timeout"),
     "Client._sock_recv": ("self", "bufsize"),
     "Client._create_socket_connection": ("self",),
+    "Client._check_keepalive": ("self",),
+    "Client._do_on_disconnect": ("packet_from_broker", "v1_rc"),
     "Client.reconnect": ("self",),
     "Client.publish": ("self", "topic", "payload", "qos", "retain", "properties"),
     "Client.disconnect": ("self", "reasoncode", "properties"),

@@ -29,6 +29,9 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``; with ``target`` ``lb``, when the
   load balancer routed again after a restart (for every client, RPC and MQTT too).  The probe's own messages are
   ``send``/``confirm`` of the client ``probe``: checked as stored once, never timed as a client's progress;
+* ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
+  (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
+  the earliest (the finding itself is measured apart, against its bound);
 * ``resources``: a sample of the process's resources (see :mod:`smartclient.testing.soak`), not read here.
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
@@ -39,8 +42,8 @@ messages, when the stream was read back: offset tracking spends offsets too), du
 tracked consumer resumes after its stored offset.
 Per fault: how long each client took to make progress after it (worst, p99), how long after the broker had
 named every leader again, and the client's own share: from the moment each of its streams took a write again
-(the probes of this fault and of any still under way; for a fault no probe follows, the fault itself) to its
-first progress since.
+(the probes of this fault and of any still under way; for a fault no probe follows, the fault itself), or from
+when it found its connection dead after a silent drop if that came later, to its first progress since.
 """
 
 from __future__ import annotations
@@ -263,6 +266,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     writable: dict[str, list[tuple[float, float]]] = defaultdict(list)
     moments: dict[str, list[float]] = defaultdict(list)  # client -> every time it made progress
     unwritable: list[float] = []
+    found: dict[str, list[float]] = defaultdict(list)  # client -> when it found a connection dead (a silent drop)
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -294,6 +298,10 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 unwritable.append(max(backs) - float(r["fault_t"]))
             continue
         if kind == "resources":
+            continue
+        if kind == "found":
+            if client:
+                found[client].append(float(r["started"]))
             continue
         made_progress = timed and (kind in _PROGRESS or (kind == "op" and bool(r.get("ok"))))
         if made_progress:
@@ -401,7 +409,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         # before it still under way, and of those that came before the client progressed: faults overlap), or from
         # the fault, to its first progress since then
         ready = max([at, *(back for stream in mine for began, back in writable.get(stream, ())
-                           if began <= t and back >= at)])
+                           if began <= t and back >= at), *(f for f in found.get(client, ()) if at <= f <= t)])
         times = moments[client]
         resumed = times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
         if resumed is not None:

@@ -86,14 +86,16 @@ def render_haproxy_config(
                 f"    server {node.short} {node.host}:{node.port(protocol)} check inter 1s fall 2 rise 2{source}",
                 "",
             ]
-    if layout.namespaced:  # each node's management API, on the loopback port it has in the loopback bed
-        for node in nodes:
-            out += [f"listen {MANAGEMENT_PREFIX}{node.short}", f"    bind 127.0.0.1:{node.management_port}",
-                    f"    server {node.short} {node.host}:{node.management_port}{source}", ""]
+    if layout.namespaced:  # each node's management API and stream port, on the loopback port it has in the loopback
+        for node in nodes:  # bed, for the test bed's own tools (its probes): dialled from the LB's address
+            for what, port, check in (("management", node.management_port, ""),  # (the probes see the node as
+                                      ("stream", node.stream_port, " check inter 1s fall 2 rise 2")):  # the LB does)
+                out += [f"listen {FORWARD_PREFIX}{what}_{node.short}", f"    bind 127.0.0.1:{port}",
+                        f"    server {node.short} {node.host}:{port}{check}{source}", ""]
     return "\n".join(out)
 
 
-MANAGEMENT_PREFIX = "management_"  #: a namespaced bed's forwards to each node's management API
+FORWARD_PREFIX = "forward_"  #: a namespaced bed's forwards to each node's management API and stream port
 
 
 def sni_frontend(protocol: str) -> str:
@@ -288,7 +290,7 @@ class HAProxy:
         states: dict[str, dict[str, str]] = {}
         for row in self.stats():
             if (row["svname"] in ("FRONTEND", "BACKEND") or (row["pxname"] in backends) != sni
-                    or row["pxname"].startswith(MANAGEMENT_PREFIX)):
+                    or row["pxname"].startswith(FORWARD_PREFIX)):
                 continue
             proxy, server = backends.get(row["pxname"], (row["pxname"], row["svname"]))
             states.setdefault(proxy, {})[server] = row["status"]

@@ -6,7 +6,8 @@ injects the test bed's faults, more than one at a time; the history then goes to
 The schedule (pure, :func:`schedule`) keeps a quorum: at most one node is down (``kill -9`` or ``stop_app``)
 at any time, since RabbitMQ 4.3's metadata store (Khepri) and every stream need a majority to progress.
 Other faults overlap freely: leader moves, management-API connection closes, an LB backend disabled, LB
-sessions cut, an LB restart and the DNS server down.
+sessions cut, an LB restart and the DNS server down.  On the namespaced bed, partitions (:data:`PARTITIONS`) take
+a node away too, silently: from its peers, from everyone, or from the load balancer (both ways or one).
 
 The workload, every connection placed through the LB:
 
@@ -21,7 +22,6 @@ The workload, every connection placed through the LB:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,18 +36,28 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.settings import ConnectionOptions
 from smartclient.testing.checker import Report, check
 from smartclient.testing.probe import writable_back
+from smartclient.testing.thread_loads import amqp10_loop, amqp_quorum_loop, mqtt_loop, mqtt_qos1_loop, rpc_loop
 
-__all__ = ["FAULTS", "Anchor", "Extra", "Fault", "History", "Plan", "Run", "run", "schedule"]
+__all__ = ["FAULTS", "LOOPBACK_FAULTS", "PARTITIONS", "Anchor", "Extra", "Fault", "History", "Plan", "Run", "run",
+           "schedule"]
 
 log = logging.getLogger(__name__)
 
 Anchor = Callable[[Any, str, "History", asyncio.Event, float], Coroutine[Any, Any, None]]
 
+#: the partitions (issue 55), only on the namespaced bed: fault -> (the bed's partition, its direction); each a
+#: silent drop at one node, which it takes away from its peers, from everyone, or from the load balancer
+PARTITIONS: dict[str, tuple[str, str]] = {
+    "isolate-from-peers": ("isolate-from-peers", "both"), "isolate": ("isolate", "both"), "split": ("split", "both"),
+    "cut-lb": ("cut-lb", "both"), "cut-lb-one-way": ("cut-lb", "in"),
+}
 #: fault -> whether it takes a node away (only one of those at a time: the quorum stays)
 FAULTS: dict[str, bool] = {
     "kill": True, "stop_app": True, "move_leader": False, "close_connection": False, "lb_backend": False,
-    "lb_sessions": False, "lb_restart": False, "dns": False,
+    "lb_sessions": False, "lb_restart": False, "dns": False, **dict.fromkeys(PARTITIONS, True),
 }
+#: the faults any bed can make (a plan's default)
+LOOPBACK_FAULTS = tuple(k for k in FAULTS if k not in PARTITIONS)
 
 
 @dataclass(frozen=True)
@@ -67,11 +76,14 @@ class Plan:
     gap: tuple[float, float] = (3.0, 8.0)  # seconds between two faults
     hold: tuple[float, float] = (2.0, 6.0)  # seconds a fault lasts
     rate: float = 200.0  # messages per second per producer
-    kinds: tuple[str, ...] = tuple(FAULTS)  # the faults to draw from (all by default)
+    kinds: tuple[str, ...] = LOOPBACK_FAULTS  # the faults to draw from (all but the partitions by default)
     quiet: float = 0.0  # seconds at the end with no fault (the soak judges its resources there)
     #: an AMQP 1.0 publisher and consumer too (issue 34): bench/nemesis.py runs them; the soak does not yet (the
     #: 40-minute run of 2026-11-26 with them grew malloc in use by 78 MiB and leaked 26 descriptors)
     amqp10: bool = False
+    #: AMQP 0.9.1 and MQTT QoS 1 on quorum queues too, checked at least once (bench/partitions.py runs them)
+    queues: bool = False
+    heartbeat: int = 60  # the Environment's ConnectionOptions.heartbeat (AMQP 0.9.1 and 1.0 keep it as given)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.kinds) - set(FAULTS))
@@ -93,9 +105,10 @@ def schedule(plan: Plan, nodes: list[str], streams: list[str]) -> list[Fault]:
             at += rng.uniform(*plan.gap)
             continue
         what = rng.choice(kinds)
-        hold = rng.uniform(*plan.hold) if what in ("kill", "stop_app", "lb_backend", "dns") else 0.0
+        held = what in ("kill", "stop_app", "lb_backend", "dns") or what in PARTITIONS
+        hold = rng.uniform(*plan.hold) if held else 0.0
         target = rng.choice(streams) if what == "move_leader" else (
-            rng.choice(nodes) if what in ("kill", "stop_app", "lb_backend", "lb_sessions") else "")
+            rng.choice(nodes) if what in ("kill", "stop_app", "lb_backend", "lb_sessions", *PARTITIONS) else "")
         if FAULTS[what]:
             node_down_until = at + hold + 5.0  # and a few seconds to rejoin
         faults.append(Fault(round(at, 3), what, target, round(hold, 3)))
@@ -187,6 +200,10 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
         call = lambda: bed.shutdown_lb_sessions(fault.target)  # noqa: E731
     elif fault.what == "lb_restart":
         call = bed.restart_lb
+    elif fault.what in PARTITIONS:
+        kind, direction = PARTITIONS[fault.what]
+        call = lambda: bed.partition(kind, fault.target, direction=direction)  # noqa: E731
+        heal = bed.heal_partitions
     else:
         call, heal = bed.stop_dns, bed.start_dns
     fault_t = history.add("fault", what=fault.what, target=fault.target)
@@ -200,6 +217,9 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
         if streams and fault.what in ("kill", "stop_app"):
             probe = asyncio.gather(_leaders_back(bed, streams, fault.target, fault_t, history),
                                    writable_back(bed, streams, fault_t, history, victim=fault.target, healed=healed))
+        elif streams and fault.what in PARTITIONS:  # (the leaders may stay: the cut node's peers may not know yet)
+            probe = asyncio.ensure_future(writable_back(bed, streams, fault_t, history, victim=fault.target,
+                                                        healed=healed))
         elif streams and fault.what == "move_leader":
             probe = asyncio.ensure_future(writable_back(bed, [fault.target], fault_t, history))
         elif streams and fault.what == "lb_restart":  # back once the LB routes again: what follows is the clients'
@@ -270,7 +290,7 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
     stop = asyncio.Event()
     halt = threading.Event()  # the same, for the RPC and MQTT threads
     try:
-        async with Environment(uri, resolver=lb, connection=ConnectionOptions(name="nemesis"),
+        async with Environment(uri, resolver=lb, connection=ConnectionOptions(name="nemesis", heartbeat=plan.heartbeat),
                                management=bed.management(), **({"telemetry": telemetry} if telemetry else {})) as env:
             for stream in streams:
                 await env.create_stream(stream, {"initial-cluster-size": 3})
@@ -322,7 +342,8 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             if anchor is not None:
                 producers.append(asyncio.create_task(anchor(bed, anchor_stream, history, stop, plan.rate)))
             threads = [threading.Thread(target=loop, args=(env, history, halt, run_id), name=loop.__name__, daemon=True)
-                       for loop in (_rpc_loop, _mqtt_loop, *((_amqp10_loop,) if plan.amqp10 else ()))]
+                       for loop in (rpc_loop, mqtt_loop, *((amqp10_loop,) if plan.amqp10 else ()),
+                                    *((amqp_quorum_loop, mqtt_qos1_loop) if plan.queues else ()))]
             for thread in threads:
                 thread.start()
             nodes = asyncio.Lock()
@@ -447,139 +468,3 @@ async def _super_stream(env: Any, super_stream: str, history: History, stop: asy
     await asyncio.wait_for(producer.flush(), 60)
     await producer.close()
     await consumer.close()
-
-
-def _op(history: History, client: str, action: Callable[[], Any], setup: bool = False) -> bool:
-    """Run ``action`` and record it as an ``op``; a ``setup`` op (a one-off start) is not timed against faults."""
-    extra = {"setup": True} if setup else {}
-    try:
-        action()
-    except Exception as exc:  # counted by type: the checker reports RPC and MQTT errors this way
-        history.add("op", client=client, ok=False, error=type(exc).__name__, **extra)
-        return False
-    history.add("op", client=client, ok=True, **extra)
-    return True
-
-
-def _rpc_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
-    """RPC servers on every node and a client through the LB (its node's server answers), until ``halt``."""
-    from smartclient.amqp.rpc import RpcClient, RpcServer
-
-    exchange = f"nemesis-{run_id}-rpc"
-    placer = env.amqp
-    with RpcServer(placer, exchange, lambda body, properties: b"re:" + body) as server:
-        while not _op(history, "rpc-server", server.start, setup=True):  # a fault at the start: try again
-            server.stop()
-            if halt.wait(1.0):
-                return
-        while not halt.is_set():
-            try:
-                with placer.connect() as placed:
-                    call = partial(RpcClient(placed, exchange, timeout=5.0).call, b"ping")
-                    while not halt.is_set() and _op(history, "rpc", call):
-                        halt.wait(0.05)
-            except Exception as exc:  # placing or opening the client failed: counted, then tried again
-                history.add("op", client="rpc", ok=False, error=type(exc).__name__)
-            halt.wait(0.5)
-
-
-def _mqtt_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
-    """A fleet of 12 MQTT clients through the LB, one of them publishing QoS 1 every 50 ms, until ``halt``."""
-    fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
-    while not _op(history, "mqtt-fleet", fleet.start, setup=True):  # a fault at the start: try again
-        fleet.close()
-        fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
-        if halt.wait(1.0):
-            return
-    try:
-        n = 0
-        while not halt.is_set():
-            n += 1
-
-            def publish(n: int = n) -> None:
-                info = fleet.publish(n % len(fleet), f"nemesis/{run_id}", b"%d" % n, qos=1)
-                info.wait_for_publish(timeout=5.0)
-                if not info.is_published():
-                    raise TimeoutError("no PUBACK within 5 s")
-
-            _op(history, "mqtt", publish)
-            halt.wait(0.05)
-    finally:
-        fleet.close()
-
-
-def _amqp10_loop(env: Any, history: History, halt: threading.Event, run_id: str) -> None:
-    """An AMQP 1.0 publisher on a quorum queue's leader and a consumer on a replica, both through the LB (the
-    ``[amqp10]`` extra), until ``halt``; then every confirmed message is waited for.  The checker holds each
-    confirmed id received at least once (``received``), and counts those received again."""
-    import importlib.util
-
-    if importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
-        return  # the extra is not installed: no AMQP 1.0 client in this run
-    from smartclient import SmartClientError
-
-    queue, lock = f"nemesis-{run_id}-amqp10", threading.Lock()
-    # what the end waits for, kept small for a soak's flat resources: the confirmed ids not received yet, and the
-    # ids received before their confirm was counted
-    awaited: set[int] = set()
-    early: set[int] = set()
-
-    def on_message(message: Any, accept: Callable[[], None]) -> None:
-        number = int(bytes(message.body))
-        with lock:
-            if number in awaited:
-                awaited.discard(number)
-            else:
-                early.add(number)
-        history.add("received", client="amqp10-c", producer="amqp10-p", id=number)
-        accept()
-
-    def confirmed(number: int) -> None:
-        with lock:
-            if number in early:
-                early.discard(number)
-            else:
-                awaited.add(number)
-
-    placer = env.amqp10
-    while not _op(history, "amqp10-setup", lambda: env.management.put(
-            f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}}), setup=True):
-        if halt.wait(1.0):
-            return
-    consumer = publisher = None
-    try:
-        while consumer is None and not halt.is_set():
-            try:
-                consumer = placer.consumer(queue, on_message, prefer="replica")
-            except SmartClientError as exc:  # a fault at the start: try again
-                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
-                halt.wait(1.0)
-        number = 0
-        while not halt.is_set():
-            try:
-                publisher = publisher or placer.publisher(queue)
-            except SmartClientError as exc:
-                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
-                halt.wait(1.0)
-                continue
-            number += 1
-            history.add("send", client="amqp10-p", id=number)
-            try:
-                publisher.publish(b"%d" % number)
-            except SmartClientError as exc:  # recovery gave up, or the broker refused it: it may still come
-                history.add("fail", client="amqp10-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
-                publisher.close()
-                publisher = None
-                continue
-            history.add("confirm", client="amqp10-p", id=number)
-            confirmed(number)
-            halt.wait(0.05)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and awaited:
-            time.sleep(0.1)
-    finally:
-        for handle in (publisher, consumer):
-            if handle is not None:
-                handle.close()
-        with contextlib.suppress(SmartClientError):
-            env.management.delete(f"/api/queues/%2F/{queue}")

@@ -14,9 +14,10 @@ for it and never counts it as a client's progress.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 __all__ = ["PROBE", "PROBE_INTERVAL", "writable_back"]
@@ -24,6 +25,7 @@ __all__ = ["PROBE", "PROBE_INTERVAL", "writable_back"]
 PROBE = "probe"  # the client name of the probe's messages
 PROBE_INTERVAL = 0.05  # seconds between two tries on one stream
 TRY_BOUND = 5.0  # seconds one try (leader, connect, then a message every 0.1 s until one is confirmed) may take
+LANDINGS = 9  # dials through a namespaced bed's round-robin LB to land on one node (of 3) before a try fails
 GIVE_UP = 120.0  # seconds after which a stream that never took a write is reported missing
 
 _IDS = itertools.count(1)
@@ -70,8 +72,30 @@ async def _try_write(bed: Any, stream: str, victim: str, history: Any) -> float:
         history.add("send", client=PROBE, id=ident)
         return ident
 
-    async with raw_stream_client(bed, node.host, node.stream_port, name="soak-probe") as client:
+    async with _reach(bed, node) as client:
         ident = await _rstream.write_until_confirmed(client, stream, next_id, lambda i: f"{PROBE}:{i}".encode(),
                                                      PROBE_INTERVAL * 2)
         confirmed: float = history.add("confirm", client=PROBE, id=ident)
         return confirmed
+
+
+@contextlib.asynccontextmanager
+async def _reach(bed: Any, node: Any) -> AsyncIterator[Any]:
+    """A raw client on ``node``: dialled directly, or on a namespaced bed (whose clients reach the nodes only through
+    the load balancer) through the round-robin LB until it lands there, so that the probe finds a node writable when
+    the LB routes to it again, as the clients do.  :raises LookupError: it never landed there."""
+    from smartclient.stream._rstream import identity
+    from smartclient.testing.streams import raw_stream_client
+
+    if not node.management_host:  # a loopback bed's node: dialled as it is
+        async with raw_stream_client(bed, node.host, node.stream_port, name="soak-probe") as client:
+            yield client
+        return
+    host, port = bed.lb("stream")
+    for _ in range(LANDINGS):
+        async with raw_stream_client(bed, host, port, name="soak-probe") as client:
+            landed = identity(client)[0]
+            if landed is not None and (landed.host, landed.port) == node.advertised:
+                yield client
+                return
+    raise LookupError(f"the load balancer never routed to {node.name} in {LANDINGS} dials")

@@ -40,9 +40,12 @@ _MEMBER = 'element(2, {ok, _} = rabbit_stream_manager:lookup_local_member(<<"/">
 
 @asynccontextmanager
 async def raw_stream_client(bed: TestBed, host: str, port: int, name: str = "") -> AsyncIterator[Any]:
-    """A plain rstream client, authenticated; ``server_properties`` then holds the node it reached."""
+    """A plain rstream client, authenticated; ``server_properties`` then holds the node it reached.  A namespaced
+    node that the client cannot dial is reached through its forward (the test bed's probes see what the LB sees)."""
     from smartclient.stream._rstream import new_client
 
+    host = next((n.management_host for n in bed.nodes if (n.host, n.stream_port) == (host, port) and n.management_host),
+                host)
     client = new_client(None, host=host, port=port, tls=None, frame_max=1048576, heartbeat=60, name=name,
                         on_closed=None, max_ids=200, server_hostname=None)
     await client.start()

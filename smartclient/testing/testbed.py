@@ -46,7 +46,9 @@ class Node:
     advertised_tls_host: str = ""
     mqtt_tls_port: int = 0  # 0: no TLS listener
     amqp_tls_port: int = 0  # 0: no TLS listener
-    management_host: str = ""  # where its management API answers, if not on ``host`` (a namespaced node's forward)
+    #: where its management API (and, for the test bed's probes, its stream port) answers, if not on ``host``: a
+    #: namespaced node's forwards, through the LB's address
+    management_host: str = ""
 
     @property
     def short(self) -> str:

@@ -12,6 +12,7 @@ that answers as a broker would (CONNECT in, CONNACK out): the integration tests 
 from __future__ import annotations
 
 import inspect
+import time
 import re
 import socket
 import ssl
@@ -62,11 +63,14 @@ def test_the_instance_attributes_start_as_the_seam_expects() -> None:
     instance = [e.split(".")[1] for e in PAHO_INTERNALS if e.split(".")[1] in vars(client)]
     expected = {"_sock": None, "_sockpairR": None, "_sockpairW": None, "_host": "", "_port": 1883,
                 "_ssl_context": None, "_thread": None, "_client_id": b"seam-test", "_inflight_messages": 0,
-                "_out_messages": {}, "_out_message_mutex": "a lock"}
+                "_out_messages": {}, "_out_message_mutex": "a lock", "_keepalive": 60,
+                "_last_bytes_received": "a time", "_msgtime_mutex": "a lock"}
     assert sorted(instance) == sorted(expected), "PAHO_INTERNALS changed: say here what each attribute starts as"
     for name, value in expected.items():
         if value == "a lock":
             assert callable(getattr(getattr(client, name), "acquire", None)), name
+        elif value == "a time":  # paho's clock (time.monotonic), when the client was made
+            assert 0 < getattr(client, name) <= time.monotonic(), name
         else:
             assert getattr(client, name) == value, name
 

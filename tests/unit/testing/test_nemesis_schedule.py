@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from smartclient import ConfigurationError
-from smartclient.testing.nemesis import FAULTS, Plan, schedule
+from smartclient.testing.nemesis import FAULTS, LOOPBACK_FAULTS, PARTITIONS, Plan, schedule
 
 NODES = ["rabbit-1@localhost", "rabbit-2@localhost", "rabbit-3@localhost"]
 
@@ -29,7 +29,17 @@ def test_a_quorum_stays_up_and_everything_is_healed_before_the_end() -> None:
 
 def test_a_long_run_injects_every_kind_of_fault() -> None:
     faults = schedule(Plan(minutes=10, seed=3), NODES, ["a"])
-    assert {f.what for f in faults} == set(FAULTS) and len(faults) > 50
+    assert {f.what for f in faults} == set(LOOPBACK_FAULTS) and len(faults) > 50
+
+
+def test_partitions_are_drawn_only_when_asked_and_each_takes_its_node_away_alone() -> None:
+    plan = Plan(minutes=10, seed=5, kinds=(*LOOPBACK_FAULTS, *PARTITIONS))
+    faults = schedule(plan, NODES, ["a"])
+    assert {f.what for f in faults} == set(FAULTS)
+    cuts = [f for f in faults if f.what in PARTITIONS]
+    assert all(f.target in NODES and f.hold > 0 for f in cuts)
+    down = [(f.at, f.at + f.hold) for f in faults if FAULTS[f.what]]
+    assert all(start > end for (_, end), (start, _) in zip(down, down[1:], strict=False))
 
 
 def test_a_plan_can_draw_from_some_faults_only() -> None:

@@ -1,0 +1,127 @@
+"""The partition run (issue 55): the nemesis's workload on the namespaced bed in ``lb-only`` mode, under partitions
+only (:data:`~smartclient.testing.nemesis.PARTITIONS`), with AMQP 0.9.1 and 1.0 and MQTT QoS 1 on quorum queues
+beside the streams; and, from its history, when each silent drop was found.
+
+    python bench/partitions.py --minutes 8
+
+A drop is *found* when a client gives up on the connection it cut: a recovery starts (every wing that recovers by
+itself tells ``env.on_recovery``: streams, AMQP 1.0, MQTT; recorded as ``recovery`` records), or an AMQP 0.9.1 call
+fails (the workload's ``fail``/``op`` records of ``amqp-p`` and ``amqp-c``).  Each such moment between a partition
+and its heal is timed from the partition; :func:`detections` is pure, so a saved
+history is measured again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartclient.testing.nemesis import PARTITIONS, Run
+
+__all__ = ["Detections", "bounds", "client_of", "detections", "record_recoveries"]
+
+#: the clients of the AMQP 0.9.1 workload whose failures are its finding a connection dead
+AMQP_CLIENTS = ("amqp-p", "amqp-c")
+
+
+async def record_recoveries(run: Run) -> None:
+    """An extra for :func:`~smartclient.testing.nemesis.run`: every recovery the Environment is told of, as a
+    ``recovery`` record (``wing``, ``seconds`` it took, ``started``: the history's ``t`` it began, ``ok``)."""
+    history = run.history
+
+    def on_recovery(event: Any) -> None:
+        t = history.add("recovery", wing=event.wing, seconds=round(event.seconds, 3), ok=event.recovered,
+                        cause=str(event.cause)[:120])
+        history.add("found", client=client_of(event.handle), wing=event.wing, started=round(t - event.seconds, 4))
+
+    run.env.on_recovery(on_recovery)
+    await run.stop.wait()
+
+
+def client_of(handle: Any) -> str:
+    """The nemesis's name for the client whose ``handle`` recovered ("" if none: a reader at the end)."""
+    name, stream = str(getattr(handle, "name", "") or ""), str(getattr(handle, "stream", "") or "")
+    client_id = str(getattr(handle, "client_id", "") or "")
+    kind = type(handle).__name__
+    if name.startswith("nemesis-p"):
+        return name.removeprefix("nemesis-")  # p0, p-many, p-super
+    if name in ("nemesis-tracked", "nemesis-sac"):
+        return name.replace("nemesis-", "c-")
+    if not name and "-super-" in stream:
+        return f"c-super-{stream}"
+    if not name and stream.endswith("-0") and kind == "Consumer":
+        return "c-plain"
+    if client_id.endswith("-q1-p"):
+        return "mqtt-p"
+    if client_id.endswith("-q1-s"):
+        return "mqtt-c"
+    if client_id:
+        return "mqtt"  # the fleet's
+    if kind.startswith("Amqp10") or "amqp10" in type(handle).__module__:
+        return "amqp10-p" if "Publisher" in kind else "amqp10-c"
+    return ""
+
+
+def bounds(dead_after: float, heartbeat: float) -> dict[str, float]:
+    """The documented bound of each wing (docs/reliability.md, "Partitions and silent networks"), plus a second
+    for the loop that looks: streams and MQTT ``dead_after``; AMQP 0.9.1 two heartbeats (pika's); AMQP 1.0 twice the
+    idle timeout, ``heartbeat``, and the look of the thread that runs it (measured up to 1.4 x)."""
+    return {"stream": dead_after + 1, "mqtt": dead_after + 1, "amqp": 2 * heartbeat + 1, "amqp10": 2 * heartbeat}
+
+
+@dataclass
+class Detections:
+    """Per wing, the seconds from each partition to each moment a client found a connection dead after it."""
+
+    times: dict[str, list[float]] = field(default_factory=dict)
+    faults: int = 0  #: partitions in the history
+    beyond: list[tuple[str, float, str, float]] = field(default_factory=list)  #: (wing, fault t, what, s) over bound
+
+    def worst(self, wing: str) -> float:
+        return max(self.times.get(wing, ()), default=0.0)
+
+    def summary(self) -> list[str]:
+        lines = [f"silent drops: {self.faults} partitions; found (s after the partition), per wing:"]
+        for wing, times in sorted(self.times.items()):
+            ordered = sorted(times)
+            median = ordered[len(ordered) // 2] if ordered else 0.0
+            lines.append(f"  {wing}: {len(times)} found, median {median:.1f} s, worst {self.worst(wing):.1f} s")
+        lines += [f"  beyond its bound: {wing} at {t:.1f} s ({what}): {s:.1f} s" for wing, t, what, s in self.beyond]
+        return lines
+
+
+def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]) -> Detections:
+    """When each partition's silent drop was found, per wing (pure).  A moment counts for the latest partition
+    before it if it came before that partition's heal (after it, a client may give up on a connection for other
+    reasons: the cut node's streams changing hands again); one past the wing's bound (``limits``) is listed in
+    :attr:`Detections.beyond`.  (A partition shorter than a bound may heal before anything is found: the
+    partition run holds each longer.)"""
+    cuts: list[tuple[float, str]] = []  # (t, what)
+    heals: list[float] = []
+    found: list[tuple[float, str]] = []  # (t, wing)
+    for r in records:
+        kind = r["kind"]
+        if kind == "fault" and r["what"] in PARTITIONS:
+            cuts.append((float(r["t"]), str(r["what"])))
+        elif kind == "heal" and r["what"] in PARTITIONS:
+            heals.append(float(r["t"]))
+        elif kind == "found":
+            found.append((float(r["started"]), str(r["wing"])))
+        elif (kind == "fail" or (kind == "op" and not r.get("ok", True))) and r.get("client") in AMQP_CLIENTS:
+            found.append((float(r["t"]), "amqp"))
+    result = Detections(faults=len(cuts))
+    for t, wing in sorted(found):
+        before = [(i, c) for i, c in enumerate(cuts) if c[0] <= t]
+        if not before:
+            continue
+        i, (cut, what) = before[-1]
+        healed = heals[i] if i < len(heals) else float("inf")
+        if t > healed:
+            continue
+        limit = limits.get(wing, 0.0)
+        seconds = round(t - cut, 2)
+        result.times.setdefault(wing, []).append(seconds)
+        if seconds > limit:
+            result.beyond.append((wing, cut, what, seconds))
+    return result

@@ -1,0 +1,281 @@
+"""The nemesis's workloads that run in threads (RPC, MQTT, AMQP 1.0 and 0.9.1 on quorum queues, MQTT QoS 1), each
+through the Environment's placers and the load balancer, recording into the run's
+:class:`~smartclient.testing.nemesis.History` until ``halt``."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+__all__ = ["Awaited", "amqp10_loop", "amqp_quorum_loop", "declare_quorum_queue", "mqtt_loop", "mqtt_qos1_loop", "op",
+           "rpc_loop"]
+
+
+class Awaited:
+    """What the end of a queue's loop waits for, kept small for a soak's flat resources: the confirmed ids not
+    received yet, and the ids received before their confirm was counted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._awaited: set[int] = set()
+        self._early: set[int] = set()
+
+    def received(self, history: Any, client: str, producer: str, number: int) -> None:
+        with self._lock:
+            if number in self._awaited:
+                self._awaited.discard(number)
+            else:
+                self._early.add(number)
+        history.add("received", client=client, producer=producer, id=number)
+
+    def confirmed(self, history: Any, producer: str, number: int) -> None:
+        history.add("confirm", client=producer, id=number)
+        with self._lock:
+            if number in self._early:
+                self._early.discard(number)
+            else:
+                self._awaited.add(number)
+
+    def wait(self, seconds: float) -> None:
+        """Until every confirmed id was received, or ``seconds`` passed (the checker then names what is lost)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self._awaited:
+            time.sleep(0.1)
+
+
+def op(history: Any, client: str, action: Callable[[], Any], setup: bool = False) -> bool:
+    """Run ``action`` and record it as an ``op``; a ``setup`` op (a one-off start) is not timed against faults."""
+    extra = {"setup": True} if setup else {}
+    try:
+        action()
+    except Exception as exc:  # counted by type: the checker reports RPC and MQTT errors this way
+        history.add("op", client=client, ok=False, error=type(exc).__name__, **extra)
+        return False
+    history.add("op", client=client, ok=True, **extra)
+    return True
+
+
+def rpc_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None:
+    """RPC servers on every node and a client through the LB (its node's server answers), until ``halt``."""
+    from smartclient.amqp.rpc import RpcClient, RpcServer
+
+    exchange = f"nemesis-{run_id}-rpc"
+    placer = env.amqp
+    with RpcServer(placer, exchange, lambda body, properties: b"re:" + body) as server:
+        while not op(history, "rpc-server", server.start, setup=True):  # a fault at the start: try again
+            server.stop()
+            if halt.wait(1.0):
+                return
+        while not halt.is_set():
+            try:
+                with placer.connect() as placed:
+                    call = partial(RpcClient(placed, exchange, timeout=5.0).call, b"ping")
+                    while not halt.is_set() and op(history, "rpc", call):
+                        halt.wait(0.05)
+            except Exception as exc:  # placing or opening the client failed: counted, then tried again
+                history.add("op", client="rpc", ok=False, error=type(exc).__name__)
+            halt.wait(0.5)
+
+
+def mqtt_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None:
+    """A fleet of 12 MQTT clients through the LB, one of them publishing QoS 1 every 50 ms, until ``halt``."""
+    fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
+    while not op(history, "mqtt-fleet", fleet.start, setup=True):  # a fault at the start: try again
+        fleet.close()
+        fleet = env.mqtt_fleet(12, client_id_prefix=f"nemesis-{run_id}")
+        if halt.wait(1.0):
+            return
+    try:
+        n = 0
+        while not halt.is_set():
+            n += 1
+
+            def publish(n: int = n) -> None:
+                info = fleet.publish(n % len(fleet), f"nemesis/{run_id}", b"%d" % n, qos=1)
+                info.wait_for_publish(timeout=5.0)
+                if not info.is_published():
+                    raise TimeoutError("no PUBACK within 5 s")
+
+            op(history, "mqtt", publish)
+            halt.wait(0.05)
+    finally:
+        fleet.close()
+
+
+def amqp10_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None:
+    """An AMQP 1.0 publisher on a quorum queue's leader and a consumer on a replica, both through the LB (the
+    ``[amqp10]`` extra), until ``halt``; then every confirmed message is waited for.  The checker holds each
+    confirmed id received at least once (``received``), and counts those received again."""
+    import importlib.util
+
+    if importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
+        return  # the extra is not installed: no AMQP 1.0 client in this run
+    from smartclient import SmartClientError
+
+    queue, awaited = f"nemesis-{run_id}-amqp10", Awaited()
+
+    def on_message(message: Any, accept: Callable[[], None]) -> None:
+        awaited.received(history, "amqp10-c", "amqp10-p", int(bytes(message.body)))
+        accept()
+
+    placer = env.amqp10
+    if not declare_quorum_queue(env, history, halt, queue):
+        return
+    consumer = publisher = None
+    try:
+        while consumer is None and not halt.is_set():
+            try:
+                consumer = placer.consumer(queue, on_message, prefer="replica")
+            except SmartClientError as exc:  # a fault at the start: try again
+                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
+                halt.wait(1.0)
+        number = 0
+        while not halt.is_set():
+            try:
+                publisher = publisher or placer.publisher(queue)
+            except SmartClientError as exc:
+                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
+                halt.wait(1.0)
+                continue
+            number += 1
+            history.add("send", client="amqp10-p", id=number)
+            try:
+                publisher.publish(b"%d" % number)
+            except SmartClientError as exc:  # recovery gave up, or the broker refused it: it may still come
+                history.add("fail", client="amqp10-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
+                publisher.close()
+                publisher = None
+                continue
+            awaited.confirmed(history, "amqp10-p", number)
+            halt.wait(0.05)
+        awaited.wait(60)
+    finally:
+        for handle in (publisher, consumer):
+            if handle is not None:
+                handle.close()
+        with contextlib.suppress(SmartClientError):
+            env.management.delete(f"/api/queues/%2F/{queue}")
+
+
+def declare_quorum_queue(env: Any, history: Any, halt: threading.Event, queue: str) -> bool:
+    """Declare ``queue`` (quorum) through the management API, again until it worked or ``halt``."""
+    while not op(history, "queue-setup", lambda: env.management.put(
+            f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}}), setup=True):
+        if halt.wait(1.0):
+            return False
+    return True
+
+
+def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None:
+    """An AMQP 0.9.1 publisher with confirms on a quorum queue and a consumer acknowledging each message, each on a
+    connection of its own through the LB, until ``halt``; then every confirmed message is waited for.  A publish
+    that raised (its connection found dead, say) is failed as indeterminate (it may be in the queue) and the
+    publisher connects again: at least once, checked as ``received``."""
+    queue, awaited = f"nemesis-{run_id}-amqp", Awaited()
+    if not declare_quorum_queue(env, history, halt, queue):
+        return
+    done = threading.Event()  # the consumer's end: once the publisher's waiting is over
+
+    def consume() -> None:
+        while not done.is_set():
+            try:
+                with env.amqp.connect() as placed:
+                    channel = placed.channel()
+                    channel.basic_qos(prefetch_count=200)
+                    for method, _, body in channel.consume(queue, inactivity_timeout=0.2):
+                        if method is not None:
+                            awaited.received(history, "amqp-c", "amqp-p", int(body))
+                            channel.basic_ack(method.delivery_tag)
+                        if done.is_set():
+                            break
+            except Exception as exc:  # its connection lost: counted, then placed again
+                history.add("op", client="amqp-c", ok=False, error=type(exc).__name__)
+                done.wait(0.5)
+
+    consumer = threading.Thread(target=consume, name="amqp-quorum-consumer", daemon=True)
+    consumer.start()
+    placed = channel = None
+    number = 0
+    try:
+        while not halt.is_set():
+            if channel is None:
+                try:
+                    placed = env.amqp.connect()
+                    channel = placed.channel()
+                    channel.confirm_delivery()
+                except Exception as exc:
+                    history.add("op", client="amqp-setup", ok=False, error=type(exc).__name__, setup=True)
+                    halt.wait(1.0)
+                    continue
+            number += 1
+            history.add("send", client="amqp-p", id=number)
+            try:
+                channel.basic_publish("", queue, b"%d" % number)
+            except Exception as exc:  # no confirm: it may be in the queue or not
+                history.add("fail", client="amqp-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
+                with contextlib.suppress(Exception):
+                    placed.close()  # type: ignore[union-attr]
+                placed = channel = None
+                continue
+            awaited.confirmed(history, "amqp-p", number)
+            halt.wait(0.05)
+        awaited.wait(60)
+    finally:
+        done.set()
+        consumer.join(30)
+        if placed is not None:
+            with contextlib.suppress(Exception):
+                placed.close()
+        with contextlib.suppress(Exception):
+            env.management.delete(f"/api/queues/%2F/{queue}")
+
+
+def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None:
+    """An MQTT publisher at QoS 1 and a subscriber in a persistent session (a quorum queue on the bed), each
+    placed through the LB and recovering by itself, until ``halt``; then every PUBACKed message is waited for.  A
+    publish without its PUBACK within 10 s is failed as indeterminate: at least once, checked as ``received``."""
+    from smartclient.mqtt.placement import MqttOptions
+
+    awaited, topic, client_id = Awaited(), f"nemesis/{run_id}/q1", f"nemesis-{run_id}-q1"
+
+    def setup(client: Any) -> None:
+        client.on_message = lambda c, u, m: awaited.received(history, "mqtt-c", "mqtt-p", int(m.payload))
+
+    sessions = env.mqtt_placer(options=MqttOptions(clean_start=False))
+    sub = pub = None
+    while sub is None or pub is None:
+        try:
+            sub = sub or sessions.connect(f"{client_id}-s", subscriptions=[(topic, 1)], setup=setup)
+            pub = pub or env.mqtt.connect(f"{client_id}-p")
+        except Exception as exc:  # a fault at the start: try again
+            history.add("op", client="mqtt-setup", ok=False, error=type(exc).__name__, setup=True)
+            if halt.wait(1.0):
+                break
+    try:
+        number = 0
+        while pub is not None and not halt.is_set():
+            number += 1
+            history.add("send", client="mqtt-p", id=number)
+            try:
+                info = pub.publish(topic, b"%d" % number, qos=1)
+                info.wait_for_publish(timeout=10.0)
+                published = info.is_published()
+            except Exception as exc:
+                history.add("fail", client="mqtt-p", id=number, reason=type(exc).__name__, code=-1)
+                continue
+            if published:
+                awaited.confirmed(history, "mqtt-p", number)
+            else:
+                history.add("fail", client="mqtt-p", id=number, reason="no PUBACK within 10 s", code=-1)
+            halt.wait(0.05)
+        awaited.wait(60)
+    finally:
+        for client in (pub, sub):
+            if client is not None:
+                client.close_quietly()
+        with contextlib.suppress(Exception):  # the session ends: a clean start under its client id
+            env.mqtt.connect(f"{client_id}-s", start=False).close_quietly()
