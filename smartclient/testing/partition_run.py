@@ -5,8 +5,8 @@ beside the streams; and, from its history, when each silent drop was found.
     python bench/partitions.py --minutes 8
 
 A drop is *found* when a client gives up on the connection it cut: a recovery starts (every wing that recovers by
-itself tells ``env.on_recovery``: streams, AMQP 1.0, MQTT; recorded as ``recovery`` records), or an AMQP 0.9.1 call
-fails (the workload's ``fail``/``op`` records of ``amqp-p`` and ``amqp-c``).  Each such moment between a partition
+itself tells ``env.on_recovery``: streams, AMQP 1.0, MQTT), or an AMQP 0.9.1 call or RPC fails; each is a
+``found`` record.  Each such moment between a partition
 and its heal is timed from the partition; :func:`detections` is pure, so a saved
 history is measured again.
 """
@@ -20,9 +20,6 @@ from typing import Any
 from smartclient.testing.nemesis import PARTITIONS, Run
 
 __all__ = ["Detections", "bounds", "client_of", "detections", "record_recoveries"]
-
-#: the clients of the AMQP 0.9.1 workload whose failures are its finding a connection dead
-AMQP_CLIENTS = ("amqp-p", "amqp-c")
 
 
 async def record_recoveries(run: Run) -> None:
@@ -67,7 +64,8 @@ def bounds(dead_after: float, heartbeat: float) -> dict[str, float]:
     """The documented bound of each wing (docs/reliability.md, "Partitions and silent networks"), plus a second
     for the loop that looks: streams and MQTT ``dead_after``; AMQP 0.9.1 two heartbeats (pika's); AMQP 1.0 twice the
     idle timeout, ``heartbeat``, and the look of the thread that runs it (measured up to 1.4 x)."""
-    return {"stream": dead_after + 1, "mqtt": dead_after + 1, "amqp": 2 * heartbeat + 1, "amqp10": 2 * heartbeat}
+    return {"stream": dead_after + 1, "mqtt": dead_after + 1, "amqp": 2 * heartbeat + 1, "amqp10": 2 * heartbeat,
+            "rpc": 2 * heartbeat + 1, "mqtt-fleet": dead_after + 1}
 
 
 @dataclass
@@ -99,7 +97,7 @@ def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]
     partition run holds each longer.)"""
     cuts: list[tuple[float, str]] = []  # (t, what)
     heals: list[float] = []
-    found: list[tuple[float, str]] = []  # (t, wing)
+    found: list[tuple[float, str, str]] = []  # (t, wing, client)
     for r in records:
         kind = r["kind"]
         if kind == "fault" and r["what"] in PARTITIONS:
@@ -107,18 +105,18 @@ def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]
         elif kind == "heal" and r["what"] in PARTITIONS:
             heals.append(float(r["t"]))
         elif kind == "found":
-            found.append((float(r["started"]), str(r["wing"])))
-        elif (kind == "fail" or (kind == "op" and not r.get("ok", True))) and r.get("client") in AMQP_CLIENTS:
-            found.append((float(r["t"]), "amqp"))
+            found.append((float(r["started"]), str(r["wing"]), str(r.get("client") or r["wing"])))
     result = Detections(faults=len(cuts))
-    for t, wing in sorted(found):
+    first: set[tuple[int, str]] = set()  # (partition, client): only a client's first finding after it counts
+    for t, wing, client in sorted(found):
         before = [(i, c) for i, c in enumerate(cuts) if c[0] <= t]
         if not before:
             continue
         i, (cut, what) = before[-1]
         healed = heals[i] if i < len(heals) else float("inf")
-        if t > healed:
+        if t > healed or (i, client) in first:
             continue
+        first.add((i, client))
         limit = limits.get(wing, 0.0)
         seconds = round(t - cut, 2)
         result.times.setdefault(wing, []).append(seconds)

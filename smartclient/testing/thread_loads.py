@@ -11,8 +11,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-__all__ = ["Awaited", "amqp10_loop", "amqp_quorum_loop", "declare_quorum_queue", "mqtt_loop", "mqtt_qos1_loop", "op",
-           "rpc_loop"]
+__all__ = ["Awaited", "amqp10_loop", "amqp_quorum_loop", "declare_quorum_queue", "found", "mqtt_loop", "mqtt_qos1_loop",
+           "op", "rpc_loop"]
 
 
 class Awaited:
@@ -47,6 +47,12 @@ class Awaited:
             time.sleep(0.1)
 
 
+def found(history: Any, client: str, wing: str) -> None:
+    """Record that ``client`` found its connection dead now (the checker times its own share from there; the
+    partition run times the finding: :mod:`smartclient.testing.partition_run`)."""
+    history.add("found", client=client, wing=wing, started=round(time.monotonic() - history.start, 4))
+
+
 def op(history: Any, client: str, action: Callable[[], Any], setup: bool = False) -> bool:
     """Run ``action`` and record it as an ``op``; a ``setup`` op (a one-off start) is not timed against faults."""
     extra = {"setup": True} if setup else {}
@@ -76,6 +82,7 @@ def rpc_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> None
                     call = partial(RpcClient(placed, exchange, timeout=5.0).call, b"ping")
                     while not halt.is_set() and op(history, "rpc", call):
                         halt.wait(0.05)
+                    found(history, "rpc", "rpc")  # a call failed (5 s without an answer): it connects again
             except Exception as exc:  # placing or opening the client failed: counted, then tried again
                 history.add("op", client="rpc", ok=False, error=type(exc).__name__)
             halt.wait(0.5)
@@ -100,7 +107,8 @@ def mqtt_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> Non
                 if not info.is_published():
                     raise TimeoutError("no PUBACK within 5 s")
 
-            op(history, "mqtt", publish)
+            if not op(history, "mqtt", publish):
+                found(history, "mqtt", "mqtt-fleet")
             halt.wait(0.05)
     finally:
         fleet.close()
@@ -194,6 +202,7 @@ def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str)
                             break
             except Exception as exc:  # its connection lost: counted, then placed again
                 history.add("op", client="amqp-c", ok=False, error=type(exc).__name__)
+                found(history, "amqp-c", "amqp")
                 done.wait(0.5)
 
     consumer = threading.Thread(target=consume, name="amqp-quorum-consumer", daemon=True)
@@ -217,6 +226,7 @@ def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str)
                 channel.basic_publish("", queue, b"%d" % number)
             except Exception as exc:  # no confirm: it may be in the queue or not
                 history.add("fail", client="amqp-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
+                found(history, "amqp-p", "amqp")
                 with contextlib.suppress(Exception):
                     placed.close()  # type: ignore[union-attr]
                 placed = channel = None
@@ -264,8 +274,13 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
                 info = pub.publish(topic, b"%d" % number, qos=1)
                 info.wait_for_publish(timeout=10.0)
                 published = info.is_published()
-            except Exception as exc:
-                history.add("fail", client="mqtt-p", id=number, reason=type(exc).__name__, code=-1)
+            except Exception as exc:  # (a client that gave up for good is placed anew)
+                history.add("fail", client="mqtt-p", id=number, reason=f"{type(exc).__name__}: {exc}"[:120], code=-1)
+                if pub.failure is not None:
+                    found(history, "mqtt-p", "mqtt")
+                    pub.close_quietly()
+                    pub = _connect_again(lambda: env.mqtt.connect(f"{client_id}-p"), history, halt)
+                halt.wait(0.05)
                 continue
             if published:
                 awaited.confirmed(history, "mqtt-p", number)
@@ -279,3 +294,14 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
                 client.close_quietly()
         with contextlib.suppress(Exception):  # the session ends: a clean start under its client id
             env.mqtt.connect(f"{client_id}-s", start=False).close_quietly()
+
+
+def _connect_again(connect: Callable[[], Any], history: Any, halt: threading.Event) -> Any:
+    """``connect()`` again, every second until it works (None once ``halt``)."""
+    while not halt.is_set():
+        try:
+            return connect()
+        except Exception as exc:
+            history.add("op", client="mqtt-setup", ok=False, error=type(exc).__name__, setup=True)
+            halt.wait(1.0)
+    return None

@@ -1,0 +1,42 @@
+"""The partition run's measure of when each silent drop was found (pure, from hand-made histories)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from smartclient.testing.partition_run import bounds, client_of, detections
+
+
+def _history() -> list[dict[str, object]]:
+    return [
+        {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1"},
+        {"kind": "found", "t": 21.0, "client": "p0", "wing": "stream", "started": 20.0},
+        {"kind": "found", "t": 26.0, "client": "p0", "wing": "stream", "started": 25.0},  # its retry: not counted
+        {"kind": "found", "t": 24.0, "client": "c-plain", "wing": "stream", "started": 22.5},  # past its bound
+        {"kind": "found", "t": 19.0, "client": "amqp-p", "wing": "amqp", "started": 19.0},
+        {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"},
+        {"kind": "found", "t": 31.0, "client": "c-sac", "wing": "stream", "started": 31.0},  # after the heal
+        {"kind": "fault", "t": 40.0, "what": "kill", "target": "rabbit-2"},  # not a partition
+        {"kind": "found", "t": 41.0, "client": "p1", "wing": "stream", "started": 41.0},
+    ]
+
+
+def test_each_clients_first_finding_before_the_heal_is_timed_from_its_partition() -> None:
+    found = detections(_history(), bounds(dead_after=10, heartbeat=5))
+    assert found.faults == 1
+    assert found.times == {"stream": [10.0, 12.5], "amqp": [9.0]}
+    assert found.beyond == [("stream", 10.0, "cut-lb", 12.5)]
+    assert found.worst("stream") == 12.5 and found.worst("mqtt") == 0.0
+    assert any("beyond its bound: stream" in line for line in found.summary())
+
+
+def test_the_bounds_are_the_documented_ones() -> None:
+    assert bounds(10, 5) == {"stream": 11, "mqtt": 11, "amqp": 11, "amqp10": 10, "rpc": 11, "mqtt-fleet": 11}
+
+
+def test_a_handle_is_named_as_the_nemesis_names_its_client() -> None:
+    assert client_of(SimpleNamespace(name="nemesis-p-super", stream="x-super-1")) == "p-super"
+    assert client_of(SimpleNamespace(name="nemesis-sac", stream="s-1")) == "c-sac"
+    assert client_of(SimpleNamespace(name=None, stream="n-1-super-2")) == "c-super-n-1-super-2"
+    assert client_of(SimpleNamespace(client_id="nemesis-1-q1-s")) == "mqtt-c"
+    assert client_of(SimpleNamespace()) == ""
