@@ -29,6 +29,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``; with ``target`` ``lb``, when the
   load balancer routed again after a restart (for every client, RPC and MQTT too).  The probe's own messages are
   ``send``/``confirm`` of the client ``probe``: checked as stored once, never timed as a client's progress;
+* ``fault`` may say ``silent`` (a partition): a client with no stream (a queue's, RPC, MQTT), which no probe
+  follows, has its own share of it timed from the heal (its broker is whole again then at the latest);
 * ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
   (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
   the earliest (the finding itself is measured apart, against its bound);
@@ -267,6 +269,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     moments: dict[str, list[float]] = defaultdict(list)  # client -> every time it made progress
     unwritable: list[float] = []
     found: dict[str, list[float]] = defaultdict(list)  # client -> when it found a connection dead (a silent drop)
+    unhealed: dict[tuple[str, str], float] = {}  # a silent fault (a partition) not healed yet -> its t
+    healed: dict[float, float] = {}  # a silent fault's t -> when it was healed
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -277,6 +281,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         if kind == "fault":
             faults[str(r.get("what", "?"))] += 1
             fault_times.append(t)
+            if r.get("silent"):
+                unhealed[(str(r.get("what")), str(r.get("target")))] = t
             for name in clients:
                 waiting[name].append(t)
             continue
@@ -298,6 +304,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 unwritable.append(max(backs) - float(r["fault_t"]))
             continue
         if kind == "resources":
+            continue
+        if kind == "heal" and (at := unhealed.pop((str(r.get("what")), str(r.get("target"))), None)) is not None:
+            healed[at] = t
             continue
         if kind == "found":
             if client:
@@ -409,7 +418,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         # before it still under way, and of those that came before the client progressed: faults overlap), or from
         # the fault, to its first progress since then
         ready = max([at, *(back for stream in mine for began, back in writable.get(stream, ())
-                           if began <= t and back >= at), *(f for f in found.get(client, ()) if at <= f <= t)])
+                           if began <= t and back >= at), *(f for f in found.get(client, ()) if at <= f <= t),
+                     *((healed[at],) if at in healed and not streams_of.get(client) and healed[at] <= t else ())])
         times = moments[client]
         resumed = times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
         if resumed is not None:

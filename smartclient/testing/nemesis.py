@@ -206,7 +206,8 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
         heal = bed.heal_partitions
     else:
         call, heal = bed.stop_dns, bed.start_dns
-    fault_t = history.add("fault", what=fault.what, target=fault.target)
+    fault_t = history.add("fault", what=fault.what, target=fault.target, **({"silent": True} if fault.what in PARTITIONS
+                                                                          else {}))
     probe: asyncio.Future[Any] | None = None
     healed = asyncio.Event()
     try:

@@ -17,9 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartclient.testing.nemesis import PARTITIONS, Run
+from smartclient import keepalive
+from smartclient.testing.nemesis import Run
 
-__all__ = ["Detections", "bounds", "client_of", "detections", "record_recoveries"]
+__all__ = ["ONE_WAY", "SILENCING", "Detections", "bounds", "client_of", "detections", "record_recoveries"]
 
 
 async def record_recoveries(run: Run) -> None:
@@ -34,6 +35,14 @@ async def record_recoveries(run: Run) -> None:
 
     run.env.on_recovery(on_recovery)
     await run.stop.wait()
+
+
+#: the partitions that silence the clients' links to a node (the others cut it from its peers: the LB still reaches
+#: it, and what its clients see is a leader that commits nothing, found by their watches, not a silent link)
+SILENCING = ("isolate", "cut-lb", "cut-lb-one-way")
+#: a one-way drop toward the node: its own frames still come until its TCP stalls (its next heartbeat, at most two
+#: intervals after the drop), so the finding may come that much later
+ONE_WAY = "cut-lb-one-way"
 
 
 def client_of(handle: Any) -> str:
@@ -65,7 +74,8 @@ def bounds(dead_after: float, heartbeat: float) -> dict[str, float]:
     for the loop that looks: streams and MQTT ``dead_after``; AMQP 0.9.1 two heartbeats (pika's); AMQP 1.0 twice the
     idle timeout, ``heartbeat``, and the look of the thread that runs it (measured up to 1.4 x)."""
     return {"stream": dead_after + 1, "mqtt": dead_after + 1, "amqp": 2 * heartbeat + 1, "amqp10": 2 * heartbeat,
-            "rpc": 2 * heartbeat + 1, "mqtt-fleet": dead_after + 1}
+            "rpc": 2 * heartbeat + 1, "mqtt-fleet": dead_after + 1,
+            "one-way": 2 * keepalive.heartbeat(heartbeat, dead_after)}
 
 
 @dataclass
@@ -80,7 +90,8 @@ class Detections:
         return max(self.times.get(wing, ()), default=0.0)
 
     def summary(self) -> list[str]:
-        lines = [f"silent drops: {self.faults} partitions; found (s after the partition), per wing:"]
+        lines = [f"silent drops: {self.faults} partitions that silence the clients' links; found (s after the "
+                 "partition), per wing:"]
         for wing, times in sorted(self.times.items()):
             ordered = sorted(times)
             median = ordered[len(ordered) // 2] if ordered else 0.0
@@ -90,19 +101,20 @@ class Detections:
 
 
 def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]) -> Detections:
-    """When each partition's silent drop was found, per wing (pure).  A moment counts for the latest partition
-    before it if it came before that partition's heal (after it, a client may give up on a connection for other
-    reasons: the cut node's streams changing hands again); one past the wing's bound (``limits``) is listed in
-    :attr:`Detections.beyond`.  (A partition shorter than a bound may heal before anything is found: the
-    partition run holds each longer.)"""
+    """When each partition that silences the clients' links (:data:`SILENCING`) was found, per wing (pure).  A
+    moment counts for the latest such partition before it if it came before that partition's heal (after it, a
+    client may give up on a connection for other reasons: the cut node's streams changing hands again), once per
+    client; one past the wing's bound (``limits``; a one-way drop has ``limits["one-way"]`` more) is listed in
+    :attr:`Detections.beyond`.  (A partition shorter than a bound may heal before anything is found: the partition
+    run holds each longer.)"""
     cuts: list[tuple[float, str]] = []  # (t, what)
     heals: list[float] = []
     found: list[tuple[float, str, str]] = []  # (t, wing, client)
     for r in records:
         kind = r["kind"]
-        if kind == "fault" and r["what"] in PARTITIONS:
+        if kind == "fault" and r["what"] in SILENCING:
             cuts.append((float(r["t"]), str(r["what"])))
-        elif kind == "heal" and r["what"] in PARTITIONS:
+        elif kind == "heal" and r["what"] in SILENCING:
             heals.append(float(r["t"]))
         elif kind == "found":
             found.append((float(r["started"]), str(r["wing"]), str(r.get("client") or r["wing"])))
@@ -117,7 +129,7 @@ def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]
         if t > healed or (i, client) in first:
             continue
         first.add((i, client))
-        limit = limits.get(wing, 0.0)
+        limit = limits.get(wing, 0.0) + (limits.get("one-way", 0.0) if what == ONE_WAY else 0.0)
         seconds = round(t - cut, 2)
         result.times.setdefault(wing, []).append(seconds)
         if seconds > limit:

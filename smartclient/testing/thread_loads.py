@@ -268,6 +268,11 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
     try:
         number = 0
         while pub is not None and not halt.is_set():
+            if sub is not None and sub.failure is not None:  # its recovery gave up: its session keeps the messages
+                found(history, "mqtt-c", "mqtt")
+                sub.close_quietly()
+                sub = _connect_again(lambda: sessions.connect(f"{client_id}-s", subscriptions=[(topic, 1)],
+                                                              setup=setup), history, halt)
             number += 1
             history.add("send", client="mqtt-p", id=number)
             try:

@@ -31,7 +31,19 @@ def test_each_clients_first_finding_before_the_heal_is_timed_from_its_partition(
 
 
 def test_the_bounds_are_the_documented_ones() -> None:
-    assert bounds(10, 5) == {"stream": 11, "mqtt": 11, "amqp": 11, "amqp10": 10, "rpc": 11, "mqtt-fleet": 11}
+    assert bounds(10, 5) == {"stream": 11, "mqtt": 11, "amqp": 11, "amqp10": 10, "rpc": 11, "mqtt-fleet": 11,
+                             "one-way": 6}
+
+
+def test_a_partition_that_leaves_the_clients_links_alone_is_not_a_silent_drop_and_one_way_has_more_time() -> None:
+    history = [{"kind": "fault", "t": 0.0, "what": "isolate-from-peers", "target": "r1"},
+               {"kind": "found", "t": 16.0, "client": "p0", "wing": "stream", "started": 16.0},  # its watch: no link
+               {"kind": "heal", "t": 20.0, "what": "isolate-from-peers", "target": "r1"},
+               {"kind": "fault", "t": 30.0, "what": "cut-lb-one-way", "target": "r1"},
+               {"kind": "found", "t": 42.0, "client": "p0", "wing": "stream", "started": 42.0},
+               {"kind": "heal", "t": 50.0, "what": "cut-lb-one-way", "target": "r1"}]
+    found = detections(history, bounds(dead_after=10, heartbeat=60))
+    assert found.faults == 1 and found.times == {"stream": [12.0]} and not found.beyond
 
 
 def test_a_handle_is_named_as_the_nemesis_names_its_client() -> None:
