@@ -443,7 +443,7 @@ def test_a_hand_over_that_gives_up_calls_on_connect_fail(mini_broker: MiniBroker
     failed: list[bool] = []
     client.on_connect_fail = lambda *_: failed.append(True)
     try:
-        wait_for(lambda: client.failure is not None)
+        wait_for(lambda: client.failure is not None and failed)  # (the failure is set just before the callback)
         assert isinstance(client.failure, AuthenticationFailed) and failed == [True]
     finally:
         client.disconnect()
