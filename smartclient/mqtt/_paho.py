@@ -270,8 +270,8 @@ class PahoClient(paho.Client):
         with self._msgtime_mutex:
             silent = now - self._last_bytes_received
         if silent >= self.dead_after:
-            log.info("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
-                     self.client_id, silent)
+            log.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
+                        self.client_id, silent)
             self._sock_close()
             self._do_on_disconnect(packet_from_broker=False, v1_rc=MQTTErrorCode.MQTT_ERR_KEEPALIVE)
         elif silent >= every and now - self._smartclient_pinged >= every:
