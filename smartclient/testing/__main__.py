@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                              help="loopback (the default): every node on 127.0.0.1; namespaces: each node in a "
                                   "network namespace of its own, reached only through the load balancer "
                                   "(SMARTCLIENT_TESTBED_NETWORK)")
+    up.add_argument("--routable", action="store_true", help="namespaces: the nodes may be dialled directly too, not "
+                    "only through the load balancer (SMARTCLIENT_TESTBED_ROUTABLE=1)")
     sub.add_parser("provision", help="build the RabbitMQ chroot if it is not cached, and start nothing")
     brokers = sub.add_parser("brokers", help="start N extra independent single-node brokers")
     brokers.add_argument("count", type=int)
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             return _spark(args.action)
         if getattr(args, "network", None):
             os.environ["SMARTCLIENT_TESTBED_NETWORK"] = args.network
+        if getattr(args, "routable", False):
+            os.environ["SMARTCLIENT_TESTBED_ROUTABLE"] = "1"
         bed = from_env()
         if args.command == "up":
             if isinstance(bed, LocalTestBed):

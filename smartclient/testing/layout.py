@@ -197,6 +197,8 @@ class Layout:
     cache_dir: Path = Path("/var/cache/smartclient")
     release: Release = RELEASES[DEFAULT_RELEASE]
     network: str = "loopback"  #: one of NETWORKS
+    #: a namespaced bed's nodes may be dialled directly too (not lb-only), for the tests that dial them
+    routable: bool = False
 
     def __post_init__(self) -> None:
         if self.network not in NETWORKS:
@@ -215,7 +217,8 @@ class Layout:
         """Read ``SMARTCLIENT_TESTBED_RABBITMQ`` (``4.3``, the default, or ``4.0``),
         ``SMARTCLIENT_TESTBED_PORT_BASE`` (by default the line's own: 20000 for 4.3, 23000 for 4.0; a bed spans
         ``PORT_SPAN``, 2,400 ports, from it, so beds side by side need bases at least that far apart),
-        ``SMARTCLIENT_TESTBED_NETWORK`` (``loopback``, the default, or ``namespaces``) and
+        ``SMARTCLIENT_TESTBED_NETWORK`` (``loopback``, the default, or ``namespaces``),
+        ``SMARTCLIENT_TESTBED_ROUTABLE`` (``1``: a namespaced bed's nodes may be dialled directly too) and
         ``SMARTCLIENT_TESTBED_CACHE``."""
         env = os.environ if environ is None else environ
         release = release_named(env.get("SMARTCLIENT_TESTBED_RABBITMQ") or DEFAULT_RELEASE)
@@ -228,7 +231,11 @@ class Layout:
             ) from None
         cache = Path(env.get("SMARTCLIENT_TESTBED_CACHE", "/var/cache/smartclient"))
         network = env.get("SMARTCLIENT_TESTBED_NETWORK") or "loopback"
-        return cls(base=base, cache_dir=cache, release=release, network=network)
+        flag = (env.get("SMARTCLIENT_TESTBED_ROUTABLE") or "").strip().lower()
+        if flag not in ("", "0", "1", "no", "yes", "false", "true"):
+            raise ConfigurationError(f"SMARTCLIENT_TESTBED_ROUTABLE={flag!r} is not a flag: use 1 or 0")
+        return cls(base=base, cache_dir=cache, release=release, network=network,
+                   routable=flag in ("1", "yes", "true"))
 
     @property
     def namespaced(self) -> bool:
@@ -237,7 +244,7 @@ class Layout:
     @property
     def bed_network(self) -> BedNetwork:
         """The namespaced bed's private network (its names and addresses follow the port base)."""
-        return BedNetwork(self.base)
+        return BedNetwork(self.base, routable=self.routable)
 
     def overlaps(self, low: int, high: int) -> bool:
         """True if any port of the plan may fall in ``[low, high]``."""

@@ -138,7 +138,8 @@ class LocalTestBed(PartitionableBed, LockedLocalBed):
         if self.layout.namespaced:  # the nodes' network, and their names in /etc/hosts (the chroot copies it)
             self.layout.bed_network.up()
             self.layout.bed_network.write_hosts(True)
-            report.actions.append(f"made the network {self.layout.bed_network.subnet}.0/24 (lb-only)")
+            report.actions.append(f"made the network {self.layout.bed_network.subnet}.0/24 "
+                                  f"({'routable' if self.layout.routable else 'lb-only'})")
         self.chroot.ensure_proc()
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         all_specs = [*self.layout.nodes, *(self.layout.extra_broker(i) for i in range(1, 7))]
@@ -315,7 +316,7 @@ class LocalTestBed(PartitionableBed, LockedLocalBed):
         if not self.layout.namespaced:
             return "network loopback"
         net = self.layout.bed_network
-        return (f"network namespaces {net.subnet}.0/24, lb-only, "
+        return (f"network namespaces {net.subnet}.0/24, {'routable' if net.routable else 'lb-only'}, "
                 + ", ".join(f"{b.spec.short} in {b.spec.netns} at {b.spec.host}" for b in self.brokers))
 
     def _versions(self) -> str:

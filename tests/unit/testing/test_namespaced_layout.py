@@ -84,3 +84,12 @@ def test_listening_ports_are_read_from_a_proc_net_tcp_table() -> None:
              "   0: 0B00E70A:4F20 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n"
              "   1: 0B00E70A:4F20 0100E70A:C350 01 00000000:00000000 00:00000000 00000000     0        0 2\n")
     assert parse_listening(table) == {0x4F20}
+
+
+def test_a_flag_makes_the_namespaced_nodes_routable_and_a_bad_one_is_named() -> None:
+    env = {"SMARTCLIENT_TESTBED_NETWORK": "namespaces", "SMARTCLIENT_TESTBED_PORT_BASE": "20000"}
+    assert not Layout.from_env(env).bed_network.routable
+    assert "reject" in Layout.from_env(env).bed_network.fence_rules()
+    assert Layout.from_env({**env, "SMARTCLIENT_TESTBED_ROUTABLE": "1"}).bed_network.routable
+    with pytest.raises(ConfigurationError, match="SMARTCLIENT_TESTBED_ROUTABLE='maybe'"):
+        Layout.from_env({**env, "SMARTCLIENT_TESTBED_ROUTABLE": "maybe"})
