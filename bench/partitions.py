@@ -32,11 +32,10 @@ import time
 from smartclient.core.settings import ConnectionOptions
 from smartclient.testing import from_env
 from smartclient.testing.local import LocalTestBed
-from smartclient.testing.nemesis import PARTITIONS, History, Plan, run
-from smartclient.testing.partition_run import bounds, detections, record_recoveries
+from smartclient.testing.nemesis import History, run
+from smartclient.testing.partition_run import HEARTBEAT, bounds, detections, plan, record_recoveries
 
 TARGET_OWN_P99 = 1.0
-HEARTBEAT = 5  # AMQP 0.9.1 and 1.0 keep the heartbeat they are given: 5 s puts their bound at 10 s and 5 s
 
 
 def main() -> int:
@@ -54,12 +53,10 @@ def main() -> int:
     bed.heal_partitions()  # (a run stopped mid-way leaves its cut)
     print(f"partitions bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}, nodes "
           f"{', '.join(f'{n.short} {n.host}' for n in bed.nodes)} (lb-only)", flush=True)
-    plan = Plan(minutes=args.minutes, seed=seed, kinds=tuple(PARTITIONS), gap=(8.0, 16.0), hold=(12.0, 25.0),
-                rate=100.0, amqp10=True, queues=True, heartbeat=HEARTBEAT, quiet=20.0)
     history = History(args.history)
     started = time.monotonic()
-    report = asyncio.run(run(bed, plan, progress=lambda line: print(line, flush=True), extras=(record_recoveries,),
-                             history=history))
+    report = asyncio.run(run(bed, plan(args.minutes, seed), progress=lambda line: print(line, flush=True),
+                             extras=(record_recoveries,), history=history))
     print(report.summary())
     limits = bounds(ConnectionOptions().dead_after, HEARTBEAT)
     found = detections(history.records, limits)

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartclient import keepalive
-from smartclient.testing.nemesis import Run
+from smartclient.testing.nemesis import PARTITIONS, Plan, Run
 
-__all__ = ["ONE_WAY", "SILENCING", "Detections", "bounds", "client_of", "detections", "record_recoveries"]
+__all__ = ["HEARTBEAT", "ONE_WAY", "SILENCING", "Detections", "bounds", "client_of", "detections", "plan",
+           "record_recoveries"]
 
 
 async def record_recoveries(run: Run) -> None:
@@ -43,6 +44,19 @@ SILENCING = ("isolate", "cut-lb", "cut-lb-one-way")
 #: a one-way drop toward the node: its own frames still come until its TCP stalls (its next heartbeat, at most two
 #: intervals after the drop), so the finding may come that much later
 ONE_WAY = "cut-lb-one-way"
+
+
+#: the heartbeat of the run's Environment: AMQP 0.9.1 and 1.0 keep the one they are given, and 5 s puts their
+#: bounds at 11 s and 10 s
+HEARTBEAT = 5
+
+
+def plan(minutes: float, seed: int) -> Plan:
+    """The partition run's plan: partitions only, one node at a time, each held 12-25 s (longer than any bound),
+    8-16 s apart, and 20 quiet seconds at the end; streams at 100 messages/s per producer, AMQP 1.0 and 0.9.1 and
+    MQTT QoS 1 on quorum queues beside them."""
+    return Plan(minutes=minutes, seed=seed, kinds=tuple(PARTITIONS), gap=(8.0, 16.0), hold=(12.0, 25.0),
+                rate=100.0, amqp10=True, queues=True, heartbeat=HEARTBEAT, quiet=20.0)
 
 
 def client_of(handle: Any) -> str:
