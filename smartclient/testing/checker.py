@@ -33,7 +33,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   follows, has its own share of it timed from the heal (its broker is whole again then at the latest);
 * ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
   (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
-  the earliest (the finding itself is measured apart, against its bound);
+  the earliest, and after a silent fault, at the last such finding of any client before its progress (a consumer
+  waits for its producer to find the drop too; the findings are measured apart, against their bound);
 * ``resources``: a sample of the process's resources (see :mod:`smartclient.testing.soak`), not read here.
 
 What it proves, per producer: every confirmed id is stored exactly once, and the stored ids are in
@@ -218,6 +219,11 @@ class Report:
         return "\n".join(lines)
 
 
+def _first_since(times: list[float], ready: float) -> float | None:
+    """The first of the sorted ``times`` at or after ``ready`` (None: none)."""
+    return times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
+
+
 def _p99(values: Iterable[float]) -> float:
     times = sorted(values)
     return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)] if times else 0.0
@@ -268,9 +274,10 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     writable: dict[str, list[tuple[float, float]]] = defaultdict(list)
     moments: dict[str, list[float]] = defaultdict(list)  # client -> every time it made progress
     unwritable: list[float] = []
-    found: dict[str, list[float]] = defaultdict(list)  # client -> when it found a connection dead (a silent drop)
+    found: list[float] = []  # when a client found a connection dead (after a silent drop)
     unhealed: dict[tuple[str, str], float] = {}  # a silent fault (a partition) not healed yet -> its t
     healed: dict[float, float] = {}  # a silent fault's t -> when it was healed
+    silent: set[float] = set()  # the silent faults' t
     clients: set[str] = set()
     op_errors: dict[str, Counter[str]] = defaultdict(Counter)
     ops_ok: Counter[str] = Counter()
@@ -283,6 +290,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             fault_times.append(t)
             if r.get("silent"):
                 unhealed[(str(r.get("what")), str(r.get("target")))] = t
+                silent.add(t)
             for name in clients:
                 waiting[name].append(t)
             continue
@@ -309,8 +317,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             healed[at] = t
             continue
         if kind == "found":
-            if client:
-                found[client].append(float(r["started"]))
+            found.append(float(r["started"]))
             continue
         made_progress = timed and (kind in _PROGRESS or (kind == "op" and bool(r.get("ok"))))
         if made_progress:
@@ -418,10 +425,19 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         # before it still under way, and of those that came before the client progressed: faults overlap), or from
         # the fault, to its first progress since then
         ready = max([at, *(back for stream in mine for began, back in writable.get(stream, ())
-                           if began <= t and back >= at), *(f for f in found.get(client, ()) if at <= f <= t),
-                     *((healed[at],) if at in healed and not streams_of.get(client) and healed[at] <= t else ())])
+                           if began <= t and back >= at)])
         times = moments[client]
-        resumed = times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
+        resumed = _first_since(times, ready)
+        if resumed is not None and at in silent:
+            # after a silent drop, the wait until it was found (any client's finding before this one progressed: a
+            # consumer waits for its producer's too; findings are measured apart, against their bound) and, for a
+            # client no probe follows, until the heal, is not the client's own
+            later = [f for f in found if at <= f <= resumed]
+            if not streams_of.get(client) and at in healed and healed[at] <= resumed:
+                later.append(healed[at])
+            if later and max(later) > ready:
+                ready = max(later)
+                resumed = _first_since(times, ready)
         if resumed is not None:
             own[client].append(resumed - ready)
             delays.append((client, at, t, resumed - ready))

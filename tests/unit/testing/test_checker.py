@@ -175,6 +175,31 @@ def test_the_clients_own_share_starts_when_its_stream_took_a_write_again() -> No
     assert "took a write again in 4.50 s" in report.summary()
 
 
+def test_after_a_silent_drop_the_own_share_starts_once_it_was_found_or_for_a_queue_client_healed() -> None:
+    """A partition at 10 s: s1 took the probe's write at once (its leader elsewhere), but the consumer c sat on the
+    cut node, and its producer p too: p found its connection dead at 20 s (its watch, against its bound), and c got
+    the next message at 20.3 s: 0.3 s of c's wait was its own, not 10.3.  The queue client q (no probe follows it)
+    progressed only at 31 s, 1 s after the heal."""
+    history = [{"kind": "send", "t": 9.0, "client": "p", "id": 1},
+               {"kind": "confirm", "t": 9.1, "client": "p", "id": 1},
+               {"kind": "deliver", "t": 9.2, "client": "c", "stream": "s1", "offset": 0},
+               {"kind": "op", "t": 9.3, "client": "q", "ok": True},
+               {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1", "silent": True},
+               {"kind": "writable", "t": 10.6, "fault_t": 10.0, "target": "rabbit-1", "missing": 0,
+                "streams": {"s1": 10.5}},
+               {"kind": "found", "t": 20.2, "client": "p", "wing": "stream", "started": 20.0},
+               {"kind": "send", "t": 20.1, "client": "p", "id": 2},
+               {"kind": "confirm", "t": 20.2, "client": "p", "id": 2},
+               {"kind": "deliver", "t": 20.3, "client": "c", "stream": "s1", "offset": 1},
+               {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"},
+               {"kind": "op", "t": 31.0, "client": "q", "ok": True},
+               {"kind": "stored", "t": 40.0, "stream": "s1", "offset": 0, "client": "p", "id": 1},
+               {"kind": "stored", "t": 40.0, "stream": "s1", "offset": 1, "client": "p", "id": 2}]
+    report = check(history)
+    assert report.ok
+    assert report.own == {"p": pytest.approx([0.2]), "c": pytest.approx([0.3]), "q": pytest.approx([1.0])}
+
+
 def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
     """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
     its own after either fault, not 9 s after the close."""
