@@ -86,12 +86,14 @@ def render_haproxy_config(
                 f"    server {node.short} {node.host}:{node.port(protocol)} check inter 1s fall 2 rise 2{source}",
                 "",
             ]
-    if layout.namespaced:  # each node's management API and stream port, on the loopback port it has in the loopback
-        for node in nodes:  # bed, for the test bed's own tools (its probes): dialled from the LB's address
-            for what, port, check in (("management", node.management_port, ""),  # (the probes see the node as
-                                      ("stream", node.stream_port, " check inter 1s fall 2 rise 2")):  # the LB does)
+    # each node's management API and stream port, on the loopback port it has in the loopback bed, for the test bed's
+    # own tools (its probes), dialled from the LB's address and checked as the LB's backends are: a node the checks
+    # find gone is refused at once (a request does not wait for a cut node until the proxy gives up)
+    if layout.namespaced:
+        for node in nodes:
+            for what, port in (("management", node.management_port), ("stream", node.stream_port)):
                 out += [f"listen {FORWARD_PREFIX}{what}_{node.short}", f"    bind 127.0.0.1:{port}",
-                        f"    server {node.short} {node.host}:{port}{check}{source}", ""]
+                        f"    server {node.short} {node.host}:{port} check inter 1s fall 2 rise 2{source}", ""]
     return "\n".join(out)
 
 

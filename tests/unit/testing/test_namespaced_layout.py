@@ -50,7 +50,7 @@ def test_haproxy_dials_the_nodes_from_the_lb_address_and_forwards_each_managemen
     cfg = render_haproxy_config(NS, NS.nodes, [("stream", "roundrobin")], Path("/x/admin.sock"))
     assert "server rabbit-2 10.231.200.12:20252 check inter 1s fall 2 rise 2 source 10.231.200.2" in cfg
     assert "listen forward_management_rabbit-3\n    bind 127.0.0.1:20315\n" in cfg
-    assert "server rabbit-3 10.231.200.13:20315 source 10.231.200.2" in cfg
+    assert "server rabbit-3 10.231.200.13:20315 check inter 1s fall 2 rise 2 source 10.231.200.2" in cfg
     assert "listen forward_stream_rabbit-3\n    bind 127.0.0.1:20352\n" in cfg  # the test bed's probes' way in
     assert "server rabbit-3 10.231.200.13:20352 check inter 1s fall 2 rise 2 source 10.231.200.2" in cfg
     loopback = render_haproxy_config(Layout(), Layout().nodes, [("stream", "roundrobin")], Path("/x/admin.sock"))
