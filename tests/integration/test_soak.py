@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from smartclient.testing import TestBed
-from smartclient.testing.nemesis import FAULTS, schedule
+from smartclient.testing.nemesis import LOOPBACK_FAULTS, schedule
 from smartclient.testing.soak import SoakPlan, soak
 
 SEED = 18
@@ -28,7 +28,7 @@ async def test_three_minutes_of_soak_with_a_rolling_restart_lose_nothing_and_lea
     # here (within 10 %: the first minutes still grow); bench/soak.py judges it over 44 (within 5 %)
     # (the nemesis's faults stop 50 s before the end: the rollout's window, from 20 s after it, is judged quiet)
     plan = SoakPlan(minutes=3.0, seed=SEED, first_rollout=60.0, warmup=30.0, certificate_every=60.0,
-                    faults=tuple(FAULTS), fault_gap=(3.0, 8.0), rate=120.0, rss_growth=0.10, quiet=50.0,
+                    faults=LOOPBACK_FAULTS, fault_gap=(3.0, 8.0), rate=120.0, rss_growth=0.10, quiet=50.0,
                     amqp10=True)  # the AMQP 1.0 publisher and consumer too (every stage installs the extra)
     kinds = {f.what for f in schedule(plan.nemesis(), [n.name for n in bed.nodes], ["s0", "s1", "s2"])}
     assert {"kill", "stop_app", "move_leader"} <= kinds  # the seed covers the node faults and a leader move
