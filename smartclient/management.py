@@ -126,8 +126,9 @@ class ManagementClient:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: try the next node
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue
-            except httpx.RemoteProtocolError as exc:  # a proxy in front closed without an answer (its node is
-                if method not in ("GET", "HEAD"):  # unreachable): a read is asked of the next node, a write is not
+            except (httpx.RemoteProtocolError, httpx.ReadTimeout) as exc:  # a proxy in front closed without an
+                # answer, or a node (or the proxy in front) went silent: a read is asked of the next node, a write not
+                if method not in ("GET", "HEAD"):
                     raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue

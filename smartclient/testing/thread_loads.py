@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 __all__ = ["Awaited", "amqp10_loop", "amqp_quorum_loop", "declare_quorum_queue", "found", "mqtt_loop", "mqtt_qos1_loop",
-           "op", "rpc_loop"]
+           "op", "publish", "rpc_loop"]
 
 
 class Awaited:
@@ -133,7 +133,7 @@ def amqp10_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> N
     placer = env.amqp10
     if not declare_quorum_queue(env, history, halt, queue):
         return
-    consumer = publisher = None
+    consumer = None
     try:
         while consumer is None and not halt.is_set():
             try:
@@ -141,32 +141,51 @@ def amqp10_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> N
             except SmartClientError as exc:  # a fault at the start: try again
                 history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
                 halt.wait(1.0)
-        number = 0
+        publish(history, halt, "amqp10-p", awaited, lambda: placer.publisher(queue), lambda p, body: p.publish(body),
+                lambda p: p.close())
+    finally:
+        if consumer is not None:
+            consumer.close()
+        with contextlib.suppress(SmartClientError):
+            env.management.delete(f"/api/queues/%2F/{queue}")
+
+
+def publish(history: Any, halt: threading.Event, client: str, awaited: Awaited, start: Callable[[], Any],
+            send: Callable[[Any, bytes], None], drop: Callable[[Any], None], found_as: str = "") -> None:
+    """Publish numbered messages as ``client`` until ``halt``, then wait for each confirmed one to be received:
+    ``start()`` a publisher (again a second later when that failed: counted as a setup error), ``send(it, body)``
+    each message (a return is its confirm); one that raised is failed as indeterminate (it may be in the queue)
+    and the publisher dropped (``drop(it)``; with ``found_as``, a wing: the client found its connection dead)."""
+    handle, number = None, 0
+    try:
         while not halt.is_set():
-            try:
-                publisher = publisher or placer.publisher(queue)
-            except SmartClientError as exc:
-                history.add("op", client="amqp10-setup", ok=False, error=type(exc).__name__, setup=True)
-                halt.wait(1.0)
-                continue
+            if handle is None:
+                try:
+                    handle = start()
+                except Exception as exc:
+                    history.add("op", client=f"{client.rsplit('-', 1)[0]}-setup", ok=False, error=type(exc).__name__,
+                                setup=True)
+                    halt.wait(1.0)
+                    continue
             number += 1
-            history.add("send", client="amqp10-p", id=number)
+            history.add("send", client=client, id=number)
             try:
-                publisher.publish(b"%d" % number)
-            except SmartClientError as exc:  # recovery gave up, or the broker refused it: it may still come
-                history.add("fail", client="amqp10-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
-                publisher.close()
-                publisher = None
+                send(handle, b"%d" % number)
+            except Exception as exc:  # recovery gave up, the connection was found dead, the broker refused it
+                history.add("fail", client=client, id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
+                if found_as:
+                    found(history, client, found_as)
+                with contextlib.suppress(Exception):
+                    drop(handle)
+                handle = None
                 continue
-            awaited.confirmed(history, "amqp10-p", number)
+            awaited.confirmed(history, client, number)
             halt.wait(0.05)
         awaited.wait(60)
     finally:
-        for handle in (publisher, consumer):
-            if handle is not None:
-                handle.close()
-        with contextlib.suppress(SmartClientError):
-            env.management.delete(f"/api/queues/%2F/{queue}")
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                drop(handle)
 
 
 def declare_quorum_queue(env: Any, history: Any, halt: threading.Event, queue: str) -> bool:
@@ -205,41 +224,24 @@ def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str)
                 found(history, "amqp-c", "amqp")
                 done.wait(0.5)
 
+    def start() -> tuple[Any, Any]:
+        placed = env.amqp.connect()
+        try:
+            channel = placed.channel()
+            channel.confirm_delivery()
+        except BaseException:
+            placed.close()
+            raise
+        return placed, channel
+
     consumer = threading.Thread(target=consume, name="amqp-quorum-consumer", daemon=True)
     consumer.start()
-    placed = channel = None
-    number = 0
     try:
-        while not halt.is_set():
-            if channel is None:
-                try:
-                    placed = env.amqp.connect()
-                    channel = placed.channel()
-                    channel.confirm_delivery()
-                except Exception as exc:
-                    history.add("op", client="amqp-setup", ok=False, error=type(exc).__name__, setup=True)
-                    halt.wait(1.0)
-                    continue
-            number += 1
-            history.add("send", client="amqp-p", id=number)
-            try:
-                channel.basic_publish("", queue, b"%d" % number)
-            except Exception as exc:  # no confirm: it may be in the queue or not
-                history.add("fail", client="amqp-p", id=number, reason=f"{type(exc).__name__}: {exc}", code=-1)
-                found(history, "amqp-p", "amqp")
-                with contextlib.suppress(Exception):
-                    placed.close()  # type: ignore[union-attr]
-                placed = channel = None
-                continue
-            awaited.confirmed(history, "amqp-p", number)
-            halt.wait(0.05)
-        awaited.wait(60)
+        publish(history, halt, "amqp-p", awaited, start, lambda pc, body: pc[1].basic_publish("", queue, body),
+                lambda pc: pc[0].close(), found_as="amqp")
     finally:
         done.set()
         consumer.join(30)
-        if placed is not None:
-            with contextlib.suppress(Exception):
-                placed.close()
         with contextlib.suppress(Exception):
             env.management.delete(f"/api/queues/%2F/{queue}")
 

@@ -117,3 +117,37 @@ def test_a_proxy_that_hangs_up_on_a_read_is_skipped(live: str, hangs_up: str) ->
     """CI, the namespaced bed: HAProxy's forward to a cut node's management API closed without an answer."""
     with ManagementClient([hangs_up, live], "guest", "guest", timeout=2) as api:
         assert api.overview()["rabbitmq_version"] == "4.3.6" and api.base_url == live
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A proxy whose node went silent: it takes the request and never answers (the connection stays open)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+def test_a_node_that_does_not_answer_a_read_within_the_timeout_is_skipped(live: str, silent: str) -> None:
+    """The partition run, the namespaced bed: a GET to a cut node's forward timed out reading (10 s), and the MQTT
+    client placing itself gave up for good; a read is asked of the next node instead (a write still fails: it may
+    have been taken)."""
+    with ManagementClient([silent, live], "guest", "guest", timeout=1) as api:
+        assert api.overview()["rabbitmq_version"] == "4.3.6" and api.base_url == live
+    with ManagementClient([silent, live], "guest", "guest", timeout=1) as api, \
+            pytest.raises(ManagementError, match="ReadTimeout"):
+        api.put("/api/queues/%2F/q", {"durable": True})
