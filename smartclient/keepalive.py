@@ -3,9 +3,10 @@
 On a real network a link can go quiet: no reset, no FIN, and the socket just stops.  A heartbeat of 60 s finds that
 after two of them.  Through a load balancer (a proxy) only the protocol itself can tell: the balancer's own kernel
 acknowledges everything the client sends.  So a stream connection hears from its peer at least every third of
-``dead_after`` (:func:`heartbeat`), and one that heard nothing for ``dead_after`` is ended (and recovered).  AMQP
-0.9.1 and MQTT keep the interval the user sets: a pika BlockingConnection heartbeats only inside its calls, and
-a placement waits for the management API without pumping the MQTT client.  Beneath that, every TCP
+``dead_after`` (:func:`heartbeat`), and one that heard nothing for ``dead_after`` is ended (and recovered).  An MQTT
+client keeps the keepalive the user sets with the broker (a placement waits for the management API without pumping
+it) and pings on its own every third of ``dead_after`` (``PahoClient._check_keepalive``); AMQP 0.9.1 keeps its
+heartbeat (a pika BlockingConnection heartbeats only inside its calls).  Beneath that, every TCP
 socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
 
 * ``TCP_USER_TIMEOUT`` of ``dead_after - 1`` s: data sent and not acknowledged for that long ends the connection

@@ -87,7 +87,8 @@ class ConnectionOptions:
     :param topology_max_age: seconds a cached topology is trusted.
     :param dead_after: seconds of silence after which a connection is found dead, on any network: one whose
         peer acknowledges nothing it sent, or answers no keepalive probe when idle, ends within this bound (TCP
-        keepalive and ``TCP_USER_TIMEOUT`` on every socket; stream heartbeats at a third of it and a silence watch),
+        keepalive and ``TCP_USER_TIMEOUT`` on every socket; stream heartbeats and MQTT pings at a third of it, and a
+        silence watch on each),
         not after two heartbeats.
         A busy peer, or one that holds back a sender (back-pressure), still acknowledges, and is not taken for
         dead.  0: off (the heartbeat alone).  See ``docs/reliability.md``, "Partitions".

@@ -206,8 +206,8 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
         heal = bed.heal_partitions
     else:
         call, heal = bed.stop_dns, bed.start_dns
-    fault_t = history.add("fault", what=fault.what, target=fault.target, **({"silent": True} if fault.what in PARTITIONS
-                                                                          else {}))
+    silent = {"silent": True} if fault.what in PARTITIONS else {}  # (the checker times its clients' share apart)
+    fault_t = history.add("fault", what=fault.what, target=fault.target, **silent)
     probe: asyncio.Future[Any] | None = None
     healed = asyncio.Event()
     try:

@@ -258,10 +258,14 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
         client.on_message = lambda c, u, m: awaited.received(history, "mqtt-c", "mqtt-p", int(m.payload))
 
     sessions = env.mqtt_placer(options=MqttOptions(clean_start=False))
+
+    def subscribe() -> Any:
+        return sessions.connect(f"{client_id}-s", subscriptions=[(topic, 1)], setup=setup)
+
     sub = pub = None
     while sub is None or pub is None:
         try:
-            sub = sub or sessions.connect(f"{client_id}-s", subscriptions=[(topic, 1)], setup=setup)
+            sub = sub or subscribe()
             pub = pub or env.mqtt.connect(f"{client_id}-p")
         except Exception as exc:  # a fault at the start: try again
             history.add("op", client="mqtt-setup", ok=False, error=type(exc).__name__, setup=True)
@@ -273,8 +277,7 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
             if sub is not None and sub.failure is not None:  # its recovery gave up: its session keeps the messages
                 found(history, "mqtt-c", "mqtt")
                 sub.close_quietly()
-                sub = _connect_again(lambda: sessions.connect(f"{client_id}-s", subscriptions=[(topic, 1)],
-                                                              setup=setup), history, halt)
+                sub = _connect_again(subscribe, history, halt)
             number += 1
             history.add("send", client="mqtt-p", id=number)
             try:

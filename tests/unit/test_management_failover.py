@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -92,9 +92,8 @@ def test_clients_never_load_the_ca_bundle_for_http_and_share_one_context_for_htt
     assert len(loads) == 1
 
 
-@pytest.fixture
-def hangs_up() -> Iterator[str]:
-    """A proxy whose node is unreachable: it takes the request and closes without an answer."""
+def _proxy(answer: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A proxy on loopback that hands each connection it takes to ``answer``."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -105,12 +104,22 @@ def hangs_up() -> Iterator[str]:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.recv(65536)
-            conn.close()
+            answer(conn)
 
     threading.Thread(target=serve, daemon=True).start()
     yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     listener.close()
+
+
+@pytest.fixture
+def hangs_up() -> Iterator[str]:
+    """A proxy whose node is unreachable: it takes the request and closes without an answer."""
+
+    def close(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.close()
+
+    yield from _proxy(close)
 
 
 def test_a_proxy_that_hangs_up_on_a_read_is_skipped(live: str, hangs_up: str) -> None:
@@ -122,22 +131,8 @@ def test_a_proxy_that_hangs_up_on_a_read_is_skipped(live: str, hangs_up: str) ->
 @pytest.fixture
 def silent() -> Iterator[str]:
     """A proxy whose node went silent: it takes the request and never answers (the connection stays open)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
     held: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            held.append(conn)
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    listener.close()
+    yield from _proxy(held.append)
     for conn in held:
         conn.close()
 
