@@ -18,6 +18,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   └── NoRpcServer             no RPC server bound on the node the request was published on
     ├── TopologyError               the broker could not describe the stream (no leader yet...)
     │   ├── StreamNotFound          the stream does not exist
+    │   ├── StreamNotReady          no leader or member available yet (just created, or electing)
     │   └── DataLoss                offsets asked for are gone from the stream (retention truncated it)
     ├── FeatureNotSupported         the broker lacks a feature asked for (e.g. filtering before 3.13)
     ├── MessageDecodeError          a stored message is not what it was read as (raw bytes as AMQP 1.0)
@@ -78,6 +79,7 @@ __all__ = [
     "SmartClientError",
     "StepTimeout",
     "StreamNotFound",
+    "StreamNotReady",
     "TestBedError",
     "TokenExpired",
     "TokenProviderFailed",
@@ -175,6 +177,12 @@ class TopologyError(SmartClientError):
 
 class StreamNotFound(TopologyError):
     """The stream does not exist on the broker."""
+
+
+class StreamNotReady(TopologyError):
+    """The stream exists but has no leader, or no member on the node asked, available yet (it was just created, or
+    an election is under way): asked again soon, it may answer.  smartclient asks again within the placement's
+    bound before it raises this."""
 
 
 class DataLoss(TopologyError):

@@ -2,12 +2,21 @@
 
 On a real network a link can go quiet: no reset, no FIN, and the socket just stops.  A heartbeat of 60 s finds that
 after two of them.  Through a load balancer (a proxy) only the protocol itself can tell: the balancer's own kernel
-acknowledges everything the client sends.  So a stream connection hears from its peer at least every third of
-``dead_after`` (:func:`heartbeat`), and one that heard nothing for ``dead_after`` is ended (and recovered).  An MQTT
-client keeps the keepalive the user sets with the broker (a placement waits for the management API without pumping
-it) and pings on its own every third of ``dead_after`` (``PahoClient._check_keepalive``); AMQP 0.9.1 keeps its
-heartbeat (a pika BlockingConnection heartbeats only inside its calls).  Beneath that, every TCP
-socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
+acknowledges everything the client sends.  So every wing hears from its peer well within ``dead_after`` and ends a
+connection that heard nothing for long enough that a silent drop, one way or both, is found within it:
+
+* a stream connection negotiates a heartbeat of a fifth of ``dead_after`` (:func:`heartbeat`) and is ended once it
+  heard nothing for :func:`silence_limit` (``dead_after`` less two heartbeats: a drop one way toward the node
+  silences it only once the node's TCP stalls, at its next frame);
+* an MQTT client keeps the keepalive the user sets with the broker (a placement waits for the management API
+  without pumping it), pings on its own every third of ``dead_after`` and is lost at ``dead_after`` less the second
+  paho's loop takes to look (``PahoClient._check_keepalive``);
+* AMQP 0.9.1 keeps its heartbeat (a pika ``BlockingConnection`` heartbeats only inside its calls), and the seam's
+  ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection a
+  second before it;
+* AMQP 1.0 sets proton's idle timeout to :func:`idle_timeout` (two fifths of ``dead_after``).
+
+Beneath that, every TCP socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
 
 * ``TCP_USER_TIMEOUT`` of ``dead_after - 1`` s: data sent and not acknowledged for that long ends the connection
   (the kernel decides at its next retransmission, about 0.5 s later);
@@ -25,17 +34,42 @@ import math
 import socket
 from typing import Any
 
-__all__ = ["heartbeat", "tcp_options", "watch"]
+__all__ = ["heartbeat", "idle_timeout", "silence_limit", "tcp_options", "watch"]
 
 
 def heartbeat(interval: float, dead_after: float) -> int:
     """The heartbeat to negotiate (whole seconds; 0: off) for a connection found dead after ``dead_after`` s of
-    silence: at most a third of it, so that an idle peer's heartbeats (sent when it sent nothing for one interval,
-    looked at once an interval: at most two apart) come well within it.  ``interval`` (the user's) if shorter, and
-    0 stays off (nothing then tells an idle peer from a silent one: only TCP's own checks are left)."""
+    silence: at most a fifth of it (2 s for the default 10), so that an idle peer's heartbeats (sent when it sent
+    nothing for one interval, looked at once an interval: at most two apart) come well within
+    :func:`silence_limit`.  ``interval`` (the user's) if shorter, and 0 stays off (nothing then tells an idle peer
+    from a silent one: only TCP's own checks are left)."""
     if not interval or not dead_after:
         return int(interval)
-    return int(min(interval, max(1, dead_after // 3)))
+    return int(min(interval, max(1, dead_after // 5)))
+
+
+def silence_limit(heartbeat: float, dead_after: float) -> float:
+    """How long a connection with ``heartbeat`` may hear nothing before it is ended, so that any silent drop is
+    found within ``dead_after``: a drop both ways silences it at once, but one toward the node only once the node's
+    TCP stalls on the acknowledgements it no longer gets, at its next frame (at most two heartbeats later, on an
+    idle connection); so ``dead_after`` less two heartbeats (6 s by default).  At least three heartbeats, or a live
+    idle peer (two heartbeats apart at most) would be taken for a silent one: with the least ``dead_after`` (4 s,
+    heartbeat 1 s) that is 3 s, and a one-way drop is found within 5 s."""
+    if not heartbeat:
+        return dead_after
+    return max(dead_after - 2 * heartbeat, 3 * heartbeat)
+
+
+def idle_timeout(interval: float, dead_after: float) -> float:
+    """AMQP 1.0's idle timeout (proton's, in seconds; 0: off) for a connection found dead within ``dead_after``:
+    proton ends one that heard nothing from one look to the next, its looks an idle timeout apart, so between one
+    and two of them after the last frame, and it advertises half of it, so the broker sends an empty frame at least
+    that often; so two fifths of ``dead_after`` (4 s by default), or ``interval`` (the user's) if shorter.  The broker
+    holds the client to its own idle timeout, not to this one, so a thread that leaves the connection alone for a
+    while is not dropped (proton reads what came before it looks again)."""
+    if not interval or not dead_after:
+        return float(interval)
+    return min(float(interval), max(1.0, dead_after * 0.4))
 
 
 def tcp_options(dead_after: float) -> dict[str, int]:

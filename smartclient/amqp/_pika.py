@@ -5,9 +5,10 @@ Only this module imports pika, and only here do pika's exceptions become smartcl
 :func:`open_connection`, builds message properties with :func:`basic_properties`, and runs every call into
 pika inside :func:`pika_errors`.
 
-The wing touches no private attribute of pika; this module touches seven.  What it relies on is listed in
-:data:`PIKA_INTERNALS` (a private method whose behaviour the error mapping depends on, and the way into the
-connection's I/O loop that a refreshed token takes: :func:`update_secret`), :data:`PIKA_NAMES` (public names
+The wing touches no private attribute of pika; this module touches five.  What it relies on is listed in
+:data:`PIKA_INTERNALS` (a private method whose behaviour the error mapping depends on, the way into the
+connection's I/O loop that a refreshed token takes (:func:`update_secret`), and the silence watch's timer and
+end (:class:`SilenceWatch`)), :data:`PIKA_NAMES` (public names
 used) and :data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing
 drives).
 ``tests/unit/test_pika_seam.py`` checks every entry against the installed pika and greps the library for
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -69,14 +71,11 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # declare, process_data_events), and there update-secret is sent without waiting for its answer.
     "pika.adapters.blocking_connection.BlockingConnection._impl",  # the asynchronous connection underneath
     "pika.connection.Connection._adapter_add_callback_threadsafe",  # a call on the I/O loop's thread, from any
-    # pika looks for the peer's heartbeats every heartbeat + 5 s, and ends the connection at a look that found
-    # nothing since the last: a silent peer after up to 2 x (heartbeat + 5) s.  With dead_after the look comes every
-    # heartbeat (the broker sends one every half of it when idle): within 2 x heartbeat
-    "pika.connection.Connection._heartbeat_checker",
-    "pika.heartbeat.HeartbeatChecker._check_interval",
-    "pika.heartbeat.HeartbeatChecker._check_timer",  # its first look, scheduled again ...
-    "pika.heartbeat.HeartbeatChecker._start_check_timer",  # ... from now
-    "pika.connection.Connection._adapter_remove_timeout",
+    # the silence watch (SilenceWatch): a look every second on the connection's own I/O loop (it runs while the
+    # thread is in a pika call), a probe on a channel of its own, and the end of a silent connection as pika's
+    # heartbeat checker ends one (the stream aborted with AMQPHeartbeatTimeout)
+    "pika.connection.Connection._adapter_call_later",
+    "pika.connection.Connection._terminate_stream",
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -98,6 +97,11 @@ PIKA_NAMES: tuple[str, ...] = (
     "pika.exceptions.ConnectionWrongStateError",
     "pika.connection.Connection.update_secret",
     "pika.connection.Connection.add_on_close_callback",
+    "pika.connection.Connection.add_on_connection_blocked_callback",
+    "pika.connection.Connection.add_on_connection_unblocked_callback",
+    "pika.connection.Connection.channel",
+    "pika.channel.Channel.basic_qos",
+    "pika.exceptions.AMQPHeartbeatTimeout",
 )
 
 #: The parameters the AMQP wing passes to pika's callables (a subset of each signature).
@@ -116,6 +120,10 @@ PIKA_SIGNATURES: dict[str, tuple[str, ...]] = {
     "pika.connection.Connection.update_secret": ("new_secret", "reason", "callback"),
     "pika.connection.Connection.add_on_close_callback": ("callback",),
     "pika.connection.Connection._adapter_add_callback_threadsafe": ("callback",),
+    "pika.connection.Connection._adapter_call_later": ("delay", "callback"),
+    "pika.connection.Connection._terminate_stream": ("error",),
+    "pika.connection.Connection.channel": ("on_open_callback",),
+    "pika.channel.Channel.basic_qos": ("prefetch_count", "callback"),
     "pika.adapters.blocking_connection.BlockingChannel.basic_publish": (
         "exchange", "routing_key", "body", "properties", "mandatory",
     ),
@@ -253,13 +261,87 @@ def open_connection(
     )
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
         connection = BlockingConnection(params)
-    checker = getattr(connection._impl, "_heartbeat_checker", None)
-    if dead_after and checker is not None and params.heartbeat:  # looks every heartbeat (see PIKA_INTERNALS)
-        checker._check_interval = float(params.heartbeat)
-        if checker._check_timer is not None:  # the first look, set for heartbeat + 5 s: now, every heartbeat
-            connection._impl._adapter_remove_timeout(checker._check_timer)
-            checker._start_check_timer()
+    if dead_after:
+        SilenceWatch(connection._impl, dead_after).start()
     return connection
+
+
+class SilenceWatch:
+    """AMQP 0.9.1's silence watch: a connection that heard nothing for ``dead_after`` (a second less: it looks
+    every second) is ended as pika's heartbeat checker ends one (``AMQPHeartbeatTimeout``), whatever its
+    heartbeat.  A ``BlockingConnection`` heartbeats only inside pika calls, so its heartbeat stays the user's (60 s:
+    a shorter one would have the broker close a connection the application leaves idle), and the broker's come
+    only every half of it: so once nothing came for a third of ``dead_after``, the watch asks the broker something
+    (``basic.qos`` on a channel of its own, opened at the first probe: the ``channel.open`` is the first question),
+    whose answer is the sign of life.  A question unanswered until ``dead_after`` less a second would have passed
+    since it was asked with nothing heard ends the connection too, whatever came meanwhile: a link cut one way
+    toward the node still brings the node's next heartbeat (or whatever it sent before its TCP stalled).
+
+    It runs on the connection's I/O loop, which runs while the thread is in a pika call (a publish waiting for its
+    confirm, ``process_data_events``, ``start_consuming``): so it finds a silent link while the application waits
+    on it, and a look that comes late (the thread was elsewhere) starts the count again, as what arrived meanwhile
+    may not be read yet.  A connection the broker blocked (a resource alarm: it reads nothing) is not judged: pika's
+    ``blocked_connection_timeout`` ends it.  The cost: on a connection idle past a third of ``dead_after``, one
+    ``basic.qos`` and its answer per third, and one channel."""
+
+    STEP = 1.0
+
+    def __init__(self, impl: Any, dead_after: float) -> None:
+        self.impl = impl
+        self.limit = dead_after - self.STEP  # looked at every step: found within dead_after
+        self.every = max(1.0, dead_after // 3)
+        self.bytes = impl.bytes_received
+        self.heard = self.looked = time.monotonic()
+        self.question: float | None = None  # when the question not answered yet was asked
+        self.blocked = False
+        self.channel: Any = None
+        self.probes = 0  #: questions asked (a channel opened, then basic.qos)
+
+    def start(self) -> None:
+        self.impl.add_on_connection_blocked_callback(lambda *_: setattr(self, "blocked", True))
+        self.impl.add_on_connection_unblocked_callback(lambda *_: setattr(self, "blocked", False))
+        self.impl._adapter_call_later(self.STEP, self.look)
+
+    def look(self) -> None:
+        if not self.impl.is_open:
+            return
+        now = time.monotonic()
+        late = now - self.looked > 2 * self.STEP  # the thread was not in a pika call: nothing was read
+        self.looked = now
+        if late or self.blocked:  # (an answer may be waiting to be read; a blocked broker reads nothing)
+            self.question = None
+        if late or self.blocked or self.impl.bytes_received != self.bytes:
+            self.bytes, self.heard = self.impl.bytes_received, now
+        silent = now - self.heard
+        unanswered = now - self.question if self.question is not None else 0.0
+        if silent >= self.limit or unanswered >= self.limit - self.every:
+            what = (f"heard nothing for {silent:.1f} s" if silent >= self.limit else
+                    f"no answer for {unanswered:.1f} s to a question asked after {self.every:g} s of silence")
+            log.warning("AMQP connection: %s (dead_after %g s): ending it", what, self.limit + self.STEP)
+            self.impl._terminate_stream(px.AMQPHeartbeatTimeout(f"{what} (dead_after {self.limit + self.STEP:g} s)"))
+            return
+        if silent >= self.every and self.question is None:
+            self.question = now
+            self.ask()
+        self.impl._adapter_call_later(self.STEP, self.look)
+
+    def answered(self, *_: Any) -> None:
+        self.question = None
+
+    def ask(self) -> None:
+        """One question the broker answers: the channel's ``channel.open``, then ``basic.qos`` on it."""
+        self.probes += 1
+        try:
+            if self.channel is None:
+                self.channel = self.impl.channel(on_open_callback=self.answered)
+            elif self.channel.is_open:
+                self.channel.basic_qos(prefetch_count=0, callback=self.answered)
+            else:  # (refused: a channel_max reached, or still opening) only silence is left to judge by
+                self.question = None
+                if self.channel.is_closed:
+                    self.channel = None
+        except (px.AMQPError, OSError) as exc:  # a closing connection: the next look ends the watch
+            log.debug("AMQP silence watch: asking the broker failed: %s", exc)
 
 
 def update_secret(connection: Any, token: str, on_done: Callable[[], None]) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient import _otel
+from smartclient import _otel, keepalive
 from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
@@ -114,9 +114,9 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
-        #: seconds of silence after which a connection is taken for lost (the Environment's heartbeat; not shortened
-        #: by dead_after: not yet measured on a silent network)
-        self.heartbeat = float(settings.heartbeat)
+        #: proton's idle timeout: a connection that heard nothing for one to two of it is lost, so found within
+        #: dead_after (:func:`smartclient.keepalive.idle_timeout`: the Environment's heartbeat if shorter)
+        self.heartbeat = keepalive.idle_timeout(settings.heartbeat, settings.dead_after)
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:

@@ -85,11 +85,10 @@ class ConnectionOptions:
     :param frame_max: bytes; the largest frame (so message) a connection carries.
     :param heartbeat: seconds between heartbeats; 0: off.
     :param topology_max_age: seconds a cached topology is trusted.
-    :param dead_after: seconds of silence after which a connection is found dead, on any network: one whose
-        peer acknowledges nothing it sent, or answers no keepalive probe when idle, ends within this bound (TCP
-        keepalive and ``TCP_USER_TIMEOUT`` on every socket; stream heartbeats and MQTT pings at a third of it, and a
-        silence watch on each),
-        not after two heartbeats.
+    :param dead_after: seconds within which a connection whose link went silent (one way or both, through a load
+        balancer too) is found dead, in every wing, not after two heartbeats: stream heartbeats at a fifth of it,
+        MQTT pings and AMQP 0.9.1 questions at a third, AMQP 1.0's idle timeout at two fifths, a silence watch on
+        each, and TCP keepalive and ``TCP_USER_TIMEOUT`` on every socket.
         A busy peer, or one that holds back a sender (back-pressure), still acknowledges, and is not taken for
         dead.  0: off (the heartbeat alone).  See ``docs/reliability.md``, "Partitions".
     """

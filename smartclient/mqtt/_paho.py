@@ -32,7 +32,7 @@ Why each private name is touched:
   socket it dials (before any TLS): a silent broker ends the connection within ``dead_after``.
 * ``Client._check_keepalive`` is overridden to watch for silence too: a PINGREQ after ``dead_after / 3`` s with
   nothing received (``Client._last_bytes_received`` under ``Client._msgtime_mutex``; ``Client._send_pingreq``),
-  and the connection lost after ``dead_after`` s (``Client._do_on_disconnect``, as paho's own keepalive does).
+  and the connection lost after ``dead_after - 1`` s (``Client._do_on_disconnect``, as paho's own keepalive does).
 * ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
   waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`).  When a client gives up for good,
   what ``Client._out_messages`` holds (under ``Client._out_message_mutex``) fails: each one's ``rc`` is set and
@@ -258,8 +258,9 @@ class PahoClient(paho.Client):
 
     def _check_keepalive(self) -> None:
         """paho's keepalive (the one agreed with the broker), then the silence watch of ``dead_after``: with nothing
-        received for a third of it, a PINGREQ (at most one per third), and with nothing received for all of it, the
-        connection is lost (paho's own would wait up to two keepalives: 120 s by default).  The keepalive the broker
+        received for a third of it, a PINGREQ (at most one per third), and with nothing received for all of it but
+        the second paho's loop may take to look again, the connection is lost (paho's own would wait up to two
+        keepalives: 120 s by default).  The keepalive the broker
         holds the client to stays the user's, so a client not pumped for a while (a placement waiting for the
         management API to list it) is not dropped by the broker."""
         super()._check_keepalive()
@@ -269,7 +270,7 @@ class PahoClient(paho.Client):
         now = time.monotonic()  # (paho's clock)
         with self._msgtime_mutex:
             silent = now - self._last_bytes_received
-        if silent >= self.dead_after:
+        if silent >= self.dead_after - 1:  # looked at every second at least (paho's loop): found within dead_after
             log.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
                         self.client_id, silent)
             self._sock_close()

@@ -17,9 +17,10 @@ from smartclient._errors import (
     ConfigurationError,
     ConnectionFailed,
     SmartClientError,
+    StreamNotReady,
 )
 from smartclient.core.address import Address
-from smartclient.core.deadline import attempt, step
+from smartclient.core.deadline import attempt, remaining, step
 from smartclient.core.delivery import Chunk, ChunkHandler
 from smartclient.core.offsets import OffsetSpec
 from smartclient.core.retry import WATCH_POLL, Backoff
@@ -32,6 +33,8 @@ from smartclient.stream.unreported import move_back, watch_deliveries
 __all__ = ["Consumer", "consumer_handler"]
 
 log = logging.getLogger(__name__)
+#: how soon a first subscription the broker said was not ready yet is asked for again (within the open's bound)
+NOT_READY_POLL = Backoff(initial=0.05, factor=2.0, max=0.5)
 
 #: between reads of the stored offset when a single active consumer is activated and the first read failed
 ACTIVATION_RETRY = Backoff(initial=0.05, factor=2.0, max=0.5)
@@ -229,8 +232,15 @@ class Consumer(_Handle):
             if chunks else (lambda context: after(context.offset)
                             if (last := self._last_offset) is None or context.offset > last else None))
         _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
-        with map_stream_errors(f"subscribing to {self.stream!r}"):
-            await self._subscribe_at(offset)
+        for polls in range(1, 1_000_000):  # a member not ready yet (just created, an election): again soon
+            try:
+                with map_stream_errors(f"subscribing to {self.stream!r}"):
+                    await self._subscribe_at(offset)
+                break
+            except StreamNotReady:
+                if remaining() <= NOT_READY_POLL.delay(polls):
+                    raise
+                await asyncio.sleep(NOT_READY_POLL.delay(polls))
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()

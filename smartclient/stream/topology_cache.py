@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient._errors import REFUSALS, ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, TopologyError
+from smartclient._errors import REFUSALS, ConnectionFailed, HandleClosed, SmartClientError, StepTimeout, StreamNotReady
 from smartclient.core.address import Address
 from smartclient.core.deadline import TOPOLOGY_READ, detach, remaining, step
 from smartclient.core.entry_points import EntryPoints
@@ -188,7 +188,7 @@ class TopologyCache:
         """The stream's leader and replicas, from the cache or the broker.
 
         :raises StreamNotFound: the stream does not exist.
-        :raises TopologyError: it has no leader within a few seconds.
+        :raises StreamNotReady: it has no leader within a few seconds.
         """
         cached = self._topologies.get(stream)
         if cached is not None and time.monotonic() - cached.read_at < self.max_age:
@@ -218,7 +218,7 @@ class TopologyCache:
                 else:  # both at once: the first to name a leader
                     members = await self._ask_both(stream, other)
                 if members is None and (self._late(stream) or time.monotonic() - began > TOPOLOGY_LIMIT):
-                    raise TopologyError(f"reading the topology of {stream!r}: the stream has no leader available yet")
+                    raise StreamNotReady(f"reading the topology of {stream!r}: the stream has no leader available yet")
                 if members is None:  # an election: ask again soon
                     polls += 1
                     await asyncio.sleep(ELECTION_POLL.delay(polls))

@@ -224,6 +224,17 @@ def _first_since(times: list[float], ready: float) -> float | None:
     return times[bisect.bisect_left(times, ready)] if times and times[-1] >= ready else None
 
 
+def _covered(start: float, end: float, windows: list[tuple[float, float]]) -> float:
+    """How much of ``start``..``end`` the ``windows`` (began, back) cover, overlaps counted once."""
+    total, reach = 0.0, start
+    for began, back in sorted(windows):
+        began, back = max(began, reach), min(back, end)
+        if back > began:
+            total += back - began
+            reach = back
+    return total
+
+
 def _p99(values: Iterable[float]) -> float:
     times = sorted(values)
     return times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)] if times else 0.0
@@ -314,7 +325,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         if kind == "resources":
             continue
         if kind == "heal" and (at := unhealed.pop((str(r.get("what")), str(r.get("target"))), None)) is not None:
-            healed[at] = t
+            healed[at] = float(r.get("began", t))  # (when the heal was begun: it takes effect during it)
             continue
         if kind == "found":
             found.append(float(r["started"]))
@@ -424,8 +435,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         # the client's own share: from the moment its streams took writes again (the probes of this fault, of those
         # before it still under way, and of those that came before the client progressed: faults overlap), or from
         # the fault, to its first progress since then
-        ready = max([at, *(back for stream in mine for began, back in writable.get(stream, ())
-                           if began <= t and back >= at)])
+        windows = [window for stream in mine for window in writable.get(stream, ())]
+        ready = max([at, *(back for began, back in windows if began <= t and back >= at)])
         times = moments[client]
         resumed = _first_since(times, ready)
         if resumed is not None and at in silent:
@@ -439,8 +450,10 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 ready = max(later)
                 resumed = _first_since(times, ready)
         if resumed is not None:
-            own[client].append(resumed - ready)
-            delays.append((client, at, t, resumed - ready))
+            # a later fault that began meanwhile, while its streams could not be written to: not the client's wait
+            mine_own = resumed - ready - _covered(ready, resumed, [w for w in windows if w[0] > ready])
+            own[client].append(mine_own)
+            delays.append((client, at, t, mine_own))
     elections = [back - at for at, back in elected.items()]
     return Report(dict(producers), dict(consumers), dict(progress), faults, dict(op_errors), ops_ok, dict(beyond),
                   elections, dict(own), unwritable, delays)

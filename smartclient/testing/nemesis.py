@@ -228,11 +228,12 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
             history.add("writable", fault_t=fault_t, target="lb", streams=dict.fromkeys(streams, back), missing=0)
     if heal is not None:
         await asyncio.sleep(fault.hold)
+        began = round(time.monotonic() - history.start, 4)  # (the heal takes effect during the call)
         try:
             await asyncio.to_thread(heal)
         except Exception as exc:
             history.add("fault_error", what=f"heal {fault.what}", error=f"{type(exc).__name__}: {exc}")
-        history.add("heal", what=fault.what, target=fault.target)
+        history.add("heal", what=fault.what, target=fault.target, began=began)
     healed.set()
     if probe is not None:
         await probe

@@ -17,10 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartclient import keepalive
 from smartclient.testing.nemesis import PARTITIONS, Plan, Run
 
-__all__ = ["HEARTBEAT", "ONE_WAY", "SILENCING", "Detections", "bounds", "client_of", "detections", "plan",
+__all__ = ["ONE_WAY", "SILENCING", "WINGS", "Detections", "bounds", "client_of", "detections", "plan",
            "record_recoveries"]
 
 
@@ -41,22 +40,19 @@ async def record_recoveries(run: Run) -> None:
 #: the partitions that silence the clients' links to a node (the others cut it from its peers: the LB still reaches
 #: it, and what its clients see is a leader that commits nothing, found by their watches, not a silent link)
 SILENCING = ("isolate", "cut-lb", "cut-lb-one-way")
-#: a one-way drop toward the node: its own frames still come until its TCP stalls (its next heartbeat, at most two
-#: intervals after the drop), so the finding may come that much later
+#: a one-way drop toward the node: its own frames still come until its TCP stalls (at its next frame), which every
+#: wing's watch allows for (:func:`smartclient.keepalive.silence_limit`)
 ONE_WAY = "cut-lb-one-way"
-
-
-#: the heartbeat of the run's Environment: AMQP 0.9.1 and 1.0 keep the one they are given, and 5 s puts their
-#: bounds at 11 s and 10 s
-HEARTBEAT = 5
+#: the wings a finding is made by
+WINGS = ("stream", "mqtt", "amqp", "amqp10", "rpc", "mqtt-fleet")
 
 
 def plan(minutes: float, seed: int) -> Plan:
     """The partition run's plan: partitions only, one node at a time, each held 12-25 s (longer than any bound),
     8-16 s apart, and 20 quiet seconds at the end; streams at 100 messages/s per producer, AMQP 1.0 and 0.9.1 and
-    MQTT QoS 1 on quorum queues beside them."""
+    MQTT QoS 1 on quorum queues beside them; the Environment's defaults (heartbeat 60 s, dead_after 10 s)."""
     return Plan(minutes=minutes, seed=seed, kinds=tuple(PARTITIONS), gap=(8.0, 16.0), hold=(12.0, 25.0),
-                rate=100.0, amqp10=True, queues=True, heartbeat=HEARTBEAT, quiet=20.0)
+                rate=100.0, amqp10=True, queues=True, quiet=20.0)
 
 
 def client_of(handle: Any) -> str:
@@ -83,13 +79,10 @@ def client_of(handle: Any) -> str:
     return ""
 
 
-def bounds(dead_after: float, heartbeat: float) -> dict[str, float]:
-    """The documented bound of each wing (docs/reliability.md, "Partitions and silent networks"), plus a second
-    for the loop that looks: streams and MQTT ``dead_after``; AMQP 0.9.1 two heartbeats (pika's); AMQP 1.0 twice the
-    idle timeout, ``heartbeat``, and the look of the thread that runs it (measured up to 1.4 x)."""
-    return {"stream": dead_after + 1, "mqtt": dead_after + 1, "amqp": 2 * heartbeat + 1, "amqp10": 2 * heartbeat,
-            "rpc": 2 * heartbeat + 1, "mqtt-fleet": dead_after + 1,
-            "one-way": 2 * keepalive.heartbeat(heartbeat, dead_after)}
+def bounds(dead_after: float) -> dict[str, float]:
+    """The documented bound of each wing (docs/reliability.md, "Partitions and silent networks"): ``dead_after``,
+    one way or both, for every wing (streams, AMQP 0.9.1 and its RPC, AMQP 1.0, MQTT and its fleet)."""
+    return dict.fromkeys(WINGS, float(dead_after))
 
 
 @dataclass
@@ -118,9 +111,8 @@ def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]
     """When each partition that silences the clients' links (:data:`SILENCING`) was found, per wing (pure).  A
     moment counts for the latest such partition before it if it came before that partition's heal (after it, a
     client may give up on a connection for other reasons: the cut node's streams changing hands again), once per
-    client; one past the wing's bound (``limits``; a one-way drop has ``limits["one-way"]`` more) is listed in
-    :attr:`Detections.beyond`.  (A partition shorter than a bound may heal before anything is found: the partition
-    run holds each longer.)"""
+    client; one past the wing's bound (``limits``) is listed in :attr:`Detections.beyond`.  (A partition shorter
+    than a bound may heal before anything is found: the partition run holds each longer.)"""
     cuts: list[tuple[float, str]] = []  # (t, what)
     heals: list[float] = []
     found: list[tuple[float, str, str]] = []  # (t, wing, client)
@@ -143,7 +135,7 @@ def detections(records: Iterable[Mapping[str, Any]], limits: Mapping[str, float]
         if t > healed or (i, client) in first:
             continue
         first.add((i, client))
-        limit = limits.get(wing, 0.0) + (limits.get("one-way", 0.0) if what == ONE_WAY else 0.0)
+        limit = limits.get(wing, 0.0)
         seconds = round(t - cut, 2)
         result.times.setdefault(wing, []).append(seconds)
         if seconds > limit:

@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from smartclient import ConfigurationError, ConnectionOptions
-from smartclient.keepalive import heartbeat, tcp_options, watch
+from smartclient.keepalive import heartbeat, silence_limit, tcp_options, watch
 
 
 def test_the_options_find_a_silent_peer_within_dead_after() -> None:
@@ -39,9 +39,21 @@ def test_dead_after_is_checked() -> None:
         ConnectionOptions(dead_after=-1)
 
 
-def test_the_heartbeat_comes_at_least_every_third_of_dead_after() -> None:
-    assert heartbeat(60, 10.0) == 3  # an idle peer's two heartbeats apart at most: 6 s, within 10
+def test_the_heartbeat_comes_at_least_every_fifth_of_dead_after() -> None:
+    assert heartbeat(60, 10.0) == 2  # an idle peer's two heartbeats apart at most: 4 s, within the 6 s limit
     assert heartbeat(2, 10.0) == 2  # the user's, shorter
     assert heartbeat(60, 2.0) == 1
     assert heartbeat(60, 0) == 60  # dead_after off: the user's heartbeat
     assert heartbeat(0, 10.0) == 0  # heartbeats off stay off (only TCP's own checks are left)
+
+
+def test_the_silence_limit_leaves_room_for_a_one_way_drop_and_none_for_a_false_alarm() -> None:
+    assert silence_limit(2, 10.0) == 6  # a one-way drop stalls the node's TCP at its next frame: <= 4 s + 6 s
+    assert silence_limit(1, 10.0) == 8  # the user's shorter heartbeat
+    assert silence_limit(1, 4.0) == 3  # the least dead_after: three heartbeats, never fewer (a live idle peer)
+    assert silence_limit(12, 60.0) == 36
+    assert silence_limit(0, 10.0) == 10  # no heartbeat: the whole of dead_after
+    for dead_after in (4, 5, 7, 10, 13, 30, 60, 600):
+        beat = heartbeat(60, dead_after)
+        assert silence_limit(beat, dead_after) >= 3 * beat  # above a live peer's gap (2 heartbeats) by one
+        assert silence_limit(beat, dead_after) + 2 * beat <= max(dead_after, 5 * beat)

@@ -7,18 +7,22 @@ import logging
 import time
 from typing import Any
 
+from smartclient.keepalive import silence_limit
+
 __all__ = ["watch_silence"]
 
 log = logging.getLogger(__name__)
 
 
-async def watch_silence(client: Any, limit: float) -> None:
+async def watch_silence(client: Any, dead_after: float, heartbeat: float = 0) -> None:
     """End ``client``'s connection once it heard nothing (rstream's ``_last_heartbeat`` is the time of the last
-    frame received) for ``limit`` seconds (a step less, looked at every step): the peer, or a load balancer's link
-    to it, went silent without a reset or a FIN.  Its reader then ends, and the connection's streams recover
+    frame received) for :func:`~smartclient.keepalive.silence_limit` of its ``heartbeat`` and ``dead_after`` (half
+    a second less, looked at every half second): the peer, or a load balancer's link to it, went silent without a
+    reset or a FIN.  Its reader then ends, and the connection's streams recover
     elsewhere.  A loop that was itself held (a blocking callback) is not the peer's silence: a late wake-up starts
     the count again."""
-    step = min(1.0, limit / 4)
+    limit = silence_limit(heartbeat, dead_after)
+    step = min(0.5, limit / 4)
     while client.is_connection_alive():
         asked = time.monotonic()
         await asyncio.sleep(step)
@@ -30,7 +34,8 @@ async def watch_silence(client: Any, limit: float) -> None:
         if silent > limit - step:  # looked at every step: found within limit
             client.smartclient_silent_for = silent
             log.warning("%s:%s (%s): heard nothing for %.1f s (dead_after %g s): ending the connection",
-                        client.host, client.port, client._client_properties.get("connection_name"), silent, limit)
+                        client.host, client.port, client._client_properties.get("connection_name"), silent,
+                        dead_after)
             if (writer := getattr(client._conn, "_writer", None)) is not None:
                 writer.transport.abort()  # the reader ends: the streams on it recover
             return

@@ -33,6 +33,7 @@ from smartclient._errors import (
     ResolutionError,
     SmartClientError,
     StreamNotFound,
+    StreamNotReady,
     TokenRefused,
     TopologyError,
 )
@@ -274,7 +275,7 @@ class NamedClient(Client):
     def _start_heartbeat(self) -> None:
         super()._start_heartbeat()
         if self.smartclient_dead_after and self._heartbeat:
-            self.start_task("silence_watch", watch_silence(self, self.smartclient_dead_after))
+            self.start_task("silence_watch", watch_silence(self, self.smartclient_dead_after, self._heartbeat))
 
     async def _listener(self) -> None:
         """rstream's reader, then: every request still waiting for an answer fails at once.  rstream leaves
@@ -390,7 +391,7 @@ def map_stream_errors(context: str) -> Iterator[None]:
         raise TopologyError(f"{context}: the broker refused it (precondition failed: a name already in use, or "
                             f"arguments other than those the stream has)") from exc
     except (rx.LeaderNotAvailable, rx.StreamNotAvailable) as exc:
-        raise TopologyError(f"{context}: the stream has no leader available yet") from exc
+        raise StreamNotReady(f"{context}: the stream has no leader available yet") from exc
     except socket.gaierror as exc:
         raise ResolutionError(f"{context}: the host name could not be resolved ({exc}); "
                               f"a resolver (StaticMap, DnsResolver) can map it") from exc

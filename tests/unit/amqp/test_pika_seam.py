@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 import socket
 import ssl
+from collections.abc import Callable
+from typing import Any
 
 import pika
 import pika.exceptions as px
@@ -33,6 +35,7 @@ from smartclient.amqp._pika import (
     PIKA_INTERNALS,
     PIKA_NAMES,
     PIKA_SIGNATURES,
+    SilenceWatch,
     open_connection,
     pika_errors,
 )
@@ -54,7 +57,7 @@ def test_every_private_name_of_pika_the_seam_relies_on_exists(entry: str) -> Non
 
 
 #: the entries of PIKA_INTERNALS that are instance attributes (the rest are methods)
-INSTANCE_ATTRIBUTES = {"_impl", "_heartbeat_checker", "_check_interval", "_check_timer"}
+INSTANCE_ATTRIBUTES = {"_impl"}
 
 
 def test_a_new_token_goes_through_the_connections_io_loop() -> None:
@@ -174,3 +177,96 @@ def test_only_the_seam_imports_pika() -> None:
 def test_only_the_seam_touches_pikas_private_names() -> None:
     names = {e.rsplit(".", 1)[1] for e in PIKA_INTERNALS}
     assert private_uses(names, SEAM, set()) == []
+
+
+class _Channel:
+    def __init__(self, on_open: Any) -> None:
+        self.is_open, self.is_closed, self.on_open, self.on_qos = False, False, on_open, None
+
+    def basic_qos(self, prefetch_count: int, callback: Any) -> None:
+        self.on_qos = callback
+
+
+class _Impl:
+    """The few things of pika's Connection the silence watch uses."""
+
+    def __init__(self) -> None:
+        self.is_open, self.bytes_received, self.timers, self.ended = True, 0, 0, None
+        self.channels: list[_Channel] = []
+        self.on_blocked: Any = None
+
+    def add_on_connection_blocked_callback(self, cb: Any) -> None:
+        self.on_blocked = cb
+
+    def add_on_connection_unblocked_callback(self, cb: Any) -> None:
+        pass
+
+    def _adapter_call_later(self, delay: float, callback: Any) -> None:
+        self.timers += 1
+
+    def _terminate_stream(self, error: Exception) -> None:
+        self.ended = error
+
+    def channel(self, on_open_callback: Any) -> _Channel:
+        self.channels.append(_Channel(on_open_callback))
+        return self.channels[-1]
+
+
+def _watched(monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], _Impl, SilenceWatch]:
+    clock = [1000.0]
+    monkeypatch.setattr("smartclient.amqp._pika.time.monotonic", lambda: clock[0])
+    impl = _Impl()
+    watch = SilenceWatch(impl, 10.0)
+    watch.start()
+    return clock, impl, watch
+
+
+def _seconds(clock: list[float], watch: SilenceWatch, n: int, hear: Callable[[int], None] = lambda s: None) -> None:
+    for second in range(1, n + 1):  # a look a second
+        clock[0] += 1
+        hear(second)
+        watch.look()
+
+
+def test_the_silence_watch_asks_after_a_third_and_ends_a_silent_connection_within_dead_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, impl, watch = _watched(monkeypatch)
+    assert impl.timers == 1
+    _seconds(clock, watch, 3)  # a third of dead_after: the first question is a channel of its own
+    assert len(impl.channels) == 1 and watch.probes == 1
+    impl.bytes_received += 20  # its answer
+    impl.channels[0].is_open = True
+    impl.channels[0].on_open(impl.channels[0])
+    _seconds(clock, watch, 4)  # heard at the next look, then silent again for a third: basic.qos on it
+    assert watch.probes == 2 and impl.channels[0].on_qos is not None
+    _seconds(clock, watch, 5)  # no answer, nothing heard
+    assert impl.ended is None
+    _seconds(clock, watch, 1)  # 9 s of silence: a look a second finds it within dead_after
+    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "heard nothing for 9.0 s" in str(impl.ended)
+
+
+def test_an_unanswered_question_ends_a_connection_that_still_hears_the_nodes_heartbeat(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link cut one way toward the node: the node's next heartbeat still comes, the answer never does."""
+    clock, impl, watch = _watched(monkeypatch)
+    _seconds(clock, watch, 5, hear=lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8 * (s == 5)))
+    assert watch.probes == 1 and impl.ended is None  # asked at 3 s; the node's heartbeat came at 5 s
+    _seconds(clock, watch, 4)
+    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "no answer for 6.0 s" in str(impl.ended)
+
+
+def test_the_silence_watch_keeps_a_connection_that_hears_or_was_not_looked_at_or_is_blocked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, impl, watch = _watched(monkeypatch)
+    _seconds(clock, watch, 30, hear=lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8))
+    assert impl.ended is None and watch.probes == 0  # something every second: never asked, never ended
+    clock[0] += 20  # the thread was elsewhere for 20 s: what came meanwhile is not read yet
+    watch.look()
+    assert impl.ended is None
+    impl.on_blocked(None, None)  # a resource alarm: the broker reads nothing, pika's blocked timeout judges
+    _seconds(clock, watch, 30)
+    assert impl.ended is None
+    impl.is_open = False
+    timers = impl.timers
+    watch.look()  # closed: the watch ends
+    assert impl.timers == timers

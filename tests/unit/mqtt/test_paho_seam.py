@@ -12,10 +12,10 @@ that answers as a broker would (CONNECT in, CONNACK out): the integration tests 
 from __future__ import annotations
 
 import inspect
-import time
 import re
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -284,3 +284,22 @@ def test_a_client_that_gives_up_fails_what_paho_had_unacknowledged(connack_broke
             info.wait_for_publish(timeout=1.0)  # raises at once: the client gave up on it
     finally:
         client.close_quietly()
+
+
+def test_the_silence_watch_pings_at_a_third_and_gives_up_a_second_before_dead_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client = PahoClient.create("watched", MQTTProtocolVersion.MQTTv311, clean_start=True)
+    client.dead_after = 10.0
+    client._keepalive = 60  # the broker's: longer than a third of dead_after, so the watch pings on its own
+    calls: list[str] = []
+    monkeypatch.setattr(client, "is_connected", lambda: True)
+    monkeypatch.setattr(client, "_send_pingreq", lambda: calls.append("ping"))
+    monkeypatch.setattr(client, "_sock_close", lambda: calls.append("close"))
+    monkeypatch.setattr(client, "_do_on_disconnect", lambda **kw: calls.append("lost"))
+    monkeypatch.setattr(client, "_last_msg_out", time.monotonic())  # paho's own keepalive: nothing due
+    for silent, expected in ((2.5, []), (3.2, ["ping"]), (4.0, ["ping"]), (8.8, ["ping"]),  # one per third
+                             (9.0, ["ping", "close", "lost"])):
+        client._last_bytes_received = time.monotonic() - silent
+        client._last_msg_in = time.monotonic()
+        client._check_keepalive()
+        assert calls == expected, silent
