@@ -13,8 +13,11 @@ history is measured again.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from smartclient.testing.nemesis import PARTITIONS, Plan, Run
@@ -34,7 +37,31 @@ async def record_recoveries(run: Run) -> None:
         history.add("found", client=client_of(event.handle), wing=event.wing, started=round(t - event.seconds, 4))
 
     run.env.on_recovery(on_recovery)
-    await run.stop.wait()
+    watch = _MqttFindings(history)  # paho's own reconnect after the silence watch tells no recovery: its log does
+    logging.getLogger(MQTT_WATCH_LOGGER).addHandler(watch)
+    try:
+        await run.stop.wait()
+    finally:
+        logging.getLogger(MQTT_WATCH_LOGGER).removeHandler(watch)
+
+
+#: the logger of MQTT's silence watch (``PahoClient._check_keepalive``): "MQTT client %s: nothing received ..."
+MQTT_WATCH_LOGGER = "smartclient.mqtt._paho"
+
+
+class _MqttFindings(logging.Handler):
+    """A ``found`` record each time MQTT's silence watch ends a connection (the client reconnects by itself, which
+    no recovery event tells when it lands at once); its client named as :func:`client_of` names it."""
+
+    def __init__(self, history: Any) -> None:
+        super().__init__(logging.WARNING)
+        self.history = history
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("MQTT client %s: nothing received") and record.args:
+            client = client_of(SimpleNamespace(client_id=str(record.args[0])))  # type: ignore[index]
+            self.history.add("found", client=client, wing="mqtt" if client != "mqtt" else "mqtt-fleet",
+                             started=round(record.created - time.time() + time.monotonic() - self.history.start, 4))
 
 
 #: the partitions that silence the clients' links to a node (the others cut it from its peers: the LB still reaches

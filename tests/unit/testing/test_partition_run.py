@@ -53,3 +53,26 @@ def test_a_handle_is_named_as_the_nemesis_names_its_client() -> None:
     assert client_of(SimpleNamespace(name=None, stream="n-1-super-2")) == "c-super-n-1-super-2"
     assert client_of(SimpleNamespace(client_id="nemesis-1-q1-s")) == "mqtt-c"
     assert client_of(SimpleNamespace()) == ""
+
+
+def test_mqtts_silence_watch_is_a_finding_as_its_log_says() -> None:
+    import logging
+
+    from smartclient.testing.nemesis import History
+    from smartclient.testing.partition_run import MQTT_WATCH_LOGGER, _MqttFindings
+
+    history = History()
+    watch = _MqttFindings(history)
+    logger = logging.getLogger(MQTT_WATCH_LOGGER)
+    logger.addHandler(watch)
+    try:
+        logger.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
+                       "nemesis-7-q1-s", 9.0)
+        logger.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
+                       "nemesis-7-3", 9.1)
+        logger.warning("MQTT client %s: something else", "nemesis-7-q1-p")
+    finally:
+        logger.removeHandler(watch)
+    found = [(r["client"], r["wing"]) for r in history.records if r["kind"] == "found"]
+    assert found == [("mqtt-c", "mqtt"), ("mqtt", "mqtt-fleet")]
+    assert all(0 <= r["started"] <= r["t"] + 0.01 for r in history.records)
