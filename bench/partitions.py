@@ -49,8 +49,8 @@ def main() -> int:
     bed = from_env()
     if not isinstance(bed, LocalTestBed) or not bed.layout.namespaced:
         raise SystemExit("partitions: needs the namespaced test bed (SMARTCLIENT_TESTBED_NETWORK=namespaces)")
+    bed.heal_partitions()  # (a run stopped mid-way leaves its cut: the cluster would not form again through it)
     bed.up()
-    bed.heal_partitions()  # (a run stopped mid-way leaves its cut)
     print(f"partitions bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}, nodes "
           f"{', '.join(f'{n.short} {n.host}' for n in bed.nodes)} (lb-only)", flush=True)
     history = History(args.history)

@@ -317,6 +317,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                     failure = exc
                     raise
                 except SmartClientError as exc:
+                    log.warning("AMQP 1.0 %s: recovery attempt %d failed: %s", what, recovery.attempts, exc)
                     step = recovery.failed(exc)
                 else:
                     node = after(reopened)

@@ -28,12 +28,14 @@ __all__ = ["ONE_WAY", "SILENCING", "WINGS", "Detections", "bounds", "client_of",
 
 async def record_recoveries(run: Run) -> None:
     """An extra for :func:`~smartclient.testing.nemesis.run`: every recovery the Environment is told of, as a
-    ``recovery`` record (``wing``, ``seconds`` it took, ``started``: the history's ``t`` it began, ``ok``)."""
+    ``recovery`` record (``wing``, ``seconds`` it took, ``ok``, ``attempts``, the node ``before`` and ``after``), and
+    a ``found`` record (``started``: the history's ``t`` it began)."""
     history = run.history
 
     def on_recovery(event: Any) -> None:
         t = history.add("recovery", wing=event.wing, seconds=round(event.seconds, 3), ok=event.recovered,
-                        cause=str(event.cause)[:120])
+                        cause=str(event.cause)[:120], attempts=event.attempts, before=str(event.before),
+                        after=str(event.after))
         history.add("found", client=client_of(event.handle), wing=event.wing, started=round(t - event.seconds, 4))
 
     run.env.on_recovery(on_recovery)
