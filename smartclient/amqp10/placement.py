@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
     AuthenticationFailed,
+    PlacementError,
     RecoveryFailed,
     SmartClientError,
     TopologyError,
@@ -44,7 +45,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
 )
 from smartclient.amqp10.clients import Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node
+from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node, queue_publisher_node
 from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, RecoveryPolicy, Stop
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
@@ -250,11 +251,21 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         text("Amqp10Placer.publisher(queue)", queue)
         return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry), placer=self)
 
-    def publisher_on(self, queue: str, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
+    def publisher_on(self, queue: str, retry: RetryPolicy, avoid: set[str] | None = None
+                     ) -> tuple[PlacedAmqp10Connection, Any]:
+        """A publisher to ``queue`` on its leader's node, or (a recovery's ``avoid``: the nodes it could not reach,
+        to which a node this attempt could not reach is added, emptied once placed) on another member: the core
+        decides (:func:`~smartclient.core.broker_nodes.queue_publisher_node`)."""
         topology = self.queue_topology(queue)
-        if topology.leader is None:
-            raise TopologyError(f"queue {queue!r} has no leader now")
-        placed = self.connect(topology.leader, "publisher", retry)
+        node = queue_publisher_node(queue, topology.leader, topology.members, self.clients_per_node(), avoid or ())
+        try:
+            placed = self.connect(node, "publisher", retry)
+        except PlacementError:
+            if avoid is not None:
+                avoid.add(node)
+            raise
+        if avoid is not None:
+            avoid.clear()
         try:
             publisher = new_publisher(placed.connection, queue)
         except BaseException:
@@ -329,9 +340,11 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 self.on_recovery(RecoveryEvent(handle, "amqp10", before, node, str(lost), recovery.seconds,
                                                recovery.attempts, failure))
 
-    def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
-        """The node a consumer of ``topology``'s queue goes to, for ``prefer`` (the core decides)."""
-        return queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node())
+    def consumer_node(self, topology: QueueTopology, prefer: str, avoid: Collection[str] = ()) -> str:
+        """The node a consumer of ``topology``'s queue goes to, for ``prefer``, not one of ``avoid`` if it can (the
+        core decides)."""
+        return queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node(),
+                                   avoid)
 
     def close(self) -> None:
         """Close the connection queues are looked up on (publishers and consumers are closed by their owners).

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from smartclient.core.address import Address
 from smartclient.core.topology import Candidates, Role
 
 __all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "queue_consumer_node",
-           "rebalance", "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
+           "queue_publisher_node", "rebalance", "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
 
 T = TypeVar("T")
 
@@ -160,11 +160,30 @@ def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: s
     return Candidates(what, Role.CONNECTION, (others, (last,)))
 
 
+def queue_publisher_node(queue: str, leader: str | None, members: Sequence[str], used: Mapping[str, int],
+                         avoid: Collection[str] = ()) -> str:
+    """The node a publisher to a queue goes to: its leader (the writes go there), or, when the client could not
+    reach it just now (``avoid``: through a load balancer that no longer routes to a cut node), the least used
+    member it did not fail to reach (the broker forwards the writes to the leader); the leader again when every
+    member is in ``avoid``.
+
+    :raises TopologyError: the queue has no leader now.
+    """
+    if leader is None:
+        raise TopologyError(f"queue {queue!r} has no leader now")
+    if leader not in avoid:
+        return leader
+    others = [m for m in members if m not in avoid]
+    return min(others, key=lambda member: (used.get(member, 0), member)) if others else leader
+
+
 def queue_consumer_node(queue: str, leader: str | None, members: Sequence[str], prefer: str,
-                        used: Mapping[str, int]) -> str:
+                        used: Mapping[str, int], avoid: Collection[str] = ()) -> str:
     """The node a consumer of a queue goes to: its leader (``prefer="leader"``), a member that is not the leader
     (``"replica"``; the leader when there is no other), or any member (``"member"``); among several, the one with
-    the fewest of this client's connections (``used``), then by name.
+    the fewest of this client's connections (``used``), then by name, and not one of ``avoid`` (nodes the client
+    could not reach just now: through a load balancer that no longer routes to a cut node, a recovery would ask for
+    it again and again) unless every candidate is.
 
     :raises NoCandidateNode: the queue has no member.  :raises TopologyError: no leader now, for ``"leader"``.
     """
@@ -177,4 +196,5 @@ def queue_consumer_node(queue: str, leader: str | None, members: Sequence[str], 
         return leader
     if prefer == "replica":
         candidates = [m for m in candidates if m != leader] or candidates
+    candidates = [m for m in candidates if m not in avoid] or candidates
     return min(candidates, key=lambda member: (used.get(member, 0), member))

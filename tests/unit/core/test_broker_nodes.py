@@ -90,3 +90,25 @@ def test_a_queue_consumer_goes_where_its_preference_says_the_least_used_member_f
         queue_consumer_node("q", None, (), "member", {})
     with pytest.raises(TopologyError, match="no leader"):
         queue_consumer_node("q", None, members, "leader", {})
+
+
+def test_a_queue_consumer_avoids_a_member_it_could_not_reach_unless_every_one_is() -> None:
+    from smartclient.core.broker_nodes import queue_consumer_node
+
+    members = ("a@h", "b@h", "c@h")
+    assert queue_consumer_node("q", "b@h", members, "member", {"b@h": 1, "c@h": 1}, avoid={"a@h"}) == "b@h"
+    assert queue_consumer_node("q", "b@h", members, "replica", {}, avoid={"a@h"}) == "c@h"
+    assert queue_consumer_node("q", "b@h", members, "member", {}, avoid=set(members)) == "a@h"  # all: as before
+    assert queue_consumer_node("q", "b@h", members, "leader", {}, avoid={"b@h"}) == "b@h"  # the leader it must be
+
+
+def test_a_queue_publisher_goes_to_the_leader_or_to_a_member_when_it_could_not_reach_it() -> None:
+    from smartclient import TopologyError
+    from smartclient.core.broker_nodes import queue_publisher_node
+
+    members = ("a@h", "b@h", "c@h")
+    assert queue_publisher_node("q", "b@h", members, {}) == "b@h"
+    assert queue_publisher_node("q", "b@h", members, {"a@h": 2}, avoid={"b@h"}) == "c@h"  # forwards to the leader
+    assert queue_publisher_node("q", "b@h", members, {}, avoid=set(members)) == "b@h"  # none reached: the leader
+    with pytest.raises(TopologyError, match="no leader"):
+        queue_publisher_node("q", None, members, {})
