@@ -207,14 +207,20 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
     else:
         call, heal = bed.stop_dns, bed.start_dns
     silent = {"silent": True} if fault.what in PARTITIONS else {}  # (the checker times its clients' share apart)
-    fault_t = history.add("fault", what=fault.what, target=fault.target, **silent)
     probe: asyncio.Future[Any] | None = None
     healed = asyncio.Event()
+    at: list[float] = []
+
+    def inject() -> None:  # timed on its thread, as it begins: a busy executor may have held the call back
+        at.append(history.add("fault", what=fault.what, target=fault.target, **silent))
+        call()
+
     try:
-        await asyncio.to_thread(call)
+        await asyncio.to_thread(inject)
     except Exception as exc:  # a fault that could not be injected is recorded, not fatal
         history.add("fault_error", what=fault.what, error=f"{type(exc).__name__}: {exc}")
     else:
+        fault_t = at[0]
         if streams and fault.what in ("kill", "stop_app"):
             probe = asyncio.gather(_leaders_back(bed, streams, fault.target, fault_t, history),
                                    writable_back(bed, streams, fault_t, history, victim=fault.target, healed=healed))
