@@ -12,8 +12,8 @@ connection that heard nothing for long enough that a silent drop, one way or bot
   without pumping it), pings on its own every third of ``dead_after`` and is lost at ``dead_after`` less the second
   paho's loop takes to look (``PahoClient._check_keepalive``);
 * AMQP 0.9.1 keeps its heartbeat (a pika ``BlockingConnection`` heartbeats only inside its calls), and the seam's
-  ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection a
-  second before it;
+  ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection two
+  seconds before it;
 * AMQP 1.0 sets proton's idle timeout to :func:`idle_timeout` (two fifths of ``dead_after``).
 
 Beneath that, every TCP socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:

@@ -267,15 +267,16 @@ def open_connection(
 
 
 class SilenceWatch:
-    """AMQP 0.9.1's silence watch: a connection that heard nothing for ``dead_after`` (a second less: it looks
-    every second) is ended as pika's heartbeat checker ends one (``AMQPHeartbeatTimeout``), whatever its
-    heartbeat.  A ``BlockingConnection`` heartbeats only inside pika calls, so its heartbeat stays the user's (60 s:
-    a shorter one would have the broker close a connection the application leaves idle), and the broker's come
-    only every half of it: so once nothing came for a third of ``dead_after``, the watch asks the broker something
-    (``basic.qos`` on a channel of its own, opened at the first probe: the ``channel.open`` is the first question),
-    whose answer is the sign of life.  A question unanswered until ``dead_after`` less a second would have passed
-    since it was asked with nothing heard ends the connection too, whatever came meanwhile: a link cut one way
-    toward the node still brings the node's next heartbeat (or whatever it sent before its TCP stalled).
+    """AMQP 0.9.1's silence watch: a connection that heard nothing for ``dead_after`` (two seconds less: it looks
+    every second, on a loop that may look late) is ended as pika's heartbeat checker ends one
+    (``AMQPHeartbeatTimeout``), whatever its heartbeat.  A ``BlockingConnection`` heartbeats only inside pika
+    calls, so its heartbeat stays the user's (60 s: a shorter one would have the broker close a connection the
+    application leaves idle), and the broker's come only every half of it: so once nothing came for a third of
+    ``dead_after``, the watch asks the broker something (``basic.qos`` on a channel of its own, opened at the first
+    probe: the ``channel.open`` is the first question), whose answer is the sign of life.  A question unanswered
+    until that limit would have passed since it was asked ends the connection too, whatever came meanwhile: a link
+    cut one way toward the node still brings the node's next heartbeat (or whatever it sent before its TCP
+    stalled).
 
     It runs on the connection's I/O loop, which runs while the thread is in a pika call (a publish waiting for its
     confirm, ``process_data_events``, ``start_consuming``): so it finds a silent link while the application waits
@@ -288,7 +289,7 @@ class SilenceWatch:
 
     def __init__(self, impl: Any, dead_after: float) -> None:
         self.impl = impl
-        self.limit = dead_after - self.STEP  # looked at every step: found within dead_after
+        self.limit = dead_after - 2 * self.STEP  # looked at every step, on a loop that may look late: within it
         self.every = max(1.0, dead_after // 3)
         self.bytes = impl.bytes_received
         self.heard = self.looked = time.monotonic()
@@ -317,8 +318,9 @@ class SilenceWatch:
         if silent >= self.limit or unanswered >= self.limit - self.every:
             what = (f"heard nothing for {silent:.1f} s" if silent >= self.limit else
                     f"no answer for {unanswered:.1f} s to a question asked after {self.every:g} s of silence")
-            log.warning("AMQP connection: %s (dead_after %g s): ending it", what, self.limit + self.STEP)
-            self.impl._terminate_stream(px.AMQPHeartbeatTimeout(f"{what} (dead_after {self.limit + self.STEP:g} s)"))
+            log.warning("AMQP connection: %s (dead_after %g s): ending it", what, self.limit + 2 * self.STEP)
+            self.impl._terminate_stream(px.AMQPHeartbeatTimeout(
+                f"{what} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return
         if silent >= self.every and self.question is None:
             self.question = now

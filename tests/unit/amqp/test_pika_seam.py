@@ -239,10 +239,10 @@ def test_the_silence_watch_asks_after_a_third_and_ends_a_silent_connection_withi
     impl.channels[0].on_open(impl.channels[0])
     _seconds(clock, watch, 4)  # heard at the next look, then silent again for a third: basic.qos on it
     assert watch.probes == 2 and impl.channels[0].on_qos is not None
-    _seconds(clock, watch, 5)  # no answer, nothing heard
+    _seconds(clock, watch, 4)  # no answer, nothing heard
     assert impl.ended is None
-    _seconds(clock, watch, 1)  # 9 s of silence: a look a second finds it within dead_after
-    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "heard nothing for 9.0 s" in str(impl.ended)
+    _seconds(clock, watch, 1)  # 8 s of silence: a look a second (which may come late) finds it within dead_after
+    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "heard nothing for 8.0 s" in str(impl.ended)
 
 
 def test_an_unanswered_question_ends_a_connection_that_still_hears_the_nodes_heartbeat(
@@ -251,8 +251,10 @@ def test_an_unanswered_question_ends_a_connection_that_still_hears_the_nodes_hea
     clock, impl, watch = _watched(monkeypatch)
     _seconds(clock, watch, 5, hear=lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8 * (s == 5)))
     assert watch.probes == 1 and impl.ended is None  # asked at 3 s; the node's heartbeat came at 5 s
-    _seconds(clock, watch, 4)
-    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "no answer for 6.0 s" in str(impl.ended)
+    _seconds(clock, watch, 2)
+    assert impl.ended is None
+    _seconds(clock, watch, 1)
+    assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "no answer for 5.0 s" in str(impl.ended)
 
 
 def test_the_silence_watch_keeps_a_connection_that_hears_or_was_not_looked_at_or_is_blocked(
