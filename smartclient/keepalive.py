@@ -14,7 +14,8 @@ connection that heard nothing for long enough that a silent drop, one way or bot
 * AMQP 0.9.1 keeps its heartbeat (a pika ``BlockingConnection`` heartbeats only inside its calls), and the seam's
   ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection two
   seconds before it;
-* AMQP 1.0 sets proton's idle timeout to :func:`idle_timeout` (two fifths of ``dead_after``).
+* AMQP 1.0 keeps proton's idle timeout at the heartbeat: proton judges it at a connection's next event before it
+  reads what came meanwhile, so a short one drops connections left alone (not yet within ``dead_after``).
 
 Beneath that, every TCP socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
 
@@ -34,7 +35,7 @@ import math
 import socket
 from typing import Any
 
-__all__ = ["heartbeat", "idle_timeout", "silence_limit", "tcp_options", "watch"]
+__all__ = ["heartbeat", "silence_limit", "tcp_options", "watch"]
 
 
 def heartbeat(interval: float, dead_after: float) -> int:
@@ -58,18 +59,6 @@ def silence_limit(heartbeat: float, dead_after: float) -> float:
     if not heartbeat:
         return dead_after
     return max(dead_after - 2 * heartbeat, 3 * heartbeat)
-
-
-def idle_timeout(interval: float, dead_after: float) -> float:
-    """AMQP 1.0's idle timeout (proton's, in seconds; 0: off) for a connection found dead within ``dead_after``:
-    proton ends one that heard nothing from one look to the next, its looks an idle timeout apart, so between one
-    and two of them after the last frame, and it advertises half of it, so the broker sends an empty frame at least
-    that often; so two fifths of ``dead_after`` (4 s by default), or ``interval`` (the user's) if shorter.  The broker
-    holds the client to its own idle timeout, not to this one, so a thread that leaves the connection alone for a
-    while is not dropped (proton reads what came before it looks again)."""
-    if not interval or not dead_after:
-        return float(interval)
-    return min(float(interval), max(1.0, dead_after * 0.4))
 
 
 def tcp_options(dead_after: float) -> dict[str, int]:

@@ -76,6 +76,10 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # heartbeat checker ends one (the stream aborted with AMQPHeartbeatTimeout)
     "pika.connection.Connection._adapter_call_later",
     "pika.connection.Connection._terminate_stream",
+    # its channel is pika's, with no BlockingChannel: BlockingConnection.close() and its event dispatch read the
+    # channel's cookie (_ProbeCookie stands in: not open, no events)
+    "pika.channel.Channel._set_cookie",
+    "pika.adapters.blocking_connection.BlockingChannel._dispatch_events",
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -266,6 +270,17 @@ def open_connection(
     return connection
 
 
+class _ProbeCookie:
+    """Where pika's ``BlockingConnection`` keeps each channel's ``BlockingChannel`` (``Channel._set_cookie``), for
+    the silence watch's own channel: ``close()`` closes the open ones itself first (this one is taken along by the
+    connection's close), and events are dispatched only to those that have some."""
+
+    is_open = False
+
+    def _dispatch_events(self) -> None:
+        """Nothing: the watch's answers come through its callbacks."""
+
+
 class SilenceWatch:
     """AMQP 0.9.1's silence watch: a connection that heard nothing for ``dead_after`` (two seconds less: it looks
     every second, on a loop that may look late) is ended as pika's heartbeat checker ends one
@@ -291,6 +306,7 @@ class SilenceWatch:
         self.impl = impl
         self.limit = dead_after - 2 * self.STEP  # looked at every step, on a loop that may look late: within it
         self.every = max(1.0, dead_after // 3)
+        self.answer_within = max(2.0, self.limit - self.every)  # a question's answer (2 s at least: a busy broker)
         self.bytes = impl.bytes_received
         self.heard = self.looked = time.monotonic()
         self.question: float | None = None  # when the question not answered yet was asked
@@ -307,7 +323,7 @@ class SilenceWatch:
         if not self.impl.is_open:
             return
         now = time.monotonic()
-        late = now - self.looked > 2 * self.STEP  # the thread was not in a pika call: nothing was read
+        late = now - self.looked > 1.5 * self.STEP  # the thread was not in a pika call: nothing was read
         self.looked = now
         if late or self.blocked:  # (an answer may be waiting to be read; a blocked broker reads nothing)
             self.question = None
@@ -315,7 +331,7 @@ class SilenceWatch:
             self.bytes, self.heard = self.impl.bytes_received, now
         silent = now - self.heard
         unanswered = now - self.question if self.question is not None else 0.0
-        if silent >= self.limit or unanswered >= self.limit - self.every:
+        if silent >= self.limit or unanswered >= self.answer_within:
             what = (f"heard nothing for {silent:.1f} s" if silent >= self.limit else
                     f"no answer for {unanswered:.1f} s to a question asked after {self.every:g} s of silence")
             log.warning("AMQP connection: %s (dead_after %g s): ending it", what, self.limit + 2 * self.STEP)
@@ -336,13 +352,15 @@ class SilenceWatch:
         try:
             if self.channel is None:
                 self.channel = self.impl.channel(on_open_callback=self.answered)
+                self.channel._set_cookie(_ProbeCookie())  # where BlockingConnection looks for its own wrapper
             elif self.channel.is_open:
                 self.channel.basic_qos(prefetch_count=0, callback=self.answered)
             else:  # (refused: a channel_max reached, or still opening) only silence is left to judge by
                 self.question = None
                 if self.channel.is_closed:
                     self.channel = None
-        except (px.AMQPError, OSError) as exc:  # a closing connection: the next look ends the watch
+        except (px.AMQPError, OSError) as exc:  # no channel free, a closing connection: silence alone is judged
+            self.question = None
             log.debug("AMQP silence watch: asking the broker failed: %s", exc)
 
 

@@ -331,11 +331,14 @@ class Amqp10Consumer:
             self.last_offset = int(offset)
 
     def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
-        node = self.placer.consumer_node(self.placer.queue_topology(self.queue), self.prefer, self._unreachable)
+        topology = self.placer.queue_topology(self.queue)
+        node = self.placer.consumer_node(topology, self.prefer, self._unreachable)
         try:
             placed = self.placer.connect(node, "consumer", retry)
         except PlacementError:  # (a cut node the LB no longer routes to): another member next time, if there is one
             self._unreachable.add(node)
+            if self._unreachable >= set(topology.members):  # every one tried: round again, this one last
+                self._unreachable = {node}
             raise
         self._unreachable.clear()
         start = self.offset if self.last_offset is None else self.last_offset + 1

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient import _otel, keepalive
+from smartclient import _otel
 from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
@@ -115,9 +115,10 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
-        #: proton's idle timeout: a connection that heard nothing for one to two of it is lost, so found within
-        #: dead_after (:func:`smartclient.keepalive.idle_timeout`: the Environment's heartbeat if shorter)
-        self.heartbeat = keepalive.idle_timeout(settings.heartbeat, settings.dead_after)
+        #: proton's idle timeout, the Environment's heartbeat: not shortened by dead_after, because proton judges it
+        #: at a connection's next event before it reads what came meanwhile, so a connection left alone longer than
+        #: it is taken for silent (with 4 s, every publish after 6 s or more of quiet lost its connection)
+        self.heartbeat = float(settings.heartbeat)
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:
@@ -263,6 +264,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         except PlacementError:
             if avoid is not None:
                 avoid.add(node)
+                if avoid >= {*topology.members, node}:  # every one tried: round again, this one last
+                    avoid.intersection_update({node})
             raise
         if avoid is not None:
             avoid.clear()

@@ -105,7 +105,7 @@ class ConnectionOptions:
         whole("ConnectionOptions.heartbeat", self.heartbeat, low=0, high=3600, note="seconds; 0: off")
         number("ConnectionOptions.topology_max_age", self.topology_max_age, above=0, note="seconds")
         number("ConnectionOptions.dead_after", self.dead_after, low=0, high=3600, note="seconds; 0: off")
-        if 0 < self.dead_after < 4:  # a third of it is the heartbeat, and an idle peer's are up to two apart
+        if 0 < self.dead_after < 4:  # the silence limits need room for a live idle peer's heartbeats and answers
             raise ConfigurationError(f"ConnectionOptions.dead_after must be 0 (off) or at least 4 seconds, "
                                      f"not {self.dead_after!r}")
 

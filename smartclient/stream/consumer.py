@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -232,7 +233,7 @@ class Consumer(_Handle):
             if chunks else (lambda context: after(context.offset)
                             if (last := self._last_offset) is None or context.offset > last else None))
         _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
-        for polls in range(1, 1_000_000):  # a member not ready yet (just created, an election): again soon
+        for polls in itertools.count(1):  # a member not ready yet (just created, an election): again soon
             try:
                 with map_stream_errors(f"subscribing to {self.stream!r}"):
                     await self._subscribe_at(offset)

@@ -186,6 +186,9 @@ class _Channel:
     def basic_qos(self, prefetch_count: int, callback: Any) -> None:
         self.on_qos = callback
 
+    def _set_cookie(self, cookie: Any) -> None:
+        self.cookie = cookie
+
 
 class _Impl:
     """The few things of pika's Connection the silence watch uses."""
@@ -272,3 +275,19 @@ def test_the_silence_watch_keeps_a_connection_that_hears_or_was_not_looked_at_or
     timers = impl.timers
     watch.look()  # closed: the watch ends
     assert impl.timers == timers
+
+
+def test_the_watchs_channel_is_skipped_by_blocking_connections_close_and_dispatch() -> None:
+    """PIKA_INTERNALS: BlockingConnection.close() closes each open channel through its cookie (the BlockingChannel)
+    before it closes the connection, and dispatches events through it: the watch's channel, which has none, gets a
+    cookie that is not open and has nothing to dispatch."""
+    from smartclient.amqp._pika import _ProbeCookie
+
+    close = inspect.getsource(pika.BlockingConnection.close)
+    assert "impl_channel._get_cookie()" in close and "if channel.is_open:" in close
+    assert "_get_cookie()._dispatch_events()" in inspect.getsource(pika.BlockingConnection._dispatch_channel_events)
+    connection = type("C", (), {"callbacks": pika.callback.CallbackManager()})()
+    channel = pika.channel.Channel(connection, 1, lambda ch: None)
+    channel._set_cookie(_ProbeCookie())
+    assert channel._get_cookie().is_open is False
+    channel._get_cookie()._dispatch_events()

@@ -38,9 +38,10 @@ def test_a_recovery_asks_for_another_member_once_the_lb_never_reached_one() -> N
         with pytest.raises(NodeUnreachable):
             consumer._open(RetryPolicy())
     assert placer.asked == ["b@h", "c@h", "a@h"]  # the least used first, then those not tried yet
-    with pytest.raises(NodeUnreachable):
-        consumer._open(RetryPolicy())
-    assert placer.asked[-1] == "b@h"  # every member tried: as the preference says again
+    for _ in range(2):
+        with pytest.raises(NodeUnreachable):
+            consumer._open(RetryPolicy())
+    assert placer.asked[3:] == ["b@h", "c@h"]  # every member tried: round again, the last one tried last
 
 
 def test_a_publishers_recovery_goes_to_another_member_when_the_lb_never_reached_its_leader() -> None:
@@ -57,7 +58,8 @@ def test_a_publishers_recovery_goes_to_another_member_when_the_lb_never_reached_
 
     placer.connect = connect  # type: ignore[method-assign]
     unreachable: set[str] = set()
-    for _ in range(2):
+    for _ in range(4):
         with pytest.raises(NodeUnreachable):
             placer.publisher_on("q", RetryPolicy(), unreachable)
-    assert asked == ["a@h", "b@h"] and unreachable == {"a@h", "b@h"}
+    assert asked == ["a@h", "b@h", "c@h", "a@h"]  # the leader, then the others, then round again
+    assert unreachable == {"c@h", "a@h"}  # the round before the last, and the leader again
