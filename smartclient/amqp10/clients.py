@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -19,7 +19,6 @@ from smartclient import _otel
 from smartclient._errors import (
     AuthenticationFailed,
     ConnectionFailed,
-    PlacementError,
     SmartClientError,
 )
 from smartclient.amqp10._rabbitmq_amqp import (
@@ -31,6 +30,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
     refresh_token,
 )
 from smartclient.core.address import Address
+from smartclient.core.broker_nodes import Unreachable
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 
@@ -57,9 +57,10 @@ class Placing(Protocol):
     def connect(self, node: str | None = None, purpose: str = "connection",
                 retry: RetryPolicy | None = None) -> PlacedAmqp10Connection: ...
 
-    def consumer_node(self, topology: QueueTopology, prefer: str, avoid: Collection[str] = ()) -> str: ...
+    def consumer_on(self, queue: str, prefer: str, retry: RetryPolicy, unreachable: Unreachable | None = None
+                    ) -> PlacedAmqp10Connection: ...
 
-    def publisher_on(self, queue: str, retry: RetryPolicy, avoid: set[str] | None = None
+    def publisher_on(self, queue: str, retry: RetryPolicy, unreachable: Unreachable | None = None
                      ) -> tuple[PlacedAmqp10Connection, Any]: ...
 
     def recover(self, what: str, lost: BaseException, reopen: Callable[[RetryPolicy], T], *, prior: int = 0,
@@ -249,7 +250,7 @@ class Amqp10Publisher:
 
     def _recover(self, lost: ConnectionFailed) -> None:
         log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
-        unreachable: set[str] = set()  # (its leader cut off from the LB: another member, which forwards the writes)
+        unreachable = Unreachable()  # (its leader cut off from the LB: another member, which forwards the writes)
         self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
                                         lambda retry: self.placer.publisher_on(self.queue, retry, unreachable),
                                         handle=self, before=self.node, after=lambda reopened: reopened[0].node))
@@ -292,7 +293,7 @@ class Amqp10Consumer:
     last_offset: int | None = None  #: a stream's last offset handed over (its callback returned)
     _handed: int = field(default=0, repr=False)  # messages handed over since the last recovery
     _fruitless: int = field(default=0, repr=False)  # recoveries in a row with nothing handed over between them
-    _unreachable: set[str] = field(default_factory=set, repr=False)  # members this recovery could not reach
+    _unreachable: Unreachable = field(default_factory=Unreachable, repr=False)  # members a recovery could not reach
     _loop: Any = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stopping: bool = field(default=False, repr=False)
@@ -331,16 +332,7 @@ class Amqp10Consumer:
             self.last_offset = int(offset)
 
     def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
-        topology = self.placer.queue_topology(self.queue)
-        node = self.placer.consumer_node(topology, self.prefer, self._unreachable)
-        try:
-            placed = self.placer.connect(node, "consumer", retry)
-        except PlacementError:  # (a cut node the LB no longer routes to): another member next time, if there is one
-            self._unreachable.add(node)
-            if self._unreachable >= set(topology.members):  # every one tried: round again, this one last
-                self._unreachable = {node}
-            raise
-        self._unreachable.clear()
+        placed = self.placer.consumer_on(self.queue, self.prefer, retry, self._unreachable)
         start = self.offset if self.last_offset is None else self.last_offset + 1
         try:
             loop = new_consumer(placed.connection, self.queue, self._hand, credit=self.credit, offset=start,

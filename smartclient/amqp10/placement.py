@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,7 +45,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
 )
 from smartclient.amqp10.clients import Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode, queue_consumer_node, queue_publisher_node
+from smartclient.core.broker_nodes import BrokerNode, Unreachable, queue_consumer_node, queue_publisher_node
 from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, RecoveryPolicy, Stop
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
@@ -252,23 +252,15 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         text("Amqp10Placer.publisher(queue)", queue)
         return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry), placer=self)
 
-    def publisher_on(self, queue: str, retry: RetryPolicy, avoid: set[str] | None = None
+    def publisher_on(self, queue: str, retry: RetryPolicy, unreachable: Unreachable | None = None
                      ) -> tuple[PlacedAmqp10Connection, Any]:
-        """A publisher to ``queue`` on its leader's node, or (a recovery's ``avoid``: the nodes it could not reach,
-        to which a node this attempt could not reach is added, emptied once placed) on another member: the core
-        decides (:func:`~smartclient.core.broker_nodes.queue_publisher_node`)."""
+        """A publisher to ``queue`` on its leader's node, or, during a recovery that could not reach it
+        (``unreachable``, which this attempt updates), on another member: the core decides
+        (:func:`~smartclient.core.broker_nodes.queue_publisher_node`)."""
         topology = self.queue_topology(queue)
-        node = queue_publisher_node(queue, topology.leader, topology.members, self.clients_per_node(), avoid or ())
-        try:
-            placed = self.connect(node, "publisher", retry)
-        except PlacementError:
-            if avoid is not None:
-                avoid.add(node)
-                if avoid >= {*topology.members, node}:  # every one tried: round again, this one last
-                    avoid.intersection_update({node})
-            raise
-        if avoid is not None:
-            avoid.clear()
+        avoid = unreachable.nodes if unreachable is not None else ()
+        node = queue_publisher_node(queue, topology.leader, topology.members, self.clients_per_node(), avoid)
+        placed = self._connect_avoiding(node, "publisher", retry, topology, unreachable)
         try:
             publisher = new_publisher(placed.connection, queue)
         except BaseException:
@@ -343,11 +335,32 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
                 self.on_recovery(RecoveryEvent(handle, "amqp10", before, node, str(lost), recovery.seconds,
                                                recovery.attempts, failure))
 
-    def consumer_node(self, topology: QueueTopology, prefer: str, avoid: Collection[str] = ()) -> str:
-        """The node a consumer of ``topology``'s queue goes to, for ``prefer``, not one of ``avoid`` if it can (the
-        core decides)."""
-        return queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node(),
+    def consumer_on(self, queue: str, prefer: str, retry: RetryPolicy, unreachable: Unreachable | None = None
+                    ) -> PlacedAmqp10Connection:
+        """A connection for a consumer of ``queue`` on the node ``prefer`` chooses, not one a recovery could not
+        reach (``unreachable``, which this attempt updates) while another will do: the core decides
+        (:func:`~smartclient.core.broker_nodes.queue_consumer_node`)."""
+        topology = self.queue_topology(queue)
+        avoid = unreachable.nodes if unreachable is not None else ()
+        node = queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node(),
                                    avoid)
+        return self._connect_avoiding(node, "consumer", retry, topology, unreachable)
+
+    def _connect_avoiding(self, node: str, purpose: str, retry: RetryPolicy, topology: QueueTopology,
+                          unreachable: Unreachable | None) -> PlacedAmqp10Connection:
+        try:
+            placed = self.connect(node, purpose, retry)
+        except PlacementError:  # (a cut node the LB no longer routes to): another member next time, if any
+            if unreachable is not None:
+                unreachable.failed(node, topology.members)
+            raise
+        if unreachable is not None:
+            unreachable.placed()
+        return placed
+
+    def consumer_node(self, topology: QueueTopology, prefer: str) -> str:
+        """The node a consumer of ``topology``'s queue goes to, for ``prefer`` (the core decides)."""
+        return queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node())
 
     def close(self) -> None:
         """Close the connection queues are looked up on (publishers and consumers are closed by their owners).

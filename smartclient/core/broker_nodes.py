@@ -25,8 +25,21 @@ from smartclient._errors import ConfigurationError, NoCandidateNode, TopologyErr
 from smartclient.core.address import Address
 from smartclient.core.topology import Candidates, Role
 
-__all__ = ["BrokerNode", "evenly_spread", "node_host", "nodes_from_overview", "pick_node", "queue_consumer_node",
-           "queue_publisher_node", "rebalance", "reconnect_candidates", "rotated", "spread_candidates", "surplus"]
+__all__ = [
+    "BrokerNode",
+    "Unreachable",
+    "evenly_spread",
+    "node_host",
+    "nodes_from_overview",
+    "pick_node",
+    "queue_consumer_node",
+    "queue_publisher_node",
+    "rebalance",
+    "reconnect_candidates",
+    "rotated",
+    "spread_candidates",
+    "surplus",
+]
 
 T = TypeVar("T")
 
@@ -158,6 +171,23 @@ def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: s
         return Candidates(what, Role.CONNECTION, (tuple(nodes),))
     others = rotated(nodes, list(nodes).index(last) + 1)[:-1]
     return Candidates(what, Role.CONNECTION, (others, (last,)))
+
+
+@dataclass
+class Unreachable:
+    """The nodes a recovery could not reach just now (through a load balancer that no longer routes to a cut
+    node), which :func:`queue_consumer_node` and :func:`queue_publisher_node` avoid: once every one of the queue's
+    members failed, a new round starts with the last one tried last; once placed, none."""
+
+    nodes: set[str] = field(default_factory=set)
+
+    def failed(self, node: str, members: Sequence[str]) -> None:
+        self.nodes.add(node)
+        if self.nodes >= {*members, node}:
+            self.nodes = {node}
+
+    def placed(self) -> None:
+        self.nodes.clear()
 
 
 def queue_publisher_node(queue: str, leader: str | None, members: Sequence[str], used: Mapping[str, int],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -34,11 +33,9 @@ from smartclient.stream.unreported import move_back, watch_deliveries
 __all__ = ["Consumer", "consumer_handler"]
 
 log = logging.getLogger(__name__)
-#: how soon a first subscription the broker said was not ready yet is asked for again (within the open's bound)
-NOT_READY_POLL = Backoff(initial=0.05, factor=2.0, max=0.5)
-
-#: between reads of the stored offset when a single active consumer is activated and the first read failed
-ACTIVATION_RETRY = Backoff(initial=0.05, factor=2.0, max=0.5)
+#: how soon the broker is asked again, within the bound under way: a first subscription it said was not ready yet,
+#: and the stored offset of a single active consumer just activated whose first read failed
+AGAIN_SOON = Backoff(initial=0.05, factor=2.0, max=0.5)
 
 
 
@@ -233,15 +230,16 @@ class Consumer(_Handle):
             if chunks else (lambda context: after(context.offset)
                             if (last := self._last_offset) is None or context.offset > last else None))
         _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
-        for polls in itertools.count(1):  # a member not ready yet (just created, an election): again soon
+        delays = AGAIN_SOON.delays()
+        while True:  # a member not ready yet (just created, an election): again soon
             try:
                 with map_stream_errors(f"subscribing to {self.stream!r}"):
                     await self._subscribe_at(offset)
                 break
             except StreamNotReady:
-                if remaining() <= NOT_READY_POLL.delay(polls):
+                if remaining() <= (pause := next(delays)):
                     raise
-                await asyncio.sleep(NOT_READY_POLL.delay(polls))
+                await asyncio.sleep(pause)
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()
@@ -332,7 +330,7 @@ class Consumer(_Handle):
         stored offset is read again (on a fresh connection) while one recovery attempt lasts: a rolling restart
         can close the connection under the query (a 2-hour soak found a group silent until the delivery watch
         resubscribed it).  If it still cannot be read, it raises, and the consumer subscribes again at once."""
-        delays = ACTIVATION_RETRY.delays()
+        delays = AGAIN_SOON.delays()
         with attempt(self._host.recovery.attempt_time, f"reading the stored offset of {self!r}") as deadline:
             while True:
                 try:  # (a step: the whole attempt's time bounds the read, a new connection's dial included)

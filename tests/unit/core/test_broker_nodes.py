@@ -112,3 +112,15 @@ def test_a_queue_publisher_goes_to_the_leader_or_to_a_member_when_it_could_not_r
     assert queue_publisher_node("q", "b@h", members, {}, avoid=set(members)) == "b@h"  # none reached: the leader
     with pytest.raises(TopologyError, match="no leader"):
         queue_publisher_node("q", None, members, {})
+
+
+def test_the_unreachable_nodes_start_a_new_round_once_every_member_failed_and_go_once_placed() -> None:
+    from smartclient.core.broker_nodes import Unreachable
+
+    unreachable = Unreachable()
+    unreachable.failed("a@h", ("a@h", "b@h"))
+    assert unreachable.nodes == {"a@h"}
+    unreachable.failed("b@h", ("a@h", "b@h"))
+    assert unreachable.nodes == {"b@h"}  # every one tried: round again, the last one tried last
+    unreachable.placed()
+    assert unreachable.nodes == set()
