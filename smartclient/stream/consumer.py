@@ -38,6 +38,22 @@ log = logging.getLogger(__name__)
 AGAIN_SOON = Backoff(initial=0.05, factor=2.0, max=0.5)
 
 
+async def again_soon(subscribing: Callable[[], Awaitable[None]], consumer: object) -> None:
+    """A first subscription, asked again soon within the bound under way when the member was not ready yet (just
+    created, an election) or the connection closed under it (the broker ends one whose reader hit a segment that
+    retention removed meanwhile; CI saw it once): each new try places it again, on a live connection."""
+    delays = AGAIN_SOON.delays()
+    while True:
+        try:
+            return await subscribing()
+        except (StreamNotReady, ConnectionFailed) as exc:
+            if (isinstance(exc, ConnectionFailed) and not isinstance(exc.__cause__, ConnectionResetError)) or \
+                    remaining() <= (pause := next(delays)):
+                raise
+            log.info("%r: %s: subscribing again", consumer, exc)
+            await asyncio.sleep(pause)
+
+
 
 class Consumer(_Handle):
     """Reads one stream from a node that hosts a replica (or the leader, as the fallback).
@@ -230,16 +246,12 @@ class Consumer(_Handle):
             if chunks else (lambda context: after(context.offset)
                             if (last := self._last_offset) is None or context.offset > last else None))
         _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
-        delays = AGAIN_SOON.delays()
-        while True:  # a member not ready yet (just created, an election): again soon
-            try:
-                with map_stream_errors(f"subscribing to {self.stream!r}"):
-                    await self._subscribe_at(offset)
-                break
-            except StreamNotReady:
-                if remaining() <= (pause := next(delays)):
-                    raise
-                await asyncio.sleep(pause)
+
+        async def subscribing() -> None:
+            with map_stream_errors(f"subscribing to {self.stream!r}"):
+                await self._subscribe_at(offset)
+
+        await again_soon(subscribing, self)
         if tracking is not None and tracking.interval is not None:
             self._tracker = asyncio.create_task(self._track_by_time(tracking.interval))
         self._setup_done()

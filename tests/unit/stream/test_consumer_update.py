@@ -1,4 +1,6 @@
-"""A single active consumer's activation (the broker's ConsumerUpdate) is answered off the connection's reader.
+"""A consumer's subscription and a single active consumer's activation, asked again where that can help.
+
+A single active consumer's activation (the broker's ConsumerUpdate) is answered off the connection's reader.
 
 The answer needs the stored offset, read on another connection.  rstream awaits it inside the reader, which then
 reads nothing else from that connection: in the 2-hour soak a locator cut by a rolling restart kept every consumer
@@ -14,9 +16,10 @@ from typing import Any
 import pytest
 from rstream import schema
 
-from smartclient import AuthenticationFailed, ConnectionFailed, RecoveryPolicy
+from smartclient import AuthenticationFailed, ConnectionFailed, RecoveryPolicy, StreamNotReady
+from smartclient.core.deadline import attempt
 from smartclient.stream._rstream.wire import NamedClient, forget_handlers
-from smartclient.stream.consumer import Consumer
+from smartclient.stream.consumer import Consumer, again_soon
 
 
 def client() -> NamedClient:
@@ -167,3 +170,44 @@ def test_an_activation_never_asks_again_after_a_refusal() -> None:
     with pytest.raises(AuthenticationFailed):
         activate(fake)
     assert fake.calls == 1
+
+
+# -- a first subscription: asked again soon for a member not ready or a connection closed under it -------------
+def subscribe_with(outcomes: list[BaseException | None], seconds: float = 2.0) -> int:
+    calls = 0
+
+    async def subscribing() -> None:
+        nonlocal calls
+        calls += 1
+        outcome = outcomes[min(calls, len(outcomes)) - 1]
+        if outcome is not None:
+            raise outcome
+
+    async def main() -> None:
+        with attempt(seconds, "placing the consumer"):
+            await again_soon(subscribing, "Consumer(stream='s')")
+
+    asyncio.run(main())
+    return calls
+
+
+def closed_under_it() -> ConnectionFailed:
+    error = ConnectionFailed("subscribing to 's': ConnectionResetError: localhost:1 closed the connection")
+    error.__cause__ = ConnectionResetError("localhost:1 closed the connection before answering")
+    return error
+
+
+def test_a_first_subscription_is_asked_again_after_its_connection_closed_under_it_or_the_member_was_not_ready() -> None:
+    assert subscribe_with([closed_under_it(), StreamNotReady("no leader yet"), None]) == 3
+
+
+def test_a_first_subscription_is_not_asked_again_after_any_other_connection_failure() -> None:
+    with pytest.raises(ConnectionFailed, match="did not answer"):
+        subscribe_with([ConnectionFailed("subscribing to 's': the broker did not answer in time"), None])
+    with pytest.raises(AuthenticationFailed):
+        subscribe_with([AuthenticationFailed("refused"), None])
+
+
+def test_a_first_subscription_asks_again_only_within_the_attempt() -> None:
+    with pytest.raises(ConnectionFailed, match="closed the connection"):
+        subscribe_with([closed_under_it()], seconds=0.3)
