@@ -248,6 +248,7 @@ class Consumer(_Handle):
         _rstream.on_callback_error(self._carrier, self.stream, self._callback_raised)
 
         async def subscribing() -> None:
+            self._losses = 0  # (a connection lost before this try held a placement given up: this one is afresh)
             with map_stream_errors(f"subscribing to {self.stream!r}"):
                 await self._subscribe_at(offset)
 

@@ -378,3 +378,39 @@ async def test_a_connection_the_lb_holds_gets_a_second_dial_beside_it(
     finally:
         proxy.close()
         await delete(rabbitmq_testbed, rabbitmq_unique_name)
+
+
+async def test_a_first_subscription_whose_connection_closes_under_it_subscribes_again_on_a_live_one(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI saw the broker end the connection a first Subscribe went out on (its reader hit a segment that retention
+    removed meanwhile): the consumer is placed again within its attempt, on a live connection, and reads it all."""
+    from smartclient.stream._rstream import wire
+    from smartclient.stream._rstream.placed import PlacedConsumer
+
+    real = PlacedConsumer.subscribe
+    cut: list[str] = []
+
+    async def closed_under_it(self: Any, stream: str, *args: Any, **kwargs: Any) -> Any:
+        if not cut:  # the first Subscribe: its connection ends before the broker answers
+            client = await self.smartclient_place(stream)
+            cut.append(f"{client.host}:{client.port}")
+            wire.drop_socket(client)
+            raise ConnectionResetError(f"{cut[0]} closed the connection before answering")
+        return await real(self, stream, *args, **kwargs)
+
+    async with direct_env(rabbitmq_testbed) as env:
+        await env.create_stream(rabbitmq_unique_name)
+        try:
+            producer = await env.producer(rabbitmq_unique_name)
+            await producer.send_batch([b"m%d" % i for i in range(10)])
+            await producer.close()
+            monkeypatch.setattr(PlacedConsumer, "subscribe", closed_under_it)
+            got: list[bytes] = []
+            consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(bytes(m)), offset="first")
+            assert cut, "the injected close never happened: the test proved nothing"
+            await wait_until(lambda: len(got) == 10, 10, "the 10 messages")
+            assert got == [b"m%d" % i for i in range(10)] and consumer.recoveries == 0
+            await consumer.close()
+        finally:
+            await env.delete_stream(rabbitmq_unique_name, missing_ok=True)
