@@ -14,8 +14,10 @@ connection that heard nothing for long enough that a silent drop, one way or bot
 * AMQP 0.9.1 keeps its heartbeat (a pika ``BlockingConnection`` heartbeats only inside its calls), and the seam's
   ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection two
   seconds before it;
-* AMQP 1.0 keeps proton's idle timeout at the heartbeat: proton judges it at a connection's next event before it
-  reads what came meanwhile, so a short one drops connections left alone (not yet within ``dead_after``).
+* an AMQP 1.0 connection gets proton's idle timeout at two fifths of ``dead_after`` (:func:`idle_timeout`): the
+  broker sends something every half of it, and proton ends a connection that heard nothing for all of it.  A
+  thread back to a connection it left alone reads what waits in the socket before proton looks (the seam's
+  ``_Container.process``): proton judges its idle timeout at the first event, before it reads.
 
 Beneath that, every TCP socket smartclient opens (stream, AMQP 0.9.1, MQTT) gets:
 
@@ -35,7 +37,7 @@ import math
 import socket
 from typing import Any
 
-__all__ = ["heartbeat", "silence_limit", "tcp_options", "watch"]
+__all__ = ["heartbeat", "idle_timeout", "silence_limit", "tcp_options", "watch"]
 
 
 def heartbeat(interval: float, dead_after: float) -> int:
@@ -59,6 +61,16 @@ def silence_limit(heartbeat: float, dead_after: float) -> float:
     if not heartbeat:
         return dead_after
     return max(dead_after - 2 * heartbeat, 3 * heartbeat)
+
+
+def idle_timeout(heartbeat: float, dead_after: float) -> float:
+    """proton's idle timeout for an AMQP 1.0 connection found dead within ``dead_after`` s (0: off): two fifths of
+    it (4 s for the default 10), ``heartbeat`` if shorter, and 0 stays off.  The broker sends something every half
+    of it, so a drop toward the node silences the connection within that half (the node's TCP stalls at its next
+    frame); proton then ends it once it heard nothing for the whole of it, at its next look (within a second)."""
+    if not heartbeat or not dead_after:
+        return float(heartbeat)
+    return float(min(heartbeat, 0.4 * dead_after))
 
 
 def tcp_options(dead_after: float) -> dict[str, int]:

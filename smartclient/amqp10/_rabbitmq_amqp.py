@@ -14,9 +14,7 @@ checks every entry against the installed client and greps the library for import
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import hashlib
 import logging
 import os
 import ssl
@@ -67,6 +65,7 @@ from smartclient._errors import (
     TokenRefused,
     TopologyError,
 )
+from smartclient.amqp10.ca_files import CA_LOCK, ca_file_of, remove_at_exit
 from smartclient.core.address import Address
 from smartclient.core.redaction import install_marked_redaction, install_uri_redaction, without_uri_passwords
 from smartclient.core.settings import ClientCertificate
@@ -117,6 +116,10 @@ AMQP10_INTERNALS: tuple[str, ...] = (
     "qpid.proton._utils",  # its Fetcher (what proton's create_receiver makes), subclassed
     "qpid.proton._utils.Fetcher.incoming",
     "qpid.proton._utils.Fetcher.unsettled",
+    # a connection's socket, read before proton judges its idle timeout (_Container.process)
+    "qpid.proton._handlers",
+    "qpid.proton._handlers.IOHandler._selectable",
+    "qpid.proton._selectable.Selectable._delegate",
 )
 
 #: the outcomes the official client raises for a message the broker settled without taking it: rejected, or
@@ -145,6 +148,36 @@ class _Container(Container):
         self.sasl_enabled = True
         self.user = None
         self.password = None
+        self.smartclient_connection: Any = None  # the one connection it drives (a BlockingConnection's)
+        self.smartclient_left = time.monotonic()  # when its thread last left process()
+
+    def process(self) -> bool:
+        """proton's, but a thread back from elsewhere (an idle publisher, a look-up between placements) first
+        reads what waits in the socket: proton judges its idle timeout at the first event, before it reads, and
+        a connection left alone longer than that, its peer's heartbeats waiting unread, was taken for silent."""
+        if time.monotonic() - self.smartclient_left > 0.2:
+            _read_waiting(self.smartclient_connection)
+        try:
+            return super().process()
+        finally:
+            self.smartclient_left = time.monotonic()
+
+
+def _read_waiting(connection: Any) -> None:
+    """Hand proton's transport what waits in ``connection``'s socket, as proton's own read does (none: nothing)."""
+    transport: Any = getattr(connection, "transport", None)
+    selectable: Any = getattr(transport, "_selectable", None)
+    sock = getattr(selectable, "_delegate", None)
+    if sock is None or selectable.is_terminal:
+        return
+    while (capacity := transport.capacity()) > 0:
+        try:
+            data = sock.recv(capacity)  # (proton's sockets do not block)
+        except OSError:  # nothing waiting, or what proton's own read meets next
+            return
+        if not data:  # the end: proton's own read meets it
+            return
+        transport.push(data)
 
 
 class _BlockingConnection(BlockingConnection):
@@ -155,6 +188,8 @@ class _BlockingConnection(BlockingConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
             super().__init__(*args, **kwargs)
+            container: Any = self.container
+            container.smartclient_connection = self.conn
         except BaseException as exc:
             conn = getattr(self, "conn", None)
             transport = conn.transport if conn is not None else None
@@ -221,6 +256,7 @@ def shut(blocking: Any, wait: float) -> None:
         conn.handler = None
         blocking.conn = None
         container.stop_events()
+        container.smartclient_connection = None
         blocking.container = None
 
 
@@ -328,8 +364,6 @@ def open_connection(dialled: Address, *, login: Login, vhost: str, name: str, ti
     return connection
 
 
-_CA_FILES: dict[bytes, str] = {}
-_CA_LOCK = threading.Lock()
 _TRUST_DIR: list[str] = []  # an empty directory: the only "system" CA directory proton may look in
 
 
@@ -345,7 +379,7 @@ def _ssl_domain(context: ssl.SSLContext, certificate: ClientCertificate | None) 
         domain = SSLDomain(SSLDomain.MODE_CLIENT)
         domain.set_peer_authentication(SSLDomain.ANONYMOUS_PEER)
     else:
-        ca_file = _ca_file(context)
+        ca_file = ca_file_of(context)
         domain = _pinned_domain(ca_file) if ca_file is not None else SSLDomain(SSLDomain.MODE_CLIENT)
         if ca_file is not None:  # else the system's CAs, proton's default
             domain.set_trusted_ca_db(ca_file)
@@ -363,9 +397,9 @@ def _ssl_domain(context: ssl.SSLContext, certificate: ClientCertificate | None) 
 
 def _pinned_domain(ca_file: str) -> Any:
     """A client configuration whose default CAs are ``ca_file``'s alone."""
-    with _CA_LOCK:
+    with CA_LOCK:
         if not _TRUST_DIR:
-            _TRUST_DIR.append(tempfile.mkdtemp(prefix="smartclient-amqp10-no-ca-"))
+            _TRUST_DIR.append(remove_at_exit(tempfile.mkdtemp(prefix="smartclient-amqp10-no-ca-")))
         saved = {name: os.environ.get(name) for name in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
         os.environ["SSL_CERT_FILE"], os.environ["SSL_CERT_DIR"] = ca_file, _TRUST_DIR[0]
         try:
@@ -376,31 +410,6 @@ def _pinned_domain(ca_file: str) -> Any:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-
-
-def _ca_file(context: ssl.SSLContext) -> str | None:
-    """A PEM file of the CAs ``context`` trusts (None: it holds none of its own), written once per set of CAs
-    and removed at exit."""
-    pem = "".join(ssl.DER_cert_to_PEM_cert(der) for der in context.get_ca_certs(binary_form=True)).encode()
-    if not pem:
-        return None
-    key = hashlib.sha256(pem).digest()
-    with _CA_LOCK:
-        path = _CA_FILES.get(key)
-        if path is None or not os.path.exists(path):
-            handle, path = tempfile.mkstemp(prefix="smartclient-amqp10-ca-", suffix=".pem")
-            with os.fdopen(handle, "wb") as out:
-                out.write(pem)
-            if not _CA_FILES:
-                atexit.register(_remove_ca_files)
-            _CA_FILES[key] = path
-    return path
-
-
-def _remove_ca_files() -> None:
-    for path in [*_CA_FILES.values(), *_TRUST_DIR]:
-        with contextlib.suppress(OSError):
-            os.rmdir(path) if os.path.isdir(path) else os.remove(path)
 
 
 def node_of(connection: Amqp10Connection) -> str:

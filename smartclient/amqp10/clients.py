@@ -32,7 +32,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import Unreachable
 from smartclient.core.recovery import RecoveryPolicy
-from smartclient.core.retry import RetryPolicy
+from smartclient.core.retry import Backoff, RetryPolicy
 
 __all__ = ["Amqp10Consumer", "Amqp10Publisher", "PlacedAmqp10Connection", "Placing"]
 
@@ -179,6 +179,10 @@ class PlacedAmqp10Connection:
         self.close()
 
 
+#: how much later (in ``stall_check`` periods) a publisher that could not follow its leader n times looks again
+FOLLOW_AGAIN = Backoff(initial=1.0, factor=2.0, max=30.0)
+
+
 @dataclass(eq=False)
 class Amqp10Publisher:
     """A publisher to a queue, on the node of its leader.  A lost connection is recovered under the placer's
@@ -193,6 +197,7 @@ class Amqp10Publisher:
     recoveries: int = 0  #: placed reconnects after a lost connection
     moves: int = 0  #: leaders followed while the connection was fine
     _checked: float = field(default_factory=time.monotonic, repr=False)
+    _missed: int = field(default=0, repr=False)  # leaders it could not follow in a row: it waits longer each time
 
     @property
     def node(self) -> str:
@@ -241,12 +246,16 @@ class Amqp10Publisher:
             try:
                 moved = self.placer.publisher_on(self.queue, replace(self.placer.retry,
                                                                       max_time=self.placer.recovery.attempt_time))
-            except SmartClientError as exc:  # the connection it has still works: it stays, and checks again later
-                log.warning("following the leader of %r to %s failed, staying on %s: %s", self.queue, leader,
-                            self.node, exc)
+            except SmartClientError as exc:  # the connection it has still works: it stays, and checks again later,
+                # later each time (a leader the LB no longer routes to: each try dials for a whole attempt)
+                self._checked += FOLLOW_AGAIN.scaled(self.placer.recovery.stall_check).delay(self._missed)
+                self._missed += 1
+                log.warning("following the leader of %r to %s failed, staying on %s (tried %d time(s)): %s",
+                            self.queue, leader, self.node, self._missed, exc)
                 return
             self._swap(*moved)
             self.moves += 1
+        self._missed = 0
 
     def _recover(self, lost: ConnectionFailed) -> None:
         log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from smartclient import _otel
+from smartclient import _otel, keepalive
 from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
@@ -115,10 +115,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
-        #: proton's idle timeout, the Environment's heartbeat: not shortened by dead_after, because proton judges it
-        #: at a connection's next event before it reads what came meanwhile, so a connection left alone longer than
-        #: it is taken for silent (with 4 s, every publish after 6 s or more of quiet lost its connection)
-        self.heartbeat = float(settings.heartbeat)
+        #: proton's idle timeout: two fifths of dead_after (keepalive.idle_timeout), the heartbeat if shorter
+        self.heartbeat = keepalive.idle_timeout(settings.heartbeat, settings.dead_after)
 
     # -- the NodePlacer hooks -------------------------------------------------------------------
     def _dial(self, target: Address, dialled: Address, name: str) -> Amqp10Connection:

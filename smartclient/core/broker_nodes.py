@@ -211,20 +211,20 @@ def queue_consumer_node(queue: str, leader: str | None, members: Sequence[str], 
                         used: Mapping[str, int], avoid: Collection[str] = ()) -> str:
     """The node a consumer of a queue goes to: its leader (``prefer="leader"``), a member that is not the leader
     (``"replica"``; the leader when there is no other), or any member (``"member"``); among several, the one with
-    the fewest of this client's connections (``used``), then by name, and not one of ``avoid`` (nodes the client
-    could not reach just now: through a load balancer that no longer routes to a cut node, a recovery would ask for
-    it again and again) unless every candidate is.
+    the fewest of this client's connections (``used``), then by name.  Not one of ``avoid`` (nodes the client could
+    not reach just now: through a load balancer that no longer routes to a cut node, a recovery would ask for it
+    again and again) while another member will do: a preferred one first, then any (every member serves the
+    queue); one of the preferred when every member is in ``avoid``.
 
     :raises NoCandidateNode: the queue has no member.  :raises TopologyError: no leader now, for ``"leader"``.
     """
     candidates = list(members) or ([leader] if leader else [])
     if not candidates:
         raise NoCandidateNode(f"queue {queue!r} has no member to consume from")
-    if prefer == "leader":
-        if leader is None:
-            raise TopologyError(f"queue {queue!r} has no leader now")
-        return leader
-    if prefer == "replica":
-        candidates = [m for m in candidates if m != leader] or candidates
-    candidates = [m for m in candidates if m not in avoid] or candidates
-    return min(candidates, key=lambda member: (used.get(member, 0), member))
+    if prefer == "leader" and leader is None:
+        raise TopologyError(f"queue {queue!r} has no leader now")
+    preferred: list[str] = ([leader] if prefer == "leader" and leader else
+                 [m for m in candidates if m != leader] or candidates if prefer == "replica" else candidates)
+    reachable = ([m for m in preferred if m not in avoid] or [m for m in candidates if m not in avoid]
+                 or preferred)
+    return min(reachable, key=lambda member: (used.get(member, 0), member))

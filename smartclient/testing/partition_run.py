@@ -108,11 +108,10 @@ def client_of(handle: Any) -> str:
     return ""
 
 
-def bounds(dead_after: float, heartbeat: float = 60.0) -> dict[str, float]:
+def bounds(dead_after: float) -> dict[str, float]:
     """The documented bound of each wing (docs/reliability.md, "Partitions and silent networks"): ``dead_after``,
-    one way or both, for streams, AMQP 0.9.1 and its RPC, MQTT and its fleet; two of ``heartbeat`` for AMQP 1.0
-    (proton's idle timeout is the heartbeat: a shorter one drops connections left alone)."""
-    return {**dict.fromkeys(WINGS, float(dead_after)), "amqp10": 2.0 * heartbeat}
+    one way or both, for every one (streams, AMQP 0.9.1 and its RPC, AMQP 1.0, MQTT and its fleet)."""
+    return dict.fromkeys(WINGS, float(dead_after))
 
 
 @dataclass

@@ -336,9 +336,10 @@ def test_each_publish_is_a_send_span_and_each_message_handed_over_a_process_span
 
 
 def test_a_publisher_left_alone_keeps_its_connection(lb_placer: Amqp10Placer, queue: str) -> None:
-    """proton judges its idle timeout at a connection's next event, before it reads what came meanwhile: with a
-    4 s one, every publish after 6 s or more of quiet lost its connection.  With the defaults, one left alone for
-    12 s publishes on the same connection, and so does the look-up connection."""
+    """proton judges its idle timeout (4 s with the defaults) at a connection's next event, before it reads what
+    came meanwhile: every publish after 6 s or more of quiet lost its connection until a thread back to its
+    connection read what waits first.  One left alone for 12 s publishes on the same connection, and so does the
+    look-up connection."""
     with lb_placer.publisher(queue) as publisher:
         publisher.publish(b"first")
         opened = lb_placer.opened

@@ -321,6 +321,53 @@ def test_an_amqp_publisher_whose_link_goes_silent_fails_within_dead_after_and_lo
         assert found < DEAD_AFTER
 
 
+def test_amqp10_clients_whose_link_goes_silent_find_it_within_dead_after_and_lose_nothing(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """AMQP 1.0 through the LB onto a quorum queue, with the defaults: proton's idle timeout at two fifths of
+    dead_after (4 s), so the broker sends something every 2 s.  The LB's link to the leader's node goes quiet
+    under a publisher and a consumer there: each finds it within dead_after (was: two 60 s heartbeats), recovers
+    on a node the LB still reaches, and every message the publisher was told was taken is consumed."""
+    from smartclient.amqp10.placement import Amqp10Placer
+
+    bed = rabbitmq_partitions
+    host, port = bed.lb("amqp")
+    lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
+    queue = rabbitmq_unique_name
+    with bed.management() as api:
+        api.put(f"/api/queues/%2F/{queue}", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+        placer = Amqp10Placer(api, settings=ClientSettings(resolver=lb))
+        ended: dict[str, float] = {}
+        placer.on_recovery = lambda event: ended.setdefault(  # when each found its link dead
+            type(event.handle).__name__, time.monotonic() - event.seconds)
+        got: set[int] = set()
+        try:
+            with placer.publisher(queue) as publisher, placer.consumer(
+                    queue, lambda message, accept: (got.add(int(bytes(message.body))), accept()),
+                    prefer="leader") as consumer:
+                sent = 0
+                for sent in range(100):
+                    publisher.publish(str(sent).encode())
+                wait_until_sync(lambda: len(got) == 100, 30, "the first 100 messages")
+                cut_node = next(n for n in bed.nodes if n.name == publisher.node)
+                assert consumer.node == cut_node.name  # on the leader too
+                cut = time.monotonic()
+                bed.partition("cut-lb", cut_node.name)
+                while len(ended) < 2 and time.monotonic() - cut < 60:
+                    sent += 1
+                    publisher.publish(str(sent).encode())  # returns once taken, on another node after the loss
+                    time.sleep(0.05)
+                bed.heal()
+                wait_until_sync(lambda: got >= set(range(sent + 1)), 30, "every message taken")
+        finally:
+            api.delete(f"/api/queues/%2F/{queue}")
+            placer.close()
+    found = {kind: round(at - cut, 1) for kind, at in ended.items()}
+    print(f"AMQP 1.0 on {cut_node.short}: found its silent link after {found} s (idle timeout {placer.heartbeat} s); "
+          f"{sent + 1} sent, all consumed")
+    assert set(found) == {"Amqp10Publisher", "Amqp10Consumer"} and max(found.values()) < DEAD_AFTER
+
+
 async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
     rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
 ) -> None:

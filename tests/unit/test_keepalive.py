@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from smartclient import ConfigurationError, ConnectionOptions
-from smartclient.keepalive import heartbeat, silence_limit, tcp_options, watch
+from smartclient.keepalive import heartbeat, idle_timeout, silence_limit, tcp_options, watch
 
 
 def test_the_options_find_a_silent_peer_within_dead_after() -> None:
@@ -57,3 +57,10 @@ def test_the_silence_limit_leaves_room_for_a_one_way_drop_and_none_for_a_false_a
         beat = heartbeat(60, dead_after)
         assert silence_limit(beat, dead_after) >= 3 * beat  # above a live peer's gap (2 heartbeats) by one
         assert silence_limit(beat, dead_after) + 2 * beat <= max(dead_after, 5 * beat)
+
+
+def test_an_amqp10_idle_timeout_is_two_fifths_of_dead_after() -> None:
+    assert idle_timeout(60, 10.0) == 4.0  # the broker sends every 2 s: a drop toward the node is silent within that
+    assert idle_timeout(3, 10.0) == 3.0  # the user's, shorter
+    assert idle_timeout(60, 0) == 60.0  # dead_after off: the heartbeat
+    assert idle_timeout(0, 10.0) == 0.0  # off stays off

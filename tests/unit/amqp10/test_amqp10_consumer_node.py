@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -51,3 +52,31 @@ def test_a_publishers_recovery_goes_to_another_member_when_the_lb_never_reached_
             placer.publisher_on("q", RetryPolicy(), unreachable)
     assert asked == ["a@h", "b@h", "c@h", "a@h"]  # the leader, then the others, then round again
     assert unreachable.nodes == {"c@h", "a@h"}  # the round before the last, and the leader again
+
+
+def test_a_leader_preferring_consumer_goes_to_another_member_when_the_lb_never_reached_the_leader() -> None:
+    asked: list[str] = []
+    consumer = Amqp10Consumer("q", _placer(asked, {"b@h": 1}), lambda message, accept: None, prefer="leader")
+    for _ in range(3):
+        with pytest.raises(NodeUnreachable):
+            consumer._open(RetryPolicy())
+    assert asked == ["a@h", "c@h", "b@h"]  # the leader, then the least used of the others
+
+
+def test_a_publisher_that_could_not_follow_its_leader_tries_again_later_each_time() -> None:
+    from types import SimpleNamespace
+
+    from smartclient import RecoveryPolicy
+    from smartclient.amqp10.clients import Amqp10Publisher
+
+    asked: list[str] = []
+    placer = _placer(asked, {})
+    placer.recovery = RecoveryPolicy(stall_check=2.0)
+    placer.retry = RetryPolicy()
+    publisher = Amqp10Publisher("q", SimpleNamespace(node="b@h"), None, placer)  # type: ignore[arg-type]
+    waits = []
+    for _ in range(5):
+        publisher._follow()
+        waits.append(publisher._checked - time.monotonic())
+    assert asked == ["a@h"] * 5 and publisher.node == "b@h"  # the leader each time; it stays meanwhile
+    assert [round(w) for w in waits] == [0, 2, 4, 8, 16]  # checked again after 2, 4, 6, 10, 18 s (stall_check 2)

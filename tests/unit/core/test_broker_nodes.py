@@ -99,7 +99,11 @@ def test_a_queue_consumer_avoids_a_member_it_could_not_reach_unless_every_one_is
     assert queue_consumer_node("q", "b@h", members, "member", {"b@h": 1, "c@h": 1}, avoid={"a@h"}) == "b@h"
     assert queue_consumer_node("q", "b@h", members, "replica", {}, avoid={"a@h"}) == "c@h"
     assert queue_consumer_node("q", "b@h", members, "member", {}, avoid=set(members)) == "a@h"  # all: as before
-    assert queue_consumer_node("q", "b@h", members, "leader", {}, avoid={"b@h"}) == "b@h"  # the leader it must be
+    # a leader it cannot reach: another member, the least used (every member serves the queue), until it can
+    assert queue_consumer_node("q", "b@h", members, "leader", {"a@h": 1}, avoid={"b@h"}) == "c@h"
+    assert queue_consumer_node("q", "b@h", members, "leader", {}, avoid=set(members)) == "b@h"
+    # replicas it cannot reach: the leader
+    assert queue_consumer_node("q", "b@h", members, "replica", {}, avoid={"a@h", "c@h"}) == "b@h"
 
 
 def test_a_queue_publisher_goes_to_the_leader_or_to_a_member_when_it_could_not_reach_it() -> None:
