@@ -29,8 +29,11 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   confirm, :mod:`smartclient.testing.probe`): the same fields as ``leaders``; with ``target`` ``lb``, when the
   load balancer routed again after a restart (for every client, RPC and MQTT too).  The probe's own messages are
   ``send``/``confirm`` of the client ``probe``: checked as stored once, never timed as a client's progress;
-* ``fault`` may say ``silent`` (a partition): a client with no stream (a queue's, RPC, MQTT), which no probe
-  follows, has its own share of it timed from the heal (its broker is whole again then at the latest);
+* ``fault`` may say ``silent`` (a partition): a client no probe of it follows (RPC, the MQTT fleet; a queue's
+  without the ``[amqp10]`` extra) has its own share of it timed from the heal (its broker is whole again then at
+  the latest);
+* ``uses``: ``client`` and ``stream``, a quorum queue the client writes or reads: the ``writable`` records of its
+  probe (:func:`~smartclient.testing.probe.queues_writable`) time that client's share as a stream's do;
 * ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
   (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
   the earliest, and after a silent fault, at the last such finding of any client before its progress (a consumer
@@ -271,6 +274,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     consumers: dict[str, ConsumerResult] = defaultdict(ConsumerResult)
     delivered: dict[str, list[int]] = defaultdict(list)
     consumer_stream: dict[str, str] = {}
+    uses: dict[str, set[str]] = defaultdict(set)  # a queue client -> the queues it writes or reads (probed)
     subscriptions: dict[str, list[int | None]] = defaultdict(list)  # stored offsets at each (re)subscription
     firsts_after_subscribe: dict[str, list[int]] = defaultdict(list)
     awaiting_first: set[str] = set()
@@ -323,6 +327,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
                 unwritable.append(max(backs) - float(r["fault_t"]))
             continue
         if kind == "resources":
+            continue
+        if kind == "uses":
+            uses[client].add(str(r["stream"]))
             continue
         if kind == "heal" and (at := unhealed.pop((str(r.get("what")), str(r.get("target"))), None)) is not None:
             healed[at] = float(r.get("began", t))  # (when the heal was begun: it takes effect during it)
@@ -425,6 +432,8 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         streams_of[client].update(stream for stream, _, _ in rows)
     for client, stream in consumer_stream.items():
         streams_of[client].add(stream)
+    for client, queues in uses.items():
+        streams_of[client].update(queues)
     beyond: dict[str, list[float]] = defaultdict(list)
     own: dict[str, list[float]] = defaultdict(list)
     delays: list[tuple[str, float, float, float]] = []
@@ -442,9 +451,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
         if resumed is not None and at in silent:
             # after a silent drop, the wait until it was found (any client's finding before this one progressed: a
             # consumer waits for its producer's too; findings are measured apart, against their bound) and, for a
-            # client no probe follows, until the heal, is not the client's own
+            # client no probe of this fault follows, until the heal, is not the client's own
             later = [f for f in found if at <= f <= resumed]
-            if not streams_of.get(client) and at in healed and healed[at] <= resumed:
+            if not any(began == at for began, _ in windows) and at in healed and healed[at] <= resumed:
                 later.append(healed[at])
             if later and max(later) > ready:
                 ready = max(later)

@@ -35,8 +35,15 @@ from typing import IO, Any
 from smartclient._errors import ConfigurationError
 from smartclient.core.settings import ConnectionOptions
 from smartclient.testing.checker import Report, check
-from smartclient.testing.probe import writable_back
-from smartclient.testing.thread_loads import amqp10_loop, amqp_quorum_loop, mqtt_loop, mqtt_qos1_loop, rpc_loop
+from smartclient.testing.probe import queues_writable, writable_back
+from smartclient.testing.thread_loads import (
+    amqp10_loop,
+    amqp_quorum_loop,
+    mqtt_loop,
+    mqtt_qos1_loop,
+    quorum_queues,
+    rpc_loop,
+)
 
 __all__ = ["FAULTS", "LOOPBACK_FAULTS", "PARTITIONS", "Anchor", "Extra", "Fault", "History", "Plan", "Run", "run",
            "schedule"]
@@ -173,15 +180,16 @@ async def _leaders_back(bed: Any, streams: list[str], victim: str, fault_t: floa
 
 
 async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] | None = None,
-                  nodes: asyncio.Lock | None = None) -> None:
+                  nodes: asyncio.Lock | None = None, queues: list[str] | None = None) -> None:
     """Apply ``fault``, hold it, heal it (each test-bed call off the event loop); after a node fault, record
     when the broker has a leader for each of ``streams`` again, and when each can take a write again (after a
-    leader move, the moved stream).  A node fault holds ``nodes`` (one node away at a time) until healed."""
+    leader move, the moved stream; after a partition, ``queues`` too).  A node fault holds ``nodes`` (one node
+    away at a time) until healed."""
     # a leader move holds back member starts and stops of every stream on the other nodes for a moment (the test
     # bed suspends their osiris supervisors): one at a time with node faults and rollouts, or it stalls them
     if (FAULTS[fault.what] or fault.what == "move_leader") and nodes is not None:
         async with nodes:
-            await _inject(bed, fault, history, streams)
+            await _inject(bed, fault, history, streams, queues=queues)
         return
     call: Callable[..., Any]
     heal: Callable[[], Any] | None = None
@@ -225,8 +233,9 @@ async def _inject(bed: Any, fault: Fault, history: History, streams: list[str] |
             probe = asyncio.gather(_leaders_back(bed, streams, fault.target, fault_t, history),
                                    writable_back(bed, streams, fault_t, history, victim=fault.target, healed=healed))
         elif streams and fault.what in PARTITIONS:  # (the leaders may stay: the cut node's peers may not know yet)
-            probe = asyncio.ensure_future(writable_back(bed, streams, fault_t, history, victim=fault.target,
-                                                        healed=healed))
+            probe = asyncio.gather(writable_back(bed, streams, fault_t, history, victim=fault.target, healed=healed),
+                                   queues_writable(bed, queues or [], fault_t, history, victim=fault.target,
+                                                   healed=healed))
         elif streams and fault.what == "move_leader":
             probe = asyncio.ensure_future(writable_back(bed, [fault.target], fault_t, history))
         elif streams and fault.what == "lb_restart":  # back once the LB routes again: what follows is the clients'
@@ -355,6 +364,10 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             for thread in threads:
                 thread.start()
             nodes = asyncio.Lock()
+            queues = quorum_queues(run_id, plan.amqp10, plan.queues)
+            for queue, users in queues.items():  # (the checker times their share from their queue's probe)
+                for user in users:
+                    history.add("uses", client=user, stream=queue)
             context = Run(bed, env, history, stop, halt, run_id, [*streams, *partitions], super_stream, nodes, say, [])
             others = [asyncio.create_task(extra(context)) for extra in extras]
             started = time.monotonic()
@@ -362,7 +375,8 @@ async def run(bed: Any, plan: Plan, history_path: str | Path | None = None,
             for fault in faults:
                 await asyncio.sleep(max(0.0, started + fault.at - time.monotonic()))
                 say(f"{fault.at:7.1f} s  {fault.what} {fault.target}".rstrip())
-                injections.append(asyncio.create_task(_inject(bed, fault, history, [*streams, *partitions], nodes)))
+                injections.append(asyncio.create_task(_inject(bed, fault, history, [*streams, *partitions], nodes,
+                                                                  list(queues))))
             await asyncio.gather(*injections)
             await asyncio.sleep(max(0.0, started + plan.minutes * 60 - time.monotonic()))
             stop.set()

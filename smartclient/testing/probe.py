@@ -9,6 +9,11 @@ stream as a ``writable`` history record (see :mod:`smartclient.testing.checker`)
 Each probe message is stored in the stream like any other: its body is ``probe:<id>`` and it is recorded as a
 ``send`` and a ``confirm`` of the client ``probe`` (one id sequence over every stream), so the checker accounts
 for it and never counts it as a client's progress.
+
+A quorum queue's probe (:func:`queues_writable`, after a silent drop) is an AMQP 1.0 publisher through the load
+balancer, as the queue clients go, on a fresh connection per try, skipping the node the fault takes away until it
+is healed; the broker's settlement is the queue taking a write again.  Its message (``probe:<id>``, never recorded
+as a send: no stream reads it back) goes to the queue's consumers, which skip it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-__all__ = ["PROBE", "PROBE_INTERVAL", "writable_back"]
+__all__ = ["PROBE", "PROBE_INTERVAL", "is_probe", "queues_writable", "writable_back"]
 
 PROBE = "probe"  # the client name of the probe's messages
 PROBE_INTERVAL = 0.05  # seconds between two tries on one stream
@@ -99,3 +104,53 @@ async def _reach(bed: Any, node: Any) -> AsyncIterator[Any]:
                 yield client
                 return
     raise LookupError(f"the load balancer never routed to {node.name} in {LANDINGS} dials")
+
+
+def is_probe(body: bytes) -> bool:
+    """Whether a message's ``body`` is a probe's (a queue's consumer skips it)."""
+    return body.startswith(b"probe:")
+
+
+async def queues_writable(bed: Any, queues: list[str], fault_t: float, history: Any, victim: str = "",
+                          healed: asyncio.Event | None = None) -> None:
+    """Probe every queue of ``queues`` (quorum queues) at once until each takes a write; one ``writable`` record,
+    as :func:`writable_back` makes.  Without the ``[amqp10]`` extra, none (the queue clients' share is then timed
+    from the heal, as for a client no probe follows)."""
+    import importlib.util
+
+    if not queues or importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
+        return
+    deadline = time.monotonic() + GIVE_UP
+    def gone() -> bool:  # the victim still away
+        return bool(victim) and (healed is None or not healed.is_set())
+
+    async def first_settled(queue: str) -> float | None:
+        while time.monotonic() < deadline:
+            try:
+                return await asyncio.to_thread(_settled, bed, queue, victim if gone() else "", history)
+            except Exception:  # no leader yet, the victim reached, the LB not routing: again
+                await asyncio.sleep(PROBE_INTERVAL)
+        return None
+
+    back = await asyncio.gather(*(first_settled(q) for q in queues))
+    when = {q: t for q, t in zip(queues, back, strict=True) if t is not None}
+    history.add("writable", fault_t=fault_t, target=victim, streams=when, missing=len(queues) - len(when))
+
+
+def _settled(bed: Any, queue: str, victim: str, history: Any) -> float:
+    """One try: a fresh AMQP 1.0 connection through the LB (not to ``victim``), one message to ``queue``, and the
+    moment the broker settled it; each step bounded by :data:`TRY_BOUND`."""
+    from smartclient.amqp10._rabbitmq_amqp import close_quietly, new_publisher, node_of, open_connection, publish
+    from smartclient.core.address import Address
+    from smartclient.credentials import Login
+
+    host, port = bed.lb("amqp")
+    connection = open_connection(Address(host, port), login=Login("PLAIN", bed.username, bed.password), vhost="/",
+                                 name=f"queue-probe-{next(_IDS)}", timeout=TRY_BOUND)
+    try:
+        if victim and node_of(connection) == victim:
+            raise LookupError(f"landed on {victim}, which the fault takes away")
+        publish(new_publisher(connection, queue), f"{PROBE}:{next(_IDS)}".encode(), f"queue {queue!r}")
+        return round(time.monotonic() - float(history.start), 4)  # (the history's clock)
+    finally:
+        close_quietly(connection)

@@ -11,8 +11,21 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-__all__ = ["Awaited", "amqp10_loop", "amqp_quorum_loop", "declare_quorum_queue", "found", "mqtt_loop", "mqtt_qos1_loop",
-           "op", "publish", "rpc_loop"]
+from smartclient.testing.probe import is_probe
+
+__all__ = [
+    "Awaited",
+    "amqp10_loop",
+    "amqp_quorum_loop",
+    "declare_quorum_queue",
+    "found",
+    "mqtt_loop",
+    "mqtt_qos1_loop",
+    "op",
+    "publish",
+    "quorum_queues",
+    "rpc_loop",
+]
 
 
 class Awaited:
@@ -127,7 +140,8 @@ def amqp10_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -> N
     queue, awaited = f"nemesis-{run_id}-amqp10", Awaited()
 
     def on_message(message: Any, accept: Callable[[], None]) -> None:
-        awaited.received(history, "amqp10-c", "amqp10-p", int(bytes(message.body)))
+        if not is_probe(body := bytes(message.body)):
+            awaited.received(history, "amqp10-c", "amqp10-p", int(body))
         accept()
 
     placer = env.amqp10
@@ -188,6 +202,15 @@ def publish(history: Any, halt: threading.Event, client: str, awaited: Awaited, 
                 drop(handle)
 
 
+def quorum_queues(run_id: str, amqp10: bool, queues: bool) -> dict[str, tuple[str, ...]]:
+    """The quorum queues of a run's queue clients, each with the clients that use it: after a silent drop each is
+    probed (:func:`~smartclient.testing.probe.queues_writable`), and its clients' own share timed from when it took
+    a write again.  The MQTT subscriber's session queue is named by RabbitMQ (``mqtt-subscription-<id>qos1``)."""
+    return {**({f"nemesis-{run_id}-amqp10": ("amqp10-p", "amqp10-c")} if amqp10 else {}),
+            **({f"nemesis-{run_id}-amqp": ("amqp-p", "amqp-c"),
+                f"mqtt-subscription-nemesis-{run_id}-q1-sqos1": ("mqtt-p", "mqtt-c")} if queues else {})}
+
+
 def declare_quorum_queue(env: Any, history: Any, halt: threading.Event, queue: str) -> bool:
     """Declare ``queue`` (quorum) through the management API, again until it worked or ``halt``."""
     while not op(history, "queue-setup", lambda: env.management.put(
@@ -215,7 +238,8 @@ def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str)
                     channel.basic_qos(prefetch_count=200)
                     for method, _, body in channel.consume(queue, inactivity_timeout=0.2):
                         if method is not None:
-                            awaited.received(history, "amqp-c", "amqp-p", int(body))
+                            if not is_probe(body):
+                                awaited.received(history, "amqp-c", "amqp-p", int(body))
                             channel.basic_ack(method.delivery_tag)
                         if done.is_set():
                             break
@@ -255,7 +279,8 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
     awaited, topic, client_id = Awaited(), f"nemesis/{run_id}/q1", f"nemesis-{run_id}-q1"
 
     def setup(client: Any) -> None:
-        client.on_message = lambda c, u, m: awaited.received(history, "mqtt-c", "mqtt-p", int(m.payload))
+        client.on_message = lambda c, u, m: None if is_probe(m.payload) else awaited.received(
+            history, "mqtt-c", "mqtt-p", int(m.payload))
 
     sessions = env.mqtt_placer(options=MqttOptions(clean_start=False))
 

@@ -200,6 +200,20 @@ def test_after_a_silent_drop_the_own_share_starts_once_it_was_found_or_for_a_que
     assert report.own == {"p": pytest.approx([0.2]), "c": pytest.approx([0.3]), "q": pytest.approx([1.0])}
 
 
+def test_after_a_silent_drop_a_queue_client_whose_queue_was_probed_is_timed_from_the_probe_not_the_heal() -> None:
+    """A partition at 10 s, healed at 30 s: the queue qq (its client q uses it) took the probe's write at 24 s, q
+    progressed at 24.4 s: 0.4 s of its own.  Its producer found nothing (no finding after the probe)."""
+    history = [{"kind": "uses", "t": 0.0, "client": "q", "stream": "qq"},
+               {"kind": "op", "t": 9.3, "client": "q", "ok": True},
+               {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1", "silent": True},
+               {"kind": "writable", "t": 24.1, "fault_t": 10.0, "target": "rabbit-1", "missing": 0,
+                "streams": {"qq": 24.0}},
+               {"kind": "op", "t": 24.4, "client": "q", "ok": True},
+               {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"}]
+    report = check(history)
+    assert report.ok and report.own == {"q": pytest.approx([0.4])}
+
+
 def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
     """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
     its own after either fault, not 9 s after the close."""
