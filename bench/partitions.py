@@ -85,8 +85,8 @@ def main() -> int:
 
 def _by_kind(delays: list[tuple[str, float, float, float]]) -> dict[str, list[float]]:
     """The own shares by kind of client: streams (producers and consumers), queues (AMQP 0.9.1 and 1.0, MQTT QoS 1:
-    their own share is timed from the heal, no probe saying when their queue took writes again), RPC and the MQTT
-    fleet."""
+    their own share is timed from when their queue's probe had a write settled), RPC and the MQTT fleet (timed from
+    the heal: no probe follows them)."""
     kinds: dict[str, list[float]] = {}
     for client, _, _, share in delays:
         kind = ("queues" if client.startswith(("amqp", "mqtt-p", "mqtt-c")) else "rpc and MQTT fleet"

@@ -18,8 +18,11 @@ pika imports outside this file; ``pyproject.toml`` pins pika below 1.5.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import ssl
+import struct
+import termios
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -80,6 +83,9 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # channel's cookie (_ProbeCookie stands in: not open, no events)
     "pika.channel.Channel._set_cookie",
     "pika.adapters.blocking_connection.BlockingChannel._dispatch_events",
+    # a look that comes late asks the socket whether anything waits unread (FIONREAD): only then can it not judge
+    "pika.adapters.base_connection.BaseConnection._transport",
+    "pika.adapters.utils.io_services_utils._AsyncTransportBase._sock",
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -295,10 +301,12 @@ class SilenceWatch:
 
     It runs on the connection's I/O loop, which runs while the thread is in a pika call (a publish waiting for its
     confirm, ``process_data_events``, ``start_consuming``): so it finds a silent link while the application waits
-    on it, and a look that comes late (the thread was elsewhere) starts the count again, as what arrived meanwhile
-    may not be read yet.  A connection the broker blocked (a resource alarm: it reads nothing) is not judged: pika's
-    ``blocked_connection_timeout`` ends it.  The cost: on a connection idle past a third of ``dead_after``, one
-    ``basic.qos`` and its answer per third, and one channel."""
+    on it.  A look that comes late (the thread was elsewhere, or the machine too busy to wake it) starts the count
+    again only when something waits unread in the socket: what arrived meanwhile is a sign of life, and an answer
+    may be among it (where the socket cannot say, it starts again, as it cannot judge).  A connection the broker
+    blocked (a resource alarm: it reads nothing) is not judged: pika's ``blocked_connection_timeout`` ends it.  The
+    cost: on a connection idle past a third of ``dead_after``, one ``basic.qos`` and its answer per third, and one
+    channel."""
 
     STEP = 1.0
 
@@ -323,7 +331,8 @@ class SilenceWatch:
         if not self.impl.is_open:
             return
         now = time.monotonic()
-        late = now - self.looked > 1.5 * self.STEP  # the thread was not in a pika call: nothing was read
+        # late: the thread was not in a pika call, or was not woken (a busy machine); what came meanwhile unread?
+        late = now - self.looked > 1.5 * self.STEP and _unread(self.impl)
         self.looked = now
         if late or self.blocked:  # (an answer may be waiting to be read; a blocked broker reads nothing)
             self.question = None
@@ -362,6 +371,15 @@ class SilenceWatch:
         except (px.AMQPError, OSError) as exc:  # no channel free, a closing connection: silence alone is judged
             self.question = None
             log.debug("AMQP silence watch: asking the broker failed: %s", exc)
+
+
+def _unread(impl: Any) -> bool:
+    """Whether bytes wait unread in ``impl``'s socket (True where the socket cannot say)."""
+    sock = getattr(getattr(impl, "_transport", None), "_sock", None)
+    try:
+        return bool(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return True
 
 
 def update_secret(connection: Any, token: str, on_done: Callable[[], None]) -> bool:
