@@ -192,8 +192,8 @@ async def test_a_consumer_recovering_while_its_replicas_initialise_reads_the_lea
         await publishing
         print(f"both replicas held {hold:.1f} s: the consumer recovered onto {fallback_node} (fallback {fallback}) "
               f"in {recovered:.2f} s, its first message {first_message:.2f} s after the loss; back on a replica "
-              f"({consumer.node}) {moved_back:.2f} s after; steps: {consumer.recovery_attempts[-2].steps} / "
-              f"{consumer.recovery_attempts[-1].steps}")
+              f"({consumer.node}) {moved_back:.2f} s after; steps: "
+              f"{' / '.join(a.steps for a in consumer.recovery_attempts[-2:])}")  # (one, when the move back was quick)
         assert fallback_node == topology.leader and fallback, "it did not fall back to the leader"
         assert recovered < hold, "the consumer waited for the held replicas"
         assert started + moved_back > held + hold, "it moved back before a replica could be read"
