@@ -214,8 +214,10 @@ def test_a_leader_lost_is_followed_by_the_publisher_and_the_consumer_with_nothin
             for index in range(100, 300):
                 publisher.publish(b"r%d" % index)
                 sent.append(b"r%d" % index)
-            # it recovers on the new leader, or had already followed it there (its leader check ran first)
-            assert publisher.recoveries + publisher.moves == 1 and publisher.node != old_leader
+            # it recovers on the new leader, or had already followed it there (its leader check ran first), or
+            # recovered on a member while the old leader was still named (avoided: unreachable) and then followed
+            assert publisher.recoveries <= 1 and 1 <= publisher.recoveries + publisher.moves <= 2
+            assert publisher.node != old_leader
             assert publisher.node == lb_placer.queue_topology(queue).leader
         finally:
             rabbitmq_faulty_testbed.start_app(victim.name)
