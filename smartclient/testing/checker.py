@@ -32,8 +32,10 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
 * ``fault`` may say ``silent`` (a partition): a client no probe of it follows (RPC, the MQTT fleet; a queue's
   without the ``[amqp10]`` extra) has its own share of it timed from the heal (its broker is whole again then at
   the latest);
-* ``uses``: ``client`` and ``stream``, a quorum queue the client writes or reads: the ``writable`` records of its
-  probe (:func:`~smartclient.testing.probe.queues_writable`) time that client's share as a stream's do;
+* ``uses``: ``client`` and ``stream``, a quorum queue the client writes or reads; ``queue_back``: ``queue`` and
+  ``back``, a write its probe had settled (:func:`~smartclient.testing.probe.queues_writable`, a fresh connection
+  through the LB every quarter second, from a silent drop until after its heal): such a client's share of a silent
+  drop is timed from the first such write once the drop was found (any client's finding before it progressed);
 * ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
   (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
   the earliest, and after a silent fault, at the last such finding of any client before its progress (a consumer
@@ -275,6 +277,7 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
     delivered: dict[str, list[int]] = defaultdict(list)
     consumer_stream: dict[str, str] = {}
     uses: dict[str, set[str]] = defaultdict(set)  # a queue client -> the queues it writes or reads (probed)
+    queue_backs: dict[str, list[float]] = defaultdict(list)  # a queue -> each time its probe had a write settled
     subscriptions: dict[str, list[int | None]] = defaultdict(list)  # stored offsets at each (re)subscription
     firsts_after_subscribe: dict[str, list[int]] = defaultdict(list)
     awaiting_first: set[str] = set()
@@ -330,6 +333,9 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             continue
         if kind == "uses":
             uses[client].add(str(r["stream"]))
+            continue
+        if kind == "queue_back":
+            queue_backs[str(r["queue"])].append(float(r["back"]))
             continue
         if kind == "heal" and (at := unhealed.pop((str(r.get("what")), str(r.get("target"))), None)) is not None:
             healed[at] = float(r.get("began", t))  # (when the heal was begun: it takes effect during it)
@@ -453,11 +459,16 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             # consumer waits for its producer's too; findings are measured apart, against their bound) and, for a
             # client no probe of this fault follows, until the heal, is not the client's own
             later = [f for f in found if at <= f <= resumed]
-            if not any(began == at for began, _ in windows) and at in healed and healed[at] <= resumed:
-                later.append(healed[at])
-            if later and max(later) > ready:
-                ready = max(later)
-                resumed = _first_since(times, ready)
+            backs = sorted(b for queue in uses.get(client, ()) for b in queue_backs.get(queue, ()))
+            if (back := _first_since(backs, max([at, *later]))) is not None:
+                # a queue client: from when a fresh client could write to its queue, once the drop was found
+                ready, resumed = back, _first_since(times, back)
+            else:
+                if not any(began == at for began, _ in windows) and at in healed and healed[at] <= resumed:
+                    later.append(healed[at])
+                if later and max(later) > ready:
+                    ready = max(later)
+                    resumed = _first_since(times, ready)
         if resumed is not None:
             # a later fault that began meanwhile, while its streams could not be written to: not the client's wait
             mine_own = resumed - ready - _covered(ready, resumed, [w for w in windows if w[0] > ready])

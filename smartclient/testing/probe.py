@@ -32,6 +32,8 @@ PROBE_INTERVAL = 0.05  # seconds between two tries on one stream
 TRY_BOUND = 5.0  # seconds one try (leader, connect, then a message every 0.1 s until one is confirmed) may take
 LANDINGS = 9  # dials through a namespaced bed's round-robin LB to land on one node (of 3) before a try fails
 GIVE_UP = 120.0  # seconds after which a stream that never took a write is reported missing
+QUEUE_EVERY = 0.25  # seconds between two writes of a queue's probe once one settled
+SETTLE = 15.0  # seconds after the heal a queue's probe goes on (the clients' recoveries after it)
 
 _IDS = itertools.count(1)
 _TURNS = itertools.count()
@@ -113,26 +115,43 @@ def is_probe(body: bytes) -> bool:
 
 async def queues_writable(bed: Any, queues: list[str], fault_t: float, history: Any, victim: str = "",
                           healed: asyncio.Event | None = None) -> None:
-    """Probe every queue of ``queues`` (quorum queues) at once until each takes a write; one ``writable`` record,
-    as :func:`writable_back` makes.  Without the ``[amqp10]`` extra, none (the queue clients' share is then timed
-    from the heal, as for a client no probe follows)."""
+    """Probe every queue of ``queues`` (quorum queues) at once, a fresh connection every :data:`QUEUE_EVERY` s,
+    from the fault until :data:`SETTLE` s after ``healed`` is set (without one: until the first write): each write
+    settled is a ``queue_back`` record (``queue``, ``back``), from which the checker times a queue client's share
+    from when a fresh client could write after it found its connection dead; then one ``writable`` record of the
+    first, as :func:`writable_back` makes.  Without the ``[amqp10]`` extra, none (the queue clients' share is then
+    timed from the heal, as for a client no probe follows)."""
     import importlib.util
 
     if not queues or importlib.util.find_spec("rabbitmq_amqp_python_client") is None:
         return
     deadline = time.monotonic() + GIVE_UP
+    ends: list[float] = []  # when probing ends: SETTLE s after the heal
+
     def gone() -> bool:  # the victim still away
         return bool(victim) and (healed is None or not healed.is_set())
 
-    async def first_settled(queue: str) -> float | None:
-        while time.monotonic() < deadline:
+    def over() -> bool:
+        if healed is not None and healed.is_set() and not ends:
+            ends.append(time.monotonic() + SETTLE)
+        return time.monotonic() >= (ends[0] if ends else deadline)
+
+    async def probed(queue: str) -> float | None:
+        first: float | None = None
+        while not over():
             try:
-                return await asyncio.to_thread(_settled, bed, queue, victim if gone() else "", history)
+                back = await asyncio.to_thread(_settled, bed, queue, victim if gone() else "", history)
             except Exception:  # no leader yet, the victim reached, the LB not routing: again
                 await asyncio.sleep(PROBE_INTERVAL)
-        return None
+                continue
+            history.add("queue_back", queue=queue, back=back)
+            first = back if first is None else first
+            if healed is None:
+                break
+            await asyncio.sleep(QUEUE_EVERY)
+        return first
 
-    back = await asyncio.gather(*(first_settled(q) for q in queues))
+    back = await asyncio.gather(*(probed(q) for q in queues))
     when = {q: t for q, t in zip(queues, back, strict=True) if t is not None}
     history.add("writable", fault_t=fault_t, target=victim, streams=when, missing=len(queues) - len(when))
 

@@ -214,6 +214,25 @@ def test_after_a_silent_drop_a_queue_client_whose_queue_was_probed_is_timed_from
     assert report.ok and report.own == {"q": pytest.approx([0.4])}
 
 
+def test_a_queue_client_is_timed_from_its_queues_first_write_after_the_drop_was_found() -> None:
+    """A partition at 10 s: the queue qq took the probe's writes all along (10.5 s, then 18.2 s...), but its
+    client q sat on the cut node and found it at 18 s; it progressed at 18.6 s: 0.4 s of its own (from the probe's
+    first write once it had found the drop), not 8.1 s."""
+    history = [{"kind": "uses", "t": 0.0, "client": "q", "stream": "qq"},
+               {"kind": "op", "t": 9.3, "client": "q", "ok": True},
+               {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1", "silent": True},
+               {"kind": "queue_back", "t": 10.5, "queue": "qq", "back": 10.5},
+               {"kind": "found", "t": 18.0, "client": "q", "wing": "amqp", "started": 18.0},
+               {"kind": "queue_back", "t": 18.2, "queue": "qq", "back": 18.2},
+               {"kind": "queue_back", "t": 18.45, "queue": "qq", "back": 18.45},
+               {"kind": "op", "t": 18.6, "client": "q", "ok": True},
+               {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"},
+               {"kind": "writable", "t": 45.0, "fault_t": 10.0, "target": "rabbit-1", "missing": 0,
+                "streams": {"qq": 10.5}}]
+    report = check(history)
+    assert report.ok and report.own == {"q": pytest.approx([0.4])}
+
+
 def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
     """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
     its own after either fault, not 9 s after the close."""
