@@ -219,11 +219,15 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         """The node of a new connection: that of an exclusive queue it declares.  A classic exclusive queue
         lives on the node of the connection that declared it (RabbitMQ 4.0 and 4.3, whatever the leader
         locator), and the management API shows it at once; it lists the connection itself only after its
-        next statistics round (here 0.3 to 4.9 s, up to ``collect_statistics_interval``).  Where the queue
-        cannot be declared (no configure permission on ``amq.gen-*``), the connection listing answers."""
+        next statistics round (here 0.3 to 4.9 s, up to ``collect_statistics_interval``).  The queue is read
+        without statistics (``disable_stats``): with them, the API gathers from every node, and while one is cut
+        off (a partition, until the others give it up) each read waited for its timeout on every management node
+        (20 s in all; a placement through the LB then took 30 s and failed), where this one answers at once.
+        Where the queue cannot be declared (no configure permission on ``amq.gen-*``), the connection listing
+        answers."""
         try:
             node = probe_node(connection, lambda queue: self._api().get(
-                f"/api/queues/{quote(self.vhost, safe='')}/{quote(queue, safe='')}?columns=node"))
+                f"/api/queues/{quote(self.vhost, safe='')}/{quote(queue, safe='')}?columns=node&disable_stats=true"))
         except ConnectionFailed:
             if not connection.is_open:
                 raise
