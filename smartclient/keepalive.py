@@ -37,7 +37,10 @@ import math
 import socket
 from typing import Any
 
-__all__ = ["heartbeat", "idle_timeout", "silence_limit", "tcp_options", "watch"]
+__all__ = ["MIN_IDLE_TIMEOUT", "heartbeat", "idle_timeout", "silence_limit", "tcp_options", "watch"]
+
+#: the least idle timeout an AMQP 1.0 connection gets: proton advertises half, RabbitMQ refuses under 1 s
+MIN_IDLE_TIMEOUT = 2.0
 
 
 def heartbeat(interval: float, dead_after: float) -> int:
@@ -67,10 +70,14 @@ def idle_timeout(heartbeat: float, dead_after: float) -> float:
     """proton's idle timeout for an AMQP 1.0 connection found dead within ``dead_after`` s (0: off): two fifths of
     it (4 s for the default 10), ``heartbeat`` if shorter, and 0 stays off.  The broker sends something every half
     of it, so a drop toward the node silences the connection within that half (the node's TCP stalls at its next
-    frame); proton then ends it once it heard nothing for the whole of it, at its next look (within a second)."""
-    if not heartbeat or not dead_after:
-        return float(heartbeat)
-    return float(min(heartbeat, 0.4 * dead_after))
+    frame); proton then ends it once it heard nothing for the whole of it, at its next look (within a second).
+    Never under 2 s: proton advertises half of it, and RabbitMQ refuses an Open whose idle time-out is under 1 s
+    (with the least ``dead_after``, 4 s, two fifths would be 1.6 s: every connection refused)."""
+    if not heartbeat:
+        return 0.0
+    if not dead_after:
+        return float(max(MIN_IDLE_TIMEOUT, heartbeat))
+    return float(max(MIN_IDLE_TIMEOUT, min(heartbeat, 0.4 * dead_after)))
 
 
 def tcp_options(dead_after: float) -> dict[str, int]:

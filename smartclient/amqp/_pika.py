@@ -302,8 +302,11 @@ class SilenceWatch:
     It runs on the connection's I/O loop, which runs while the thread is in a pika call (a publish waiting for its
     confirm, ``process_data_events``, ``start_consuming``): so it finds a silent link while the application waits
     on it.  A look that comes late (the thread was elsewhere, or the machine too busy to wake it) starts the count
-    again only when something waits unread in the socket: what arrived meanwhile is a sign of life, and an answer
-    may be among it (where the socket cannot say, it starts again, as it cannot judge).  A connection the broker
+    again when something waits unread in the socket: what arrived meanwhile is a sign of life, and an answer may be
+    among it (where the socket cannot say, it starts again, as it cannot judge).  With nothing unread, the silence
+    counts as a third of ``dead_after`` at most (nobody asked the broker anything meanwhile: an idle connection's
+    broker sends nothing for up to half its heartbeat), so it asks now, and a question already asked stays: a
+    dead link is found within the answer's time.  A connection the broker
     blocked (a resource alarm: it reads nothing) is not judged: pika's ``blocked_connection_timeout`` ends it.  The
     cost: on a connection idle past a third of ``dead_after``, one ``basic.qos`` and its answer per third, and one
     channel."""
@@ -331,13 +334,16 @@ class SilenceWatch:
         if not self.impl.is_open:
             return
         now = time.monotonic()
-        # late: the thread was not in a pika call, or was not woken (a busy machine); what came meanwhile unread?
-        late = now - self.looked > 1.5 * self.STEP and _unread(self.impl)
+        # late: the thread was not in a pika call, or was not woken (a busy machine)
+        late = now - self.looked > 1.5 * self.STEP
+        unread = late and _unread(self.impl)  # what came meanwhile waits unread: a sign of life, maybe the answer
         self.looked = now
-        if late or self.blocked:  # (an answer may be waiting to be read; a blocked broker reads nothing)
+        if unread or self.blocked:  # (a blocked broker reads nothing)
             self.question = None
-        if late or self.blocked or self.impl.bytes_received != self.bytes:
+        if unread or self.blocked or self.impl.bytes_received != self.bytes:
             self.bytes, self.heard = self.impl.bytes_received, now
+        elif late:  # nothing came, but nothing was asked while it was away: ask now (a question asked stays)
+            self.heard = max(self.heard, now - self.every)
         silent = now - self.heard
         unanswered = now - self.question if self.question is not None else 0.0
         if silent >= self.limit or unanswered >= self.answer_within:

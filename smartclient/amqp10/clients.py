@@ -248,7 +248,8 @@ class Amqp10Publisher:
                                                                       max_time=self.placer.recovery.attempt_time))
             except SmartClientError as exc:  # the connection it has still works: it stays, and checks again later,
                 # later each time (a leader the LB no longer routes to: each try dials for a whole attempt)
-                self._checked += FOLLOW_AGAIN.scaled(self.placer.recovery.stall_check).delay(self._missed)
+                self._checked = time.monotonic() + FOLLOW_AGAIN.scaled(self.placer.recovery.stall_check).delay(
+                    self._missed)  # (from when this try ended: it may have dialled for a whole attempt)
                 self._missed += 1
                 log.warning("following the leader of %r to %s failed, staying on %s (tried %d time(s)): %s",
                             self.queue, leader, self.node, self._missed, exc)

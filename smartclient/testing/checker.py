@@ -460,9 +460,13 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             # client no probe of this fault follows, until the heal, is not the client's own
             later = [f for f in found if at <= f <= resumed]
             backs = sorted(b for queue in uses.get(client, ()) for b in queue_backs.get(queue, ()))
-            if (back := _first_since(backs, max([at, *later]))) is not None:
-                # a queue client: from when a fresh client could write to its queue, once the drop was found
-                ready, resumed = back, _first_since(times, back)
+            if backs and any(at <= b <= resumed for b in backs):
+                # a queue client: from when a fresh client could write to its queue once the drop was found (or
+                # from the finding, if it resumed before the probe's next write)
+                reference = max([at, *later])
+                back = _first_since(backs, reference)
+                ready = back if back is not None and back <= resumed else reference
+                resumed = _first_since(times, ready)
             else:
                 if not any(began == at for began, _ in windows) and at in healed and healed[at] <= resumed:
                     later.append(healed[at])

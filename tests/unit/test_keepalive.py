@@ -64,3 +64,5 @@ def test_an_amqp10_idle_timeout_is_two_fifths_of_dead_after() -> None:
     assert idle_timeout(3, 10.0) == 3.0  # the user's, shorter
     assert idle_timeout(60, 0) == 60.0  # dead_after off: the heartbeat
     assert idle_timeout(0, 10.0) == 0.0  # off stays off
+    assert idle_timeout(60, 4.0) == 2.0  # never under 2 s: proton advertises half, RabbitMQ refuses under 1 s
+    assert idle_timeout(1, 10.0) == 2.0

@@ -291,9 +291,18 @@ def test_a_late_look_starts_the_count_again_only_when_something_waits_unread(
         _seconds(clock, watch, 3)  # asked at 3 s
         clock[0] += 3  # a look 3 s late, nothing came
         watch.look()
-        assert impl.ended is None and watch.question is not None
-        _seconds(clock, watch, 2)  # 8 s of silence: ended on time, late look or not
-        assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "heard nothing for 8.0 s" in str(impl.ended)
+        assert impl.ended is None and watch.question is not None  # the question asked stays
+        _seconds(clock, watch, 2)  # unanswered 5 s: ended on time, late look or not
+        assert isinstance(impl.ended, px.AMQPHeartbeatTimeout) and "no answer for 5.0 s" in str(impl.ended)
+
+        # an idle connection the application left alone 20 s: nothing came (its broker sends nothing for up to
+        # half its heartbeat) and nothing was asked meanwhile: not ended, asked now
+        clock, impl, watch = _watched(monkeypatch)
+        impl._transport = SimpleNamespace(_sock=ours)  # type: ignore[attr-defined]
+        _seconds(clock, watch, 2, hear=lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8))
+        clock[0] += 20
+        watch.look()
+        assert impl.ended is None and watch.probes == 1 and watch.question == clock[0]
 
         clock, impl, watch = _watched(monkeypatch)
         impl._transport = SimpleNamespace(_sock=ours)  # type: ignore[attr-defined]

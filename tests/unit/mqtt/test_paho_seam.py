@@ -267,8 +267,12 @@ def test_only_the_seam_imports_paho() -> None:
 
 
 def test_only_the_seam_touches_pahos_private_names() -> None:
+    from smartclient.amqp._pika import PIKA_INTERNALS
+
     names = {e.split(".")[1] for e in PAHO_INTERNALS}
-    assert private_uses(names, SEAM, {"PahoClient"}) == []
+    shared = names & {e.rsplit(".", 1)[1] for e in PIKA_INTERNALS}  # pika's own of the same name, in pika's seam
+    assert [use for use in private_uses(names, SEAM, {"PahoClient"})
+            if not (use.startswith("smartclient/amqp/_pika.py:") and any(name in use for name in shared))] == []
 
 
 def test_a_client_that_gives_up_fails_what_paho_had_unacknowledged(connack_broker: FakeBroker) -> None:

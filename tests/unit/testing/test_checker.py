@@ -233,6 +233,20 @@ def test_a_queue_client_is_timed_from_its_queues_first_write_after_the_drop_was_
     assert report.ok and report.own == {"q": pytest.approx([0.4])}
 
 
+def test_a_queue_client_that_resumed_before_its_probes_next_write_is_timed_from_its_finding() -> None:
+    history = [{"kind": "uses", "t": 0.0, "client": "q", "stream": "qq"},
+               {"kind": "op", "t": 9.3, "client": "q", "ok": True},
+               {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1", "silent": True},
+               {"kind": "queue_back", "t": 10.5, "queue": "qq", "back": 10.5},
+               {"kind": "found", "t": 18.0, "client": "q", "wing": "amqp", "started": 18.0},
+               {"kind": "op", "t": 18.1, "client": "q", "ok": True},
+               {"kind": "queue_back", "t": 25.0, "queue": "qq", "back": 25.0},
+               {"kind": "op", "t": 25.05, "client": "q", "ok": True},
+               {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"}]
+    report = check(history)
+    assert report.ok and report.own == {"q": pytest.approx([0.1])}
+
+
 def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
     """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
     its own after either fault, not 9 s after the close."""
