@@ -9,8 +9,9 @@ connection that heard nothing for long enough that a silent drop, one way or bot
   heard nothing for :func:`silence_limit` (``dead_after`` less two heartbeats: a drop one way toward the node
   silences it only once the node's TCP stalls, at its next frame);
 * an MQTT client keeps the keepalive the user sets with the broker (a placement waits for the management API
-  without pumping it), pings on its own every third of ``dead_after`` and is lost at ``dead_after`` less the second
-  paho's loop takes to look (``PahoClient._check_keepalive``);
+  without pumping it), pings on its own every quarter of ``dead_after`` and is lost at ``dead_after`` less two
+  seconds: the second paho's loop takes to look, and the node's last frames after a drop toward it
+  (``PahoClient._check_keepalive``);
 * AMQP 0.9.1 keeps its heartbeat (a pika ``BlockingConnection`` heartbeats only inside its calls), and the seam's
   ``SilenceWatch`` asks the broker something every third of ``dead_after`` of silence and ends the connection two
   seconds before it;

@@ -30,9 +30,9 @@ Why each private name is touched:
   lost"): a TLS alert there is the broker refusing the client certificate (:class:`CertificateRejected`).
 * ``Client._create_socket_connection`` is overridden to set :mod:`smartclient.keepalive`'s options on the TCP
   socket it dials (before any TLS): a silent broker ends the connection within ``dead_after``.
-* ``Client._check_keepalive`` is overridden to watch for silence too: a PINGREQ after ``dead_after / 3`` s with
+* ``Client._check_keepalive`` is overridden to watch for silence too: a PINGREQ after ``dead_after / 4`` s with
   nothing received (``Client._last_bytes_received`` under ``Client._msgtime_mutex``; ``Client._send_pingreq``),
-  and the connection lost after ``dead_after - 1`` s (``Client._do_on_disconnect``, as paho's own keepalive does).
+  and the connection lost after ``dead_after - 2`` s (``Client._do_on_disconnect``, as paho's own keepalive does).
 * ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
   waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`).  When a client gives up for good,
   what ``Client._out_messages`` holds (under ``Client._out_message_mutex``) fails: each one's ``rc`` is set and
@@ -106,6 +106,17 @@ class _NoConnack(Exception):
     def __init__(self, timeout: float) -> None:
         super().__init__(f"no CONNACK within {timeout} s")
         self.timeout = timeout
+
+
+def silence_watch(dead_after: float) -> tuple[float, float]:
+    """The MQTT silence watch's two times for ``dead_after`` (pure): a PINGREQ once nothing came for the first (a
+    quarter of it, at least a second), and the connection lost once nothing came for the second, ``dead_after``
+    less two seconds: paho's loop looks every second (later on a loaded machine), and a drop one way toward the
+    node lets the node's last frames through (until its flow control waits on the acknowledgements it no longer
+    gets).  At least three pings' worth, so a live broker, which answers a ping at once, is never taken for a
+    silent one: with the least ``dead_after`` (4 s) a ping after 1 s and the end after 3 s."""
+    every = float(max(1, dead_after // 4))
+    return every, max(dead_after - 2, 3 * every)
 
 
 def _connack_text(code: int) -> str:
@@ -257,20 +268,20 @@ class PahoClient(paho.Client):
         return sock
 
     def _check_keepalive(self) -> None:
-        """paho's keepalive (the one agreed with the broker), then the silence watch of ``dead_after``: with nothing
-        received for a third of it, a PINGREQ (at most one per third), and with nothing received for all of it but
-        the second paho's loop may take to look again, the connection is lost (paho's own would wait up to two
+        """paho's keepalive (the one agreed with the broker), then the silence watch of ``dead_after``
+        (:func:`silence_watch`): a PINGREQ once nothing was received for a while, and the connection lost once
+        nothing was received for long enough to be found within ``dead_after`` (paho's own would wait up to two
         keepalives: 120 s by default).  The keepalive the broker
         holds the client to stays the user's, so a client not pumped for a while (a placement waiting for the
         management API to list it) is not dropped by the broker."""
         super()._check_keepalive()
-        every = max(1, self.dead_after // 3)
+        every, limit = silence_watch(self.dead_after)
         if not self.dead_after or 0 < self._keepalive <= every or not self.is_connected():
             return  # off, or paho's own pings find it sooner
         now = time.monotonic()  # (paho's clock)
         with self._msgtime_mutex:
             silent = now - self._last_bytes_received
-        if silent >= self.dead_after - 1:  # looked at every second at least (paho's loop): found within dead_after
+        if silent >= limit:
             log.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
                         self.client_id, silent)
             self._sock_close()

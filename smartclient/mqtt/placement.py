@@ -330,7 +330,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         #: MQTT's keepalive, MqttOptions.keepalive itself: not shortened by dead_after, because a placement waits for
         #: the management API to list a new connection without pumping it, and the broker drops a client silent
         #: for 1.5 keepalives (CI, at 3 s: connections gone before they were listed); the client's own silence
-        #: watch pings every dead_after / 3 s instead (PahoClient._check_keepalive)
+        #: watch pings every dead_after / 4 s instead (PahoClient._check_keepalive)
         self.keepalive = options.keepalive
         self._placing = threading.Lock()
         self._call = _Call(None, [])

@@ -135,6 +135,7 @@ class StreamConnector:
         self.opened = 0  # connections opened (LB sessions, when dialling an LB)
         self.mismatches: Counter[str] = Counter()  # connections that reached another node, by reason
         self.reused = 0  # placements that took a parked connection
+        self.hedged = 0  # second dials made beside one still opening after hedge_after (each opens one more)
         self.on_attempt: Callable[[Attempt], None] | None = None  # told each attempt of a placement (traces)
         self.connections: set[Connection] = set()
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
@@ -188,6 +189,7 @@ class StreamConnector:
             for old in [a for a, at in self._hung.items() if began - at >= HANG_MEMORY]:
                 del self._hung[old]
         log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
+        self.hedged += 1
         with _otel.detached():
             second = asyncio.ensure_future(self._dial_once(target, name, client_class))
         return await _first_opened([first, second], self, keep)

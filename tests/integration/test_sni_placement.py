@@ -74,13 +74,16 @@ async def test_streams_land_on_their_node_on_the_first_try(rabbitmq_faulty_testb
                 resolves = RESOLVE_KEY in await env.streams.command_versions()
                 needed = len({(r.role, r.node) for r in records}) + 1 + resolves
                 connector = env.streams.connector
-                assert connector.opened == needed == 7 + resolves and not connector.mismatches  # 0 wrong
+                # (a dial still opening after hedge_after gets a second one beside it: a loaded CI machine's did)
+                assert needed == 7 + resolves and not connector.mismatches  # 0 wrong
+                assert connector.opened == needed + connector.hedged, (connector.opened, needed, connector.hedged)
                 assert {c.client.server_hostname for c in env.streams.connector.connections} == \
                     {f"rabbit-{i}.smartclient.test" for i in (1, 2, 3)}
                 assert {c.dialled for c in env.streams.connector.connections} == {Address(*bed.sni("stream"))}
             took = added(before, sessions(bed, "stream"))
-        assert took["frontend"] == needed  # LB sessions == connections the handles need: none wasted
-        assert sum(n for key, n in took.items() if key != "frontend") == needed
+        opened = needed + connector.hedged
+        assert took["frontend"] == opened  # LB sessions == connections the handles need (and hedges): none wasted
+        assert sum(n for key, n in took.items() if key != "frontend") == opened
         assert {r.role for r in records} == {Role.PRODUCER, Role.CONSUMER}
     finally:
         await delete_streams(bed, *streams)

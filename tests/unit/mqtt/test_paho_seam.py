@@ -32,6 +32,7 @@ from smartclient.mqtt._paho import (
     PAHO_SIGNATURES,
     NamedContext,
     PahoClient,
+    silence_watch,
 )
 from tests.unit.fakes import FakeBroker, tls_contexts
 from tests.unit.seams import ROOT, imports_of, parameters, private_names_used_in, private_uses, resolve_path
@@ -290,7 +291,7 @@ def test_a_client_that_gives_up_fails_what_paho_had_unacknowledged(connack_broke
         client.close_quietly()
 
 
-def test_the_silence_watch_pings_at_a_third_and_gives_up_a_second_before_dead_after(
+def test_the_silence_watch_pings_at_a_quarter_and_gives_up_two_seconds_before_dead_after(
         monkeypatch: pytest.MonkeyPatch) -> None:
     client = PahoClient.create("watched", MQTTProtocolVersion.MQTTv311, clean_start=True)
     client.dead_after = 10.0
@@ -301,9 +302,15 @@ def test_the_silence_watch_pings_at_a_third_and_gives_up_a_second_before_dead_af
     monkeypatch.setattr(client, "_sock_close", lambda: calls.append("close"))
     monkeypatch.setattr(client, "_do_on_disconnect", lambda **kw: calls.append("lost"))
     monkeypatch.setattr(client, "_last_msg_out", time.monotonic())  # paho's own keepalive: nothing due
-    for silent, expected in ((2.5, []), (3.2, ["ping"]), (4.0, ["ping"]), (8.8, ["ping"]),  # one per third
-                             (9.0, ["ping", "close", "lost"])):
+    for silent, expected in ((1.5, []), (2.2, ["ping"]), (3.0, ["ping"]), (7.9, ["ping"]),  # one per quarter
+                             (8.0, ["ping", "close", "lost"])):
         client._last_bytes_received = time.monotonic() - silent
         client._last_msg_in = time.monotonic()
         client._check_keepalive()
         assert calls == expected, silent
+
+
+@pytest.mark.parametrize(("dead_after", "every", "limit"), [(4, 1, 3), (5, 1, 3), (6, 1, 4), (10, 2, 8), (20, 5, 18)])
+def test_the_silence_watch_ends_two_seconds_before_dead_after_and_never_under_three_pings(
+        dead_after: float, every: float, limit: float) -> None:
+    assert silence_watch(dead_after) == (every, limit)

@@ -301,6 +301,7 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
             began = asyncio.get_running_loop().time()
             await connector.dial(NODES[0], "t")
             took.append(asyncio.get_running_loop().time() - began)
+        assert connector.hedged == 3  # each dial got its second one (counted: each opens one connection more)
         return took
 
     first, second, third = asyncio.run(main())
