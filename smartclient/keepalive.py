@@ -67,6 +67,17 @@ def silence_limit(heartbeat: float, dead_after: float) -> float:
     return max(dead_after - 2 * heartbeat, 3 * heartbeat)
 
 
+def mqtt_watch(dead_after: float) -> tuple[float, float]:
+    """The two times of MQTT's silence watch (``PahoClient._check_keepalive``) for ``dead_after``: a PINGREQ once
+    nothing came for the first (a quarter of it, at least a second), and the connection lost once nothing came for
+    the second, ``dead_after`` less two seconds: paho's loop looks every second (later on a loaded machine), and a
+    drop one way toward the node lets the node's last frames through (until its flow control waits on the
+    acknowledgements it no longer gets).  At least three pings' worth, so a live broker, which answers a ping at
+    once, is never taken for a silent one: with the least ``dead_after`` (4 s) a ping after 1 s, the end after 3 s."""
+    every = float(max(1, dead_after // 4))
+    return every, max(dead_after - 2, 3 * every)
+
+
 def idle_timeout(heartbeat: float, dead_after: float) -> float:
     """proton's idle timeout for an AMQP 1.0 connection found dead within ``dead_after`` s (0: off): two fifths of
     it (4 s for the default 10), ``heartbeat`` if shorter, and 0 stays off.  The broker sends something every half

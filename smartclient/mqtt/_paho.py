@@ -108,17 +108,6 @@ class _NoConnack(Exception):
         self.timeout = timeout
 
 
-def silence_watch(dead_after: float) -> tuple[float, float]:
-    """The MQTT silence watch's two times for ``dead_after`` (pure): a PINGREQ once nothing came for the first (a
-    quarter of it, at least a second), and the connection lost once nothing came for the second, ``dead_after``
-    less two seconds: paho's loop looks every second (later on a loaded machine), and a drop one way toward the
-    node lets the node's last frames through (until its flow control waits on the acknowledgements it no longer
-    gets).  At least three pings' worth, so a live broker, which answers a ping at once, is never taken for a
-    silent one: with the least ``dead_after`` (4 s) a ping after 1 s and the end after 3 s."""
-    every = float(max(1, dead_after // 4))
-    return every, max(dead_after - 2, 3 * every)
-
-
 def _connack_text(code: int) -> str:
     if code < 6:
         return paho.connack_string(code)
@@ -269,13 +258,13 @@ class PahoClient(paho.Client):
 
     def _check_keepalive(self) -> None:
         """paho's keepalive (the one agreed with the broker), then the silence watch of ``dead_after``
-        (:func:`silence_watch`): a PINGREQ once nothing was received for a while, and the connection lost once
-        nothing was received for long enough to be found within ``dead_after`` (paho's own would wait up to two
-        keepalives: 120 s by default).  The keepalive the broker
-        holds the client to stays the user's, so a client not pumped for a while (a placement waiting for the
-        management API to list it) is not dropped by the broker."""
+        (:func:`smartclient.keepalive.mqtt_watch`): a PINGREQ once nothing was received for a while, and the
+        connection lost once nothing was received for long enough to be found within ``dead_after`` (paho's own
+        would wait up to two keepalives: 120 s by default).  The keepalive the broker holds the client to stays the
+        user's, so a client not pumped for a while (a placement waiting for the management API to list it) is not
+        dropped by the broker."""
         super()._check_keepalive()
-        every, limit = silence_watch(self.dead_after)
+        every, limit = keepalive.mqtt_watch(self.dead_after)
         if not self.dead_after or 0 < self._keepalive <= every or not self.is_connected():
             return  # off, or paho's own pings find it sooner
         now = time.monotonic()  # (paho's clock)

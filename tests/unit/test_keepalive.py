@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from smartclient import ConfigurationError, ConnectionOptions
-from smartclient.keepalive import heartbeat, idle_timeout, silence_limit, tcp_options, watch
+from smartclient.keepalive import heartbeat, idle_timeout, mqtt_watch, silence_limit, tcp_options, watch
 
 
 def test_the_options_find_a_silent_peer_within_dead_after() -> None:
@@ -66,3 +66,9 @@ def test_an_amqp10_idle_timeout_is_two_fifths_of_dead_after() -> None:
     assert idle_timeout(0, 10.0) == 0.0  # off stays off
     assert idle_timeout(60, 4.0) == 2.0  # never under 2 s: proton advertises half, RabbitMQ refuses under 1 s
     assert idle_timeout(1, 10.0) == 2.0
+
+
+@pytest.mark.parametrize(("dead_after", "every", "limit"), [(4, 1, 3), (5, 1, 3), (6, 1, 4), (10, 2, 8), (20, 5, 18)])
+def test_the_silence_watch_ends_two_seconds_before_dead_after_and_never_under_three_pings(
+        dead_after: float, every: float, limit: float) -> None:
+    assert mqtt_watch(dead_after) == (every, limit)

@@ -32,7 +32,6 @@ from smartclient.mqtt._paho import (
     PAHO_SIGNATURES,
     NamedContext,
     PahoClient,
-    silence_watch,
 )
 from tests.unit.fakes import FakeBroker, tls_contexts
 from tests.unit.seams import ROOT, imports_of, parameters, private_names_used_in, private_uses, resolve_path
@@ -309,8 +308,3 @@ def test_the_silence_watch_pings_at_a_quarter_and_gives_up_two_seconds_before_de
         client._check_keepalive()
         assert calls == expected, silent
 
-
-@pytest.mark.parametrize(("dead_after", "every", "limit"), [(4, 1, 3), (5, 1, 3), (6, 1, 4), (10, 2, 8), (20, 5, 18)])
-def test_the_silence_watch_ends_two_seconds_before_dead_after_and_never_under_three_pings(
-        dead_after: float, every: float, limit: float) -> None:
-    assert silence_watch(dead_after) == (every, limit)
