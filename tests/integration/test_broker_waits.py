@@ -154,7 +154,7 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
 
 async def test_a_consumer_recovering_while_its_replicas_initialise_reads_the_leader_then_moves_back(
         rabbitmq_testbed: TestBed) -> None:
-    hold = 4.0  # seconds both replicas answer nothing, as after a restart or an election
+    hold = 8.0  # seconds both replicas answer nothing, as after a restart or an election
     async with two_streams(rabbitmq_testbed, "busy", "unused") as (env, _tag, busy, _unused):
         stop = asyncio.Event()
         publishing = asyncio.create_task(publish_steadily(env, busy, stop))
@@ -171,9 +171,12 @@ async def test_a_consumer_recovering_while_its_replicas_initialise_reads_the_lea
         assert consumer.node in topology.replicas
         nodes = [Address(*n.advertised) for n in rabbitmq_testbed.nodes]
         held = time.monotonic()
-        for replica in topology.replicas:
-            await asyncio.to_thread(hold_member, rabbitmq_testbed, nodes.index(replica), busy, hold, "release", True)
+        # both holds at once: one rabbitmqctl eval takes seconds on a loaded machine, and one after the other the
+        # first replica was let go 0.25 s into the recovery (CI, 2026-12-03)
+        await asyncio.gather(*(asyncio.to_thread(hold_member, rabbitmq_testbed, nodes.index(replica), busy, hold,
+                                                 "release", True) for replica in topology.replicas))
         started = time.monotonic()
+        assert started - held < hold - 2, f"holding the replicas took {started - held:.1f} s of their {hold} s"
         recoveries = consumer.recoveries
         consumer.control.lost("the test: its member restarted")  # as a MetadataUpdate would
         await wait_until(lambda: consumer.recoveries > recoveries, 20, "the consumer's recovery")
