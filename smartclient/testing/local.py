@@ -166,16 +166,16 @@ class LocalTestBed(PartitionableBed, LockedLocalBed):
         report.total = time.monotonic() - started
         return report
 
-    def _cluster_members(self) -> set[str]:
-        """Running nodes of the cluster as rabbit-1 sees it (empty if it does not answer)."""
+    def _cluster_members(self) -> set[str]:  # running nodes as rabbit-1 sees them (none if it does not answer)
         try:
             out = self.brokers[0].ctl(["cluster_status", "--formatter", "json"], timeout=30)
             return set(json.loads(out).get("running_nodes", []))
         except (TestBedError, ValueError):
             return set()
 
-    def clustered(self) -> bool:
-        return self._cluster_members() == {b.spec.name for b in self.brokers}
+    def clustered(self) -> bool:  # the management API first: ms, where rabbitmqctl takes a second or more
+        names = {b.spec.name for b in self.brokers}
+        return self.running_nodes() == names or self._cluster_members() == names
 
     def _ensure_cluster(self, actions: list[str]) -> bool:
         """Make the 3-node cluster run; return True if it was already healthy."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import FaultUnavailable
+from smartclient._errors import FaultUnavailable, ManagementError
 from smartclient.management import ManagementClient
 from smartclient.testing.certificates import ClientCertificate
 from smartclient.testing.processes import wait_until
@@ -131,6 +131,14 @@ class TestBed:
         """A management client of ``node``, or (None) of the cluster: every node, the first one asked first."""
         urls = [self.node(node).management_url] if node else [n.management_url for n in self.nodes]
         return ManagementClient(urls, self.username, self._password, timeout)
+
+    def running_nodes(self, timeout: float = 2.0) -> set[str]:
+        """The nodes the first node's management API reports running (none when it does not answer in time)."""
+        try:
+            with self.management(self.nodes[0].name, timeout) as api:
+                return {str(n.get("name")) for n in api.nodes() if n.get("running")}
+        except ManagementError:
+            return set()
 
     def rabbitmq_version(self) -> str:
         """The RabbitMQ version the cluster runs, as its management API reports it (``4.3.6``)."""

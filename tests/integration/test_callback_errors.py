@@ -206,8 +206,10 @@ class Holding(Seen):
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("mode", ["plain", "tracked", "single-active"])
-@pytest.mark.parametrize("kind", ["message-async", "chunk-async", "message-sync", "chunk-sync"])
+# every pair of (message or chunk, async or sync, consumer mode) once: 6 cases, not the 12 of every triple
+@pytest.mark.parametrize("kind, mode", [("message-async", "plain"), ("chunk-sync", "plain"),
+                                        ("message-sync", "tracked"), ("chunk-async", "tracked"),
+                                        ("chunk-async", "single-active"), ("message-sync", "single-active")])
 async def test_a_failover_never_cancels_a_handler_and_recovery_resumes_after_its_chunk(
     rabbitmq_faulty_testbed: TestBed, env: Environment, stream: str, kind: str, mode: str
 ) -> None:
