@@ -32,6 +32,9 @@ RUNNABLE = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name
 RUN_ELSEWHERE = {
     "iot_ingest.py": "its setup, devices, Spark aggregation, reads and check run in tests/integration/test_mqtt.py::"
                      "test_iot_example_devices_to_stream_to_spark_to_stream (on the shared Spark session)",
+    "spark_pipeline.py": "its publish, pipeline and read run in tests/integration/test_spark.py::test_end_to_end_source_"
+                         "transform_sink_through_the_lb (on the shared Spark session), and on the standalone cluster "
+                         "in tests/integration/test_spark_cluster.py",
 }
 
 
