@@ -415,11 +415,11 @@ def new_client(cls: type[Client] | None, *, host: str, port: int, tls: ssl.SSLCo
                heartbeat: int, name: str, on_closed: Any, max_ids: int, server_hostname: str | None,
                mechanism: str = "PLAIN", on_answer: Callable[[], None] | None = None,
                dead_after: float = 0.0) -> Client:
-    """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise) that logs in with the
-    SASL ``mechanism`` (``PLAIN`` or ``EXTERNAL``); ``on_answer`` is called once the broker answered its first
-    request (it judges the login next); with ``dead_after``, one silent that long is ended (``silence.py``)."""
+    """An unstarted rstream client (a :class:`NamedClient` unless ``cls`` says otherwise) logging in with SASL
+    ``mechanism``; ``on_answer`` once the broker answered its first request; ``dead_after``: see ``silence.py``."""
+    # a handler always: without one, rstream logs each end as an error, traceback and all ("Connection Closed Error")
     client = (cls or NamedClient)(host=host, port=port, ssl_context=tls, frame_max=frame_max, heartbeat=heartbeat,
-                                  connection_name=name, connection_closed_handler=on_closed,
+                                  connection_name=name, connection_closed_handler=on_closed or (lambda _info: None),
                                   max_clients_by_connections=max_ids,
                                   sasl_configuration_mechanism=SlasMechanism(mechanism))
     if isinstance(client, NamedClient):

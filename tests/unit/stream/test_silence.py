@@ -59,3 +59,28 @@ async def test_a_held_loop_is_not_the_peers_silence() -> None:
     assert not client.transport.aborted
     await asyncio.wait_for(watch, 5)  # then, hearing nothing more, it is ended
     assert client.transport.aborted
+
+
+async def test_a_connection_ended_under_a_client_without_a_closed_handler_logs_no_traceback(caplog: Any) -> None:
+    """rstream logs "Connection Closed Error" with a traceback for a client with no closed handler (the test bed's
+    probes had none: partitions filled the bench's output with them); every client new_client makes has one."""
+    from smartclient.stream._rstream import new_client
+
+    async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = new_client(None, host="127.0.0.1", port=port, tls=None, frame_max=1048576, heartbeat=0, name="probe",
+                        on_closed=None, max_ids=200, server_hostname=None)
+    try:
+        await client.start()
+        deadline = time.monotonic() + 5
+        while not client.smartclient_reader_ended and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert client.smartclient_reader_ended, "the reader did not see the end"
+        assert "Connection Closed Error" not in caplog.text
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
