@@ -51,7 +51,7 @@ import select
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import paho.mqtt.client as paho
@@ -73,6 +73,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.relogin import certificate_alert
 from smartclient.mqtt._paho_surface import PAHO_INTERNALS, PAHO_NAMES, PAHO_OVERRIDES, PAHO_SIGNATURES
+from smartclient.mqtt.named_context import NamedContext
 
 __all__ = ["PAHO_INTERNALS", "PAHO_NAMES", "PAHO_OVERRIDES", "PAHO_SIGNATURES", "HeldInfo", "MQTTMessage",
            "MQTTMessageInfo", "MQTTProtocolVersion", "NamedContext", "PahoClient", "Properties", "connack_of",
@@ -90,6 +91,7 @@ MAX_HELD = 100_000
 _HOLD_LOCKS = threading.Lock()  # makes each client's hold lock once
 
 _C = TypeVar("_C", bound="PahoClient")
+_R = TypeVar("_R")
 
 
 class _Refused(Exception):
@@ -170,24 +172,6 @@ def session_properties(expiry: int) -> Properties:
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = expiry
     return props
-
-
-class NamedContext:
-    """An ``SSLContext`` stand-in that makes paho verify ``server_name`` instead of the dialled host.
-
-    :raises ConfigurationError: the context does not verify certificates and host names (smartclient does
-        not turn TLS verification off).
-    """
-
-    def __init__(self, context: ssl.SSLContext) -> None:
-        if context.verify_mode is ssl.CERT_NONE or not context.check_hostname:
-            raise ConfigurationError("smartclient does not turn TLS verification off: give a verifying SSLContext")
-        self.context = context
-        self.check_hostname = True  # paho then leaves the host name check to wrap_socket
-        self.server_name = ""
-
-    def wrap_socket(self, sock: Any, server_hostname: str | None = None, **kwargs: Any) -> ssl.SSLSocket:
-        return self.context.wrap_socket(sock, server_hostname=self.server_name or server_hostname, **kwargs)
 
 
 class HeldInfo(MQTTMessageInfo):
@@ -371,6 +355,32 @@ class PahoClient(paho.Client):
             if code != 0:
                 raise _Refused(code)
             return session_present
+
+    def while_subscribed(self, topic: str, timeout: float, read: Callable[[], _R]) -> _R | None:
+        """``read()`` while subscribed to ``topic`` at QoS 0, the socket driven here (a placement's thread: no loop
+        runs); None when the broker granted nothing within ``timeout`` s.  The application's ``on_subscribe`` and
+        ``on_unsubscribe`` are not told."""
+        acks: dict[int, bool] = {}
+        told = self.on_subscribe, self.on_unsubscribe
+        self.on_subscribe = lambda _c, _u, mid, codes, _p: acks.__setitem__(mid, not any(c.is_failure for c in codes))
+        self.on_unsubscribe = lambda _c, _u, mid, _codes, _p: acks.__setitem__(mid, True)
+
+        def acked(sent: tuple[MQTTErrorCode, int | None], deadline: float) -> bool:
+            rc, mid = sent
+            while rc == paho.MQTT_ERR_SUCCESS and mid not in acks and self.socket() is not None and (
+                    left := deadline - time.monotonic()) > 0:
+                rc = self._loop(min(left, 0.1))
+            return acks.get(mid or -1, False)
+
+        try:
+            if not acked(self.subscribe(topic, 0), time.monotonic() + timeout):
+                return None
+            try:
+                return read()
+            finally:
+                acked(self.unsubscribe(topic), time.monotonic() + timeout)
+        finally:
+            self.on_subscribe, self.on_unsubscribe = told
 
     def reconnect_now(self) -> None:
         """Reconnect (to wherever :meth:`_before_reconnect` aims), from an external loop.

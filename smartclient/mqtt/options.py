@@ -63,6 +63,11 @@ class MqttOptions:
     def version(self) -> MQTTProtocolVersion:
         return mqtt_protocol(self.protocol)
 
+    @property
+    def session_ends_with_connection(self) -> bool:
+        """A clean start with no session expiry: what the connection subscribes to is its own, on its node."""
+        return self.clean_start and (self.version is not MQTTProtocolVersion.MQTTv5 or not self.session_expiry)
+
     def connect_properties(self) -> Properties | None:
         if self.version is not MQTTProtocolVersion.MQTTv5:
             return None

@@ -6,10 +6,10 @@ one placement loop (:class:`~smartclient.core.landing.Placement`) over the candi
 :func:`~smartclient.core.broker_nodes.reconnect_candidates`: the other nodes in turn from the next one,
 then the node it was on.  Each attempt goes through the resolution seam (the resolver and the allow-list,
 or the load balancer's listener), the waits between attempts are a core :class:`~smartclient.core.retry.Backoff`,
-and the node each one reached is checked (through a load balancer: the management API lists the client id;
-directly: the target), so a persistent session carries on on another node when its node dies.  The first
-placement and the node check work as for AMQP (:mod:`smartclient.node_placement`): the client id is the
-name the management API lists the connection by.
+and the node each one reached is checked (through a load balancer: its subscription's queue, or the management
+API's listing of the client id, :mod:`~smartclient.mqtt.whereabouts`; directly: the target), so a persistent
+session carries on on another node when its node dies.  The first placement works as for AMQP
+(:mod:`smartclient.node_placement`).
 
 TLS verifies the same name as stream connections do (:func:`smartclient.core.tls_names.tls_server_name`): the
 load balancer's name, the advertised node name behind a remap, or an explicit ``tls_server_name``.
@@ -53,6 +53,7 @@ from smartclient.credentials import Refreshes
 from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
 from smartclient.mqtt.options import MqttOptions, mqtt_protocol
 from smartclient.mqtt.topics import validate_filter
+from smartclient.mqtt.whereabouts import subscribed_node
 from smartclient.node_placement import NodePlacer
 from smartclient.options import CLIENT_OPTIONS, ClientSettings, settings
 
@@ -103,11 +104,8 @@ class PlacedMqttClient(HandsOver):
         self._user_on_connect: Any = None
         self._sc_lock = threading.Lock()
         self._asked = threading.Event()  # set by disconnect(): see disconnect_asked
-        self.node = None
-        self.home = None
-        self.failovers = 0
-        self.listed_at = -1
-        self.failure = None
+        self.node = self.home = self.failure = None
+        self.failovers, self.listed_at = 0, -1
         self._kept_at = time.monotonic()  # when the current connection was made
         self._short_lived = 0  # connections in a row the broker ended within SHORT_LIVED
 
@@ -517,6 +515,11 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         node, client.listed_at = self._identify(client, client.client_id, client.listed_at)
         return node, self.node_address(node)
 
+    def _identify(self, connection: PlacedMqttClient, name: str, newer_than: int) -> tuple[str, int]:
+        ends = self.options.session_ends_with_connection  # its subscription's queue says (whereabouts), or the listing
+        node = subscribed_node(self._api().get, connection, self.vhost) if ends else None
+        return (node, newer_than) if node else super()._identify(connection, name, newer_than)
+
     def _new_name(self, purpose: str) -> str:
         return f"smartclient-{purpose}-{uuid.uuid4().hex[:12]}"
 
@@ -593,7 +596,5 @@ def _chain_on_connect(client: PlacedMqttClient) -> None:
 
 
 def _strip_scheme(value: str) -> str:
-    for scheme in ("mqtt://", "mqtts://", "tcp://", "ssl://"):
-        if value.startswith(scheme):
-            return value[len(scheme):].rstrip("/")
-    return value
+    schemes = ("mqtt://", "mqtts://", "tcp://", "ssl://")
+    return next((value[len(s):].rstrip("/") for s in schemes if value.startswith(s)), value)

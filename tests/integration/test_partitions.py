@@ -381,19 +381,23 @@ def test_amqp10_clients_whose_link_goes_silent_find_it_within_dead_after_and_los
     assert set(found) == {"Amqp10Publisher", "Amqp10Consumer"} and max(found.values()) < DEAD_AFTER
 
 
-def test_an_amqp_placement_through_the_lb_while_a_node_is_cut_off_finds_its_node_at_once(
+def test_amqp_and_mqtt_placements_through_the_lb_while_a_node_is_cut_off_find_their_node_at_once(
     rabbitmq_partitions: LocalTestBed,
 ) -> None:
     """While a node is cut off from everyone (until its peers give it up, about a minute), the management API's
     reads that gather statistics wait on it: each timed out on every management node (20 s in all), and an AMQP
     0.9.1 placement through the LB, which finds its node by an exclusive queue's row, took 30 s and failed.  The
-    row read without statistics answers at once."""
+    row read without statistics answers at once.  The connection listing waits too, even without statistics: an
+    MQTT client whose session ends with its connection is known by its QoS 0 subscription's queue instead (before,
+    each of its reconnects through the LB gave up after 20-30 s)."""
     bed = rabbitmq_partitions
     host, port = bed.lb("amqp")
     lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
     with bed.management() as api:
         placer = AmqpPlacer(api, settings=ClientSettings(resolver=lb))
         placer.connect().close()  # a service's first connection: the nodes read once (the overview waits too)
+        mqtt = MqttPlacer(api, settings=ClientSettings(resolver=mqtt_lb(bed)))
+        close(mqtt.connect("partition-where-0"))
         bed.partition("isolate", bed.nodes[2].name)
         cut = bed.nodes[2].short
         wait_until_sync(lambda: all(servers.get(cut, "DOWN").startswith("DOWN") for servers in  # ("UP 1/2": going)
@@ -409,9 +413,16 @@ def test_an_amqp_placement_through_the_lb_while_a_node_is_cut_off_finds_its_node
             took.append(round(time.monotonic() - started, 2))
             assert placed.node != bed.nodes[2].name
             placed.close()
+        mqtt_took = []
+        for i in range(1, 4):
+            started = time.monotonic()
+            client = mqtt.connect(f"partition-where-{i}")
+            mqtt_took.append(round(time.monotonic() - started, 2))
+            assert client.node is not None and client.node != bed.nodes[2].name
+            close(client)
         bed.heal()
-    print(f"AMQP placements through the LB with {bed.nodes[2].short} cut off: {took} s")
-    assert max(took) < 5.0
+    print(f"placements through the LB with {bed.nodes[2].short} cut off: AMQP {took} s, MQTT {mqtt_took} s")
+    assert max(took) < 5.0 and max(mqtt_took) < 5.0
 
 
 async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
