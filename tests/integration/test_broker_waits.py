@@ -127,13 +127,17 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
         # began (CI, 2026-12-02: recovered in 0.43 s, "the member was not held")
         held = [nodes.index(consumer.node) for consumer in steady if consumer.node is not None]
         assert len(held) == len(steady)
-        asked = time.monotonic()
-        await asyncio.gather(*(asyncio.to_thread(hold_member, rabbitmq_testbed, i, busy, HOLD, "release", True)
-                               for i in held))
-        started = time.monotonic()
-        # the holds began after `asked`, somewhere inside the rabbitmqctl calls (seconds on a loaded machine): at
-        # least this much of them is left now (CI, 2026-12-02: 1.5 s of the 2.5 s gone, recovered in 0.97 s)
-        left = HOLD - (started - asked)
+        for _ in range(3):  # again while the calls took most of the hold (2.6 s and more under CI's whole load)
+            asked = time.monotonic()
+            await asyncio.gather(*(asyncio.to_thread(hold_member, rabbitmq_testbed, i, busy, HOLD, "release", True)
+                                   for i in held))
+            started = time.monotonic()
+            # the holds began after `asked`, somewhere inside the rabbitmqctl calls (seconds on a loaded machine): at
+            # least this much of them is left now (CI, 2026-12-02: 1.5 s of the 2.5 s gone, recovered in 0.97 s)
+            left = HOLD - (started - asked)
+            if left >= 1.2:
+                break
+            await asyncio.sleep(max(0.0, left) + 0.5)  # (let the holds lapse before holding again)
         recoveries = moving.recoveries
         moving.control.lost("the test: its member restarted")  # as a MetadataUpdate would
         await wait_until(lambda: moving.recoveries > recoveries, 20, "the moving consumer's recovery")
