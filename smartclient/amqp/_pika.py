@@ -425,9 +425,9 @@ def watch_close(connection: Any, on_closed: Callable[[ConnectionFailed | None], 
     connection._impl.add_on_close_callback(closed)
 
 
-def probe_node(connection: Any, node_of_queue: Callable[[str], Any]) -> str | None:
+def probe_node(connection: Any, node_of_queue: Callable[[str], str | None]) -> str | None:
     """Declare an exclusive server-named queue on a channel of its own, ask ``node_of_queue(name)`` (the
-    management API's row of it), delete the queue, close the channel, and return the row's ``node``.
+    management API's answer), delete the queue, close the channel, and return that answer.
 
     :raises ConnectionFailed: the channel or the declaration was refused, or the connection failed.
     """
@@ -436,7 +436,7 @@ def probe_node(connection: Any, node_of_queue: Callable[[str], Any]) -> str | No
         try:
             queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
             try:
-                row = node_of_queue(queue)
+                node = node_of_queue(queue)
             finally:
                 with contextlib.suppress(Exception):
                     channel.queue_delete(queue)  # else it goes with its connection
@@ -444,8 +444,7 @@ def probe_node(connection: Any, node_of_queue: Callable[[str], Any]) -> str | No
             with contextlib.suppress(Exception):
                 if channel.is_open:
                     channel.close()
-    node = row.get("node") if isinstance(row, dict) else None
-    return str(node) if node else None
+    return node
 
 
 def close_quietly(connection: Any) -> None:

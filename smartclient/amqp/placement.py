@@ -19,7 +19,6 @@ import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from smartclient import credentials as signing
 from smartclient._errors import (
@@ -226,8 +225,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         Where the queue cannot be declared (no configure permission on ``amq.gen-*``), the connection listing
         answers."""
         try:
-            node = probe_node(connection, lambda queue: self._api().get(
-                f"/api/queues/{quote(self.vhost, safe='')}/{quote(queue, safe='')}?columns=node&disable_stats=true"))
+            node = probe_node(connection, lambda queue: self._api().queue_node(self.vhost, queue))
         except ConnectionFailed:
             if not connection.is_open:
                 raise

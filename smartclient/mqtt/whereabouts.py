@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import TYPE_CHECKING
 
 from smartclient._errors import ManagementError
 
@@ -31,19 +30,17 @@ log = logging.getLogger(__name__)
 ANSWER_WITHIN = 2.0
 
 
-def subscribed_node(get: Callable[[str], Any], client: PahoClient, vhost: str) -> str | None:
+def subscribed_node(queue_node: Callable[[str, str], str | None], client: PahoClient, vhost: str) -> str | None:
     """The node ``client`` (connected, with a session that ends with the connection) is on, as its QoS 0
-    subscription's queue says (``get``: the management API's); None when it cannot say (not granted in time, the
-    queue not shown)."""
+    subscription's queue says (``queue_node``: :meth:`ManagementClient.queue_node`); None when it cannot say (not
+    granted in time, the queue not shown)."""
     queue = f"mqtt-subscription-{client.client_id}qos0"
-    path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}?columns=node&disable_stats=true"
 
     def read() -> str | None:
         try:
-            row = get(path)
+            return queue_node(vhost, queue)
         except ManagementError as exc:
             log.debug("MQTT client %s: its subscription's queue was not shown (%s)", client.client_id, exc)
             return None
-        return str(row.get("node") or "") or None if isinstance(row, dict) else None
 
     return client.while_subscribed(f"smartclient/where/{uuid.uuid4().hex}", ANSWER_WITHIN, read)
