@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from smartclient._errors import ConfigurationError, NoCandidateNode
+from smartclient._errors import ConfigurationError, ConnectionFailed, NoCandidateNode, StreamNotReady
 from smartclient.amqp._pika import pika_errors
 from smartclient.core.offsets import OffsetSpec
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
@@ -90,33 +91,72 @@ class AmqpStreamConsumer:
     :param offset: where to start: ``"first"``, ``"last"``, ``"next"``, an offset, a ``datetime``
         (sent as an AMQP timestamp, in seconds) or an interval such as ``"1h"``; see :class:`OffsetSpec`.
     :param prefetch: per-consumer prefetch (required: streams need it).
+    :param node: consume on this node only (else a replica, chosen at random).
+    :param ready_timeout: how long a member that does not run yet (a stream just declared, a replica restarting)
+        is waited for: an unpinned consumer tries the other replicas meanwhile, and the leader past it.
+    :raises StreamNotReady: no member asked ran by ``ready_timeout``.
     """
 
     def __init__(self, placer: AmqpPlacer, stream: str, callback: Callable[[StreamDelivery], None], *,
                  offset: OffsetSpec | str | int | dt.datetime = "next", prefetch: int = 100,
-                 node: str | None = None, global_qos: bool = False) -> None:
+                 node: str | None = None, global_qos: bool = False, ready_timeout: float = 10.0) -> None:
         validate_stream_name(stream)
         self.spec = OffsetSpec.parse(offset)
         stream_qos(_NoChannel(), prefetch, global_qos=global_qos)  # bad input fails before any I/O
+        if isinstance(ready_timeout, bool) or not isinstance(ready_timeout, (int, float)) or ready_timeout < 0:
+            raise ConfigurationError(f"ready_timeout must be a number of seconds >= 0, not {ready_timeout!r}")
         self.placer = placer
         self.stream = stream
         self.callback = callback
         self.prefetch = prefetch
-        if node is None:
-            leader, replicas = stream_members(placer, stream)
-            node = random.choice(replicas) if replicas else leader
-        self.placed: PlacedConnection = placer.connect(node)
+        self.placed: PlacedConnection = self._subscribe(node, time.monotonic() + ready_timeout)
+        self.delivered = 0
+
+    def _subscribe(self, pinned: str | None, deadline: float) -> PlacedConnection:
+        """Consume on ``pinned``, else on a replica (the leader if the stream has none).  A member that does not
+        run yet (a stream just declared, a replica restarting: the broker closes the channel, 406) is asked again,
+        another replica first, until ``deadline``; past it an unpinned consumer takes the leader.
+
+        :raises StreamNotReady: no member asked ran one by ``deadline``.
+        """
+        refused: set[str] = set()
+        pause = 0.05
+        while True:
+            leader, replicas = stream_members(self.placer, self.stream)
+            late = time.monotonic() >= deadline
+            if pinned is not None:
+                node = pinned
+            else:
+                waiting = [r for r in replicas if r not in refused]
+                node = random.choice(waiting) if waiting and not late else leader
+            try:
+                return self._consume_on(node)
+            except ConnectionFailed as exc:
+                if _NOT_RUNNING not in str(exc):
+                    raise
+                refused.add(node)
+                if time.monotonic() >= deadline and (pinned is not None or node == leader):
+                    raise StreamNotReady(f"stream {self.stream!r} has no running member on {node} to consume from "
+                                         f"(asked {len(refused)} node(s) until the ready timeout): {exc}") from exc
+            if pinned is not None or not [r for r in replicas if r not in refused]:
+                refused.clear()  # every replica asked: give them a moment to start, then ask them again
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.5)
+
+    def _consume_on(self, node: str) -> PlacedConnection:
+        placed = self.placer.connect(node)
         try:
-            self.channel = self.placed.channel()
-            stream_qos(self.channel, prefetch)
-            with pika_errors(f"consuming stream {stream!r} on {self.placed.node}"):
+            self.channel = placed.channel()
+            stream_qos(self.channel, self.prefetch)
+            with pika_errors(f"consuming stream {self.stream!r} on {placed.node}"):
                 self.tag = self.channel.basic_consume(
-                    stream, self._on_message, auto_ack=False, arguments={"x-stream-offset": self.spec.to_amqp()},
+                    self.stream, self._on_message, auto_ack=False,
+                    arguments={"x-stream-offset": self.spec.to_amqp()},
                 )
         except BaseException:
-            self.placed.close()
+            placed.close()
             raise
-        self.delivered = 0
+        return placed
 
     @property
     def node(self) -> str:
@@ -157,6 +197,10 @@ class AmqpStreamConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: what the broker says, closing the channel (406), to a consumer on a node whose member of the stream does not run
+_NOT_RUNNING = "does not have a running replica on the local node"
 
 
 class _NoChannel:
