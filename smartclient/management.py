@@ -201,7 +201,30 @@ class ManagementClient:
     def queue_node(self, vhost: str, name: str) -> str | None:
         """The node a queue lives on, read without statistics: a read with them gathers from every node, and while
         one is cut off (a partition, until its peers give it up) it waits for its timeout on each (20 s measured);
-        this one answers at once.  None when the row names no node."""
-        row = self.get(f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}?columns=node&disable_stats=true")
+        this one answers at once.  None when the row names no node.  A node that does not know the queue (404)
+        may be behind, or in a partition's minority (its metadata store misses what the majority wrote since): the
+        other management nodes are asked too before the 404 is raised."""
+        path = f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}?columns=node&disable_stats=true"
+        try:
+            row = self.get(path)
+        except ManagementError as exc:
+            if exc.status != 404 or len(self.base_urls) < 2:
+                raise
+            row = self._elsewhere(path, exc)
         node = row.get("node") if isinstance(row, dict) else None
         return str(node) if node else None
+
+    def _elsewhere(self, path: str, missing: ManagementError) -> Any:
+        """``GET path`` of each management node but the one that answered 404 (``missing``, raised if none has
+        it): the first that has it answers, and is asked first from then on."""
+        import httpx
+
+        for base in [b for b in self.base_urls if b != self.base_url]:
+            try:
+                response = self._client.get(base + path)
+            except httpx.HTTPError:
+                continue
+            if response.status_code == 200:
+                self.base_url = base
+                return response.json()
+        raise missing

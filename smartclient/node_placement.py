@@ -24,7 +24,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -276,9 +276,11 @@ class NodePlacer(Generic[C]):
         return self.route(address).dial
 
     # -- connecting --------------------------------------------------------------------------
-    def place(self, node: str | None = None, name: str | None = None, retry: RetryPolicy | None = None) -> Landed[C]:
+    def place(self, node: str | None = None, name: str | None = None, retry: RetryPolicy | None = None,
+              avoid: Collection[str] = ()) -> Landed[C]:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None, within
-        ``retry`` (default: the placer's; a recovery's attempt gives its own, shorter one).
+        ``retry`` (default: the placer's; a recovery's attempt gives its own, shorter one).  Any node: one not in
+        ``avoid`` (full names) first, an avoided one only as the fallback.
 
         :raises NoCandidateNode: no such node, or it has no listener for this protocol.
         :raises NodeUnreachable: through a load balancer, the node was never reached within the retry policy.
@@ -300,7 +302,9 @@ class NodePlacer(Generic[C]):
         if node is not None:
             tiers: tuple[tuple[Address, ...], ...] = ((pick_node(nodes, node).address(self.protocol),),)
         else:
-            tiers = (tuple(by_address),)
+            first = tuple(a for a, n in by_address.items() if n.name not in avoid)
+            later = tuple(a for a in by_address if a not in first)
+            tiers = (first, later) if first and later else (tuple(by_address),)
         candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
         kept: KeptList[Landed[C]] = KeptList()
         plan: Placement[Landed[C]] = Placement(candidates, retry or self.retry, kept if self.keep_fallbacks else None)

@@ -5,12 +5,10 @@ Only this module imports pika, and only here do pika's exceptions become smartcl
 :func:`open_connection`, builds message properties with :func:`basic_properties`, and runs every call into
 pika inside :func:`pika_errors`.
 
-The wing touches no private attribute of pika; this module touches five.  What it relies on is listed in
-:data:`PIKA_INTERNALS` (a private method whose behaviour the error mapping depends on, the way into the
-connection's I/O loop that a refreshed token takes (:func:`update_secret`), and the silence watch's timer and
-end (:class:`SilenceWatch`)), :data:`PIKA_NAMES` (public names
-used) and :data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing
-drives).
+The wing touches no private attribute of pika; what this module relies on is listed in :data:`PIKA_INTERNALS` (the
+error mapping's, the I/O loop a refreshed token takes (:func:`update_secret`), the silence and queue watches' timer,
+frames and end (:class:`SilenceWatch`, :class:`QueueWatch`)), :data:`PIKA_NAMES` (public names used) and
+:data:`PIKA_SIGNATURES` (parameters passed to pika's callables, here and on the channels the wing drives).
 ``tests/unit/test_pika_seam.py`` checks every entry against the installed pika and greps the library for
 pika imports outside this file; ``pyproject.toml`` pins pika below 1.5.
 """
@@ -25,6 +23,7 @@ import struct
 import termios
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pika
@@ -42,6 +41,7 @@ from smartclient._errors import (
     TokenExpired,
     TokenRefused,
 )
+from smartclient.amqp.queue_watch import QueueWatch
 from smartclient.core.address import Address
 from smartclient.core.relogin import certificate_alert
 from smartclient.credentials import Login
@@ -51,6 +51,7 @@ __all__ = [
     "PIKA_NAMES",
     "PIKA_SIGNATURES",
     "BlockingConnection",
+    "NodeCutOff",
     "basic_properties",
     "close_quietly",
     "open_connection",
@@ -86,6 +87,10 @@ PIKA_INTERNALS: tuple[str, ...] = (
     # a look that comes late asks the socket whether anything waits unread (FIONREAD): only then can it not judge
     "pika.adapters.base_connection.BaseConnection._transport",
     "pika.adapters.utils.io_services_utils._AsyncTransportBase._sock",
+    # the queue watch (QueueWatch) reads the methods going out (every channel sends through the connection's
+    # _send_method) and coming in (every frame passes _process_frame, the confirms too: they go to callbacks)
+    "pika.connection.Connection._send_method",
+    "pika.connection.Connection._process_frame",
 )
 
 #: Every public name of pika the AMQP wing uses, as a module path.
@@ -110,8 +115,21 @@ PIKA_NAMES: tuple[str, ...] = (
     "pika.connection.Connection.add_on_connection_blocked_callback",
     "pika.connection.Connection.add_on_connection_unblocked_callback",
     "pika.connection.Connection.channel",
+    "pika.channel.Channel.add_on_close_callback",
     "pika.channel.Channel.basic_qos",
+    "pika.channel.Channel.queue_declare",
     "pika.exceptions.AMQPHeartbeatTimeout",
+    "pika.frame.Method",
+    # the queue watch (smartclient.amqp.queue_watch) reads the methods by their NAME and fields
+    "pika.spec.Basic.Publish.NAME",
+    "pika.spec.Basic.Ack.NAME",
+    "pika.spec.Basic.Nack.NAME",
+    "pika.spec.Basic.Consume.NAME",
+    "pika.spec.Basic.Cancel.NAME",
+    "pika.spec.Basic.Deliver.NAME",
+    "pika.spec.Confirm.Select.NAME",
+    "pika.spec.Channel.Close.NAME",
+    "pika.spec.Channel.CloseOk.NAME",
 )
 
 #: The parameters the AMQP wing passes to pika's callables (a subset of each signature).
@@ -134,6 +152,7 @@ PIKA_SIGNATURES: dict[str, tuple[str, ...]] = {
     "pika.connection.Connection._terminate_stream": ("error",),
     "pika.connection.Connection.channel": ("on_open_callback",),
     "pika.channel.Channel.basic_qos": ("prefetch_count", "callback"),
+    "pika.channel.Channel.queue_declare": ("queue", "passive", "callback"),
     "pika.adapters.blocking_connection.BlockingChannel.basic_publish": (
         "exchange", "routing_key", "body", "properties", "mandatory",
     ),
@@ -277,14 +296,17 @@ def open_connection(
 
 
 class _ProbeCookie:
-    """Where pika's ``BlockingConnection`` keeps each channel's ``BlockingChannel`` (``Channel._set_cookie``), for
-    the silence watch's own channel: ``close()`` closes the open ones itself first (this one is taken along by the
-    connection's close), and events are dispatched only to those that have some."""
+    """Where ``BlockingConnection`` keeps a channel's ``BlockingChannel`` (``Channel._set_cookie``), for the watch's
+    channel: ``close()`` closes open ones first (this one goes with the connection), events go to those with some."""
 
     is_open = False
 
     def _dispatch_events(self) -> None:
         """Nothing: the watch's answers come through its callbacks."""
+
+
+class NodeCutOff(px.AMQPHeartbeatTimeout):  # type: ignore[misc]  # (pika is untyped)
+    """The end :class:`QueueWatch` gives a connection whose node cannot reach its queues' leaders."""
 
 
 class SilenceWatch:
@@ -323,7 +345,21 @@ class SilenceWatch:
         self.question: float | None = None  # when the question not answered yet was asked
         self.blocked = False
         self.channel: Any = None
-        self.probes = 0  #: questions asked (a channel opened, then basic.qos)
+        self.probes = 0  #: questions asked (a channel opened, then basic.qos or a passive queue.declare)
+        self.queues = QueueWatch(self.limit)  # its queues' leaders: confirms, consumers counted
+        self.declaring: str | None = None  # the queue of the passive declare not answered yet
+        send, process = impl._send_method, impl._process_frame  # every method out, every frame in
+
+        def sending(channel_number: int, method: Any, content: Any = None) -> None:
+            self.queues.sent(channel_number, method)
+            send(channel_number, method, content)
+
+        def processing(value: Any) -> None:
+            if isinstance(value, pika.frame.Method):
+                self.queues.received(value.channel_number, value.method)
+            process(value)
+
+        impl._send_method, impl._process_frame = sending, processing
 
     def start(self) -> None:
         self.impl.add_on_connection_blocked_callback(lambda *_: setattr(self, "blocked", True))
@@ -353,23 +389,36 @@ class SilenceWatch:
             self.impl._terminate_stream(px.AMQPHeartbeatTimeout(
                 f"{what} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return
-        if silent >= self.every and self.question is None:
-            self.question = now
-            self.ask()
+        if (stalled := None if self.blocked else self.queues.stalled(now)) is not None:
+            log.warning("AMQP connection: %s (dead_after %g s): ending it", stalled, self.limit + 2 * self.STEP)
+            self.impl._terminate_stream(NodeCutOff(f"{stalled} (dead_after {self.limit + 2 * self.STEP:g} s)"))
+            return
+        if self.question is None:
+            queue = self.queues.to_ask(now, self.every)
+            if queue is not None or silent >= self.every:
+                self.question = now
+                self.ask(queue)
         self.impl._adapter_call_later(self.STEP, self.look)
 
     def answered(self, *_: Any) -> None:
         self.question = None
 
-    def ask(self) -> None:
-        """One question the broker answers: the channel's ``channel.open``, then ``basic.qos`` on it."""
+    def ask(self, queue: str | None = None) -> None:
+        """One question the broker answers: the channel's ``channel.open``, then ``basic.qos`` on it, or a passive
+        ``queue.declare`` of ``queue`` (:class:`QueueWatch`: its answer counts the queue's consumers)."""
         self.probes += 1
         try:
             if self.channel is None:
                 self.channel = self.impl.channel(on_open_callback=self.answered)
                 self.channel._set_cookie(_ProbeCookie())  # where BlockingConnection looks for its own wrapper
+                self.channel.add_on_close_callback(self.channel_closed)
             elif self.channel.is_open:
-                self.channel.basic_qos(prefetch_count=0, callback=self.answered)
+                if queue is None:
+                    self.channel.basic_qos(prefetch_count=0, callback=self.answered)
+                else:
+                    self.channel.queue_declare(queue, passive=True, callback=partial(self.on_declared, queue))
+                    self.declaring = queue
+                    return
             else:  # (refused: a channel_max reached, or still opening) only silence is left to judge by
                 self.question = None
                 if self.channel.is_closed:
@@ -377,6 +426,21 @@ class SilenceWatch:
         except (px.AMQPError, OSError) as exc:  # no channel free, a closing connection: silence alone is judged
             self.question = None
             log.debug("AMQP silence watch: asking the broker failed: %s", exc)
+        if queue is not None:
+            self.queues.unasked.insert(0, queue)  # asked at the next look, once the channel is open
+
+    def on_declared(self, queue: str, frame: Any) -> None:
+        self.answered()
+        self.declaring = None
+        self.queues.declared(queue, int(frame.method.consumer_count), time.monotonic())
+
+    def channel_closed(self, *_: Any) -> None:
+        """The watch's channel closed: an answer (the next question opens one).  A queue being declared then is not
+        asked again (deleted meanwhile, or one no declare finds: ``amq.rabbitmq.reply-to``, 404)."""
+        if self.declaring is not None:
+            self.queues.skipped.add(self.declaring)
+        self.question = self.declaring = None
+        self.channel = None
 
 
 def _unread(impl: Any) -> bool:
@@ -419,22 +483,39 @@ def watch_close(connection: Any, on_closed: Callable[[ConnectionFailed | None], 
             on_closed(None)
         elif isinstance(reason, px.ConnectionClosed):
             on_closed(closed_error("AMQP connection", reason.reply_code, reason.reply_text))
-        else:
-            on_closed(ConnectionFailed(f"AMQP connection lost: {type(reason).__name__}: {reason}"))
+        else:  # (the cause says why: NodeCutOff, a node cut off from its queues' leaders)
+            error = ConnectionFailed(f"AMQP connection lost: {type(reason).__name__}: {reason}")
+            error.__cause__ = reason
+            on_closed(error)
 
     connection._impl.add_on_close_callback(closed)
 
 
-def probe_node(connection: Any, node_of_queue: Callable[[str], str | None]) -> str | None:
+def probe_node(connection: Any, node_of_queue: Callable[[str], str | None], within: float = 5.0) -> str | None:
     """Declare an exclusive server-named queue on a channel of its own, ask ``node_of_queue(name)`` (the
-    management API's answer), delete the queue, close the channel, and return that answer.
+    management API's answer), delete the queue, close the channel, and return that answer.  A node whose
+    metadata store cannot take the declaration (a partition's minority: it answers after the store's 30 s
+    timeout, then closes the connection) is given up on after ``within`` seconds: the connection is ended.
 
-    :raises ConnectionFailed: the channel or the declaration was refused, or the connection failed.
+    :raises ConnectionFailed: the channel or the declaration was refused or not answered in time, or the
+        connection failed.
     """
+    impl = connection._impl
+    declared: list[str] = []
+
+    def too_late() -> None:
+        if not declared and impl.is_open:
+            log.warning("AMQP connection: no queue declared within %g s: its node takes no metadata writes (a "
+                        "partition's minority?): ending it", within)
+            impl._terminate_stream(px.AMQPConnectionError(f"no queue declared within {within:g} s: the node takes no "
+                                                          f"metadata writes (a partition's minority?)"))
+
+    impl._adapter_call_later(within, too_late)
     with pika_errors("declaring a queue to find the connection's node"):
         channel = connection.channel()
         try:
             queue = channel.queue_declare("", exclusive=True, auto_delete=True).method.queue
+            declared.append(queue)
             try:
                 node = node_of_queue(queue)
             finally:

@@ -30,6 +30,7 @@ from smartclient._errors import (
 )
 from smartclient.amqp._pika import (
     BlockingConnection,
+    NodeCutOff,
     close_quietly,
     open_connection,
     pika_errors,
@@ -52,6 +53,9 @@ __all__ = ["AmqpPlacer", "PlacedConnection"]
 
 _ids = itertools.count(1)
 log = logging.getLogger(__name__)
+
+#: seconds a node found cut off from its queues' leaders is taken only as the fallback by ``connect()`` to any node
+CUT_OFF_AVOIDED = 30.0
 
 
 @dataclass(eq=False)
@@ -128,6 +132,9 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self._refreshes = signing.Refreshes(f"the AMQP connections of {self!r}", self.update_secrets)
         self.secret_updates = 0  #: new tokens the broker accepted on a live connection
         self.secret_failures = 0  #: new tokens it refused (each closes its connection: TokenRefused)
+        #: node -> until when ``connect()`` to any node takes another first: its queue watch found it cut off from
+        #: its queues' leaders (:class:`~smartclient.amqp._pika.QueueWatch`)
+        self.cut_off: dict[str, float] = {}
 
     def connect(self, node: str | None = None) -> PlacedConnection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
@@ -138,7 +145,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
         self._login(self.connection_name)  # a provider that fails, or an expired token: raised now, not retried
-        landed = self.place(node)
+        now = time.monotonic()
+        landed = self.place(node, avoid={n for n, until in self.cut_off.items() if until > now})
         placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
         watch_close(placed.connection, partial(self._closed, placed))
         self.live.add(placed)
@@ -197,6 +205,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             error.connection = placed.name
             signing.refused_token(self._credentials(), placed.token_on_its_way)  # the others go on with the old one
         placed.failure = error
+        if isinstance(error.__cause__, NodeCutOff):  # any node: another first, while the partition may last
+            self.cut_off[placed.node] = time.monotonic() + CUT_OFF_AVOIDED
         if isinstance(error, TokenExpired | TokenRefused):
             log.warning("AMQP connection %s on %s closed by the broker: %s", placed.name, placed.node, error)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from smartclient._errors import ConfigurationError, ConnectionFailed, NoCandidateNode, StreamNotReady
 from smartclient.amqp._pika import pika_errors
 from smartclient.core.offsets import OffsetSpec
+from smartclient.core.retry import Backoff
 from smartclient.core.stream_arguments import StreamArguments, validate_stream_name
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class AmqpStreamConsumer:
         :raises StreamNotReady: no member asked ran one by ``deadline``.
         """
         refused: set[str] = set()
-        pause = 0.05
+        rounds = 0
         while True:
             leader, replicas = stream_members(self.placer, self.stream)
             late = time.monotonic() >= deadline
@@ -140,8 +141,9 @@ class AmqpStreamConsumer:
                                          f"(asked {len(refused)} node(s) until the ready timeout): {exc}") from exc
             if pinned is not None or not [r for r in replicas if r not in refused]:
                 refused.clear()  # every replica asked: give them a moment to start, then ask them again
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(pause * 2, 0.5)
+                rounds += 1
+                if (left := deadline - time.monotonic()) > 0:
+                    time.sleep(min(MEMBER_AGAIN.delay(rounds), left))
 
     def _consume_on(self, node: str) -> PlacedConnection:
         placed = self.placer.connect(node)
@@ -198,6 +200,9 @@ class AmqpStreamConsumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+#: the pause before every member of a stream is asked again, when none ran one yet (a stream just declared)
+MEMBER_AGAIN = Backoff(initial=0.05, factor=2.0, max=0.5)
 
 #: what the broker says, closing the channel (406), to a consumer on a node whose member of the stream does not run
 _NOT_RUNNING = "does not have a running replica on the local node"

@@ -425,6 +425,89 @@ def test_amqp_and_mqtt_placements_through_the_lb_while_a_node_is_cut_off_find_th
     assert max(took) < 5.0 and max(mqtt_took) < 5.0
 
 
+def test_amqp_quorum_clients_on_a_node_cut_from_its_peers_are_ended_by_the_queue_watch_and_lose_nothing(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """A quorum queue led on n2; an AMQP 0.9.1 publisher with confirms and a consumer, each on a connection of its
+    own on n1, which is then cut from its peers (the LB still reaches it: its links stay alive, it answers basic.qos
+    and sends heartbeats).  The queue watch ends the consumer's connection once nothing was delivered for a third
+    of dead_after and a passive declare on n1 counts 0 consumers (it counted one before), and the publisher's once
+    its publish waited dead_after - 2 s without a confirm.  Connected again to any node, both land on the majority
+    (the placer avoids n1 now) and every confirmed message is consumed."""
+    import threading
+
+    bed = rabbitmq_partitions
+    host, port = bed.lb("amqp")
+    lb = LoadBalancer(Address(host, port), amqp=Address(host, port))
+    queue, minority = rabbitmq_unique_name, bed.nodes[0].name
+    found: dict[str, float] = {}
+    confirmed: list[int] = []
+    got: set[int] = set()
+    with bed.management() as api:
+        placer = AmqpPlacer(api, settings=ClientSettings(resolver=lb))
+        with placer.connect(bed.nodes[1].name) as leader:
+            leader.channel().queue_declare(queue, durable=True, arguments={
+                "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
+        publisher, consumer = placer.connect(minority), placer.connect(minority)
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        reader = consumer.channel()
+        reader.basic_qos(prefetch_count=50)
+        reader.basic_consume(queue, lambda ch, method, _p, body: (got.add(int(body)), ch.basic_ack(
+            method.delivery_tag)))
+        for i in range(20):
+            channel.basic_publish("", queue, str(i).encode())
+            confirmed.append(i)
+        wait_until_sync(lambda: consumer.connection.process_data_events(0.1) or len(got) == 20, 10, "the consumer")
+        consumer.connection.process_data_events(2.5)  # the watch's baseline: a declare counts this consumer
+        cut = time.monotonic()
+        bed.partition("isolate-from-peers", minority)
+        try:
+            def consume() -> None:
+                with contextlib.suppress(pika.exceptions.AMQPError):
+                    while time.monotonic() - cut < 40:
+                        consumer.connection.process_data_events(0.2)
+                found["consumer"] = time.monotonic() - cut
+
+            reading = threading.Thread(target=consume)
+            reading.start()
+            with pytest.raises(pika.exceptions.AMQPError, match="no confirm"):
+                channel.basic_publish("", queue, b"20")
+            found["publisher"] = time.monotonic() - cut
+            reading.join(45)
+            assert placer.cut_off.keys() == {minority}
+            publisher, consumer = placer.connect(), placer.connect()  # any node: not the one cut off
+            moved = (publisher.node, consumer.node)
+            channel = publisher.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", queue, b"20")  # the one with no confirm, again
+            confirmed.append(20)
+            reader = consumer.channel()
+            reader.basic_qos(prefetch_count=50)
+            reader.basic_consume(queue, lambda ch, method, _p, body: (got.add(int(body)), ch.basic_ack(
+                method.delivery_tag)))
+            deadline = time.monotonic() + 10
+            while not set(confirmed) <= got and time.monotonic() < deadline:
+                consumer.connection.process_data_events(0.1)
+            before_heal = set(confirmed) <= got  # (a message the leader had handed to the consumer cut off stays
+            # with it until the heal: the leader hears of neither its connection's end nor its node's)
+        finally:
+            bed.heal()
+        try:
+            wait_until_sync(lambda: consumer.connection.process_data_events(0.1) or set(confirmed) <= got, 60,
+                            "every confirmed message consumed")
+        finally:
+            for placed in (publisher, consumer):
+                placed.close()
+        with placer.connect(bed.nodes[1].name) as leader:
+            leader.channel().queue_delete(queue)
+    print(f"on {bed.nodes[0].short} cut from its peers: the consumer's connection ended {found['consumer']:.1f} s "
+          f"after the cut, the publisher's {found['publisher']:.1f} s; both moved to {moved}; "
+          f"{len(confirmed)} confirmed, all consumed ({'before' if before_heal else 'after'} the heal)")
+    assert minority not in moved
+    assert found["consumer"] < DEAD_AFTER and found["publisher"] < DEAD_AFTER + 1
+
+
 async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
     rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
 ) -> None:

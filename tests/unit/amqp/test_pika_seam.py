@@ -15,6 +15,7 @@ import inspect
 import socket
 import ssl
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pika
@@ -182,9 +183,18 @@ def test_only_the_seam_touches_pikas_private_names() -> None:
 class _Channel:
     def __init__(self, on_open: Any) -> None:
         self.is_open, self.is_closed, self.on_open, self.on_qos = False, False, on_open, None
+        self.declares: list[tuple[str, Any]] = []
+        self.on_close: Any = None
 
     def basic_qos(self, prefetch_count: int, callback: Any) -> None:
         self.on_qos = callback
+
+    def queue_declare(self, queue: str, passive: bool, callback: Any) -> None:
+        assert passive
+        self.declares.append((queue, callback))
+
+    def add_on_close_callback(self, callback: Any) -> None:
+        self.on_close = callback
 
     def _set_cookie(self, cookie: Any) -> None:
         self.cookie = cookie
@@ -209,6 +219,12 @@ class _Impl:
 
     def _terminate_stream(self, error: Exception) -> None:
         self.ended = error
+
+    def _send_method(self, channel_number: int, method: Any, content: Any = None) -> None:
+        pass
+
+    def _process_frame(self, value: Any) -> None:
+        pass
 
     def channel(self, on_open_callback: Any) -> _Channel:
         self.channels.append(_Channel(on_open_callback))
@@ -328,3 +344,123 @@ def test_the_watchs_channel_is_skipped_by_blocking_connections_close_and_dispatc
     channel._set_cookie(_ProbeCookie())
     assert channel._get_cookie().is_open is False
     channel._get_cookie()._dispatch_events()
+
+
+# -- the queue watch: a node cut off from its queues' leaders (a partition's minority) ------------------------
+def _method(channel: int, method: Any) -> Any:
+    return pika.frame.Method(channel, method)
+
+
+def test_a_publish_with_no_confirm_for_the_limit_ends_a_connection_that_hears_its_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node in a minority answers basic.qos and sends heartbeats, but confirms nothing: the queue watch ends the
+    connection once a publish waited dead_after - 2 s with no confirm, never while confirms come, nor while the
+    broker blocks the connection (a resource alarm)."""
+    from smartclient.amqp._pika import NodeCutOff
+
+    clock, impl, watch = _watched(monkeypatch)
+    hear = lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8)  # noqa: E731
+    impl._send_method(1, pika.spec.Confirm.Select())
+    for second in range(30):  # publishes confirmed a second later: never ended
+        impl._send_method(1, pika.spec.Basic.Publish(routing_key="q"), (None, b"x"))
+        _seconds(clock, watch, 1, hear)
+        impl._process_frame(_method(1, pika.spec.Basic.Ack(second + 1, multiple=False)))
+    assert impl.ended is None
+    impl._send_method(1, pika.spec.Basic.Publish(routing_key="q"), (None, b"x"))
+    impl._send_method(1, pika.spec.Basic.Publish(routing_key="q"), (None, b"x"))
+    impl._process_frame(_method(1, pika.spec.Basic.Ack(31, multiple=True)))  # one of the two
+    _seconds(clock, watch, 7, hear)
+    assert impl.ended is None
+    _seconds(clock, watch, 1, hear)
+    assert isinstance(impl.ended, NodeCutOff) and "no confirm for 8.0 s with 1 message(s) pending" in str(impl.ended)
+
+    clock, impl, watch = _watched(monkeypatch)
+    impl._send_method(1, pika.spec.Confirm.Select())
+    impl._send_method(1, pika.spec.Basic.Publish(routing_key="q"), (None, b"x"))
+    impl.on_blocked(None, None)
+    _seconds(clock, watch, 30, hear)
+    assert impl.ended is None  # blocked: pika's blocked_connection_timeout judges
+    impl._process_frame(_method(1, pika.spec.Channel.Close(406, "PRECONDITION_FAILED")))  # its channel goes
+    watch.blocked = False
+    _seconds(clock, watch, 30, hear)
+    assert impl.ended is None
+
+
+def _consuming(monkeypatch: pytest.MonkeyPatch, baseline: int) -> tuple[list[float], _Impl, SilenceWatch]:
+    """A connection consuming queue q: the watch asks for the baseline (its channel opens, then a passive declare),
+    answered with ``baseline`` consumers, while deliveries come every second."""
+    clock, impl, watch = _watched(monkeypatch)
+    impl._send_method(1, pika.spec.Basic.Consume(queue="q", consumer_tag="ctag1"))
+    _seconds(clock, watch, 1)
+    assert len(impl.channels) == 1  # the watch's channel: its channel.open is the question
+    channel = impl.channels[0]
+    channel.is_open = True
+    channel.on_open(channel)
+    _seconds(clock, watch, 1)
+    assert [q for q, _ in channel.declares] == ["q"]  # the baseline, at once, though deliveries come
+    channel.declares.pop()[1](SimpleNamespace(method=SimpleNamespace(consumer_count=baseline, message_count=0)))
+    return clock, impl, watch
+
+
+def _deliveries(impl: _Impl) -> Callable[[int], None]:
+    def deliver(second: int) -> None:
+        impl.bytes_received += 100
+        impl._process_frame(_method(1, pika.spec.Basic.Deliver("ctag1", second, False, "", "q")))
+    return deliver
+
+
+def test_a_consumed_queue_that_stops_counting_its_consumers_ends_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """RabbitMQ 4.3.6, measured: a node cut off from a quorum queue's leader answers a passive declare at once with
+    0 consumers (it asks the leader for 250 ms), where the leader counts this connection's.  Once nothing was
+    delivered for a third of dead_after, the watch asks; a 0 after a count is asked again at each look (a leader
+    busy for 250 ms answers 0 too), and 0s for 3 s in a row end the connection."""
+    from smartclient.amqp._pika import NodeCutOff
+
+    clock, impl, watch = _consuming(monkeypatch, baseline=1)
+    channel = impl.channels[0]
+    _seconds(clock, watch, 20, _deliveries(impl))
+    assert not channel.declares  # deliveries come: nothing asked
+    hear = lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8)  # noqa: E731
+
+    def answer(consumers: int) -> None:
+        assert [q for q, _ in channel.declares] == ["q"]
+        channel.declares.pop()[1](SimpleNamespace(method=SimpleNamespace(consumer_count=consumers, message_count=0)))
+
+    _seconds(clock, watch, 2, hear)
+    assert not channel.declares
+    _seconds(clock, watch, 1, hear)  # nothing delivered for 3 s: asked
+    answer(1)
+    _seconds(clock, watch, 3, hear)  # idle, still counted: asked again, a third later
+    answer(0)  # a leader busy for 250 ms, say
+    _seconds(clock, watch, 1, hear)  # asked again at the next look
+    answer(1)
+    _seconds(clock, watch, 3, hear)
+    for _ in range(4):  # 0 at each look: ended once they span 3 s
+        assert impl.ended is None
+        answer(0)
+        _seconds(clock, watch, 1, hear)
+    assert isinstance(impl.ended, NodeCutOff) and "queue 'q' answered 0 consumers on this node for 3.0 s" in str(
+        impl.ended)
+
+
+def test_a_stream_which_never_counts_consumers_and_a_cancelled_or_deleted_queue_are_not_judged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, impl, watch = _consuming(monkeypatch, baseline=0)  # a stream answers 0 consumers, always
+    channel = impl.channels[0]
+    hear = lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8)  # noqa: E731
+    for _ in range(10):
+        _seconds(clock, watch, 3, hear)
+        for _q, answer in channel.declares:
+            answer(SimpleNamespace(method=SimpleNamespace(consumer_count=0, message_count=0)))
+        channel.declares.clear()
+    assert impl.ended is None
+
+    clock, impl, watch = _consuming(monkeypatch, baseline=1)
+    channel = impl.channels[0]
+    _seconds(clock, watch, 3, hear)
+    channel.on_close(channel, px.ChannelClosedByBroker(404, "NOT_FOUND"))  # deleted meanwhile: the answer
+    assert watch.question is None and watch.channel is None and watch.queues.skipped == {"q"}
+    impl._process_frame(_method(1, pika.spec.Basic.Cancel("ctag1")))  # the broker cancels its consumer
+    _seconds(clock, watch, 30, hear)
+    assert impl.ended is None

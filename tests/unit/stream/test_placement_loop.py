@@ -355,3 +355,19 @@ def test_the_hedge_s_losing_dial_that_opened_is_parked_for_the_placement_not_clo
     assert taken.node == NODES[0] and connector.parking.take((NODES[1],)) is lost and connector.closed == []
     taken, connector, lost = asyncio.run(race(keep=False))
     assert len(connector.parking) == 0 and connector.closed == [lost]
+
+
+def test_any_node_takes_one_not_avoided_first_and_an_avoided_one_only_as_the_fallback() -> None:
+    """AMQP 0.9.1's placer avoids a node its queue watch found cut off from its queues' leaders (a partition's
+    minority): any node but that one, through the LB; only an LB that reaches nothing else gets it."""
+    for start in range(3):
+        network = round_robin()
+        for _ in range(start):
+            network(N1)
+        placer = FakeNodePlacer("amqp", network, True)
+        assert placer.place(None, avoid={"n1@localhost"}).node != "n1@localhost"
+    placer = FakeNodePlacer("amqp", sticky(N1), True)
+    assert placer.place(None, avoid={"n1@localhost"}).node == "n1@localhost"  # the kept fallback
+    placer = FakeNodePlacer("amqp", sticky(N1), True)
+    every = {"n1@localhost", "n2@localhost", "n3@localhost"}
+    assert placer.place(None, avoid=every).node == "n1@localhost" and placer.opened == 1  # all avoided: any
