@@ -37,6 +37,8 @@ class _Bearer:
         return request
 
 
+#: the methods whose request may be sent again when a kept-alive connection turns out closed (RFC 9110, 9.2.2)
+IDEMPOTENT = ("GET", "HEAD", "PUT", "DELETE")
 _SHARED_TLS: Any = None  # httpx's default verifying context, made once in a process and shared by every client
 
 
@@ -126,8 +128,20 @@ class ManagementClient:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: try the next node
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue
-            except (httpx.RemoteProtocolError, httpx.ReadTimeout) as exc:  # a proxy in front closed without an
-                # answer, or a node (or the proxy in front) went silent: a read is asked of the next node, a write not
+            except httpx.RemoteProtocolError as exc:  # a kept-alive connection the server closed while its FIN was
+                # lost (a partition healed since): sent again once, on a new connection, when asking again is harmless
+                if method not in IDEMPOTENT:
+                    raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
+                try:
+                    response = self._client.request(method, base + path, **kwargs)
+                except httpx.HTTPError as again:  # (a proxy in front that closes without an answer, say)
+                    if method not in ("GET", "HEAD"):  # a read is asked of the next node, a write not
+                        raise ManagementError(f"{method} {base}{path} failed: {type(again).__name__}: "
+                                              f"{again}") from again
+                    unreachable.append(f"{base}: {type(again).__name__}: {again}")
+                    continue
+            except httpx.ReadTimeout as exc:  # a node (or the proxy in front) went silent: a read is asked of the
+                # next node, a write not
                 if method not in ("GET", "HEAD"):
                     raise ManagementError(f"{method} {base}{path} failed: {type(exc).__name__}: {exc}") from exc
                 unreachable.append(f"{base}: {type(exc).__name__}: {exc}")

@@ -22,6 +22,7 @@ import ssl
 import struct
 import termios
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -291,8 +292,13 @@ def open_connection(
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
         connection = BlockingConnection(params)
     if dead_after:
-        SilenceWatch(connection._impl, dead_after).start()
+        WATCHES[connection] = SilenceWatch(connection._impl, dead_after)
+        WATCHES[connection].start()
     return connection
+
+
+#: each open connection's silence watch (what it found: ``WATCHES[connection].queues.counted``, say)
+WATCHES: weakref.WeakKeyDictionary[Any, SilenceWatch] = weakref.WeakKeyDictionary()
 
 
 class _ProbeCookie:

@@ -10,7 +10,7 @@ from typing import Any
 __all__ = ["ZERO_FOR", "QueueWatch"]
 
 #: seconds of 0-consumer answers in a row (asked at each look: a second apart) that end a connection
-ZERO_FOR = 3.0
+ZERO_FOR = 4.0
 
 
 class QueueWatch:

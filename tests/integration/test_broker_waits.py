@@ -153,6 +153,9 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
         assert len(shared) == 1, "the consumers on that node were meant to share one connection"
         assert waited >= min(HOLD / 2, left - 0.3), f"the member was not held ({left:.2f} s of it left): the test " \
             "shows nothing"
+        if waited - 0.6 < 0.3:  # (CI, 2026-12-03: recovered in 0.55 s, a window of -0.05 s)
+            pytest.skip(f"the holds began late under the machine's load ({left:.2f} s of the {HOLD} s left after three "
+                        f"tries; recovered in {waited:.2f} s): no window to watch the steady consumer in")
         assert during, "the steady consumer on the connection received nothing while the other recovered"
 
 

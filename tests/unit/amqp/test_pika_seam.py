@@ -414,7 +414,7 @@ def test_a_consumed_queue_that_stops_counting_its_consumers_ends_the_connection(
     """RabbitMQ 4.3.6, measured: a node cut off from a quorum queue's leader answers a passive declare at once with
     0 consumers (it asks the leader for 250 ms), where the leader counts this connection's.  Once nothing was
     delivered for a third of dead_after, the watch asks; a 0 after a count is asked again at each look (a leader
-    busy for 250 ms answers 0 too), and 0s for 3 s in a row end the connection."""
+    busy for 250 ms answers 0 too), and 0s for 4 s in a row end the connection."""
     from smartclient.amqp._pika import NodeCutOff
 
     clock, impl, watch = _consuming(monkeypatch, baseline=1)
@@ -436,11 +436,11 @@ def test_a_consumed_queue_that_stops_counting_its_consumers_ends_the_connection(
     _seconds(clock, watch, 1, hear)  # asked again at the next look
     answer(1)
     _seconds(clock, watch, 3, hear)
-    for _ in range(4):  # 0 at each look: ended once they span 3 s
+    for _ in range(5):  # 0 at each look: ended once they span 4 s
         assert impl.ended is None
         answer(0)
         _seconds(clock, watch, 1, hear)
-    assert isinstance(impl.ended, NodeCutOff) and "queue 'q' answered 0 consumers on this node for 3.0 s" in str(
+    assert isinstance(impl.ended, NodeCutOff) and "queue 'q' answered 0 consumers on this node for 4.0 s" in str(
         impl.ended)
 
 
