@@ -54,7 +54,7 @@ import pytest
 
 import resolvers
 import smartclient
-from smartclient import FaultUnavailable
+from smartclient import FaultUnavailable, ManagementError
 from smartclient.testing import TestBed
 
 from ..conftest import wait_until
@@ -483,7 +483,11 @@ def delete_named(bed: TestBed, token: str) -> None:
         for kind in ("queues", "exchanges"):
             for item in api.get(f"/api/{kind}/%2F?columns=name"):
                 if token in item["name"]:
-                    api.delete(f"/api/{kind}/%2F/{quote(item['name'], safe='')}")
+                    try:
+                        api.delete(f"/api/{kind}/%2F/{quote(item['name'], safe='')}")
+                    except ManagementError as exc:  # gone since it was listed (an MQTT QoS 0 subscription's queue
+                        if exc.status != 404:  # goes with its client: CI-like run 28)
+                            raise
 
 
 @contextlib.contextmanager
