@@ -34,7 +34,7 @@ from smartclient._errors import (
     SmartClientError,
 )
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode, nodes_from_overview, pick_node
+from smartclient.core.broker_nodes import BrokerNode, any_node_tiers, nodes_from_overview, pick_node
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.landing import Attempt, Keep, KeptList, Missed, Placement, Reached, Reject, drive
 from smartclient.core.retry import Backoff, RetryPolicy
@@ -302,9 +302,7 @@ class NodePlacer(Generic[C]):
         if node is not None:
             tiers: tuple[tuple[Address, ...], ...] = ((pick_node(nodes, node).address(self.protocol),),)
         else:
-            first = tuple(a for a, n in by_address.items() if n.name not in avoid)
-            later = tuple(a for a in by_address if a not in first)
-            tiers = (first, later) if first and later else (tuple(by_address),)
+            tiers = any_node_tiers({a: n.name for a, n in by_address.items()}, avoid)
         candidates = Candidates(f"{self.protocol}:{node or 'any node'}", Role.CONNECTION, tiers)
         kept: KeptList[Landed[C]] = KeptList()
         plan: Placement[Landed[C]] = Placement(candidates, retry or self.retry, kept if self.keep_fallbacks else None)

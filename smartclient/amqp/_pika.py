@@ -292,8 +292,8 @@ def open_connection(
     with pika_errors(f"connecting to {dialled}", vhost=vhost):
         connection = BlockingConnection(params)
     if dead_after:
-        WATCHES[connection] = SilenceWatch(connection._impl, dead_after)
-        WATCHES[connection].start()
+        watch = WATCHES[connection] = SilenceWatch(connection._impl, dead_after)
+        watch.start()
     return connection
 
 

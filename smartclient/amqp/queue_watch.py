@@ -39,22 +39,24 @@ class QueueWatch:
         self.skipped: set[str] = set()  # queues a passive declare does not find (404): never asked again
         self.cut: str | None = None  # why the node is cut off from its queues' leaders
 
-    def sent(self, channel: int, method: Any) -> None:
-        now = time.monotonic()
-        if method.NAME == "Basic.Publish":
+    def sent(self, channel: int, method: Any) -> None:  # on the publish path: a clock read only where one is kept
+        name = method.NAME
+        if name == "Basic.Publish":
             if (state := self.confirms.get(channel)) is not None:
                 if state[0] == state[1]:
-                    state[2] = now
+                    state[2] = time.monotonic()
                 state[0] += 1
-        elif method.NAME == "Basic.Consume":
+        elif name == "Basic.Ack":  # (a consumer's acks: the most frequent after publishes)
+            return
+        elif name == "Basic.Consume":
             self.consumed[(channel, method.consumer_tag)] = method.queue
             self.unasked.append(method.queue)
-            self.delivered = now
-        elif method.NAME == "Basic.Cancel":
+            self.delivered = time.monotonic()
+        elif name == "Basic.Cancel":
             self.consumed.pop((channel, method.consumer_tag), None)
-        elif method.NAME == "Confirm.Select":
-            self.confirms[channel] = [0, 0, now]
-        elif method.NAME in ("Channel.Close", "Channel.CloseOk"):
+        elif name == "Confirm.Select":
+            self.confirms[channel] = [0, 0, time.monotonic()]
+        elif name in ("Channel.Close", "Channel.CloseOk"):
             self.forget(channel)
 
     def received(self, channel: int, method: Any) -> None:

@@ -122,8 +122,11 @@ class AmqpStreamConsumer:
         """
         refused: set[str] = set()
         rounds = 0
+        leader: str = ""
+        replicas: tuple[str, ...] = ()  # (read at the first round: a pinned consumer needs neither)
         while True:
-            leader, replicas = stream_members(self.placer, self.stream)
+            if pinned is None and not refused:  # a round begins: the members are read again (they may have changed)
+                leader, replicas = stream_members(self.placer, self.stream)
             late = time.monotonic() >= deadline
             if pinned is not None:
                 node = pinned

@@ -28,6 +28,7 @@ from smartclient.core.topology import Candidates, Role
 __all__ = [
     "BrokerNode",
     "Unreachable",
+    "any_node_tiers",
     "evenly_spread",
     "node_host",
     "nodes_from_overview",
@@ -228,3 +229,13 @@ def queue_consumer_node(queue: str, leader: str | None, members: Sequence[str], 
     reachable = ([m for m in preferred if m not in avoid] or [m for m in candidates if m not in avoid]
                  or preferred)
     return min(reachable, key=lambda member: (used.get(member, 0), member))
+
+
+def any_node_tiers(addresses: Mapping[T, str], avoid: Collection[str]) -> tuple[tuple[T, ...], ...]:
+    """The tiers of a connection to any node (``addresses``: each node's address -> its name): the nodes not in
+    ``avoid`` first, the avoided ones only as the fallback (a node found cut off from its queues' leaders); one
+    tier when either part is empty."""
+    first = tuple(a for a, name in addresses.items() if name not in avoid)
+    later = tuple(a for a in addresses if a not in first)
+    return (first, later) if first and later else (tuple(addresses),)
+

@@ -128,3 +128,12 @@ def test_the_unreachable_nodes_start_a_new_round_once_every_member_failed_and_go
     assert unreachable.nodes == {"b@h"}  # every one tried: round again, the last one tried last
     unreachable.placed()
     assert unreachable.nodes == set()
+
+
+def test_any_node_tiers_put_the_avoided_nodes_last_and_keep_one_tier_when_nothing_is_left_to_prefer() -> None:
+    from smartclient.core.broker_nodes import any_node_tiers
+
+    nodes = {"a1": "rabbit-1", "a2": "rabbit-2", "a3": "rabbit-3"}
+    assert any_node_tiers(nodes, ()) == (("a1", "a2", "a3"),)
+    assert any_node_tiers(nodes, {"rabbit-2"}) == (("a1", "a3"), ("a2",))
+    assert any_node_tiers(nodes, {"rabbit-1", "rabbit-2", "rabbit-3"}) == (("a1", "a2", "a3"),)
