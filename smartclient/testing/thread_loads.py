@@ -277,9 +277,10 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
     from smartclient.mqtt.placement import MqttOptions
 
     awaited, topic, client_id = Awaited(), f"nemesis/{run_id}/q1", f"nemesis-{run_id}-q1"
+    routed = threading.Event()  # a probe came through: the subscription routes (SUBACK comes a little before)
 
     def setup(client: Any) -> None:
-        client.on_message = lambda c, u, m: None if is_probe(m.payload) else awaited.received(
+        client.on_message = lambda c, u, m: routed.set() if is_probe(m.payload) else awaited.received(
             history, "mqtt-c", "mqtt-p", int(m.payload))
 
     sessions = env.mqtt_placer(options=MqttOptions(clean_start=False))
@@ -297,6 +298,7 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
             if halt.wait(1.0):
                 break
     try:
+        _until_routed(pub, topic, routed, halt)
         number = 0
         while pub is not None and not halt.is_set():
             if sub is not None and sub.failure is not None:  # its recovery gave up: its session keeps the messages
@@ -329,6 +331,17 @@ def mqtt_qos1_loop(env: Any, history: Any, halt: threading.Event, run_id: str) -
                 client.close_quietly()
         with contextlib.suppress(Exception):  # the session ends: a clean start under its client id
             env.mqtt.connect(f"{client_id}-s", start=False).close_quietly()
+
+
+def _until_routed(pub: Any, topic: str, routed: threading.Event, halt: threading.Event, within: float = 30.0) -> None:
+    """Publish probes to ``topic`` until one is ``routed`` (or ``within`` s, or ``halt``): RabbitMQ acknowledges a
+    SUBSCRIBE tens of milliseconds before publishes from other connections reach it (docs/mqtt.md), and a QoS 1
+    message published in that window is acknowledged and goes nowhere."""
+    deadline = time.monotonic() + within
+    while pub is not None and not routed.is_set() and time.monotonic() < deadline and not halt.is_set():
+        with contextlib.suppress(Exception):  # (a fault at the start: the next probe)
+            pub.publish(topic, b"probe:routed", qos=1).wait_for_publish(timeout=2.0)
+        routed.wait(0.05)
 
 
 def _connect_again(connect: Callable[[], Any], history: Any, halt: threading.Event) -> Any:
