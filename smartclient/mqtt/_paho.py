@@ -10,36 +10,7 @@ overridden).  ``tests/unit/test_paho_seam.py`` checks every entry against the in
 library for paho imports and private names outside this file; ``pyproject.toml`` pins paho to the 2.2 line.
 When paho 3 arrives, this file changes and that test says what broke.
 
-Why each private name is touched:
-
-* ``Client._loop`` is overridden: paho waits with ``select()``, which cannot watch a file descriptor numbered 1024
-  or more, so in a busy process a client silently never gets its CONNACK (eclipse-paho/paho.mqtt.python#183,
-  #238, #819).  :meth:`PahoClient._loop` is the same loop on ``poll()``; ``loop()`` and ``loop_forever()`` call
-  it.  It reads ``_sock`` (the connection) and ``_sockpairR`` (the socket ``publish()`` from another thread writes
-  to, to wake the loop; ``_sockpairW`` is its other end, written to wake the loop for a hand-over that is due).
-* ``Client._host`` and ``Client._port`` are where ``reconnect()`` dials.  A failover re-aims them before
-  paho reconnects; the public ``host``/``port`` setters refuse while paho considers itself connecting.
-* ``Client._ssl_context`` holds a :class:`NamedContext`, and ``Client._ssl_wrap_socket`` (relied on) wraps every
-  socket with its ``wrap_socket(..., server_hostname=self._host)`` and skips its own ``match_hostname`` when the
-  context has ``check_hostname``: so TLS verifies the name smartclient chose, not the address dialled.
-* ``Client._sock_close`` drops a connection without DISCONNECT (calling ``on_socket_close``), for fleets
-  that move a client and for closing a broken client.
-* ``Client._thread`` says whether ``loop_start``'s thread runs (if not, a DISCONNECT is flushed by hand);
-  ``Client._client_id`` is the client id paho holds, as bytes (:attr:`PahoClient.client_id`).
-* ``Client._sock_recv`` is overridden to keep the error a read failed with (paho logs it, and says only "connection
-  lost"): a TLS alert there is the broker refusing the client certificate (:class:`CertificateRejected`).
-* ``Client._create_socket_connection`` is overridden to set :mod:`smartclient.keepalive`'s options on the TCP
-  socket it dials (before any TLS): a silent broker ends the connection within ``dead_after``.
-* ``Client._check_keepalive`` is overridden to watch for silence too: a PINGREQ after ``dead_after / 4`` s with
-  nothing received (``Client._last_bytes_received`` under ``Client._msgtime_mutex``; ``Client._send_pingreq``),
-  and the connection lost after ``dead_after - 2`` s (``Client._do_on_disconnect``, as paho's own keepalive does).
-* ``Client._inflight_messages`` counts the QoS 1 and 2 messages sent and not yet acknowledged: a token hand-over
-  waits for it to reach 0 before it says goodbye (:meth:`PahoClient.in_flight`).  When a client gives up for good,
-  what ``Client._out_messages`` holds (under ``Client._out_message_mutex``) fails: each one's ``rc`` is set and
-  ``MQTTMessageInfo._set_as_published`` ends its ``wait_for_publish``, which raises (not a wait for ever).
-* ``Client.publish`` and ``Client.disconnect`` are overridden (public methods): a client that hands over to a new
-  token, or reconnects, *holds* what it is asked to publish meanwhile and sends it once connected again
-  (:class:`HeldInfo`), so nothing published in between is lost; a disconnect asked for ends that.
+Why each private name is touched, and what relies on it: :mod:`smartclient.mqtt._paho_surface`.
 """
 
 from __future__ import annotations
@@ -89,6 +60,8 @@ _DISCONNECT = b"\xe0\x00"
 #: most messages a client holds while it is not connected; more are refused (paho's MQTT_ERR_QUEUE_SIZE)
 MAX_HELD = 100_000
 _HOLD_LOCKS = threading.Lock()  # makes each client's hold lock once
+#: the states of a QoS 1 or 2 message sent and waiting for the broker (PUBACK, PUBREC, PUBCOMP)
+_AWAITING = frozenset({paho.mqtt_ms_wait_for_puback, paho.mqtt_ms_wait_for_pubrec, paho.mqtt_ms_wait_for_pubcomp})
 
 _C = TypeVar("_C", bound="PahoClient")
 _R = TypeVar("_R")
@@ -249,21 +222,38 @@ class PahoClient(paho.Client):
         dropped by the broker."""
         super()._check_keepalive()
         every, limit = keepalive.mqtt_watch(self.dead_after)
-        if not self.dead_after or 0 < self._keepalive <= every or not self.is_connected():
-            return  # off, or paho's own pings find it sooner
+        if not self.dead_after or not self.is_connected():
+            return
         now = time.monotonic()  # (paho's clock)
+        if (unacked := now - self.oldest_in_flight(now)) >= limit:  # the node answers, its queues cannot take it
+            log.warning("MQTT client %s: no PUBACK for %.1f s (dead_after) while the broker answers: is its node cut "
+                        "off from its peers? The connection is lost", self.client_id, unacked)
+            self.lose_connection()
+            return
+        if 0 < self._keepalive <= every:
+            return  # paho's own pings find a silent one sooner
         with self._msgtime_mutex:
             silent = now - self._last_bytes_received
         if silent >= limit:
             log.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
                         self.client_id, silent)
-            self._sock_close()
-            self._do_on_disconnect(packet_from_broker=False, v1_rc=MQTTErrorCode.MQTT_ERR_KEEPALIVE)
+            self.lose_connection()
         elif silent >= every and now - self._smartclient_pinged >= every:
             self._smartclient_pinged = now
             self._send_pingreq()
 
     _smartclient_pinged = 0.0  # when the silence watch last sent a PINGREQ
+
+    def oldest_in_flight(self, now: float) -> float:
+        """When the oldest QoS 1 or 2 message sent and not yet acknowledged was sent (paho's clock; sent again
+        after a CONNACK: from then), ``now`` if none is."""
+        with self._out_message_mutex:
+            return next((m.timestamp for m in self._out_messages.values() if m.state in _AWAITING), now)
+
+    def lose_connection(self) -> None:
+        """End the connection as paho's keepalive does: no DISCONNECT, and paho's loop reconnects."""
+        self._sock_close()
+        self._do_on_disconnect(packet_from_broker=False, v1_rc=MQTTErrorCode.MQTT_ERR_KEEPALIVE)
 
     def _sock_recv(self, bufsize: int) -> bytes:
         try:

@@ -516,6 +516,54 @@ def test_amqp_quorum_clients_on_a_node_cut_from_its_peers_are_ended_by_the_queue
     assert found["consumer"] < DEAD_AFTER and found["publisher"] < DEAD_AFTER + 1
 
 
+def test_an_mqtt_publisher_on_a_node_cut_from_its_peers_is_ended_by_the_puback_watch_and_loses_nothing(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """A persistent QoS 1 subscriber on n2 (its session's quorum queue led there) and a QoS 1 publisher on n1,
+    which is then cut from its peers: n1 still answers the publisher's pings, so only its PUBACKs stop.  The PUBACK
+    watch ends the connection once a publish waited dead_after - 2 s; the client reconnects to another node first,
+    sends what had no PUBACK again, and the subscriber gets every message PUBACKed (some twice, none lost)."""
+    bed = rabbitmq_partitions
+    got: list[int] = []
+    sub_id, minority = f"puback-{rabbitmq_unique_name[-6:]}", bed.nodes[0]
+    topic = f"part/{sub_id}"
+    with bed.management() as api:
+        settings = ClientSettings(resolver=mqtt_lb(bed))
+        sub = MqttPlacer(api, settings=settings, options=MqttOptions(clean_start=False)).connect(
+            sub_id, bed.nodes[1].short, subscriptions=[(topic, 1)],
+            setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got.append(int(m.payload))))
+        pub = MqttPlacer(api, settings=settings).connect(f"{sub_id}-pub", minority.short)
+        ended: list[float] = []
+        watch = _When(ended, "no PUBACK for")
+        logging.getLogger("smartclient.mqtt._paho").addHandler(watch)
+        acked: list[int] = []
+        try:
+            until_routed(pub, topic, got)
+            cut = time.monotonic()
+            bed.partition("isolate-from-peers", minority.name)
+            sent = 0
+            while pub.failovers == 0 or not acked or acked[-1] != sent - 1:  # until one after the move is in
+                assert time.monotonic() - cut < DEAD_AFTER + 30, f"the publisher on {minority.short} never moved"
+                info = pub.publish(topic, str(sent), qos=1)
+                sent += 1
+                with contextlib.suppress(RuntimeError, ValueError):
+                    info.wait_for_publish(12)
+                if info.is_published():
+                    acked.append(sent - 1)
+                time.sleep(0.05)
+            moved = time.monotonic() - cut
+            wait_until_sync(lambda: set(got) >= set(acked), 30, lambda: f"{len(acked)} PUBACKed ({len(set(got))} in)")
+        finally:
+            logging.getLogger("smartclient.mqtt._paho").removeHandler(watch)
+            bed.heal()
+            close(sub, pub)
+            close(MqttPlacer(api, settings=settings, options=MqttOptions(clean_start=True)).connect(sub_id))
+    print(f"the MQTT publisher on {minority.short} cut from its peers: ended {ended[0] - cut:.1f} s after the cut "
+          f"(no PUBACK), PUBACKed again {moved:.1f} s after it, now on {pub.node}; {len(acked)} of {sent} PUBACKed, "
+          f"every one received ({len(got) - len(set(got))} twice)")
+    assert ended[0] - cut <= DEAD_AFTER and pub.node != minority.name
+
+
 async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
     rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
 ) -> None:

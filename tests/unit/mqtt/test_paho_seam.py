@@ -308,3 +308,30 @@ def test_the_silence_watch_pings_at_a_quarter_and_gives_up_two_seconds_before_de
         client._check_keepalive()
         assert calls == expected, silent
 
+
+
+def test_a_publish_the_broker_does_not_acknowledge_for_dead_after_less_two_seconds_loses_the_connection(
+        connack_broker: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node cut off from its peers answers pings while its queues take nothing: the PUBACK watch (issue 55)."""
+    client = new_client()
+    try:
+        client.dead_after = 10.0
+        client.send_connect(connack_broker.address, 30, clean_start=True, properties=None)
+        client.await_connack(2.0)
+        calls: list[str] = []
+        monkeypatch.setattr(client, "_sock_close", lambda: calls.append("close"))
+        monkeypatch.setattr(client, "_do_on_disconnect", lambda **kw: calls.append("lost"))
+        assert client.oldest_in_flight(now := time.monotonic()) == now  # nothing in flight
+        client.publish("t", b"never acknowledged", qos=1)  # the fake broker sends no PUBACK
+        (message,) = client._out_messages.values()
+        for waited, expected in ((1.0, []), (7.9, []), (8.0, ["close", "lost"])):
+            client._last_bytes_received = time.monotonic()  # the broker answers (pings)
+            message.timestamp = time.monotonic() - waited
+            client._check_keepalive()
+            assert calls == expected, waited
+        calls.clear()
+        message.state = paho.mqtt_ms_queued  # not sent yet (over the in-flight window): not waited for
+        client._check_keepalive()
+        assert calls == []
+    finally:
+        client.close_quietly()
