@@ -228,6 +228,28 @@ class ManagementClient:
         node = row.get("node") if isinstance(row, dict) else None
         return str(node) if node else None
 
+    def queue_node_bound(self, vhost: str, name: str, routing_key: str) -> str | None:
+        """The node of queue ``name`` (read as :meth:`queue_node` reads it), from a management node that already
+        shows the queue bound with ``routing_key``, a binding made a moment ago; None when no node shows it.  A node
+        in a partition's minority answers from a metadata store the majority's writes no longer reach, where a
+        queue of the same name an earlier connection left still names that connection's node: so each management
+        node is asked in turn, and the first that shows the binding is asked first from then on."""
+        import httpx
+
+        path = f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
+        for base in [self.base_url, *(b for b in self.base_urls if b != self.base_url)]:
+            try:
+                bound = self._client.get(f"{base}{path}/bindings")
+                if bound.status_code != 200 or routing_key not in {b.get("routing_key") for b in bound.json()}:
+                    continue
+                row = self._client.get(f"{base}{path}?columns=node&disable_stats=true")
+            except (httpx.HTTPError, ValueError, AttributeError):  # (not reached; not the JSON asked for)
+                continue
+            if row.status_code == 200 and isinstance(node := row.json().get("node"), str) and node:
+                self.base_url = base
+                return node
+        return None
+
     def _elsewhere(self, path: str, missing: ManagementError) -> Any:
         """``GET path`` of each management node but the one that answered 404 (``missing``, raised if none has
         it): the first that has it answers, and is asked first from then on."""

@@ -517,7 +517,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
 
     def _identify(self, connection: PlacedMqttClient, name: str, newer_than: int) -> tuple[str, int]:
         ends = self.options.session_ends_with_connection  # its subscription's queue says (whereabouts), or the listing
-        node = subscribed_node(self._api().queue_node, connection, self.vhost) if ends else None
+        node = subscribed_node(self._api().queue_node_bound, connection, self.vhost) if ends else None
         return (node, newer_than) if node else super()._identify(connection, name, newer_than)
 
     def _new_name(self, purpose: str) -> str:
