@@ -29,6 +29,7 @@ from smartclient import credentials as signing
 from smartclient._errors import (
     REFUSALS,
     AuthenticationFailed,
+    NodeUnreachable,
     PlacementError,
     RecoveryFailed,
     SmartClientError,
@@ -243,12 +244,23 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
             return queue_topology(look.connection, queue)
 
     def publisher(self, queue: str) -> Amqp10Publisher:
-        """A publisher to ``queue`` on its leader's node.
+        """A publisher to ``queue`` on its leader's node; when the load balancer never reached the leader (a node
+        cut off from it), on another member, which forwards the writes to the leader (the publisher follows the
+        leader back later), each member tried once.
 
         :raises TopologyError: the queue does not exist, or has no leader now.
+        :raises NodeUnreachable: no member of the queue was reached.
         """
         text("Amqp10Placer.publisher(queue)", queue)
-        return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry), placer=self)
+        unreachable, tried = Unreachable(), 0
+        while True:
+            try:
+                return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry, unreachable), placer=self)
+            except NodeUnreachable as exc:
+                tried += 1
+                if tried >= len(self.queue_topology(queue).members):
+                    raise
+                log.warning("AMQP 1.0 publisher of %r: %s; trying another member", queue, exc)
 
     def publisher_on(self, queue: str, retry: RetryPolicy, unreachable: Unreachable | None = None
                      ) -> tuple[PlacedAmqp10Connection, Any]:

@@ -344,7 +344,8 @@ def test_amqp10_clients_whose_link_goes_silent_find_it_within_dead_after_and_los
     """AMQP 1.0 through the LB onto a quorum queue, with the defaults: proton's idle timeout at two fifths of
     dead_after (4 s), so the broker sends something every 2 s.  The LB's link to the leader's node goes quiet
     under a publisher and a consumer there: each finds it within dead_after (was: two 60 s heartbeats), recovers
-    on a node the LB still reaches, and every message the publisher was told was taken is consumed."""
+    on a node the LB still reaches, and every message the publisher was told was taken is consumed.  A publisher
+    made while the cut lasts goes through another member (which forwards to the leader)."""
     from smartclient.amqp10.placement import Amqp10Placer
 
     bed = rabbitmq_partitions
@@ -374,6 +375,11 @@ def test_amqp10_clients_whose_link_goes_silent_find_it_within_dead_after_and_los
                     sent += 1
                     publisher.publish(str(sent).encode())  # returns once taken, on another node after the loss
                     time.sleep(0.05)
+                began = time.monotonic()  # a new publisher while the LB cannot reach the leader: another member
+                with placer.publisher(queue) as fresh:
+                    sent += 1
+                    fresh.publish(str(sent).encode())
+                    fresh_at, fresh_took = fresh.node, time.monotonic() - began
                 bed.heal()
                 wait_until_sync(lambda: got >= set(range(sent + 1)), 30, "every message taken")
         finally:
@@ -381,8 +387,10 @@ def test_amqp10_clients_whose_link_goes_silent_find_it_within_dead_after_and_los
             placer.close()
     found = {kind: round(at - cut, 1) for kind, at in ended.items()}
     print(f"AMQP 1.0 on {cut_node.short}: found its silent link after {found} s (idle timeout {placer.heartbeat} s); "
-          f"{sent + 1} sent, all consumed")
+          f"{sent + 1} sent, all consumed; a publisher made meanwhile took its first message on {fresh_at} after "
+          f"{fresh_took:.1f} s")
     assert set(found) == {"Amqp10Publisher", "Amqp10Consumer"} and max(found.values()) < DEAD_AFTER
+    assert fresh_at != cut_node.name
 
 
 def test_amqp_and_mqtt_placements_through_the_lb_while_a_node_is_cut_off_find_their_node_at_once(

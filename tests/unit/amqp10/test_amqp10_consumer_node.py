@@ -80,3 +80,35 @@ def test_a_publisher_that_could_not_follow_its_leader_tries_again_later_each_tim
         waits.append(publisher._checked - time.monotonic())
     assert asked == ["a@h"] * 5 and publisher.node == "b@h"  # the leader each time; it stays meanwhile
     assert [round(w) for w in waits] == [0, 2, 4, 8, 16]  # checked again after 2, 4, 6, 10, 18 s (stall_check 2)
+
+
+def test_a_new_publisher_goes_to_another_member_when_the_lb_never_reached_its_leader() -> None:
+    """Not only a recovery: a publisher made while the leader is cut off from the load balancer publishes through
+    another member (which forwards the writes); no member reached is NodeUnreachable after each was tried once."""
+    asked: list[str] = []
+    placer = _placer(asked, {"b@h": 1})
+    placer.retry = RetryPolicy()
+    with pytest.raises(NodeUnreachable):
+        placer.publisher("q")
+    assert asked == ["a@h", "c@h", "b@h"]  # the leader, then the least used of the others: each once
+    asked.clear()
+    connect = placer.connect
+    made: list[tuple[str, Any]] = []
+
+    def reach_c(node: str, purpose: str, retry: RetryPolicy) -> Any:
+        if node != "c@h":
+            return connect(node, purpose, retry)
+        asked.append(node)
+        made.append((node, purpose))
+        return type("Placed", (), {"connection": None, "node": node, "ready": False, "close": lambda self: None})()
+
+    placer.connect = reach_c  # type: ignore[method-assign]
+    import smartclient.amqp10.placement as placement
+
+    original = placement.new_publisher
+    placement.new_publisher = lambda connection, queue: "link"  # type: ignore[assignment]
+    try:
+        publisher = placer.publisher("q")
+    finally:
+        placement.new_publisher = original
+    assert asked == ["a@h", "c@h"] and publisher.node == "c@h" and made == [("c@h", "publisher")]
