@@ -569,7 +569,7 @@ def test_an_mqtt_publisher_on_a_node_cut_from_its_peers_is_ended_by_the_puback_w
     print(f"the MQTT publisher on {minority.short} cut from its peers: ended {ended[0] - cut:.1f} s after the cut "
           f"(no PUBACK), PUBACKed again {moved:.1f} s after it, now on {pub.node}; {len(acked)} of {sent} PUBACKed, "
           f"every one received ({len(got) - len(set(got))} twice)")
-    assert ended[0] - cut <= DEAD_AFTER and pub.node != minority.name
+    assert ended[0] - cut <= DEAD_AFTER + 1 and pub.node != minority.name  # (paho looks every second, or later)
 
 
 async def test_a_producer_whose_leader_stalls_is_no_false_alarm(
