@@ -146,17 +146,18 @@ async def test_a_consumer_recovering_onto_a_member_still_initialising_leaves_its
         await publishing
         index = next(i for i, c in enumerate(steady) if c.node == moving.node)
         shared = {r.connection for r in env.placements() if r.role is Role.CONSUMER and r.node == moving.node}
-        during = [t for t in arrivals[index] if started + 0.3 < t < started + waited - 0.3]
+        # what came while it recovered, less a margin each side (a quarter of the wait when that was short: under
+        # load the holds may begin late, CI 2026-12-03 recovered in 0.55 s; at 20 ms a message, still a handful)
+        margin = min(0.3, waited / 4)
+        during = [t for t in arrivals[index] if started + margin < t < started + waited - margin]
         print(f"the moving consumer recovered onto {moving.node} in {waited:.2f} s (the member there held); the "
               f"steady consumer on its connection received {len(during)} messages meanwhile; steps: "
               f"{moving.recovery_attempts[-1].steps}")
         assert len(shared) == 1, "the consumers on that node were meant to share one connection"
         assert waited >= min(HOLD / 2, left - 0.3), f"the member was not held ({left:.2f} s of it left): the test " \
             "shows nothing"
-        if waited - 0.6 < 0.3:  # (CI, 2026-12-03: recovered in 0.55 s, a window of -0.05 s)
-            pytest.skip(f"the holds began late under the machine's load ({left:.2f} s of the {HOLD} s left after three "
-                        f"tries; recovered in {waited:.2f} s): no window to watch the steady consumer in")
-        assert during, "the steady consumer on the connection received nothing while the other recovered"
+        assert during, (f"the steady consumer on the connection received nothing while the other recovered "
+                        f"({waited:.2f} s, watched {waited - 2 * margin:.2f} s of it)")
 
 
 async def test_a_consumer_recovering_while_its_replicas_initialise_reads_the_leader_then_moves_back(
