@@ -252,13 +252,12 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         :raises NodeUnreachable: no member of the queue was reached.
         """
         text("Amqp10Placer.publisher(queue)", queue)
-        unreachable, tried = Unreachable(), 0
+        unreachable = Unreachable()
         while True:
             try:
                 return Amqp10Publisher(queue, *self.publisher_on(queue, self.retry, unreachable), placer=self)
             except NodeUnreachable as exc:
-                tried += 1
-                if tried >= len(self.queue_topology(queue).members):
+                if unreachable.rounds:  # every member tried
                     raise
                 log.warning("AMQP 1.0 publisher of %r: %s; trying another member", queue, exc)
 

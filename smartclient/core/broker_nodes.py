@@ -178,14 +178,16 @@ def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: s
 class Unreachable:
     """The nodes a recovery could not reach just now (through a load balancer that no longer routes to a cut
     node), which :func:`queue_consumer_node` and :func:`queue_publisher_node` avoid: once every one of the queue's
-    members failed, a new round starts with the last one tried last; once placed, none."""
+    members failed, a new round starts with the last one tried last (``rounds`` counts them); once placed, none."""
 
     nodes: set[str] = field(default_factory=set)
+    rounds: int = 0  #: rounds in which every member failed
 
     def failed(self, node: str, members: Sequence[str]) -> None:
         self.nodes.add(node)
         if self.nodes >= {*members, node}:
             self.nodes = {node}
+            self.rounds += 1
 
     def placed(self) -> None:
         self.nodes.clear()

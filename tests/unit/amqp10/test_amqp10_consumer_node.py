@@ -52,6 +52,7 @@ def test_a_publishers_recovery_goes_to_another_member_when_the_lb_never_reached_
             placer.publisher_on("q", RetryPolicy(), unreachable)
     assert asked == ["a@h", "b@h", "c@h", "a@h"]  # the leader, then the others, then round again
     assert unreachable.nodes == {"c@h", "a@h"}  # the round before the last, and the leader again
+    assert unreachable.rounds == 1  # every member failed once
 
 
 def test_a_leader_preferring_consumer_goes_to_another_member_when_the_lb_never_reached_the_leader() -> None:
