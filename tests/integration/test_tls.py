@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import weakref
 from typing import Any
 
@@ -78,6 +79,28 @@ def _alive(refs: list[weakref.ref[Any]]) -> int:
     return sum(ref() is not None for ref in refs)
 
 
+def _held_by(refs: list[weakref.ref[Any]], depth: int = 6) -> str:
+    """For a failure message: what still refers to each live object, as chains of types (a frame by its code's
+    name; an instance's ``__dict__`` by its owner), so a rare hold names its holder."""
+    out = []
+    for ref in refs:
+        obj = ref()
+        if obj is None:
+            continue
+        chain, seen = [type(obj).__qualname__], {id(obj), id(refs)}
+        while len(chain) < depth:
+            holders = [r for r in gc.get_referrers(obj) if id(r) not in seen and not isinstance(r, weakref.ref)]
+            seen.update(id(r) for r in holders)
+            if not holders:
+                break
+            obj = holders[0]
+            chain.append(f"frame {obj.f_code.co_qualname}" if inspect.isframe(obj) else type(obj).__qualname__
+                         + f" (+{len(holders) - 1})" * (len(holders) > 1))
+        out.append(" <- ".join(chain))
+        del obj
+    return "; ".join(out)
+
+
 #: what an ended stream connection is made of: its client, its Connection, the reader of its socket, asyncio's TLS
 #: layer and its transport (asyncio's socket transport, closed, refers to itself: small, and not ours)
 CONNECTION_PARTS = (NamedClient, LocatorClient, Connection, FrameReader, asyncio.sslproto.SSLProtocol,
@@ -136,7 +159,7 @@ async def test_ended_tls_connections_are_freed_at_once_not_at_the_next_full_coll
         # Environment, once; each connection's socket and buffers go with its end)
         await wait_until(lambda: not _alive(layers), 10,
                          lambda: f"the Environment's TLS layers freed with the collector off (still alive: "
-                                 f"{_alive(layers)} of {len(layers)})")
+                                 f"{_alive(layers)} of {len(layers)}, held by: {_held_by(layers)})")
     finally:
         gc.enable()
         await delete_streams(bed, rabbitmq_unique_name)
