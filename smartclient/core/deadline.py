@@ -121,6 +121,7 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
             _abandon(awaitable)
             raise asyncio.TimeoutError
         inner = asyncio.ensure_future(awaitable)
+        inner.add_done_callback(_read_outcome)
         if deadline is not None:
             deadline.tasks.add(inner)  # steps nested in it still see the deadline; tasks it spawns do not
             inner.add_done_callback(deadline.tasks.discard)
@@ -150,3 +151,12 @@ def _abandon(awaitable: Awaitable[Any]) -> None:
             awaitable.cancel()
         elif not awaitable.cancelled():
             awaitable.exception()
+
+
+def _read_outcome(task: asyncio.Future[Any]) -> None:
+    """Read a step's error even when nobody awaits it any more: a step cancelled (its caller was, or its time ran
+    out) can still end with an error of its own: Python 3.11's ``wait_for`` inside it (rstream's requests) returns
+    the answer's error that arrived with the cancellation, and asyncio would log it as "never retrieved".  Whoever
+    awaits the step still gets it."""
+    if not task.cancelled():
+        task.exception()

@@ -89,3 +89,43 @@ def test_a_step_with_no_time_left_lets_go_of_its_future_without_leaving_an_error
 
     gc.collect()
     assert unread == []
+
+
+def test_a_step_whose_caller_is_cancelled_leaves_no_error_unread() -> None:
+    """CI (waits): a recovery cancelled while its connection's login was failing left rstream's ``authenticate()``
+    task with "exception was never retrieved": Python 3.11's ``wait_for`` inside the step turns a cancellation that
+    comes with the answer's error into that error.  The step reads it; whoever awaits the step still gets it."""
+    async def login(answer: asyncio.Future[None]) -> None:
+        try:
+            await answer
+        except asyncio.CancelledError:
+            raise ConnectionResetError("closed the connection before answering") from None
+
+    async def main() -> None:
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with deadline.attempt(5.0, "a recovery"):
+            recovery = asyncio.ensure_future(deadline.step("authenticate", login(answer)))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            recovery.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await recovery
+            with pytest.raises(ConnectionResetError, match="before answering"):  # awaited: still raised
+                await _raise_through_step()
+
+    async def _raise_through_step() -> None:
+        async def fails() -> None:
+            raise ConnectionResetError("closed the connection before answering")
+        await deadline.step("authenticate", fails())
+
+    unread: list[dict[str, object]] = []
+    loop = asyncio.new_event_loop()
+    loop.set_exception_handler(lambda _loop, context: unread.append(context))
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    import gc
+
+    gc.collect()
+    assert unread == []
