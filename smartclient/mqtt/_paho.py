@@ -234,12 +234,13 @@ class PahoClient(paho.Client):
             return  # paho's own pings find a silent one sooner
         with self._msgtime_mutex:
             silent = now - self._last_bytes_received
-        if silent >= limit:
-            log.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
-                        self.client_id, silent)
+        unanswered = now - self._ping_t if self._ping_t else 0.0  # paho's: a PINGREQ sent, no PINGRESP yet
+        if silent >= limit or unanswered >= limit - every:
+            log.warning("MQTT client %s: nothing received for %.1f s, a ping unanswered for %.1f s (dead_after): the "
+                        "connection is lost", self.client_id, silent, unanswered)
             self.lose_connection()
-        elif silent >= every and now - self._smartclient_pinged >= every:
-            self._smartclient_pinged = now
+        elif not self._ping_t and now - self._smartclient_pinged >= every:  # busy or not: a link cut toward the
+            self._smartclient_pinged = now  # node only lets through what the node had sent, until its window fills
             self._send_pingreq()
 
     _smartclient_pinged = 0.0  # when the silence watch last sent a PINGREQ

@@ -61,6 +61,7 @@ PAHO_INTERNALS: tuple[str, ...] = (
     "Client._last_bytes_received",  # when paho last read from the socket (read under _msgtime_mutex)
     "Client._msgtime_mutex",  # guards it
     "Client._send_pingreq",  # the watch's PINGREQ
+    "Client._ping_t",  # when paho sent a PINGREQ not answered yet (0: none): the watch judges its answer
     "Client._do_on_disconnect",  # the watch ends a silent connection as paho's keepalive does
     "Client._out_messages",  # what paho has to send or have acknowledged: failed when the client gives up
     "Client._out_message_mutex",  # guards it

@@ -64,7 +64,7 @@ def test_the_instance_attributes_start_as_the_seam_expects() -> None:
     expected = {"_sock": None, "_sockpairR": None, "_sockpairW": None, "_host": "", "_port": 1883,
                 "_ssl_context": None, "_thread": None, "_client_id": b"seam-test", "_inflight_messages": 0,
                 "_out_messages": {}, "_out_message_mutex": "a lock", "_keepalive": 60,
-                "_last_bytes_received": "a time", "_msgtime_mutex": "a lock"}
+                "_last_bytes_received": "a time", "_msgtime_mutex": "a lock", "_ping_t": 0.0}
     assert sorted(instance) == sorted(expected), "PAHO_INTERNALS changed: say here what each attribute starts as"
     for name, value in expected.items():
         if value == "a lock":
@@ -290,23 +290,45 @@ def test_a_client_that_gives_up_fails_what_paho_had_unacknowledged(connack_broke
         client.close_quietly()
 
 
-def test_the_silence_watch_pings_at_a_quarter_and_gives_up_two_seconds_before_dead_after(
+def test_the_silence_watch_pings_every_quarter_and_gives_up_two_seconds_before_dead_after(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PINGREQ every quarter of dead_after, busy or not (a link cut toward the node still lets through what the
+    node sent until its window fills), one at a time; the connection lost once nothing came for dead_after - 2 s,
+    or a ping went unanswered for a quarter less than that (so a ping sent a quarter after the cut is judged in
+    time)."""
     client = PahoClient.create("watched", MQTTProtocolVersion.MQTTv311, clean_start=True)
     client.dead_after = 10.0
-    client._keepalive = 60  # the broker's: longer than a third of dead_after, so the watch pings on its own
+    client._keepalive = 60  # the broker's: longer than a quarter of dead_after, so the watch pings on its own
     calls: list[str] = []
     monkeypatch.setattr(client, "is_connected", lambda: True)
     monkeypatch.setattr(client, "_send_pingreq", lambda: calls.append("ping"))
     monkeypatch.setattr(client, "_sock_close", lambda: calls.append("close"))
     monkeypatch.setattr(client, "_do_on_disconnect", lambda **kw: calls.append("lost"))
     monkeypatch.setattr(client, "_last_msg_out", time.monotonic())  # paho's own keepalive: nothing due
-    for silent, expected in ((1.5, []), (2.2, ["ping"]), (3.0, ["ping"]), (7.9, ["ping"]),  # one per quarter
-                             (8.0, ["ping", "close", "lost"])):
-        client._last_bytes_received = time.monotonic() - silent
-        client._last_msg_in = time.monotonic()
+    client._last_msg_in = client._last_bytes_received = time.monotonic()  # busy: bytes keep coming
+    client._check_keepalive()
+    assert calls == ["ping"]
+    client._ping_t = time.monotonic()  # (paho's, as _send_pingreq sets it)
+    client._check_keepalive()
+    assert calls == ["ping"]  # one at a time
+    client._ping_t = 0.0  # answered
+    client._smartclient_pinged = time.monotonic() - 1.9
+    client._check_keepalive()
+    assert calls == ["ping"]  # not before a quarter
+    client._smartclient_pinged = time.monotonic() - 2.0
+    client._check_keepalive()
+    assert calls == ["ping", "ping"]
+    for unanswered, expected in ((5.9, ["ping", "ping"]), (6.0, ["ping", "ping", "close", "lost"])):
+        client._ping_t = time.monotonic() - unanswered
+        client._last_bytes_received = time.monotonic()  # still receiving: the node's last frames
         client._check_keepalive()
-        assert calls == expected, silent
+        assert calls == expected, unanswered
+    calls.clear()
+    client._ping_t = 0.0
+    client._smartclient_pinged = time.monotonic()
+    client._last_bytes_received = time.monotonic() - 8.0  # silent: lost whatever the pings
+    client._check_keepalive()
+    assert calls == ["close", "lost"]
 
 
 
