@@ -26,10 +26,21 @@ from typing import Any
 import pyspark
 from pyspark import TaskContext
 from pyspark.sql import SparkSession, functions
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql import datasource as _datasource
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import IntegerType
 
 __all__ = [
+    "ARROW_WRITERS",
+    "PYSPARK_ARROW_WRITERS",
     "PYSPARK_INTERNALS",
     "PYSPARK_NAMES",
     "PYSPARK_READ_LIMITS",
@@ -37,18 +48,33 @@ __all__ = [
     "PYSPARK_VERSION",
     "SPARK_JVM_CALLS",
     "DataSource",
+    "DataSourceArrowWriter",
     "DataSourceReader",
+    "DataSourceStreamArrowWriter",
     "DataSourceStreamReader",
+    "DataSourceStreamWriter",
+    "DataSourceWriter",
     "InputPartition",
     "IntegerType",
     "SparkSession",
+    "WriterCommitMessage",
     "functions",
     "jvm_plan",
+    "local_property",
     "partition_id",
     "read_limits",
 ]
 
 PYSPARK_VERSION: str = pyspark.__version__
+
+#: The Arrow writers of ``pyspark.sql.datasource`` the format's writers extend where this PySpark has them.
+PYSPARK_ARROW_WRITERS: tuple[str, ...] = ("DataSourceArrowWriter", "DataSourceStreamArrowWriter")
+
+#: The Arrow writers of Python data sources, where this PySpark has them (:data:`PYSPARK_ARROW_WRITERS`); else the
+#: row writers, whose rows :func:`arrow_batches` turns into Arrow record batches.
+ARROW_WRITERS: bool = all(hasattr(_datasource, name) for name in PYSPARK_ARROW_WRITERS)
+DataSourceArrowWriter: Any = getattr(_datasource, "DataSourceArrowWriter", DataSourceWriter)
+DataSourceStreamArrowWriter: Any = getattr(_datasource, "DataSourceStreamArrowWriter", DataSourceStreamWriter)
 
 #: Every private attribute of pyspark the seam touches.
 PYSPARK_INTERNALS: tuple[str, ...] = (
@@ -62,11 +88,16 @@ PYSPARK_NAMES: tuple[str, ...] = (
     "pyspark.__version__",
     "pyspark.TaskContext.get",
     "pyspark.TaskContext.partitionId",
+    "pyspark.TaskContext.getLocalProperty",
     "pyspark.sql.SparkSession.builder",
     "pyspark.sql.DataFrame.mapInArrow",
     "pyspark.sql.datasource.DataSource",
     "pyspark.sql.datasource.DataSourceReader",
     "pyspark.sql.datasource.DataSourceStreamReader",
+    "pyspark.sql.datasource.DataSourceWriter",
+    "pyspark.sql.datasource.DataSourceStreamWriter",
+    "pyspark.sql.datasource.WriterCommitMessage",
+    "pyspark.sql.Row.asDict",
     "pyspark.sql.datasource.InputPartition",
     "pyspark.sql.types.IntegerType",
     *(f"pyspark.sql.functions.{name}" for name in (
@@ -105,6 +136,31 @@ def partition_id() -> int | None:
     """The partition of the Spark task running this code; None outside a task."""
     context = TaskContext.get()
     return None if context is None else int(context.partitionId())
+
+
+def arrow_batches(rows: Any, rows_per_batch: int = 10_000) -> Any:
+    """What a writer's ``write()`` was given, as Arrow record batches: the batches themselves (an Arrow writer), or
+    the rows of a row writer gathered into batches (PySpark without :data:`PYSPARK_ARROW_WRITERS`)."""
+    if ARROW_WRITERS:
+        yield from rows
+        return
+    import pyarrow as pa
+
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row.asDict())
+        if len(chunk) == rows_per_batch:
+            yield pa.RecordBatch.from_pylist(chunk)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk)
+
+
+def local_property(name: str) -> str | None:
+    """A local property of the Spark task running this code (Spark sets ``streaming.sql.batchId`` and
+    ``sql.streaming.queryId`` for a micro-batch's tasks); None outside a task or where it is not set."""
+    context = TaskContext.get()
+    return None if context is None else context.getLocalProperty(name)
 
 
 def jvm_plan(df: Any) -> tuple[bool, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from smartclient._errors import ConfigurationError
+from smartclient.core.address import Address
 from smartclient.core.settings import ConnectionOptions, Credentials, parse_stream_uri
 from smartclient.core.validation import resolver, text
 
@@ -32,6 +34,22 @@ class StreamConnection:
         text("StreamConnection.username", self.username, optional=True)
         text("StreamConnection.password", self.password, empty=True, optional=True, secret=True)
         resolver("StreamConnection.resolver", self.resolver)
+
+    @classmethod
+    def from_options(cls, options: dict[str, str], role: str) -> StreamConnection:
+        """The connection the ``rabbitmq_stream`` format's options describe (keys lower-cased, as Spark passes them):
+        ``uri``, and ``loadBalancer`` (``host:port``) for a :class:`~resolvers.LoadBalancer`.
+
+        :raises ConfigurationError: no ``uri``, or either malformed."""
+        uri = options.get("uri")
+        if not uri:
+            raise ConfigurationError(f"the rabbitmq_stream {role} needs option('uri', 'rabbitmq-stream://...')")
+        resolver = None
+        if options.get("loadbalancer"):
+            from resolvers import LoadBalancer
+
+            resolver = LoadBalancer(Address.parse(options["loadbalancer"]))
+        return cls(uri, resolver=resolver)
 
     @property
     def key(self) -> tuple[Any, ...]:

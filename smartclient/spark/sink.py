@@ -52,7 +52,7 @@ from smartclient.core.validation import choice, function, instance, provider, te
 from smartclient.options import ProducerOptions
 from smartclient.spark.config import StreamConnection
 from smartclient.spark.runtime import run_with_environment
-from smartclient.stream.publish_frames import as_part
+from smartclient.stream.publish_frames import SUB_ENTRY_COMPRESSIONS, as_part
 
 __all__ = ["ExactlyOnceSink", "row_to_message"]
 
@@ -143,6 +143,8 @@ class ExactlyOnceSink:
         the position of its last row as its publishing id: the broker stores and confirms one entry per
         group, which cuts its work per row several times.  Stream clients read sub-entries as separate
         messages; AMQP 0.9.1 and 1.0 consumers of the stream too (uncompressed).
+    :param compression: each sub-entry's, ``"none"`` (default) or ``"gzip"`` (then only stream clients read the
+        stream; needs ``sub_entry_size`` above 1).
     :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
         global one, if set); never sent to the executors.
     """
@@ -159,6 +161,7 @@ class ExactlyOnceSink:
     property_columns: Sequence[str] = ()
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
     sub_entry_size: int = DEFAULT_SUB_ENTRY_SIZE
+    compression: str = "none"
     tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -187,6 +190,10 @@ class ExactlyOnceSink:
             raise ConfigurationError("ExactlyOnceSink needs key_columns and order_columns (a total order)")
         whole("ExactlyOnceSink.slots", self.slots, low=1, high=200, optional=True)
         whole("ExactlyOnceSink.sub_entry_size", self.sub_entry_size, low=1, high=0xFFFF, note="rows")
+        choice("ExactlyOnceSink.compression", self.compression, tuple(SUB_ENTRY_COMPRESSIONS))
+        if self.compression != "none" and self.sub_entry_size == 1:
+            raise ConfigurationError(f"ExactlyOnceSink.compression={self.compression!r} compresses sub-entries: "
+                                     "give sub_entry_size above 1")
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -287,7 +294,7 @@ class ExactlyOnceSink:
         if convert is None and self.property_columns:
             def convert(row: Any) -> Any:
                 return row_to_message(row, self.body_column, self.property_columns)
-        writer = _TaskWriter(batch_id, self.sub_entry_size)
+        writer = _TaskWriter(batch_id, self.sub_entry_size, self.compression)
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -396,9 +403,10 @@ class _TaskWriter:
     every confirm awaited at once (the names are distinct, so they may be live together).  With sub-entries,
     the rows of a group not yet full wait here for the next run of the same producer, or for the end."""
 
-    def __init__(self, batch_id: int, sub_entry_size: int = 1) -> None:
+    def __init__(self, batch_id: int, sub_entry_size: int = 1, compression: str = "none") -> None:
         self.batch_id = batch_id
         self.sub_entry_size = sub_entry_size
+        self.compression = compression
         self.producers: dict[tuple[str, str], Any] = {}
         self.positions: dict[tuple[str, str], int] = {}
         self.held: dict[tuple[str, str], list[Any]] = {}  # rows of an unfinished sub-entry, per producer
@@ -438,7 +446,8 @@ class _TaskWriter:
         position: a replay against the same broker splits them alike, and any other split only stores rows twice,
         never drops one."""
         try:
-            await producer.send_sub_entry(rows, publishing_id=(self.batch_id << 32) | last)
+            await producer.send_sub_entry(rows, publishing_id=(self.batch_id << 32) | last,
+                                          compression=self.compression)
         except MessageTooLarge:
             if len(rows) == 1:
                 raise

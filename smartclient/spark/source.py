@@ -64,7 +64,6 @@ from typing import Any
 
 from smartclient._errors import ConfigurationError
 from smartclient._pyarrow import arrow
-from smartclient.core.address import Address
 from smartclient.core.delivery import Chunk
 from smartclient.options import ConsumerOptions
 from smartclient.spark._pyspark import (
@@ -109,15 +108,7 @@ def _options(raw: Any) -> dict[str, str]:
 
 
 def _connection(options: dict[str, str]) -> StreamConnection:
-    uri = options.get("uri")
-    if not uri:
-        raise ConfigurationError("the rabbitmq_stream source needs option('uri', 'rabbitmq-stream://...')")
-    resolver = None
-    if options.get("loadbalancer"):
-        from resolvers import LoadBalancer
-
-        resolver = LoadBalancer(Address.parse(options["loadbalancer"]))
-    return StreamConnection(uri, resolver=resolver)
+    return StreamConnection.from_options(options, "source")
 
 
 def _streams(options: dict[str, str]) -> list[str]:
@@ -494,7 +485,8 @@ if _limits is not None and admission_control_supported():  # the mixin is an ABC
 
 
 class RabbitStreamDataSource(DataSource):
-    """Register with ``spark.dataSource.register(RabbitStreamDataSource)``; format ``rabbitmq_stream``."""
+    """Register with ``spark.dataSource.register(RabbitStreamDataSource)``; format ``rabbitmq_stream``: a reader
+    (this module) and writers for ``df.write`` and ``df.writeStream`` (:mod:`smartclient.spark.writer`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -508,3 +500,15 @@ class RabbitStreamDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return _StreamReader(_options(self.options))
+
+    def writer(self, schema: Any, overwrite: bool) -> Any:
+        """``df.write.format("rabbitmq_stream")``: see :mod:`smartclient.spark.writer`."""
+        from smartclient.spark.writer import batch_writer
+
+        return batch_writer(_options(self.options), schema.fieldNames(), overwrite)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        """``df.writeStream.format("rabbitmq_stream")``: see :mod:`smartclient.spark.writer`."""
+        from smartclient.spark.writer import stream_writer
+
+        return stream_writer(_options(self.options), schema.fieldNames(), overwrite)

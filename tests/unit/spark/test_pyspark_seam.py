@@ -69,6 +69,29 @@ def test_the_read_limits_are_there_from_pyspark_4_2_and_absent_before() -> None:
     assert not missing, f"pyspark.sql.streaming.datasource lacks {missing}"
 
 
+def test_the_arrow_writers_are_used_where_this_pyspark_has_them_and_the_row_writers_else() -> None:
+    from pyspark.sql import datasource
+
+    from smartclient.spark import _pyspark
+
+    present = all(hasattr(datasource, name) for name in _pyspark.PYSPARK_ARROW_WRITERS)
+    assert _pyspark.ARROW_WRITERS is present
+    assert _pyspark.DataSourceArrowWriter is getattr(datasource, "DataSourceArrowWriter", datasource.DataSourceWriter)
+    major, minor = (int(part) for part in _pyspark.PYSPARK_VERSION.split(".")[:2])
+    if (major, minor) >= (4, 3):
+        assert present  # what the tests here run on: the Arrow path
+
+
+def test_row_writers_rows_become_arrow_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark.sql import Row
+
+    from smartclient.spark import _pyspark
+
+    monkeypatch.setattr(_pyspark, "ARROW_WRITERS", False)
+    batches = list(_pyspark.arrow_batches(iter([Row(id=i, body=b"x") for i in range(5)]), rows_per_batch=2))
+    assert [b.num_rows for b in batches] == [2, 2, 1] and batches[0].column_names == ["id", "body"]
+
+
 def test_the_lists_name_every_private_pyspark_name_the_seam_touches() -> None:
     listed = {entry.rpartition(".")[2] for entry in PYSPARK_INTERNALS}
     touched = private_names_used_in(SEAM)

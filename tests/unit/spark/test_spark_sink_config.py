@@ -36,6 +36,8 @@ def test_connection_crosses_to_executors_and_hides_the_password() -> None:
     ({"super_stream": "t", "partitioning": "input", "order_columns": [], "key_columns": []}, "needs key_columns"),
     ({"stream": "s", "sub_entry_size": 0}, "sub_entry_size must be an int from 1 to 65535"),
     ({"stream": "s", "sub_entry_size": True}, "sub_entry_size must be an int from 1 to 65535"),
+    ({"stream": "s", "compression": "zstd"}, "compression must be one of 'none', 'gzip', not 'zstd'"),
+    ({"stream": "s", "compression": "gzip", "sub_entry_size": 1}, "compresses sub-entries: give sub_entry_size above"),
 ])
 def test_bad_sink_configuration(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"app_id": "a", "key_columns": ["k"], "order_columns": ["o"], **kwargs}
@@ -67,7 +69,7 @@ def sub_entries_sent(rows: list[bytes], cuts: list[int], size: int) -> list[tupl
     sent: list[tuple[int, list[bytes]]] = []
 
     class Producer:
-        async def send_sub_entry(self, group: list[bytes], *, publishing_id: int) -> None:
+        async def send_sub_entry(self, group: list[bytes], *, publishing_id: int, compression: str = "none") -> None:
             assert publishing_id >> 32 == 5
             sent.append((publishing_id & 0xFFFFFFFF, list(group)))
 
@@ -151,7 +153,7 @@ def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_writes_each_row_onc
     sent: list[tuple[int, list[bytes]]] = []
 
     class Producer:
-        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int) -> None:
+        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int, compression: str = "none") -> None:
             sent.append((publishing_id, rows))
 
         async def flush(self) -> None: ...
@@ -192,7 +194,7 @@ def test_a_group_over_the_brokers_frame_max_goes_as_halves_each_under_its_last_r
     sent: list[tuple[int, int]] = []
 
     class SmallFrames:
-        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int) -> None:
+        async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int, compression: str = "none") -> None:
             if sum(map(len, rows)) > 250:
                 raise MessageTooLarge("does not fit the negotiated frame max")
             sent.append((publishing_id & 0xFFFFFFFF, len(rows)))
