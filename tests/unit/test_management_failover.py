@@ -174,5 +174,6 @@ def test_an_idempotent_write_is_sent_again_once_on_a_new_connection(stale_once: 
 
 def test_a_write_that_is_not_idempotent_is_not_sent_again(hangs_up: str) -> None:
     with ManagementClient([hangs_up], "guest", "guest", timeout=2) as api, \
-            pytest.raises(ManagementError, match=r"POST .* failed: RemoteProtocolError"):
+            pytest.raises(ManagementError, match=r"POST .* failed: (RemoteProtocolError|ReadError)"):
+        # (closed with the body unread, the proxy's socket resets: py3.10 in CI once read the reset first)
         api.post("/api/definitions", {})

@@ -108,7 +108,8 @@ def test_a_step_whose_caller_is_cancelled_leaves_no_error_unread() -> None:
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             recovery.cancel()
-            with pytest.raises(asyncio.CancelledError):
+            # 3.11's wait_for ends the step cancelled (the login's error left in its task); 3.12's passes it on
+            with pytest.raises((asyncio.CancelledError, ConnectionResetError)):
                 await recovery
             with pytest.raises(ConnectionResetError, match="before answering"):  # awaited: still raised
                 await _raise_through_step()
