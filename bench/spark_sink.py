@@ -12,9 +12,16 @@ In one run, on ``local[CORES]`` (``SPARK_BENCH_CORES``, default 1) and 200k rows
     partitioning twice, in its default setting (sub-entries of up to 100 rows, which the brokers store and
     confirm once per group) and with one entry per row (``sub_entry_size=1``, the default before issue 33).
 
+* for the ``rabbitmq_stream`` format's batch writer (``df.write.format("rabbitmq_stream")``, issue 56), in its
+  default setting (each partition sorted by every column) and with ``keepInputOrder=true``, alternating likewise:
+  * **floor**: a Python data source of the same Arrow writer kind that takes the same rows and partitions and
+    writes nothing (``df.write.format("bench_null")``);
+  * **writer**: the format, publishing through the load balancer.
+
 Each sink's ratio is the median of its rounds' own ratios to the floor measured just before it.  The verdict
-is on the sink over its floor in the slots partitioning in its default setting (target >= 0.8, issue 33), and
-on the shuffle-free mode (its default setting) per Spark core over the raw producer (target >= 0.5).
+is on the sink over its floor in the slots partitioning in its default setting (target >= 0.8, issue 33), on
+the shuffle-free mode (its default setting) per Spark core over the raw producer (target >= 0.5), and on the
+format's writer over its floor in its default setting (target >= 0.8, issue 56).
 Run from the repository root with the test bed up (./dev demo): python bench/spark_sink.py
 """
 
@@ -60,6 +67,30 @@ def floor(sink: ExactlyOnceSink, df: Any, batch_id: int) -> None:
     prepared.mapInArrow(count_rows, "written long").groupBy().sum("written").collect()
 
 
+def null_source() -> Any:
+    """The format's floor: a Python data source whose Arrow writer takes every batch and writes nothing."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class Nothing(DataSourceArrowWriter):  # type: ignore[misc]
+        def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+            sum(batch.num_rows for batch in iterator)
+            return WriterCommitMessage()
+
+    class NullSource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "bench_null"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return Nothing()
+
+    return NullSource
+
+
+def write_format(df: Any, name: str, options: dict[str, str]) -> None:
+    df.write.format(name).mode("append").options(**options).save()
+
+
 def timed(work: Any, *args: Any) -> float:
     started = time.perf_counter()
     work(*args)
@@ -68,6 +99,8 @@ def timed(work: Any, *args: Any) -> float:
 
 DEFAULT = "slots (default)"
 MODES = {DEFAULT: "slots", "slots, one entry per row": "slots", "input (default)": "input"}  # -> its floor
+FORMAT = "format (default)"
+FORMATS = {FORMAT: {}, "format, keepInputOrder": {"keepInputOrder": "true"}}
 
 
 def spark_rates(bed: LocalTestBed, streams: dict[str, str]) -> dict[str, dict[str, list[float]]]:
@@ -77,6 +110,10 @@ def spark_rates(bed: LocalTestBed, streams: dict[str, str]) -> dict[str, dict[st
 
     spark = local_session(f"local[{CORES}]", "bench-spark-sink", spark_driver_memory="2g")
     rates: dict[str, dict[str, list[float]]] = {mode: {"floor": [], "sink": []} for mode in streams}
+    from smartclient.spark import RabbitStreamDataSource
+
+    spark.dataSource.register(RabbitStreamDataSource)
+    spark.dataSource.register(null_source())
     try:
         def frame(count: int) -> Any:
             return spark.range(count).select(F.col("id"), (F.col("id") % 97).alias("key"),
@@ -93,15 +130,26 @@ def spark_rates(bed: LocalTestBed, streams: dict[str, str]) -> dict[str, dict[st
                                        **(slotted if MODES[mode] == "slots" else {"partitioning": "input"}),
                                        **({"sub_entry_size": 1} if "one entry per row" in mode else {}))
                  for mode in MODES}
+        formats = {mode: {"uri": connection.uri, "loadBalancer": f"{host}:{port}", "stream": streams[mode],
+                          "appId": streams[mode], **extra} for mode, extra in FORMATS.items()}
         for sink in sinks.values():  # warm the Python workers, their connections and the producers
             sink(warm, 0)
             floor(sink, warm, 0)
+        for options in formats.values():
+            write_format(warm, "rabbitmq_stream", options)
+            write_format(warm, "bench_null", {})
         for round_ in range(ROUNDS):
             for mode, sink in sinks.items():
                 rates[mode]["floor"].append(timed(floor, sink, df, round_ + 1))
                 rates[mode]["sink"].append(timed(sink, df, round_ + 1))
                 print(f"  round {round_ + 1} {mode:27}: floor {rates[mode]['floor'][-1] / 1000:6.1f}k rows/s, "
                       f"sink {rates[mode]['sink'][-1] / 1000:6.1f}k rows/s", flush=True)
+            for mode, options in formats.items():
+                rates[mode]["floor"].append(timed(write_format, df, "bench_null", {}))
+                rates[mode]["sink"].append(timed(write_format, df, "rabbitmq_stream",
+                                                 {**options, "batchId": str(round_ + 1)}))
+                print(f"  round {round_ + 1} {mode:27}: floor {rates[mode]['floor'][-1] / 1000:6.1f}k rows/s, "
+                      f"writer {rates[mode]['sink'][-1] / 1000:6.1f}k rows/s", flush=True)
     finally:
         spark.stop()
     return rates
@@ -112,7 +160,7 @@ def main() -> int:
     bed.up()
     tag = uuid.uuid4().hex[:6]
     raw_stream = f"bench-spark-raw-{tag}"
-    streams = {mode: f"bench-spark-{index}-{tag}" for index, mode in enumerate(MODES)}
+    streams = {mode: f"bench-spark-{index}-{tag}" for index, mode in enumerate([*MODES, *FORMATS])}
     for stream in (raw_stream, *streams.values()):
         asyncio.run(create_stream_led_by(bed, stream, 0))
     try:
@@ -130,10 +178,11 @@ def main() -> int:
         print(f"{mode:27} on local[{CORES}]: floor {floor_rate / 1000:7.1f}k rows/s, "
               f"sink {sink_rate / 1000:7.1f}k rows/s ({per_core / 1000:.1f}k per core): "
               f"{verdict[mode][0]:.2f}x the floor, {verdict[mode][1]:.2f}x raw per core")
-    floor_ratio, input_ratio = verdict[DEFAULT][0], verdict["input (default)"][1]
-    ok = floor_ratio >= FLOOR_TARGET and input_ratio >= INPUT_TARGET
+    floor_ratio, input_ratio, format_ratio = verdict[DEFAULT][0], verdict["input (default)"][1], verdict[FORMAT][0]
+    ok = floor_ratio >= FLOOR_TARGET and input_ratio >= INPUT_TARGET and format_ratio >= FLOOR_TARGET
     print(f"spark_sink: floor_ratio={floor_ratio:.2f} target >= {FLOOR_TARGET} and "
-          f"input_per_core_ratio={input_ratio:.2f} target >= {INPUT_TARGET} {'PASS' if ok else 'MISS'}")
+          f"input_per_core_ratio={input_ratio:.2f} target >= {INPUT_TARGET} and "
+          f"format_floor_ratio={format_ratio:.2f} target >= {FLOOR_TARGET} {'PASS' if ok else 'MISS'}")
     return 0
 
 

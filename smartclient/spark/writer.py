@@ -51,6 +51,7 @@ from smartclient.spark._pyspark import (
     partition_id,
 )
 from smartclient.spark.config import StreamConnection
+from smartclient.spark.runtime import run_with_environment
 from smartclient.spark.sink import DEFAULT_SUB_ENTRY_SIZE, SLOT_COLUMN, ExactlyOnceSink
 
 __all__ = ["WRITE_OPTIONS", "WriteSpec", "Written", "batch_writer", "stream_writer", "write_partition"]
@@ -181,8 +182,18 @@ class WriteSpec:
                                compression=self.compression)
 
     def targets(self) -> list[str]:
-        """The stream, or the super stream's partitions in order (read once, on the driver)."""
-        return self.sink("targets")._targets()
+        """The stream, or the super stream's partitions in order (read once, on the driver).
+
+        :raises StreamNotFound: the stream (or the super stream) does not exist: before any task runs."""
+        stream = self.stream
+        if stream is None:
+            return self.sink("targets")._targets()
+
+        async def known(env: Any) -> None:
+            await env.topology(stream)
+
+        run_with_environment(self.connection, known)
+        return [stream]
 
 
 @dataclass(frozen=True)
