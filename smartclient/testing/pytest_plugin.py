@@ -171,14 +171,39 @@ class _SparkSessions:
         self.session: Any = None
         self.cluster: SparkCluster | None = None
         self.stop_cluster = False
+        self.server: Any = None  # the Connect server, while it runs (it holds the cluster's executors)
 
     def _current(self, kind: str) -> bool:
-        return self.kind == kind and self.session.sparkContext._jsc is not None  # None once stopped
+        if self.kind != kind:
+            return False
+        if kind == "connect":
+            return not self.session.is_stopped
+        return self.session.sparkContext._jsc is not None  # None once stopped
 
     def _stop_session(self) -> None:
         if self.session is not None:
             self.session.stop()
         self.kind = self.session = None
+        if self.server is not None:  # the cluster's cores go back to the classic session
+            self.server.stop()
+            self.server = None
+
+    def connect(self) -> Any:
+        """A Spark Connect session on the Connect server of the cluster (started here, stopped when another kind
+        of session is asked for)."""
+        if not self._current("connect"):
+            from smartclient.testing.spark_connect import ConnectServer
+
+            self._stop_session()
+            if self.cluster is None:
+                self.cluster = SparkCluster.from_env()
+                self.stop_cluster = not self.cluster.running()
+            server = ConnectServer(self.cluster)
+            server.start()
+            self.server = server
+            self.session = server.session()
+            self.kind = "connect"
+        return self.session
 
     def local(self) -> Any:
         if not self._current("local"):
@@ -248,6 +273,15 @@ def rabbitmq_spark_cluster(_rabbitmq_spark_sessions: _SparkSessions) -> SparkOnC
     its end unless it already ran before."""
     with _spark_prerequisites():
         return _rabbitmq_spark_sessions.on_cluster()
+
+
+@pytest.fixture
+def rabbitmq_spark_connect(_rabbitmq_spark_sessions: _SparkSessions) -> Any:
+    """A Spark Connect session (``SparkSession.builder.remote``) on a Connect server that runs as an application
+    of the test bed's standalone cluster, with smartclient importable on its Python workers (see
+    :mod:`smartclient.testing.spark_connect`).  The server is stopped when another Spark fixture is used."""
+    with _spark_prerequisites():
+        return _rabbitmq_spark_sessions.connect()
 
 
 @pytest.fixture

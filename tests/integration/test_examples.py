@@ -32,7 +32,10 @@ RUNNABLE = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name
 RUN_ELSEWHERE = {
     "iot_ingest.py": "its setup, devices, Spark aggregation, reads and check run in tests/integration/test_mqtt.py::"
                      "test_iot_example_devices_to_stream_to_spark_to_stream (on the shared Spark session)",
-    "spark_pipeline.py": "its publish, pipeline and read run in tests/integration/test_spark.py::test_end_to_end_"
+    "spark_connect.py": "its publish, query (run, then its last batch again) and read run in tests/integration/"
+                        "test_spark_connect.py::test_the_connect_example_reads_transforms_and_writes_back_exactly_once "
+                        "(on the suite's Connect server)",
+    "spark_foreach_batch.py": "its publish, pipeline and read run in tests/integration/test_spark.py::test_end_to_end_"
                          "source_transform_sink_through_the_lb (on the shared Spark session), and on the standalone "
                          "cluster in tests/integration/test_spark_cluster.py",
 }
