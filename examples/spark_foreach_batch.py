@@ -1,6 +1,6 @@
 """Spark pipeline: read a stream, transform it, write it to another stream exactly once, all through the LB.
 
-    python examples/spark_pipeline.py        # against the local test bed's round-robin HAProxy
+    python examples/spark_foreach_batch.py        # against the local test bed's round-robin HAProxy
 
 The source reads ``orders`` from replicas; the transform computes an amount with tax per order; the
 sink writes to ``orders-taxed`` through :class:`ExactlyOnceSink` (one producer per slot, publishing

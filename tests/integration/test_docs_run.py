@@ -269,7 +269,7 @@ def placeholders(bed: TestBed, token: str, tmp: Path, sites: list[Any]) -> tuple
             f"rabbitmq-stream+tls://{node.advertised_tls_host}:{node.stream_tls_port}",
         "https://rabbitmq.example.com": node.management_url,
         # Spark's checkpoint
-        "/chk/orders-enricher-v1": str(tmp / "checkpoint"),
+        "/chk/orders-enricher-v1": str(tmp / "checkpoint"), "/chk/orders-copy": str(tmp / "checkpoint-copy"),
     }
     ints = {5552: lb_port, 5672: bed.lb("amqp")[1], 1883: bed.lb("mqtt")[1], 10_000: FLEET}
     certificate = available(bed.client_certificate)
@@ -545,6 +545,15 @@ async def run_tests(namespace: dict[str, Any], tree: ast.Module, request: pytest
                 await asyncio.wait_for(outcome, BLOCK_TIMEOUT)
 
 
+def run_block(code: Any, namespace: dict[str, Any]) -> None:
+    """A block without ``await``, on a worker thread; where it has the Spark session, that session is the active one
+    of the thread, as on the thread a user made it on (PySpark looks a Python data source up there)."""
+    spark = namespace.get("spark")
+    if spark is not None and hasattr(spark, "_jsparkSession"):
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+    exec(code, namespace)
+
+
 async def first_batches(spark: Any) -> None:
     """Each streaming query the block started has finished a batch, and none failed."""
     for query in spark.streams.active:
@@ -593,7 +602,7 @@ async def test_doc_block_runs(block: Block, rabbitmq_testbed: TestBed, request: 
                     if code.co_flags & inspect.CO_COROUTINE:
                         await asyncio.wait_for(eval(code, namespace), BLOCK_TIMEOUT)
                     else:
-                        await asyncio.wait_for(asyncio.to_thread(exec, code, namespace), BLOCK_TIMEOUT)
+                        await asyncio.wait_for(asyncio.to_thread(run_block, code, namespace), BLOCK_TIMEOUT)
                     await run_tests(namespace, tree, request)
                     if "spark" in prelude.made:
                         await first_batches(prelude.made["spark"])

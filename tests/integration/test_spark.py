@@ -438,7 +438,7 @@ async def test_a_streams_end_from_committed_offset_and_from_reading_its_last_chu
 async def test_end_to_end_source_transform_sink_through_the_lb(
     rabbitmq_spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
-    pipeline = load_example("spark_pipeline")
+    pipeline = load_example("spark_foreach_batch")
     host, port = rabbitmq_testbed.lb("stream")
     uri = rabbitmq_testbed.stream_uri(host, port)
     source, target = f"{rabbitmq_unique_name}-in", f"{rabbitmq_unique_name}-out"

@@ -1,5 +1,5 @@
 """Spark on the test bed's standalone cluster (a master and two workers, each its own JVM): jobs spread over
-both executors, and the end-to-end pipeline of ``examples/spark_pipeline.py`` (stream source -> transform ->
+both executors, and the end-to-end pipeline of ``examples/spark_foreach_batch.py`` (stream source -> transform ->
 ``ExactlyOnceSink``, all through the round-robin LB) keeps every order exactly once when a worker is killed
 (``kill -9`` by PID, with its executor) in the middle of a batch and comes back.  The ``rabbitmq_spark_cluster``
 fixture gives the cluster and a session on it."""
@@ -105,7 +105,7 @@ def via_lb(bed: TestBed) -> tuple[str, LoadBalancer]:
 
 
 async def publish_orders(bed: TestBed, stream: str, ids: range) -> None:
-    """Orders as ``examples/spark_pipeline.py`` publishes them, with the ids given."""
+    """Orders as ``examples/spark_foreach_batch.py`` publishes them, with the ids given."""
     uri, resolver = via_lb(bed)
     async with Environment(uri, resolver=resolver) as env:
         await env.create_stream(stream, exists_ok=True)
@@ -153,7 +153,7 @@ async def test_the_pipeline_on_the_cluster_is_exactly_once_when_a_worker_is_kill
     rabbitmq_spark_cluster: SparkOnCluster, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
     cluster, spark = rabbitmq_spark_cluster.cluster, rabbitmq_spark_cluster.session
-    pipeline = load_example("spark_pipeline")
+    pipeline = load_example("spark_foreach_batch")
     uri, _ = via_lb(rabbitmq_testbed)
     source, target = f"{rabbitmq_unique_name}-in", f"{rabbitmq_unique_name}-out"
     checkpoint = str(tmp_path / "checkpoint")
