@@ -141,14 +141,17 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
 
 
 def _abandon(awaitable: Awaitable[Any]) -> None:
-    """Let go of ``awaitable`` without awaiting it: a coroutine is closed, a future cancelled (a shielded one's
-    inner work goes on, and its outcome is read by the shield), or, if it is done, its error read: else asyncio
-    would log "exception was never retrieved" when it is collected."""
+    """Let go of ``awaitable`` without awaiting it: a coroutine is closed, a task cancelled, a future (a shield's
+    outer one, whose inner work goes on) left to take its outcome and have it read, or, if it is done, its error
+    read: else asyncio would log "exception was never retrieved" when it is collected."""
     if asyncio.iscoroutine(awaitable):
         awaitable.close()
     elif asyncio.isfuture(awaitable):
         if not awaitable.done():
-            awaitable.cancel()
+            if isinstance(awaitable, asyncio.Task):
+                awaitable.cancel()
+            else:  # a shield's outer future: left to take the outcome, which is read (Python 3.14 reports the
+                awaitable.add_done_callback(_read_outcome)  # error of a shielded future whose shield was cancelled)
         elif not awaitable.cancelled():
             awaitable.exception()
 
