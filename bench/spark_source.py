@@ -10,10 +10,15 @@ A stream (leader on rabbit-1, one replica) is filled with ``SPARK_BENCH_MESSAGES
   body reaches Spark), partitions of ``maxRecordsPerPartition`` 100,000;
 * **micro-batch**: ``spark.readStream`` with ``Trigger.AvailableNow`` into the ``noop`` sink, from earliest;
 * **Spark's floor**: a Python data source of the same schema and partitions that yields the same rows as Arrow
-  batches made in the executor, reading nothing: what Spark itself costs a Python source.
+  batches made in the executor, reading nothing: what Spark itself costs a Python source;
+* **the micro-batch floor**: the same as a streaming Python data source (``DataSourceStreamReader``: offsets,
+  the same partitions, the same ready-made batches), read as the micro-batch read is (``Trigger.AvailableNow``
+  into ``noop``): what Spark costs a Python stream source.
 
-Rows per second each; the source's per Spark core.  The verdict is on the batch read per core over
-``read_arrow`` (target >= 0.5).  Run from the repository root with the test bed up: python bench/spark_source.py
+Rows per second each; the source's per Spark core.  The verdict (issue 56) is on the batch read over Spark's floor
+and on the micro-batch read over its own floor (each target >= 0.8); the ratio to ``read_arrow`` is printed too
+(issue 32's target, 0.5, could not be met here: Spark's floor itself is 0.16-0.20 of ``read_arrow``).  Run from the
+repository root with the test bed up: python bench/spark_source.py
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from smartclient.testing.streams import create_stream_led_by, delete_streams, st
 MESSAGES = int(os.environ.get("SPARK_BENCH_MESSAGES", "500000"))
 CORES = int(os.environ.get("SPARK_BENCH_CORES", "1"))
 ROUNDS = int(os.environ.get("SPARK_BENCH_ROUNDS", "3"))
-TARGET = 0.5
+TARGET = 0.8  # of the floor
 
 
 async def fill(bed: LocalTestBed, stream: str) -> None:
@@ -75,6 +80,7 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
     spark = local_session(f"local[{CORES}]", "bench-spark-source", spark_driver_memory="2g")
     spark.dataSource.register(RabbitStreamDataSource)
     spark.dataSource.register(_floor_source())
+    spark.dataSource.register(_stream_floor_source())
     host, port = bed.lb("stream")
 
     def reader(streaming: bool) -> Any:
@@ -98,10 +104,11 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
         assert row[0] == MESSAGES, row
         return MESSAGES / took
 
-    def micro_batch() -> float:
+    def micro_batch(source: Any = None) -> float:
         with tempfile.TemporaryDirectory() as checkpoint:
             began = time.perf_counter()
-            query = (reader(True).load().writeStream.format("noop").option("checkpointLocation", checkpoint)
+            frame = (source if source is not None else reader(True)).load()
+            query = (frame.writeStream.format("noop").option("checkpointLocation", checkpoint)
                      .trigger(availableNow=True).start())
             query.awaitTermination()
             took = time.perf_counter() - began
@@ -115,12 +122,63 @@ def spark_rates(bed: LocalTestBed, stream: str, rates: dict[str, list[float]]) -
         for round_ in range(ROUNDS):
             rates["floor"].append(floor())
             rates["batch read"].append(batch())
+            rates["stream floor"].append(micro_batch(spark.readStream.format("bench_stream_floor")))
             rates["micro-batch"].append(micro_batch())
             print(f"  round {round_ + 1}: floor {rates['floor'][-1] / 1000:.1f}k rows/s, batch "
-                  f"{rates['batch read'][-1] / 1000:.1f}k rows/s, micro-batch {rates['micro-batch'][-1] / 1000:.1f}k "
-                  f"rows/s", flush=True)
+                  f"{rates['batch read'][-1] / 1000:.1f}k rows/s, stream floor {rates['stream floor'][-1] / 1000:.1f}k "
+                  f"rows/s, micro-batch {rates['micro-batch'][-1] / 1000:.1f}k rows/s", flush=True)
     finally:
         spark.stop()
+
+
+def _ready_batches(first: int) -> Any:
+    """The floors' rows from offset ``first``: 100,000 of the source's schema as Arrow batches of 2,000 (the size of a
+    chunk here), made in the executor."""
+    import pyarrow as pa
+
+    from smartclient.spark.source import _arrow_schema
+
+    schema = _arrow_schema(False)
+    body = pa.array([b"x" * 100] * 2000, pa.binary())
+    stream, stamp = pa.repeat(pa.scalar("s", pa.string()), 2000), pa.repeat(pa.scalar(0, pa.int64()), 2000)
+    for start in range(first, first + 100_000, 2000):
+        offsets = pa.array(range(start, start + 2000), pa.int64())
+        yield pa.RecordBatch.from_arrays([stream, offsets, stamp, body], schema=schema)
+
+
+def _stream_floor_source() -> Any:
+    """A streaming data source ``bench_stream_floor``: offsets 0 to MESSAGES, the partitions of a batch 100,000 rows
+    each, read as :func:`_ready_batches`."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"o": 0}
+
+        def latestOffset(self, *args: Any) -> dict[str, int]:
+            return {"o": MESSAGES}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return [InputPartition(first) for first in range(start["o"], end["o"], 100_000)]
+
+        def read(self, partition: Any) -> Any:
+            yield from _ready_batches(partition.value)
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+    class StreamFloor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_stream_floor"
+
+        def schema(self) -> str:
+            return "stream string, offset long, timestamp long, body binary"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return Reader()
+
+    return StreamFloor
 
 
 def _floor_source() -> Any:
@@ -133,16 +191,7 @@ def _floor_source() -> Any:
             return [InputPartition(start) for start in range(0, MESSAGES, 100_000)]
 
         def read(self, partition: Any) -> Any:
-            import pyarrow as pa
-
-            from smartclient.spark.source import _arrow_schema
-
-            schema = _arrow_schema(False)
-            body = pa.array([b"x" * 100] * 2000, pa.binary())
-            stream, stamp = pa.repeat(pa.scalar("s", pa.string()), 2000), pa.repeat(pa.scalar(0, pa.int64()), 2000)
-            for first in range(partition.value, partition.value + 100_000, 2000):
-                offsets = pa.array(range(first, first + 2000), pa.int64())
-                yield pa.RecordBatch.from_arrays([stream, offsets, stamp, body], schema=schema)
+            yield from _ready_batches(partition.value)
 
     class Floor(DataSource):
         @classmethod
@@ -166,7 +215,7 @@ def main() -> int:
     stream = f"bench-spark-source-{uuid.uuid4().hex[:6]}"
     asyncio.run(create_stream_led_by(bed, stream, 0, size=2))
     rates: dict[str, list[float]] = {"raw reader": [], "read_arrow": [], "floor": [], "batch read": [],
-                                     "micro-batch": []}
+                                     "stream floor": [], "micro-batch": []}
     try:
         asyncio.run(fill(bed, stream))
         for _ in range(ROUNDS):
@@ -182,10 +231,14 @@ def main() -> int:
         per_core = f" ({rate / CORES / 1000:.1f}k per Spark core)" if name in ("batch read", "micro-batch") else ""
         print(f"median {name:<12} {rate / 1000:8.1f}k rows/s{per_core}  {rate / median['raw reader']:.2f} of the "
               f"raw reader, {rate / median['read_arrow']:.2f} of read_arrow")
-    print(f"the batch read is {median['batch read'] / median['floor']:.2f} of Spark's floor")
-    ratio = median["batch read"] / CORES / median["read_arrow"]
-    print(f"spark_source: batch_per_core_vs_read_arrow={ratio:.2f} target >= {TARGET} "
-          f"{'PASS' if ratio >= TARGET else 'MISS'}")
+    arrow_ratio = median["batch read"] / CORES / median["read_arrow"]
+    print(f"the batch read per core is {arrow_ratio:.2f} of read_arrow (Spark's floor: "
+          f"{median['floor'] / CORES / median['read_arrow']:.2f})")
+    batch_ratio = median["batch read"] / median["floor"]
+    stream_ratio = median["micro-batch"] / median["stream floor"]
+    ok = batch_ratio >= TARGET and stream_ratio >= TARGET
+    print(f"spark_source: batch_floor_ratio={batch_ratio:.2f} target >= {TARGET} and "
+          f"micro_batch_floor_ratio={stream_ratio:.2f} target >= {TARGET} {'PASS' if ok else 'MISS'}")
     return 0
 
 
