@@ -24,7 +24,7 @@ from typing import Any
 
 from resolvers import LoadBalancer
 from smartclient import Address, Environment
-from smartclient.spark import RabbitStreamDataSource
+from smartclient.spark import register_format
 
 DEFAULT_URI = "rabbitmq-stream://guest:guest@127.0.0.1:20052/"  # the test bed's round-robin HAProxy
 
@@ -37,7 +37,7 @@ def start(spark: Any, uri: str, source: str, target: str, checkpoint: str) -> An
     """The query: orders -> the amount with tax -> ``target``, exactly once."""
     from pyspark.sql import functions as F
 
-    spark.dataSource.register(RabbitStreamDataSource)  # pickled here, imported on the server's Python workers
+    register_format(spark)  # pickled here, imported on the server's Python workers: checked first
     orders = spark.readStream.format("rabbitmq_stream").options(**options(uri)).option("streams", source).load()
     order = F.from_json(F.col("body").cast("string"), "id long, customer string, amount double")
     taxed = orders.select(F.to_json(F.struct(

@@ -10,15 +10,16 @@ from smartclient.spark.sink import ExactlyOnceSink, row_to_message
 
 __all__ = [
     "ExactlyOnceSink", "RabbitStreamDataSource", "StreamConnection", "local_session", "next_offsets", "offsets_behind",
+    "register_format",
     "row_to_message",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "local_session":
-        from smartclient.spark.session import local_session
+    if name in ("local_session", "register_format"):
+        from smartclient.spark import session
 
-        return local_session
+        return getattr(session, name)
     if name in ("RabbitStreamDataSource", "next_offsets", "offsets_behind"):  # needs pyspark: imported on first use
         from smartclient.spark import source
 

@@ -156,6 +156,11 @@ def arrow_batches(rows: Any, rows_per_batch: int = 10_000) -> Any:
         yield pa.RecordBatch.from_pylist(chunk)
 
 
+def is_connect_session(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session (``SparkSession.builder.remote``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def local_property(name: str) -> str | None:
     """A local property of the Spark task running this code (Spark sets ``streaming.sql.batchId`` and
     ``sql.streaming.queryId`` for a micro-batch's tasks); None outside a task or where it is not set."""

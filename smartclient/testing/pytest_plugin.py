@@ -183,6 +183,8 @@ class _SparkSessions:
     def _stop_session(self) -> None:
         if self.session is not None:
             self.session.stop()
+        if self.kind == "connect":  # pyspark marks the process as a Connect client for good: a classic session
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # asked for after it would be a Connect one
         self.kind = self.session = None
         if self.server is not None:  # the cluster's cores go back to the classic session
             self.server.stop()

@@ -49,11 +49,12 @@ class ConnectServer:
     """The Connect server of ``cluster``, run with ``python`` for its Python workers."""
 
     def __init__(self, cluster: SparkCluster, python: str = sys.executable, name: str = "connect",
-                 port: int | None = None) -> None:
+                 port: int | None = None, master: str | None = None) -> None:
         self.cluster = cluster
         self.python = python
         self.name = name
         self.port = port if port is not None else cluster.port_base + PORT_OFFSET
+        self.master = master  # None: the cluster's; "local[1]": a server of its own, beside the cluster's
         self._proc: subprocess.Popen[bytes] | None = None
 
     @classmethod
@@ -90,7 +91,8 @@ class ConnectServer:
             "spark.executorEnv.PYTHONPATH": executor_python_path() if self.python == sys.executable else "",
         }
         confs = [item for key, value in settings.items() for item in ("--conf", f"{key}={value}")]
-        return [str(self.cluster.spark_home / "bin" / "spark-class"), SUBMIT_CLASS, "--master", self.cluster.master_url,
+        return [str(self.cluster.spark_home / "bin" / "spark-class"), SUBMIT_CLASS,
+                "--master", self.master or self.cluster.master_url,
                 "--class", CONNECT_CLASS, "--name", f"smartclient-{self.name}", *confs, "spark-internal"]
 
     def _env(self) -> dict[str, str]:
@@ -105,7 +107,9 @@ class ConnectServer:
         it was started here).
 
         :raises TestBedError: it exited, or did not accept within ``timeout`` s (with the end of its log)."""
-        self.cluster.start()
+        if self.master is None:
+            self.cluster.start()
+        self.cluster.state_dir.mkdir(parents=True, exist_ok=True)
         if self.pid() is not None:
             self._wait_port(timeout)
             return False
@@ -113,7 +117,8 @@ class ConnectServer:
             out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}\n".encode())
             out.flush()
             self._proc = subprocess.Popen(self._command(), env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          cwd=self.cluster.state_dir)  # (a checkout's cwd would put it on sys.path)
         (self.cluster.state_dir / f"{self.name}.pid").write_text(f"{self._proc.pid}\n")
         log.info("started the Spark Connect server %s (PID %d)", self.url, self._proc.pid)
         self._wait_port(timeout)
@@ -150,8 +155,9 @@ class ConnectServer:
             self._proc = None
         wait_until(lambda: not port_accepts(self.port), timeout, f"the Spark Connect server's port {self.port} freed")
 
-    def session(self) -> Any:
-        """A Spark Connect session on this server."""
+    def session(self, new: bool = False) -> Any:
+        """A Spark Connect session on this server (``new``: another one even when this process has a session)."""
         from pyspark.sql import SparkSession
 
-        return SparkSession.builder.remote(self.url).getOrCreate()
+        builder = SparkSession.builder.remote(self.url)
+        return builder.create() if new else builder.getOrCreate()

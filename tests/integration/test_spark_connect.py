@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from smartclient import Environment
-from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource
+from smartclient import ConfigurationError, Environment
+from smartclient.spark import ExactlyOnceSink, RabbitStreamDataSource, register_format
 from smartclient.spark.config import StreamConnection
 from smartclient.testing import TestBed
 
@@ -28,7 +28,7 @@ def lb_options(bed: TestBed) -> dict[str, str]:
 
 @pytest.fixture
 def connect(rabbitmq_spark_connect: Any) -> Any:
-    rabbitmq_spark_connect.dataSource.register(RabbitStreamDataSource)
+    register_format(rabbitmq_spark_connect)  # checked: the server's Python imports smartclient
     return rabbitmq_spark_connect
 
 
@@ -118,3 +118,25 @@ async def test_the_connect_example_reads_transforms_and_writes_back_exactly_once
     ok, what = example.check(await example.read_all(uri, target), 400)
     assert ok, what
     assert what.startswith("400 taxed orders, 0 missing, 0 duplicated")
+
+
+async def test_a_connect_server_whose_python_lacks_smartclient_is_a_typed_error(rabbitmq_spark_connect: Any) -> None:
+    """A second server, local[1], whose Python workers run the system's Python (no smartclient): registering the
+    format there says so, naming what to install, before any query."""
+    from smartclient.testing.spark_connect import ConnectServer
+
+    cluster = ConnectServer.from_env().cluster
+    bare = ConnectServer(cluster, python="/usr/bin/python3", name="connect-bare", port=cluster.port_base + 51,
+                         master="local[1]")
+    await asyncio.to_thread(bare.start)
+    try:
+        session = bare.session(new=True)
+        try:
+            with pytest.raises(ConfigurationError, match="Python workers cannot import smartclient.*install "
+                                                         r"smartclient\[spark\]"):
+                register_format(session)
+            assert RabbitStreamDataSource.name() == "rabbitmq_stream"
+        finally:
+            session.stop()
+    finally:
+        await asyncio.to_thread(bare.stop)

@@ -102,3 +102,28 @@ def test_a_super_stream_row_goes_where_the_other_clients_route_its_key() -> None
     assert batch.column_names[-1] == SLOT_COLUMN
     assert [partitions[s] for s in batch.column(SLOT_COLUMN).to_pylist()] == [
         hash_partition("b|3", partitions), hash_partition("a|1", partitions)]
+
+
+def test_register_format_registers_on_a_classic_session_without_a_probe() -> None:
+    from smartclient.spark import register_format
+    from smartclient.spark._pyspark import is_connect_session
+
+    registered: list[object] = []
+
+    class DataSources:
+        def register(self, source: object) -> None:
+            registered.append(source)
+
+    class Classic:  # a classic session: no job is run, the class is registered
+        dataSource = DataSources()
+
+        def range(self, *args: object) -> object:
+            raise AssertionError("no probe on a classic session")
+
+    class Connect:
+        pass
+
+    Connect.__module__ = "pyspark.sql.connect.session"
+    register_format(Classic())
+    assert registered == [RabbitStreamDataSource]
+    assert not is_connect_session(Classic()) and is_connect_session(Connect())
