@@ -44,6 +44,9 @@ def register_format(spark: Any) -> None:
     from smartclient.spark._pyspark import is_connect_session
     from smartclient.spark.source import RabbitStreamDataSource
 
+    if not callable(getattr(getattr(spark, "dataSource", None), "register", None)):
+        raise ConfigurationError(f"register_format needs a SparkSession (its dataSource.register), not "
+                                 f"{type(spark).__name__}")
     if is_connect_session(spark):
         from smartclient.spark._pyspark import functions as F
 

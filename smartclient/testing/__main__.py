@@ -1,5 +1,5 @@
-"""``python -m smartclient.testing up|down|status|provision|brokers N|nemesis|soak|spark up|down|status``: drive the
-test bed from a shell."""
+"""``python -m smartclient.testing up|down|status|provision|brokers N|nemesis|soak|spark up|connect|down|status``:
+drive the test bed from a shell."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--trim-every", type=float, default=60.0,
                       help="seconds between two malloc_trim(0), as a long-lived service opts in (0: never)")
     spark = sub.add_parser("spark", help="the Spark standalone cluster (a master and two workers) on 127.0.0.1")
-    spark.add_argument("action", choices=("up", "down", "status"))
+    spark.add_argument("action", choices=("up", "connect", "down", "status"))
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -99,14 +99,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _spark(action: str) -> int:
     from smartclient.testing.spark_cluster import SparkCluster
+    from smartclient.testing.spark_connect import ConnectServer
 
     cluster = SparkCluster.from_env()
-    if action == "up":
+    server = ConnectServer(cluster)
+    if action == "connect":
+        started = time.monotonic()
+        fresh = server.start()
+        print(f"Spark Connect server {server.url} {'started' if fresh else 'already running'} "
+              f"({time.monotonic() - started:.1f}s), on the cluster's master\n")
+    elif action == "up":
         started = time.monotonic()
         done = cluster.start()
         print(f"Spark cluster up in {time.monotonic() - started:.1f}s: "
               f"{'; '.join(done) or 'reused the running cluster'}\n")
     elif action == "down":
+        server.stop()  # (it holds the cluster's executors)
         cluster.stop()
         print("Spark cluster stopped")
         return 0

@@ -252,6 +252,7 @@ NOT_BUILT_BY_APPLICATIONS = {
     "compute_max_hops": "the arithmetic FederationTopology checks its links by",
     "copies": "the arithmetic FederationTopology checks its links by",
     "local_session": "a test and example helper that starts a local Spark",
+    "register_format": "registers the format on the Spark session it is given (it checks that it is one)",
     "next_offsets": "a query of the broker, not an option",
     "offsets_behind": "reads a Spark progress report",
     "row_to_message": "the sink's per-row conversion",

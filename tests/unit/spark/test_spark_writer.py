@@ -127,3 +127,6 @@ def test_register_format_registers_on_a_classic_session_without_a_probe() -> Non
     register_format(Classic())
     assert registered == [RabbitStreamDataSource]
     assert not is_connect_session(Classic()) and is_connect_session(Connect())
+    with pytest.raises(ConfigurationError, match=r"register_format needs a SparkSession \(its dataSource.register\), "
+                                                 r"not dict"):
+        register_format({})
