@@ -13,7 +13,7 @@ from smartclient.core.validation import resolver, text
 if TYPE_CHECKING:
     from smartclient.stream.wing import StreamWing
 
-__all__ = ["StreamConnection"]
+__all__ = ["StreamConnection", "flag_option"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,17 @@ class StreamConnection:
         settings, entries, _ = client_settings(
             self.uri, ClientSettings(credentials, resolver=self.resolver, connection=named), vhost_given=False)
         return StreamWing(settings, entries)
+
+
+def flag_option(options: dict[str, str], name: str, default: bool) -> bool:
+    """The ``rabbitmq_stream`` format's option ``name`` (as documented, ``failOnDataLoss``; Spark passes the keys
+    lower-cased) as a boolean.
+
+    :raises ConfigurationError: neither ``true`` nor ``false``, naming the option."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigurationError(f"rabbitmq_stream option {name}={raw!r}: use 'true' or 'false'")
+    return value == "true"

@@ -75,7 +75,7 @@ from smartclient.spark._pyspark import (
     read_limits,
 )
 from smartclient.spark.admission import DEFAULT_RECORD_BYTES, cap_batch_end, duration_seconds, hold_batch
-from smartclient.spark.config import StreamConnection
+from smartclient.spark.config import StreamConnection, flag_option
 from smartclient.spark.runtime import run_with_environment
 from smartclient.stream.codec import decode_amqp
 from smartclient.stream.columnar import iter_range, next_offset
@@ -119,18 +119,7 @@ def _streams(options: dict[str, str]) -> list[str]:
 
 
 _OPTION_NAMES = {name.lower(): name for name in (
-    "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger",
-    "failOnDataLoss")}
-
-
-def _bool_option(options: dict[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value not in ("true", "false"):
-        raise ConfigurationError(f"option {_OPTION_NAMES.get(name, name)}={raw!r}: use 'true' or 'false'")
-    return value == "true"
+    "maxRecordsPerPartition", "minPartitions", "maxRecordsPerTrigger", "maxBytesPerTrigger", "minOffsetsPerTrigger")}
 
 
 @dataclass(frozen=True)
@@ -149,7 +138,7 @@ class _Reading:
         return cls(_connection(options), _streams(options),
                    _int_option(options, "maxrecordsperpartition", 50_000) or 50_000,
                    _int_option(options, "minpartitions", None), _decode_option(options),
-                   _bool_option(options, "failondataloss", True))
+                   flag_option(options, "failOnDataLoss", True))
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[OffsetRange]:
         return _split(start, end, self.size, self.min_partitions)

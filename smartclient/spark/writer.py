@@ -50,7 +50,7 @@ from smartclient.spark._pyspark import (
     local_property,
     partition_id,
 )
-from smartclient.spark.config import StreamConnection
+from smartclient.spark.config import StreamConnection, flag_option
 from smartclient.spark.runtime import run_with_environment
 from smartclient.spark.sink import DEFAULT_SUB_ENTRY_SIZE, SLOT_COLUMN, ExactlyOnceSink
 
@@ -99,13 +99,6 @@ def _whole(options: dict[str, str], name: str, default: int, low: int, high: int
     return value
 
 
-def _flag(options: dict[str, str], name: str) -> bool:
-    raw = options.get(name.lower(), "false").strip().lower()
-    if raw not in ("true", "false"):
-        raise ConfigurationError(f"rabbitmq_stream option {name}={raw!r}: use 'true' or 'false'")
-    return raw == "true"
-
-
 @dataclass(frozen=True)
 class WriteSpec:
     """The writers' options, checked on the driver and sent to the tasks."""
@@ -151,7 +144,7 @@ class WriteSpec:
             body_column=options.get("bodycolumn", "body"), property_columns=_names(options.get("propertycolumns")),
             sub_entry_size=_whole(options, "subEntrySize", DEFAULT_SUB_ENTRY_SIZE, 1, 0xFFFF),
             compression=compression, order_columns=_names(options.get("ordercolumns")),
-            keep_input_order=_flag(options, "keepInputOrder"), columns=tuple(columns))
+            keep_input_order=flag_option(options, "keepInputOrder", False), columns=tuple(columns))
         spec._check_columns()
         spec.sink("check")  # the sink's own checks (a super stream's key columns...)
         return spec

@@ -10,6 +10,7 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +211,14 @@ async def read_stream(bed: TestBed, stream: str, timeout: float = 30.0) -> list[
     async with direct_env(bed) as env:
         bodies = await read_to_end(env, stream, end, timeout)
     return [message for message in map(json.loads, bodies) if "end" not in message]
+
+
+def forget_last_commit(checkpoint: Path) -> int:
+    """A streaming query's checkpoint as if the query had stopped after writing its last batch and before committing
+    it: that commit and its checksum taken out (with the checksum left, Spark takes the next commit for another
+    query's), so a restart runs the batch again.  Returns the batch's id."""
+    commits = checkpoint / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink(missing_ok=True)
+    return last

@@ -20,7 +20,7 @@ from smartclient import Environment, hash_partition
 from smartclient.spark import RabbitStreamDataSource
 from smartclient.testing import TestBed
 
-from .conftest import read_stream
+from .conftest import forget_last_commit, read_stream
 
 pytestmark = pytest.mark.spark
 
@@ -130,10 +130,7 @@ async def test_a_streaming_write_is_exactly_once_across_a_task_failure_and_a_bat
         query.stop()
     assert marker.exists()
     assert sorted(m["id"] for m in await read_stream(rabbitmq_testbed, rabbitmq_unique_name)) == list(range(900))
-    # as if the query had stopped after writing its last batch and before committing it: the restart runs it again
-    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
-    for name in (str(last), f".{last}.crc"):  # the commit and its checksum (else it counts as written by another)
-        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    last = forget_last_commit(checkpoint)
     query = start()
     try:
         await asyncio.to_thread(query.processAllAvailable)
