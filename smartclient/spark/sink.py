@@ -51,8 +51,9 @@ from smartclient._errors import ConfigurationError, MessageTooLarge
 from smartclient.core.validation import choice, function, instance, provider, text, texts, whole
 from smartclient.options import ProducerOptions
 from smartclient.spark.config import StreamConnection
+from smartclient.spark.records import binary_column, closed_ends, concat_columns, encode, lengths
 from smartclient.spark.runtime import run_with_environment
-from smartclient.stream.publish_frames import SUB_ENTRY_COMPRESSIONS, as_part
+from smartclient.stream.publish_frames import SUB_ENTRY_COMPRESSIONS, Records, as_part
 
 __all__ = ["ExactlyOnceSink", "row_to_message"]
 
@@ -299,12 +300,11 @@ class ExactlyOnceSink:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
+                bodies: Any  # a list of messages, or the column of bodies (sent without a Python object each)
                 if convert is not None:
                     bodies = [convert(row) for row in batch.to_pylist()]
                 else:
-                    bodies = batch.column(self.body_column).to_pylist()
-                    if batch.column(self.body_column).null_count:
-                        raise ConfigurationError(f"a row has a null body column {self.body_column!r}")
+                    bodies = binary_column(batch.column(self.body_column), self.body_column)
                 runs = self._runs(batch, targets, partition, bodies)
                 run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
         except BaseException:
@@ -321,14 +321,18 @@ class ExactlyOnceSink:
         """``(stream, producer name, bodies in order)`` for one Arrow batch."""
         if partition is not None and len(targets) == 1:
             return [(targets[0], f"{self.app_id}-p{partition}", bodies)]
-        slots = batch.column(SLOT_COLUMN)
-        if partition is not None:  # the input's order, spread over a super stream's partitions
-            grouped: dict[int, list[Any]] = {}
-            for slot, body in zip(slots.to_pylist(), bodies, strict=True):
-                grouped.setdefault(slot, []).append(body)
-            return [(targets[slot], f"{self.app_id}-p{partition}", group) for slot, group in grouped.items()]
         import pyarrow.compute as pc
 
+        slots = batch.column(SLOT_COLUMN)
+        if partition is not None:  # the input's order, spread over a super stream's partitions
+            name = f"{self.app_id}-p{partition}"
+            if isinstance(bodies, list):
+                grouped: dict[int, list[Any]] = {}
+                for slot, body in zip(slots.to_pylist(), bodies, strict=True):
+                    grouped.setdefault(slot, []).append(body)
+                return [(targets[slot], name, group) for slot, group in grouped.items()]
+            return [(targets[slot], name, bodies.filter(pc.equal(slots, slot)))
+                    for slot in pc.unique(slots).to_pylist()]
         runs = pc.run_end_encode(slots)  # sorted by slot: one run per slot
         out = []
         start = 0
@@ -409,7 +413,7 @@ class _TaskWriter:
         self.compression = compression
         self.producers: dict[tuple[str, str], Any] = {}
         self.positions: dict[tuple[str, str], int] = {}
-        self.held: dict[tuple[str, str], list[Any]] = {}  # rows of an unfinished sub-entry, per producer
+        self.held: dict[tuple[str, str], Any] = {}  # rows of an unfinished sub-entry (a list or a column), per producer
         self.written = 0
 
     async def publish_runs(self, env: Any, runs: list[tuple[str, str, list[Any]]]) -> None:
@@ -422,9 +426,12 @@ class _TaskWriter:
             if position + len(bodies) > MAX_ROWS_PER_SLOT:
                 raise ConfigurationError(f"more than 2**32 rows for producer {name} of batch {self.batch_id}")
             if self.sub_entry_size == 1:
-                await producer.send_many(bodies, first_publishing_id=(self.batch_id << 32) | position)
-            else:
+                await producer.send_many(bodies if isinstance(bodies, list) else bodies.to_pylist(),
+                                         first_publishing_id=(self.batch_id << 32) | position)
+            elif isinstance(bodies, list):
                 await self._sub_entries(key, producer, bodies, position)
+            else:
+                await self._column_sub_entries(key, producer, bodies, position)
             self.positions[key] = position + len(bodies)
             self.written += len(bodies)
 
@@ -440,13 +447,40 @@ class _TaskWriter:
         if first < len(rows):
             self.held[key] = rows[first:]
 
-    async def _send_group(self, producer: Any, rows: list[Any], last: int) -> None:
+    async def _column_sub_entries(self, key: tuple[str, str], producer: Any, bodies: Any, position: int) -> None:
+        """:meth:`_sub_entries` for a column of bodies (:mod:`smartclient.spark.records`): the same groups, each
+        one slice of the rows' records encoded at once."""
+        held = self.held.pop(key, None)
+        rows = bodies if held is None else concat_columns(held, bodies)
+        start = position + len(bodies) - len(rows)
+        ends = closed_ends(lengths(rows), self.sub_entry_size, SUB_ENTRY_BYTES)
+        first = 0
+        if ends:
+            data, starts = encode(rows.slice(0, ends[-1]), producer.encoding == "amqp")
+            for end in ends:
+                try:
+                    await producer.send_sub_entry(Records(data[starts[first]:starts[end]], end - first,
+                                                          producer.encoding == "amqp"),
+                                                  publishing_id=(self.batch_id << 32) | (start + end - 1),
+                                                  compression=self.compression)
+                except MessageTooLarge:
+                    await self._send_group(producer, rows.slice(first, end - first), start + end - 1)
+                first = end
+        if first < len(rows):
+            self.held[key] = rows.slice(first)
+
+    async def _send_group(self, producer: Any, rows: Any, last: int) -> None:
         """``rows`` as one sub-entry whose id is ``last`` (its last row's position); if they do not fit the frame
         max the broker negotiated (below the default 1 MiB), as two halves, each under its own last row's
         position: a replay against the same broker splits them alike, and any other split only stores rows twice,
         never drops one."""
+        if not isinstance(rows, list):  # a column's rows
+            data, starts = encode(rows, producer.encoding == "amqp")
+            group: Any = Records(data[starts[0]:starts[-1]], len(rows), producer.encoding == "amqp")
+        else:
+            group = rows
         try:
-            await producer.send_sub_entry(rows, publishing_id=(self.batch_id << 32) | last,
+            await producer.send_sub_entry(group, publishing_id=(self.batch_id << 32) | last,
                                           compression=self.compression)
         except MessageTooLarge:
             if len(rows) == 1:

@@ -77,6 +77,8 @@ WRITE_OPTIONS: dict[str, str] = {
 #: what Spark itself may hand a writer besides the user's options
 _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
 _COMPRESSIONS = ("none", "gzip")
+#: the rows of a record batch of a sorted partition, as the writer publishes them
+_SORTED_BATCH_ROWS = 65_536
 #: the task's local properties Spark sets for a micro-batch
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -201,7 +203,6 @@ class Written(WriterCommitMessage):
 def write_partition(spec: WriteSpec, targets: list[str], app_id: str, batch_id: int,
                     batches: Iterator[Any]) -> Written:
     """One task: its partition's rows, in order, through ``{app_id}-p{partition}``; every confirm awaited."""
-    import pyarrow as pa
 
     partition = partition_id()
     if partition is None:  # pragma: no cover - only ever called inside a Spark task
@@ -209,24 +210,13 @@ def write_partition(spec: WriteSpec, targets: list[str], app_id: str, batch_id: 
     ordered = _ordered(spec, arrow_batches(batches))
     if spec.super_stream is not None:
         ordered = (_with_slot(spec, batch, len(targets)) for batch in ordered)
-    body_is_text = None
-
-    def as_binary(batch: pa.RecordBatch) -> pa.RecordBatch:
-        nonlocal body_is_text
-        index = batch.schema.get_field_index(spec.body_column)
-        if body_is_text is None:
-            body_is_text = pa.types.is_string(batch.schema.field(index).type) or pa.types.is_large_string(
-                batch.schema.field(index).type)
-        if not body_is_text:
-            return batch
-        return batch.set_column(index, spec.body_column, batch.column(index).cast(pa.binary()))
-
-    written = spec.sink(app_id)._write_partition((as_binary(b) for b in ordered), batch_id, targets, partition)
+    written = spec.sink(app_id)._write_partition(ordered, batch_id, targets, partition)
     return Written(f"{app_id}-p{partition}", batch_id, written)
 
 
 def _ordered(spec: WriteSpec, batches: Iterator[Any]) -> Iterator[Any]:
-    """The partition's record batches in the order they are written: as they came, or all of them sorted."""
+    """The partition's record batches in the order they are written: as they came, or all of them sorted (not
+    when they are in order already: the first order column strictly increasing, so no later column decides)."""
     if spec.keep_input_order:
         yield from batches
         return
@@ -237,7 +227,24 @@ def _ordered(spec: WriteSpec, batches: Iterator[Any]) -> Iterator[Any]:
         return
     table = pa.Table.from_batches(every)
     keys = spec.order_columns or tuple(table.column_names)
-    yield from table.sort_by([(name, "ascending") for name in keys]).combine_chunks().to_batches()
+    if _increasing(table.column(keys[0])):
+        yield from every
+        return
+    yield from table.sort_by([(name, "ascending") for name in keys]).to_batches(max_chunksize=_SORTED_BATCH_ROWS)
+
+
+def _increasing(column: Any) -> bool:
+    """Whether ``column`` has no null, and each value is above the one before it (False where the type has no
+    order Arrow compares)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count or len(column) < 2:
+        return not column.null_count
+    try:
+        return bool(pc.all(pc.greater(column.slice(1), column.slice(0, len(column) - 1))).as_py())
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
 
 
 def _with_slot(spec: WriteSpec, batch: Any, count: int) -> Any:

@@ -28,7 +28,7 @@ from smartclient.core.deadline import TOPOLOGY_READ, attempt, detach
 from smartclient.core.publishing_ids import PublishingIds
 from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, Stop
 from smartclient.core.topology import Role
-from smartclient.stream.publish_frames import sub_entry
+from smartclient.stream.publish_frames import Records, sub_entry
 from smartclient.stream.publishing import (
     QUEUED,
     QUEUED_DRAIN,
@@ -379,13 +379,15 @@ class Producer(_Handle):
             return
         await self._queue(self._ids.take(first_publishing_id, len(bodies)), list(bodies), None, many=True)
 
-    async def send_sub_entry(self, bodies: Sequence[bytes | Any], *, publishing_id: int | None = None,
+    async def send_sub_entry(self, bodies: Sequence[bytes | Any] | Records, *, publishing_id: int | None = None,
                              compression: str = "none", on_confirm: ConfirmCallback | None = None) -> None:
         """Queue ``bodies`` as one sub-entry: the broker stores them as one entry, with one publishing id
         (deduplicated, confirmed and failed as a whole: ``on_confirm`` gets one :class:`Confirmation`), and hands
         them to every consumer as separate messages with consecutive offsets.  The broker's work per message
-        drops with the sub-entry's size.  Uncompressed ("none"), AMQP 0.9.1 and 1.0 consumers of the stream read
-        them too; "gzip" only stream clients (smartclient's, rstream, Java, Go, .NET).
+        drops with the sub-entry's size.  ``bodies`` may be :class:`~smartclient.stream.publish_frames.Records`,
+        encoded already (a column of them, as the Spark writers send).  Uncompressed ("none"), AMQP 0.9.1 and
+        1.0 consumers of the stream read them too; "gzip" only stream clients (smartclient's, rstream, Java, Go,
+        .NET).
 
         :raises ConfigurationError: no bodies or more than 65,535, an unknown compression, or a producer with a
             filter value (a sub-entry's messages cannot carry one each).
@@ -394,10 +396,12 @@ class Producer(_Handle):
         :raises EnqueueTimeout: no room within ``enqueue_timeout``: not queued.
         """
         self._check_open()
-        entry = sub_entry(list(bodies), compression, self.encoding)  # bad input fails here, before an id is taken
+        given = bodies if isinstance(bodies, Records) else list(bodies)
+        entry = sub_entry(given, compression, self.encoding)  # bad input fails here, before an id is taken
         first = self._ids.take(publishing_id)
         try:
-            await self._buffer.add_entry(first, entry, len(bodies), on_confirm)
+            await self._buffer.add_entry(first, entry, given.count if isinstance(given, Records) else len(given),
+                                         on_confirm)
         except (EnqueueTimeout, ConfigurationError):
             self._ids.give_back(first)
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import struct
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import Any
 
@@ -21,7 +22,7 @@ from smartclient._errors import ConfigurationError
 from smartclient.core.amqp_data import DATA8, DATA32, SHORT
 
 __all__ = ["ENTRY", "ENTRY_V2", "FRAME_OVERHEAD", "HEADER", "PID", "PUBLISH_KEY", "SUB_ENTRY_COMPRESSIONS", "Encoded",
-           "as_part", "entries", "entry_size", "entry_sizes", "filtered_entry", "sub_entry"]
+           "Records", "as_part", "entries", "entry_size", "entry_sizes", "filtered_entry", "sub_entry"]
 
 PUBLISH_KEY = 0x0002
 HEADER = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
@@ -43,6 +44,20 @@ class Encoded(bytes):
     """A message that is an AMQP 1.0 message already (rstream's ``AMQPMessage``, encoded): written as it is."""
 
     __slots__ = ()
+
+
+@dataclass(frozen=True)
+class Records:
+    """A sub-entry's ``count`` records encoded already, as :func:`sub_entry` encodes a list of bodies (each with its
+    size, and with ``amqp`` its data section's header): what a column of bodies becomes without a Python object
+    per message (``smartclient.spark.records``)."""
+
+    data: bytes | memoryview
+    count: int
+    amqp: bool
+
+    def __len__(self) -> int:
+        return self.count
 
 
 def as_part(body: Any) -> bytes:
@@ -134,18 +149,27 @@ def filtered_entry(publishing_id: int, value: str | None, part: bytes, amqp: boo
             + _size_head(part, amqp) + part)
 
 
-def sub_entry(bodies: list[Any], compression: str = "none", encoding: str = "amqp") -> bytes:
-    """One sub-entry of ``bodies`` (as :func:`as_part` keeps them): the records, each with its size (and, with
-    ``encoding="amqp"``, its data section's header), compressed as a whole with ``compression`` ("none" or
-    "gzip"), behind the sub-entry header.
+def sub_entry(bodies: list[Any] | Records, compression: str = "none", encoding: str = "amqp") -> bytes:
+    """One sub-entry of ``bodies`` (as :func:`as_part` keeps them, or :class:`Records` encoded already): the
+    records, each with its size (and, with ``encoding="amqp"``, its data section's header), compressed as a whole
+    with ``compression`` ("none" or "gzip"), behind the sub-entry header.
 
-    :raises ConfigurationError: no bodies, more than 65,535, or an unknown compression."""
-    if not bodies or len(bodies) > 0xFFFF:
-        raise ConfigurationError(f"a sub-entry holds 1 to 65535 messages, not {len(bodies)}")
+    :raises ConfigurationError: no bodies, more than 65,535, an unknown compression, or records encoded for the
+        other encoding."""
+    count = bodies.count if isinstance(bodies, Records) else len(bodies)
+    if not 0 < count <= 0xFFFF:
+        raise ConfigurationError(f"a sub-entry holds 1 to 65535 messages, not {count}")
     if compression not in SUB_ENTRY_COMPRESSIONS:
         raise ConfigurationError(f"sub-entry compression {compression!r}: use one of {sorted(SUB_ENTRY_COMPRESSIONS)}")
-    parts = list(map(as_part, bodies))
-    records = b"".join(chain.from_iterable(zip(_record_heads(parts, encoding == "amqp"), parts, strict=True)))
+    records: bytes | memoryview
+    if isinstance(bodies, Records):
+        if bodies.amqp != (encoding == "amqp"):
+            raise ConfigurationError(f"records encoded {'with' if bodies.amqp else 'without'} AMQP data sections "
+                                     f"for a producer whose encoding is {encoding!r}")
+        records = bodies.data
+    else:
+        parts = list(map(as_part, bodies))
+        records = b"".join(chain.from_iterable(zip(_record_heads(parts, encoding == "amqp"), parts, strict=True)))
     packed = gzip.compress(records, compresslevel=1, mtime=0) if compression == "gzip" else records
     code = SUB_ENTRY_COMPRESSIONS[compression]
-    return _SUB_ENTRY.pack(0x80 | code << 4, len(parts), len(records), len(packed)) + packed
+    return _SUB_ENTRY.pack(0x80 | code << 4, count, len(records), len(packed)) + packed

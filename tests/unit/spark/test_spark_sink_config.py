@@ -153,6 +153,8 @@ def test_a_failed_task_sends_no_short_sub_entry_so_its_retry_writes_each_row_onc
     sent: list[tuple[int, list[bytes]]] = []
 
     class Producer:
+        encoding = "amqp"
+
         async def send_sub_entry(self, rows: list[bytes], *, publishing_id: int, compression: str = "none") -> None:
             sent.append((publishing_id, rows))
 

@@ -95,6 +95,26 @@ def test_a_partition_is_written_sorted_by_every_column_or_the_order_columns_or_a
     assert ids(parse(), []) == []
 
 
+def test_a_partition_in_order_already_is_not_sorted_and_ties_on_the_first_column_are_sorted_by_the_rest() -> None:
+    import pyarrow as pa
+
+    from smartclient.spark.writer import _increasing
+
+    def bodies(*batches: dict[str, list[object]]) -> list[object]:
+        ordered = _ordered(parse(), iter(pa.record_batch(batch) for batch in batches))
+        return [row["body"] for batch in ordered for row in batch.to_pylist()]
+
+    # the first column strictly increasing: already in the order every column gives, so no sort
+    assert _increasing(pa.chunked_array([[1, 2], [5]]))
+    assert bodies({"id": [1, 2], "body": [b"b", b"a"]}, {"id": [5], "body": [b"c"]}) == [b"b", b"a", b"c"]
+    assert not _increasing(pa.chunked_array([[1, 1, 0]]))  # ties: the rest of the columns decide
+    assert bodies({"id": [1, 1, 0], "body": [b"b", b"a", b"c"]}) == [b"c", b"a", b"b"]
+    assert not _increasing(pa.chunked_array([[None, 1]]))  # a null: sorted (nulls last)
+    assert bodies({"id": [None, 1], "body": [b"b", b"a"]}) == [b"a", b"b"]
+    assert not _increasing(pa.chunked_array([[[2], [1]]]))  # a type Arrow does not compare: sorted by sort_by
+    assert _increasing(pa.chunked_array([[7]])) and not _increasing(pa.chunked_array([[None]]))
+
+
 def test_a_super_stream_row_goes_where_the_other_clients_route_its_key() -> None:
     spec = parse(stream="", superStream="invoices", keyColumns="user,id")
     partitions = ["invoices-0", "invoices-1", "invoices-2"]
