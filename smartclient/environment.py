@@ -290,7 +290,7 @@ class Environment:
         return self.streams.placements()
 
     async def producer(self, stream: str, *, options: ProducerOptions | None = None, name: str | None = None,
-                       filter_value: Callable[[Any], str] | None = None, batching: BatchingPolicy | None = None,
+                       filter_value: Callable[[Any], str | None] | None = None, batching: BatchingPolicy | None = None,
                        encoding: str = "amqp") -> Producer:
         """A producer on ``stream``, connected to its leader (see :class:`PlacementPolicy`).
 

@@ -140,7 +140,7 @@ class ProducerOptions:
     :param name: the producer's name, for deduplication (unique per stream; the same on every partition of a
         super stream).
     :param filter_value: returns the filter value of a message (its body, as given to ``send``), for consumers with a
-        :class:`StreamFilter`.
+        :class:`StreamFilter`; None for a message without one.
     :param batching: how ``send()`` batches (None: the Environment's :class:`BatchingPolicy`).
     :param encoding: ``"amqp"`` (default): each ``bytes`` body goes as an AMQP 1.0 message of one data section (5 to
         8 bytes more), which every client reads; ``"raw"``: the body alone, which only stream clients read.
@@ -148,7 +148,7 @@ class ProducerOptions:
     """
 
     name: str | None = None
-    filter_value: Callable[[Any], str] | None = None
+    filter_value: Callable[[Any], str | None] | None = None
     batching: BatchingPolicy | None = None
     encoding: str = "amqp"
 

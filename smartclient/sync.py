@@ -232,7 +232,7 @@ class SyncEnvironment:
         return SyncStreams(self._loop, self.aio.streams)
 
     def producer(self, stream: str, *, options: ProducerOptions | None = None, name: str | None = None,
-                 filter_value: Callable[[Any], str] | None = None, batching: BatchingPolicy | None = None,
+                 filter_value: Callable[[Any], str | None] | None = None, batching: BatchingPolicy | None = None,
                  encoding: str = "amqp") -> SyncProducer:
         """See :meth:`Environment.producer <smartclient.Environment.producer>`."""
         return SyncProducer(self._loop, self._loop.run(self.aio.producer(

@@ -146,6 +146,9 @@ class ExactlyOnceSink:
         messages; AMQP 0.9.1 and 1.0 consumers of the stream too (uncompressed).
     :param compression: each sub-entry's, ``"none"`` (default) or ``"gzip"`` (then only stream clients read the
         stream; needs ``sub_entry_size`` above 1).
+    :param filter_column: the column whose value (as text; a null: none) is each message's filter value, for
+        consumers that filter (RabbitMQ 3.13+).  A sub-entry's messages cannot carry one each: needs
+        ``sub_entry_size=1``.
     :param tracer_provider: the driver's OpenTelemetry ``TracerProvider`` for a span per batch (default: the
         global one, if set); never sent to the executors.
     """
@@ -163,6 +166,7 @@ class ExactlyOnceSink:
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
     sub_entry_size: int = DEFAULT_SUB_ENTRY_SIZE
     compression: str = "none"
+    filter_column: str | None = None
     tracer_provider: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -195,6 +199,11 @@ class ExactlyOnceSink:
         if self.compression != "none" and self.sub_entry_size == 1:
             raise ConfigurationError(f"ExactlyOnceSink.compression={self.compression!r} compresses sub-entries: "
                                      "give sub_entry_size above 1")
+        text("ExactlyOnceSink.filter_column", self.filter_column, optional=True)
+        if self.filter_column is not None and self.sub_entry_size != 1:
+            raise ConfigurationError(f"ExactlyOnceSink.filter_column={self.filter_column!r}: a sub-entry's messages "
+                                     f"cannot carry a filter value each; give sub_entry_size=1 (not "
+                                     f"{self.sub_entry_size})")
 
     # -- driver side ----------------------------------------------------------------------------
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -295,7 +304,7 @@ class ExactlyOnceSink:
         if convert is None and self.property_columns:
             def convert(row: Any) -> Any:
                 return row_to_message(row, self.body_column, self.property_columns)
-        writer = _TaskWriter(batch_id, self.sub_entry_size, self.compression)
+        writer = _TaskWriter(batch_id, self.sub_entry_size, self.compression, self.filter_column is not None)
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -305,6 +314,8 @@ class ExactlyOnceSink:
                     bodies = [convert(row) for row in batch.to_pylist()]
                 else:
                     bodies = binary_column(batch.column(self.body_column), self.body_column)
+                if self.filter_column is not None:
+                    bodies = filtered(bodies, batch.column(self.filter_column))
                 runs = self._runs(batch, targets, partition, bodies)
                 run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
         except BaseException:
@@ -383,6 +394,32 @@ def _require_replayable_partitions(df: Any) -> None:
             "could put other rows in a partition; use partitioning='slots'")
 
 
+class FilteredBody(bytes):
+    """A body with the filter value it is sent with (:func:`filtered`)."""
+
+    smartclient_filter: str | None
+
+
+def filtered(bodies: Any, values: Any) -> list[Any]:
+    """``bodies`` (a list of messages or a column of bodies), each carrying its filter value: the text of
+    ``values`` (an Arrow column), None for a null."""
+    import pyarrow as pa
+
+    out: list[Any] = []
+    for body, value in zip(bodies if isinstance(bodies, list) else bodies.to_pylist(),
+                           values.cast(pa.string()).to_pylist(), strict=True):
+        if type(body) is bytes:
+            body = FilteredBody(body)
+        body.smartclient_filter = value
+        out.append(body)
+    return out
+
+
+def filter_value_of(message: Any) -> str | None:
+    """A filtered producer's ``filter_value``: what :func:`filtered` gave the message."""
+    return getattr(message, "smartclient_filter", None)
+
+
 def closed_groups(sizes: list[int], most: int) -> list[int]:
     """Where the groups of rows of ``sizes`` bytes end (exclusive indexes), for the groups that are closed: a
     group closes at ``most`` rows, or before the row that would take it over :data:`SUB_ENTRY_BYTES`.  The rows
@@ -407,10 +444,12 @@ class _TaskWriter:
     every confirm awaited at once (the names are distinct, so they may be live together).  With sub-entries,
     the rows of a group not yet full wait here for the next run of the same producer, or for the end."""
 
-    def __init__(self, batch_id: int, sub_entry_size: int = 1, compression: str = "none") -> None:
+    def __init__(self, batch_id: int, sub_entry_size: int = 1, compression: str = "none",
+                 filtered: bool = False) -> None:
         self.batch_id = batch_id
         self.sub_entry_size = sub_entry_size
         self.compression = compression
+        self.options = ProducerOptions(filter_value=filter_value_of) if filtered else ProducerOptions()
         self.producers: dict[tuple[str, str], Any] = {}
         self.positions: dict[tuple[str, str], int] = {}
         self.held: dict[tuple[str, str], Any] = {}  # rows of an unfinished sub-entry (a list or a column), per producer
@@ -421,7 +460,7 @@ class _TaskWriter:
             key = (stream, name)
             producer = self.producers.get(key)
             if producer is None:
-                producer = self.producers[key] = await env.producer(stream, ProducerOptions(name=name))
+                producer = self.producers[key] = await env.producer(stream, replace(self.options, name=name))
             position = self.positions.get(key, 0)
             if position + len(bodies) > MAX_ROWS_PER_SLOT:
                 raise ConfigurationError(f"more than 2**32 rows for producer {name} of batch {self.batch_id}")

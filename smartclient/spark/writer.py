@@ -71,6 +71,7 @@ WRITE_OPTIONS: dict[str, str] = {
     "propertyColumns": "comma-separated columns sent as AMQP application properties",
     "subEntrySize": "the most rows per sub-entry, 1 to 65535 (default 100)",
     "compression": "a sub-entry's compression: none (default) or gzip (stream clients only read gzip)",
+    "filterColumn": "the column whose text is each message's filter value (then one entry per row: subEntrySize 1)",
     "orderColumns": "comma-separated columns that order a partition's rows before writing (default: every column)",
     "keepInputOrder": "true: no sort, the input's own order (only for inputs replayed alike; default false)",
 }
@@ -115,6 +116,7 @@ class WriteSpec:
     property_columns: tuple[str, ...]
     sub_entry_size: int
     compression: str
+    filter_column: str | None
     order_columns: tuple[str, ...]
     keep_input_order: bool
     columns: tuple[str, ...]
@@ -139,13 +141,19 @@ class WriteSpec:
         compression = options.get("compression", "none").strip().lower()
         if compression not in _COMPRESSIONS:
             raise ConfigurationError(f"rabbitmq_stream option compression={compression!r}: use none or gzip")
+        filter_column = options.get("filtercolumn") or None
+        if filter_column is not None and compression != "none":
+            raise ConfigurationError(f"rabbitmq_stream options filterColumn and compression={compression}: filter "
+                                     "values go one entry per row, and only sub-entries are compressed")
+        # with filter values, one entry per row unless told otherwise (then refused, below)
+        sub_entry_default = 1 if filter_column is not None else DEFAULT_SUB_ENTRY_SIZE
         spec = cls(
             connection=StreamConnection.from_options(options, "writer"), stream=stream, super_stream=super_stream,
             key_columns=_names(options.get("keycolumns")), app_id=options.get("appid") or None,
             batch_id=_whole(options, "batchId", 0, 0, (1 << 31) - 1),
             body_column=options.get("bodycolumn", "body"), property_columns=_names(options.get("propertycolumns")),
-            sub_entry_size=_whole(options, "subEntrySize", DEFAULT_SUB_ENTRY_SIZE, 1, 0xFFFF),
-            compression=compression, order_columns=_names(options.get("ordercolumns")),
+            sub_entry_size=_whole(options, "subEntrySize", sub_entry_default, 1, 0xFFFF),
+            compression=compression, filter_column=filter_column, order_columns=_names(options.get("ordercolumns")),
             keep_input_order=flag_option(options, "keepInputOrder", False), columns=tuple(columns))
         spec._check_columns()
         spec.sink("check")  # the sink's own checks (a super stream's key columns...)
@@ -160,10 +168,14 @@ class WriteSpec:
         if self.compression != "none" and self.sub_entry_size == 1:
             raise ConfigurationError(f"rabbitmq_stream option compression={self.compression}: it compresses "
                                      "sub-entries, so subEntrySize must be above 1")
+        if self.filter_column is not None and self.sub_entry_size != 1:
+            raise ConfigurationError(f"rabbitmq_stream option filterColumn: a sub-entry's messages cannot carry a "
+                                     f"filter value each; leave subEntrySize out (or 1, not {self.sub_entry_size})")
         if self.keep_input_order and self.order_columns:
             raise ConfigurationError("rabbitmq_stream options keepInputOrder=true and orderColumns: give one")
         for option, names in (("bodyColumn", (self.body_column,)), ("keyColumns", self.key_columns),
-                              ("propertyColumns", self.property_columns), ("orderColumns", self.order_columns)):
+                              ("propertyColumns", self.property_columns), ("orderColumns", self.order_columns),
+                              ("filterColumn", (self.filter_column,) if self.filter_column else ())):
             missing = [name for name in names if name not in self.columns]
             if missing:
                 raise ConfigurationError(f"rabbitmq_stream option {option}: no column {missing[0]!r} in the rows "
@@ -174,7 +186,7 @@ class WriteSpec:
         return ExactlyOnceSink(self.connection, app_id, key_columns=self.key_columns, stream=self.stream,
                                super_stream=self.super_stream, partitioning="input", body_column=self.body_column,
                                property_columns=self.property_columns, sub_entry_size=self.sub_entry_size,
-                               compression=self.compression)
+                               compression=self.compression, filter_column=self.filter_column)
 
     def targets(self) -> list[str]:
         """The stream, or the super stream's partitions in order (read once, on the driver).

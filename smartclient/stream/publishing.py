@@ -74,7 +74,7 @@ class PublishBuffer:
     ids per frame (the seam decodes them) and are settled in one pass too."""
 
     def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
-                 filter_value: Callable[[Any], str] | None = None,
+                 filter_value: Callable[[Any], str | None] | None = None,
                  on_lost: Callable[[str], None] | None = None,
                  on_confirmed: Callable[[float, list[tuple[int, float, int]]], None] | None = None,
                  encoding: str = "amqp") -> None:

@@ -3,10 +3,12 @@ which tests/conftest.py enables, with the suite's waits)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
 import ssl
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -222,3 +224,34 @@ def forget_last_commit(checkpoint: Path) -> int:
     for name in (str(last), f".{last}.crc"):
         (commits / name).unlink(missing_ok=True)
     return last
+
+
+async def stored(bed: TestBed, stream: str) -> int:
+    """How many messages ``stream`` holds, as the broker says (RabbitMQ 4.3's committed offset; 0 before): created
+    if it does not exist yet."""
+    async with direct_env(bed) as env:
+        await env.create_stream(stream, exists_ok=True)
+        return int((await env.stream_stats(stream)).get("committed_offset", -1)) + 1
+
+
+def in_thread(spark: Any, work: Callable[[], Any]) -> asyncio.Future[None]:
+    """``work()`` on a thread of its own whose active Spark session is ``spark`` (PySpark looks a Python data
+    source up in the calling thread's active session), as a future of this loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None) if error is None else done.set_exception(error)
+
+    def run() -> None:
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        try:
+            work()
+        except BaseException as exc:  # handed to the test
+            loop.call_soon_threadsafe(settle, exc)
+        else:
+            loop.call_soon_threadsafe(settle, None)
+
+    threading.Thread(target=run, name="spark-write", daemon=True).start()
+    return done

@@ -26,7 +26,7 @@ from smartclient.testing.pytest_plugin import SparkOnCluster
 from smartclient.testing.spark_cluster import EXECUTOR_CLASS
 
 from ..conftest import wait_until
-from .conftest import load_example, read_stream
+from .conftest import load_example, read_stream, stored
 
 pytestmark = pytest.mark.spark
 log = logging.getLogger(__name__)
@@ -113,14 +113,6 @@ async def publish_orders(bed: TestBed, stream: str, ids: range) -> None:
         await producer.send_batch([json.dumps({"id": i, "customer": f"c{i % 11}", "amount": i * 1.5}).encode()
                                    for i in ids])
         await producer.close()
-
-
-async def stored(bed: TestBed, stream: str) -> int:
-    """How many messages ``stream`` holds, as the broker says (RabbitMQ 4.3's committed offset; 0 before)."""
-    uri, resolver = via_lb(bed)
-    async with Environment(uri, resolver=resolver) as env:
-        await env.create_stream(stream, exists_ok=True)
-        return int((await env.stream_stats(stream)).get("committed_offset", -1)) + 1
 
 
 def check_exactly_once(out: list[dict[str, Any]], ids: range) -> None:

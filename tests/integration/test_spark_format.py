@@ -20,7 +20,8 @@ from smartclient import Environment, hash_partition
 from smartclient.spark import RabbitStreamDataSource
 from smartclient.testing import TestBed
 
-from .conftest import forget_last_commit, read_stream
+from ..conftest import wait_until
+from .conftest import forget_last_commit, in_thread, read_stream, stored
 
 pytestmark = pytest.mark.spark
 
@@ -61,34 +62,54 @@ def save(df: Any, options: dict[str, str]) -> None:
     df.write.format("rabbitmq_stream").mode("append").options(**options).save()
 
 
-def failing_once(marker: Path, at: int) -> Any:
-    """A UDF that makes the body of row ``id``, and fails the first time it meets ``at``."""
+def failing_once(marker: Path, at: int, *, pad: int = 0, release: Path | None = None) -> Any:
+    """A UDF that makes the body of row ``id`` (``pad`` bytes more), and fails the first time it meets ``at``; with
+    ``release``, only once that file exists (the marker is written first: the test sees the task held)."""
     from pyspark.sql.functions import udf
 
     def body(i: int) -> str:
         if i == at and not marker.exists():
             marker.write_text("x")
+            deadline = time.monotonic() + 120
+            while release is not None and not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise RuntimeError("injected task failure")
-        return json.dumps({"id": i, "user": f"user-{i % 7}"})
+        return json.dumps({"id": i, "user": f"user-{i % 7}", **({"pad": "x" * pad} if pad else {})})
 
     return udf(body, "string", useArrow=False)
 
 
+@pytest.mark.requires_rabbitmq("4.3", reason="it counts the stream's messages by StreamStats' committed_offset")
 async def test_a_batch_write_is_exactly_once_when_a_task_fails_half_way_and_when_it_is_run_again(
     spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, tmp_path: Path
 ) -> None:
     from pyspark.sql.functions import col
 
     await create_stream(rabbitmq_testbed, rabbitmq_unique_name)
-    marker = tmp_path / "failed-once"
+    marker, release = tmp_path / "failed-once", tmp_path / "release"
+    # 1 KiB bodies: the JVM hands the writer its input through a 64 KiB buffer, and the rows before the failure
+    # must reach it; the failure is held until some of them are in the stream
     df = spark.range(0, 600, numPartitions=3).select(
-        col("id"), failing_once(marker, 250)(col("id")).alias("body"))  # half-way through the second partition
+        col("id"), failing_once(marker, 350, pad=1000, release=release)(col("id")).alias("body"))
     options = through_lb(rabbitmq_testbed, stream=rabbitmq_unique_name, appId=rabbitmq_unique_name, batchId="5",
                          keepInputOrder="true", subEntrySize="10")
     with small_arrow_batches(spark, 20):
-        save(df, options)
-    assert marker.exists()  # the failure did happen, and Spark retried the task
+        run = in_thread(spark, lambda: save(df, options))
+        try:
+            await wait_until(marker.exists, 120, "the second partition's task to reach its failing row")
+            async def failing_partitions_rows() -> list[int]:
+                if not await stored(rabbitmq_testbed, rabbitmq_unique_name):
+                    return []
+                got = await read_stream(rabbitmq_testbed, rabbitmq_unique_name)
+                return [m["id"] for m in got if 200 <= m["id"] < 350]
+
+            before = await wait_until(failing_partitions_rows, 60, "the failing task's first rows in the stream",
+                                      interval=0.2)
+        finally:
+            release.write_text("go")
+        await asyncio.wait_for(run, 180)
     ids = [m["id"] for m in await read_stream(rabbitmq_testbed, rabbitmq_unique_name)]
+    assert before == list(range(200, 200 + len(before)))  # its partition written part-way when the task failed
     assert sorted(ids) == list(range(600))  # 0 missing, 0 duplicated
     for first in (0, 200, 400):  # each partition in its own order
         assert [i for i in ids if first <= i < first + 200] == list(range(first, first + 200))
@@ -181,3 +202,25 @@ async def test_bad_options_and_a_missing_stream_are_typed_errors_naming_them(
         save(df, through_lb(rabbitmq_testbed, **given))
     assert ("ConfigurationError" if "no-such" not in given["stream"] else "StreamNotFound") in str(raised.value)
     assert await read_stream(rabbitmq_testbed, rabbitmq_unique_name) == []  # nothing written
+
+
+async def test_filter_values_go_with_each_row_so_a_filtering_consumer_gets_only_its_own_chunks(
+    spark: Any, rabbitmq_testbed: TestBed, rabbitmq_unique_name: str
+) -> None:
+    from smartclient import StreamFilter
+
+    await create_stream(rabbitmq_testbed, rabbitmq_unique_name)
+    options = through_lb(rabbitmq_testbed, stream=rabbitmq_unique_name, appId=rabbitmq_unique_name,
+                         filterColumn="region")
+    for batch, (region, ids) in enumerate([("eu", range(50)), ("us", range(50, 100)), ("eu", range(100, 101))]):
+        rows = [(i, region, json.dumps({"id": i, "region": region})) for i in ids]  # a write's rows: its own chunks
+        save(spark.createDataFrame(rows, "id long, region string, body string").coalesce(1),
+             {**options, "batchId": str(batch)})
+    node = rabbitmq_testbed.nodes[0]
+    got: list[dict[str, Any]] = []
+    async with Environment(rabbitmq_testbed.stream_uri(node.host, node.stream_port)) as env:
+        consumer = await env.consumer(rabbitmq_unique_name, lambda m, c: got.append(json.loads(bytes(m))),
+                                      offset="first", filter=StreamFilter(["eu"]))  # the Bloom filter alone
+        await wait_until(lambda: any(m["id"] == 100 for m in got), 30, "the last eu row through the filter")
+        await consumer.close()
+    assert [m["id"] for m in got] == [*range(50), 100]  # no chunk of us rows was delivered

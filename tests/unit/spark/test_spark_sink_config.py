@@ -213,3 +213,17 @@ def test_a_group_over_the_brokers_frame_max_goes_as_halves_each_under_its_last_r
     asyncio.run(writer.finish(env))
     assert sent == [(1, 2), (2, 1), (4, 2), (6, 2), (7, 1), (9, 2)]  # halves, and halves again, under 250 bytes
     assert [pid for pid, _ in sent] == sorted(pid for pid, _ in sent)
+
+
+def test_filter_values_go_one_entry_per_row_each_with_its_rows_text() -> None:
+    import pyarrow as pa
+
+    from smartclient.spark.sink import filter_value_of, filtered
+
+    with pytest.raises(ConfigurationError, match="filter_column='region': a sub-entry's messages cannot carry"):
+        ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", filter_column="region")
+    sink = ExactlyOnceSink(CONN, app_id="a", stream="s", partitioning="input", filter_column="region",
+                           sub_entry_size=1)
+    assert sink.filter_column == "region"
+    bodies = filtered(pa.array([b"a", b"b", b"c"]), pa.array([7, None, 9]))
+    assert bodies == [b"a", b"b", b"c"] and [filter_value_of(body) for body in bodies] == ["7", None, "9"]

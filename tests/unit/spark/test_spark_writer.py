@@ -34,6 +34,8 @@ def test_the_defaults_and_every_option_read_from_strings() -> None:
     assert (spec.super_stream, spec.key_columns, spec.compression, spec.keep_input_order) == (
         "invoices", ("user",), "gzip", True)
     assert "keepInputOrder" in WRITE_OPTIONS
+    spec = parse(filterColumn="user")  # filter values: one entry per row unless told otherwise
+    assert (spec.filter_column, spec.sub_entry_size, spec.sink("a").filter_column) == ("user", 1, "user")
 
 
 @pytest.mark.parametrize("options, message", [
@@ -48,6 +50,9 @@ def test_the_defaults_and_every_option_read_from_strings() -> None:
     ({"compression": "zstd"}, r"compression='zstd': use none or gzip"),
     ({"compression": "gzip", "subEntrySize": "1"}, "subEntrySize must be above 1"),
     ({"keepInputOrder": "yes"}, r"keepInputOrder='yes': use 'true' or 'false'"),
+    ({"filterColumn": "region"}, r"filterColumn: no column 'region'"),
+    ({"filterColumn": "user", "subEntrySize": "100"}, "cannot carry a filter value each; leave subEntrySize out"),
+    ({"filterColumn": "user", "compression": "gzip"}, "filterColumn and compression=gzip: filter values go one"),
     ({"keepInputOrder": "true", "orderColumns": "id"}, "keepInputOrder=true and orderColumns: give one"),
     ({"bodyColumn": "payload"}, r"bodyColumn: no column 'payload' in the rows \(columns: id, user, body\)"),
     ({"orderColumns": "id,when"}, r"orderColumns: no column 'when'"),
