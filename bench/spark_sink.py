@@ -21,7 +21,10 @@ In one run, on ``local[CORES]`` (``SPARK_BENCH_CORES``, default 1) and 200k rows
 Each sink's ratio is the median of its rounds' own ratios to the floor measured just before it.  The verdict
 is on the sink over its floor in the slots partitioning in its default setting (target >= 0.8, issue 33), on
 the shuffle-free mode (its default setting) per Spark core over the raw producer (target >= 0.5), and on the
-format's writer over its floor in its default setting (target >= 0.8, issue 56).
+format's writer over its floor in its default setting (target >= 0.8, issue 56).  For the format it also prints
+the CPU time every process and the RabbitMQ nodes alone spent on its rounds, and the ceiling that leaves the writer:
+the floor keeps every core of a small machine busy, so the brokers' CPU for storing and replicating the rows adds
+to the writer's time whatever the writer does (``floor CPU / (floor CPU + brokers' CPU)``).
 Run from the repository root with the test bed up (./dev demo): python bench/spark_sink.py
 """
 
@@ -34,6 +37,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from resolvers import LoadBalancer
@@ -97,13 +101,37 @@ def timed(work: Any, *args: Any) -> float:
     return ROWS / (time.perf_counter() - started)
 
 
+def cpu_seconds(brokers_only: bool) -> float:
+    """The CPU time (user and system) of every process of this machine, or of its RabbitMQ nodes alone."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if brokers_only and b"beam.smp" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(cpu: dict[str, list[float]], work: Any, *args: Any) -> float:
+    """:func:`timed`, adding to ``cpu`` the CPU seconds every process and the brokers spent on it."""
+    everything, brokers = cpu_seconds(False), cpu_seconds(True)
+    rate = timed(work, *args)
+    cpu["all"].append(cpu_seconds(False) - everything)
+    cpu["brokers"].append(cpu_seconds(True) - brokers)
+    return rate
+
+
 DEFAULT = "slots (default)"
 MODES = {DEFAULT: "slots", "slots, one entry per row": "slots", "input (default)": "input"}  # -> its floor
 FORMAT = "format (default)"
 FORMATS = {FORMAT: {}, "format, keepInputOrder": {"keepInputOrder": "true"}}
 
 
-def spark_rates(bed: LocalTestBed, streams: dict[str, str]) -> dict[str, dict[str, list[float]]]:
+def spark_rates(bed: LocalTestBed, streams: dict[str, str],
+                cpu: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
     from pyspark.sql import functions as F
 
     from smartclient.spark.session import local_session
@@ -145,9 +173,9 @@ def spark_rates(bed: LocalTestBed, streams: dict[str, str]) -> dict[str, dict[st
                 print(f"  round {round_ + 1} {mode:27}: floor {rates[mode]['floor'][-1] / 1000:6.1f}k rows/s, "
                       f"sink {rates[mode]['sink'][-1] / 1000:6.1f}k rows/s", flush=True)
             for mode, options in formats.items():
-                rates[mode]["floor"].append(timed(write_format, df, "bench_null", {}))
-                rates[mode]["sink"].append(timed(write_format, df, "rabbitmq_stream",
-                                                 {**options, "batchId": str(round_ + 1)}))
+                rates[mode]["floor"].append(timed_cpu(cpu["floor"], write_format, df, "bench_null", {}))
+                rates[mode]["sink"].append(timed_cpu(cpu["writer"], write_format, df, "rabbitmq_stream",
+                                                     {**options, "batchId": str(round_ + 1)}))
                 print(f"  round {round_ + 1} {mode:27}: floor {rates[mode]['floor'][-1] / 1000:6.1f}k rows/s, "
                       f"writer {rates[mode]['sink'][-1] / 1000:6.1f}k rows/s", flush=True)
     finally:
@@ -165,7 +193,8 @@ def main() -> int:
         asyncio.run(create_stream_led_by(bed, stream, 0))
     try:
         raw = statistics.median(asyncio.run(raw_rate(bed, raw_stream)) for _ in range(2))
-        rates = spark_rates(bed, streams)
+        cpu: dict[str, dict[str, list[float]]] = {kind: {"all": [], "brokers": []} for kind in ("floor", "writer")}
+        rates = spark_rates(bed, streams, cpu)
     finally:
         asyncio.run(delete_streams(bed, raw_stream, *streams.values()))
     print(f"raw producer (rstream send_batch(1000), 1 process): {raw / 1000:7.1f}k msg/s")
@@ -178,6 +207,14 @@ def main() -> int:
         print(f"{mode:27} on local[{CORES}]: floor {floor_rate / 1000:7.1f}k rows/s, "
               f"sink {sink_rate / 1000:7.1f}k rows/s ({per_core / 1000:.1f}k per core): "
               f"{verdict[mode][0]:.2f}x the floor, {verdict[mode][1]:.2f}x raw per core")
+    # what the machine allows: the floor keeps every core busy, so the CPU the brokers spend storing and
+    # replicating the same rows adds to the writer's time whatever the writer does
+    floor_cpu, writer_cpu, brokers = (statistics.median(cpu[kind][part]) for kind, part in (
+        ("floor", "all"), ("writer", "all"), ("writer", "brokers")))
+    print(f"format rounds' CPU (every process, median): floor {floor_cpu * 1000:.0f} ms; writer "
+          f"{writer_cpu * 1000:.0f} ms, of which the brokers {brokers * 1000:.0f} ms and the rest of it "
+          f"{(writer_cpu - brokers - floor_cpu) * 1000:+.0f} ms over the floor's; the ceiling the brokers' share "
+          f"leaves the writer on this machine: {floor_cpu / (floor_cpu + brokers):.2f} of the floor")
     floor_ratio, input_ratio, format_ratio = verdict[DEFAULT][0], verdict["input (default)"][1], verdict[FORMAT][0]
     ok = floor_ratio >= FLOOR_TARGET and input_ratio >= INPUT_TARGET and format_ratio >= FLOOR_TARGET
     print(f"spark_sink: floor_ratio={floor_ratio:.2f} target >= {FLOOR_TARGET} and "
