@@ -37,8 +37,9 @@ def binary_column(column: Any, name: str) -> Any:
     if column.null_count:
         raise ConfigurationError(f"a row has a null body column {name!r}")
     kind = column.type
-    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)):
+    if not any(check(kind) for check in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string,
+                                         pa.types.is_large_string, pa.types.is_fixed_size_binary,
+                                         pa.types.is_binary_view, pa.types.is_string_view)):
         raise ConfigurationError(f"the body column {name!r} is {kind}: it must hold bytes or text")
     return column.cast(pa.large_binary())
 

@@ -39,6 +39,7 @@ speculative task copy would be a second live producer with the same name.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import re
@@ -166,8 +167,8 @@ class ExactlyOnceSink:
     to_message: Callable[[Any], Any] | None = field(default=None, compare=False)
     sub_entry_size: int = DEFAULT_SUB_ENTRY_SIZE
     compression: str = "none"
-    filter_column: str | None = None
     tracer_provider: Any = field(default=None, compare=False, repr=False)
+    filter_column: str | None = None
 
     def __post_init__(self) -> None:
         instance("ExactlyOnceSink.connection", self.connection, StreamConnection, optional=False)
@@ -239,8 +240,8 @@ class ExactlyOnceSink:
         work Spark does before a message is published (the slot column; with ``partitioning="slots"``
         the repartition by slot and the sort).  ``bench/spark_sink.py`` times it alone as the floor.
 
-        :raises ConfigurationError: speculation is on, the batch id does not fit, or (``"input"``) the
-            plan has a shuffle or a non-deterministic expression."""
+        :raises ConfigurationError: speculation is on, the batch id does not fit, the filter column is missing, or
+            (``"input"``) the plan has a shuffle or a non-deterministic expression."""
         from smartclient.spark._pyspark import functions as F
 
         spark = df.sparkSession
@@ -251,6 +252,9 @@ class ExactlyOnceSink:
             )
         if not 0 <= batch_id < (1 << 31):
             raise ConfigurationError(f"batch id {batch_id} does not fit the publishing-id layout")
+        if self.filter_column is not None and self.filter_column not in df.columns:
+            raise ConfigurationError(f"ExactlyOnceSink.filter_column={self.filter_column!r}: no such column in the "
+                                     f"batch (columns: {', '.join(df.columns)})")
         if self.partitioning == "input":
             _require_replayable_partitions(df)
         targets = self._targets()
@@ -315,7 +319,7 @@ class ExactlyOnceSink:
                 else:
                     bodies = binary_column(batch.column(self.body_column), self.body_column)
                 if self.filter_column is not None:
-                    bodies = filtered(bodies, batch.column(self.filter_column))
+                    bodies = filtered(bodies, batch.column(self.filter_column), self.filter_column)
                 runs = self._runs(batch, targets, partition, bodies)
                 run_with_environment(self.connection, functools.partial(writer.publish_runs, runs=runs))
         except BaseException:
@@ -328,8 +332,9 @@ class ExactlyOnceSink:
         return writer.written
 
     def _runs(self, batch: Any, targets: list[str], partition: int | None,
-              bodies: list[Any]) -> list[tuple[str, str, list[Any]]]:
-        """``(stream, producer name, bodies in order)`` for one Arrow batch."""
+              bodies: Any) -> list[tuple[str, str, Any]]:
+        """``(stream, producer name, bodies in order)`` for one Arrow batch; ``bodies`` a list of messages or a
+        column of bodies (:func:`~smartclient.spark.records.binary_column`), and each run's likewise."""
         if partition is not None and len(targets) == 1:
             return [(targets[0], f"{self.app_id}-p{partition}", bodies)]
         import pyarrow.compute as pc
@@ -400,18 +405,27 @@ class FilteredBody(bytes):
     smartclient_filter: str | None
 
 
-def filtered(bodies: Any, values: Any) -> list[Any]:
+def filtered(bodies: Any, values: Any, column: str = "filter") -> list[Any]:
     """``bodies`` (a list of messages or a column of bodies), each carrying its filter value: the text of
-    ``values`` (an Arrow column), None for a null."""
+    ``values`` (an Arrow column), None for a null.  The messages themselves are left as they are (a copy carries
+    the value), so one object given for several rows carries each row's.
+
+    :raises ConfigurationError: a filter value that is not text, or a message that cannot carry one."""
     import pyarrow as pa
 
+    try:
+        texts = values.cast(pa.string()).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ConfigurationError(f"the filter column {column!r} ({values.type}) does not read as text: {exc}") from None
     out: list[Any] = []
-    for body, value in zip(bodies if isinstance(bodies, list) else bodies.to_pylist(),
-                           values.cast(pa.string()).to_pylist(), strict=True):
-        if type(body) is bytes:
-            body = FilteredBody(body)
-        body.smartclient_filter = value
-        out.append(body)
+    for body, value in zip(bodies if isinstance(bodies, list) else bodies.to_pylist(), texts, strict=True):
+        carrier: Any = FilteredBody(body) if isinstance(body, bytes | bytearray | memoryview) else copy.copy(body)
+        try:
+            carrier.smartclient_filter = value
+        except (AttributeError, TypeError):
+            raise ConfigurationError(f"a message of type {type(body).__name__} cannot carry a filter value: "
+                                     "give bytes or an AMQP message") from None
+        out.append(carrier)
     return out
 
 
@@ -455,7 +469,7 @@ class _TaskWriter:
         self.held: dict[tuple[str, str], Any] = {}  # rows of an unfinished sub-entry (a list or a column), per producer
         self.written = 0
 
-    async def publish_runs(self, env: Any, runs: list[tuple[str, str, list[Any]]]) -> None:
+    async def publish_runs(self, env: Any, runs: list[tuple[str, str, Any]]) -> None:
         for stream, name, bodies in runs:
             key = (stream, name)
             producer = self.producers.get(key)

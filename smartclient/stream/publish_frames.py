@@ -166,7 +166,7 @@ def sub_entry(bodies: list[Any] | Records, compression: str = "none", encoding: 
         if bodies.amqp != (encoding == "amqp"):
             raise ConfigurationError(f"records encoded {'with' if bodies.amqp else 'without'} AMQP data sections "
                                      f"for a producer whose encoding is {encoding!r}")
-        records = bodies.data
+        records = memoryview(bodies.data).cast("B")  # its bytes, whatever the view's items
     else:
         parts = list(map(as_part, bodies))
         records = b"".join(chain.from_iterable(zip(_record_heads(parts, encoding == "amqp"), parts, strict=True)))

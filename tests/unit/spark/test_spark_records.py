@@ -57,3 +57,17 @@ def test_records_for_the_other_encoding_are_refused() -> None:
     data, starts = encode(binary_column(pa.array([b"ab"]), "body"), amqp=False)
     with pytest.raises(ConfigurationError, match="without AMQP data sections for a producer whose encoding is 'amqp'"):
         sub_entry(Records(data, 1, False), "none", "amqp")
+
+
+def test_records_of_a_view_with_wide_items_count_its_bytes() -> None:
+    import numpy as np
+
+    wide = memoryview(np.array([1, 2], np.int32))
+    assert sub_entry(Records(wide, 1, False), "none", "raw") == sub_entry(Records(wide.tobytes(), 1, False), "none",
+                                                                        "raw")
+
+
+def test_view_and_fixed_size_columns_are_taken_as_bytes() -> None:
+    for column in (pa.array([b"ab"], pa.binary_view()), pa.array(["ab"], pa.string_view()), pa.array([b"ab"],
+                                                                                                    pa.binary(2))):
+        assert binary_column(column, "body").to_pylist() == [b"ab"]
