@@ -55,18 +55,17 @@ def executor_of_barrier_task(rows: Any) -> Any:
 
 
 @dataclass
-class HoldMidBatch:
-    """The sink's ``to_message``: the body as it is; but the task's row ``after + 1`` (once ``after`` rows went
-    out, in whole Arrow batches) first writes ``holding-<pid>`` (its executor JVM's PID inside) in ``shared``,
-    then waits there until the file ``release`` exists."""
+class TaskHold:
+    """Counts a task's rows; its row ``after + 1`` first writes ``holding-<pid>`` (its executor JVM's PID inside)
+    in ``shared``, then waits there until the file ``release`` exists."""
 
     shared: str
     after: int
-    converted: list[int] = field(default_factory=lambda: [0])  # per task: each task unpickles its own copy
+    seen: list[int] = field(default_factory=lambda: [0])  # per task: each task unpickles its own copy
 
-    def __call__(self, row: Any) -> bytes:
-        self.converted[0] += 1
-        if self.converted[0] == self.after + 1:
+    def count_row(self) -> None:
+        self.seen[0] += 1
+        if self.seen[0] == self.after + 1:
             shared = Path(self.shared)
             (shared / f"holding-{os.getpid()}").write_text(str(executor_jvm()))
             deadline = time.monotonic() + HOLD_TIMEOUT
@@ -74,6 +73,15 @@ class HoldMidBatch:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"nobody released the task held in {shared} within {HOLD_TIMEOUT:g} s")
                 time.sleep(0.05)
+
+
+@dataclass
+class HoldMidBatch(TaskHold):
+    """The sink's ``to_message``: the body as it is, once :meth:`TaskHold.count_row` lets the row go (the task
+    holds once ``after`` rows went out, in whole Arrow batches)."""
+
+    def __call__(self, row: Any) -> bytes:
+        self.count_row()
         body: str = row["body"]
         return body.encode()
 

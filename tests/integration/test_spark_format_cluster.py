@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from smartclient.testing.pytest_plugin import SparkOnCluster
 
 from ..conftest import wait_until
 from .conftest import in_thread, read_stream, stored
-from .test_spark_cluster import executor_jvm, via_lb
+from .test_spark_cluster import TaskHold, via_lb
 
 pytestmark = pytest.mark.spark
 log = logging.getLogger(__name__)
@@ -33,28 +31,14 @@ HOLD_AFTER = 200  # a task's rows reach its writer 100 at a time (Arrow batches)
 # 1 KiB rows: the JVM hands a Python worker its input through a 64 KiB buffer, so a few dozen small rows would wait
 # there, unwritten, while the task holds
 PAD = "x" * 1000
-HOLD_TIMEOUT = 240.0  # a task the test never lets go fails, rather than hang the write
 
 
 @dataclass
-class HoldMidPartition:
-    """A Python UDF that makes row ``id``'s body; but a task's row ``after + 1`` first writes ``holding-<pid>``
-    (its executor JVM's PID inside) in ``shared``, then waits there until the file ``release`` exists."""
-
-    shared: str
-    after: int
-    seen: list[int] = field(default_factory=lambda: [0])  # per task: each task unpickles its own copy
+class HoldMidPartition(TaskHold):
+    """A Python UDF that makes row ``id``'s body, once :meth:`TaskHold.count_row` lets the row go."""
 
     def __call__(self, i: int) -> str:
-        self.seen[0] += 1
-        if self.seen[0] == self.after + 1:
-            shared = Path(self.shared)
-            (shared / f"holding-{os.getpid()}").write_text(str(executor_jvm()))
-            deadline = time.monotonic() + HOLD_TIMEOUT
-            while not (shared / "release").exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"nobody released the task held in {shared} within {HOLD_TIMEOUT:g} s")
-                time.sleep(0.05)
+        self.count_row()
         return json.dumps({"id": i, "pad": PAD})
 
 
