@@ -17,9 +17,9 @@ ten thousand placements on the events of one selector thread: it calls :meth:`Pl
 ``next`` itself, as a driver would.
 
 Before every dial the placement is offered what it already has: a shared connection of its role on a tier-0
-node with room for one more stream (:class:`Shared`), then a kept one to a tier-0 node.  A placement that
-falls back takes a shared connection to the fallback node first, then the kept one.  Placements running at
-the same time so share what the others opened meanwhile, instead of each dialling on.
+node with room for one more stream (:class:`~smartclient.core.shared.Shared`), then a kept one to a tier-0 node.
+A placement that falls back takes a shared connection to the fallback node first, then the kept one.  Placements
+running at the same time so share what the others opened meanwhile, instead of each dialling on.
 
 Which landings are acceptable:
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar, overload
@@ -50,12 +50,11 @@ from smartclient.core.retry import RetryPolicy
 from smartclient.core.topology import Candidates
 
 __all__ = ["AsyncShell", "Attempt", "Dial", "Done", "GiveUp", "Keep", "Kept", "KeptList", "Missed", "Placement",
-           "Reached", "Reject", "Routed", "Shareable", "Shared", "Shell", "drive", "drive_async", "misroute",
+           "Reached", "Reject", "Routed", "Shell", "drive", "drive_async", "misroute",
            "summarise"]
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)
-S = TypeVar("S", bound="Shareable")
 
 
 class _Decision(str, Enum):
@@ -248,29 +247,6 @@ class Dial:
 
     target: Address
     delay: float = 0.0
-
-
-class Shareable(Protocol):
-    """A connection several producers (or consumers) may share: the node it reached, and whether it can
-    take one more."""
-
-    @property
-    def node(self) -> Address: ...
-
-    def alive(self) -> bool: ...
-
-    def has_room(self) -> bool: ...
-
-
-class Shared(Generic[S]):
-    """The :class:`Kept` hook of the connections a role shares: the first one alive on one of ``nodes``
-    with room for another stream (it stays shared: taking it takes nothing away)."""
-
-    def __init__(self, connections: Sequence[S]) -> None:
-        self.connections = connections
-
-    def take(self, nodes: tuple[Address, ...]) -> S | None:
-        return next((c for c in self.connections if c.node in nodes and c.alive() and c.has_room()), None)
 
 
 @dataclass(frozen=True)

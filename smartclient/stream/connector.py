@@ -17,7 +17,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,9 +25,10 @@ from smartclient import _otel, credentials, keepalive
 from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, SmartClientError, TokenRefused
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
-from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, Shared, drive_async
+from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive_async
 from smartclient.core.retry import HANG_MEMORY, RetryPolicy
 from smartclient.core.settings import PoolLimits
+from smartclient.core.shared import Shared
 from smartclient.core.topology import Candidates
 from smartclient.options import ClientSettings
 from smartclient.resolution import Resolution
@@ -330,7 +331,7 @@ class StreamConnector:
         return done
 
     async def acquire(self, candidates: Candidates, name: str, retry: RetryPolicy | None = None,
-                      shared: Sequence[Connection] = ()) -> Connection:
+                      shared: Shared[Connection] | None = None) -> Connection:
         """A connection to a node of ``candidates``: one of ``shared`` (the connections its role shares) with
         room, a parked one, or new ones until one lands right; before every dial, what is shared or parked is
         offered again (see :class:`~smartclient.core.landing.Placement`).
@@ -345,7 +346,7 @@ class StreamConnector:
         policy = retry or self.retry
         bounded = max(0.001, min(policy.max_time, remaining(policy.max_time)))  # within the attempt's deadline
         plan: Placement[Connection] = Placement(candidates, replace(policy, max_time=bounded), self.parking,
-                                                shared=Shared(shared))
+                                                shared=Shared() if shared is None else shared)
         done = await drive_async(plan, _Placing(self, candidates, name))
         if done.shared:
             log.debug("placement of %s shares a connection to %s", candidates.stream, done.connection.node)

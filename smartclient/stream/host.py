@@ -62,12 +62,21 @@ class Connection:
     idle_since: float | None = None  # when it was parked, the last time it was taken from the parking lot
     sessions: int = 0  # connections the placement that took it last opened (0: a kept one, reused)
     closed: bool = False
+    #: told when an id is given back on a full connection (the lane sharing it offers it again)
+    on_room: Callable[[Connection], None] | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
         return not self.closed and self.client.is_connection_alive()
 
     def has_room(self) -> bool:
         return len(self.ids) < self.max_ids
+
+    def give_back(self, ident: int) -> None:
+        """Id ``ident`` is free on this connection again."""
+        full = not self.has_room()
+        self.ids.discard(ident)
+        if full and self.has_room() and self.on_room is not None:
+            self.on_room(self)
 
     def take_id(self, taken: Collection[int] = ()) -> int:
         """The next publisher/subscription id free on this connection and not in ``taken`` (the ids the

@@ -25,15 +25,16 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from smartclient.core.address import Address
 from smartclient.core.deadline import step
-from smartclient.core.landing import Shared
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
+from smartclient.core.shared import Shared
 from smartclient.core.topology import Candidates, Role, consumer_fallback
 from smartclient.stream import _rstream
 from smartclient.stream.host import PlacementRecord
@@ -44,11 +45,55 @@ if TYPE_CHECKING:
     from smartclient.stream.topology_cache import TopologyCache
     from smartclient.stream.tracing import StreamTracing
 
-__all__ = ["StreamPlacement"]
+__all__ = ["PlacementBook", "StreamPlacement"]
 
 log = logging.getLogger(__name__)
 Lane = tuple[Role, bool]  # a role, and whether its handles keep to connections apart
+Key = tuple[int, str]  # a placement record's: the carrier's id, the stream
 _NOTHING = contextlib.nullcontext()
+_NONE: Mapping[Address, int] = MappingProxyType({})
+
+
+class PlacementBook:
+    """Where every producer and consumer sits, by (carrier, stream), indexed so that nothing a placement asks
+    reads them all: the consumers of each stream by node (the load that orders its replicas), and the records
+    of each connection (dropped with it)."""
+
+    def __init__(self) -> None:
+        self.records: dict[Key, PlacementRecord] = {}
+        self._loads: dict[str, Counter[Address]] = {}
+        self._on_connection: dict[str, set[Key]] = {}
+
+    def put(self, key: Key, record: PlacementRecord) -> None:
+        self.pop(key)
+        self.records[key] = record
+        if record.role is Role.CONSUMER:
+            self._loads.setdefault(record.stream, Counter())[record.node] += 1
+        self._on_connection.setdefault(record.connection, set()).add(key)
+
+    def pop(self, key: Key) -> None:
+        record = self.records.pop(key, None)
+        if record is None:
+            return
+        if record.role is Role.CONSUMER:
+            load = self._loads[record.stream]
+            load[record.node] -= 1
+            if load[record.node] <= 0:
+                del load[record.node]
+                if not load:
+                    del self._loads[record.stream]
+        keys = self._on_connection[record.connection]
+        keys.discard(key)
+        if not keys:
+            del self._on_connection[record.connection]
+
+    def load(self, stream: str) -> Mapping[Address, int]:
+        """How many of ``stream``'s consumers sit on each node (a view: read it before the next placement)."""
+        return self._loads.get(stream, _NONE)
+
+    def drop_connection(self, name: str) -> None:
+        for key in list(self._on_connection.get(name, ())):
+            self.pop(key)
 
 
 class StreamPlacement:
@@ -68,17 +113,21 @@ class StreamPlacement:
         self._locks: dict[tuple[Lane, tuple[Address, ...]], asyncio.Lock] = {}
         self._waiting: Counter[tuple[Lane, tuple[Address, ...]]] = Counter()  # placements holding or awaiting each
         #: the connections each lane shares: a role, and whether its handles keep apart (single active consumers)
-        self.shared: dict[Lane, list[Connection]] = {(role, apart): [] for role in (Role.PRODUCER, Role.CONSUMER)
-                                                     for apart in (False, True)}
-        self.records: dict[tuple[int, str], PlacementRecord] = {}
+        self.shared: dict[Lane, Shared[Connection]] = {
+            (role, apart): Shared() for role in (Role.PRODUCER, Role.CONSUMER) for apart in (False, True)}
+        self.book = PlacementBook()
         #: told each placement's time and the connections it opened (telemetry)
         self.on_placed: Callable[[Role, float, int], None] | None = None
         self.tracing: StreamTracing | None = None  # a span per placement, when tracing
         connector.on_closed = self.on_connection_closed
         connector.on_mismatch = self.on_mismatch
 
-    def consumer_load(self, stream: str) -> Counter[Address]:
-        return Counter(r.node for r in self.records.values() if r.role is Role.CONSUMER and r.stream == stream)
+    @property
+    def records(self) -> dict[tuple[int, str], PlacementRecord]:
+        return self.book.records
+
+    def consumer_load(self, stream: str) -> Mapping[Address, int]:
+        return self.book.load(stream)
 
     async def place(self, pool: Any, stream: str, closed_handler: Any) -> Connection:
         """A connection for ``stream`` on a node of its candidates, from the connector: a shared one of its lane
@@ -97,7 +146,7 @@ class StreamPlacement:
     async def _place(self, pool: Any, stream: str, closed_handler: Any, role: Role) -> tuple[Connection, int]:
         candidates = await self._candidates(stream, role)
         lane = (role, stream in getattr(pool, "apart", ()))
-        if Shared(self.shared[lane]).take(candidates.tiers[0]) is not None:
+        if self.shared[lane].take(candidates.tiers[0]) is not None:
             # a connection of this role to a first-choice node is open and has room: nothing to wait for (a
             # recovery must not queue behind a placement that dials, maybe while an election goes on)
             return await self._acquire(pool, stream, closed_handler, lane, candidates)
@@ -132,13 +181,17 @@ class StreamPlacement:
                        candidates: Candidates) -> tuple[Connection, int]:
         role = lane[0]
         shared = self.shared[lane]
-        shared[:] = [c for c in shared if c.alive()]
-        retry = self.recovery_retry if self.recovering[(role, stream)] else None
-        conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
-        if all(c is not conn for c in shared):  # a new or parked one: shared from now on
+        conn = shared.take(candidates.tiers[0])
+        if conn is not None:  # (what the connector's placement would start with: no need to build one)
+            conn.sessions = 0
+        else:
+            retry = self.recovery_retry if self.recovering[(role, stream)] else None
+            conn = await self.connector.acquire(candidates, self.connection_name, retry=retry, shared=shared)
+        if conn not in shared:  # a new or parked one: shared from now on
             _rstream.on_metadata_update(conn.client, self.topologies.on_metadata_update, "smartclient-topology")
             if conn.alive():
-                shared.append(conn)
+                shared.add(conn)
+                conn.on_room = shared.room
         self._record(pool, stream, conn, closed_handler, candidates.fallback)
         return conn, conn.sessions
 
@@ -155,8 +208,8 @@ class StreamPlacement:
         conn.forwards[id(pool.carrier)] = _rstream.closed_forwarder(pool.carrier, conn.client, closed_handler)
         conn.client.add_stream(stream)
         name = pool.names.get(stream)
-        self.records[(id(pool.carrier), stream)] = PlacementRecord(role, stream, name, conn.node, conn.dialled,
-                                                                   conn.name, fallback)
+        self.book.put((id(pool.carrier), stream), PlacementRecord(role, stream, name, conn.node, conn.dialled,
+                                                                  conn.name, fallback))
 
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it
@@ -165,8 +218,7 @@ class StreamPlacement:
         broker answers), and a parked connection goes to any lane next."""
         apart = False
         for (_, lane_apart), shared in self.shared.items():
-            if conn in shared:
-                shared.remove(conn)
+            if shared.discard(conn):
                 apart = apart or lane_apart
         if apart:
             await self.connector.close_connection(conn, handshake=False)  # (a waiting broker would not answer)
@@ -177,7 +229,7 @@ class StreamPlacement:
         return self.records.get((id(carrier), stream))
 
     def forget(self, carrier: Any, stream: str) -> None:
-        self.records.pop((id(carrier), stream), None)
+        self.book.pop((id(carrier), stream))
 
     def placements(self) -> list[PlacementRecord]:
         return sorted(self.records.values(), key=lambda r: (r.role.value, r.stream, r.connection))
@@ -185,9 +237,9 @@ class StreamPlacement:
     async def on_connection_closed(self, conn: Connection, info: Any) -> None:
         log.info("connection %s to %s closed: topologies with that node invalidated", conn.name, conn.node)
         self.topologies.drop(node=conn.node)
-        for key, record in list(self.records.items()):
-            if record.connection == conn.name:
-                del self.records[key]
+        self.book.drop_connection(conn.name)
+        for shared in self.shared.values():
+            shared.discard(conn)
 
     def on_mismatch(self, target: Address, reached: Address, candidates: Candidates) -> None:
         self.topologies.drop(node=target)

@@ -10,8 +10,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -70,6 +69,7 @@ class TopologyCache:
         self.retry = retry
         self._topologies: dict[str, StreamTopology] = {}
         self._routed: dict[str, StreamTopology] = {}  # the same, with where each member is dialled (to show)
+        self._on_node: dict[Address, set[str]] = {}  # the cached topologies with a member on each node
         self._inflight: dict[str, asyncio.Task[StreamTopology]] = {}
         self._asked: dict[str, float] = {}  # stream -> when a caller last joined its lookup under way
         self._nodes: dict[Address, float] = {}  # members topologies named, and when (another node to ask)
@@ -226,7 +226,7 @@ class TopologyCache:
                 leader, replicas = members  # advertised addresses: resolved only when dialled (one seam)
                 self._seen((leader, *replicas))
                 topo = StreamTopology(stream, leader, tuple(replicas))
-                self._topologies[stream] = topo
+                self._keep(topo)
                 return topo
         finally:  # (a dial still under way closes what it opens: it sees ``over``)
             other.over = True
@@ -370,19 +370,37 @@ class TopologyCache:
         return stream in self._topologies
 
     def drop(self, stream: str | None = None, node: Address | None = None) -> None:
-        """Forget cached topologies: one stream's, those with a member on ``node``, or all."""
-        for name, topo in list(self._topologies.items()):
-            if (stream is None and node is None) or name == stream or (node is not None and node in topo.members):
-                del self._topologies[name]
-        for name in [name for name in self._routed if name not in self._topologies]:
-            del self._routed[name]  # (kept only beside a cached topology: a deleted stream's went with it)
+        """Forget cached topologies: one stream's, those with a member on ``node``, or all (what it costs follows
+        the topologies forgotten, not those cached: a node's connections closing one by one each drop it)."""
+        if stream is None and node is None:
+            names: list[str] = list(self._topologies)
+        else:
+            names = [stream] if stream is not None else []
+            names += self._on_node.get(node, ()) if node is not None else ()
+        for name in names:
+            self._forget(name)
+
+    def _keep(self, topo: StreamTopology) -> None:
+        self._forget(topo.stream)
+        self._topologies[topo.stream] = topo
+        for member in topo.members:
+            self._on_node.setdefault(member, set()).add(topo.stream)
+
+    def _forget(self, stream: str) -> None:
+        topo = self._topologies.pop(stream, None)
+        self._routed.pop(stream, None)  # (kept only beside a cached topology: a deleted stream's goes with it)
+        for member in topo.members if topo is not None else ():
+            streams = self._on_node[member]
+            streams.discard(stream)
+            if not streams:
+                del self._on_node[member]
 
     async def on_metadata_update(self, frame: Any) -> None:
         stream = _rstream.metadata_stream(frame)
         log.info("MetadataUpdate for %s: topology invalidated", stream)
         self.drop(stream=stream)
 
-    async def candidates(self, stream: str, role: Role, load: Counter[Address] | None = None,
+    async def candidates(self, stream: str, role: Role, load: Mapping[Address, int] | None = None,
                          recovering: bool = False) -> Candidates:
         """The nodes a producer or consumer of ``stream`` may use, by tier (see :class:`Candidates`);
         ``recovering``: while one of the stream's recovers (see :func:`replica_wait`)."""

@@ -517,7 +517,7 @@ def _free_id_in(taken: Collection[int]) -> int:
 def _free_id(client: Any, ident: int) -> None:
     conn = connection_of(client)
     if conn is not None:
-        conn.ids.discard(ident)
+        conn.give_back(ident)
 
 
 async def _drop_client(carrier: RProducer | RConsumer, stream: str, dead_only: bool = False) -> None:

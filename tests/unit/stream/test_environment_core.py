@@ -53,8 +53,24 @@ class _CountingTopologies(TopologyCache):
         self.calls.append(stream)
         await asyncio.sleep(0.05)
         topo = StreamTopology(stream, Address("n1", 1), ())
-        self._topologies[stream] = topo
+        self._keep(topo)
         return topo
+
+
+async def test_dropping_a_node_forgets_exactly_the_topologies_with_a_member_there() -> None:
+    cache = _CountingTopologies()
+    n1, n2, n3 = (Address(f"n{i}", 1) for i in (1, 2, 3))
+    for name, leader, replicas in (("a", n1, (n2,)), ("b", n2, (n3,)), ("c", n3, ())):
+        cache._keep(StreamTopology(name, leader, replicas))
+    cache._keep(StreamTopology("c", n3, (n1,)))  # read again, with another member: indexed anew
+    cache.drop(node=n2)
+    assert "a" not in cache and "b" not in cache and "c" in cache
+    cache.drop(node=n1)
+    assert "c" not in cache and not cache._on_node
+    cache._keep(StreamTopology("a", n1, (n2,)))
+    cache.drop(stream="a")
+    cache.drop(stream="gone")  # (not cached: nothing)
+    assert "a" not in cache and not cache._on_node
 
 
 async def test_concurrent_lookups_of_one_stream_share_one_request() -> None:
@@ -217,9 +233,7 @@ class _Connector:
         self.dials = 0
 
     async def acquire(self, candidates: Any, name: str, retry: Any = None, shared: Any = None) -> Connection:
-        from smartclient.core.landing import Shared
-
-        if (conn := Shared(shared).take(candidates.tiers[0])) is not None:
+        if shared is not None and (conn := shared.take(candidates.tiers[0])) is not None:
             return conn
         self.dials += 1
         await self.release.wait()
@@ -245,9 +259,10 @@ async def test_a_placement_with_a_shared_connection_open_does_not_queue_behind_o
         if connector.dials:
             break
         await asyncio.sleep(0)
-    placement.shared[(Role.CONSUMER, False)].append(_conn(node))  # meanwhile a connection to n1 is open, with room
+    opened = _conn(node)
+    placement.shared[(Role.CONSUMER, False)].add(opened)  # meanwhile a connection to n1 is open, with room
     conn = await asyncio.wait_for(placement.place(pool, "s2", None), 1)  # taken at once, not behind the dial
-    assert conn is placement.shared[(Role.CONSUMER, False)][0] and not dialling.done()
+    assert conn is opened and not dialling.done()
     connector.release.set()
     await dialling
     assert placement._locks == {} and not placement._waiting  # the lock went with its last placement

@@ -14,8 +14,9 @@ import pytest
 
 from smartclient import Address, ConnectionFailed, NodeUnreachable, RetryPolicy, StreamTopology
 from smartclient.core.broker_nodes import BrokerNode
-from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement, Shared
+from smartclient.core.landing import Dial, Done, GiveUp, Keep, KeptList, Placement
 from smartclient.core.settings import Credentials, PoolLimits
+from smartclient.core.shared import Shared
 from smartclient.core.topology import Candidates, Role
 from smartclient.node_placement import Landed, NodePlacer
 from smartclient.options import ClientSettings
@@ -226,6 +227,61 @@ def test_shared_offers_the_first_live_connection_with_room_on_the_nodes_and_keep
     assert shared.take((N3,)) is None
 
 
+def test_shared_sets_the_full_aside_until_told_of_room_drops_the_dead_and_forgets_what_is_discarded() -> None:
+    older, newer, dead = _Shared(N1), _Shared(N1), _Shared(N1, alive=False)
+    shared = Shared([dead, older, newer, _Shared(N2)])
+    assert shared.take((N1,)) is older and len(shared) == 3 and dead not in shared  # the dead one went on the way
+    older._room = False  # full: set aside on the next look, which takes the newer one
+    assert shared.take((N3, N1)) is newer and older in shared and list(shared._open[N1].values()) == [newer]
+    older._room = True
+    assert shared.take((N1,)) is newer  # not looked at again until told
+    shared.room(older)
+    shared.room(newer)  # (not set aside: nothing)
+    assert shared.take((N1,)) is newer and set(shared._open[N1].values()) == {newer, older}
+    assert shared.discard(older) and not shared.discard(older) and older not in shared
+    newer._room = False
+    assert shared.take((N1,)) is None and shared.take((N2,)) is not None
+    assert shared.discard(newer) and not shared._full  # a full one goes too
+    shared.add(shared.take((N2,)))  # already shared: nothing changes
+    assert len(shared) == 1
+
+
+def test_a_connection_that_gets_an_id_back_when_full_tells_its_lane() -> None:
+    conn = Connection(FakeClient(), N1, LB, "c", max_ids=2)
+    told: list[Connection] = []
+    conn.on_room = told.append
+    first, second = conn.take_id(), conn.take_id()
+    conn.give_back(first)
+    conn.give_back(first)  # (not full any more: told once)
+    conn.give_back(second)
+    assert told == [conn] and not conn.ids
+
+
+def test_the_placement_book_keeps_each_streams_consumers_by_node_and_each_connections_records() -> None:
+    from smartclient.stream.host import PlacementRecord
+    from smartclient.stream.placement import PlacementBook
+
+    book = PlacementBook()
+
+    def record(role: Role, stream: str, node: Address, conn: str) -> PlacementRecord:
+        return PlacementRecord(role, stream, None, node, LB, conn)
+
+    book.put((1, "s"), record(Role.CONSUMER, "s", N2, "c1"))
+    book.put((2, "s"), record(Role.CONSUMER, "s", N2, "c1"))
+    book.put((3, "s"), record(Role.CONSUMER, "s", N3, "c2"))
+    book.put((4, "s"), record(Role.PRODUCER, "s", N1, "p1"))
+    assert book.load("s") == {N2: 2, N3: 1} and book.load("other") == {}
+    book.put((2, "s"), record(Role.CONSUMER, "s", N3, "c2"))  # placed again, elsewhere
+    assert book.load("s") == {N2: 1, N3: 2}
+    book.drop_connection("c2")
+    assert book.load("s") == {N2: 1} and set(book.records) == {(1, "s"), (4, "s")}
+    book.pop((1, "s"))
+    book.pop((1, "s"))  # (twice: nothing)
+    assert book.load("s") == {} and list(book.records) == [(4, "s")]
+    book.drop_connection("p1")
+    assert not book.records and not book._loads and not book._on_connection
+
+
 def test_a_shared_connection_comes_before_a_kept_one_and_before_any_dial() -> None:
     kept: KeptList[Any] = KeptList()
     parked = _Shared(N1)
@@ -237,12 +293,12 @@ def test_a_shared_connection_comes_before_a_kept_one_and_before_any_dial() -> No
 
 
 def test_what_another_placement_opened_meanwhile_is_offered_before_the_next_dial() -> None:
-    opened_elsewhere: list[_Shared] = []
-    plan: Placement[Any] = Placement(LEADER, FAST, KeptList(), shared=Shared(opened_elsewhere))
+    opened_elsewhere: Shared[_Shared] = Shared()
+    plan: Placement[Any] = Placement(LEADER, FAST, KeptList(), shared=opened_elsewhere)
     assert plan.start() == Dial(N1)
     assert isinstance(plan.landed(N1, LB, N2, _Shared(N2)), Keep)
     other = _Shared(N1)
-    opened_elsewhere.append(other)  # a concurrent placement landed on n1 while this one dialled
+    opened_elsewhere.add(other)  # a concurrent placement landed on n1 while this one dialled
     assert plan.next() == Done(other, reused=True, shared=True) and plan.attempts == 1
 
 
@@ -263,11 +319,11 @@ def test_a_fallback_takes_a_shared_connection_to_its_node_first() -> None:
 def test_the_stream_shell_shares_through_the_hook_without_dialling() -> None:
     connector = FakeStreamConnector(sticky(N2))
     in_use = Connection(FakeClient(), N1, LB, "in-use")
-    conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
+    conn = asyncio.run(connector.acquire(LEADER, "test", shared=Shared([in_use])))
     assert conn is in_use and connector.opened == 0 and connector.reused == 0 and conn.sessions == 0
     in_use.ids.update(range(in_use.max_ids))  # no free id: not offered
     connector = FakeStreamConnector(round_robin())
-    conn = asyncio.run(connector.acquire(LEADER, "test", shared=[in_use]))
+    conn = asyncio.run(connector.acquire(LEADER, "test", shared=Shared([in_use])))
     assert conn is not in_use and conn.node == N1 and conn.sessions == connector.opened
 
 
