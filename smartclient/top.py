@@ -6,6 +6,8 @@ It reads what the service exports through the OpenTelemetry Prometheus exporter 
 - where the connections sit: producers and consumers per node and role, AMQP and MQTT clients per node;
 - per stream: publish, confirm and consume rates since the last poll, errors, messages waiting for a confirm;
 - per consumer (stream and consumer name): its lag, the messages committed and not yet handed to it;
+- per super stream: its partitions' lag, the median and the highest, and those falling behind (above
+  ``BEHIND_FACTOR`` times the median), the furthest first;
 - placement: LB sessions, kept connections reused, node mismatches by reason, recoveries, resent messages;
 - the recent events: what those counters gained between two polls, newest first.
 
@@ -36,6 +38,9 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _DROPPED = ("otel_scope_", "messaging_system")  # the same on every smartclient series
 _OURS = ("smartclient_", "rabbitmq_stream_", "messaging_client_")
+BEHIND_FACTOR = 3.0  # a partition whose lag is above this many times its super stream's median is behind ...
+BEHIND_FLOOR = 100.0  # ... if it is at least this many messages behind (a few messages is no one falling behind)
+SHOWN_PARTITIONS = 8  # the partitions a super stream's section lists, the furthest behind first
 
 
 def _unescape(value: str) -> str:
@@ -107,14 +112,47 @@ class ConsumerRow:
 
 
 @dataclass
+class SuperStreamRow:
+    """A super stream's partitions as its consumers see them: each partition's lag (the largest of its consumers'
+    names), furthest behind first."""
+
+    super_stream: str
+    lags: list[tuple[str, float]]
+
+    @property
+    def median(self) -> float:
+        values = sorted(lag for _, lag in self.lags)
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+    def behind(self) -> list[tuple[str, float]]:
+        """The partitions above ``BEHIND_FACTOR`` times the median and ``BEHIND_FLOOR``."""
+        bar = max(BEHIND_FACTOR * self.median, BEHIND_FLOOR)
+        return [(p, lag) for p, lag in self.lags if lag > bar]
+
+
+def _super_streams(current: Snapshot) -> list[SuperStreamRow]:
+    lags: dict[str, dict[str, float]] = {}
+    for (stream, parent, _), lag in current.by("smartclient_consumer_lag", "messaging_destination_name",
+                                                "smartclient_super_stream", "messaging_consumer_group_name").items():
+        if parent:
+            partitions = lags.setdefault(parent, {})
+            partitions[stream] = max(lag, partitions.get(stream, 0.0))
+    return [SuperStreamRow(parent, sorted(partitions.items(), key=lambda item: (-item[1], item[0])))
+            for parent, partitions in sorted(lags.items())]
+
+
+@dataclass
 class View:
     """What one frame shows (``None`` rates: the first poll, nothing to compare with)."""
 
     connections: dict[tuple[str, ...], float] = field(default_factory=dict)  # (node, role) -> placements
     clients: dict[tuple[str, ...], float] = field(default_factory=dict)  # (protocol, node) -> clients
     stream_connections: float = 0.0
+    stream_connections_by_node: dict[str, float] = field(default_factory=dict)  # node -> open stream connections
+    super_streams: list[SuperStreamRow] = field(default_factory=list)
     streams: list[StreamRow] = field(default_factory=list)
-    consumers: list[ConsumerRow] = field(default_factory=list)  # lag per stream and consumer name
+    consumers: list[ConsumerRow] = field(default_factory=list)  # lag per stream and consumer name (not partitions)
     sessions: float = 0.0
     reused: float = 0.0
     mismatches: dict[str, float] = field(default_factory=dict)  # reason -> total
@@ -154,12 +192,16 @@ def view(previous: Snapshot | None, current: Snapshot) -> View:
         connections=current.by("smartclient_connections", "server_node", "smartclient_role"),
         clients=current.by("smartclient_clients", "network_protocol_name", "server_node"),
         stream_connections=current.total("rabbitmq_stream_connections"),
+        stream_connections_by_node={node: n for (node,), n in current.by("rabbitmq_stream_connections",
+                                                                          "server_node").items() if node and n},
+        super_streams=_super_streams(current),
         streams=[StreamRow(s, published.get((s,), 0.0), _rate("rabbitmq_stream_published", s, previous, current),
                            _rate("rabbitmq_stream_confirmed", s, previous, current),
                            _rate("rabbitmq_stream_consumed", s, previous, current),
                            errored.get((s,), 0.0), outstanding.get((s,), 0.0)) for s in streams],
-        consumers=[ConsumerRow(s, name, lag) for (s, name), lag in sorted(
-            current.by("smartclient_consumer_lag", stream, "messaging_consumer_group_name").items())],
+        consumers=[ConsumerRow(s, name, lag) for (s, name, parent), lag in sorted(
+            current.by("smartclient_consumer_lag", stream, "messaging_consumer_group_name",
+                       "smartclient_super_stream").items()) if not parent],
         sessions=current.total("smartclient_placement_sessions"),
         reused=current.total("smartclient_placement_reused"),
         mismatches={reason: n for (reason,), n in current.by("smartclient_placement_mismatches",
@@ -191,7 +233,9 @@ def render(v: View, recent: Iterable[str] = (), source: str = "", error: str | N
     if error:
         lines.append(f"!! {error}")
     lines.append("")
-    lines.append(f"CONNECTIONS  stream connections open: {v.stream_connections:g}")
+    per_node = ", ".join(f"{node} {n:g}" for node, n in sorted(v.stream_connections_by_node.items()))
+    lines.append(f"CONNECTIONS  stream connections open: {v.stream_connections:g}" + (f" ({per_node})" if per_node
+                                                                                      else ""))
     lines.append(f"  {'NODE':<32} {'ROLE':<10} {'COUNT':>6}")
     for (node, role), n in sorted(v.connections.items()):
         lines.append(f"  {node:<32} {role:<10} {n:>6g}")
@@ -213,7 +257,9 @@ def render(v: View, recent: Iterable[str] = (), source: str = "", error: str | N
     for consumer in v.consumers:
         lines.append(f"           {consumer.stream:<30} {consumer.name or '-':<20} {consumer.lag:>11,.0f}")
     if not v.consumers:
-        lines.append("           (none sampled)")
+        lines.append("           (none sampled)" if not v.super_streams else "           (none but partitions)")
+    for parent in v.super_streams:
+        lines.extend(_super_stream_lines(parent))
     lines.append("")
     mismatches = ", ".join(f"{reason} {n:g}" for reason, n in sorted(v.mismatches.items())) or "none"
     mean = "-" if v.recovery_mean is None else f"{v.recovery_mean:.2f} s"
@@ -224,6 +270,19 @@ def render(v: View, recent: Iterable[str] = (), source: str = "", error: str | N
     lines.append("RECENT")
     lines.extend([f"  {line}" for line in recent] or ["  (nothing yet)"])
     return "\n".join(lines)
+
+
+def _super_stream_lines(row: SuperStreamRow) -> list[str]:
+    behind = row.behind()
+    shown = max(SHOWN_PARTITIONS, len(behind))
+    lines = ["", f"SUPER STREAM  {row.super_stream}: {len(row.lags)} partitions, lag median {row.median:,.0f}, "
+                 f"highest {row.lags[0][1]:,.0f}; {len(behind)} behind (above {BEHIND_FACTOR:g}x the median)",
+             f"  {'PARTITION':<40} {'LAG':>11}"]
+    for partition, lag in row.lags[:shown]:
+        lines.append(f"  {partition:<40} {lag:>11,.0f}" + ("  BEHIND" if (partition, lag) in behind else ""))
+    if len(row.lags) > shown:
+        lines.append(f"  ... {len(row.lags) - shown} more")
+    return lines
 
 
 def fetch(url: str, timeout: float = 5.0, clock: Callable[[], float] = time.monotonic) -> Snapshot:

@@ -106,6 +106,7 @@ class _Handle:
         self._carrier = carrier
         self.stream = stream
         self.name = name
+        self.super_stream: str | None = None  # the super stream whose partition its stream is, if opened as one
         self.closed = False
         self.recoveries = 0  # completed recoveries
         #: why it stopped on its own, if it did: RecoveryFailed (recovery gave up), CallbackFailed (a consumer's

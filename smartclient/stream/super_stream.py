@@ -88,7 +88,8 @@ class SuperStreamProducer:
 
     async def _open(self) -> None:
         for partition in self.partitions:
-            self.producers[partition] = await self.env.producer(partition, self.options)
+            self.producers[partition] = producer = await self.env.producer(partition, self.options)
+            producer.super_stream = self.super_stream  # (telemetry: its partitions, together)
 
     async def route(self, body: Any, key: str | None = None) -> list[str]:
         """The partitions a message goes to (one for hash routing; those bound to the key for key routing).
@@ -255,6 +256,7 @@ class SuperStreamConsumer:
                 partition, callback, on_chunk=on_chunk, options=options,
                 super_stream=self.super_stream if options.single_active else None,
             )
+            self.consumers[partition].super_stream = self.super_stream  # (telemetry: its partitions, together)
 
     @property
     def callback_errors(self) -> int:

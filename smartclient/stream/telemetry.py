@@ -72,7 +72,8 @@ class StreamTelemetry:
         return [(value, on_stream(stream)) for stream, value in sorted(totals.items())]
 
     def _connections(self) -> Iterable[tuple[float, dict[str, str]]]:
-        return [(len(self.carriers.placement.connector.connections), SYSTEM)]
+        by_node = Counter(str(c.node) for c in list(self.carriers.placement.connector.connections))
+        return [(n, {**SYSTEM, "server.node": node}) for node, n in sorted(by_node.items())] or [(0, SYSTEM)]
 
     def _placements(self) -> Iterable[tuple[float, dict[str, str]]]:
         counts = Counter((str(r.node), r.role.value) for r in self.carriers.placement.placements())
@@ -91,8 +92,11 @@ class StreamTelemetry:
         return [(value, on_stream(stream)) for stream, value in sorted(totals.items())]
 
     def _lag(self) -> Iterable[tuple[float, dict[str, str]]]:
-        """Per stream and consumer name (none for unnamed consumers), the lag furthest behind at the last sample."""
-        return [(lag, {**on_stream(stream), **({"messaging.consumer.group.name": name} if name else {})})
+        """Per stream and consumer name (none for unnamed consumers), the lag furthest behind at the last sample;
+        a super stream's partition says which (``smartclient.super_stream``)."""
+        supers = {h.stream: h.super_stream for h in list(self.carriers.handles) if h.super_stream is not None}
+        return [(lag, {**on_stream(stream), **({"messaging.consumer.group.name": name} if name else {}),
+                       **({"smartclient.super_stream": supers[stream]} if stream in supers else {})})
                 for (stream, name), lag in sorted(lag_sampler(self.carriers).worst().items(),
                                                   key=lambda item: (item[0][0], item[0][1] or ""))]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -117,6 +118,42 @@ async def test_top_shows_the_lag_of_a_consumer_held_in_its_callback(
     finally:
         gate.set()
         await delete_streams(bed, stream)
+
+
+async def test_top_shows_a_super_streams_partitions_and_marks_the_one_whose_consumer_falls_behind(
+    rabbitmq_testbed: TestBed, rabbitmq_unique_name: str, endpoint: tuple[str, Any]
+) -> None:
+    url, provider = endpoint
+    bed, name = rabbitmq_testbed, rabbitmq_unique_name
+    gate = asyncio.Event()
+
+    async def held(message: object, context: object) -> None:
+        if bytes(message) == b"hold":  # (only partition 2's messages say so)
+            await gate.wait()
+
+    async with Environment([bed.stream_uri(n.host, n.stream_port) for n in bed.nodes],
+                           telemetry=Telemetry(meter_provider=provider)) as env:
+        partitions = await env.create_super_stream(name, partitions=4)
+        try:
+            consumer = await env.super_stream_consumer(name, held, offset="first", name="billing")
+            for index, partition in enumerate(partitions):
+                producer = await env.producer(partition)
+                await producer.send_many([b"hold" if index == 2 else b"x"] * 500)
+                await producer.flush()
+                await producer.close()
+            held_one = consumer.consumers[partitions[2]]
+            await wait_until(lambda: held_one.lag == 500, 30, lambda: f"a lag of 500, not {held_one.lag}")
+            code, out, err = await top("--metrics", url, "--once", "--interval", "0.2")
+            print(out)
+            assert code == 0, err
+            section = out[out.index("SUPER STREAM"):out.index("PLACEMENT")].splitlines()
+            assert section[0].startswith(f"SUPER STREAM  {name}: 4 partitions, lag median 0, highest 500; 1 behind")
+            assert section[2].split() == [partitions[2], "500", "BEHIND"]
+            assert sorted(line.split()[0] for line in section[3:6]) == sorted(set(partitions) - {partitions[2]})
+            assert re.search(r"stream connections open: \d+ \(\S+:\d+ \d+", out)  # and by node
+        finally:
+            gate.set()
+            await env.delete_super_stream(name, missing_ok=True)
 
 
 async def test_top_says_when_the_endpoint_does_not_answer() -> None:

@@ -70,3 +70,31 @@ def test_a_bad_url_and_an_unreachable_endpoint_are_typed_errors() -> None:
         fetch("svc:9464/metrics")
     with pytest.raises(ConnectionFailed, match="could not read"):
         fetch("http://127.0.0.1:9/metrics", timeout=1)
+
+
+def test_a_super_streams_partitions_show_their_lag_and_the_one_falling_behind_is_marked() -> None:
+    lines = [f"rabbitmq_stream_connections{{{SCOPE},server_node=\"rabbit-{n}:5552\"}} {n}.0" for n in (1, 2)]
+    for p in range(12):
+        lag = 40_000 if p == 7 else 1_000 + p
+        for name in ("billing", "audit"):  # two groups: a partition's lag is the larger
+            on = f'messaging_destination_name="orders-{p}",messaging_consumer_group_name="{name}"'
+            lines.append(f'smartclient_consumer_lag{{{SCOPE},{on},smartclient_super_stream="orders"}} '
+                         f'{lag if name == "billing" else 5}')
+    lines.append(f'smartclient_consumer_lag{{{SCOPE},messaging_destination_name="plain"}} 3')
+    frame = view(None, Snapshot(1.0, parse("\n".join(lines))))
+    [row] = frame.super_streams
+    assert row.super_stream == "orders" and len(row.lags) == 12 and row.lags[0] == ("orders-7", 40_000)
+    assert row.median == 1_005.5 and row.behind() == [("orders-7", 40_000)]
+    assert [c.stream for c in frame.consumers] == ["plain"]  # partitions are shown with their super stream
+    assert frame.stream_connections == 3 and frame.stream_connections_by_node == {"rabbit-1:5552": 1,
+                                                                                    "rabbit-2:5552": 2}
+    text = render(frame)
+    assert "(rabbit-1:5552 1, rabbit-2:5552 2)" in text
+    assert "SUPER STREAM  orders: 12 partitions, lag median 1,006, highest 40,000; 1 behind" in text
+    assert "orders-7" in text and "40,000  BEHIND" in text and "... 4 more" in text
+
+
+def test_a_super_stream_whose_partitions_are_all_near_zero_has_none_behind() -> None:
+    from smartclient.top import SuperStreamRow
+
+    assert SuperStreamRow("s", [("s-1", 50.0), ("s-0", 0.0), ("s-2", 0.0)]).behind() == []  # (below the floor)
