@@ -186,10 +186,9 @@ class StreamAdmin:
             await asyncio.to_thread(self._create_super_stream_over_http, management, super_stream, names, keys,
                                     args, exists_ok)
             return names
-        locator = await self.topologies.locator()
         with map_stream_errors(f"creating super stream {super_stream!r}"):
-            created = await _rstream.create_super_stream(locator, super_stream, names, keys,
-                                                         args.to_stream_protocol())
+            created = await self.topologies.on_own_connection("admin", lambda client: _rstream.create_super_stream(
+                client, super_stream, names, keys, args.to_stream_protocol()))
         if not created and not exists_ok:
             raise TopologyError(f"super stream {super_stream!r} already exists")
         return names
@@ -221,7 +220,8 @@ class StreamAdmin:
         await self.carriers.end_handles_of(partitions, f"super stream {super_stream!r} was deleted by this Environment")
         try:
             with map_stream_errors(f"deleting super stream {super_stream!r}"):
-                await locator.delete_super_stream(super_stream)
+                await self.topologies.on_own_connection("admin", lambda client: _rstream.delete_super_stream(
+                    client, super_stream, len(partitions)))
         except StreamNotFound:
             if not missing_ok:
                 raise

@@ -24,7 +24,7 @@ from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.topology import Candidates, Role, StreamTopology, ready_choice
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
-from smartclient.stream.host import PlacementRecord
+from smartclient.stream.host import PlacementRecord, carrier_streams
 
 if TYPE_CHECKING:
     from smartclient.core.flow import ConsumerFlow
@@ -116,7 +116,9 @@ class Carriers:
         """A carrier with no publisher/subscriber on ``stream`` yet (made if needed); ``flow``: a consumer's;
         ``apart``: on connections apart from the other consumers' (see :class:`StreamPlacement`)."""
         for carrier, streams in self._carriers[role]:
-            if stream not in streams:
+            # (rstream keys a carrier's publishers and subscribers by id, unique over all its connections: a
+            # carrier holds 56 streams, so that each finds an id free on a shared connection with 199 in use)
+            if stream not in streams and len(streams) < carrier_streams(self.limits.max_streams_per_connection):
                 streams.add(stream)
                 _rstream.name_stream(carrier, stream, name, flow, apart)
                 return carrier

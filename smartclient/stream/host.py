@@ -10,6 +10,7 @@ machinery (the Environment's carriers, the watches) reaches a handle only throug
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -20,7 +21,8 @@ from smartclient.core.recovery import RecoveryEvent, RecoveryPolicy
 from smartclient.core.topology import Candidates, Role, StreamTopology
 from smartclient.options import ConsumerOptions, ProducerOptions
 
-__all__ = ["Connection", "HandleControl", "PlacementRecord", "StreamHost", "StreamOpener"]
+__all__ = ["ID_SPACE", "SUBSCRIBES_IN_FLIGHT", "Connection", "HandleControl", "PlacementRecord", "StreamHost",
+           "StreamOpener", "carrier_streams"]
 
 ClosedHandler = Callable[[Any], Any]
 T = TypeVar("T")
@@ -45,6 +47,25 @@ class HandleControl(Protocol):
         """Its stream was deleted by this Environment: it closes quietly, with ``reason`` as its failure."""
 
 
+#: publisher and subscription ids are a byte on the wire: a connection holds at most ``max_ids``
+#: (``PoolLimits.max_streams_per_connection``, at most 200) of them, chosen among all 256, so that an rstream carrier
+#: with at most ``ID_SPACE - max_ids`` streams (its ids unique over all its connections) always finds one free
+ID_SPACE = 256
+
+
+def carrier_streams(max_ids: int) -> int:
+    """How many streams an rstream carrier may hold so that each always finds an id free (see ``ID_SPACE``)."""
+    return max(1, ID_SPACE - max_ids)
+
+
+#: Subscribes a connection has sent and not had answered, at most.  The broker's process of a connection reads
+#: nothing while it works through what it read (a single active consumer's Subscribe goes through the stream
+#: coordinator's log: 20 ms and more each on the test bed), so its heartbeat check sees the client silent: 200
+#: Subscribes sent at once (a 500-partition super stream) held it past two 2 s heartbeats, and it closed the
+#: connection, its 200 consumers with it.  A few at a time, it reads between them.
+SUBSCRIBES_IN_FLIGHT = 8
+
+
 @dataclass(eq=False)
 class Connection:
     """A stream connection smartclient opened: the rstream client, the node it reached, what was dialled."""
@@ -57,11 +78,14 @@ class Connection:
     # rstream's closed handlers of the Producers/Consumers sharing it, by carrier
     forwards: dict[int, ClosedHandler] = field(default_factory=dict)
     ids: set[int] = field(default_factory=set)  # publisher or subscription ids in use on it
+    held: int = 0  # producers and consumers placed on it (see has_room)
     last_id: int = -1  # the id given last (ids go round)
     parked_at: float | None = None
     idle_since: float | None = None  # when it was parked, the last time it was taken from the parking lot
     sessions: int = 0  # connections the placement that took it last opened (0: a kept one, reused)
     closed: bool = False
+    subscribing: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SUBSCRIBES_IN_FLIGHT),
+                                           repr=False)  # (see SUBSCRIBES_IN_FLIGHT)
     #: told when an id is given back on a full connection (the lane sharing it offers it again)
     on_room: Callable[[Connection], None] | None = field(default=None, repr=False)
 
@@ -69,27 +93,44 @@ class Connection:
         return not self.closed and self.client.is_connection_alive()
 
     def has_room(self) -> bool:
-        return len(self.ids) < self.max_ids
+        """Whether one more producer or consumer may be placed here: counting the ids in use, and those placed
+        here whose id is not taken yet (hundreds placed at once would each see a free id otherwise, and the
+        201st would find none: a super stream of 500 partitions did)."""
+        return len(self.ids) < self.max_ids and self.held < self.max_ids
+
+    def hold(self) -> None:
+        """One more producer or consumer placed here (its id may come later)."""
+        self.held += 1
+
+    def let_go(self) -> None:
+        """One producer or consumer placed here less (moved, closed, or its placement given up)."""
+        full = not self.has_room()
+        self.held = max(0, self.held - 1)
+        self._freed(full)
 
     def give_back(self, ident: int) -> None:
         """Id ``ident`` is free on this connection again."""
         full = not self.has_room()
         self.ids.discard(ident)
-        if full and self.has_room() and self.on_room is not None:
-            self.on_room(self)
+        self._freed(full)
+
+    def _freed(self, was_full: bool) -> None:
+        if was_full and self.has_room() and self.on_room is not None:
+            self.on_room(self)  # (the lane sharing it offers it again)
 
     def take_id(self, taken: Collection[int] = ()) -> int:
         """The next publisher/subscription id free on this connection and not in ``taken`` (the ids the
         rstream carrier already uses, on any connection: it keys its own tables by them).  Ids go round: one
         just given back is the last to be used again, so nothing keyed by it (rstream's delivery queue and
         task, the broker's subscription) can meet a newer subscription of the same id."""
-        for step in range(self.max_ids):
-            ident = (self.last_id + 1 + step) % self.max_ids
+        for step in range(ID_SPACE):
+            ident = (self.last_id + 1 + step) % ID_SPACE
             if ident not in self.ids and ident not in taken:
                 self.ids.add(ident)
                 self.last_id = ident
                 return ident
-        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({self.max_ids} in use)")
+        raise ConnectionFailed(f"connection {self.name} to {self.node} has no free id left ({len(self.ids)} in use "
+                               f"on it, {len(taken)} taken by its carrier elsewhere)")
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,15 @@ class PlacementBook:
         self.records: dict[Key, PlacementRecord] = {}
         self._loads: dict[str, Counter[Address]] = {}
         self._on_connection: dict[str, set[Key]] = {}
+        self._held: dict[Key, Connection] = {}  # the connection each record holds a place on
 
-    def put(self, key: Key, record: PlacementRecord) -> None:
+    def put(self, key: Key, record: PlacementRecord, conn: Connection | None = None) -> None:
+        """Record ``key`` placed, holding a place on ``conn`` until it is popped."""
         self.pop(key)
         self.records[key] = record
+        if conn is not None:
+            conn.hold()
+            self._held[key] = conn
         if record.role is Role.CONSUMER:
             self._loads.setdefault(record.stream, Counter())[record.node] += 1
         self._on_connection.setdefault(record.connection, set()).add(key)
@@ -75,6 +80,8 @@ class PlacementBook:
         record = self.records.pop(key, None)
         if record is None:
             return
+        if (conn := self._held.pop(key, None)) is not None:
+            conn.let_go()
         if record.role is Role.CONSUMER:
             load = self._loads[record.stream]
             load[record.node] -= 1
@@ -209,7 +216,7 @@ class StreamPlacement:
         conn.client.add_stream(stream)
         name = pool.names.get(stream)
         self.book.put((id(pool.carrier), stream), PlacementRecord(role, stream, name, conn.node, conn.dialled,
-                                                                  conn.name, fallback))
+                                                                  conn.name, fallback), conn)
 
     async def unused(self, conn: Connection) -> None:
         """No producer or consumer uses ``conn`` any more: park it, for the next placement on its node (it

@@ -29,7 +29,7 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     "client.Client._connection_closed_handler",  # wrapped: told also when a connection without streams ends
     "client.Client._client_properties",  # the connection name given
     "client.Client._frame_max",  # the negotiated frame max (Publish frames are packed here)
-    "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions
+    "client.Client._corr_id_seq",  # correlation ids for ExchangeCommandVersions and the super stream commands
     "client.Client._listener",  # NamedClient.start mirrors rstream's start: reader task ...
     "client.Client._waiters",  # ... whose pending requests NamedClient fails once it stops
     "client.Client._on_heartbeat",  # ... heartbeat handler ...

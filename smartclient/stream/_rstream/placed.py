@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 from smartclient.stream._rstream.columns import chunk_of
 from smartclient.stream._rstream.frames import messages_of
-from smartclient.stream._rstream.wire import HANDING, connection_of, forget_handlers, offset_spec
+from smartclient.stream._rstream.wire import HANDING, connection_of, few_at_a_time, forget_handlers, offset_spec
 
 __all__ = [
     "MAX_ITEM_ALLOWED", "PlacedClientPool", "PlacedConsumer", "PlacedProducer", "busy", "close_publisher",
@@ -560,8 +560,8 @@ async def subscribe(carrier: Any, stream: str, deliver: Any, offset: Any,
         conn = connection_of(await carrier.smartclient_place(stream))
         if ready is not None and conn is not None:
             await ready(conn.node)
-        sid = await step("subscribing", carrier.subscribe(stream, deliver, offset_specification=offset_spec(offset),
-                                                          **how))
+        sid = await step("subscribing", few_at_a_time(conn, carrier.subscribe(
+            stream, deliver, offset_specification=offset_spec(offset), **how)))
     except BaseException:
         await asyncio.shield(_abandon_subscription(carrier, stream))
         raise

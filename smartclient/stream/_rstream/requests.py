@@ -1,22 +1,26 @@
 """The stream commands rstream does not know, sent by smartclient itself on rstream's connections: on a live
 connection whose reader hands the answer back (:func:`extra_request`), or with the reader stopped
-(:func:`raw_request`); and what a connection's broker says it speaks."""
+(:func:`raw_request`); what a connection's broker says it speaks; and a super stream's creation and deletion, which
+keep the broker at work for seconds (:func:`long_request`)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
+from rstream import exceptions as rx
 from rstream import schema
 
 from smartclient._errors import ConnectionFailed
 from smartclient.core.deadline import step
 from smartclient.stream._rstream.wire import EXTRA_RESPONSES, _NamedConnection
 
-__all__ = ["broker_version", "command_versions", "extra_request", "raw_request"]
+__all__ = ["broker_version", "command_versions", "create_super_stream", "delete_super_stream", "extra_request",
+           "long_request", "raw_request", "super_stream_timeout"]
 
 
 async def command_versions(locator: Any) -> dict[int, tuple[int, int]]:
@@ -79,3 +83,46 @@ def broker_version(client: Any) -> tuple[int, ...]:
             break
         parts.append(int(digits))
     return tuple(parts)
+
+
+#: the seconds a super stream's creation or deletion may take, per partition, on top of rstream's 10 s: the broker
+#: creates (or deletes) every partition's replicas in the connection's own process and sends nothing meanwhile, not
+#: even a heartbeat (500 partitions took 14 s on the test bed's three nodes, beyond rstream's 10 s)
+SUPER_STREAM_SECONDS_PER_PARTITION = 0.2
+
+
+def super_stream_timeout(partitions: int) -> float:
+    """How long creating or deleting a super stream of ``partitions`` may take before it is given up."""
+    return 10.0 + SUPER_STREAM_SECONDS_PER_PARTITION * partitions
+
+
+async def long_request(client: Any, frame: Any, answer: Any, timeout: float) -> None:
+    """Send ``frame`` and wait up to ``timeout`` for its ``answer``, the silence watch standing aside meanwhile: a
+    broker at work on it sends nothing, heartbeats included.  A connection dropped meanwhile is found by the
+    timeout instead."""
+    client.smartclient_busy_until = time.monotonic() + timeout
+    try:
+        waiter = client.wait_frame(answer, frame.corr_id, timeout=timeout)
+        await client.send_frame(frame)
+        (await waiter).check_response_code(raise_exception=True)
+    finally:
+        client.smartclient_busy_until = 0.0
+
+
+async def create_super_stream(locator: Any, super_stream: str, names: list[str], keys: list[str],
+                              arguments: dict[str, str]) -> bool:
+    """Create it; False if it exists already."""
+    frame = schema.CreateSuperStream(locator._corr_id_seq.next(), super_stream=super_stream, partitions=names,
+                                     binding_keys=keys,
+                                     arguments=[schema.Property(k, str(v)) for k, v in arguments.items()])
+    try:
+        await long_request(locator, frame, schema.CreateSuperStreamResponse, super_stream_timeout(len(names)))
+    except rx.StreamAlreadyExists:
+        return False
+    return True
+
+
+async def delete_super_stream(locator: Any, super_stream: str, partitions: int) -> None:
+    """Delete it (and its ``partitions`` partitions)."""
+    frame = schema.DeleteSuperStream(locator._corr_id_seq.next(), super_stream=super_stream)
+    await long_request(locator, frame, schema.DeleteSuperStreamResponse, super_stream_timeout(partitions))

@@ -30,6 +30,9 @@ async def watch_silence(client: Any, dead_after: float, heartbeat: float = 0) ->
         if now - asked > step + limit / 4:  # the loop was held: what arrived meanwhile is not read yet
             client._last_heartbeat = max(client._last_heartbeat, now)
             continue
+        if getattr(client, "smartclient_busy_until", 0.0) > now:
+            client._last_heartbeat = max(client._last_heartbeat, now)  # at work on a long request: see long_request
+            continue
         silent = now - client._last_heartbeat
         if silent > limit - step:  # looked at every step: found within limit
             client.smartclient_silent_for = silent

@@ -12,11 +12,11 @@ import socket
 import ssl
 import struct
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rstream import ConsumerOffsetSpecification, FilterConfiguration, OffsetType, schema
 from rstream import exceptions as rx
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from smartclient.stream.host import Connection
 
 
+T = TypeVar("T")
 __all__ = [
     "HANDING",
     "LocatorClient",
@@ -60,9 +61,9 @@ __all__ = [
     "connection_of",
     "consumer_update_answer",
     "create_stream",
-    "create_super_stream",
     "decode_amqp_message",
     "drop_socket",
+    "few_at_a_time",
     "filter_config",
     "forget_handlers",
     "frame_max_of",
@@ -465,6 +466,14 @@ def attach(client: Any, conn: Connection) -> None:
     client.smartclient_conn = weakref.ref(conn)
 
 
+async def few_at_a_time(conn: Connection | None, subscribe: Awaitable[T]) -> T:
+    """Await ``subscribe`` once ``conn`` has fewer than ``host.SUBSCRIBES_IN_FLIGHT`` others under way."""
+    if conn is None:
+        return await subscribe
+    async with conn.subscribing:
+        return await subscribe
+
+
 def connection_of(client: Any) -> Connection | None:
     """The :class:`Connection` ``client`` was attached to, while the Environment still holds it."""
     ref: weakref.ref[Connection] | None = getattr(client, "smartclient_conn", None)
@@ -559,16 +568,6 @@ async def create_stream(locator: Any, stream: str, arguments: dict[str, str]) ->
     except rx.PreconditionFailed:
         return "differs"
     return "created"
-
-
-async def create_super_stream(locator: Any, super_stream: str, names: list[str], keys: list[str],
-                              arguments: dict[str, str]) -> bool:
-    """Create it; False if it exists already."""
-    try:
-        await locator.create_super_stream(super_stream, names, keys, arguments)
-    except rx.StreamAlreadyExists:
-        return False
-    return True
 
 
 async def query_offset(client: Any, stream: str, name: str) -> int | None:

@@ -257,6 +257,29 @@ def test_a_connection_that_gets_an_id_back_when_full_tells_its_lane() -> None:
     assert told == [conn] and not conn.ids
 
 
+def test_a_connection_counts_those_placed_on_it_before_their_ids_are_taken() -> None:
+    """500 partitions' producers placed at once each saw a free id on a shared connection, before any id was
+    taken: the 201st found none.  A record placed holds a place until it is popped (moved, closed)."""
+    from smartclient.stream.host import PlacementRecord
+    from smartclient.stream.placement import PlacementBook
+
+    conn = Connection(FakeClient(), N1, LB, "c", max_ids=2)
+    told: list[Connection] = []
+    conn.on_room = told.append
+    book = PlacementBook()
+    book.put((1, "s1"), PlacementRecord(Role.PRODUCER, "s1", None, N1, LB, "c"), conn)
+    assert conn.has_room()
+    book.put((2, "s2"), PlacementRecord(Role.PRODUCER, "s2", None, N1, LB, "c"), conn)
+    assert not conn.has_room() and not conn.ids  # no id taken yet: full all the same
+    book.put((2, "s2"), PlacementRecord(Role.PRODUCER, "s2", None, N1, LB, "c"), conn)  # placed again: one place
+    assert conn.held == 2 and not conn.has_room()
+    told.clear()
+    book.pop((1, "s1"))
+    assert conn.has_room() and told == [conn]
+    book.drop_connection("c")
+    assert conn.held == 0
+
+
 def test_the_placement_book_keeps_each_streams_consumers_by_node_and_each_connections_records() -> None:
     from smartclient.stream.host import PlacementRecord
     from smartclient.stream.placement import PlacementBook

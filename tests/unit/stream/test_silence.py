@@ -84,3 +84,44 @@ async def test_a_connection_ended_under_a_client_without_a_closed_handler_logs_n
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_connection_at_work_on_a_long_request_is_not_silent_until_its_deadline() -> None:
+    """The broker creating a super stream's partitions sends nothing, heartbeats included (500 partitions: 14 s):
+    the watch stands aside until the request's own deadline, then counts afresh."""
+    client = Client(time.monotonic())
+    client.smartclient_busy_until = time.monotonic() + 0.8  # type: ignore[attr-defined]
+    started = time.monotonic()
+    await asyncio.wait_for(watch_silence(client, 0.4), 5)
+    assert client.transport.aborted and time.monotonic() - started >= 0.8 + 0.15
+
+
+async def test_a_long_request_waits_its_own_timeout_and_marks_the_connection_busy_meanwhile() -> None:
+    from rstream import schema
+
+    from smartclient.stream._rstream.requests import long_request, super_stream_timeout
+
+    seen: dict[str, Any] = {}
+
+    class Answer:
+        def check_response_code(self, raise_exception: bool) -> None:
+            seen["checked"] = raise_exception
+
+    class Locator:
+        smartclient_busy_until = 0.0
+
+        def wait_frame(self, answer: Any, corr_id: int, timeout: float) -> Any:
+            seen["timeout"], seen["busy"] = timeout, self.smartclient_busy_until - time.monotonic()
+
+            async def answered() -> Answer:
+                return Answer()
+            return answered()
+
+        async def send_frame(self, frame: Any) -> None:
+            seen["frame"] = frame
+
+    locator = Locator()
+    frame = schema.DeleteSuperStream(7, super_stream="s")
+    await long_request(locator, frame, schema.DeleteSuperStreamResponse, super_stream_timeout(500))
+    assert seen["timeout"] == super_stream_timeout(500) == 110.0 and seen["busy"] > 100
+    assert seen["frame"] is frame and seen["checked"] is True and locator.smartclient_busy_until == 0.0

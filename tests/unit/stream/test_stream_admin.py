@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -23,9 +24,18 @@ class _Locator:
     async def partitions(self, super_stream: str) -> list[str]:
         return [f"{super_stream}-0", f"{super_stream}-1"]
 
-    async def delete_super_stream(self, super_stream: str) -> None:
-        if self.error is not None:
-            raise self.error
+    # what a super stream's deletion sends on a connection of its own (topologies.on_own_connection)
+    _corr_id_seq = SimpleNamespace(next=lambda: 1)
+
+    def wait_frame(self, answer: Any, corr_id: int, timeout: float) -> Any:
+        async def answered() -> Any:
+            if self.error is not None:
+                raise self.error
+            return SimpleNamespace(check_response_code=lambda raise_exception: None)
+        return answered()
+
+    async def send_frame(self, frame: Any) -> None:
+        pass
 
 
 class _Topologies:
@@ -34,6 +44,9 @@ class _Topologies:
 
     async def locator(self) -> _Locator:
         return self._locator
+
+    async def on_own_connection(self, purpose: str, request: Any) -> Any:
+        return await request(self._locator)
 
     def drop(self, stream: str) -> None:
         self.dropped.append(stream)

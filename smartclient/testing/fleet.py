@@ -1,0 +1,199 @@
+"""A fleet of service processes that lose a node at once: ``bench/scale.py --fleet`` and its short version in CI.
+
+Each process (``python -m smartclient.testing.fleet``) opens its own Environment through the bed's round-robin load
+balancer, with a producer and a single active consumer (one group for the whole fleet) on each partition of one
+super stream.  Once every process is ready, :func:`fleet_round` kills one node (``kill -9`` by PID) and tells the
+processes when; each reports when each of its handles was back (``Environment.on_recovery``), the connections it
+dialled and the placements it made meanwhile, and its Metadata requests as they grew.  The node is started again
+and the super stream deleted at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from smartclient.core.address import Address
+from smartclient.core.retry import RetryPolicy
+from smartclient.testing.local import LocalTestBed
+
+__all__ = ["FleetRound", "fleet_round", "percentile"]
+
+GROUP = "fleet"
+SETTLED = 5.0  # seconds with no handle recovering, after the last recovery, that end a process's watch
+WATCH = 120.0  # seconds a process watches at most after the kill
+
+
+@dataclass(frozen=True)
+class FleetRound:
+    """What one round reported: the handles back and when (seconds after the kill, sorted), those that were not,
+    the dials and placements the processes made after the kill, and the Metadata requests in the peak second."""
+
+    processes: int
+    jitter: float
+    handles: int
+    back: tuple[float, ...]
+    failed: int
+    dials: int
+    placements: int
+    metadata_peak: int
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.back, 50)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.back, 99)
+
+    @property
+    def worst(self) -> float:
+        return self.back[-1] if self.back else math.nan
+
+    def per_handle(self, count: int) -> float:
+        """``count`` over the handles that came back."""
+        return count / max(1, len(self.back))
+
+    def line(self) -> str:
+        return (f"{self.processes:>3} process(es), jitter {self.jitter:g}: {len(self.back)} handles back of "
+                f"{self.handles} ({self.failed} not): p50 {self.p50:.2f} s, p99 {self.p99:.2f} s, worst "
+                f"{self.worst:.2f} s after the kill; {self.per_handle(self.dials):.2f} dials and "
+                f"{self.per_handle(self.placements):.2f} placements per handle back; Metadata requests in the peak "
+                f"second {self.metadata_peak}")
+
+
+def percentile(values: tuple[float, ...] | list[float], pct: float) -> float:
+    """The nearest-rank percentile of sorted ``values`` (nan when there are none)."""
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, max(0, math.ceil(pct / 100 * len(values)) - 1))]
+
+
+def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: int = 10,
+                jitter: float = 0.0) -> FleetRound:
+    """``processes`` service processes on a new super stream of ``partitions``, ``victim`` killed once all are
+    ready: what they report.  The node is started again before it returns."""
+    from smartclient.environment import Environment
+
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    entry = [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
+
+    async def create() -> None:
+        async with Environment(entry) as env:
+            await env.create_super_stream(name, partitions=partitions)
+
+    async def delete() -> None:
+        async with Environment(entry) as env:
+            await env.delete_super_stream(name, missing_ok=True)
+
+    asyncio.run(create())
+    work = Path(f"/tmp/smartclient-{name}")
+    work.mkdir()
+    go = work / "go"
+    children = [subprocess.Popen([sys.executable, "-m", "smartclient.testing.fleet", "--super", name, "--jitter",
+                                  str(jitter), "--go", str(go), "--ready", str(work / f"ready-{i}")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i in range(processes)]
+    try:
+        deadline = time.monotonic() + 60 + 10 * processes
+        while sum((work / f"ready-{i}").exists() for i in range(processes)) < processes:
+            gone = [c for c in children if c.poll() is not None]
+            if gone or time.monotonic() > deadline:
+                why = "; ".join((c.stderr.read() if c.stderr else "")[-800:] for c in gone) or "not ready in time"
+                raise RuntimeError(f"the fleet did not start: {why}")
+            time.sleep(0.2)
+        killed = time.time()
+        bed.kill_node(victim)
+        go.write_text(repr(killed))
+        reports = []
+        for child in children:
+            out, err = child.communicate(timeout=WATCH + 60)
+            if child.returncode != 0:
+                raise RuntimeError(f"a fleet process failed ({child.returncode}): {err[-2000:]}")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        bed.restart_node(victim)
+        asyncio.run(delete())
+    per_second: Counter[int] = Counter()
+    for report in reports:
+        for (_, before), (at, after) in itertools.pairwise(report["metadata"]):
+            per_second[int(at - killed)] += after - before
+    return FleetRound(
+        processes, jitter, sum(r["handles"] for r in reports),
+        tuple(sorted(b["at"] - killed for r in reports for b in r["back"] if b["recovered"])),
+        sum(1 for r in reports for b in r["back"] if not b["recovered"]) + sum(r["recovering"] for r in reports),
+        sum(r["dialled"] for r in reports), sum(r["placements"] for r in reports),
+        max(per_second.values(), default=0))
+
+
+async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path, ready: Path) -> dict[str, Any]:
+    """One service process: its handles, then, once ``go`` holds the kill's time, when each is back."""
+    from resolvers import LoadBalancer
+    from smartclient.environment import Environment
+
+    host, port = bed.lb("stream")
+    back: list[dict[str, Any]] = []
+    placed: list[float] = []
+    metadata: list[tuple[float, int]] = []
+    env = Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
+                      retry=RetryPolicy(backoff_jitter=jitter))
+    env.on_recovery(lambda e: back.append({"at": time.time(), "recovered": e.recovered}))
+    async with env:
+        producer = await env.super_stream_producer(super_stream, key=str)
+        consumer = await env.super_stream_consumer(super_stream, lambda m, c: None, name=GROUP, single_active=True)
+        handles = [*producer.producers.values(), *consumer.consumers.values()]
+        placement, connector, topologies = env.streams._placement, env.streams.connector, env.streams._topologies
+        told = placement.on_placed
+
+        def on_placed(role: Any, seconds: float, sessions: int) -> None:
+            placed.append(seconds)
+            if told is not None:
+                told(role, seconds, sessions)
+
+        placement.on_placed = on_placed
+        ready.write_text("ready")
+        while not go.exists():
+            await asyncio.sleep(0.05)
+        killed = float(go.read_text())
+        opened, placements = connector.opened, len(placed)
+        recovering = len(handles)
+        while time.time() < killed + WATCH:
+            metadata.append((time.time(), topologies.metadata_requests))
+            recovering = sum(1 for h in handles if h.recovering)
+            if not recovering and time.time() - max([killed, *(b["at"] for b in back)]) > SETTLED:
+                break
+            await asyncio.sleep(0.1)
+        dialled = connector.opened - opened
+    return {"handles": len(handles), "back": back, "recovering": recovering, "dialled": dialled,
+            "placements": len(placed) - placements, "metadata": metadata}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="one service process of a fleet (smartclient.testing.fleet)")
+    parser.add_argument("--super", required=True)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--go", required=True, type=Path)
+    parser.add_argument("--ready", required=True, type=Path)
+    args = parser.parse_args()
+    report = asyncio.run(_service(LocalTestBed.from_env(), args.super, args.jitter, args.go, args.ready))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

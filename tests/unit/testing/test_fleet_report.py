@@ -1,0 +1,23 @@
+"""``smartclient.testing.fleet``'s report: percentiles and per-handle figures."""
+
+from __future__ import annotations
+
+import math
+
+from smartclient.testing.fleet import FleetRound, percentile
+
+
+def test_percentiles_are_nearest_rank_and_empty_is_nan() -> None:
+    values = tuple(float(i) for i in range(1, 101))
+    assert percentile(values, 50) == 50 and percentile(values, 99) == 99 and percentile(values, 100) == 100
+    assert percentile((3.0,), 99) == 3.0 and math.isnan(percentile((), 50))
+
+
+def test_a_rounds_line_says_what_came_back_and_what_it_cost() -> None:
+    r = FleetRound(processes=2, jitter=0.5, handles=40, back=(0.5, 1.0, 4.0), failed=1, dials=3, placements=6,
+                   metadata_peak=12)
+    assert (r.p50, r.p99, r.worst, r.per_handle(r.dials)) == (1.0, 4.0, 4.0, 1.0)
+    assert r.line() == ("  2 process(es), jitter 0.5: 3 handles back of 40 (1 not): p50 1.00 s, p99 4.00 s, "
+                        "worst 4.00 s after the kill; 1.00 dials and 2.00 placements per handle back; Metadata "
+                        "requests in the peak second 12")
+    assert math.isnan(FleetRound(1, 0.0, 2, (), 2, 0, 0, 0).worst)
