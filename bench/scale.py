@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from smartclient import Environment  # noqa: E402
 from smartclient.core.routing import hash_partition  # noqa: E402
 from smartclient.core.settings import PoolLimits  # noqa: E402
-from smartclient.testing.fleet import fleet_round  # noqa: E402
+from smartclient.testing.fleet import FleetRound, fleet_round, pooled  # noqa: E402
 from smartclient.testing.local import LocalTestBed  # noqa: E402
 
 CAP = PoolLimits().max_streams_per_connection
@@ -63,6 +63,7 @@ GROUP = "scale"
 BODY = 100  # bytes per message
 LAG_FACTOR, LAG_FLOOR = 3.0, 200
 FLEET_PARTITIONS = 10
+ALONE_ROUNDS = 2  # rounds of one process alone before each fleet round: the anchor
 JITTER = 0.5  # RetryPolicy.backoff_jitter when it is on
 
 
@@ -316,21 +317,33 @@ async def one_process(bed: LocalTestBed, sizes: list[int], messages: int) -> boo
 
 
 # -- a fleet ------------------------------------------------------------------------------------------------------
-def fleet(bed: LocalTestBed, processes: int, jitters: list[float]) -> bool:
+def fleet(bed: LocalTestBed, processes: int, jitters: list[float], rounds: int) -> bool:
+    """``rounds`` rounds of each jitter, taken in turn (the bed drifts: no jitter gets all the early or late ones),
+    each with ``ALONE_ROUNDS`` rounds of one process as its anchor; figures pooled per jitter."""
     victim = bed.nodes[1].name
-    ok = True
     print(f"a fleet of {processes} processes, each a producer and a single active consumer on each of "
-          f"{FLEET_PARTITIONS} partitions through the round-robin LB; {victim} killed (kill -9) once all are ready")
+          f"{FLEET_PARTITIONS} partitions through the round-robin LB; {victim} killed (kill -9) once all are ready; "
+          f"{rounds} round(s) of each jitter, one process alone {ALONE_ROUNDS} times before each")
+    alone: dict[float, list[FleetRound]] = {j: [] for j in jitters}
+    many: dict[float, list[FleetRound]] = {j: [] for j in jitters}
+    for _ in range(rounds):
+        for jitter in jitters:
+            for _ in range(ALONE_ROUNDS):
+                alone[jitter].append(fleet_round(bed, 1, victim, partitions=FLEET_PARTITIONS, jitter=jitter))
+                print(f"  {alone[jitter][-1].line()}")
+            many[jitter].append(fleet_round(bed, processes, victim, partitions=FLEET_PARTITIONS, jitter=jitter))
+            print(f"  {many[jitter][-1].line()}")
+    ok = True
     for jitter in jitters:
-        alone = fleet_round(bed, 1, victim, partitions=FLEET_PARTITIONS, jitter=jitter)
-        print(f"  {alone.line()}")
-        many = fleet_round(bed, processes, victim, partitions=FLEET_PARTITIONS, jitter=jitter)
-        print(f"  {many.line()}")
-        ratio = many.p99 / alone.p99 if alone.p99 > 0 else math.inf
-        dials = many.per_handle(many.dials)
-        print(f"  jitter {jitter:g}: the fleet's p99 / one process's = {ratio:.2f} (target <= 2), dials per handle "
-              f"back {dials:.2f} (target <= 1.5)")
-        ok = ok and not many.failed and bool(many.back) and ratio <= 2.0 and dials <= 1.5
+        one, all_ = pooled(alone[jitter]), pooled(many[jitter])
+        ratio = all_.p99 / one.p99 if one.p99 > 0 else math.inf
+        dials = all_.per_handle(all_.dials)
+        peaks = sorted(r.metadata_peak for r in many[jitter])
+        print(f"  jitter {jitter:g}, pooled: one process p99 {one.p99:.2f} s ({len(one.back)} handles back); the "
+              f"fleet p50 {all_.p50:.2f} s, p99 {all_.p99:.2f} s, worst {all_.worst:.2f} s ({len(all_.back)} back, "
+              f"{all_.failed} not); p99 / one process's = {ratio:.2f} (target <= 2); dials per handle back "
+              f"{dials:.2f} (target <= 1.5); Metadata requests in the peak second {peaks}")
+        ok = ok and not all_.failed and bool(all_.back) and ratio <= 2.0 and dials <= 1.5
     return ok
 
 
@@ -341,6 +354,7 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=200, help="messages per partition (200)")
     parser.add_argument("--fleet", type=int, help="run the fleet of N processes instead")
     parser.add_argument("--jitter", default="0,0.5", help="backoff_jitter values for the fleet (0,0.5)")
+    parser.add_argument("--rounds", type=int, default=2, help="fleet rounds of each jitter (2)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--super", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -354,7 +368,7 @@ def main() -> int:
         return 0
     bed.up()
     if args.fleet:
-        ok = fleet(bed, args.fleet, [float(j) for j in args.jitter.split(",")])
+        ok = fleet(bed, args.fleet, [float(j) for j in args.jitter.split(",")], args.rounds)
         verdict = "PASS" if ok else "MISS"
         print(f"scale_fleet: processes={args.fleet} target every handle back, p99 <= 2x one process's, "
               f"dials <= 1.5 per handle {verdict}")

@@ -97,8 +97,10 @@ class RetryPolicy:
         a round-robin LB gives the next node to the very next connection).
     :param backoff_max: longest delay.
     :param backoff_factor: each delay is this times the previous one, up to ``backoff_max``.
-    :param backoff_jitter: each delay is spread by up to this fraction either way (0: none, the default), so
-        that many clients whose connections failed together do not dial again in lock step.
+    :param backoff_jitter: each delay is spread by up to this fraction either way (0: none; 0.5, the default), so
+        that many clients whose connections failed together do not dial again in lock step: 20 processes that
+        lost a node at once sent half the Metadata requests in their peak second with 0.5 than with 0
+        (``bench/scale.py --fleet``, issue 57).
     :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
         beside it, and the first to open wins (0: never).  A load balancer holds a connection it sent to a
         node that has just died while it retries that node (HAProxy: 3 s), and one it sent to a node that is
@@ -112,7 +114,7 @@ class RetryPolicy:
     backoff_max: float = 1.0
     backoff_factor: float = 2.0
     hedge_after: float = 0.5
-    backoff_jitter: float = 0.0
+    backoff_jitter: float = 0.5
 
     def __post_init__(self) -> None:
         whole("RetryPolicy.max_attempts", self.max_attempts, low=1)

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
 from smartclient.testing.local import LocalTestBed
 
-__all__ = ["FleetRound", "fleet_round", "percentile"]
+__all__ = ["FleetRound", "fleet_round", "percentile", "pooled"]
 
 GROUP = "fleet"
 SETTLED = 5.0  # seconds with no handle recovering, after the last recovery, that end a process's watch
@@ -71,6 +72,15 @@ class FleetRound:
                 f"{self.worst:.2f} s after the kill; {self.per_handle(self.dials):.2f} dials and "
                 f"{self.per_handle(self.placements):.2f} placements per handle back; Metadata requests in the peak "
                 f"second {self.metadata_peak}")
+
+
+def pooled(rounds: list[FleetRound]) -> FleetRound:
+    """Rounds of one size and jitter as one: their handles back pooled (a p99 over several rounds, not the worst
+    of one round's few), their counts summed, the highest of their peak seconds."""
+    return FleetRound(rounds[0].processes, rounds[0].jitter, sum(r.handles for r in rounds),
+                      tuple(sorted(b for r in rounds for b in r.back)), sum(r.failed for r in rounds),
+                      sum(r.dials for r in rounds), sum(r.placements for r in rounds),
+                      max(r.metadata_peak for r in rounds))
 
 
 def percentile(values: tuple[float, ...] | list[float], pct: float) -> float:
@@ -121,7 +131,7 @@ def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: i
             out, err = child.communicate(timeout=WATCH + 60)
             if child.returncode != 0:
                 raise RuntimeError(f"a fleet process failed ({child.returncode}): {err[-2000:]}")
-            reports.append(json.loads(out.strip().splitlines()[-1]))
+            reports.append(json.loads(out.strip().splitlines()[-1]) | {"log": err[-20000:]})
     finally:
         for child in children:
             if child.poll() is None:
@@ -129,6 +139,8 @@ def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: i
                 child.wait()
         bed.restart_node(victim)
         asyncio.run(delete())
+    if dump := os.environ.get("SMARTCLIENT_FLEET_DUMP"):  # every process's report, for a closer look
+        Path(dump).write_text(json.dumps({"killed": killed, "reports": reports}))
     per_second: Counter[int] = Counter()
     for report in reports:
         for (_, before), (at, after) in itertools.pairwise(report["metadata"]):
@@ -152,7 +164,9 @@ async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path
     metadata: list[tuple[float, int]] = []
     env = Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
                       retry=RetryPolicy(backoff_jitter=jitter))
-    env.on_recovery(lambda e: back.append({"at": time.time(), "recovered": e.recovered}))
+    env.on_recovery(lambda e: back.append({"at": time.time(), "recovered": e.recovered, "seconds": e.seconds,
+                                           "attempts": e.attempts, "role": str(getattr(e.handle, "role", "")),
+                                           "before": str(e.before), "after": str(e.after)}))
     async with env:
         producer = await env.super_stream_producer(super_stream, key=str)
         consumer = await env.super_stream_consumer(super_stream, lambda m, c: None, name=GROUP, single_active=True)
@@ -190,6 +204,9 @@ def main() -> int:
     parser.add_argument("--go", required=True, type=Path)
     parser.add_argument("--ready", required=True, type=Path)
     args = parser.parse_args()
+    if level := os.environ.get("SMARTCLIENT_FLEET_LOG"):  # each process's log, in the dump
+        import logging
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
     report = asyncio.run(_service(LocalTestBed.from_env(), args.super, args.jitter, args.go, args.ready))
     print(json.dumps(report))
     return 0

@@ -124,7 +124,8 @@ def test_direct_mode_moves_to_the_next_tier_once_the_first_failed() -> None:
 
 def test_failures_back_off_and_are_capped_by_attempts() -> None:
     plan: Placement[Address] = Placement(TOPO.producer_candidates(), RetryPolicy(max_attempts=3,
-                                                                                 backoff_initial=0.1))
+                                                                                 backoff_initial=0.1,
+                                                                                 backoff_jitter=0.0))
     delays = []
     step = plan.start()
     for _ in range(3):
@@ -155,7 +156,7 @@ def test_retry_policy_validation(kwargs: dict[str, float]) -> None:
 
 
 def test_backoff_grows_and_caps() -> None:
-    policy = RetryPolicy(backoff_initial=0.05, backoff_max=0.3)
+    policy = RetryPolicy(backoff_initial=0.05, backoff_max=0.3, backoff_jitter=0.0)
     assert [policy.backoff(n) for n in range(5)] == [0.0, 0.05, 0.1, 0.2, 0.3]
 
 

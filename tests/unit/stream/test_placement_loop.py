@@ -450,3 +450,41 @@ def test_any_node_takes_one_not_avoided_first_and_an_avoided_one_only_as_the_fal
     placer = FakeNodePlacer("amqp", sticky(N1), True)
     every = {"n1@localhost", "n2@localhost", "n3@localhost"}
     assert placer.place(None, avoid=every).node == "n1@localhost" and placer.opened == 1  # all avoided: any
+
+
+def test_a_carriers_ids_are_found_among_all_256_so_one_of_56_streams_always_gets_one() -> None:
+    """rstream keys a carrier's publishers and subscribers by id over all its connections: a carrier holding 200
+    streams found no id free on a connection the others used (a 500-partition super stream)."""
+    from smartclient.stream.host import ID_SPACE, carrier_streams
+
+    assert carrier_streams(200) == 56 and carrier_streams(1) == 255 and ID_SPACE == 256
+    conn = Connection(FakeClient(), N1, LB, "c", max_ids=200)
+    for _ in range(199):
+        conn.take_id()  # 199 in use on it (other carriers')
+    taken_elsewhere = set(range(199, 199 + carrier_streams(200) - 1))  # the carrier's 55 others, elsewhere
+    ident = conn.take_id(taken_elsewhere)
+    assert ident not in taken_elsewhere and ident not in set(range(199)) and 0 <= ident < ID_SPACE
+
+
+async def test_a_connection_has_at_most_8_subscribes_in_flight() -> None:
+    """200 Subscribes sent at once held the broker's process past its heartbeat check, which closed the
+    connection; a few at a time, it reads between them."""
+    import asyncio
+
+    from smartclient.stream._rstream.wire import few_at_a_time
+    from smartclient.stream.host import SUBSCRIBES_IN_FLIGHT
+
+    conn = Connection(FakeClient(), N1, LB, "c")
+    now, most = 0, 0
+
+    async def subscribe() -> int:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        await asyncio.sleep(0.01)
+        now -= 1
+        return 1
+
+    assert sum(await asyncio.gather(*(few_at_a_time(conn, subscribe()) for _ in range(40)))) == 40
+    assert most == SUBSCRIBES_IN_FLIGHT == 8
+    assert await few_at_a_time(None, subscribe()) == 1  # no Connection: not gated

@@ -163,7 +163,7 @@ def test_one_back_off_rule_for_every_loop() -> None:
     assert [rule.delay(n) for n in range(6)] == [0.0, 0.1, 0.2, 0.4, 0.8, 1.0]
     spread = Backoff(1.0, 1.0, 1.0, jitter=0.2)
     assert all(0.8 <= spread.delay(1, random.Random(i)) <= 1.2 for i in range(50))
-    assert RetryPolicy().backoff(3) == RetryPolicy().backoff_rule.delay(3) == 0.2
+    assert RetryPolicy(backoff_jitter=0).backoff(3) == RetryPolicy(backoff_jitter=0).backoff_rule.delay(3) == 0.2
     assert RecoveryPolicy(jitter=0).next_delay(2, 0.0) == RecoveryPolicy(jitter=0).backoff_rule.delay(2)
     assert RECONNECT.max == 5.0 and RECONNECT.jitter == 0.2
     with pytest.raises(ConfigurationError):

@@ -21,3 +21,13 @@ def test_a_rounds_line_says_what_came_back_and_what_it_cost() -> None:
                         "worst 4.00 s after the kill; 1.00 dials and 2.00 placements per handle back; Metadata "
                         "requests in the peak second 12")
     assert math.isnan(FleetRound(1, 0.0, 2, (), 2, 0, 0, 0).worst)
+
+
+def test_rounds_pool_their_handles_back_and_sum_their_counts() -> None:
+    from smartclient.testing.fleet import pooled
+
+    a = FleetRound(1, 0.0, 20, (0.5, 4.0), 0, 2, 2, 8)
+    b = FleetRound(1, 0.0, 20, (0.3, 0.4, 0.6), 1, 3, 3, 14)
+    both = pooled([a, b])
+    assert both.back == (0.3, 0.4, 0.5, 0.6, 4.0) and (both.handles, both.failed, both.dials) == (40, 1, 5)
+    assert both.metadata_peak == 14 and both.p50 == 0.5

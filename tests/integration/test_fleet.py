@@ -1,0 +1,23 @@
+"""The short version of ``bench/scale.py --fleet`` (``smartclient.testing.fleet``): a few service processes, each a
+producer and a single active consumer on every partition of one super stream through the round-robin LB, lose a
+node at once (``kill -9``); every handle of every process comes back.  The times, dials and Metadata requests are
+printed, not asserted: their targets are the bench's."""
+
+from __future__ import annotations
+
+import pytest
+
+from smartclient.testing import TestBed
+from smartclient.testing.fleet import fleet_round
+from smartclient.testing.local import LocalTestBed
+
+
+def test_a_fleet_that_loses_a_node_at_once_gets_every_handle_back(rabbitmq_testbed: TestBed) -> None:
+    if not isinstance(rabbitmq_testbed, LocalTestBed):
+        pytest.skip("it kills a node of the local test bed")
+    result = fleet_round(rabbitmq_testbed, 4, rabbitmq_testbed.nodes[1].name, partitions=5, jitter=0.5)
+    print(result.line())
+    assert result.handles == 4 * 5 * 2
+    assert result.failed == 0 and result.back, result.line()
+    # the handles on the killed node came back (a third or so of them: leaders and consumers it held)
+    assert 0 < len(result.back) <= result.handles
