@@ -180,6 +180,15 @@ async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path
                 told(role, seconds, sessions)
 
         placement.on_placed = on_placed
+        dials_by: Counter[str] = Counter()  # after the kill, by what the connection was for (its name's stem)
+        dial_once = connector._dial_once
+
+        async def counted(target: Any, name: str, *args: Any) -> Any:
+            if go.exists():
+                dials_by[name.rstrip("0123456789-").removeprefix("smartclient").strip("-") or "placement"] += 1
+            return await dial_once(target, name, *args)
+
+        connector._dial_once = counted  # type: ignore[method-assign,assignment]
         ready.write_text("ready")
         while not go.exists():
             await asyncio.sleep(0.05)
@@ -194,7 +203,7 @@ async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path
             await asyncio.sleep(0.1)
         dialled = connector.opened - opened
     return {"handles": len(handles), "back": back, "recovering": recovering, "dialled": dialled,
-            "placements": len(placed) - placements, "metadata": metadata}
+            "placements": len(placed) - placements, "metadata": metadata, "dials_by": dials_by}
 
 
 def main() -> int:
