@@ -71,8 +71,23 @@ def test_mqtts_silence_watch_is_a_finding_as_its_log_says() -> None:
         logger.warning("MQTT client %s: nothing received for %.1f s (dead_after): the connection is lost",
                        "nemesis-7-3", 9.1)
         logger.warning("MQTT client %s: something else", "nemesis-7-q1-p")
+        # a publisher's watch ends its connection on the PUBACK that does not come (that check comes first)
+        logger.warning("MQTT client %s: no PUBACK for %.1f s (dead_after) while the broker answers: is its node cut "
+                       "off from its peers? The connection is lost", "nemesis-7-q1-p", 8.0)
     finally:
         logger.removeHandler(watch)
     found = [(r["client"], r["wing"]) for r in history.records if r["kind"] == "found"]
-    assert found == [("mqtt-c", "mqtt"), ("mqtt", "mqtt-fleet")]
+    assert found == [("mqtt-c", "mqtt"), ("mqtt", "mqtt-fleet"), ("mqtt-p", "mqtt")]
     assert all(0 <= r["started"] <= r["t"] + 0.01 for r in history.records)
+
+
+def test_the_findings_prefixes_are_the_watchs_own_words() -> None:
+    """The handler matches the watch's log by its format strings' beginnings: those must be the watch's."""
+    import inspect
+
+    from smartclient.mqtt._paho import PahoClient
+    from smartclient.testing.partition_run import MQTT_WATCH_ENDINGS
+
+    source = inspect.getsource(PahoClient._check_keepalive)
+    for prefix in MQTT_WATCH_ENDINGS:
+        assert f'"{prefix}' in source, prefix
