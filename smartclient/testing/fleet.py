@@ -49,6 +49,8 @@ class FleetRound:
     dials: int
     placements: int
     metadata_peak: int
+    #: the dials by what each connection was for (its name's stem: placement, ready for a member read, ...)
+    dials_by: tuple[tuple[str, int], ...] = ()
 
     @property
     def p50(self) -> float:
@@ -71,7 +73,8 @@ class FleetRound:
                 f"{self.handles} ({self.failed} not): p50 {self.p50:.2f} s, p99 {self.p99:.2f} s, worst "
                 f"{self.worst:.2f} s after the kill; {self.per_handle(self.dials):.2f} dials and "
                 f"{self.per_handle(self.placements):.2f} placements per handle back; Metadata requests in the peak "
-                f"second {self.metadata_peak}")
+                f"second {self.metadata_peak}"
+                + (f"; dials for {', '.join(f'{what} {n}' for what, n in self.dials_by)}" if self.dials_by else ""))
 
 
 def pooled(rounds: list[FleetRound]) -> FleetRound:
@@ -80,7 +83,13 @@ def pooled(rounds: list[FleetRound]) -> FleetRound:
     return FleetRound(rounds[0].processes, rounds[0].jitter, sum(r.handles for r in rounds),
                       tuple(sorted(b for r in rounds for b in r.back)), sum(r.failed for r in rounds),
                       sum(r.dials for r in rounds), sum(r.placements for r in rounds),
-                      max(r.metadata_peak for r in rounds))
+                      max(r.metadata_peak for r in rounds), _by_count(Counter(dict(r.dials_by)) for r in rounds))
+
+
+def _by_count(counts: Any) -> tuple[tuple[str, int], ...]:
+    """Counters summed, as (what, count) pairs, the most first."""
+    total: Counter[str] = sum(counts, Counter())
+    return tuple(total.most_common())
 
 
 def percentile(values: tuple[float, ...] | list[float], pct: float) -> float:
@@ -150,7 +159,7 @@ def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: i
         tuple(sorted(b["at"] - killed for r in reports for b in r["back"] if b["recovered"])),
         sum(1 for r in reports for b in r["back"] if not b["recovered"]) + sum(r["recovering"] for r in reports),
         sum(r["dialled"] for r in reports), sum(r["placements"] for r in reports),
-        max(per_second.values(), default=0))
+        max(per_second.values(), default=0), _by_count(Counter(r["dials_by"]) for r in reports))
 
 
 async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path, ready: Path) -> dict[str, Any]:

@@ -31,3 +31,13 @@ def test_rounds_pool_their_handles_back_and_sum_their_counts() -> None:
     both = pooled([a, b])
     assert both.back == (0.3, 0.4, 0.5, 0.6, 4.0) and (both.handles, both.failed, both.dials) == (40, 1, 5)
     assert both.metadata_peak == 14 and both.p50 == 0.5
+
+
+def test_the_dials_by_purpose_are_summed_and_said() -> None:
+    from smartclient.testing.fleet import pooled
+
+    a = FleetRound(1, 0.0, 20, (0.5,), 0, 5, 2, 8, dials_by=(("placement", 3), ("ready", 2)))
+    b = FleetRound(1, 0.0, 20, (0.4,), 0, 4, 2, 8, dials_by=(("ready", 4),))
+    both = pooled([a, b])
+    assert both.dials_by == (("ready", 6), ("placement", 3))
+    assert both.line().endswith("; dials for ready 6, placement 3")
