@@ -96,7 +96,10 @@ async def test_sticky_load_balancer_fails_fast_for_unreachable_nodes(
             started = time.monotonic()
             with pytest.raises(NodeUnreachable) as info:
                 await env.producer(unreachable)
-            assert time.monotonic() - started < 5
+            # fast: stopped by the sticky window (attempts below), not by max_time (15 s).  The window is 20 wrong
+            # landings without a wait, each a connection and a login through HAProxy: 1-2 s here, 5.7 s once in a
+            # CI-like run with three beds busy beside it
+            assert time.monotonic() - started < RetryPolicy().max_time * 2 / 3
             assert f"reached only {sticky.advertised[0]}:{sticky.advertised[1]}" in str(info.value)
             assert len(info.value.attempts) <= RetryPolicy().sticky_window + 1
             assert len(str(info.value)) < 1000 and "x dialled" in str(info.value)  # repeats summarised, counted
