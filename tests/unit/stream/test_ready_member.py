@@ -121,3 +121,120 @@ async def test_member_ready_takes_the_choice_but_the_next_choices_read_again(mon
     assert await carriers.ready_member("s", CANDIDATES) == R1  # a next choice reads it again: a choice is no read
     assert members.asked.count(R1) == 2
     members.answer(R2, L)
+
+
+async def test_reads_on_one_node_take_turns_and_other_nodes_do_not_wait() -> None:
+    """The member reads of consumers recovering at once onto a node go one after the other (each then takes the
+    connection the one before parked); a read on another node does not wait for them."""
+    from smartclient.stream.carriers import NodeQueue
+
+    queue, order, gates = NodeQueue(behind=5.0), [], {i: asyncio.Event() for i in range(3)}
+
+    async def read(i: int, node: Address) -> None:
+        async with queue.turn(node):
+            order.append(("in", i))
+            await gates[i].wait()
+            order.append(("out", i))
+
+    tasks = [asyncio.ensure_future(read(0, R1)), asyncio.ensure_future(read(1, R1)),
+             asyncio.ensure_future(read(2, R2))]
+    await asyncio.sleep(0.05)
+    assert order == [("in", 0), ("in", 2)]  # the second read on R1 waits; R2's does not
+    gates[0].set()
+    await asyncio.sleep(0.05)
+    assert order[-2:] == [("out", 0), ("in", 1)]
+    gates[1].set(), gates[2].set()
+    await asyncio.gather(*tasks)
+    assert queue._last == {} and queue.waited_out == 0  # nothing left behind
+
+
+async def test_a_read_behind_one_that_hangs_goes_on_after_the_bound() -> None:
+    """A read stuck behind a member still initialising (it holds its connection's process) holds the next read on
+    that node for ``behind`` seconds at most; then that one goes its own way."""
+    from smartclient.stream.carriers import NodeQueue
+
+    queue, stuck = NodeQueue(behind=0.1), asyncio.Event()
+
+    async def hangs() -> None:
+        async with queue.turn(R1):
+            await stuck.wait()
+
+    first = asyncio.ensure_future(hangs())
+    await asyncio.sleep(0)
+    began = time.monotonic()
+    async with queue.turn(R1):
+        waited = time.monotonic() - began
+    assert 0.09 <= waited < 1.0 and queue.waited_out == 1  # (a timer may fire a clock tick early)
+    stuck.set()
+    await first
+    assert queue._last == {}
+
+
+async def test_a_turn_whose_read_fails_or_is_cancelled_lets_the_next_go_at_once() -> None:
+    from smartclient.stream.carriers import NodeQueue
+
+    queue = NodeQueue(behind=5.0)
+
+    async def fails() -> None:
+        async with queue.turn(R1):
+            await asyncio.sleep(0.02)
+            raise ConnectionFailed("the node went")
+
+    async def cancelled() -> None:
+        async with queue.turn(R1):
+            await asyncio.sleep(10)
+
+    failing, hanging = asyncio.ensure_future(fails()), asyncio.ensure_future(cancelled())
+    await asyncio.sleep(0.05)
+    hanging.cancel()
+    began = time.monotonic()
+    async with queue.turn(R1):
+        assert time.monotonic() - began < 1.0
+    with pytest.raises(ConnectionFailed):
+        await failing
+    with pytest.raises(asyncio.CancelledError):
+        await hanging
+    assert queue.waited_out == 0 and queue._last == {}
+
+
+async def test_recovering_consumers_member_reads_on_one_node_share_one_dialled_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five consumers of five streams recover at once onto one node: their member reads (kept: the connection
+    parked after) go one after the other, each taking the one the read before parked: one dial, not five.
+    member_ready's reads (not kept: a connection dialled for one is closed) do not wait their turn."""
+    from types import SimpleNamespace
+
+    from smartclient.stream import stats
+
+    lot: list[object] = []
+    dials = 0
+
+    async def stream_stats_from(connector: object, candidates: object, stream: str, name: str,
+                                keep: bool = False) -> dict[str, int]:
+        nonlocal dials
+        if lot:
+            conn, borrowed = lot.pop(), True
+        else:
+            await asyncio.sleep(0.01)  # a dial and a login
+            conn, borrowed, dials = object(), False, dials + 1
+        await asyncio.sleep(0.001)  # the StreamStats round trip
+        if keep or borrowed:
+            lot.append(conn)
+        return {}
+
+    async def topology(stream: str) -> StreamTopology:
+        return StreamTopology(stream, L, (R1, R2))
+
+    monkeypatch.setattr(stats, "stream_stats_from", stream_stats_from)
+    carriers = Carriers.__new__(Carriers)
+    carriers._probes, carriers._ready_at = {}, {}
+    carriers._node_reads = carriers_module.NodeQueue(carriers_module.BEHIND_ON_NODE)
+    carriers.topologies = SimpleNamespace(topology=topology)  # type: ignore[assignment]
+    carriers.placement = SimpleNamespace(connector=None)  # type: ignore[assignment]
+    carriers.connection_name = "smartclient"
+    await asyncio.gather(*(carriers._member_probe(f"s{i}", R1, keep=True) for i in range(5)))
+    assert dials == 1 and len(lot) == 1 and carriers._node_reads.waited_out == 0
+    lot.clear()
+    await asyncio.gather(*(carriers._member_probe(f"t{i}", R1, keep=False) for i in range(3)))
+    assert dials == 4  # each its own (closed after): nothing to share, no turn waited
