@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,12 +44,6 @@ log = logging.getLogger(__name__)
 #: that can (it moves back later): after an election the replicas join the new leader one by one
 READY_GRACE = 0.25
 READY_FRESH = 1.0  # seconds a member read ready is taken as ready without asking it again
-#: seconds a recovering consumer's member read waits for the one begun before it on the same node: reads one after
-#: the other take the connection the one before parked (a node's reads share one connection instead of each
-#: dialling, through an LB twice on average); one behind a member still initialising (which holds its connection's
-#: process) goes its own way after this.  Well under READY_GRACE: a first choice waiting its turn is not taken for
-#: one that cannot be read
-BEHIND_ON_NODE = 0.1
 P = TypeVar("P")
 T = TypeVar("T")
 
@@ -77,7 +71,6 @@ class Carriers:
         #: (stream, node) -> the read the consumers recovering onto that member wait for (member_ready)
         self._probes: dict[tuple[str, Address], asyncio.Future[None]] = {}
         self._ready_at: dict[tuple[str, Address], float] = {}  # (stream, node) -> when its member last answered
-        self._node_reads = NodeQueue(BEHIND_ON_NODE)  # the member reads under way, one after the other per node
         self._fell_back: dict[str, float] = {}  # stream -> when a consumer of it last took a member not its first
         self._chosen: dict[tuple[str, Address], float] = {}  # (stream, node) -> when ready_member last chose it
         placement.ready = self.ready_member
@@ -269,8 +262,7 @@ class Carriers:
         MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).  The
         consumers recovering onto one member share one such read (one connection, however many wait and however
         often they try again), within each one's own attempt; a member read ready less than
-        :data:`READY_FRESH` seconds ago is not asked again.  (:meth:`ready_member`'s reads of several members
-        on one node take turns: :class:`NodeQueue`.)  A broker that closes it instead (one without
+        :data:`READY_FRESH` seconds ago is not asked again.  A broker that closes it instead (one without
         StreamStats, before 3.11) is not waited for."""
         from smartclient.core.deadline import step
 
@@ -282,12 +274,7 @@ class Carriers:
         asked as :meth:`member_ready` asks (all at once), the next tiers' only once :data:`READY_GRACE` has passed
         with none ready (a healthy recovery dials no more than before), and
         :func:`~smartclient.core.topology.ready_choice` decides.  A member read ready that went stale meanwhile
-        is asked again; one whose read failed is not, within this call.  The reads of the members of several
-        streams on one node (consumers recovering at once onto it) take turns (:class:`NodeQueue`): each takes
-        the connection the one before parked, and the last one's stays parked for the placements (the placement
-        of a consumer whose read's connection the next read took meanwhile dials, or shares a connection another
-        placement opened to that node).  One waits :data:`BEHIND_ON_NODE` at most behind a read that does not
-        answer.
+        is asked again; one whose read failed is not, within this call.
 
         :raises ConnectionFailed: no candidate could be read (each one's error is named)."""
         began = time.monotonic()
@@ -342,12 +329,9 @@ class Carriers:
 
         detach()  # its own bound (the default step's), not the first waiter's attempt
         topo = await self.topologies.topology(stream)
-        # a recovering consumer's read (kept: its connection parked after it) waits its turn on the node, and takes
-        # the connection the one before parked; member_ready's closes a connection it dialled: nothing to share
-        async with self._node_reads.turn(node) if keep else contextlib.nullcontext():
-            with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
-                await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
-                                        f"{self.connection_name}-ready", keep=keep)
+        with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
+            await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
+                                    f"{self.connection_name}-ready", keep=keep)
         _keep_fresh(self._ready_at, (stream, node))
 
     def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:
@@ -425,32 +409,6 @@ class Carriers:
         for carriers in self._carriers.values():
             for carrier, _ in carriers:
                 await carrier.close()
-
-
-class NodeQueue:
-    """Turns per node: each one waits for the one begun before it on its node to end, for at most ``behind``
-    seconds (then it goes on beside it).  The member reads of consumers recovering at once onto one node go one
-    after the other, each taking the connection the one before it parked (``bench/scale.py --fleet``: each had
-    dialled a connection of its own)."""
-
-    def __init__(self, behind: float) -> None:
-        self.behind = behind
-        self._last: dict[Address, asyncio.Future[None]] = {}  # node -> the turn begun last on it
-        self.waited_out = 0  # turns that went on beside the one before them (it took longer than ``behind``)
-
-    @contextlib.asynccontextmanager
-    async def turn(self, node: Address) -> AsyncIterator[None]:
-        ahead = self._last.get(node)
-        mine = self._last[node] = asyncio.get_running_loop().create_future()
-        try:
-            if ahead is not None and not ahead.done():
-                done, _ = await asyncio.wait({ahead}, timeout=self.behind)
-                self.waited_out += not done
-            yield
-        finally:
-            mine.set_result(None)
-            if self._last.get(node) is mine:
-                del self._last[node]
 
 
 def _succeeded(probe: asyncio.Future[None]) -> bool:
