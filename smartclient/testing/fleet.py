@@ -27,7 +27,7 @@ from typing import Any
 
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
-from smartclient.testing.local import LocalTestBed
+from smartclient.testing.testbed import TestBed
 
 __all__ = ["FleetRound", "fleet_round", "percentile", "pooled"]
 
@@ -99,7 +99,7 @@ def percentile(values: tuple[float, ...] | list[float], pct: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(pct / 100 * len(values)) - 1))]
 
 
-def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: int = 10,
+def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 10,
                 jitter: float = 0.0) -> FleetRound:
     """``processes`` service processes on a new super stream of ``partitions``, ``victim`` killed once all are
     ready: what they report.  The node is started again before it returns."""
@@ -162,7 +162,7 @@ def fleet_round(bed: LocalTestBed, processes: int, victim: str, *, partitions: i
         max(per_second.values(), default=0), _by_count(Counter(r["dials_by"]) for r in reports))
 
 
-async def _service(bed: LocalTestBed, super_stream: str, jitter: float, go: Path, ready: Path) -> dict[str, Any]:
+async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, ready: Path) -> dict[str, Any]:
     """One service process: its handles, then, once ``go`` holds the kill's time, when each is back."""
     from resolvers import LoadBalancer
     from smartclient.environment import Environment
@@ -225,7 +225,9 @@ def main() -> int:
     if level := os.environ.get("SMARTCLIENT_FLEET_LOG"):  # each process's log, in the dump
         import logging
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    report = asyncio.run(_service(LocalTestBed.from_env(), args.super, args.jitter, args.go, args.ready))
+    from smartclient.testing import from_env
+
+    report = asyncio.run(_service(from_env(), args.super, args.jitter, args.go, args.ready))
     print(json.dumps(report))
     return 0
 

@@ -9,13 +9,12 @@ import pytest
 
 from smartclient.testing import TestBed
 from smartclient.testing.fleet import fleet_round
-from smartclient.testing.local import LocalTestBed
 
 
-def test_a_fleet_that_loses_a_node_at_once_gets_every_handle_back(rabbitmq_testbed: TestBed) -> None:
-    if not isinstance(rabbitmq_testbed, LocalTestBed):
-        pytest.skip("it kills a node of the local test bed")
-    result = fleet_round(rabbitmq_testbed, 4, rabbitmq_testbed.nodes[1].name, partitions=5, jitter=0.5)
+@pytest.mark.faults
+def test_a_fleet_that_loses_a_node_at_once_gets_every_handle_back(rabbitmq_faulty_testbed: TestBed) -> None:
+    bed = rabbitmq_faulty_testbed  # (a bed that cannot kill a node says so, typed: TestBed.kill_node)
+    result = fleet_round(bed, 4, bed.nodes[1].name, partitions=5, jitter=0.5)
     print(result.line())
     assert result.handles == 4 * 5 * 2
     assert result.failed == 0 and result.back, result.line()
