@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def pooled(rounds: list[FleetRound]) -> FleetRound:
                       max(r.metadata_peak for r in rounds), _by_count(Counter(dict(r.dials_by)) for r in rounds))
 
 
-def _by_count(counts: Any) -> tuple[tuple[str, int], ...]:
+def _by_count(counts: Iterable[Counter[str]]) -> tuple[tuple[str, int], ...]:
     """Counters summed, as (what, count) pairs, the most first."""
     total: Counter[str] = sum(counts, Counter())
     return tuple(total.most_common())

@@ -381,10 +381,10 @@ def placed_client(broker: MiniBroker, tokens: Tokens, refresh_at: float = 0.75) 
     return placer.connect("hand-over-1")
 
 
-def wait_for(check: Any, timeout: float = 5.0) -> None:
+def wait_for(check: Any, timeout: float = 5.0, why: str = "timed out") -> None:
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, why
         time.sleep(0.01)
 
 
@@ -509,10 +509,7 @@ def test_a_persistent_session_reads_nothing_while_its_last_pubacks_settle_before
     old = mini_broker.connections[0]
     # the new session is up once the old one's DISCONNECT was sent, which the broker's thread reads when it gets to it:
     # late on a loaded machine (py3.10's stage, beside three busy beds, failed here once before this wait)
-    deadline = time.monotonic() + 5.0
-    while not old.disconnected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert old.disconnected, "the old session ended without a DISCONNECT"
+    wait_for(lambda: old.disconnected, why="the old session ended without a DISCONNECT")
     assert old.acked, f"no PUBACK on the old session ({old.delivered} delivered, {len(got)} read)"
     assert len(got) >= len(old.acked), (len(got), len(old.acked))
     quiet = old.disconnected_at - old.acked[-1][0]  # its last PUBACK, then nothing read, then DISCONNECT
