@@ -25,6 +25,7 @@ from smartclient.core.topology import Candidates, Role, StreamTopology, ready_ch
 from smartclient.stream import _rstream
 from smartclient.stream._rstream import map_stream_errors
 from smartclient.stream.host import PlacementRecord, carrier_streams
+from smartclient.stream.member_reads import MemberReads
 
 if TYPE_CHECKING:
     from smartclient.core.flow import ConsumerFlow
@@ -73,6 +74,7 @@ class Carriers:
         self._ready_at: dict[tuple[str, Address], float] = {}  # (stream, node) -> when its member last answered
         self._fell_back: dict[str, float] = {}  # stream -> when a consumer of it last took a member not its first
         self._chosen: dict[tuple[str, Address], float] = {}  # (stream, node) -> when ready_member last chose it
+        self.reads = MemberReads(placement.connector, connection_name)  # (the connections member reads go on)
         placement.ready = self.ready_member
         #: streams gone (deleted, here or elsewhere) that still had a handle: forgotten when their last one is released
         self.gone: set[str] = set()
@@ -253,15 +255,16 @@ class Carriers:
         return await self.topologies.aside(stream, purpose, request)
 
     async def member_ready(self, stream: str, node: Address) -> None:
-        """Wait until ``stream``'s member on ``node`` answers: StreamStats on a connection of its own to that node,
-        which the broker answers only once that member can be read, as it does a Subscribe.
+        """Wait until ``stream``'s member on ``node`` answers: StreamStats on a reading connection to that node
+        (:class:`~smartclient.stream.member_reads.MemberReads`: never one a producer or consumer uses), which the
+        broker answers only once that member can be read, as it does a Subscribe.
 
         A member that a restart or a leader change has just started answers only once it has initialised
         (22.5 s once in the 2-hour soak): a Subscribe to it held the broker's process of the connection,
         with no time limit, and with it every other consumer on that connection (no delivery, no answer, no
         MetadataUpdate).  Waiting here holds only this consumer (``bench/tail_stall/member_wait.py``).  The
-        consumers recovering onto one member share one such read (one connection, however many wait and however
-        often they try again), within each one's own attempt; a member read ready less than
+        consumers recovering onto one member share one such read (however many wait and however often they try
+        again), within each one's own attempt; a member read ready less than
         :data:`READY_FRESH` seconds ago is not asked again.  A broker that closes it instead (one without
         StreamStats, before 3.11) is not waited for."""
         from smartclient.core.deadline import step
@@ -287,7 +290,7 @@ class Carriers:
             for member in (member for tier in candidates.tiers[:None if waited >= grace else 1] for member in tier):
                 probe = probes.get(member)
                 if not self._fresh(stream, member) and (probe is None or _succeeded(probe)):
-                    probes[member] = self._member_probe(stream, member, keep=True)
+                    probes[member] = self._member_probe(stream, member)
             ready = {node for node in candidates.all if self._fresh(stream, node)}
             if (node := ready_choice(candidates, ready, waited, grace)) is not None:
                 if candidates.tier_of(node):
@@ -308,30 +311,26 @@ class Carriers:
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED,
                                timeout=grace - waited if waited < grace else None)
 
-    def _member_probe(self, stream: str, node: Address, keep: bool = False) -> asyncio.Future[None]:
-        """The one read of ``stream``'s member on ``node`` under way (started if none is).  ``keep``: its
-        connection is parked once the member answered, for the placement about to dial that node (a recovering
-        consumer asks before it is placed; :meth:`member_ready` asks after, so its connection is closed)."""
+    def _member_probe(self, stream: str, node: Address) -> asyncio.Future[None]:
+        """The one read of ``stream``'s member on ``node`` under way (started if none is)."""
         key = (stream, node)
         probe = self._probes.get(key)
         if probe is None:
-            probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node, keep))
+            probe = self._probes[key] = asyncio.ensure_future(self._probe(stream, node))
             probe.add_done_callback(partial(self._probed, key))
         return probe
 
     def _fresh(self, stream: str, node: Address) -> bool:
         return time.monotonic() - self._ready_at.get((stream, node), -READY_FRESH) < READY_FRESH
 
-    async def _probe(self, stream: str, node: Address, keep: bool) -> None:
+    async def _probe(self, stream: str, node: Address) -> None:
         from smartclient._errors import FeatureNotSupported
         from smartclient.core.deadline import detach
-        from smartclient.stream.stats import stream_stats_from
 
         detach()  # its own bound (the default step's), not the first waiter's attempt
         topo = await self.topologies.topology(stream)
         with contextlib.suppress(FeatureNotSupported):  # (a broker before 3.11: nothing to wait for)
-            await stream_stats_from(self.placement.connector, topo.member_candidates(node), stream,
-                                    f"{self.connection_name}-ready", keep=keep)
+            await self.reads.read(stream, node, topo.member_candidates(node))
         _keep_fresh(self._ready_at, (stream, node))
 
     def _probed(self, key: tuple[str, Address], probe: asyncio.Future[None]) -> None:
@@ -406,6 +405,7 @@ class Carriers:
                 raise result
         for probe in list(self._probes.values()):  # (nobody waits for a member any more)
             probe.cancel()
+        self.reads.close()
         for carriers in self._carriers.values():
             for carrier, _ in carriers:
                 await carrier.close()

@@ -67,23 +67,21 @@ async def query_stream_stats(client: Any, stream: str, in_place: bool = False) -
 
 
 async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
-                            name: str, keep: bool = False) -> dict[str, int]:
+                            name: str) -> dict[str, int]:
     """StreamStats of ``stream`` read on a connection of its own to a node of ``candidates`` (a member answers
     with its own view: the leader's is the authority), closed afterwards.  On a broker that answers it in place
-    (3.11+) the connection stays usable: it is parked instead once it answered if ``keep`` (a recovering
-    consumer's member read: its placement on that node may take it, saving a dial), or put back if it was a
-    parked one, its idle time going on."""
+    (3.11+), a connection taken from the parking lot stays usable and is put back once it answered, its idle
+    time going on.  (A recovering consumer's member reads go through
+    :class:`~smartclient.stream.member_reads.MemberReads` instead.)"""
     from smartclient.core.deadline import step
     from smartclient.stream._rstream import broker_version, map_stream_errors
 
     conn = await connector.acquire(candidates, name)
     in_place = broker_version(conn.client) >= (3, 11)  # (an older one would close it: asked the old way)
-    borrowed = conn.sessions == 0 and conn.idle_since is not None  # (taken from the parking lot)
-    park = in_place and (keep or borrowed)
-    # a kept read's connection starts its idle time now, for the placement about to dial; one borrowed goes back
-    # with its idle time going on (the lag sampler reads every few seconds: parked anew each time, it would
-    # never close)
-    since = None if keep else conn.idle_since
+    # one borrowed from the parking lot goes back with its idle time going on (the lag sampler reads every few
+    # seconds: parked anew each time, it would never close)
+    park = in_place and conn.sessions == 0 and conn.idle_since is not None
+    since = conn.idle_since
     answered = False
     try:
         with map_stream_errors(f"reading the statistics of {stream!r}"):

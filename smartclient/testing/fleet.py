@@ -190,13 +190,22 @@ async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, rea
                 told(role, seconds, sessions)
 
         placement.on_placed = on_placed
+        dial_log: list[tuple[float, float, str, str, str]] = []  # (began, ended, name, dialled, node or error)
         dials_by: Counter[str] = Counter()  # after the kill, by what the connection was for (its name's stem)
         dial_once = connector._dial_once
 
         async def counted(target: Any, name: str, *args: Any) -> Any:
-            if go.exists():
-                dials_by[name.rstrip("0123456789-").removeprefix("smartclient").strip("-") or "placement"] += 1
-            return await dial_once(target, name, *args)
+            if not go.exists():
+                return await dial_once(target, name, *args)
+            dials_by[name.rstrip("0123456789-").removeprefix("smartclient").strip("-") or "placement"] += 1
+            began = time.time()
+            try:
+                conn = await dial_once(target, name, *args)
+            except BaseException as exc:
+                dial_log.append((began, time.time(), name, str(target), type(exc).__name__))
+                raise
+            dial_log.append((began, time.time(), name, str(target), str(conn.node)))
+            return conn
 
         connector._dial_once = counted  # type: ignore[method-assign,assignment]
         ready.write_text("ready")
@@ -213,7 +222,8 @@ async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, rea
             await asyncio.sleep(0.1)
         dialled = connector.opened - opened
     return {"handles": len(handles), "back": back, "recovering": recovering, "dialled": dialled,
-            "placements": len(placed) - placements, "metadata": metadata, "dials_by": dials_by}
+            "placements": len(placed) - placements, "metadata": metadata, "dials_by": dials_by,
+            "dial_log": dial_log}
 
 
 def main() -> int:

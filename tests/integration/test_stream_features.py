@@ -370,30 +370,32 @@ async def test_stream_statistics(env: Environment, rabbitmq_unique_name: str) ->
         assert later["committed_chunk_id"] > stats["committed_chunk_id"]
         with pytest.raises(StreamNotFound):
             await env.stream_stats(f"{rabbitmq_unique_name}-missing")
-        await _a_kept_read_leaves_its_connection_usable(env, rabbitmq_unique_name)
+        await _member_reads_share_a_connection_left_usable(env, rabbitmq_unique_name)
     finally:
         await env.delete_stream(rabbitmq_unique_name)
 
 
-async def _a_kept_read_leaves_its_connection_usable(env: Environment, stream: str) -> None:
-    """A recovering consumer's member read (``keep``) parks its connection, which stays usable: the consumer's
-    placement on that node takes it instead of dialling (one dial less per recovery)."""
+async def _member_reads_share_a_connection_left_usable(env: Environment, stream: str) -> None:
+    """A node's member reads share one reading connection (two at once: one dial), parked once both were answered
+    and still usable: the consumer's placement on that node takes it instead of dialling."""
     from smartclient.core.topology import Role
     from smartclient.stream._rstream import broker_version
     from smartclient.stream.stats import stream_stats_from
 
     topo = await env.topology(stream)
     node = topo.replicas[0] if topo.replicas else topo.leader
-    opened = env.streams.connector.opened
-    stats = await stream_stats_from(env.streams.connector, topo.member_candidates(node), stream, "kept-read", keep=True)
-    assert stats["first_chunk_id"] == 0
-    assert env.streams.connector.opened == opened + 1
-    parked = env.streams.connector.parking.all()  # (both of the bed's lines are 3.11+: kept)
+    connector, reads = env.streams.connector, env.streams._carriers.reads
+    opened = connector.opened
+    candidates = topo.member_candidates(node)
+    both = await asyncio.gather(reads.read(stream, node, candidates), reads.read(stream, node, candidates))
+    assert [stats["first_chunk_id"] for stats in both] == [0, 0]
+    assert connector.opened == opened + 1 and len(reads) == 0
+    parked = connector.parking.all()  # (both of the bed's lines are 3.11+)
     assert [c.node for c in parked] == [node] and parked[0].alive() and broker_version(parked[0].client) >= (3, 11)
     consumer = await env.consumer(stream, lambda m, c: None, offset="first")  # (lands on a replica)
     try:
-        assert env.streams.connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
-        assert (await stream_stats_from(env.streams.connector, topo.candidates(Role.PRODUCER), stream, "once")
+        assert connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
+        assert (await stream_stats_from(connector, topo.candidates(Role.PRODUCER), stream, "once")
                 )["first_chunk_id"] == 0  # (and the old way still closes what it opened)
     finally:
         await consumer.close()

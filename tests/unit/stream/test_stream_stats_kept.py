@@ -1,7 +1,6 @@
 """StreamStats on a connection of its own (stream_stats_from): on a 3.11+ broker it is sent in place, and the
-connection is parked once it answered when the caller keeps it (a recovering consumer's member read) or when it
-came from the parking lot; otherwise, and whenever it failed, it is closed.  Fake connector and requests: no
-broker."""
+connection is parked once it answered when it came from the parking lot; otherwise, and whenever it failed, it
+is closed.  Fake connector and requests: no broker."""
 
 from __future__ import annotations
 
@@ -70,26 +69,24 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-def read(connector: Connector, keep: bool) -> dict[str, int]:
-    return asyncio.run(stream_stats_from(connector, CANDIDATES, "s", "t", keep=keep))  # type: ignore[arg-type]
+def read(connector: Connector) -> dict[str, int]:
+    return asyncio.run(stream_stats_from(connector, CANDIDATES, "s", "t"))  # type: ignore[arg-type]
 
 
 def test_the_seam_hands_a_stream_stats_answer_back() -> None:
     assert STREAM_STATS_KEY | 0x8000 in EXTRA_RESPONSES
 
 
-@pytest.mark.parametrize(("version", "sessions", "keep", "sent", "parked", "since"), [
-    ("4.3.6", 1, True, "in place", True, None),  # a member read: kept for the placement, its idle time from now
-    ("4.3.6", 0, True, "in place", True, None),
-    ("4.3.6", 1, False, "in place", False, None),  # dialled for this read alone: closed
-    ("4.0.5", 0, False, "in place", True, 100.0),  # borrowed from the parking lot: back, its idle time going on
-    ("3.10.7", 1, True, "reader stopped", False, None),  # a broker that would close it: asked the old way, closed
-    ("", 0, True, "reader stopped", False, None),
+@pytest.mark.parametrize(("version", "sessions", "sent", "parked", "since"), [
+    ("4.3.6", 1, "in place", False, None),  # dialled for this read alone: closed
+    ("4.0.5", 0, "in place", True, 100.0),  # borrowed from the parking lot: back, its idle time going on
+    ("3.10.7", 1, "reader stopped", False, None),  # a broker that would close it: asked the old way, closed
+    ("", 0, "reader stopped", False, None),
 ])
-def test_where_the_connection_goes_after_an_answer(requests: list[str], version: str, sessions: int, keep: bool,
-                                                   sent: str, parked: bool, since: float | None) -> None:
+def test_where_the_connection_goes_after_an_answer(requests: list[str], version: str, sessions: int, sent: str,
+                                                   parked: bool, since: float | None) -> None:
     connector = Connector(Conn(version, sessions))
-    assert read(connector, keep) == {}
+    assert read(connector) == {}
     assert requests == [sent]
     assert (connector.parked, connector.closed) == (([connector.conn], []) if parked else ([], [connector.conn]))
     assert connector.since == ([since] if parked else [])
@@ -99,5 +96,5 @@ def test_a_read_that_failed_closes_its_connection(requests: list[str]) -> None:
     connector = Connector(Conn("4.3.6", 1))
     connector.conn.client.fail = True  # type: ignore[attr-defined]
     with pytest.raises(ConnectionFailed):
-        read(connector, keep=True)
+        read(connector)
     assert (connector.parked, connector.closed) == ([], [connector.conn])
