@@ -44,7 +44,7 @@ def resources(env: Any) -> dict[str, int]:
     counts["committed-chunk cache entries"] = len(carriers._committed)
     counts["member reads kept fresh"] = len(carriers._ready_at) + len(carriers._fell_back) + len(carriers._chosen)
     counts["member reads under way"] = len(carriers._probes)
-    counts["reading connections in use"] = len(carriers.reads)
+    counts["reading connections"] = len(carriers.reads)
     counts["known nodes"] = len(topologies._nodes)
     counts["streams gone, waiting for their last handle"] = len(carriers.gone)
     counts["closed subscriptions' counts"] = sum(len(totals) for totals in carriers.left.values())

@@ -405,7 +405,7 @@ class Carriers:
                 raise result
         for probe in list(self._probes.values()):  # (nobody waits for a member any more)
             probe.cancel()
-        self.reads.close()
+        await self.reads.close()
         for carriers in self._carriers.values():
             for carrier, _ in carriers:
                 await carrier.close()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from smartclient._errors import FeatureNotSupported
+from smartclient._errors import ConnectionFailed, FeatureNotSupported
 from smartclient.core.address import Address
 
 if TYPE_CHECKING:
@@ -45,13 +45,14 @@ Stats = dict[str, int]
 class _Reader:
     """A reading connection, and the reads under way on it (in the order they were sent, with when)."""
 
-    __slots__ = ("conn", "failed", "pending", "stuck")
+    __slots__ = ("conn", "failed", "gone", "pending", "stuck")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.pending: dict[asyncio.Future[Stats], float] = {}
         self.stuck = False  # a read behind another went its own way: no more are sent here
-        self.failed = False  # a read here failed: closed once the others are over, never parked
+        self.failed = False  # a request here got no answer: closed once the others are over, never parked
+        self.gone = False  # let go: parked or closed
 
     def takes_more(self, now: float) -> bool:
         return (not self.stuck and self.conn.alive()
@@ -70,20 +71,23 @@ class MemberReads:
         self._name = name
         self._clock = clock
         self._readers: dict[Address, _Reader] = {}  # node -> the reading connection its next reads go on
+        self._live: set[_Reader] = set()  # every reading connection not let go (the node's, and those held)
         self._opening: dict[Address, asyncio.Future[_Reader]] = {}
         self._ending: set[asyncio.Future[None]] = set()  # connections being parked or closed
         self._closed = False
         self.opened = 0  # reading connections taken (parked or dialled)
         self.detours = 0  # reads that went their own way, behind one unanswered
 
-    def __len__(self) -> int:  # (reading connections with reads under way: the soak's accounting)
-        return len(self._readers)
+    def __len__(self) -> int:  # (reading connections, opening or not let go: the soak's accounting)
+        return len(self._live) + len(self._opening) + len(self._ending)
 
     async def read(self, stream: str, node: Address, candidates: Candidates) -> Stats:
         """``stream``'s statistics as its member on ``node`` (reached through ``candidates``) gives them, once
-        it can be read: bounded by the caller's step only.
+        it can be read: each request within the default step (``core.deadline``).
 
-        :raises FeatureNotSupported: the broker does not answer StreamStats (before RabbitMQ 3.11)."""
+        :raises FeatureNotSupported: the broker does not answer StreamStats (before RabbitMQ 3.11).
+        :raises ConnectionFailed: no answer (the connection ended, or the step ran out), or the Environment
+            is closed."""
         from smartclient.stream._rstream import map_stream_errors
 
         with map_stream_errors(f"reading the statistics of {stream!r}"):
@@ -103,6 +107,8 @@ class MemberReads:
     async def _reader(self, node: Address, candidates: Candidates) -> _Reader:
         """The node's reading connection, if it takes more reads, or the one opening for it (opened if none is)."""
         while True:
+            if self._closed:
+                raise ConnectionFailed("the Environment is closed: no member read")
             reader = self._readers.get(node)
             if reader is not None and reader.takes_more(self._clock()):
                 return reader
@@ -124,6 +130,9 @@ class MemberReads:
             raise FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later"
                                       f" ({'.'.join(map(str, version)) or 'it gave no version'})")
         reader = self._readers[node] = _Reader(conn)
+        self._live.add(reader)
+        if self._closed:  # (close() came during the dial)
+            self._let_go(node, reader)
         # (each waiter sends at once: one that was cancelled meanwhile leaves a reader nobody read on)
         asyncio.get_running_loop().call_later(QUEUE_BOUND, self._unused, node, reader)
         return reader
@@ -135,29 +144,48 @@ class MemberReads:
             opening.exception()  # (its waiters were told, or have gone)
 
     def _send(self, node: Address, reader: _Reader, stream: str) -> asyncio.Future[Stats]:
-        from smartclient.stream.stats import query_stream_stats
-
-        request = asyncio.ensure_future(query_stream_stats(reader.conn.client, stream, in_place=True))
+        request = asyncio.ensure_future(self._ask(reader, stream))
         reader.pending[request] = self._clock()
         request.add_done_callback(partial(self._answered, node, reader))
         return request
 
+    @staticmethod
+    async def _ask(reader: _Reader, stream: str) -> Stats:
+        from smartclient.core.deadline import step
+        from smartclient.stream import _rstream
+        from smartclient.stream.stats import STREAM_STATS_RESPONSE, decode_stream_stats, encode_stream_stats
+
+        try:
+            raw = await step("stream statistics", _rstream.extra_request(
+                reader.conn.client, lambda corr: encode_stream_stats(corr, stream), STREAM_STATS_RESPONSE))
+        except BaseException:  # (no answer: the broker's process may still be held by it)
+            reader.failed = True
+            raise
+        return decode_stream_stats(raw, stream)  # (an answer, even "no such stream": the connection is fine)
+
     def _answered(self, node: Address, reader: _Reader, request: asyncio.Future[Stats]) -> None:
         del reader.pending[request]
-        if request.cancelled() or request.exception() is not None:
+        if request.cancelled():
             reader.failed = True
+        else:
+            request.exception()  # (its waiter was told, or went its own way)
         if not reader.pending:
             self._let_go(node, reader)
 
     def _unused(self, node: Address, reader: _Reader) -> None:
-        if self._readers.get(node) is reader and not reader.pending:
+        if not reader.pending:
             self._let_go(node, reader)
 
     def _let_go(self, node: Address, reader: _Reader) -> None:
-        """Every read on ``reader`` is over: parked (healthy) or closed (one failed), and no longer the node's."""
+        """Every read on ``reader`` is over: parked (healthy) or closed (one got no answer), and no longer the
+        node's.  After :meth:`close`, which closes them all, nothing more."""
+        if reader.gone:
+            return
+        reader.gone = True
+        self._live.discard(reader)
         if self._readers.get(node) is reader:
             del self._readers[node]
-        if self._closed:  # (the connector closes them all)
+        if self._closed:
             return
         conn = reader.conn
         if not reader.failed and conn.alive():
@@ -165,13 +193,24 @@ class MemberReads:
         else:  # (no Close exchange: the broker's process may still be held by the read that failed)
             ending = asyncio.ensure_future(self._connector.close_connection(conn, handshake=False))
         self._ending.add(ending)
-        ending.add_done_callback(self._ending.discard)
+        ending.add_done_callback(self._ended)
 
-    def close(self) -> None:
-        """Stop every read and opening under way (the connector closes the connections)."""
+    def _ended(self, ending: asyncio.Future[None]) -> None:
+        self._ending.discard(ending)
+        if not ending.cancelled() and (error := ending.exception()) is not None:
+            log.debug("letting a reading connection go: %s", error)
+
+    async def close(self) -> None:
+        """Stop every read and opening under way, and close every reading connection not let go, at once (no
+        Close exchange: a member still initialising holds the broker's process, which would not answer one)."""
         self._closed = True
-        for reader in list(self._readers.values()):
-            for request in list(reader.pending):
-                request.cancel()
         for opening in list(self._opening.values()):
             opening.cancel()
+        live = list(self._live)
+        for reader in live:
+            for request in list(reader.pending):
+                request.cancel()
+        for reader in live:
+            await self._connector.close_connection(reader.conn, handshake=False)
+        for ending in list(self._ending):
+            await asyncio.wait({ending})

@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from smartclient.core.topology import Candidates
     from smartclient.stream.connector import StreamConnector
 
-__all__ = ["STREAM_STATS_KEY", "decode_stream_stats", "encode_stream_stats", "query_stream_stats", "stream_stats_from"]
+__all__ = ["STREAM_STATS_KEY", "STREAM_STATS_RESPONSE", "decode_stream_stats", "encode_stream_stats",
+           "query_stream_stats", "stream_stats_from"]
 
 STREAM_STATS_KEY = 0x001C  # (the seam's EXTRA_RESPONSES holds its answer: tests/unit/test_stream_stats_kept.py)
-_RESPONSE = STREAM_STATS_KEY | 0x8000
+STREAM_STATS_RESPONSE = STREAM_STATS_KEY | 0x8000
 _OK, _NO_STREAM = 1, 2
 
 
@@ -33,7 +34,7 @@ def encode_stream_stats(correlation_id: int, stream: str) -> bytes:
 def decode_stream_stats(frame: bytes, stream: str) -> dict[str, int]:
     """Decode a StreamStats response (without its 4-byte size prefix)."""
     key, _version, _corr, code = struct.unpack_from(">HHIH", frame, 0)
-    if key != _RESPONSE:
+    if key != STREAM_STATS_RESPONSE:
         raise ConnectionFailed(f"expected a StreamStats response, got frame key {key:#06x}")
     if code == _NO_STREAM:
         raise StreamNotFound(f"stream {stream!r} does not exist")
@@ -60,9 +61,10 @@ async def query_stream_stats(client: Any, stream: str, in_place: bool = False) -
         return FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
 
     if in_place:
-        raw = await _rstream.extra_request(client, lambda corr: encode_stream_stats(corr, stream), _RESPONSE)
+        raw = await _rstream.extra_request(client, lambda corr: encode_stream_stats(corr, stream),
+                                           STREAM_STATS_RESPONSE)
     else:
-        raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), _RESPONSE, refused)
+        raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), STREAM_STATS_RESPONSE, refused)
     return decode_stream_stats(raw, stream)
 
 
