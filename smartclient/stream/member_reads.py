@@ -10,7 +10,8 @@ broker's process of the connection that asks waits for it meanwhile, serving not
   placement about to dial that node, or the node's next read) only once every read sent on it was answered;
 - a read sent behind another that is still unanswered :data:`QUEUE_BOUND` seconds later goes its own way: to a
   new reading connection for that node, which the node's next reads share.  The first one stays until its
-  reads are answered (one that failed is closed, not parked: its broker process may still be held).
+  reads are answered (one where a read got no answer is closed, not parked: its broker process may still
+  be held).
 
 Each read had a connection of its own before: after a node loss, a fleet of 20 processes made 377 dials for its
 reads, for 215 handles back (``bench/scale.py --fleet``), when two or three per process reach both nodes left.
