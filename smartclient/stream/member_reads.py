@@ -46,18 +46,18 @@ Stats = dict[str, int]
 class _Reader:
     """A reading connection, and the reads under way on it (in the order they were sent, with when)."""
 
-    __slots__ = ("conn", "failed", "gone", "pending", "stuck")
+    __slots__ = ("conn", "failed", "gone", "pending")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.pending: dict[asyncio.Future[Stats], float] = {}
-        self.stuck = False  # a read behind another went its own way: no more are sent here
         self.failed = False  # a request here got no answer: closed once the others are over, never parked
         self.gone = False  # let go: parked or closed
 
     def takes_more(self, now: float) -> bool:
-        return (not self.stuck and self.conn.alive()
-                and all(now - sent < QUEUE_BOUND for sent in self.pending.values()))
+        """Alive, with no read under way for :data:`QUEUE_BOUND` (one that has been is held: reads behind it went
+        their own way, and so do the next ones until it is let go)."""
+        return self.conn.alive() and all(now - sent < QUEUE_BOUND for sent in self.pending.values())
 
     def behind(self, request: asyncio.Future[Stats]) -> bool:
         """Whether a read sent before ``request`` is still unanswered."""
@@ -98,7 +98,6 @@ class MemberReads:
                 if reader.behind(request):
                     done, _ = await asyncio.wait({request}, timeout=QUEUE_BOUND)
                     if not done and reader.behind(request):  # (held by a member still initialising)
-                        reader.stuck = True
                         self.detours += 1
                         log.debug("a read of %s on %s waits behind another: a reading connection of its own",
                                   stream, node)
@@ -153,12 +152,10 @@ class MemberReads:
     @staticmethod
     async def _ask(reader: _Reader, stream: str) -> Stats:
         from smartclient.core.deadline import step
-        from smartclient.stream import _rstream
-        from smartclient.stream.stats import STREAM_STATS_RESPONSE, decode_stream_stats, encode_stream_stats
+        from smartclient.stream.stats import decode_stream_stats, request_stream_stats
 
         try:
-            raw = await step("stream statistics", _rstream.extra_request(
-                reader.conn.client, lambda corr: encode_stream_stats(corr, stream), STREAM_STATS_RESPONSE))
+            raw = await step("stream statistics", request_stream_stats(reader.conn.client, stream))
         except BaseException:  # (no answer: the broker's process may still be held by it)
             reader.failed = True
             raise

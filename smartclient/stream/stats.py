@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from smartclient.stream.connector import StreamConnector
 
 __all__ = ["STREAM_STATS_KEY", "STREAM_STATS_RESPONSE", "decode_stream_stats", "encode_stream_stats",
-           "query_stream_stats", "stream_stats_from"]
+           "query_stream_stats", "request_stream_stats", "stream_stats_from"]
 
 STREAM_STATS_KEY = 0x001C  # (the seam's EXTRA_RESPONSES holds its answer: tests/unit/test_stream_stats_kept.py)
 STREAM_STATS_RESPONSE = STREAM_STATS_KEY | 0x8000
@@ -61,11 +61,18 @@ async def query_stream_stats(client: Any, stream: str, in_place: bool = False) -
         return FeatureNotSupported("the broker does not answer StreamStats: it needs RabbitMQ 3.11 or later")
 
     if in_place:
-        raw = await _rstream.extra_request(client, lambda corr: encode_stream_stats(corr, stream),
-                                           STREAM_STATS_RESPONSE)
+        raw = await request_stream_stats(client, stream)
     else:
         raw = await _rstream.raw_request(client, encode_stream_stats(1, stream), STREAM_STATS_RESPONSE, refused)
     return decode_stream_stats(raw, stream)
+
+
+async def request_stream_stats(client: Any, stream: str) -> bytes:
+    """StreamStats sent in place on ``client`` (a broker known to answer it, 3.11+): its answer, undecoded (the
+    caller tells no answer from an answer that is an error)."""
+    from smartclient.stream import _rstream
+
+    return await _rstream.extra_request(client, lambda corr: encode_stream_stats(corr, stream), STREAM_STATS_RESPONSE)
 
 
 async def stream_stats_from(connector: StreamConnector, candidates: Candidates, stream: str,
