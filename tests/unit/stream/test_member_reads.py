@@ -16,6 +16,7 @@ from smartclient.core.topology import StreamTopology
 from smartclient.stream import _rstream
 from smartclient.stream.member_reads import QUEUE_BOUND, MemberReads
 from smartclient.stream.stats import STREAM_STATS_RESPONSE
+from tests.conftest import wait_until
 
 N1, N2 = Address("n1", 5552), Address("n2", 5552)
 TOPOLOGY = StreamTopology("s", N1, (N2,))
@@ -139,7 +140,8 @@ async def test_a_read_held_behind_an_unanswered_one_goes_its_own_way(members: Me
     connector = ReadingConnector()
     reads = reads_on(connector)
     initialising, behind = start(reads, "initialising"), start(reads, "behind")
-    await asyncio.sleep(QUEUE_BOUND * 1.5)
+    # (not a fixed sleep past QUEUE_BOUND: CI 2026-12-04, a loaded machine, had opened only one by then)
+    await wait_until(lambda: len(members.sent) == 3, 10, lambda: f"the detour; sent so far: {members.sent}")
     held, own = connector.opened
     assert (members.streams_sent(held), members.streams_sent(own)) == (["initialising", "behind"], ["behind"])
     assert reads.detours == 1
@@ -210,7 +212,8 @@ async def test_close_stops_every_read_and_drops_every_reading_connection_at_once
     connector = ReadingConnector()
     reads = reads_on(connector)
     initialising, behind = start(reads, "initialising"), start(reads, "behind")
-    await asyncio.sleep(QUEUE_BOUND * 1.5)  # (behind went its own way: two reading connections, one held)
+    # behind went its own way: two reading connections, one held
+    await wait_until(lambda: len(members.sent) == 3, 10, lambda: f"the detour; sent so far: {members.sent}")
     await reads.close()
     for read in (initialising, behind):
         with pytest.raises(asyncio.CancelledError):
