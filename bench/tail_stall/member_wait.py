@@ -180,16 +180,16 @@ async def main() -> int:
                 return k, control
 
             k, control = await pair(b, "subscribe")
-            held = await asyncio.to_thread(hold_member, bed, b, slow, args.hold, "release", True)
+            held = (await asyncio.to_thread(hold_member, bed, b, slow, args.hold, "release", True)).pid
             rows.append(await phase("subscribe", k, control, held, args.hold,
                                     k.client.subscribe(slow, 1, initial_credit=10)))
             k, control = await pair(b, "exits")
-            held = await asyncio.to_thread(hold_member, bed, b, slow, args.hold, "kill", True)
+            held = (await asyncio.to_thread(hold_member, bed, b, slow, args.hold, "kill", True)).pid
             rows.append(await phase("member exits", k, control, held, args.hold,
                                     k.client.subscribe(slow, 1, initial_credit=10)))
             await asyncio.sleep(8)  # the coordinator starts the member again
             k, control = await pair(leader, "offset")
-            held = await asyncio.to_thread(hold_member, bed, a, slow, args.hold)
+            held = (await asyncio.to_thread(hold_member, bed, a, slow, args.hold)).pid
             rows.append(await phase("query offset", k, control, held, args.hold,
                                     k.client.query_offset(slow, f"{tag}-ref")))
             k, control = await pair(b, "coordinator")

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from smartclient._errors import TestBedError
 from smartclient.core.address import Address
 from smartclient.testing.testbed import TestBed
 
-__all__ = ["coordinator_leader", "create_stream_led_by", "delete_streams", "hold_coordinator", "hold_member",
+__all__ = ["Held", "coordinator_leader", "create_stream_led_by", "delete_streams", "hold_coordinator", "hold_member",
            "raw_stream_client", "stream_members"]
 
 # hold the process PID (an expression) on this node for HOLDMS ms: suspended by a process of its own, which lets it
 # go or kills it after that (the suspension also ends if that process dies); a member's reader context out of
-# osiris' cache meanwhile if UNCACHE
+# osiris' cache meanwhile if UNCACHE.  Prints the pid and when the hold ends (the node's clock, ms since the epoch)
 _HOLD = r"""
 P = PID,
 Tab = osiris_reader_context_cache,
@@ -26,14 +28,14 @@ Me = self(),
 spawn(fun() ->
     erlang:suspend_process(P),
     case UNCACHE of true -> ets:delete(Tab, P); false -> ok end,
-    Me ! held,
+    Me ! {held, os:system_time(millisecond) + HOLDMS},
     receive after HOLDMS -> ok end,
     case OUTCOME of
         release -> [ets:insert(Tab, E) || E <- Cached], erlang:resume_process(P);
         kill -> exit(P, kill)
     end end),
-receive held -> ok after 5000 -> timeout end,
-io:format("~p~n", [P]).
+Ends = receive {held, E} -> E after 5000 -> 0 end,
+io:format("~p ~p~n", [P, Ends]).
 """
 _MEMBER = 'element(2, {ok, _} = rabbit_stream_manager:lookup_local_member(<<"/">>, <<"STREAM">>))'
 
@@ -90,17 +92,32 @@ def stream_members(bed: TestBed, stream: str) -> tuple[Address, set[Address]]:
     return leader, {by_name[m] for m in info["members"]} - {leader}
 
 
+@dataclass(frozen=True)
+class Held:
+    """A process held by :func:`hold_member`: its pid as the node prints it, and when the hold ends
+    (``time.time()``, as the node's clock has it: the same machine's)."""
+
+    pid: str
+    ends_at: float
+
+    def left(self) -> float:
+        """Seconds of the hold left now (a caller that only knows when it asked cannot tell: the rabbitmqctl call
+        takes seconds on a loaded machine, and the hold begins somewhere inside it)."""
+        return self.ends_at - time.time()
+
+
 def hold_member(bed: TestBed, node_index: int, stream: str, seconds: float, outcome: str = "release",
-                uncache: bool = False) -> str:
+                uncache: bool = False) -> Held:
     """Hold ``stream``'s member on node ``node_index`` (its writer or a replica) as one still initialising after a
     restart is: alive, answering nothing, for ``seconds``; then let it go (``outcome="release"``) or kill it
     (``"kill"``: the coordinator starts another).  ``uncache``: its reader context is also taken out of osiris'
     cache until then, as before a member's initialisation ends, so that a Subscribe to it waits for it (a
-    cached one is read without asking the member).  Returns the member's pid as the node prints it.
+    cached one is read without asking the member).  Returns the member's pid, and when its hold ends.
 
     :raises TestBedError: ``outcome`` is neither, or the node could not hold it (no member there)."""
-    return _hold(bed, node_index, _MEMBER.replace("STREAM", stream), f"the member of {stream!r}", seconds, outcome,
-                 uncache)
+    pid, ends = _hold(bed, node_index, _MEMBER.replace("STREAM", stream), f"the member of {stream!r}", seconds,
+                      outcome, uncache).split()
+    return Held(pid, int(ends) / 1000)
 
 
 def coordinator_leader(bed: TestBed) -> int:
@@ -130,7 +147,7 @@ def _hold(bed: TestBed, node_index: int, pid: str, what: str, seconds: float, ou
     text = (_HOLD.replace("PID", pid).replace("HOLDMS", str(int(seconds * 1000))).replace("OUTCOME", outcome)
             .replace("UNCACHE", "true" if uncache else "false"))
     out = _ctl(bed, node_index, text)
-    if not out.startswith("<"):
+    if not out.startswith("<") or out.split()[1:2] in ([], ["0"]):
         raise TestBedError(f"{bed.nodes[node_index].name} could not hold {what}: {out}")
     return out.splitlines()[0]
 
