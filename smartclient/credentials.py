@@ -504,6 +504,10 @@ def alone() -> bool:
     return _ALONE.get()
 
 
+#: logins :class:`RefusedLogins` remembers as taken (a token and the one before it, while a refresh goes round)
+GOOD_LOGINS = 4
+
+
 class RefusedLogins:
     """The last login one connector or placer saw refused (credentials, a token, a client certificate), so that
     what smartclient dials on its own never dials with it again: a refusal is the same on every node and at every
@@ -513,6 +517,7 @@ class RefusedLogins:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._refused: tuple[str, SmartClientError] | None = None
+        self._good: tuple[str, ...] = ()  # the last logins a connection logged in with (newest last)
 
     @staticmethod
     def key(signed: Login, certificate: CertificateLike | None = None) -> str:
@@ -542,8 +547,20 @@ class RefusedLogins:
             with self._lock:
                 self._refused = (key, error)
 
-    def accepted(self) -> None:
-        """A connection logged in: whatever was refused before may log in again."""
-        if self._refused is not None:
-            with self._lock:
-                self._refused = None
+    def accepted(self, key: str | None = None) -> None:
+        """A connection logged in (with the login ``key``, when given: see :meth:`tried`): whatever was refused
+        before may log in again."""
+        with self._lock:
+            self._refused = None
+        if key is not None:
+            self.taken(key)
+
+    def taken(self, key: str) -> None:
+        """The broker took the login ``key`` (a connection logged in with it, or took its token as an update)."""
+        with self._lock:
+            if key not in self._good:
+                self._good = (*self._good[-(GOOD_LOGINS - 1):], key)
+
+    def tried(self, key: str) -> bool:
+        """Whether a connection has logged in with the login ``key`` (one of the last :data:`GOOD_LOGINS`)."""
+        return key in self._good

@@ -154,6 +154,8 @@ class StreamConnector:
         self.refused = credentials.RefusedLogins()
         #: login -> done once the broker has judged it on the connection it is judging it on (see _verdict)
         self._judging: dict[str, asyncio.Future[None]] = {}
+        #: login never logged in with -> done once the dial that presents it first is answered (see _first_try)
+        self._trying: dict[str, asyncio.Future[None]] = {}
         #: the locator (its wing's): a connection that carries no producer or consumer, opened if it is not open;
         #: a new token goes to it first (see update_secrets)
         self.idle: Callable[[], Awaitable[Any]] | None = None
@@ -213,12 +215,14 @@ class StreamConnector:
         signed = await credentials.alogin(self.settings.credentials, connection_name)
         login = self.refused.key(signed, self.settings.client_certificate)
         await self._verdict(login)  # (a recovery: not with a login refused already, or being judged)
+        trial = await self._first_try(login)  # (a recovery with a login no connection has logged in with yet)
         judged: list[asyncio.Future[None]] = []
 
         def judging() -> None:  # the broker answered: it judges this login now (the others that wait see its verdict)
             if (pending := self._judging.get(login)) is None or pending.done():
                 self._judging[login] = asyncio.get_running_loop().create_future()
                 judged.append(self._judging[login])
+            _answered(self._trying, login, trial)
 
         client = _rstream.new_client(
             client_class, host=dialled.host, port=dialled.port,
@@ -245,11 +249,12 @@ class StreamConnector:
                 raise again from exc
             raise
         finally:
+            _answered(self._trying, login, trial)
             for verdict in judged:
                 verdict.set_result(None)
                 if self._judging.get(login) is verdict:
                     del self._judging[login]
-        self.refused.accepted()
+        self.refused.accepted(login)
         node, connection_name = _rstream.identity(client)
         if node is None:
             await _rstream.abort(client)
@@ -274,6 +279,29 @@ class StreamConnector:
         if pending is not None and not pending.done():
             await step("the broker's verdict on this login, on another connection", asyncio.shield(pending))
         self.refused.check(login)
+
+    async def _first_try(self, login: str) -> asyncio.Future[None] | None:
+        """Before a dial with a login that no connection of this connector has logged in with (a new token, a
+        rotated certificate): when no other dial presents it now, this one is the first, which the others wait
+        for: returned, done once the broker answered it.  Else, in a recovery (:func:`credentials.acting_alone`),
+        wait for that answer (then :meth:`_verdict` waits for its verdict), at most ``retry.hedge_after`` (one
+        unanswered that long hangs on its node: no fault of the login).  So a new token that the broker refuses
+        costs one connection, not one per recovery that began at the same moment (the expiry of the token before
+        it ends every connection at once).
+
+        :raises AuthenticationFailed: (or CertificateRejected) the broker refused this login meanwhile."""
+        if self.refused.tried(login):
+            return None
+        first = self._trying.get(login)
+        if first is None or first.done():  # (a dial the application asks for may be the first too: it never waits)
+            mine = self._trying[login] = asyncio.get_running_loop().create_future()
+            return mine
+        if not credentials.alone():
+            return None
+        if self.retry.hedge_after > 0:
+            await asyncio.wait({first}, timeout=self.retry.hedge_after)
+        await self._verdict(login)
+        return None
 
     # -- tokens refreshed on the live connections ------------------------------------------------------
     def _watch_credentials(self) -> None:
@@ -306,6 +334,8 @@ class StreamConnector:
                     refused.append(credentials.refused_token(self.settings.credentials, token))
                 log.warning("connection %s kept its old token: %s", _rstream.identity(client)[1], exc)
                 return False
+            self.refused.taken(self.refused.key(credentials.Login("PLAIN", username, token),
+                                                self.settings.client_certificate))
             return True
 
         # first to the locator, which carries no producer or consumer: RabbitMQ 4.3 ends a connection that it
@@ -469,6 +499,14 @@ async def _first_opened(dials: list[asyncio.Future[Connection]], connector: Stre
         raise failures[0]
     finally:
         await _settle(list(pending), connector, keep)
+
+
+def _answered(trying: dict[str, asyncio.Future[None]], login: str, trial: asyncio.Future[None] | None) -> None:
+    """The first dial with ``login`` (``trial``: see :meth:`StreamConnector._first_try`) was answered, or ended."""
+    if trial is not None and not trial.done():
+        trial.set_result(None)
+        if trying.get(login) is trial:
+            del trying[login]
 
 
 async def _settle(dials: list[asyncio.Future[Connection]], connector: StreamConnector, keep: bool = False) -> None:

@@ -62,6 +62,26 @@ def lb_environment(bed: TestBed, credentials: Any = None, **more: Any) -> Enviro
     return Environment(bed.stream_uri(host, port), credentials=credentials, **more)
 
 
+def record_dials(connector: Any, provider: TurningBad) -> list[str]:
+    """What each dial from now on was for, and how it ended, in seconds after the provider turned (shown when a
+    test finds more than it allows)."""
+    dials: list[str] = []
+    dial_once = connector._dial_once
+
+    async def recorded(target: Any, name: str, *args: Any) -> Any:
+        began = time.monotonic() - (provider.turned_at or 0.0)
+        try:
+            conn = await dial_once(target, name, *args)
+        except BaseException as exc:
+            dials.append(f"{name} at {began:.2f} s: {type(exc).__name__}")
+            raise
+        dials.append(f"{name} at {began:.2f} s: {conn.node}")
+        return conn
+
+    connector._dial_once = recorded
+    return dials
+
+
 def chain(error: BaseException | None) -> list[BaseException]:
     found = []
     while error is not None:
@@ -89,6 +109,7 @@ async def test_stream_handles_whose_tokens_turn_bad_stop_typed_fail_what_is_pend
             held = credentials.token
             assert held is not None
             opened = env.streams.connector.opened
+            dials = record_dials(env.streams.connector, provider)
             pending: list[asyncio.Future[Any]] = []
             sent_at: list[float] = []
             while producer.failure is None and time.monotonic() - provider.turned_at < 40:  # type: ignore[operator]
@@ -125,7 +146,8 @@ async def test_stream_handles_whose_tokens_turn_bad_stop_typed_fail_what_is_pend
             with pytest.raises(refusal):
                 await asyncio.wait_for(env.topology(stream), 5)
             dialled = env.streams.connector.opened - opened
-            assert dialled <= 3, f"{dialled} connections dialled after the provider turned"
+            print(f"{how}: {dialled} connections dialled after the provider turned: {dials}")
+            assert dialled <= 3, f"{dialled} connections dialled after the provider turned: {dials}"
             quiet = env.streams.connector.opened
             await asyncio.sleep(5)  # a window, not a wait: nothing may be dialled in it
             assert env.streams.connector.opened == quiet

@@ -1,0 +1,126 @@
+"""A login no connection has logged in with yet (a new token, a rotated certificate) is tried by one recovery's
+dial first: the recoveries that begin at the same moment (the token before it expired, and ended every connection
+at once) wait for the broker's answer to it, then for its verdict, instead of each presenting it.  StreamConnector
+with a fake rstream client: the broker answers each connection's first request at once and judges its login after
+``judge_for`` s.  No broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from smartclient import Address, AuthenticationFailed, Credentials
+from smartclient.core.retry import RetryPolicy
+from smartclient.credentials import acting_alone
+from smartclient.options import ClientSettings
+from smartclient.resolution import Resolution
+from smartclient.stream import _rstream
+from smartclient.stream.connector import StreamConnector
+
+NODE = Address("n1", 5552)
+
+
+class LoginBroker:
+    """Judges each login after ``judge_for`` s: refused if its password is in ``refused``; ``hang``: a
+    connection's first request is never answered."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.refused: set[str] = set()
+        self.hang = False
+        self.judge_for = 0.05
+        self.presented: list[str] = []  # the passwords logins presented, in order
+
+        broker = self
+
+        class LoginClient:
+            def __init__(self, on_answer: Any, name: str) -> None:
+                self.on_answer, self._tasks = on_answer, {}
+                self.server_properties = {"advertised_host": NODE.host, "advertised_port": str(NODE.port)}
+                self._client_properties = {"connection_name": name}
+
+            async def start(self) -> None:
+                if broker.hang:
+                    await asyncio.Event().wait()
+                self.on_answer()
+
+            async def authenticate(self, vhost: str, username: str, password: str) -> None:
+                broker.presented.append(password)
+                await asyncio.sleep(broker.judge_for)
+                if password in broker.refused:
+                    raise AuthenticationFailed("the broker refused the credentials")
+
+        def new_client(cls: Any, *, name: str, on_answer: Any, **_: Any) -> LoginClient:
+            return LoginClient(on_answer, name)
+
+        monkeypatch.setattr(_rstream, "new_client", new_client)
+
+
+@pytest.fixture
+def login_broker(monkeypatch: pytest.MonkeyPatch) -> LoginBroker:
+    return LoginBroker(monkeypatch)
+
+
+def login_connector(password: str, hedge_after: float = 0.5) -> StreamConnector:
+    return StreamConnector(ClientSettings(Credentials("u", password)), Resolution(None),
+                           retry=RetryPolicy(hedge_after=hedge_after))
+
+
+async def recoveries(connector: StreamConnector, count: int) -> list[Any]:
+    async def one(i: int) -> Any:
+        acting_alone()
+        return await connector._dial_once(NODE, f"recovery-{i}", None)
+
+    return await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+
+
+async def test_recoveries_at_once_with_a_new_login_the_broker_refuses_present_it_once(
+        login_broker: LoginBroker) -> None:
+    login_broker.refused.add("new")
+    outcomes = await recoveries(login_connector("new"), 4)
+    assert all(isinstance(o, AuthenticationFailed) for o in outcomes), outcomes
+    assert login_broker.presented == ["new"]
+
+
+async def test_a_new_login_the_broker_takes_lets_the_others_go_together(login_broker: LoginBroker) -> None:
+    connector = login_connector("new")
+    outcomes = await recoveries(connector, 4)
+    assert [o.node for o in outcomes] == [NODE] * 4 and login_broker.presented == ["new"] * 4
+    login_broker.judge_for = 0.2  # taken before: the next ones present it at once, side by side
+    began = asyncio.get_running_loop().time()
+    await recoveries(connector, 4)
+    assert asyncio.get_running_loop().time() - began < 0.35
+
+
+async def test_a_first_dial_left_unanswered_holds_the_others_back_only_for_hedge_after(
+        login_broker: LoginBroker) -> None:
+    login_broker.hang = True
+    connector = login_connector("new", hedge_after=0.05)
+    first = asyncio.ensure_future(recoveries(connector, 1))
+    await asyncio.sleep(0.01)
+    login_broker.hang = False
+    outcomes = await asyncio.wait_for(recoveries(connector, 2), 2)
+    assert [o.node for o in outcomes] == [NODE] * 2
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_what_the_application_asks_for_itself_is_never_held_back(login_broker: LoginBroker) -> None:
+    login_broker.refused.add("new")
+    connector = login_connector("new")
+    outcomes = await asyncio.gather(*(connector._dial_once(NODE, f"asked-{i}", None) for i in range(3)),
+                                    return_exceptions=True)
+    assert all(isinstance(o, AuthenticationFailed) for o in outcomes) and login_broker.presented == ["new"] * 3
+
+
+async def test_a_recovery_waits_on_a_dial_the_application_asked_for_with_the_same_new_login(
+        login_broker: LoginBroker) -> None:
+    login_broker.refused.add("new")
+    connector = login_connector("new")
+    asked = asyncio.ensure_future(connector._dial_once(NODE, "asked", None))
+    await asyncio.sleep(0)  # (it presents the login first)
+    outcomes = await recoveries(connector, 2)
+    outcomes += await asyncio.gather(asked, return_exceptions=True)
+    assert all(isinstance(o, AuthenticationFailed) for o in outcomes), outcomes
+    assert login_broker.presented == ["new"]
