@@ -154,8 +154,9 @@ class StreamConnector:
         self.refused = credentials.RefusedLogins()
         #: login -> done once the broker has judged it on the connection it is judging it on (see _verdict)
         self._judging: dict[str, asyncio.Future[None]] = {}
-        #: login never logged in with -> done once the dial that presents it first is answered (see _first_try)
-        self._trying: dict[str, asyncio.Future[None]] = {}
+        #: login never logged in with -> done once the dial that presents it first is answered, and when that
+        #: dial began (see _first_try)
+        self._trying: dict[str, tuple[asyncio.Future[None], float]] = {}
         #: the locator (its wing's): a connection that carries no producer or consumer, opened if it is not open;
         #: a new token goes to it first (see update_secrets)
         self.idle: Callable[[], Awaitable[Any]] | None = None
@@ -224,14 +225,18 @@ class StreamConnector:
                 judged.append(self._judging[login])
             _answered(self._trying, login, trial)
 
-        client = _rstream.new_client(
-            client_class, host=dialled.host, port=dialled.port,
-            tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
-            frame_max=self.settings.frame_max,
-            heartbeat=keepalive.heartbeat(self.settings.heartbeat, self.settings.dead_after),
-            name=connection_name, on_closed=closed, max_ids=self.limits.max_streams_per_connection,
-            server_hostname=route.tls_name, mechanism=signed.mechanism, on_answer=judging,
-            dead_after=self.settings.dead_after)
+        try:
+            client = _rstream.new_client(
+                client_class, host=dialled.host, port=dialled.port,
+                tls=credentials.tls_context(self.settings.tls, self.settings.client_certificate),
+                frame_max=self.settings.frame_max,
+                heartbeat=keepalive.heartbeat(self.settings.heartbeat, self.settings.dead_after),
+                name=connection_name, on_closed=closed, max_ids=self.limits.max_streams_per_connection,
+                server_hostname=route.tls_name, mechanism=signed.mechanism, on_answer=judging,
+                dead_after=self.settings.dead_after)
+        except BaseException:  # (a certificate's files unreadable: nothing was presented)
+            _answered(self._trying, login, trial)
+            raise
         self.opened += 1
         self._watch_credentials()
         try:
@@ -292,14 +297,15 @@ class StreamConnector:
         :raises AuthenticationFailed: (or CertificateRejected) the broker refused this login meanwhile."""
         if self.refused.tried(login):
             return None
-        first = self._trying.get(login)
+        first, began = self._trying.get(login, (None, 0.0))
         if first is None or first.done():  # (a dial the application asks for may be the first too: it never waits)
-            mine = self._trying[login] = asyncio.get_running_loop().create_future()
+            mine = asyncio.get_running_loop().create_future()
+            self._trying[login] = mine, time.monotonic()
             return mine
         if not credentials.alone():
             return None
-        if self.retry.hedge_after > 0:
-            await asyncio.wait({first}, timeout=self.retry.hedge_after)
+        if (wait := self.retry.hedge_after - (time.monotonic() - began)) > 0:  # (a hedge of it waits no more)
+            await asyncio.wait({first}, timeout=wait)
         await self._verdict(login)
         return None
 
@@ -501,11 +507,12 @@ async def _first_opened(dials: list[asyncio.Future[Connection]], connector: Stre
         await _settle(list(pending), connector, keep)
 
 
-def _answered(trying: dict[str, asyncio.Future[None]], login: str, trial: asyncio.Future[None] | None) -> None:
+def _answered(trying: dict[str, tuple[asyncio.Future[None], float]], login: str,
+              trial: asyncio.Future[None] | None) -> None:
     """The first dial with ``login`` (``trial``: see :meth:`StreamConnector._first_try`) was answered, or ended."""
     if trial is not None and not trial.done():
         trial.set_result(None)
-        if trying.get(login) is trial:
+        if trying.get(login, (None,))[0] is trial:
             del trying[login]
 
 

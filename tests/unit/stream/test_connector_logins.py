@@ -124,3 +124,17 @@ async def test_a_recovery_waits_on_a_dial_the_application_asked_for_with_the_sam
     outcomes += await asyncio.gather(asked, return_exceptions=True)
     assert all(isinstance(o, AuthenticationFailed) for o in outcomes), outcomes
     assert login_broker.presented == ["new"]
+
+
+async def test_a_dial_beside_one_unanswered_for_hedge_after_already_goes_at_once(login_broker: LoginBroker) -> None:
+    login_broker.hang, login_broker.judge_for = True, 0.0
+    connector = login_connector("new", hedge_after=0.05)
+    first = asyncio.ensure_future(recoveries(connector, 1))
+    await asyncio.sleep(0.06)  # (unanswered for hedge_after: the hedge of it)
+    login_broker.hang = False
+    second = asyncio.ensure_future(recoveries(connector, 1))
+    for _ in range(20):  # (no waiting: a few turns of the loop)
+        await asyncio.sleep(0)
+    assert login_broker.presented == ["new"] and second.done()
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
