@@ -195,10 +195,11 @@ class StreamConnector:
         log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
         self.hedged += 1
         with _otel.detached():
-            second = asyncio.ensure_future(self._dial_once(target, name, client_class))
+            second = asyncio.ensure_future(self._dial_once(target, name, client_class, True))
         return await _first_opened([first, second], self, keep)
 
-    async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None) -> Connection:
+    async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None,
+                         hedge: bool = False) -> Connection:
         route = await self.resolution.route(target)
         dialled = self.dialled[target] = route.dial
         # weakly: the client holds this handler, and the Connection the client, so a strong reference made each
@@ -216,7 +217,7 @@ class StreamConnector:
         signed = await credentials.alogin(self.settings.credentials, connection_name)
         login = self.refused.key(signed, self.settings.client_certificate)
         await self._verdict(login)  # (a recovery: not with a login refused already, or being judged)
-        trial = await self._first_try(login)  # (a recovery with a login no connection has logged in with yet)
+        trial = await self._first_try(login, hedge)  # (a login no connection has logged in with yet)
         judged: list[asyncio.Future[None]] = []
 
         def judging() -> None:  # the broker answered: it judges this login now (the others that wait see its verdict)
@@ -238,8 +239,8 @@ class StreamConnector:
             _answered(self._trying, login, trial)
             raise
         self.opened += 1
-        self._watch_credentials()
         try:
+            self._watch_credentials()
             context = f"connecting to {dialled}" + (f" (advertised as {target})" if dialled != target else "")
             with map_stream_errors(context):
                 await step(f"connect to {dialled}" + (" (TLS)" if self.settings.tls else ""), client.start())
@@ -285,28 +286,31 @@ class StreamConnector:
             await step("the broker's verdict on this login, on another connection", asyncio.shield(pending))
         self.refused.check(login)
 
-    async def _first_try(self, login: str) -> asyncio.Future[None] | None:
+    async def _first_try(self, login: str, hedge: bool = False) -> asyncio.Future[None] | None:
         """Before a dial with a login that no connection of this connector has logged in with (a new token, a
         rotated certificate): when no other dial presents it now, this one is the first, which the others wait
         for: returned, done once the broker answered it.  Else, in a recovery (:func:`credentials.acting_alone`),
-        wait for that answer (then :meth:`_verdict` waits for its verdict), at most ``retry.hedge_after`` (one
-        unanswered that long hangs on its node: no fault of the login).  So a new token that the broker refuses
-        costs one connection, not one per recovery that began at the same moment (the expiry of the token before
-        it ends every connection at once).
+        wait for that answer (then :meth:`_verdict` waits for its verdict) while the first has been waiting less
+        than ``retry.hedge_after`` (one unanswered that long hangs on its node: no fault of the login; 0: no wait),
+        within the attempt's deadline; a first that ended unanswered (its node refused the connection) leaves the
+        next in line to be the first.  A ``hedge`` (a second dial beside one unanswered) does not wait: it
+        replaces a dial.  So a new token that the broker refuses costs one connection, not one per recovery that
+        began at the same moment (the expiry of the token before it ends every connection at once).
 
         :raises AuthenticationFailed: (or CertificateRejected) the broker refused this login meanwhile."""
-        if self.refused.tried(login):
-            return None
-        first, began = self._trying.get(login, (None, 0.0))
-        if first is None or first.done():  # (a dial the application asks for may be the first too: it never waits)
-            mine = asyncio.get_running_loop().create_future()
-            self._trying[login] = mine, time.monotonic()
-            return mine
-        if not credentials.alone():
-            return None
-        if (wait := self.retry.hedge_after - (time.monotonic() - began)) > 0:  # (a hedge of it waits no more)
-            await asyncio.wait({first}, timeout=wait)
-        await self._verdict(login)
+        while not self.refused.tried(login):
+            first, began = self._trying.get(login, (None, 0.0))
+            if first is None or first.done():  # (a dial the application asks for may be the first: it never waits)
+                mine = asyncio.get_running_loop().create_future()
+                self._trying[login] = mine, time.monotonic()
+                return mine
+            wait = self.retry.hedge_after - (time.monotonic() - began)
+            if hedge or not credentials.alone() or min(wait, remaining(wait)) <= 0:
+                return None
+            await asyncio.wait({first}, timeout=min(wait, remaining(wait)))
+            await self._verdict(login)  # (refused: raised)
+            if not first.done():
+                return None  # still unanswered: it hangs (a dial goes beside it, as a hedge would)
         return None
 
     # -- tokens refreshed on the live connections ------------------------------------------------------

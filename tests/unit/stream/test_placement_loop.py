@@ -365,7 +365,7 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
     class Connector(StreamConnector):
         hold = True
 
-        async def _dial_once(self, target: Address, name: str, client_class: Any) -> Connection:
+        async def _dial_once(self, target: Address, name: str, client_class: Any, hedge: bool = False) -> Connection:
             if self.hold:  # every first dial is taken by the stopping node, and held
                 self.hold = False
                 held.append(asyncio.get_running_loop().time())
