@@ -385,16 +385,18 @@ async def _member_reads_share_a_connection_left_usable(env: Environment, stream:
     topo = await env.topology(stream)
     node = topo.replicas[0] if topo.replicas else topo.leader
     connector, reads = env.streams.connector, env.streams._carriers.reads
-    opened = connector.opened
+    opened, detours = connector.opened, reads.detours
     candidates = topo.member_candidates(node)
     both = await asyncio.gather(reads.read(stream, node, candidates), reads.read(stream, node, candidates))
     assert [stats["first_chunk_id"] for stats in both] == [0, 0]
-    assert connector.opened == opened + 1 and len(reads) == 0
+    # one dial, and one more if the first read went unanswered for QUEUE_BOUND (a loaded machine): the second's
+    assert connector.opened == opened + 1 + (reads.detours - detours) and len(reads) == 0
+    opened = connector.opened
     parked = connector.parking.all()  # (both of the bed's lines are 3.11+)
-    assert [c.node for c in parked] == [node] and parked[0].alive() and broker_version(parked[0].client) >= (3, 11)
+    assert parked and all(c.node == node and c.alive() and broker_version(c.client) >= (3, 11) for c in parked)
     consumer = await env.consumer(stream, lambda m, c: None, offset="first")  # (lands on a replica)
     try:
-        assert connector.opened == opened + 1 or consumer.node != node  # the parked one was taken
+        assert connector.opened == opened or consumer.node != node  # a parked one was taken
         assert (await stream_stats_from(connector, topo.candidates(Role.PRODUCER), stream, "once")
                 )["first_chunk_id"] == 0  # (and the old way still closes what it opened)
     finally:
