@@ -35,6 +35,7 @@ from typing import Any
 from smartclient._errors import ConfigurationError, EnqueueTimeout, MessageTooLarge, PublishFailed
 from smartclient.core.amqp_data import SHORT
 from smartclient.core.batching import CONFIRM_TIMEOUT, CONNECTION_LOST, BatchingPolicy, Confirmation
+from smartclient.stream.flag import Flag
 from smartclient.stream.publish_frames import (
     FRAME_OVERHEAD,
     HEADER,
@@ -73,6 +74,13 @@ class PublishBuffer:
     header) are packed when the frame is written, in one pass over the batch.  Confirms arrive as one array of
     ids per frame (the seam decodes them) and are settled in one pass too."""
 
+    # (no __dict__: with this many attributes it was 1.5 KiB a producer, issue 57)
+    __slots__ = ("_amqp", "_batch_size", "_bytes", "_callbacks", "_cap", "_encoded", "_error", "_expiry", "_high",
+                 "_idle", "_ids", "_marks", "_overhead", "_parts", "_pending", "_seam", "_space", "_sub_batch",
+                 "_sub_counts", "_suspended", "_timer", "_version", "_waiters", "_wide", "_written", "client",
+                 "confirmed", "encoding", "failed", "filter_value", "frame_max", "on_confirmed", "on_lost", "policy",
+                 "publisher_id", "resent", "sent", "stream", "timed_out")
+
     def __init__(self, client: Any, publisher_id: int, stream: str, policy: BatchingPolicy,
                  filter_value: Callable[[Any], str | None] | None = None,
                  on_lost: Callable[[str], None] | None = None,
@@ -104,21 +112,20 @@ class PublishBuffer:
         self.sent = 0
         self.confirmed = 0
         self.failed = 0
-        self._space = asyncio.Event()
-        self._space.set()
-        self._idle = asyncio.Event()  # set exactly while nothing is pending
-        self._idle.set()
+        self._space = Flag()
+        self._idle = Flag()  # set exactly while nothing is pending
         self._timer: asyncio.TimerHandle | None = None
         self._error: BaseException | None = None
         self._callbacks: set[asyncio.Future[Any]] = set()
         self._expiry: asyncio.TimerHandle | None = None
-        self._marks: deque[tuple[float, int]] = deque()  # (tick time, highest publishing id queued then)
+        #: (tick time, highest publishing id queued then), with a confirm timeout (made then: a deque is 760 bytes)
+        self._marks: deque[tuple[float, int]] | None = None
         self.timed_out = 0
         #: told, once per confirm frame, the time and the Publish frames it confirmed (metrics and traces)
         self.on_confirmed = on_confirmed
         # (a frame's last publishing id, written at, size): cleared on a recovery or close, bounded if confirms
-        # never come (timing is lost then, never a message)
-        self._written: deque[tuple[int, float, int]] = deque(maxlen=_WRITTEN_FRAMES)
+        # never come (timing is lost then, never a message); made once metrics or traces want it
+        self._written: deque[tuple[int, float, int]] | None = None
         self._high = -1  # the highest publishing id written so far: what is at or below it is written again
         self._bind(client, publisher_id)
 
@@ -169,7 +176,7 @@ class PublishBuffer:
         self._bind(client, publisher_id)
         self._suspended = False
         self._clear_batch()
-        self._written.clear()  # their confirms would time the outage; the frames written again are timed anew
+        self._written = None  # their confirms would time the outage; the frames written again are timed anew
         count, sent = 0, self.sent
         for pid in sorted(self._pending):  # synchronous: no send can slip in between
             part = self._pending[pid]
@@ -204,7 +211,7 @@ class PublishBuffer:
         self._suspended = True
         self._unbind()
         self._clear_batch()
-        self._written.clear()
+        self._written = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -439,6 +446,8 @@ class PublishBuffer:
         frame = b"".join(chain((header,), packed))
         messages = sum(map(self._sub_counts.get, ids, repeat(1))) if self._sub_batch else count
         if self.on_confirmed is not None:  # per frame, and only with metrics or traces on
+            if self._written is None:
+                self._written = deque(maxlen=_WRITTEN_FRAMES)
             self._written.append((ids[-1], time.monotonic(), messages))
         # ids rise within a frame and from frame to frame; only a recovery writes some again
         if ids[0] > self._high:
@@ -457,19 +466,20 @@ class PublishBuffer:
         self._expiry = None
         pending = self._pending
         if not pending:
-            self._marks.clear()
+            self._marks = None
             return
         now = time.monotonic()
         timeout = self.policy.confirm_timeout
         if self._suspended:  # recovering: bounded by RecoveryPolicy; the clock starts again once it is resent
-            self._marks.clear()
+            self._marks = None
             if self._error is None:
                 self._expiry = asyncio.get_running_loop().call_later(timeout / 4, self._expire)
             return
-        self._marks.append((now, next(reversed(pending))))
+        marks = self._marks = self._marks if self._marks is not None else deque()
+        marks.append((now, next(reversed(pending))))
         cutoff = None
-        while self._marks and now - self._marks[0][0] >= timeout:
-            cutoff = self._marks.popleft()[1]
+        while marks and now - marks[0][0] >= timeout:
+            cutoff = marks.popleft()[1]
         if cutoff is not None:
             expired = []
             for pid in pending:  # in the order queued: the oldest first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -186,6 +187,13 @@ async def test_frame_timing_records_drop_refused_frames_and_restart_after_a_reco
     assert [f[0] for f in buffer._written] == [4]
     buffer.suspend()
     assert buffer.resume(FakeClient(), 1) == 2 and [f[0] for f in buffer._written] == [4]  # written again
+    assert buffer._written is not None and buffer._written.maxlen is not None and buffer._written.maxlen <= 4096
     confirm(buffer, 3, 4)
     assert timed == [[4]] and not buffer._written
-    assert buffer._written.maxlen is not None and buffer._written.maxlen <= 4096
+
+
+def test_a_producer_without_metrics_or_a_confirm_timeout_makes_no_deque() -> None:
+    """Each is 760 bytes before it holds anything: at a few hundred producers, made only when needed (issue 57)."""
+    buffer = PublishBuffer(FakeClient(), 0, "s", BatchingPolicy())
+    assert (buffer._written, buffer._marks) == (None, None)
+    assert not any(isinstance(getattr(buffer, name, None), deque) for name in dir(buffer))
