@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import (
     REFUSALS,
@@ -29,6 +29,9 @@ from smartclient.options import ConsumerOptions, OnError
 from smartclient.stream.handles import _Handle
 from smartclient.stream.lag import lag_sampler
 from smartclient.stream.unreported import move_back, watch_deliveries
+
+if TYPE_CHECKING:
+    from smartclient.stream.host import StreamHost
 
 __all__ = ["Consumer", "consumer_handler"]
 
@@ -73,16 +76,24 @@ class Consumer(_Handle):
     """
 
     role = Role.CONSUMER
-    _closing = False
-    subscription_id: int | None = None
-    active: bool | None = None  # for a single active consumer: whether this instance receives now
-    _untracked = False
-    _last_offset: int | None = None
-    redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
-    callback_errors = 0  # messages (or chunks) whose callback raised and that on_error skipped
-    _on_error: OnError = "stop"
-    _subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
-    _start: int | None = None  # an absolute start (delivery watch)
+    # (no __dict__: with some 40 attributes, past the 30 that instances of a class share, each consumer had a dict
+    # of its own, 1.6 KiB: issue 57)
+    __slots__ = ("_chunks", "_closing", "_deliver", "_how", "_last_offset", "_last_store_at", "_on_error",
+                 "_since_store", "_skipped", "_start", "_stopping", "_stored", "_storing", "_subscriber", "_tracker",
+                 "_tracking", "_untracked", "active", "callback_errors", "offset", "redelivered", "subscription_id")
+
+    def __init__(self, host: StreamHost, carrier: Any, stream: str, name: str | None) -> None:
+        super().__init__(host, carrier, stream, name)
+        self._closing = False
+        self.subscription_id: int | None = None
+        self.active: bool | None = None  # for a single active consumer: whether this instance receives now
+        self._untracked = False
+        self._last_offset: int | None = None
+        self.redelivered = 0  # messages at or below the last offset handed over, handed over again (counted, logged)
+        self.callback_errors = 0  # messages (or chunks) whose callback raised and that on_error skipped
+        self._on_error: OnError = "stop"
+        self._subscriber: Any = None  # rstream's subscriber (its offset is the next one after the last chunk)
+        self._start: int | None = None  # an absolute start (delivery watch)
 
     @property
     def last_offset(self) -> int | None:

@@ -100,6 +100,8 @@ class _Handle:
     """What producers and consumers share: placement, and recovery after a loss (see RecoveryPolicy)."""
 
     role: Role
+    __slots__ = ("__weakref__", "_carrier", "_host", "_losses", "_ready", "_recovery", "_verify", "_watch", "closed",
+                 "control", "failure", "name", "recoveries", "recovery_attempts", "stream", "super_stream")
 
     def __init__(self, host: StreamHost, carrier: Any, stream: str, name: str | None) -> None:
         self._host = host

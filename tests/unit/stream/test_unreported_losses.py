@@ -36,7 +36,7 @@ class FakeHost:
 
     @staticmethod
     def of(producer: Producer) -> Any:
-        return vars(producer)["_host"]
+        return producer._host
 
     def placement_of(self, carrier: Any, stream: str) -> PlacementRecord | None:
         return PlacementRecord(Role.PRODUCER, stream, "p", self.node, self.node, "c-1")
