@@ -197,3 +197,11 @@ def test_a_producer_without_metrics_or_a_confirm_timeout_makes_no_deque() -> Non
     buffer = PublishBuffer(FakeClient(), 0, "s", BatchingPolicy())
     assert (buffer._written, buffer._marks) == (None, None)
     assert not any(isinstance(getattr(buffer, name, None), deque) for name in dir(buffer))
+
+
+def test_a_consumer_and_a_publish_buffer_keep_no_dict() -> None:
+    """Hundreds of them in a process (a super stream's partitions): a dict each was 1.3 to 1.5 KiB (issue 57)."""
+    from smartclient.stream.consumer import Consumer
+
+    assert not hasattr(Consumer(None, None, "s", None), "__dict__")  # type: ignore[arg-type]
+    assert not hasattr(PublishBuffer(FakeClient(), 0, "s", BatchingPolicy()), "__dict__")
