@@ -77,7 +77,7 @@ class Consumer(_Handle):
 
     role = Role.CONSUMER
     # (no __dict__: with some 40 attributes, past the 30 that instances of a class share, each consumer had a dict
-    # of its own, 1.6 KiB: issue 57)
+    # of its own: 1,817 bytes a consumer with it, 515 without, issue 57)
     __slots__ = ("_chunks", "_closing", "_deliver", "_how", "_last_offset", "_last_store_at", "_on_error",
                  "_since_store", "_skipped", "_start", "_stopping", "_stored", "_storing", "_subscriber", "_tracker",
                  "_tracking", "_untracked", "active", "callback_errors", "offset", "redelivered", "subscription_id")
