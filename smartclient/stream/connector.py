@@ -304,10 +304,11 @@ class StreamConnector:
                 mine = asyncio.get_running_loop().create_future()
                 self._trying[login] = mine, time.monotonic()
                 return mine
-            wait = self.retry.hedge_after - (time.monotonic() - began)
-            if hedge or not credentials.alone() or min(wait, remaining(wait)) <= 0:
+            left = self.retry.hedge_after - (time.monotonic() - began)
+            wait = min(left, remaining(left))  # (within the attempt's deadline)
+            if hedge or not credentials.alone() or wait <= 0:
                 return None
-            await asyncio.wait({first}, timeout=min(wait, remaining(wait)))
+            await asyncio.wait({first}, timeout=wait)
             await self._verdict(login)  # (refused: raised)
             if not first.done():
                 return None  # still unanswered: it hangs (a dial goes beside it, as a hedge would)
@@ -334,6 +335,8 @@ class StreamConnector:
         a connection 3 s after it refused it a token; 4.0 at its old token's expiry)."""
         username = self.settings.credentials.username
         refused: list[bool] = []  # told the credentials: whether they took the token before it back
+        # the login a connection that takes the token has logged in with, as a dial keys it (see _first_try)
+        login = self.refused.key(credentials.Login("PLAIN", username, token), self.settings.client_certificate)
 
         async def update(client: Any) -> bool:
             try:
@@ -344,8 +347,7 @@ class StreamConnector:
                     refused.append(credentials.refused_token(self.settings.credentials, token))
                 log.warning("connection %s kept its old token: %s", _rstream.identity(client)[1], exc)
                 return False
-            self.refused.taken(self.refused.key(credentials.Login("PLAIN", username, token),
-                                                self.settings.client_certificate))
+            self.refused.taken(login)
             return True
 
         # first to the locator, which carries no producer or consumer: RabbitMQ 4.3 ends a connection that it

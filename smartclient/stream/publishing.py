@@ -475,7 +475,9 @@ class PublishBuffer:
             if self._error is None:
                 self._expiry = asyncio.get_running_loop().call_later(timeout / 4, self._expire)
             return
-        marks = self._marks = self._marks if self._marks is not None else deque()
+        if self._marks is None:
+            self._marks = deque()
+        marks = self._marks
         marks.append((now, next(reversed(pending))))
         cutoff = None
         while marks and now - marks[0][0] >= timeout:
