@@ -28,7 +28,7 @@ from smartclient.core.topology import Role
 from smartclient.options import ConsumerOptions, OnError
 from smartclient.stream.handles import _Handle
 from smartclient.stream.lag import lag_sampler
-from smartclient.stream.unreported import move_back, watch_deliveries
+from smartclient.stream.unreported import DeliveryWatch, move_back, watch
 
 if TYPE_CHECKING:
     from smartclient.stream.host import StreamHost
@@ -269,8 +269,8 @@ class Consumer(_Handle):
         self._setup_done()
         self._follow(self._after_recovery("placed"))  # (placed while another consumer of its stream recovered)
         lag_sampler(self._host).attach(asyncio.get_running_loop())
-        if (look := self._host.recovery.stall_check) and self._host.recovery.enabled and stream_filter is None:
-            self._watch = asyncio.get_running_loop().create_task(watch_deliveries(self, self._host, look))
+        if self._host.recovery.stall_check and self._host.recovery.enabled and stream_filter is None:
+            self._watch = watch(self, self._host, DeliveryWatch)
 
     async def _subscribe_at(self, offset: OffsetSpec, ready: Callable[[Address], Awaitable[None]] | None = None
                             ) -> None:

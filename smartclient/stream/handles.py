@@ -37,7 +37,7 @@ from smartclient.stream.publishing import (
     ConfirmCallback,
     PublishBuffer,
 )
-from smartclient.stream.unreported import confirm_leader, watch_confirms
+from smartclient.stream.unreported import ConfirmWatch, Watch, confirm_leader, watch
 
 if TYPE_CHECKING:
     from smartclient.options import ProducerOptions
@@ -118,7 +118,7 @@ class _Handle:
         self._ready = False
         self._recovery: asyncio.Task[None] | None = None
         self._verify: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None  # its stall or delivery watch (smartclient.stream.unreported)
+        self._watch: Watch | None = None  # its stall or delivery watch (smartclient.stream.unreported)
         self.recovery_attempts: list[RecoveryAttempt] = []  # the last 50, newest last
         self.control: HandleControl = _Control(self)  # what the machinery may ask of it (stream/host.py)
 
@@ -242,7 +242,7 @@ class _Handle:
     async def _stop_recovery(self) -> None:
         for task in (self._verify, self._watch):
             if task is not None:
-                task.cancel()  # (a no-op once it is done)
+                task.cancel()  # (a no-op once it is done or over)
         task = self._recovery
         if task is not None and not task.done():
             task.cancel()
@@ -312,8 +312,8 @@ class Producer(_Handle):
                                      on_lost=self._lost, on_confirmed=self._host.confirm_watch(self.stream),
                                      encoding=encoding)
         self._setup_done()
-        if (every := self._host.recovery.stall_check) and self._host.recovery.enabled:
-            self._watch = asyncio.get_running_loop().create_task(watch_confirms(self, self._host, every))
+        if self._host.recovery.stall_check and self._host.recovery.enabled:
+            self._watch = watch(self, self._host, ConfirmWatch)
 
     @property
     def buffer(self) -> PublishBuffer | None:

@@ -13,7 +13,7 @@ messages wait for confirms that never come.  Two looks catch it:
 - :func:`move_back`: a consumer that recovered onto a member that is not its first choice (the first could not
   be read yet: :meth:`~smartclient.stream.carriers.Carriers.ready_member`) reads the topology again 1, 3, 7, ...
   s later (:data:`MOVE_BACK`) and moves once a first-choice member can be read;
-- :func:`watch_confirms`: while messages are pending and no confirm (or failure) has arrived for
+- :class:`ConfirmWatch`: while messages are pending and no confirm (or failure) has arrived for
   ``RecoveryPolicy.stall_check`` seconds, the producer reads the topology again and moves if need be; a named
   producer whose third look still finds it on the leader declares its publisher again (what is pending is
   sent again, and stored once).  Off with recovery off.  It reads counters the publish path keeps anyway:
@@ -22,13 +22,16 @@ messages wait for confirms that never come.  Two looks catch it:
 A consumer's subscription can go silent too: once, in CI on RabbitMQ 4.0, a consumer recovered onto a replica
 that had just restarted got every message but the stream's last 32 for 30 s, with nothing published after
 them; the Spark source's read of a last chunk was once silent the same way (issue 18).  The cause is not
-found.  :func:`watch_deliveries` makes it impossible to stay silent: a consumer that has been handed nothing
+found.  :class:`DeliveryWatch` makes it impossible to stay silent: a consumer that has been handed nothing
 for ``stall_check`` seconds, with no chunk waiting for or in its callback, reads the stream's committed chunk
 id; if a committed chunk starts at or after the next offset it waits for, it subscribes again there (on a
 node its placement picks again).  A look is a StreamStats request to the leader, on a connection of its own
 (shared by the consumers of a stream for half a period), and the looks of an idle consumer space out to
 every 8 ``stall_check``.  Off for filtered consumers (their silence is the
 filter's), for an inactive single active consumer, and with recovery off.
+
+Both watches of all of an Environment's handles are ticked by one task (:func:`watch`), four times per
+``stall_check``; a look that reads the broker runs beside the ticks, one per watch at a time.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Coroutine
 from itertools import islice
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smartclient._errors import FeatureNotSupported, HandleStopped
 from smartclient.core.deadline import attempt
@@ -50,7 +54,8 @@ if TYPE_CHECKING:
     from smartclient.stream.host import HandleControl, StreamHost
 
 __all__ = ["DECLARE_AGAIN", "IDLE_LOOKS", "LEADER_LOOKS", "LEADER_SETTLE", "MOVE_BACK", "MOVE_BACK_LOOKS",
-           "STALL_LOOKS", "confirm_leader", "leader_moved", "move_back", "watch_confirms", "watch_deliveries"]
+           "STALL_LOOKS", "ConfirmWatch", "DeliveryWatch", "Watch", "confirm_leader", "leader_moved", "move_back",
+           "watch", "watch_confirms", "watch_deliveries"]
 
 log = logging.getLogger(__name__)
 
@@ -183,43 +188,151 @@ async def move_back(handle: _Handle, host: StreamHost, settle: Backoff = MOVE_BA
         return
 
 
-async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
-                         now: Callable[[], float] = time.monotonic) -> None:
-    """Run until ``producer`` closes or gives up; see the module.  Only a named producer declares its publisher
-    again (what it sends again is stored once); an unnamed one only looks, since sending again could store
-    its messages twice.  Each declaration in a row doubles the wait before the next (up to 16 times,
-    :data:`DECLARE_AGAIN`), so a broker that is only slow is not flooded."""
-    seen = -1
-    since: float | None = None
-    looks = declared = 0
-    polls, spacing = WATCH_POLL.scaled(every).delays(), DECLARE_AGAIN.scaled(every)
-    while not producer.closed and producer.failure is None:
-        await asyncio.sleep(next(polls))
+class Watch:
+    """A handle's watch, one look at a time: :meth:`tick` reads the handle's counters (cheap, no I/O) and returns
+    the look to make now, if any.  The looks of every handle of an Environment are ticked by one task
+    (:func:`watch`), not a task per handle: a task and its sleeping coroutine cost 2.2 KiB (tracemalloc),
+    a watch 0.15."""
+
+    __slots__ = ("_making", "ended", "handle", "host")
+
+    def __init__(self, handle: _Handle, host: StreamHost) -> None:
+        self.handle, self.host = handle, host
+        self.ended = False
+        self._making: asyncio.Task[None] | None = None  # the look being made, when ticked by the shared task
+
+    @property
+    def over(self) -> bool:
+        """Ended, cancelled, or its handle closed or gave up."""
+        return self.ended or self.handle.closed or self.handle.failure is not None
+
+    def tick(self, now: Callable[[], float]) -> Coroutine[Any, Any, None] | None:
+        """The look to make now, if any (``now``: the clock)."""
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """End it (its handle closes), and the look it is making."""
+        self.ended = True
+        if self._making is not None:
+            self._making.cancel()
+
+    def make(self, look: Coroutine[Any, Any, None]) -> None:
+        """Make ``look`` beside the ticks (the next tick of this watch waits for it)."""
+        self._making = asyncio.get_running_loop().create_task(look)
+        self._making.add_done_callback(self._made)
+
+    def _made(self, look: asyncio.Task[None]) -> None:
+        self._making = None
+        if not look.cancelled() and (exc := look.exception()) is not None:  # a bug: said, and this watch ends
+            log.error("%r: its watch failed", self.handle, exc_info=exc)
+            self.ended = True
+
+    async def drive(self, every: float, now: Callable[[], float]) -> None:
+        """Run it on its own until it is over, a look at a time (tests drive it so, with their own clock)."""
+        polls = WATCH_POLL.scaled(every).delays()
+        while not self.over:
+            await asyncio.sleep(next(polls))
+            if not self.over and (look := self.tick(now)) is not None:
+                await look
+
+
+class _Watches:
+    """The watches of one host (an Environment's stream wing), ticked by one task while there are any."""
+
+    __slots__ = ("__weakref__", "every", "task", "watches")
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.watches: dict[Watch, None] = {}  # (ordered: each tick looks at them in the order they came)
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, watch: Watch) -> Watch:
+        self.watches[watch] = None
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        return watch
+
+    async def _run(self) -> None:
+        polls = WATCH_POLL.scaled(self.every).delays()
+        try:
+            while self.watches:
+                await asyncio.sleep(next(polls))
+                for watch in list(self.watches):
+                    if watch.over:
+                        del self.watches[watch]
+                    elif watch._making is None and (look := watch.tick(time.monotonic)) is not None:
+                        watch.make(look)
+        finally:
+            self.task = None
+
+
+_WATCHES: weakref.WeakKeyDictionary[Any, _Watches] = weakref.WeakKeyDictionary()
+
+
+def watch(handle: _Handle, host: StreamHost, made: Callable[[Any, StreamHost, float], Watch]) -> Watch:
+    """Start ``made(handle, host, every)`` (:class:`ConfirmWatch` or :class:`DeliveryWatch`) on ``host``'s one
+    ticking task, with its ``RecoveryPolicy.stall_check`` as the period; ``cancel()`` it when ``handle``
+    closes."""
+    every = host.recovery.stall_check
+    watches = _WATCHES.get(host)
+    if watches is None or watches.every != every:
+        watches = _WATCHES[host] = _Watches(every)
+    return watches.add(made(handle, host, every))
+
+
+class ConfirmWatch(Watch):
+    """A producer's confirms; see the module.  Only a named producer declares its publisher again (what it sends
+    again is stored once); an unnamed one only looks, since sending again could store its messages twice.  Each
+    declaration in a row doubles the wait before the next (up to 16 times, :data:`DECLARE_AGAIN`), so a broker
+    that is only slow is not flooded."""
+
+    __slots__ = ("declared", "every", "looks", "seen", "since")
+    handle: _Producer
+
+    def __init__(self, producer: _Producer, host: StreamHost, every: float) -> None:
+        super().__init__(producer, host)
+        self.every = every
+        self.seen = -1  # confirms and failures counted at the last tick
+        self.since: float | None = None  # since when none came, with messages pending
+        self.looks = self.declared = 0
+
+    def tick(self, now: Callable[[], float]) -> Coroutine[Any, Any, None] | None:
+        producer = self.handle
         buffer = producer.buffer
         if buffer is None:
-            continue
+            return None
         settled = buffer.confirmed + buffer.failed
-        if settled != seen or not buffer.in_flight or buffer.suspended or producer.recovering:
-            if settled != seen:
-                declared = 0  # confirms came: the broker is well again
-            seen, since, looks = settled, None, 0
-            continue
-        if since is None:
-            since = now()
-            continue
-        waited = now() - since
-        if waited < spacing.delay(declared + 1) * (looks + 1):
-            continue
-        looks += 1
-        why = f"no confirm for {waited:.1f} s with {buffer.in_flight} message(s) pending"
-        if await leader_moved(producer, host, f"without a MetadataUpdate ({why})"):
-            continue
-        if looks >= STALL_LOOKS and producer.name is not None:
-            looks, since, declared = 0, None, declared + 1
+        if settled != self.seen or not buffer.in_flight or buffer.suspended or producer.recovering:
+            if settled != self.seen:
+                self.declared = 0  # confirms came: the broker is well again
+            self.seen, self.since, self.looks = settled, None, 0
+            return None
+        if self.since is None:
+            self.since = now()
+            return None
+        waited = now() - self.since
+        if waited < DECLARE_AGAIN.delay(self.declared + 1) * self.every * (self.looks + 1):
+            return None
+        self.looks += 1
+        return self._look(f"no confirm for {waited:.1f} s with {buffer.in_flight} message(s) pending")
+
+    async def _look(self, why: str) -> None:
+        producer = self.handle
+        if await leader_moved(producer, self.host, f"without a MetadataUpdate ({why})"):
+            return
+        if self.looks >= STALL_LOOKS and producer.name is not None:
+            self.looks, self.since, self.declared = 0, None, self.declared + 1
             log.warning("%r: %s, on the leader: declaring its publisher again", producer, why)
             producer.control.lost(f"{why}: the publisher is declared again")
         else:
             log.info("%r: %s; it is still on the leader", producer, why)
+
+
+async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
+                         now: Callable[[], float] = time.monotonic) -> None:
+    """A :class:`ConfirmWatch` on its own, until ``producer`` closes or gives up (handles share a task:
+    :func:`watch`)."""
+    await ConfirmWatch(producer, host, every).drive(every, now)
 
 
 def _paused(consumer: _Consumer) -> bool:
@@ -227,53 +340,72 @@ def _paused(consumer: _Consumer) -> bool:
     return consumer.closed or consumer.recovering or consumer.active is False or consumer.handing_over
 
 
-async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
-                           now: Callable[[], float] = time.monotonic) -> None:
-    """Run until ``consumer`` closes or gives up; see the module.  Each look that finds nothing missing doubles
-    the wait before the next (up to 8 times, :data:`IDLE_LOOKS`).  A committed chunk that a resubscription did
-    not bring (an offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is
-    not acted on twice: only a later committed chunk is."""
-    seen: tuple[int | None, int] | None = None
-    since: float | None = None
-    idle = 0
-    tried: int | None = None  # the committed chunk the last resubscription was for
-    polls, spacing = WATCH_POLL.scaled(every).delays(), IDLE_LOOKS.scaled(every)
-    while not consumer.closed and consumer.failure is None:
-        await asyncio.sleep(next(polls))
+class DeliveryWatch(Watch):
+    """A consumer's deliveries; see the module.  Each look that finds nothing missing doubles the wait before the
+    next (up to 8 times, :data:`IDLE_LOOKS`).  A committed chunk that a resubscription did not bring (an
+    offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is not acted on
+    twice: only a later committed chunk is."""
+
+    __slots__ = ("every", "idle", "seen", "since", "tried")
+    handle: _Consumer
+
+    def __init__(self, consumer: _Consumer, host: StreamHost, every: float) -> None:
+        super().__init__(consumer, host)
+        self.every = every
+        self.seen: tuple[int | None, int] | None = None  # the offset awaited and the subscription, at the last tick
+        self.since: float | None = None
+        self.idle = 0
+        self.tried: int | None = None  # the committed chunk the last resubscription was for
+
+    def tick(self, now: Callable[[], float]) -> Coroutine[Any, Any, None] | None:
+        consumer, seen = self.handle, self.seen
         mark = (consumer.waiting_for, id(consumer.control.subscriber))
         if _paused(consumer) or mark != seen:
             if seen is not None and mark[1] == seen[1] and mark[0] != seen[0]:
-                idle = 0  # deliveries came
-            seen, since = mark, None
-            continue
-        if since is None:
-            since = now()
-            continue
-        waited = now() - since
-        if waited < spacing.delay(idle + 1) or mark[0] is None:
-            continue
+                self.idle = 0  # deliveries came
+            self.seen, self.since = mark, None
+            return None
+        if self.since is None:
+            self.since = now()
+            return None
+        waited = now() - self.since
+        if waited < IDLE_LOOKS.delay(self.idle + 1) * self.every or mark[0] is None:
+            return None
+        return self._look(mark[0], mark, waited, now)
+
+    async def _look(self, awaited: int, mark: tuple[int | None, int], waited: float, now: Callable[[], float]
+                    ) -> None:
+        consumer = self.handle
         try:
-            with attempt(host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):
-                committed = await host.committed_chunk_id(consumer.stream)
+            with attempt(self.host.recovery.attempt_time, f"reading the committed chunk of {consumer.stream!r}"):
+                committed = await self.host.committed_chunk_id(consumer.stream)
         except FeatureNotSupported as exc:  # a broker before 3.11: nothing to look at
             log.warning("%r: no delivery watch: %s", consumer, exc)
+            self.ended = True
             return
         except Exception as exc:  # a loss would come through the connection; look again later
             log.debug("%r: the committed chunk could not be read (%s)", consumer, exc)
-            idle, since = idle + 1, now()
-            continue
-        if committed < mark[0] or (tried is not None and committed <= tried):
-            idle, since = idle + 1, now()  # nothing missing, or nothing a resubscription would bring
-            continue
+            self.idle, self.since = self.idle + 1, now()
+            return
+        if committed < awaited or (self.tried is not None and committed <= self.tried):
+            self.idle, self.since = self.idle + 1, now()  # nothing missing, or nothing a resubscription would bring
+            return
         if _paused(consumer) or (consumer.waiting_for, id(consumer.control.subscriber)) != mark:
-            continue  # a chunk came meanwhile
-        tried, since = committed, None
+            return  # a chunk came meanwhile
+        self.tried, self.since = committed, None
         why = (f"nothing delivered for {waited:.1f} s with committed messages at offset {committed} and beyond, "
-               f"waiting for offset {mark[0]}")
+               f"waiting for offset {awaited}")
         # one chunk right at the offset awaited may be an offset-tracking chunk: said quietly
-        rescue = committed > mark[0]
-        facts = {"stream": consumer.stream, "node": str(consumer.node), "waiting_for": mark[0],
+        rescue = committed > awaited
+        facts = {"stream": consumer.stream, "node": str(consumer.node), "waiting_for": awaited,
                  "committed": committed, "silent": round(waited, 2)}
         log.log(logging.WARNING if rescue else logging.INFO, "%r: %s: subscribing again", consumer, why,
                 extra={WATCH_RECORD: "rescue" if rescue else "last chunk", WATCH_FACTS: facts})
         consumer.control.lost(why)
+
+
+async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
+                           now: Callable[[], float] = time.monotonic) -> None:
+    """A :class:`DeliveryWatch` on its own, until ``consumer`` closes or gives up (handles share a task:
+    :func:`watch`)."""
+    await DeliveryWatch(consumer, host, every).drive(every, now)

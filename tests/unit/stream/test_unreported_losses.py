@@ -273,3 +273,89 @@ async def test_a_consumer_of_a_stream_with_no_replica_stops_looking() -> None:
     consumer.node, consumer.role = Address("n1", 5552), Role.CONSUMER  # type: ignore[assignment,attr-defined]
     await asyncio.wait_for(move_back(consumer, host, NOW, looks=50), 1)  # type: ignore[arg-type]
     assert host.reads == MOVE_BACK_ALONE and consumer.losses == [] and host.asked == []
+
+
+class SharedHost(StatsHost):
+    """A host whose watches tick every millisecond (a stall_check of 4 ms), and whose committed chunk reads wait
+    for ``gate`` while it is set."""
+
+    recovery = RecoveryPolicy(stall_check=0.004)
+
+    def __init__(self, committed: int) -> None:
+        super().__init__(committed)
+        self.gate: asyncio.Event | None = None
+
+    async def committed_chunk_id(self, stream: str) -> int:
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().committed_chunk_id(stream)
+
+
+def _ticking() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("_Watches.")}  # type: ignore[union-attr]
+
+
+async def test_the_watches_of_a_host_share_one_task_that_ends_with_the_last_of_them() -> None:
+    from smartclient.stream.unreported import DeliveryWatch, watch
+
+    host = SharedHost(committed=120)
+    consumers = [FakeConsumer(waiting_for=100, stream=f"s{i}") for i in range(50)]
+    watches = [watch(c, host, DeliveryWatch) for c in consumers]  # type: ignore[arg-type]
+    assert len(_ticking()) == 1
+    await _until(lambda: all(c.losses for c in consumers))  # each silent consumer was found, by the one task
+    for consumer in consumers:
+        consumer.closed = True
+    await _until(lambda: not _ticking())
+    assert all(w.over for w in watches)
+    watch(later := FakeConsumer(waiting_for=100), host, DeliveryWatch)  # type: ignore[arg-type]
+    assert len(_ticking()) == 1  # a new one starts it again
+    await later.close()
+    await _until(lambda: not _ticking())
+
+
+async def _until(condition: Any, seconds: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within the deadline"
+        await asyncio.sleep(0.001)
+
+
+async def test_a_watch_making_a_look_is_not_ticked_again_and_its_cancel_ends_the_look() -> None:
+    from smartclient.stream.unreported import DeliveryWatch, watch
+
+    host = SharedHost(committed=120)
+    host.gate = asyncio.Event()  # the read hangs
+    consumer = FakeConsumer(waiting_for=100)
+    made = watch(consumer, host, DeliveryWatch)  # type: ignore[arg-type]
+    await _until(lambda: made._making is not None)
+    looking = made._making
+    await asyncio.sleep(0.03)  # about 30 ticks
+    assert made._making is looking and host.looks == 0 and consumer.losses == []
+    made.cancel()  # what the handle's close does
+    await _until(lambda: looking is not None and looking.done())
+    assert looking is not None and looking.cancelled() and made.over
+    await _until(lambda: not _ticking())
+
+
+async def test_a_look_that_fails_ends_its_own_watch_and_says_so_and_the_others_go_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from smartclient.stream.unreported import DeliveryWatch, watch
+
+    class Broken(FakeConsumer):
+        @property
+        def node(self) -> str:  # read when a look acts: a bug there
+            raise RuntimeError("a bug")
+
+        @node.setter
+        def node(self, value: str) -> None:
+            pass
+
+    host = SharedHost(committed=120)
+    broken, sound = Broken(waiting_for=100), FakeConsumer(waiting_for=100, stream="t")
+    with caplog.at_level(logging.ERROR, logger="smartclient.stream.unreported"):
+        first = watch(broken, host, DeliveryWatch)  # type: ignore[arg-type]
+        watch(sound, host, DeliveryWatch)  # type: ignore[arg-type]
+        await _until(lambda: first.over and bool(sound.losses))
+    assert broken.losses == [] and "its watch failed" in caplog.text and "a bug" in caplog.text
+    sound.closed = True
+    await _until(lambda: not _ticking())
