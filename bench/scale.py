@@ -98,6 +98,11 @@ async def smartclient_child(bed: LocalTestBed, super_stream: str, messages: int)
     async with Environment([bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]) as warm:  # (what is
         await warm.producer(f"{super_stream}-0")  # loaded once, modules and buffers, is not per handle: both
         await warm.consumer(f"{super_stream}-0", lambda m, c: None, offset="first")  # clients warm up alike)
+    traced = bool(os.environ.get("SCALE_TRACEMALLOC"))  # where the memory goes, on stderr (it slows the child)
+    if traced:
+        import tracemalloc
+        tracemalloc.start(int(os.environ["SCALE_TRACEMALLOC"]))
+        before = tracemalloc.take_snapshot()
     rss0, began = rss(), time.monotonic()
     from smartclient.core.settings import ConnectionOptions
     connection = ConnectionOptions(dead_after=float(os.environ["SCALE_DEAD_AFTER"])) \
@@ -120,6 +125,8 @@ async def smartclient_child(bed: LocalTestBed, super_stream: str, messages: int)
         settled = time.monotonic() - began
         handles = len(producer.producers) + sum(len(c.consumers) for c in consumers)
         gained = rss() - rss0
+        if traced:
+            _print_memory(tracemalloc.take_snapshot().compare_to(before, "traceback"), handles)
         records = env.placements()
         lanes = Counter((str(r.node), r.role.value) for r in records)
         connections = len({r.connection for r in records})
@@ -134,6 +141,24 @@ async def smartclient_child(bed: LocalTestBed, super_stream: str, messages: int)
             "recoveries": len(recoveries), "connections": connections + 1,
             "minimum": minimum + 1, "per_lane": per_lane, "metadata": metadata, "rss_per_handle": gained / handles,
             "published": published, "consumed": got, "publish_s": publish_s, "consume_s": consume_s, "lags": lags}
+
+
+def _print_memory(diff: list[Any], handles: int) -> None:
+    """The allocations that grew, by the smartclient or rstream line that made them (its innermost frame in
+    either), and by file, each in bytes per handle."""
+    lines: Counter[str] = Counter()
+    files: Counter[str] = Counter()
+    for stat in diff:
+        frames = [f for f in stat.traceback if "/smartclient/" in f.filename or "/rstream/" in f.filename]
+        where = frames[-1] if frames else stat.traceback[-1]  # (a traceback runs from the oldest frame)
+        name = where.filename.rsplit("site-packages/", 1)[-1].rsplit("/work/", 1)[-1]
+        lines[f"{name}:{where.lineno}"] += stat.size_diff
+        files[stat.traceback[-1].filename.rsplit("/", 2)[-1]] += stat.size_diff
+    print(f"tracemalloc: {sum(lines.values()) / handles:,.0f} B per handle", file=sys.stderr)
+    for title, counts in (("by line", lines), ("by file allocated in", files)):
+        print(f"  {title}:", file=sys.stderr)
+        for where, size in counts.most_common(40):
+            print(f"    {size / handles:8,.0f} B  {where}", file=sys.stderr)
 
 
 async def _traffic(partitions: list[str], messages: int, consumed: Counter[str], send: Any, flush: Any) -> tuple[
