@@ -22,7 +22,7 @@ RSTREAM_INTERNALS: tuple[str, ...] = (
     # rstream.client.Client (BaseClient): the connection, its frames and its handler tables
     "client.Client._conn",  # the socket (its writer carries our Publish frames; aborted on a failed dial)
     "client.Client._handlers",  # frame handlers by class and name: ours are added, bound and removed
-    "client.Client._frames",  # per-subscription delivery queues, dropped with the subscription
+    "client.Client._frames",  # per-subscription delivery queues (ours: deliveries.Chunks), dropped with it
     "client.Client._tasks",  # reader, heartbeat and delivery tasks: stopped on abort (the heartbeat also when
     # the reader ends by itself)
     "client.Client._is_not_closed",  # set False on abort, and when the reader ends by itself

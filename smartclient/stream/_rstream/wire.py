@@ -40,6 +40,7 @@ from smartclient._errors import (
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining
 from smartclient.core.relogin import certificate_alert
+from smartclient.stream._rstream.deliveries import LeanDeliveries
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
 from smartclient.stream._rstream.messages import amqp_message, body_of, decode_amqp_message, is_amqp_message
 from smartclient.stream._rstream.silence import watch_silence
@@ -154,11 +155,11 @@ class _Told:
         return self.handler(info)
 
 
-class NamedClient(Client):
-    """rstream's Client, opening its socket with ``server_hostname`` (set before :meth:`start`), whose delivery
-    tasks are never stopped in the middle of an application's handler (:meth:`stop_queue_listener_task`)."""
+class NamedClient(LeanDeliveries, Client):
+    """rstream's Client, opening its socket with ``server_hostname``, whose delivery tasks (:mod:`.deliveries`)
+    are never stopped in the middle of an application's handler (:meth:`stop_queue_listener_task`)."""
 
-    server_hostname: str | None = None
+    server_hostname: str | None = None  # (set before start())
     #: called once the broker answered the connection's first request: it is alive, and judges the login next
     smartclient_on_answer: Callable[[], None] | None = None
     smartclient_reader_ended = False  #: its reader has stopped: no answer will ever come
