@@ -133,7 +133,7 @@ class Connection:
                                f"on it, {len(taken)} taken by its carrier elsewhere)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlacementRecord:
     """Where one producer or consumer landed: for the placement table and for the tests."""
 
