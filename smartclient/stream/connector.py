@@ -26,7 +26,7 @@ from smartclient._errors import REFUSALS, ConnectionFailed, ResolutionError, Sma
 from smartclient.core.address import Address
 from smartclient.core.deadline import remaining, step
 from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive_async
-from smartclient.core.retry import HANG_MEMORY, RetryPolicy
+from smartclient.core.retry import HANG_MEMORY, HEDGES, RetryPolicy
 from smartclient.core.settings import PoolLimits
 from smartclient.core.shared import Shared
 from smartclient.core.topology import Candidates
@@ -168,8 +168,9 @@ class StreamConnector:
     async def dial(self, target: Address, name: str, client_class: type[Any] | None = None) -> Connection:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports.
 
-        One still opening after ``retry.hedge_after`` seconds gets a second dial beside it; the first to open
-        wins and the other is parked if it opens too (closed through an SNI ingress).  (An LB holds a connection
+        One still opening after ``retry.hedge_after`` seconds gets a second dial beside it, and another after each
+        further wait while none has opened (up to ``HEDGES``); the first to open wins and the others are parked if
+        they open too (closed through an SNI ingress).  (An LB holds a connection
         it sent to a node that has just died while it retries that node; the second dial goes to the next one.)
         """
         with _otel.detached():  # the connection's tasks outlive the caller's span
@@ -192,11 +193,14 @@ class StreamConnector:
             self._hung[address] = time.monotonic()
             for old in [a for a, at in self._hung.items() if began - at >= HANG_MEMORY]:
                 del self._hung[old]
-        log.info("opening a connection for %s: no answer after %.2f s, dialling a second one beside it", target, hedge)
-        self.hedged += 1
-        with _otel.detached():
-            second = asyncio.ensure_future(self._dial_once(target, name, client_class, True))
-        return await _first_opened([first, second], self, keep)
+        def another() -> asyncio.Future[Connection]:
+            log.info("opening a connection for %s: no answer after %.2f s, dialling one more beside it", target,
+                     hedge)
+            self.hedged += 1
+            with _otel.detached():
+                return asyncio.ensure_future(self._dial_once(target, name, client_class, True))
+
+        return await _first_opened([first, another()], self, keep, (hedge, another))
 
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None,
                          hedge: bool = False) -> Connection:
@@ -491,15 +495,22 @@ class _Placing:
         self.connector._attempted(attempt)
 
 
-async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector,
-                        keep: bool = False) -> Connection:
+async def _first_opened(dials: list[asyncio.Future[Connection]], connector: StreamConnector, keep: bool = False,
+                        hedging: tuple[float, Callable[[], asyncio.Future[Connection]]] | None = None) -> Connection:
     """The first of ``dials`` to open; the others are cancelled, or closed if they opened too.  When all fail,
-    the first failure is raised; a refusal that another node would repeat is raised at once."""
+    the first failure is raised; a refusal that another node would repeat is raised at once.  ``hedging``
+    (seconds, a dial): one more dial after each such wait in which none opened, up to HEDGES beside the first."""
     pending = set(dials)
     failures: list[BaseException] = []
     try:
         while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            more = hedging is not None and len(dials) <= HEDGES
+            done, pending = await asyncio.wait(pending, timeout=hedging[0] if hedging and more else None,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done and hedging is not None:  # none opened, nor failed, in that wait: one more
+                dials.append(hedging[1]())
+                pending.add(dials[-1])
+                continue
             for task in sorted(done, key=dials.index):
                 error = task.exception()
                 if error is None:

@@ -194,12 +194,13 @@ class Watch:
     (:func:`watch`), not a task per handle: a task and its sleeping coroutine cost 2.2 KiB (tracemalloc),
     a watch 0.15."""
 
-    __slots__ = ("_making", "ended", "handle", "host")
+    __slots__ = ("_home", "_making", "ended", "handle", "host")
 
     def __init__(self, handle: _Handle, host: StreamHost) -> None:
         self.handle, self.host = handle, host
         self.ended = False
         self._making: asyncio.Task[None] | None = None  # the look being made, when ticked by the shared task
+        self._home: _Watches | None = None  # the watches it is ticked with
 
     @property
     def over(self) -> bool:
@@ -211,10 +212,14 @@ class Watch:
         raise NotImplementedError
 
     def cancel(self) -> None:
-        """End it (its handle closes), and the look it is making."""
+        """End it (its handle closes), and the look it is making; it leaves its host's watches at once (the last
+        one stops their task: a loop that ends right after its handles closed leaves nothing behind)."""
         self.ended = True
         if self._making is not None:
             self._making.cancel()
+        if (home := self._home) is not None:
+            self._home = None
+            home.drop(self)
 
     def make(self, look: Coroutine[Any, Any, None]) -> None:
         """Make ``look`` beside the ticks (the next tick of this watch waits for it)."""
@@ -248,9 +253,16 @@ class _Watches:
 
     def add(self, watch: Watch) -> Watch:
         self.watches[watch] = None
-        if self.task is None:
+        watch._home = self
+        if self.task is None or self.task.done():  # (done: cancelled before its first step, or its loop ended)
             self.task = asyncio.get_running_loop().create_task(self._run())
         return watch
+
+    def drop(self, watch: Watch) -> None:
+        self.watches.pop(watch, None)
+        if not self.watches and self.task is not None:
+            self.task.cancel()
+            self.task = None
 
     async def _run(self) -> None:
         polls = WATCH_POLL.scaled(self.every).delays()
@@ -258,12 +270,22 @@ class _Watches:
             while self.watches:
                 await asyncio.sleep(next(polls))
                 for watch in list(self.watches):
-                    if watch.over:
-                        del self.watches[watch]
-                    elif watch._making is None and (look := watch.tick(time.monotonic)) is not None:
-                        watch.make(look)
+                    try:
+                        if watch.over:
+                            del self.watches[watch]
+                        elif watch._making is None and (look := watch.tick(time.monotonic)) is not None:
+                            watch.make(look)
+                    except Exception:  # a bug in one watch: said, and that watch ends (the others go on)
+                        log.exception("%r: its watch failed", watch.handle)
+                        watch.ended = True
+                        self.watches.pop(watch, None)
+        except asyncio.CancelledError:  # its loop ends (or its last watch left): nothing keeps the host from here
+            if self.task is asyncio.current_task():
+                self.watches.clear()
+            raise
         finally:
-            self.task = None
+            if self.task is asyncio.current_task():
+                self.task = None
 
 
 _WATCHES: weakref.WeakKeyDictionary[Any, _Watches] = weakref.WeakKeyDictionary()

@@ -6,12 +6,16 @@ of a single active consumer's cost when it is not the active one and is handed n
 place in the client's ``_frames`` table, keeps a list, and hands its frames over from a task that starts when a
 frame comes and ends once none waits (the same name in the client's ``_tasks``, so rstream's
 ``stop_queue_listener_task`` stops it as it stopped rstream's).  One task at a time per subscription, in order,
-as before; frames that come before the handler is set wait for it, as they waited in rstream's queue.
+as before; frames that come before the handler is set wait for it, as they waited in rstream's queue; the handler
+runs in the context of the code that subscribed, as rstream's task did.  rstream's reader puts every Deliver
+frame in the queue of every subscription of its connection, and the handler dropped those of others: here they
+are not kept (and :func:`~smartclient.stream._rstream.placed.queued_chunks` counts a subscription's own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any
 
@@ -24,20 +28,24 @@ class Chunks:
     """One subscription's Deliver frames waiting for its handler: what rstream's reader and its
     ``stop_queue_listener_task`` ask of an ``asyncio.Queue`` (``put``, ``empty``, ``get_nowait``, ``qsize``)."""
 
-    __slots__ = ("client", "frames", "handler", "sid", "task")
+    __slots__ = ("client", "context", "frames", "handler", "sid", "task")
 
     def __init__(self, client: Any, sid: int) -> None:
         self.client, self.sid = client, sid
         self.frames: list[Any] = []  # (a list: at most the subscription's credit waits here)
         self.handler: Any = None  # set by run_queue_listener_task, cleared when its delivery stops
+        self.context: contextvars.Context | None = None  # the subscriber's, which its handler runs in (as before)
         self.task: asyncio.Task[None] | None = None
 
     async def put(self, frame: Any) -> None:
         self.put_nowait(frame)
 
     def put_nowait(self, frame: Any) -> None:
-        self.frames.append(frame)
-        self.wake()
+        # rstream's reader puts every Deliver frame in every subscription's queue of its connection (the handler
+        # dropped the others': with 200 subscriptions, 199 wake-ups a chunk); only this subscription's are kept
+        if getattr(frame, "subscription_id", self.sid) == self.sid:
+            self.frames.append(frame)
+            self.wake()
 
     def empty(self) -> bool:
         return not self.frames
@@ -51,14 +59,18 @@ class Chunks:
         return self.frames.pop(0)
 
     def listen(self, handler: Any) -> None:
-        self.handler = handler
+        self.handler, self.context = handler, contextvars.copy_context()
         self.wake()
 
     def wake(self) -> None:
-        """Start handing over, if frames wait, a handler is set, and nothing hands over now."""
-        if self.task is None and self.handler is not None and self.frames:
+        """Start handing over, if frames wait, a handler is set, and nothing hands over now (a task cancelled
+        before its first step never ran its ``finally``: done counts as none)."""
+        if (self.task is None or self.task.done()) and self.handler is not None and self.frames:
             name = f"run_delivery_handlers_{self.sid}"
-            self.task = self.client._tasks[name] = asyncio.get_running_loop().create_task(self.hand_over(name))
+            start = asyncio.get_running_loop().create_task
+            task = start(self.hand_over(name)) if self.context is None else self.context.run(start,
+                                                                                         self.hand_over(name))
+            self.task = self.client._tasks[name] = task
 
     async def hand_over(self, name: str) -> None:
         client = self.client

@@ -89,3 +89,34 @@ async def test_a_stopped_delivery_drops_what_waits_and_hands_nothing_later_and_a
     await other._frames[3].put("x")
     await asyncio.sleep(0.01)
     assert seen == [] and not other._tasks
+
+
+class Frame:
+    def __init__(self, sid: int, n: int) -> None:
+        self.subscription_id, self.n = sid, n
+
+
+async def test_only_its_own_frames_wait_and_its_handler_runs_in_the_subscribers_context() -> None:
+    import contextvars
+
+    who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="reader")
+    client, got = _client(), []
+    who.set("subscriber")
+    await client.run_queue_listener_task(subscriber_id=7, handler=lambda f: got.append((f.n, who.get())))
+    who.set("reader")  # (rstream's reader puts each Deliver frame in every subscription's table)
+    for frame in (Frame(7, 1), Frame(8, 2), Frame(7, 3)):
+        client._frames[7].put_nowait(frame)
+    assert client._frames[7].qsize() == 2  # another subscription's frame is not its own
+    await _handed(client)
+    assert got == [(1, "subscriber"), (3, "subscriber")]
+
+
+async def test_a_delivery_task_cancelled_before_its_first_step_does_not_hold_the_next_frames() -> None:
+    client, got = _client(), []
+    await client.run_queue_listener_task(subscriber_id=7, handler=got.append)
+    client._frames[7].put_nowait("a")
+    client._frames[7].task.cancel()  # before it ever ran (its finally never runs)
+    await asyncio.sleep(0)
+    client._frames[7].put_nowait("b")
+    await _handed(client)
+    assert got == ["a", "b"]

@@ -389,6 +389,42 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
     assert len(held) == 3
 
 
+def test_while_no_dial_opens_one_more_goes_after_each_hedge_wait_up_to_hedges() -> None:
+    """Through a round-robin LB that still sends a third of its connections to a node that has just died (and
+    holds each for seconds), the hedge can land there too: another dial goes after each further wait in which
+    none opened, up to HEDGES beside the first (the fleet of issue 57: a locator's first dial and its hedge both
+    held 3 s, and every recovering handle of that process waited for it)."""
+    from smartclient.core.retry import HEDGES
+    from smartclient.resolution import Resolution
+
+    class Connector(StreamConnector):
+        def __init__(self, held: int, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.held, self.dials = held, 0
+
+        async def _dial_once(self, target: Address, name: str, client_class: Any, hedge: bool = False) -> Connection:
+            self.dials += 1
+            if self.dials <= self.held:  # held by the dead node's backend
+                await asyncio.sleep(30)
+            return Connection(FakeClient(), target, target, name)
+
+    async def main(held: int) -> tuple[float, int, int]:
+        connector = Connector(held, ClientSettings(Credentials(), "/", None), Resolution(None),
+                              retry=RetryPolicy(hedge_after=0.1))
+        began = asyncio.get_running_loop().time()
+        dial = asyncio.ensure_future(connector.dial(NODES[0], "t"))
+        done, _ = await asyncio.wait([dial], timeout=2.0)
+        took = asyncio.get_running_loop().time() - began
+        if not done:
+            dial.cancel()
+        return took, connector.dials, connector.hedged
+
+    took, dials, hedged = asyncio.run(main(held=2))
+    assert dials == 3 and hedged == 2 and took < 1.0  # the third dial opened, after two waits (0.1 s, then 0.02)
+    took, dials, hedged = asyncio.run(main(held=10))
+    assert dials == 1 + HEDGES == 4 and hedged == HEDGES  # never more than HEDGES beside the first
+
+
 def test_a_connection_put_back_after_a_borrow_keeps_its_idle_time() -> None:
     """A statistics read every few seconds borrows a parked connection and puts it back: its idle time goes on
     from when it was parked, so it still closes after ``idle_timeout`` (parked anew, it never would)."""

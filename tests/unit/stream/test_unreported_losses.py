@@ -359,3 +359,45 @@ async def test_a_look_that_fails_ends_its_own_watch_and_says_so_and_the_others_g
     assert broken.losses == [] and "its watch failed" in caplog.text and "a bug" in caplog.text
     sound.closed = True
     await _until(lambda: not _ticking())
+
+
+async def test_a_tick_that_fails_ends_its_own_watch_and_the_last_watch_to_leave_stops_the_task_at_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from smartclient.stream.unreported import DeliveryWatch, watch
+
+    class Odd(FakeConsumer):
+        @property
+        def waiting_for(self) -> int:  # read at every tick: a bug there
+            raise RuntimeError("a tick's bug")
+
+        @waiting_for.setter
+        def waiting_for(self, value: int | None) -> None:
+            pass
+
+    host = SharedHost(committed=120)
+    odd, sound = Odd(), FakeConsumer(waiting_for=100, stream="t")
+    with caplog.at_level(logging.ERROR, logger="smartclient.stream.unreported"):
+        first = watch(odd, host, DeliveryWatch)  # type: ignore[arg-type]
+        second = watch(sound, host, DeliveryWatch)  # type: ignore[arg-type]
+        await _until(lambda: first.over and bool(sound.losses))
+    assert "a tick's bug" in caplog.text and len(_ticking()) == 1
+    second.cancel()  # what the handle's close does: the task goes now, not at its next tick
+    await asyncio.sleep(0)
+    assert not _ticking()
+
+
+def test_a_loop_that_ends_with_watches_left_keeps_nothing_of_their_host() -> None:
+    import gc
+    import weakref
+
+    from smartclient.stream.unreported import _WATCHES, DeliveryWatch, watch
+
+    async def scenario() -> weakref.ref[SharedHost]:
+        host = SharedHost(committed=120)
+        watch(FakeConsumer(waiting_for=100), host, DeliveryWatch)  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        return weakref.ref(host)  # (the loop ends with the watch still there: asyncio.run cancels its task)
+
+    gone = asyncio.run(scenario())
+    gc.collect()
+    assert gone() is None and not [h for h in _WATCHES if isinstance(h, SharedHost)]
