@@ -28,9 +28,10 @@ __all__ = ["HANG_MEMORY", "HEDGES", "QUICK_HEDGE", "WATCH_POLL", "Backoff", "Ret
 #: are hedged after ``hedge_after * QUICK_HEDGE`` instead (see :meth:`RetryPolicy.hedge_wait`)
 HANG_MEMORY = 5.0
 QUICK_HEDGE = 0.2
-#: dials beside a first one still opening, one more after each hedge wait while none has opened: through a
-#: round-robin LB that still sends a third of its connections to a node that has just died (and holds each for
-#: seconds), one hedge also went there in about one dial in nine; with three, about one in 81 (issue 57)
+#: dials beside a first one still opening: the first after ``hedge_after``, then one more after each quick wait
+#: (``hedge_after * QUICK_HEDGE``) while none has opened.  Through a round-robin LB that still sends a third of its
+#: connections to a node that has just died (and holds each for seconds), one hedge also went there in about one
+#: dial in nine, and every recovering handle of that process waited for it; with three, about one in 81 (issue 57)
 HEDGES = 3
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class RetryPolicy:
         lost a node at once sent half the Metadata requests in their peak second with 0.5 than with 0
         (``bench/scale.py --fleet``, issue 57).
     :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
-        beside it, and the first to open wins (0: never); another after each further wait while none has opened,
-        up to :data:`HEDGES` (3).  A load balancer holds a connection it sent to a
+        beside it, and the first to open wins (0: never); another after each further fifth of it while none has
+        opened, up to :data:`HEDGES` (3).  A load balancer holds a connection it sent to a
         node that has just died while it retries that node (HAProxy: 3 s), and one it sent to a node that is
         stopping gracefully opens only when that node closes it (seconds); the second goes to another node.
     """

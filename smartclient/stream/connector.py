@@ -169,8 +169,8 @@ class StreamConnector:
         """Open one authenticated connection aimed at ``target`` and return it with the node it reports.
 
         One still opening after ``retry.hedge_after`` seconds gets a second dial beside it, and another after each
-        further wait while none has opened (up to ``HEDGES``); the first to open wins and the others are parked if
-        they open too (closed through an SNI ingress).  (An LB holds a connection
+        further quick wait (a fifth of it) while none has opened (up to ``HEDGES``); the first to open wins and the
+        others are parked if they open too (closed through an SNI ingress).  (An LB holds a connection
         it sent to a node that has just died while it retries that node; the second dial goes to the next one.)
         """
         with _otel.detached():  # the connection's tasks outlive the caller's span
@@ -200,7 +200,9 @@ class StreamConnector:
             with _otel.detached():
                 return asyncio.ensure_future(self._dial_once(target, name, client_class, True))
 
-        return await _first_opened([first, another()], self, keep, (hedge, another))
+        # the first hung for a hedge wait: the next ones go after the quick wait (RetryPolicy.hedge_wait), as the
+        # next dials to that address do (a dial held by an LB for a dead node ends only after seconds)
+        return await _first_opened([first, another()], self, keep, (self.retry.hedge_wait(0.0), another))
 
     async def _dial_once(self, target: Address, name: str, client_class: type[Any] | None,
                          hedge: bool = False) -> Connection:

@@ -150,8 +150,9 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
         bed.restart_node(victim)
         bed.heal()  # (the LB routes to it again before the next round: a round began once with it still DOWN there)
         asyncio.run(delete())
-    if dump := os.environ.get("SMARTCLIENT_FLEET_DUMP"):  # every process's report, for a closer look
-        Path(dump).write_text(json.dumps({"killed": killed, "reports": reports}))
+    if dump := os.environ.get("SMARTCLIENT_FLEET_DUMP"):  # every process's report, for a closer look: a directory,
+        Path(dump).mkdir(parents=True, exist_ok=True)  # a file a round, named by its processes and super stream
+        (Path(dump) / f"{processes}-{name}.json").write_text(json.dumps({"killed": killed, "reports": reports}))
     per_second: Counter[int] = Counter()
     for report in reports:
         for (_, before), (at, after) in itertools.pairwise(report["metadata"]):
