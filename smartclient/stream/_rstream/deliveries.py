@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import weakref
 from typing import Any
 
 __all__ = ["ChunkTable", "Chunks", "LeanDeliveries"]
@@ -30,8 +31,9 @@ class Chunks:
 
     __slots__ = ("client", "context", "frames", "handler", "sid", "task")
 
-    def __init__(self, client: Any, sid: int) -> None:
-        self.client, self.sid = client, sid
+    def __init__(self, client: weakref.ref[Any], sid: int) -> None:
+        self.client, self.sid = client, sid  # (weakly: a client its own table referred to was freed only by a
+        # full collection, with its socket and TLS buffers; issue 32's test_tls checks that none is)
         self.frames: list[Any] = []  # (a list: at most the subscription's credit waits here)
         self.handler: Any = None  # set by run_queue_listener_task, cleared when its delivery stops
         self.context: contextvars.Context | None = None  # the subscriber's, which its handler runs in (as before)
@@ -65,15 +67,18 @@ class Chunks:
     def wake(self) -> None:
         """Start handing over, if frames wait, a handler is set, and nothing hands over now (a task cancelled
         before its first step never ran its ``finally``: done counts as none)."""
-        if (self.task is None or self.task.done()) and self.handler is not None and self.frames:
+        if (self.task is None or self.task.done()) and self.handler is not None and self.frames and (
+                client := self.client()) is not None:
             name = f"run_delivery_handlers_{self.sid}"
             start = asyncio.get_running_loop().create_task
             task = start(self.hand_over(name)) if self.context is None else self.context.run(start,
                                                                                          self.hand_over(name))
-            self.task = self.client._tasks[name] = task
+            self.task = client._tasks[name] = task
 
     async def hand_over(self, name: str) -> None:
-        client = self.client
+        client = self.client()
+        if client is None:
+            return
         try:
             while self.frames and self.handler is not None and client.is_connection_alive():
                 frame = self.frames.pop(0)
@@ -97,7 +102,7 @@ class ChunkTable(dict[int, Chunks]):
 
     def __init__(self, client: Any) -> None:
         super().__init__()
-        self.client = client
+        self.client = weakref.ref(client)  # (one for all its subscriptions)
 
     def __missing__(self, sid: int) -> Chunks:
         chunks = self[sid] = Chunks(self.client, sid)

@@ -120,3 +120,23 @@ async def test_a_delivery_task_cancelled_before_its_first_step_does_not_hold_the
     client._frames[7].put_nowait("b")
     await _handed(client)
     assert got == ["a", "b"]
+
+
+def test_a_client_with_subscriptions_is_freed_at_once_not_by_a_full_collection() -> None:
+    """Its table refers to it weakly: a client its own table held was left in a cycle with its socket and TLS
+    buffers until a full collection (issue 32's test_tls found it)."""
+    import gc
+    import weakref
+
+    async def scenario() -> weakref.ref[Any]:
+        client = _client()
+        await client.run_queue_listener_task(subscriber_id=7, handler=lambda f: None)
+        client._frames[8].put_nowait("waits")
+        return weakref.ref(client)
+
+    gc.disable()
+    try:
+        gone = asyncio.run(scenario())
+        assert gone() is None
+    finally:
+        gc.enable()
