@@ -506,11 +506,11 @@ async def _first_opened(dials: list[asyncio.Future[Connection]], connector: Stre
     failures: list[BaseException] = []
     try:
         while pending:
-            more = hedging is not None and len(dials) <= HEDGES
-            done, pending = await asyncio.wait(pending, timeout=hedging[0] if hedging and more else None,
+            more = hedging if hedging is not None and len(dials) <= HEDGES else None
+            done, pending = await asyncio.wait(pending, timeout=more[0] if more else None,
                                                return_when=asyncio.FIRST_COMPLETED)
-            if not done and hedging is not None:  # none opened, nor failed, in that wait: one more
-                dials.append(hedging[1]())
+            if not done and more:  # none opened, nor failed, in that wait: one more
+                dials.append(more[1]())
                 pending.add(dials[-1])
                 continue
             for task in sorted(done, key=dials.index):

@@ -194,10 +194,10 @@ class Watch:
     (:func:`watch`), not a task per handle: a task and its sleeping coroutine cost 2.2 KiB (tracemalloc),
     a watch 0.15."""
 
-    __slots__ = ("_home", "_making", "ended", "handle", "host")
+    __slots__ = ("_home", "_making", "ended", "every", "handle", "host")
 
-    def __init__(self, handle: _Handle, host: StreamHost) -> None:
-        self.handle, self.host = handle, host
+    def __init__(self, handle: _Handle, host: StreamHost, every: float) -> None:
+        self.handle, self.host, self.every = handle, host, every  # (every: its period, the host's stall_check)
         self.ended = False
         self._making: asyncio.Task[None] | None = None  # the look being made, when ticked by the shared task
         self._home: _Watches | None = None  # the watches it is ticked with
@@ -232,9 +232,9 @@ class Watch:
             log.error("%r: its watch failed", self.handle, exc_info=exc)
             self.ended = True
 
-    async def drive(self, every: float, now: Callable[[], float]) -> None:
+    async def drive(self, now: Callable[[], float]) -> None:
         """Run it on its own until it is over, a look at a time (tests drive it so, with their own clock)."""
-        polls = WATCH_POLL.scaled(every).delays()
+        polls = WATCH_POLL.scaled(self.every).delays()
         while not self.over:
             await asyncio.sleep(next(polls))
             if not self.over and (look := self.tick(now)) is not None:
@@ -308,12 +308,11 @@ class ConfirmWatch(Watch):
     declaration in a row doubles the wait before the next (up to 16 times, :data:`DECLARE_AGAIN`), so a broker
     that is only slow is not flooded."""
 
-    __slots__ = ("declared", "every", "looks", "seen", "since")
+    __slots__ = ("declared", "looks", "seen", "since")
     handle: _Producer
 
     def __init__(self, producer: _Producer, host: StreamHost, every: float) -> None:
-        super().__init__(producer, host)
-        self.every = every
+        super().__init__(producer, host, every)
         self.seen = -1  # confirms and failures counted at the last tick
         self.since: float | None = None  # since when none came, with messages pending
         self.looks = self.declared = 0
@@ -354,7 +353,7 @@ async def watch_confirms(producer: _Producer, host: StreamHost, every: float,
                          now: Callable[[], float] = time.monotonic) -> None:
     """A :class:`ConfirmWatch` on its own, until ``producer`` closes or gives up (handles share a task:
     :func:`watch`)."""
-    await ConfirmWatch(producer, host, every).drive(every, now)
+    await ConfirmWatch(producer, host, every).drive(now)
 
 
 def _paused(consumer: _Consumer) -> bool:
@@ -368,12 +367,11 @@ class DeliveryWatch(Watch):
     offset-tracking chunk, which consumers are never handed, or a chunk whose callback raised) is not acted on
     twice: only a later committed chunk is."""
 
-    __slots__ = ("every", "idle", "seen", "since", "tried")
+    __slots__ = ("idle", "seen", "since", "tried")
     handle: _Consumer
 
     def __init__(self, consumer: _Consumer, host: StreamHost, every: float) -> None:
-        super().__init__(consumer, host)
-        self.every = every
+        super().__init__(consumer, host, every)
         self.seen: tuple[int | None, int] | None = None  # the offset awaited and the subscription, at the last tick
         self.since: float | None = None
         self.idle = 0
@@ -430,4 +428,4 @@ async def watch_deliveries(consumer: _Consumer, host: StreamHost, every: float,
                            now: Callable[[], float] = time.monotonic) -> None:
     """A :class:`DeliveryWatch` on its own, until ``consumer`` closes or gives up (handles share a task:
     :func:`watch`)."""
-    await DeliveryWatch(consumer, host, every).drive(every, now)
+    await DeliveryWatch(consumer, host, every).drive(now)

@@ -36,7 +36,7 @@ class Chunks:
         # full collection, with its socket and TLS buffers; issue 32's test_tls checks that none is)
         self.frames: list[Any] = []  # (a list: at most the subscription's credit waits here)
         self.handler: Any = None  # set by run_queue_listener_task, cleared when its delivery stops
-        self.context: contextvars.Context | None = None  # the subscriber's, which its handler runs in (as before)
+        self.context = contextvars.Context()  # the subscriber's once it listens: its handler runs there (as before)
         self.task: asyncio.Task[None] | None = None
 
     async def put(self, frame: Any) -> None:
@@ -70,9 +70,7 @@ class Chunks:
         if (self.task is None or self.task.done()) and self.handler is not None and self.frames and (
                 client := self.client()) is not None:
             name = f"run_delivery_handlers_{self.sid}"
-            start = asyncio.get_running_loop().create_task
-            task = start(self.hand_over(name)) if self.context is None else self.context.run(start,
-                                                                                         self.hand_over(name))
+            task = self.context.run(asyncio.get_running_loop().create_task, self.hand_over(name))
             self.task = client._tasks[name] = task
 
     async def hand_over(self, name: str) -> None:
