@@ -30,6 +30,12 @@ and its Metadata requests by the second.  Before the fleet, one process alone go
 recovery p99 is the anchor.  Both run with ``RetryPolicy.backoff_jitter`` off and on (``--jitter``).  Targets:
 every handle back, the fleet's p99 within 2x the single process's, at most 1.5 dials per recovered handle.
 
+The p99s are compared on each handle's **own** time: after its partition had a leader on a live node again (the
+round reads each partition's Metadata from the remaining nodes meanwhile), not after the kill.  Both are printed.
+An election is the broker's, alike for one process and for twenty, and RabbitMQ 4.0 to 4.3 stall one for 5 s
+(a ``timer:sleep`` in the stream coordinator, on a race it meets in about one round of three or four): counted
+from the kill, a ratio said whether a stall fell in the fleet's rounds or in the anchor's (1.08x, 4.06x, 7.78x).
+
 Run from the repository root (it brings the loopback bed up if it is not): python bench/scale.py [--fleet 20]
 """
 
@@ -362,13 +368,16 @@ def fleet(bed: LocalTestBed, processes: int, jitters: list[float], rounds: int) 
     for jitter in jitters:
         one, all_ = pooled(alone[jitter]), pooled(many[jitter])
         ratio = all_.p99 / one.p99 if one.p99 > 0 else math.inf
+        own = all_.own_p99 / one.own_p99 if one.own_p99 > 0 else math.inf
         dials = all_.per_handle(all_.dials)
         peaks = sorted(r.metadata_peak for r in many[jitter])
         print(f"  jitter {jitter:g}, pooled: one process p99 {one.p99:.2f} s ({len(one.back)} handles back); the "
               f"fleet p50 {all_.p50:.2f} s, p99 {all_.p99:.2f} s, worst {all_.worst:.2f} s ({len(all_.back)} back, "
-              f"{all_.failed} not); p99 / one process's = {ratio:.2f} (target <= 2); dials per handle back "
+              f"{all_.failed} not); p99 / one process's = {ratio:.2f}; the slowest elections {one.election:.2f} s "
+              f"(one process) and {all_.election:.2f} s (the fleet); own p99 (after the partition's election) "
+              f"{one.own_p99:.2f} s and {all_.own_p99:.2f} s: {own:.2f}x (target <= 2); dials per handle back "
               f"{dials:.2f} (target <= 1.5); Metadata requests in the peak second {peaks}")
-        ok = ok and not all_.failed and bool(all_.back) and ratio <= 2.0 and dials <= 1.5
+        ok = ok and not all_.failed and bool(all_.back) and own <= 2.0 and dials <= 1.5
     return ok
 
 
@@ -395,7 +404,7 @@ def main() -> int:
     if args.fleet:
         ok = fleet(bed, args.fleet, [float(j) for j in args.jitter.split(",")], args.rounds)
         verdict = "PASS" if ok else "MISS"
-        print(f"scale_fleet: processes={args.fleet} target every handle back, p99 <= 2x one process's, "
+        print(f"scale_fleet: processes={args.fleet} target every handle back, own p99 <= 2x one process's, "
               f"dials <= 1.5 per handle {verdict}")
         return 0 if ok else 1
     sizes = [int(s) for s in args.partitions.split(",")]

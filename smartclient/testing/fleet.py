@@ -14,10 +14,12 @@ import argparse
 import asyncio
 import itertools
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -52,6 +54,10 @@ class FleetRound:
     metadata_peak: int
     #: the dials by what each connection was for (its name's stem: placement, ready for a member read, ...)
     dials_by: tuple[tuple[str, int], ...] = ()
+    #: each handle back's own time (sorted): seconds after its partition had a leader on a live node again
+    own: tuple[float, ...] = ()
+    #: the slowest election of a partition's leader, seconds after the kill (0: the victim led none)
+    election: float = 0.0
 
     @property
     def p50(self) -> float:
@@ -60,6 +66,10 @@ class FleetRound:
     @property
     def p99(self) -> float:
         return percentile(self.back, 99)
+
+    @property
+    def own_p99(self) -> float:
+        return percentile(self.own, 99)
 
     @property
     def worst(self) -> float:
@@ -74,7 +84,7 @@ class FleetRound:
                 f"{self.handles} ({self.failed} not): p50 {self.p50:.2f} s, p99 {self.p99:.2f} s, worst "
                 f"{self.worst:.2f} s after the kill; {self.per_handle(self.dials):.2f} dials and "
                 f"{self.per_handle(self.placements):.2f} placements per handle back; Metadata requests in the peak "
-                f"second {self.metadata_peak}"
+                f"second {self.metadata_peak}; the slowest election {self.election:.2f} s, own p99 {self.own_p99:.2f} s"
                 + (f"; dials for {', '.join(f'{what} {n}' for what, n in self.dials_by)}" if self.dials_by else ""))
 
 
@@ -84,7 +94,8 @@ def pooled(rounds: list[FleetRound]) -> FleetRound:
     return FleetRound(rounds[0].processes, rounds[0].jitter, sum(r.handles for r in rounds),
                       tuple(sorted(b for r in rounds for b in r.back)), sum(r.failed for r in rounds),
                       sum(r.dials for r in rounds), sum(r.placements for r in rounds),
-                      max(r.metadata_peak for r in rounds), _by_count(Counter(dict(r.dials_by)) for r in rounds))
+                      max(r.metadata_peak for r in rounds), _by_count(Counter(dict(r.dials_by)) for r in rounds),
+                      tuple(sorted(o for r in rounds for o in r.own)), max(r.election for r in rounds))
 
 
 def _by_count(counts: Iterable[Counter[str]]) -> tuple[tuple[str, int], ...]:
@@ -109,15 +120,15 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     entry = [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes]
 
-    async def create() -> None:
+    async def create() -> list[str]:
         async with Environment(entry) as env:
-            await env.create_super_stream(name, partitions=partitions)
+            return await env.create_super_stream(name, partitions=partitions)
 
     async def delete() -> None:
         async with Environment(entry) as env:
             await env.delete_super_stream(name, missing_ok=True)
 
-    asyncio.run(create())
+    streams = asyncio.run(create())
     work = Path(f"/tmp/smartclient-{name}")
     work.mkdir()
     go = work / "go"
@@ -125,6 +136,7 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
                                   str(jitter), "--go", str(go), "--ready", str(work / f"ready-{i}")],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in range(processes)]
+    elections = _Elections(bed, victim, streams)
     try:
         deadline = time.monotonic() + 60 + 10 * processes
         while sum((work / f"ready-{i}").exists() for i in range(processes)) < processes:
@@ -133,9 +145,11 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
                 why = "; ".join((c.stderr.read() if c.stderr else "")[-800:] for c in gone) or "not ready in time"
                 raise RuntimeError(f"the fleet did not start: {why}")
             time.sleep(0.2)
+        elections.ready()
         killed = time.time()
         bed.kill_node(victim)
         go.write_text(repr(killed))
+        elections.begin(killed)
         reports = []
         for child in children:
             out, err = child.communicate(timeout=WATCH + 60)
@@ -143,6 +157,7 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
                 raise RuntimeError(f"a fleet process failed ({child.returncode}): {err[-2000:]}")
             reports.append(json.loads(out.strip().splitlines()[-1]) | {"log": err[-20000:]})
     finally:
+        elected = elections.end()
         for child in children:
             if child.poll() is None:
                 child.kill()
@@ -152,17 +167,77 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
         asyncio.run(delete())
     if dump := os.environ.get("SMARTCLIENT_FLEET_DUMP"):  # every process's report, for a closer look: a directory,
         Path(dump).mkdir(parents=True, exist_ok=True)  # a file a round, named by its processes and super stream
-        (Path(dump) / f"{processes}-{name}.json").write_text(json.dumps({"killed": killed, "reports": reports}))
+        (Path(dump) / f"{processes}-{name}.json").write_text(json.dumps({"killed": killed, "elected": elected,
+                                                                         "reports": reports}))
     per_second: Counter[int] = Counter()
     for report in reports:
         for (_, before), (at, after) in itertools.pairwise(report["metadata"]):
             per_second[int(at - killed)] += after - before
+    backs = [b for r in reports for b in r["back"] if b["recovered"]]
     return FleetRound(
-        processes, jitter, sum(r["handles"] for r in reports),
-        tuple(sorted(b["at"] - killed for r in reports for b in r["back"] if b["recovered"])),
+        processes, jitter, sum(r["handles"] for r in reports), tuple(sorted(b["at"] - killed for b in backs)),
         sum(1 for r in reports for b in r["back"] if not b["recovered"]) + sum(r["recovering"] for r in reports),
         sum(r["dialled"] for r in reports), sum(r["placements"] for r in reports),
-        max(per_second.values(), default=0), _by_count(Counter(r["dials_by"]) for r in reports))
+        max(per_second.values(), default=0), _by_count(Counter(r["dials_by"]) for r in reports),
+        tuple(sorted(max(0.0, b["at"] - killed - elected.get(b["stream"], 0.0)) for b in backs)),
+        max(elected.values(), default=0.0))
+
+
+class _Elections:
+    """Each partition's leader read from the remaining nodes after the kill (the Metadata command, no cache), in a
+    thread of its own: when it was on a live node again, in seconds after the kill (0 if it never left)."""
+
+    def __init__(self, bed: TestBed, victim: str, streams: list[str]) -> None:
+        self._entry = [bed.stream_uri(n.host, n.stream_port) for n in bed.nodes if n.name != victim]
+        self._victim = bed.node(victim).advertised
+        self._partitions = streams
+        self._connected, self._go, self._stop = threading.Event(), threading.Event(), threading.Event()
+        self._killed = 0.0
+        self._elected: dict[str, float] = {}
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._watch()), name="elections", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> None:
+        """Once connected (a connection opened after the kill would count in the elections' times)."""
+        if not self._connected.wait(30):
+            raise RuntimeError("the elections' watch did not connect to the remaining nodes")
+
+    def begin(self, killed: float) -> None:
+        self._killed = killed
+        self._go.set()
+
+    def end(self) -> dict[str, float]:
+        """The times read so far; a partition whose leader was not read back is not in them."""
+        self._stop.set()
+        self._go.set()
+        self._thread.join(10)
+        return dict(self._elected)
+
+    async def _watch(self) -> None:
+        from smartclient import ConnectionOptions, SmartClientError
+        from smartclient.environment import Environment
+
+        if not logging.getLogger("rstream").level:  # (a leader not yet elected is what this watch waits for: rstream
+            logging.getLogger("rstream").setLevel(logging.ERROR)  # warns of it on every ask, unless told otherwise)
+
+        async with Environment(self._entry, connection=ConnectionOptions(topology_max_age=0.001)) as env:
+            await asyncio.gather(*(env.topology(s) for s in self._partitions))
+            self._connected.set()
+            while not self._go.is_set():
+                await asyncio.sleep(0.01)
+
+            async def one(stream: str) -> None:
+                while not self._stop.is_set() and time.time() < self._killed + WATCH:
+                    try:
+                        topology = await asyncio.wait_for(env.topology(stream), 1.0)
+                    except (SmartClientError, asyncio.TimeoutError):  # (no leader yet: it asks again)
+                        topology = None
+                    if topology is not None and (topology.leader.host, topology.leader.port) != self._victim:
+                        self._elected[stream] = max(0.0, time.time() - self._killed)
+                        return
+                    await asyncio.sleep(0.02)
+
+            await asyncio.gather(*(one(s) for s in self._partitions))
 
 
 async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, ready: Path) -> dict[str, Any]:
@@ -177,6 +252,7 @@ async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, rea
     env = Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
                       retry=RetryPolicy(backoff_jitter=jitter))
     env.on_recovery(lambda e: back.append({"at": time.time(), "recovered": e.recovered, "seconds": e.seconds,
+                                           "stream": str(getattr(e.handle, "stream", "")),
                                            "attempts": e.attempts, "role": str(getattr(e.handle, "role", "")),
                                            "before": str(e.before), "after": str(e.after)}))
     async with env:
@@ -236,7 +312,6 @@ def main() -> int:
     parser.add_argument("--ready", required=True, type=Path)
     args = parser.parse_args()
     if level := os.environ.get("SMARTCLIENT_FLEET_LOG"):  # each process's log, in the dump
-        import logging
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
     from smartclient.testing import from_env
 
