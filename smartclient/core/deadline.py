@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 from smartclient._errors import StepTimeout
 
-__all__ = ["DEFAULT_STEP_TIME", "TOPOLOGY_READ", "Deadline", "attempt", "current", "detach", "remaining", "step"]
+__all__ = ["DEFAULT_STEP_TIME", "TOPOLOGY_READ", "Deadline", "attempt", "current", "detach", "remaining", "step",
+           "within"]
 
 T = TypeVar("T")
 
@@ -125,11 +126,11 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
         if deadline is not None:
             deadline.tasks.add(inner)  # steps nested in it still see the deadline; tasks it spawns do not
             inner.add_done_callback(deadline.tasks.discard)
-        return await asyncio.wait_for(inner, limit)
+        return await within(inner, limit)
     except asyncio.TimeoutError:
         outcome = "timeout"
-        within = f"{deadline.what} ({deadline.seconds:.1f} s)" if deadline is not None else "its default bound"
-        raise StepTimeout(f"{name}: no answer within {limit:.2f} s, the time left of {within}") from None
+        bound = f"{deadline.what} ({deadline.seconds:.1f} s)" if deadline is not None else "its default bound"
+        raise StepTimeout(f"{name}: no answer within {limit:.2f} s, the time left of {bound}") from None
     except BaseException as exc:
         outcome = type(exc).__name__
         raise
@@ -138,6 +139,39 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
             deadline.steps.append(f"{name} {1000 * (time.monotonic() - started):.0f} ms {outcome}")
             if outcome == "ok":
                 deadline.passed.append(name)
+
+
+async def within(inner: asyncio.Future[T], limit: float) -> T:
+    """``inner``'s result within ``limit`` seconds, as ``asyncio.wait_for`` gives it, but a cancellation of the
+    caller is never lost: before Python 3.12, ``wait_for`` cancelled at the moment ``inner`` ended returns its result
+    and drops the cancellation.  A hedge cancelled as its connection's TCP open ended went on to its handshake,
+    through an LB that held it for a dead node, and the dial that had won waited 3 s for it (issue 57's fleet).
+    Here ``inner`` is cancelled and waited for, and the cancellation raised; one that ended with a result at that
+    very moment is returned, and the caller is cancelled again, at its next await, with the result in its hands
+    (a connection to close, say), not lost in here.
+
+    :raises asyncio.TimeoutError: ``inner`` did not end within ``limit`` (it is cancelled and waited for)."""
+    try:
+        done, _ = await asyncio.wait({inner}, timeout=limit)
+    except asyncio.CancelledError:
+        if inner.done() and not inner.cancelled() and inner.exception() is None:
+            task = asyncio.current_task()
+            if task is not None:
+                task.cancel()
+            return inner.result()
+        await _cancel_and_wait(inner)
+        raise
+    if not done:
+        await _cancel_and_wait(inner)
+        if inner.cancelled():
+            raise asyncio.TimeoutError
+    return inner.result()  # (one that ended meanwhile: its result or its error, as wait_for)
+
+
+async def _cancel_and_wait(inner: asyncio.Future[Any]) -> None:
+    """Cancel ``inner`` and wait until it has ended (a cancellation of the caller meanwhile is raised)."""
+    inner.cancel()
+    await asyncio.wait({inner})
 
 
 def _abandon(awaitable: Awaitable[Any]) -> None:

@@ -30,9 +30,12 @@ HANG_MEMORY = 5.0
 QUICK_HEDGE = 0.2
 #: dials beside a first one still opening: the first after ``hedge_after``, then one more after each quick wait
 #: (``hedge_after * QUICK_HEDGE``) while none has opened.  Through a round-robin LB that still sends a third of its
-#: connections to a node that has just died (and holds each for seconds), one hedge also went there in about one
-#: dial in nine, and every recovering handle of that process waited for it; with three, about one in 81 (issue 57)
-HEDGES = 3
+#: connections to a node that has just died (and holds each for seconds, until its checks mark the node down: about
+#: 2 s), one hedge also went there in about one dial in nine, and every recovering handle of that process waited for
+#: it.  With three, about one in 81: a fleet of 20 makes about a hundred such dials in those seconds, and a round of
+#: four still had one process wait 3.8 s for its locator (the first dial and its three hedges all held).  With
+#: seven, one in 6,561, for at most 1.1 s of dials a tenth of a second apart (issue 57)
+HEDGES = 7
 
 @dataclass(frozen=True)
 class Backoff:
@@ -108,7 +111,7 @@ class RetryPolicy:
         (``bench/scale.py --fleet``, issue 57).
     :param hedge_after: a stream connection still opening after this many seconds gets a second one dialled
         beside it, and the first to open wins (0: never); another after each further fifth of it while none has
-        opened, up to :data:`HEDGES` (3).  A load balancer holds a connection it sent to a
+        opened, up to :data:`HEDGES` (7).  A load balancer holds a connection it sent to a
         node that has just died while it retries that node (HAProxy: 3 s), and one it sent to a node that is
         stopping gracefully opens only when that node closes it (seconds); the second goes to another node.
     """
@@ -141,7 +144,8 @@ class RetryPolicy:
 
     def hedge_wait(self, since_hang: float) -> float:
         """Seconds a dial waits before a second one goes beside it (0: never), ``since_hang`` seconds after a
-        dial to the same address last went unanswered for ``hedge_after``: within :data:`HANG_MEMORY`, a fifth
+        dial to the same address last went unanswered for ``hedge_after``, or a connection through it was lost
+        (its node may be gone, and an LB still sends it connections): within :data:`HANG_MEMORY`, a fifth
         of it (:data:`QUICK_HEDGE`; 0.1 s by default: a dial slower than that, over TLS or across sites, opens a
         second connection meanwhile, and whichever opens first is taken).  Behind an LB, a node stopping
         gracefully takes every few connections and answers none for seconds; in a rolling restart's soak, a

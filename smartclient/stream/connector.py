@@ -141,7 +141,8 @@ class StreamConnector:
         self.connections: set[Connection] = set()
         #: target -> the address its latest dial went to (the resolver's answer): a failed attempt names it
         self.dialled: dict[Address, Address] = {}
-        #: dialled address -> when a dial to it last went unanswered for ``hedge_after`` (RetryPolicy.hedge_wait)
+        #: dialled address -> when a dial to it last went unanswered for ``hedge_after``, or a connection through it
+        #: was lost (RetryPolicy.hedge_wait): either way, its next dials may meet a node that is gone
         self._hung: dict[Address, float] = {}
         #: the token refreshes (token credentials), handed to the connections on the loop of the first one
         self._refreshes = credentials.Refreshes("the stream connections", self._on_refresh)
@@ -426,6 +427,10 @@ class StreamConnector:
                 await self.close_connection(conn)
 
     async def _closed(self, conn: Connection, info: Any) -> None:
+        if not conn.closed:  # lost, not closed by this side: its node may be gone, and an LB sends connections to a
+            # dead node until its checks find it (HAProxy: 2 s, each held 3 s), so the next dials through that address
+            # hedge after the quick wait from the first (a fleet's first dial after a kill waited hedge_after, 0.5 s)
+            self._hung[conn.dialled] = time.monotonic()
         conn.closed = True
         self.parking.remove(conn)
         self.connections.discard(conn)

@@ -38,7 +38,7 @@ from smartclient._errors import (
     TopologyError,
 )
 from smartclient.core.address import Address
-from smartclient.core.deadline import remaining
+from smartclient.core.deadline import remaining, within
 from smartclient.core.relogin import certificate_alert
 from smartclient.stream._rstream.deliveries import LeanDeliveries
 from smartclient.stream._rstream.frames import decode_hot, read_frame_raw
@@ -134,10 +134,9 @@ class _NamedConnection(RConnection):
         if self._ssl_context is not None and self.server_hostname:
             kwargs["server_hostname"] = self.server_hostname
         try:
-            self._reader, self._writer = await asyncio.wait_for(
-                open_frames(self.host, self.port, ssl=self._ssl_context, **kwargs),
-                timeout=remaining(),  # the attempt's time left, not a fixed timeout of its own
-            )
+            self._reader, self._writer = await within(  # (a cancellation is never lost: see within)
+                asyncio.ensure_future(open_frames(self.host, self.port, ssl=self._ssl_context, **kwargs)),
+                remaining())  # the attempt's time left, not a fixed timeout of its own
         except asyncio.TimeoutError:
             raise ConnectionError(f"Could not connect to {self.host}:{self.port}") from None
 

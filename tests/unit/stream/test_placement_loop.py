@@ -389,6 +389,35 @@ def test_after_a_dial_went_unanswered_the_next_dials_to_that_address_are_hedged_
     assert len(held) == 3
 
 
+def test_after_a_connection_through_an_address_was_lost_its_next_dials_are_hedged_quickly() -> None:
+    """A connection lost (not closed by this side) may mean its node is gone, and an LB sends connections to a dead
+    node until its checks find it, holding each: the next dials through that address get their second one after
+    the quick wait from the first (a fleet's first dial after a kill waited the whole ``hedge_after``).  A
+    connection this side closed says nothing."""
+    from smartclient.resolution import Resolution
+
+    class Connector(StreamConnector):
+        async def _dial_once(self, target: Address, name: str, client_class: Any, hedge: bool = False) -> Connection:
+            if not hedge:  # the first dial lands on the dead node, and is held
+                await asyncio.sleep(30)
+            return Connection(FakeClient(), target, LB, name)
+
+    async def main(lost: bool) -> float:
+        connector = Connector(ClientSettings(Credentials(), "/", None), Resolution(None),
+                              retry=RetryPolicy(hedge_after=1.0))
+        connector.dialled[NODES[0]] = LB  # (its dials go through the LB)
+        conn = Connection(FakeClient(), NODES[1], LB, "through-the-lb")
+        if not lost:
+            await connector.close_connection(conn)
+        await connector._closed(conn, None)  # (its close handler also runs after this side closed it)
+        began = asyncio.get_running_loop().time()
+        await connector.dial(NODES[0], "t")
+        return asyncio.get_running_loop().time() - began
+
+    assert asyncio.run(main(lost=False)) >= 1.0  # closed here: the whole hedge_after
+    assert asyncio.run(main(lost=True)) < 0.5  # lost: a fifth of it (0.2 s)
+
+
 def test_while_no_dial_opens_one_more_goes_after_each_hedge_wait_up_to_hedges() -> None:
     """Through a round-robin LB that still sends a third of its connections to a node that has just died (and
     holds each for seconds), the hedge can land there too: another dial goes after each further wait in which
@@ -421,8 +450,8 @@ def test_while_no_dial_opens_one_more_goes_after_each_hedge_wait_up_to_hedges() 
 
     took, dials, hedged = asyncio.run(main(held=2))
     assert dials == 3 and hedged == 2 and took < 1.0  # the third dial opened, after two waits (0.1 s, then 0.02)
-    took, dials, hedged = asyncio.run(main(held=10))
-    assert dials == 1 + HEDGES == 4 and hedged == HEDGES  # never more than HEDGES beside the first
+    took, dials, hedged = asyncio.run(main(held=20))
+    assert dials == 1 + HEDGES == 8 and hedged == HEDGES  # never more than HEDGES beside the first
 
 
 def test_a_connection_put_back_after_a_borrow_keeps_its_idle_time() -> None:
@@ -524,3 +553,46 @@ async def test_a_connection_has_at_most_8_subscribes_in_flight() -> None:
     assert sum(await asyncio.gather(*(few_at_a_time(conn, subscribe()) for _ in range(40)))) == 40
     assert most == SUBSCRIBES_IN_FLIGHT == 8
     assert await few_at_a_time(None, subscribe()) == 1  # no Connection: not gated
+
+
+def test_a_dial_cancelled_at_any_moment_of_its_opening_ends_at_once() -> None:
+    """A hedge that lost the race is cancelled wherever it is in its opening, and the dial that won waits for it to
+    end: one cancelled as its TCP open ended went on to its handshake (Python 3.11's ``wait_for`` dropped the
+    cancellation), with a peer that holds the connection and answers nothing, as an LB holds one it sent to a dead
+    node (3 s): the dial that had won waited that long (issue 57's fleet).  A local socket that accepts and stays
+    silent, the dial cancelled after each number of event-loop turns in turn."""
+    from smartclient.resolution import Resolution
+
+    async def main() -> list[tuple[int, float]]:
+        held: list[asyncio.StreamWriter] = []
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            held.append(writer)  # (closed at the end: it answers nothing meanwhile)
+
+        server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connector = StreamConnector(ClientSettings(Credentials(), "/", None), Resolution(None))
+        slow: list[tuple[int, float]] = []
+        try:
+            for turns in range(40):
+                dial = asyncio.ensure_future(connector._dial_once(Address("127.0.0.1", port), "t", None))
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                began = asyncio.get_running_loop().time()
+                dial.cancel()
+                try:
+                    await asyncio.wait_for(asyncio.shield(dial), 1.0)
+                except asyncio.CancelledError:
+                    pass
+                except asyncio.TimeoutError:
+                    slow.append((turns, asyncio.get_running_loop().time() - began))
+                    dial.cancel()
+                    await asyncio.gather(dial, return_exceptions=True)
+                assert dial.cancelled() or turns in dict(slow), (turns, dial)
+        finally:
+            for writer in held:
+                writer.close()
+            server.close()
+        return slow
+
+    assert asyncio.run(main()) == []  # (9 to 11 turns went on to the handshake before)
