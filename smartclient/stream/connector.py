@@ -174,9 +174,11 @@ class StreamConnector:
         others are parked if they open too (closed through an SNI ingress).  (An LB holds a connection
         it sent to a node that has just died while it retries that node; the second dial goes to the next one.)
         """
+        # where it goes (behind an LB: the LB's address, for every node), known before its first dial too: a
+        # connection lost through the LB makes the next dials there hedge quickly, whichever node they aim at
+        address = self.dialled.get(target) or (await self.resolution.route(target)).dial
         with _otel.detached():  # the connection's tasks outlive the caller's span
             first = asyncio.ensure_future(self._dial_once(target, name, client_class))
-        address = self.dialled.get(target, target)  # (behind an LB: the LB's, for every node)
         began = time.monotonic()
         hedge = self.retry.hedge_wait(began - self._hung.get(address, -HANG_MEMORY))
         keep = self.resolution.by_name is None  # (through an SNI ingress a connection serves the name it sent)

@@ -148,7 +148,8 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
         elections.ready()
         killed = time.time()
         bed.kill_node(victim)
-        go.write_text(repr(killed))
+        (work / "go.new").write_text(repr(killed))
+        (work / "go.new").rename(go)  # (whole: a process that sees it reads the time, never an empty file)
         elections.begin(killed)
         reports = []
         for child in children:

@@ -394,6 +394,7 @@ def test_after_a_connection_through_an_address_was_lost_its_next_dials_are_hedge
     node until its checks find it, holding each: the next dials through that address get their second one after
     the quick wait from the first (a fleet's first dial after a kill waited the whole ``hedge_after``).  A
     connection this side closed says nothing."""
+    from resolvers import LoadBalancer
     from smartclient.resolution import Resolution
 
     class Connector(StreamConnector):
@@ -403,9 +404,9 @@ def test_after_a_connection_through_an_address_was_lost_its_next_dials_are_hedge
             return Connection(FakeClient(), target, LB, name)
 
     async def main(lost: bool) -> float:
-        connector = Connector(ClientSettings(Credentials(), "/", None), Resolution(None),
+        connector = Connector(ClientSettings(Credentials(), "/", None), Resolution(LoadBalancer(LB)),
                               retry=RetryPolicy(hedge_after=1.0))
-        connector.dialled[NODES[0]] = LB  # (its dials go through the LB)
+        # (NODES[0] was never dialled: the resolver says its dials go through the LB, as the lost one did)
         conn = Connection(FakeClient(), NODES[1], LB, "through-the-lb")
         if not lost:
             await connector.close_connection(conn)
