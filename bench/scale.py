@@ -377,6 +377,12 @@ def fleet(bed: LocalTestBed, processes: int, jitters: list[float], rounds: int) 
               f"(one process) and {all_.election:.2f} s (the fleet); own p99 (after the partition's election) "
               f"{one.own_p99:.2f} s and {all_.own_p99:.2f} s: {own:.2f}x (target <= 2); dials per handle back "
               f"{dials:.2f} (target <= 1.5); Metadata requests in the peak second {peaks}")
+        if all_.cpu:
+            spent = dict(all_.cpu)
+            print(f"  jitter {jitter:g}: in the second after the kill the machine spent {spent.get('all', 0):.2f} "
+                  f"CPU-s of the {os.cpu_count()} its cores give (the fleet {spent.get('fleet', 0):.2f}, the brokers "
+                  f"{spent.get('beam', 0):.2f}, HAProxy {spent.get('haproxy', 0):.2f}); one process alone: "
+                  + ", ".join(f"{who} {t:.2f}" for who, t in one.cpu))
         ok = ok and not all_.failed and bool(all_.back) and own <= 2.0 and dials <= 1.5
     return ok
 

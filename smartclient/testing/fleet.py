@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -58,6 +59,8 @@ class FleetRound:
     own: tuple[float, ...] = ()
     #: the slowest election of a partition's leader, seconds after the kill (0: the victim led none)
     election: float = 0.0
+    #: CPU seconds spent in the second after the kill, by whom (the fleet, beam, haproxy, all), from /proc
+    cpu: tuple[tuple[str, float], ...] = ()
 
     @property
     def p50(self) -> float:
@@ -85,17 +88,26 @@ class FleetRound:
                 f"{self.worst:.2f} s after the kill; {self.per_handle(self.dials):.2f} dials and "
                 f"{self.per_handle(self.placements):.2f} placements per handle back; Metadata requests in the peak "
                 f"second {self.metadata_peak}; the slowest election {self.election:.2f} s, own p99 {self.own_p99:.2f} s"
-                + (f"; dials for {', '.join(f'{what} {n}' for what, n in self.dials_by)}" if self.dials_by else ""))
+                + (f"; dials for {', '.join(f'{what} {n}' for what, n in self.dials_by)}" if self.dials_by else "")
+                + (f"; CPU-s in the second after the kill: {', '.join(f'{who} {t:.2f}' for who, t in self.cpu)}"
+                   if self.cpu else ""))
 
 
 def pooled(rounds: list[FleetRound]) -> FleetRound:
     """Rounds of one size and jitter as one: their handles back pooled (a p99 over several rounds, not the worst
-    of one round's few), their counts summed, the highest of their peak seconds."""
+    of one round's few), their counts summed, the highest of their peak seconds, their CPU seconds averaged."""
     return FleetRound(rounds[0].processes, rounds[0].jitter, sum(r.handles for r in rounds),
                       tuple(sorted(b for r in rounds for b in r.back)), sum(r.failed for r in rounds),
                       sum(r.dials for r in rounds), sum(r.placements for r in rounds),
                       max(r.metadata_peak for r in rounds), _by_count(Counter(dict(r.dials_by)) for r in rounds),
-                      tuple(sorted(o for r in rounds for o in r.own)), max(r.election for r in rounds))
+                      tuple(sorted(o for r in rounds for o in r.own)), max(r.election for r in rounds),
+                      _mean_cpu([r.cpu for r in rounds]))
+
+
+def _mean_cpu(cpus: list[tuple[tuple[str, float], ...]]) -> tuple[tuple[str, float], ...]:
+    """The rounds' CPU seconds by whom, averaged over the rounds that measured them."""
+    measured = [dict(c) for c in cpus if c]
+    return tuple((who, sum(c.get(who, 0.0) for c in measured) / len(measured)) for who in (measured or [{}])[0])
 
 
 def _by_count(counts: Iterable[Counter[str]]) -> tuple[tuple[str, int], ...]:
@@ -146,6 +158,7 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
                 raise RuntimeError(f"the fleet did not start: {why}")
             time.sleep(0.2)
         elections.ready()
+        load = _Load(1.0)
         killed = time.time()
         bed.kill_node(victim)
         (work / "go.new").write_text(repr(killed))
@@ -163,6 +176,7 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        shutil.rmtree(work, ignore_errors=True)
         bed.restart_node(victim)
         bed.heal()  # (the LB routes to it again before the next round: a round began once with it still DOWN there)
         asyncio.run(delete())
@@ -181,7 +195,52 @@ def fleet_round(bed: TestBed, processes: int, victim: str, *, partitions: int = 
         sum(r["dialled"] for r in reports), sum(r["placements"] for r in reports),
         max(per_second.values(), default=0), _by_count(Counter(r["dials_by"]) for r in reports),
         tuple(sorted(max(0.0, b["at"] - killed - elected.get(b["stream"], 0.0)) for b in backs)),
-        max(elected.values(), default=0.0))
+        max(elected.values(), default=0.0), load.spent())
+
+
+class _Load:
+    """The CPU seconds spent in the ``seconds`` after it was made, by whom: the fleet's processes, the brokers
+    (beam), HAProxy, and the whole machine (``all``: what its cores could give is cores x seconds).  Linux's
+    /proc, read in a thread of its own; nothing where there is none."""
+
+    WHO = (("fleet", "smartclient.testing.fleet"), ("beam", "beam.smp"), ("haproxy", "haproxy"))
+
+    def __init__(self, seconds: float) -> None:
+        self._spent: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._measure, args=(seconds,), name="load", daemon=True)
+        self._thread.start()
+
+    def spent(self) -> tuple[tuple[str, float], ...]:
+        self._thread.join(5)
+        return tuple(self._spent.items())
+
+    def _measure(self, seconds: float) -> None:
+        try:
+            before = self._read()
+            time.sleep(seconds)
+            after = self._read()
+        except OSError:
+            return
+        for key, (who, spent) in after.items():  # (a process there both times: the killed node is not)
+            if key in before:
+                self._spent[who] = self._spent.get(who, 0.0) + spent - before[key][1]
+
+    @classmethod
+    def _read(cls) -> dict[str, tuple[str, float]]:
+        """pid (or "all") -> (whose, CPU seconds so far)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        spent = {"all": ("all", (sum(fields) - fields[3] - fields[4]) / tick)}  # (all but idle and iowait)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # (gone meanwhile)
+                continue
+            who = next((who for who, mark in cls.WHO if mark.encode() in command), None)
+            if who is not None:
+                spent[pid] = (who, (int(stat[11]) + int(stat[12])) / tick)  # utime + stime
+        return spent
 
 
 class _Elections:
@@ -252,7 +311,8 @@ async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, rea
     metadata: list[tuple[float, int]] = []
     env = Environment(bed.stream_uri(host, port), resolver=LoadBalancer(Address(host, port)),
                       retry=RetryPolicy(backoff_jitter=jitter))
-    env.on_recovery(lambda e: back.append({"at": time.time(), "recovered": e.recovered, "seconds": e.seconds,
+    env.on_recovery(lambda e: back.append({"at": time.time(), "cpu": time.process_time(), "recovered": e.recovered,
+                                           "seconds": e.seconds,
                                            "stream": str(getattr(e.handle, "stream", "")),
                                            "attempts": e.attempts, "role": str(getattr(e.handle, "role", "")),
                                            "before": str(e.before), "after": str(e.after)}))
@@ -291,18 +351,42 @@ async def _service(bed: TestBed, super_stream: str, jitter: float, go: Path, rea
         while not go.exists():
             await asyncio.sleep(0.05)
         killed = float(go.read_text())
+        cpu = time.process_time()
+        profiler = _profiler(ready)
         opened, placements = connector.opened, len(placed)
         recovering = len(handles)
         while time.time() < killed + WATCH:
             metadata.append((time.time(), topologies.metadata_requests))
             recovering = sum(1 for h in handles if h.recovering)
+            if profiler is not None and back and not recovering:
+                _dump(profiler)
+                profiler = None
             if not recovering and time.time() - max([killed, *(b["at"] for b in back)]) > SETTLED:
                 break
             await asyncio.sleep(0.1)
         dialled = connector.opened - opened
     return {"handles": len(handles), "back": back, "recovering": recovering, "dialled": dialled,
             "placements": len(placed) - placements, "metadata": metadata, "dials_by": dials_by,
-            "dial_log": dial_log}
+            "dial_log": dial_log, "cpu": max([cpu, *(b["cpu"] for b in back)]) - cpu}
+
+
+def _profiler(ready: Path) -> Any:
+    """With ``SMARTCLIENT_FLEET_PROFILE`` (a directory): the first process's CPU profile of its recovery, from the
+    kill until every handle is back (the others run unprofiled: a profiled fleet recovers at another pace)."""
+    if not (where := os.environ.get("SMARTCLIENT_FLEET_PROFILE")) or not ready.name.endswith("-0"):
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile(time.process_time)
+    profiler.smartclient_where = where  # type: ignore[attr-defined]
+    profiler.enable()
+    return profiler
+
+
+def _dump(profiler: Any) -> None:
+    profiler.disable()
+    Path(profiler.smartclient_where).mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(Path(profiler.smartclient_where) / f"{os.getpid()}.prof")
 
 
 def main() -> int:

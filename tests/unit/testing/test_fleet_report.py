@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from smartclient.testing.fleet import FleetRound, percentile
 
 
@@ -42,3 +44,16 @@ def test_the_dials_by_purpose_are_summed_and_said() -> None:
     both = pooled([a, b])
     assert both.dials_by == (("ready", 6), ("placement", 3))
     assert both.line().endswith("; dials for ready 6, placement 3")
+
+
+def test_the_cpu_of_the_second_after_the_kill_is_averaged_over_rounds_and_said() -> None:
+    from smartclient.testing.fleet import pooled
+
+    a = FleetRound(1, 0.0, 20, (0.5,), 0, 1, 1, 8, cpu=(("all", 1.4), ("fleet", 0.7), ("beam", 0.5)))
+    b = FleetRound(1, 0.0, 20, (0.4,), 0, 1, 1, 8, cpu=(("all", 1.0), ("fleet", 0.5), ("beam", 0.3)))
+    unmeasured = FleetRound(1, 0.0, 20, (0.4,), 0, 1, 1, 8)  # (no /proc: not counted as zero)
+    both = pooled([a, b, unmeasured])
+    assert [who for who, _ in both.cpu] == ["all", "fleet", "beam"]
+    assert dict(both.cpu) == pytest.approx({"all": 1.2, "fleet": 0.6, "beam": 0.4})
+    assert a.line().endswith("; CPU-s in the second after the kill: all 1.40, fleet 0.70, beam 0.50")
+    assert pooled([unmeasured]).cpu == ()
