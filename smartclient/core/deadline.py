@@ -169,9 +169,12 @@ async def within(inner: asyncio.Future[T], limit: float) -> T:
 
 
 async def _cancel_and_wait(inner: asyncio.Future[Any]) -> None:
-    """Cancel ``inner`` and wait until it has ended (a cancellation of the caller meanwhile is raised)."""
+    """Cancel ``inner`` and wait until it has ended (a cancellation of the caller meanwhile is raised); an error it
+    ended with is read (nobody else will: asyncio would log it as never retrieved)."""
     inner.cancel()
     await asyncio.wait({inner})
+    if not inner.cancelled():
+        inner.exception()
 
 
 def _abandon(awaitable: Awaitable[Any]) -> None:
