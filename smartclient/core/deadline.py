@@ -142,23 +142,18 @@ async def step(name: str, awaitable: Awaitable[T], default: float = DEFAULT_STEP
 
 
 async def within(inner: asyncio.Future[T], limit: float) -> T:
-    """``inner``'s result within ``limit`` seconds, as ``asyncio.wait_for`` gives it, but a cancellation of the
-    caller is never lost: before Python 3.12, ``wait_for`` cancelled at the moment ``inner`` ended returns its result
-    and drops the cancellation.  A hedge cancelled as its connection's TCP open ended went on to its handshake,
-    through an LB that held it for a dead node, and the dial that had won waited 3 s for it (issue 57's fleet).
-    Here ``inner`` is cancelled and waited for, and the cancellation raised; one that ended with a result at that
-    very moment is returned, and the caller is cancelled again, at its next await, with the result in its hands
-    (a connection to close, say), not lost in here.
+    """``inner``'s result within ``limit`` seconds, as ``asyncio.wait_for`` gives it from Python 3.12 on: a
+    cancellation of the caller is always raised (``inner`` cancelled and waited for).  Before 3.12, ``wait_for``
+    cancelled at the moment ``inner`` ended returned its result and dropped the cancellation: a hedge cancelled as
+    its connection's TCP open ended went on to its handshake, through an LB that held it for a dead node, and the
+    dial that had won waited 3 s for it (issue 57's fleet).  A result that came with the cancellation is dropped,
+    as 3.12's ``wait_for`` drops it: what a step returns is not the resource itself (a dial's client is its
+    caller's, who closes it on the cancellation).
 
     :raises asyncio.TimeoutError: ``inner`` did not end within ``limit`` (it is cancelled and waited for)."""
     try:
         done, _ = await asyncio.wait({inner}, timeout=limit)
     except asyncio.CancelledError:
-        if inner.done() and not inner.cancelled() and inner.exception() is None:
-            task = asyncio.current_task()
-            if task is not None:
-                task.cancel()
-            return inner.result()
         await _cancel_and_wait(inner)
         raise
     if not done:
@@ -171,8 +166,9 @@ async def within(inner: asyncio.Future[T], limit: float) -> T:
 async def _cancel_and_wait(inner: asyncio.Future[Any]) -> None:
     """Cancel ``inner`` and wait until it has ended (a cancellation of the caller meanwhile is raised); an error it
     ended with is read (nobody else will: asyncio would log it as never retrieved)."""
-    inner.cancel()
-    await asyncio.wait({inner})
+    if not inner.done():
+        inner.cancel()
+        await asyncio.wait({inner})
     if not inner.cancelled():
         inner.exception()
 

@@ -176,6 +176,7 @@ class TopologyCache:
     def _shut_later(self, client: Any) -> None:
         """Shut a dropped connection once what other callers still asked of it has had :data:`DROPPED_GRACE`
         seconds to be answered (at once if the Environment closes first)."""
+        _closed_here(client)
         task = asyncio.ensure_future(_quietly_shut(client))
         self._closing[task] = client
         task.add_done_callback(lambda done: self._closing.pop(done, None))
@@ -188,6 +189,7 @@ class TopologyCache:
         # (each closes its connection to another node, and a dial still under way closes what it opens)
         await asyncio.gather(*lookups, *self._dials, return_exceptions=True)
         if isinstance(self._locator, _rstream.LocatorClient):
+            _closed_here(self._locator)
             await self._locator.shutdown()
         if self._aside_conn is not None:  # (at once: it may be waiting on a member, which would not let it answer)
             await self.connector.close_connection(self._aside_conn, handshake=False)
@@ -441,6 +443,13 @@ class _OtherNode:
         self.tries = 0  # connections opened (or tried)
         self.failed: set[Address] = set()  # nodes whose connection failed in this lookup
         self.over = False  # the lookup has ended
+
+
+def _closed_here(client: Any) -> None:
+    """``client``'s connection is shut by this side: not a loss (a lost one makes the next dials through its
+    address hedge quickly: ``StreamConnector._closed``)."""
+    if (conn := _rstream.connection_of(client)) is not None:
+        conn.closed = True
 
 
 async def _quietly_shut(locator: Any) -> None:
