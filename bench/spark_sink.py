@@ -37,13 +37,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from resolvers import LoadBalancer
 from smartclient import Address
 from smartclient.spark import ExactlyOnceSink, StreamConnection
 from smartclient.testing.local import LocalTestBed
+from smartclient.testing.processes import cpu_by_process
 from smartclient.testing.streams import create_stream_led_by, delete_streams
 
 ROWS = 200_000
@@ -103,16 +103,7 @@ def timed(work: Any, *args: Any) -> float:
 
 def cpu_seconds(brokers_only: bool) -> float:
     """The CPU time (user and system) of every process of this machine, or of its RabbitMQ nodes alone."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if brokers_only and b"beam.smp" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(spent for _, spent in cpu_by_process({"beam": "beam.smp"} if brokers_only else {"all": ""}).values())
 
 
 def timed_cpu(cpu: dict[str, list[float]], work: Any, *args: Any) -> float:

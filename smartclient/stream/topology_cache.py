@@ -159,7 +159,7 @@ class TopologyCache:
                 log.info("%s on the aside connection did not end: another one is opened for the next request",
                          purpose)
                 self._aside_conn = None
-                self._shut_later(conn.client)
+                self._shut_later(conn)
             raise
 
     @property
@@ -167,18 +167,19 @@ class TopologyCache:
         return self._locator_conn.client if self._locator_conn is not None else None
 
     def _drop_locator(self, locator: Any) -> None:
-        if self._locator is locator:
+        if self._locator_conn is not None and self._locator_conn.client is locator:
             log.info("the locator connection did not answer within %.1f s: another one is opened (this one is shut in "
                      "%.0f s)", METADATA_TIME, DROPPED_GRACE)
+            self._shut_later(self._locator_conn)
             self._locator_conn = None
-            self._shut_later(locator)
 
-    def _shut_later(self, client: Any) -> None:
+    def _shut_later(self, conn: Connection) -> None:
         """Shut a dropped connection once what other callers still asked of it has had :data:`DROPPED_GRACE`
-        seconds to be answered (at once if the Environment closes first)."""
-        _closed_here(client)
-        task = asyncio.ensure_future(_quietly_shut(client))
-        self._closing[task] = client
+        seconds to be answered (at once if the Environment closes first).  Shut by this side: not a loss (see
+        ``StreamConnector._closed``)."""
+        conn.closed = True
+        task = asyncio.ensure_future(_quietly_shut(conn.client))
+        self._closing[task] = conn.client
         task.add_done_callback(lambda done: self._closing.pop(done, None))
 
     async def close(self) -> None:
@@ -188,9 +189,9 @@ class TopologyCache:
             task.cancel()
         # (each closes its connection to another node, and a dial still under way closes what it opens)
         await asyncio.gather(*lookups, *self._dials, return_exceptions=True)
-        if isinstance(self._locator, _rstream.LocatorClient):
-            _closed_here(self._locator)
-            await self._locator.shutdown()
+        if self._locator_conn is not None and isinstance(self._locator_conn.client, _rstream.LocatorClient):
+            self._locator_conn.closed = True  # (shut by this side: not a loss)
+            await self._locator_conn.client.shutdown()
         if self._aside_conn is not None:  # (at once: it may be waiting on a member, which would not let it answer)
             await self.connector.close_connection(self._aside_conn, handshake=False)
             self._aside_conn = None
@@ -443,13 +444,6 @@ class _OtherNode:
         self.tries = 0  # connections opened (or tried)
         self.failed: set[Address] = set()  # nodes whose connection failed in this lookup
         self.over = False  # the lookup has ended
-
-
-def _closed_here(client: Any) -> None:
-    """``client``'s connection is shut by this side: not a loss (a lost one makes the next dials through its
-    address hedge quickly: ``StreamConnector._closed``)."""
-    if (conn := _rstream.connection_of(client)) is not None:
-        conn.closed = True
 
 
 async def _quietly_shut(locator: Any) -> None:

@@ -24,13 +24,14 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from smartclient.core.address import Address
 from smartclient.core.retry import RetryPolicy
+from smartclient.testing.processes import cpu_by_process
 from smartclient.testing.testbed import TestBed
 
 __all__ = ["FleetRound", "fleet_round", "percentile", "pooled"]
@@ -205,7 +206,7 @@ class _Load:
     (beam), HAProxy, and the whole machine (``all``: what its cores could give is cores x seconds).  Linux's
     /proc, read in a thread of its own; nothing where there is none."""
 
-    WHO = (("fleet", "smartclient.testing.fleet"), ("beam", "beam.smp"), ("haproxy", "haproxy"))
+    WHO: ClassVar[Mapping[str, str]] = {"fleet": "smartclient.testing.fleet", "beam": "beam.smp", "haproxy": "haproxy"}
 
     def __init__(self, seconds: float) -> None:
         self._spent: dict[str, float] = {}
@@ -228,21 +229,12 @@ class _Load:
                 self._spent[who] = self._spent.get(who, 0.0) + spent - before[key][1]
 
     @classmethod
-    def _read(cls) -> dict[str, tuple[str, float]]:
+    def _read(cls) -> dict[int | str, tuple[str, float]]:
         """pid (or "all") -> (whose, CPU seconds so far)."""
-        tick = os.sysconf("SC_CLK_TCK")
         fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         # user, nice, system, irq, softirq (not idle, iowait, steal, nor guest: counted in user and nice already)
-        spent = {"all": ("all", sum(fields[i] for i in (0, 1, 2, 5, 6)) / tick)}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # (gone meanwhile)
-                continue
-            who = next((who for who, mark in cls.WHO if mark.encode() in command), None)
-            if who is not None:
-                spent[pid] = (who, (int(stat[11]) + int(stat[12])) / tick)  # utime + stime
+        spent: dict[int | str, tuple[str, float]] = {pid: cpu for pid, cpu in cpu_by_process(cls.WHO).items()}
+        spent["all"] = ("all", sum(fields[i] for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK"))
         return spent
 
 

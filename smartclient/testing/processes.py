@@ -7,13 +7,14 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from smartclient._errors import TestBedError
 
 __all__ = [
+    "cpu_by_process",
     "ephemeral_port_range",
     "find_pids_with_env",
     "kill_pid",
@@ -117,3 +118,22 @@ def wait_until(check: Callable[[], _T], timeout: float, what: str, interval: flo
         if time.monotonic() >= deadline:
             raise TestBedError(f"timed out after {timeout:.0f}s waiting for {what}") from error
         time.sleep(interval)
+
+
+def cpu_by_process(marks: Mapping[str, str]) -> dict[int, tuple[str, float]]:
+    """The CPU seconds (user and system) each process has spent so far, by pid, with the name of the first of
+    ``marks`` (name -> what its command line contains; "" matches every process) it matches; the others are left
+    out, and so are processes gone meanwhile."""
+    tick = os.sysconf("SC_CLK_TCK")
+    spent: dict[int, tuple[str, float]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            whose = next((name for name, mark in marks.items() if mark.encode() in command), None)
+            if whose is None:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        spent[int(pid)] = (whose, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    return spent
