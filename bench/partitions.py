@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import sys
@@ -54,6 +55,7 @@ def main() -> int:
     print(f"partitions bench: {args.minutes:g} min, seed {seed}, RabbitMQ {bed.rabbitmq_version()}, nodes "
           f"{', '.join(f'{n.short} {n.host}' for n in bed.nodes)} (lb-only)", flush=True)
     history = History(args.history)
+    _log_on_clock(history.start)
     started = time.monotonic()
     report = asyncio.run(run(bed, plan(args.minutes, seed), progress=lambda line: print(line, flush=True),
                              extras=(record_recoveries,), history=history))
@@ -81,6 +83,17 @@ def main() -> int:
           f"within its bound (lost={report.lost} dup={report.duplicated} beyond={len(found.beyond)}) "
           f"{'PASS' if ok else 'MISS'}")
     return 0
+
+
+def _log_on_clock(start: float) -> None:
+    """The library's warnings, each with its moment on the history's clock (``t``), to read beside the history."""
+    class OnClock(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"{time.monotonic() - start:8.2f} {super().format(record)}"
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(OnClock("%(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 def _by_kind(delays: list[tuple[str, float, float, float]]) -> dict[str, list[float]]:

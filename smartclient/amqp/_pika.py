@@ -497,7 +497,13 @@ def watch_close(connection: Any, on_closed: Callable[[ConnectionFailed | None], 
     connection._impl.add_on_close_callback(closed)
 
 
-def probe_node(connection: Any, node_of_queue: Callable[[str], str | None], within: float = 5.0) -> str | None:
+#: seconds a new connection's exclusive queue may take to be declared before its node is given up on: a healthy node
+#: declares it within milliseconds (its metadata store's majority commits it), one in a partition's minority never
+DECLARE_WITHIN = 2.0
+
+
+def probe_node(connection: Any, node_of_queue: Callable[[str], str | None], within: float = DECLARE_WITHIN
+               ) -> str | None:
     """Declare an exclusive server-named queue on a channel of its own, ask ``node_of_queue(name)`` (the
     management API's answer), delete the queue, close the channel, and return that answer.  A node whose
     metadata store cannot take the declaration (a partition's minority: it answers after the store's 30 s

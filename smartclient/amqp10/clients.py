@@ -181,6 +181,9 @@ class PlacedAmqp10Connection:
 
 #: how much later (in ``stall_check`` periods) a publisher that could not follow its leader n times looks again
 FOLLOW_AGAIN = Backoff(initial=1.0, factor=2.0, max=30.0)
+#: seconds a publisher that lost its connection on a node does not follow its leader back there: a node cut off from
+#: its peers still names itself the leader to a look-up that reaches it, and each write there would wait again
+LEFT_FOR = 30.0
 
 
 @dataclass(eq=False)
@@ -198,6 +201,7 @@ class Amqp10Publisher:
     moves: int = 0  #: leaders followed while the connection was fine
     _checked: float = field(default_factory=time.monotonic, repr=False)
     _missed: int = field(default=0, repr=False)  # leaders it could not follow in a row: it waits longer each time
+    _left: tuple[str, float] | None = field(default=None, repr=False)  # the node it lost its connection on, and when
 
     @property
     def node(self) -> str:
@@ -241,7 +245,7 @@ class Amqp10Publisher:
         except SmartClientError as exc:
             log.debug("checking the leader of %r: %s", self.queue, exc)
             return
-        if leader is not None and leader != self.node:
+        if leader is not None and leader != self.node and not self._left_lately(leader):
             log.info("the leader of %r moved from %s to %s: following it", self.queue, self.node, leader)
             try:
                 moved = self.placer.publisher_on(self.queue, replace(self.placer.retry,
@@ -258,9 +262,16 @@ class Amqp10Publisher:
             self.moves += 1
         self._missed = 0
 
+    def _left_lately(self, node: str) -> bool:
+        """Whether the publisher lost its connection on ``node`` less than :data:`LEFT_FOR` s ago."""
+        return self._left is not None and self._left[0] == node and time.monotonic() - self._left[1] < LEFT_FOR
+
     def _recover(self, lost: ConnectionFailed) -> None:
         log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
-        unreachable = Unreachable()  # (its leader cut off from the LB: another member, which forwards the writes)
+        # another member first, which forwards the writes to the leader: the node lost may be cut off from its peers
+        # (it names itself the leader still) or from the LB; the leader's own node once no other member is reached
+        self._left = (self.node, time.monotonic())
+        unreachable = Unreachable({self.node})
         self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
                                         lambda retry: self.placer.publisher_on(self.queue, retry, unreachable),
                                         handle=self, before=self.node, after=lambda reopened: reopened[0].node))

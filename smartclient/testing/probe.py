@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["PROBE", "PROBE_INTERVAL", "is_probe", "queues_writable", "writable_back"]
@@ -33,6 +34,8 @@ TRY_BOUND = 5.0  # seconds one try (leader, connect, then a message every 0.1 s 
 LANDINGS = 9  # dials through a namespaced bed's round-robin LB to land on one node (of 3) before a try fails
 GIVE_UP = 120.0  # seconds after which a stream that never took a write is reported missing
 QUEUE_EVERY = 0.25  # seconds between two writes of a queue's probe once one settled
+QUEUE_HEDGES = 3  # a queue's tries in flight at most: a new one each QUEUE_HEDGE_AFTER s while none settles
+QUEUE_HEDGE_AFTER = 0.25
 SETTLE = 15.0  # seconds after the heal a queue's probe goes on (the clients' recoveries after it)
 
 _IDS = itertools.count(1)
@@ -136,22 +139,38 @@ async def queues_writable(bed: Any, queues: list[str], fault_t: float, history: 
             ends.append(time.monotonic() + SETTLE)
         return time.monotonic() >= (ends[0] if ends else deadline)
 
+    pool = ThreadPoolExecutor(len(queues) * QUEUE_HEDGES, thread_name_prefix="queue-probe")
+    loop = asyncio.get_running_loop()
+
     async def probed(queue: str) -> float | None:
         first: float | None = None
+        tries: set[asyncio.Future[float]] = set()
+        started = 0.0  # when the newest try in flight began
         while not over():
-            try:
-                back = await asyncio.to_thread(_settled, bed, queue, victim if gone() else "", history)
-            except Exception:  # no leader yet, the victim reached, the LB not routing: again
-                await asyncio.sleep(PROBE_INTERVAL)
+            if not tries or (len(tries) < QUEUE_HEDGES and time.monotonic() - started >= QUEUE_HEDGE_AFTER):
+                # another try beside those in flight: one that landed on a silent node holds for TRY_BOUND s
+                tries.add(loop.run_in_executor(pool, _settled, bed, queue, victim if gone() else "", history))
+                started = time.monotonic()
+            done, tries = await asyncio.wait(tries, timeout=QUEUE_HEDGE_AFTER, return_when=asyncio.FIRST_COMPLETED)
+            backs = [t.result() for t in done if t.exception() is None]
+            if not backs:  # no leader yet, the victim reached, the LB not routing: again
+                if done:
+                    await asyncio.sleep(PROBE_INTERVAL)
                 continue
-            history.add("queue_back", queue=queue, back=back)
-            first = back if first is None else first
+            for back in sorted(backs):
+                history.add("queue_back", queue=queue, back=back)
+            first = min(backs) if first is None else first
             if healed is None:
                 break
             await asyncio.sleep(QUEUE_EVERY)
+        for left in tries:  # (each ends within TRY_BOUND s; what it settles is not recorded)
+            left.cancel()
         return first
 
-    back = await asyncio.gather(*(probed(q) for q in queues))
+    try:
+        back = await asyncio.gather(*(probed(q) for q in queues))
+    finally:
+        pool.shutdown(wait=False)
     when = {q: t for q, t in zip(queues, back, strict=True) if t is not None}
     history.add("writable", fault_t=fault_t, target=victim, streams=when, missing=len(queues) - len(when))
 
