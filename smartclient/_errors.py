@@ -33,6 +33,7 @@ onto this tree in one place per backend, with ``raise ... from exc``.
     │   ├── TokenProviderFailed     the token provider raised or answered no token (retried on a back-off)
     │   ├── CertificateRejected     the TLS certificate does not verify for the name checked (never retried)
     │   ├── Misrouted               an SNI-routed connection reached another node than the name it sent
+    │   ├── NodeUntold              the management API did not say in time which node a connection reached
     │   └── StepTimeout             one step of a placement or recovery attempt ran out of the attempt's time
     ├── HandleClosed                the producer, consumer or Environment was closed; nothing was sent
     ├── HandleStopped               a producer or consumer stopped on its own (its ``failure``)
@@ -67,6 +68,7 @@ __all__ = [
     "NoCandidateNode",
     "NoRpcServer",
     "NodeUnreachable",
+    "NodeUntold",
     "PlacementError",
     "PrerequisiteMissing",
     "PublishFailed",
@@ -216,6 +218,12 @@ class MessageDecodeError(SmartClientError, ValueError):
 
 class ConnectionFailed(SmartClientError):
     """A connection could not be opened, authenticated or kept."""
+
+
+class NodeUntold(ConnectionFailed):
+    """A connection through a load balancer is open, but the management API did not answer which node it reached
+    in time (its connection listing gathers from every node, and waits while one is cut off).  An MQTT reconnect,
+    for which any node will do, keeps the connection with its node unknown, and logs this as a warning."""
 
 
 class AuthenticationFailed(ConnectionFailed):

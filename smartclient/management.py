@@ -115,12 +115,19 @@ class ManagementClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, within: float | None = None, **kwargs: Any) -> httpx.Response:
         import httpx
 
         start = self.base_urls.index(self.base_url)
         unreachable: list[str] = []
+        deadline = None if within is None else time.monotonic() + within
         for base in self.base_urls[start:] + self.base_urls[:start]:
+            if deadline is not None:  # the whole call within ``within`` s, over every node asked
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    unreachable.append(f"{base}: not asked: {within:g} s passed")
+                    break
+                kwargs["timeout"] = left
             try:
                 response = self._client.request(method, base + path, **kwargs)
                 if response.status_code == 401 and self._took_back(response):  # once, with the token before it
@@ -178,8 +185,12 @@ class ManagementClient:
         return refusal(AuthenticationFailed(f"the management API refused the token: {text}"), time.time(),
                        mechanism="PLAIN", provider=tokens.name, expires_at=token.expires_at if token else None)
 
-    def get(self, path: str) -> Any:
-        return self._request("GET", path).json()
+    def get(self, path: str, within: float | None = None) -> Any:
+        """GET ``path``'s JSON; ``within``: seconds the whole call may take (each node asked in turn gets what is
+        left), instead of the client's ``timeout`` per node.
+
+        :raises ManagementError: an error answer (its ``status``), or no answer (``status`` None)."""
+        return self._request("GET", path, within).json()
 
     def put(self, path: str, body: Any) -> None:
         self._request("PUT", path, json=body)

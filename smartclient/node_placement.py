@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from smartclient._errors import (
     REFUSALS,
     ConnectionFailed,
+    ManagementError,
+    NodeUntold,
     SmartClientError,
 )
 from smartclient.core.address import Address
@@ -214,16 +216,19 @@ class NodePlacer(Generic[C]):
                 self._close(connection)
         return [BrokerNode(node, listeners) for node, listeners in sorted(found.items())]
 
-    def listings(self, names: Iterable[str], newer_than: Mapping[str, int] | None = None) -> dict[str, tuple[str, int]]:
+    def listings(self, names: Iterable[str], newer_than: Mapping[str, int] | None = None,
+                 within: float | None = None) -> dict[str, tuple[str, int]]:
         """``name -> (node, connected_at)`` for each connection named in ``names`` that the management API
         lists now: the newest one, if it is newer than ``newer_than[name]`` (a ``connected_at`` seen before,
         in the broker's milliseconds).  The newest wins because an MQTT client id, reused, takes the older
-        connection over; the threshold keeps a connection that is going away from passing for its successor."""
+        connection over; the threshold keeps a connection that is going away from passing for its successor.
+        ``within``: seconds the read may take (see :meth:`ManagementClient.get`)."""
         wanted = set(names)
         floor = newer_than or {}
         best: dict[str, tuple[str, int]] = {}
-        columns = f"node,connected_at,{self.name_column}"
-        for row in self._api().get(f"/api/connections?columns={columns}"):
+        path = f"/api/connections?columns=node,connected_at,{self.name_column}"
+        rows = self._api().get(path) if within is None else self._api().get(path, within=within)
+        for row in rows:
             name = _column(row, self.name_column)
             if name not in wanted:
                 continue
@@ -243,11 +248,22 @@ class NodePlacer(Generic[C]):
         """
         return self._listing(name, timeout, newer_than)[0]
 
-    def _listing(self, name: str, timeout: float | None, newer_than: int) -> tuple[str, int]:
+    def _listing(self, name: str, timeout: float | None, newer_than: int, untold_after: float | None = None
+                 ) -> tuple[str, int]:
+        """See :meth:`node_of`; ``untold_after``: seconds a read of the listing may go unanswered before
+        :class:`NodeUntold` is raised (None: the management client's own timeout, then ConnectionFailed)."""
         deadline = time.monotonic() + (self.identify_timeout if timeout is None else timeout)
         waits = Backoff(0.05, 1.5, 0.5)  # the management API lists a new connection within its stats round
         for polls in itertools.count(1):
-            found = self.listings([name], {name: newer_than}).get(name)
+            try:
+                found = self.listings([name], {name: newer_than}, within=untold_after).get(name)
+            except ManagementError as exc:
+                if untold_after is None or exc.status is not None:
+                    raise
+                raise NodeUntold(
+                    f"the management API did not answer which node {self.protocol} connection {name!r} reached "
+                    f"within {untold_after:g} s (its listing gathers from every node, and waits while one is cut "
+                    f"off): {exc}") from exc
             if found is not None:
                 return found
             if time.monotonic() >= deadline:

@@ -27,7 +27,9 @@ Which landings are acceptable:
 * a node in a later tier: at once if every node of the earlier tiers has already failed to connect
   (direct mode: the replica is down, use the leader); otherwise it is kept, and used if tier 0 turns out
   to be out of reach (a load balancer that never routes there);
-* any other node: a mismatch, kept for another placement that needs that node.
+* any other node: a mismatch, kept for another placement that needs that node;
+* a connection whose node cannot be told now (the management API does not answer): at once in a placement where any
+  node will do (``untold_ok``: a reconnect), which never waits for that answer.
 
 A connection *routed by the name it sent* (an SNI ingress: :class:`Routed`) must reach the node it named, its
 target, and nothing else: one that reports another node is :class:`~smartclient._errors.Misrouted`
@@ -72,7 +74,8 @@ class Attempt:
     outcome: str
 
     def __str__(self) -> str:
-        reached = f"reached {self.reported}" if self.reported else "reached nothing"
+        reached = (f"reached {self.reported}" if self.reported else "reached a node" if self.outcome.startswith(
+            "accepted") else "reached nothing")
         return f"dialled {self.dialled or '?'} for {self.target}: {reached}, {self.outcome}"
 
 
@@ -167,6 +170,11 @@ class _Attempts:
         self.attempts.append(Attempt(target, dialled, reported, outcome))
         self._since_new_node = 0 if new_node else self._since_new_node + 1
         return _Decision.KEEP
+
+    def landed_untold(self, target: Address, dialled: Address) -> None:
+        self._ended()
+        self._consecutive_failures = 0
+        self.attempts.append(Attempt(target, dialled, None, "accepted: its node could not be told, and any will do"))
 
     def failed(self, target: Address, dialled: Address | None, error: BaseException,
                reported: Address | None = None) -> None:
@@ -313,11 +321,14 @@ class Placement(Generic[C]):
 
     def __init__(self, candidates: Candidates, policy: RetryPolicy, kept: Kept[C] | None = None,
                  clock: Callable[[], float] = time.monotonic, *, shared: Kept[C] | None = None,
-                 holds_one: bool = False) -> None:
+                 holds_one: bool = False, untold_ok: bool = False) -> None:
         self.candidates = candidates
         self.landing = _Attempts(candidates, policy, clock, holds_one)
         self.kept = kept
         self.shared = shared
+        #: any node will do when the one a connection reached cannot be told (a reconnect, whose candidates are
+        #: every node: one that is connected now beats one that waits for the management API to answer)
+        self.untold_ok = untold_ok
 
     def start(self) -> PlacementStep[C]:
         """Use a shared or kept connection to a tier-0 node, or dial the first target."""
@@ -349,6 +360,16 @@ class Placement(Generic[C]):
         if self.landing.landed(target, dialled, reported) is _Decision.ACCEPT:
             return Done(connection)
         return Keep(connection, reported, stale=dialled == target)
+
+    def landed_untold(self, target: Address, dialled: Address, connection: C) -> PlacementStep[C]:
+        """The connection to ``dialled`` (aimed at ``target``) is open, but which node it reached cannot be told now:
+        taken if any node will do (``untold_ok``).
+
+        :raises ValueError: this placement wants a node it can name (a shell's error: it must not say untold)."""
+        if not self.untold_ok:
+            raise ValueError(f"a landing through {dialled} whose node cannot be told, in a placement that needs one")
+        self.landing.landed_untold(target, dialled)
+        return Done(connection)
 
     def failed(self, target: Address, dialled: Address | None, error: BaseException) -> PlacementStep[C]:
         """Dialling ``target`` failed (a connection error, not a refusal that every node would repeat)."""
@@ -418,7 +439,7 @@ class Reached(Generic[C]):
 
     connection: C
     dialled: Address
-    reported: Address
+    reported: Address | None  # None: its node could not be told now (see Placement's ``untold_ok``)
     routed: Routed | None = None
 
 
@@ -463,6 +484,8 @@ class AsyncShell(Protocol[C]):
 def _after(plan: Placement[C], target: Address, outcome: Reached[C] | Missed) -> RoutedStep[C]:
     if isinstance(outcome, Missed):
         return plan.failed(target, outcome.dialled, outcome.error)
+    if outcome.reported is None:
+        return plan.landed_untold(target, outcome.dialled, outcome.connection)
     return plan.landed(target, outcome.dialled, outcome.reported, outcome.connection, outcome.routed)
 
 

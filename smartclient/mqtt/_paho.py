@@ -245,6 +245,17 @@ class PahoClient(paho.Client):
 
     _smartclient_pinged = 0.0  # when the silence watch last sent a PINGREQ
 
+    def watch_afresh(self) -> None:
+        """Start the silence watch afresh on the connection a placement just kept: while the placement held paho's
+        loop to learn which node it reached (seconds, through a load balancer), the answer to a PINGREQ the watch
+        sent after the CONNACK waited unread in the socket, and the watch took it for a ping unanswered all that
+        time (a partition run: "a ping unanswered for 19.2 s" on a connection 0 s old, lost at once)."""
+        now = time.monotonic()
+        self._ping_t = 0.0
+        self._smartclient_pinged = now
+        with self._msgtime_mutex:
+            self._last_bytes_received = now
+
     def oldest_in_flight(self, now: float) -> float:
         """When the oldest QoS 1 or 2 message sent and not yet acknowledged was sent (paho's clock; sent again
         after a CONNACK: from then), ``now`` if none is."""

@@ -55,7 +55,8 @@ from smartclient.core.validation import function, instance, number, text, texts,
 from smartclient.credentials import Refreshes
 from smartclient.mqtt._paho import MQTTMessage, MQTTMessageInfo, is_refusal
 from smartclient.mqtt.handover import LoginSent
-from smartclient.mqtt.placement import SHORT_LIVED, MqttPlacer, PlacedMqttClient
+from smartclient.mqtt.placed import SHORT_LIVED, PlacedMqttClient
+from smartclient.mqtt.placement import MqttPlacer
 from smartclient.mqtt.selector_loop import SelectorLoop
 from smartclient.mqtt.topics import validate_filter, validate_topic
 

@@ -29,29 +29,22 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from smartclient._errors import (
-    AddressNotAllowed,
     AuthenticationFailed,
-    CertificateRejected,
     ConfigurationError,
-    ConnectionFailed,
-    HandleClosed,
     NoCandidateNode,
     PlacementError,
-    ResolutionError,
     SmartClientError,
-    TokenProviderFailed,
 )
 from smartclient.core.address import Address
 from smartclient.core.broker_nodes import pick_node, reconnect_candidates
-from smartclient.core.landing import Attempt, Keep, Missed, Placement, Reached, Reject, drive
+from smartclient.core.landing import Placement, drive
 from smartclient.core.recovery import RecoveryEvent
 from smartclient.core.relogin import handover_candidates, handover_delay, slot_of_name
-from smartclient.core.retry import Backoff
-from smartclient.core.topology import Candidates
 from smartclient.core.validation import checked
 from smartclient.credentials import Refreshes
-from smartclient.mqtt.handover import SETTLE_GRACE, HandsOver, LoginSent, MqttCredentials
+from smartclient.mqtt.handover import SETTLE_GRACE, LoginSent, MqttCredentials
 from smartclient.mqtt.options import MqttOptions, mqtt_protocol
+from smartclient.mqtt.placed import UNTOLD_AFTER, PlacedMqttClient, Reconnecting
 from smartclient.mqtt.topics import validate_filter
 from smartclient.mqtt.whereabouts import subscribed_node
 from smartclient.node_placement import NodePlacer
@@ -63,237 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["MqttOptions", "MqttPlacer", "PlacedMqttClient", "mqtt_protocol"]  # (the options: mqtt/options.py)
 
 log = logging.getLogger(__name__)
-
-#: a connection the broker ends this soon (seconds) after it was made makes the next reconnect wait, on the back-off
-#: of ``MqttOptions.reconnect_delay``: the broker closes a connection that publishes where it may not (a token without
-#: topic scopes, say), and paho sends the message again on the next connection, so without a wait the client
-#: reconnects in a tight loop, hundreds of times a second
-SHORT_LIVED = 1.0
-
-
-class PlacedMqttClient(HandsOver):
-    """A paho ``Client`` that knows where it sits (:attr:`node`, :attr:`dialled`) and reconnects as a
-    placement rather than to the same host.  Use it as any paho client: ``publish``, ``subscribe``,
-    callbacks.  ``subscriptions`` given to :meth:`MqttPlacer.connect` are made again after every reconnect
-    that did not resume a session.  A reconnect that gives up (the placer's ``RetryPolicy`` ran out, a load
-    balancer never reached a candidate, refused credentials) leaves the client disconnected for good: paho
-    calls ``on_connect_fail`` and its loop ends, and :attr:`failure` says why.
-
-    With token credentials it hands over to each new token (:attr:`handovers`; :mod:`smartclient.mqtt.handover`):
-    a publish made meanwhile, or while it reconnects, is held and sent once it is connected again (a
-    :class:`~smartclient.mqtt._paho.HeldInfo` is answered).  ``on_connect`` is called for the new connection;
-    ``on_disconnect`` is not."""
-
-    node: str | None
-    target: Address
-    dialled: Address
-    attempts: int
-    failovers: int
-    listed_at: int  # the management API's connected_at when the node was last identified (-1: never)
-    failure: SmartClientError | None  # why the last reconnect gave up (then the client stays disconnected)
-    #: the client's own node: where it was placed, or where its last reconnect took it; a token hand-over aims
-    #: there first, and one that kept a connection elsewhere leaves it as it is (the next one aims there again)
-    home: Address | None
-
-    def _setup(self, placer: MqttPlacer, subscriptions: Sequence[tuple[str, int]]) -> None:
-        self._placer = placer
-        self._subscriptions = list(subscriptions)
-        self._failover = False  # reconnects are placements (set once placed by MqttPlacer.connect)
-        self._placing = False  # a reconnect is placing: CONNACKs are held until it keeps one
-        self._held: tuple[Any, ...] | None = None
-        self._user_on_connect: Any = None
-        self._sc_lock = threading.Lock()
-        self._asked = threading.Event()  # set by disconnect(): see disconnect_asked
-        self.node = self.home = self.failure = None
-        self.failovers, self.listed_at = 0, -1
-        self._kept_at = time.monotonic()  # when the current connection was made
-        self._short_lived = 0  # connections in a row the broker ended within SHORT_LIVED
-
-    def disconnect(self, reasoncode: Any = None, properties: Any = None) -> Any:
-        """paho's ``disconnect`` (what the client holds fails), and a reconnect under way stops
-        (:attr:`disconnect_asked`)."""
-        self._asked.set()
-        return super().disconnect(reasoncode, properties)
-
-    @property
-    def disconnect_asked(self) -> bool:
-        """The application called :meth:`disconnect` (and has not connected again): a reconnect under way stops."""
-        return self._asked.is_set()
-
-    def wait_unless_disconnected(self, seconds: float) -> bool:
-        """Wait ``seconds``, or less if the application disconnects meanwhile; whether it did."""
-        return self._asked.wait(seconds)
-
-    # paho calls reconnect() for the first connect too; after placement every one is a placement
-    def _before_reconnect(self) -> bool:
-        self._asked.clear()  # (paho's loop does not reconnect a client disconnected: the application does)
-        if not self._failover:
-            return False
-        lived = time.monotonic() - self._kept_at
-        self._short_lived = self._short_lived + 1 if lived < SHORT_LIVED else 0
-        if self._short_lived:
-            first, most = self._placer.options.reconnect_delay
-            wait = Backoff(first, 2.0, most, self._placer.retry.backoff_jitter).delay(self._short_lived)
-            log.warning("MQTT client %s: the connection to %s ended %.2f s after it was made (%d in a row): does the "
-                        "broker refuse a publish or a subscription of it (for a token: its topic scopes)? reconnecting "
-                        "in %.1f s", self.client_id, self.node or self.target, lived, self._short_lived, wait)
-            time.sleep(wait)
-        self._place_again(handover=False)
-        return True
-
-    def _place_again(self, *, handover: bool, fallback: LoginSent | None = None) -> None:
-        """Connect again as a placement (:meth:`MqttPlacer.reconnect`), telling ``on_connect`` only the CONNACK of
-        the connection kept; a hand-over whose new token is refused goes on with ``fallback`` (see
-        :meth:`~smartclient.mqtt.handover.HandsOver.fallback_after`).
-
-        :raises SmartClientError: it gave up (the client stays disconnected: :attr:`failure`)."""
-        began, before = time.monotonic(), self.node
-        with self._sc_lock:
-            self._placing, self._held = True, None
-            try:
-                try:
-                    self._placer.reconnect(self, handover=handover)
-                except AuthenticationFailed as exc:
-                    if not handover:
-                        raise
-                    self._placer.reconnect(self, handover=True, login=self.fallback_after(exc, fallback))
-                except PlacementError as exc:  # a hand-over that reached no node: a reconnect, with a policy of its own
-                    if not handover:
-                        raise
-                    log.warning("MQTT client %s: the hand-over reached no node (%s); reconnecting", self.client_id, exc)
-                    self._placer.reconnect(self)
-            except SmartClientError as exc:
-                self.failure = exc
-                log.log(logging.INFO if isinstance(exc, HandleClosed) else logging.ERROR,
-                        "MQTT client %s: reconnect gave up, the client stays disconnected: %s", self.client_id, exc)
-                self.stop_reconnecting()
-                self.fail_held(unsent=True)  # (what it held failed with the disconnect; what paho had in flight too)
-                if handover:  # (paho's loop calls on_connect_fail for a reconnect of its own that failed)
-                    self._handle_on_connect_fail()
-                raise
-            finally:
-                self._placing = False
-                if not handover and self._placer.on_recovery is not None:  # (a hand-over is no recovery)
-                    self._placer.on_recovery(RecoveryEvent(self, "mqtt", before, self.node if self.failure is None
-                                                           else None, "connection lost", time.monotonic() - began,
-                                                           self.attempts, self.failure))
-            held, self._held = self._held, None
-        if held is not None:  # the CONNACK of the connection kept, told now (not those of the ones dropped)
-            self._connack_received(*held)
-
-    def _handing_over(self) -> MqttPlacer:
-        return self._placer
-
-    def take_connack(self, flags: Any, reason: Any, *, resubscribe: bool) -> int:
-        """Record a CONNACK (paho's VERSION2 ``on_connect`` arguments) and, if ``resubscribe`` and no session
-        was resumed, make the subscriptions again; return the reason code."""
-        session_present, code = self.record_connack(flags, reason)
-        if code == 0 and not session_present and resubscribe:
-            for topic, qos in self._subscriptions:
-                self.subscribe(topic, qos)
-        return code
-
-    def remember_subscription(self, topic_filter: str, qos: int) -> None:
-        """Make this subscription again after every reconnect that does not resume a session."""
-        self._subscriptions.append((topic_filter, qos))
-
-    def _connack_received(self, c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        if self._placing:  # one landing of a reconnect: told only if the placement keeps it
-            self.record_connack(flags, reason)
-            self._held = (c, userdata, flags, reason, properties)
-            return
-        code = self.take_connack(flags, reason, resubscribe=self._failover)
-        self._kept_at = time.monotonic()
-        if self._user_on_connect is not None:
-            self._user_on_connect(c, userdata, flags, reason, properties)
-        if code == 0 and self._failover:
-            self.release_publishes()
-
-    def __repr__(self) -> str:
-        return (f"PlacedMqttClient(client_id={self.client_id!r}, node={self.node!r}, "
-                f"dialled={self.dialled}, failovers={self.failovers})")
-
-
-class _Current:
-    """A reconnect's kept connection (:class:`~smartclient.core.landing.Kept`): the client itself, while its connection
-    to a node the placement did not take stays open (an MQTT client id has one connection)."""
-
-    def __init__(self, client: PlacedMqttClient) -> None:
-        self.client = client
-        self.node: Address | None = None
-
-    def take(self, nodes: tuple[Address, ...]) -> PlacedMqttClient | None:
-        if self.node in nodes and self.client.is_connected():
-            return self.client
-        return None
-
-
-class _Reconnecting:
-    """An MQTT client's reconnect as the sync placement driver's shell: each dial drops the connection it holds (a
-    client id has one), logs in with the current credentials (or ``login``), connects, and learns the node reached."""
-
-    def __init__(self, placer: MqttPlacer, client: PlacedMqttClient, nodes: dict[Address, str | None],
-                 candidates: Candidates, login: LoginSent | None) -> None:
-        self.placer, self.client, self.nodes, self.candidates, self.login = placer, client, nodes, candidates, login
-        self.current = _Current(client)
-        self.landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
-        self.unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
-
-    def dial(self, target: Address) -> Reached[PlacedMqttClient] | Missed:
-        placer, client = self.placer, self.client
-        self._stop_if_disconnected()
-        self.current.node = None
-        client.drop_connection()
-        try:
-            route = placer.route(target)
-        except AddressNotAllowed:
-            raise
-        except ResolutionError as exc:  # a resolver that failed now may answer for this node later
-            return Missed(None, exc)
-        try:
-            placer.login.sign_in(client, self.login)
-        except TokenProviderFailed as exc:  # asked again on its own back-off, not sooner
-            self.unsigned = exc
-            return Missed(route.dial, exc)
-        self.unsigned = None
-        try:
-            client.reconnect_to(route.dial, route.tls_name, placer.options.connect_timeout)
-        except AuthenticationFailed as exc:
-            raise placer.login.refused(client, exc) from exc
-        except CertificateRejected:
-            raise
-        except ConnectionFailed as exc:
-            return Missed(route.dial, exc)
-        try:
-            node, reported = placer._reached(client, target, self.nodes)
-        except ConnectionFailed as exc:
-            client.drop_connection()
-            return Missed(route.dial, exc)
-        self.landings[reported] = (target, route.dial, node)
-        self.current.node = reported
-        return Reached(client, route.dial, reported)
-
-    def keep(self, step: Keep[PlacedMqttClient]) -> None:  # left open: the fallback, should tier 0 stay out of reach
-        log.warning("MQTT client %s: reconnect expected %s, got %s, candidates %s", self.client.client_id,
-                    self.candidates.tiers[0], step.node, self.candidates)
-        self.current.node = step.node
-
-    def reject(self, step: Reject[PlacedMqttClient]) -> None:  # (a reconnect is not routed by name: never asked)
-        self.client.drop_connection()
-
-    def sleep(self, seconds: float) -> None:
-        self.client.wait_unless_disconnected(seconds)
-        self._stop_if_disconnected()
-
-    def _stop_if_disconnected(self) -> None:
-        """:raises HandleClosed: the application disconnected the client: its reconnect stops."""
-        if self.client.disconnect_asked:
-            raise HandleClosed(f"MQTT client {self.client.client_id} was disconnected by the application during its "
-                               f"reconnect")
-
-    def attempted(self, attempt: Attempt) -> None:
-        pass
-
 
 @checked({**CLIENT_OPTIONS, "options": settings(MqttOptions, optional=False)})
 class MqttPlacer(NodePlacer[PlacedMqttClient]):
@@ -416,6 +178,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         client.hold_while_down = True  # what it is asked to publish while it reconnects is held
         for topic, qos in subscriptions:
             client.subscribe(topic, qos)
+        client.watch_afresh()
         if start:
             client.loop_start()
         self._refreshes.start(self.login.credentials)
@@ -487,20 +250,24 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), own, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
-        shell = _Reconnecting(self, client, nodes, candidates, login)
-        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, shell.current, holds_one=True)
+        shell = Reconnecting(self, client, nodes, candidates, login)
+        plan: Placement[PlacedMqttClient] = Placement(candidates, policy, shell.current, holds_one=True,
+                                                      untold_ok=True)
         try:
             drive(plan, shell)
         except PlacementError as exc:
             if shell.unsigned is not None:  # no attempt could even log in: the provider is why, not the nodes
                 raise shell.unsigned from exc
             raise
-        if shell.current.node is not None:
+        if shell.untold is not None:  # kept on a node the management API did not name in time
+            (client.target, client.dialled), client.node = shell.untold, None
+        elif shell.current.node is not None:
             client.target, client.dialled, client.node = shell.landings[shell.current.node]
         if not handover or client.home is None:
             client.home = self.node_address(client.node) if client.node is not None and self.lb is not None else (
-                client.target)
+                None if shell.untold is not None else client.target)
         client.attempts = plan.attempts
+        client.watch_afresh()
         client.failovers += 0 if handover else 1
         log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
                  "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
@@ -509,16 +276,19 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
     def _reached(self, client: PlacedMqttClient, target: Address,
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]:
         """The node a reconnect reached (its name, its listener): through a load balancer, the newest listing
-        of the client id by the management API; directly, the target."""
+        of the client id by the management API; directly, the target.
+
+        :raises NodeUntold: the listing went unanswered for :data:`UNTOLD_AFTER` s."""
         if self.lb is None:
             return nodes.get(target), target
-        node, client.listed_at = self._identify(client, client.client_id, client.listed_at)
+        node, client.listed_at = self._identify(client, client.client_id, client.listed_at, UNTOLD_AFTER)
         return node, self.node_address(node)
 
-    def _identify(self, connection: PlacedMqttClient, name: str, newer_than: int) -> tuple[str, int]:
+    def _identify(self, connection: PlacedMqttClient, name: str, newer_than: int,
+                  untold_after: float | None = None) -> tuple[str, int]:
         ends = self.options.session_ends_with_connection  # its subscription's queue says (whereabouts), or the listing
         node = subscribed_node(self._api().queue_node_bound, connection, self.vhost) if ends else None
-        return (node, newer_than) if node else super()._identify(connection, name, newer_than)
+        return (node, newer_than) if node else self._listing(name, None, newer_than, untold_after)
 
     def _new_name(self, purpose: str) -> str:
         return f"smartclient-{purpose}-{uuid.uuid4().hex[:12]}"

@@ -20,7 +20,7 @@ from typing import Any
 from rstream import OffsetType, schema
 from rstream.encoding import encode_frame
 
-from smartclient import ConnectionFailed
+from smartclient import ConnectionFailed, ManagementError
 from smartclient.core.address import Address
 from smartclient.core.flow import ConsumerFlow
 from smartclient.core.topology import Role
@@ -133,10 +133,16 @@ class FakeManagement:
     listener on each of ``mqtt_nodes``; ``get`` answers ``connections`` (the rows of a connections listing) when
     given, and fails the test otherwise."""
 
-    def __init__(self, connections: list[dict[str, Any]] | None = None, mqtt_nodes: tuple[Address, ...] = ()) -> None:
-        self.connections, self.mqtt_nodes = connections, mqtt_nodes
+    def __init__(self, connections: list[dict[str, Any]] | None = None, mqtt_nodes: tuple[Address, ...] = (),
+                 unanswered: bool = False) -> None:
+        self.connections, self.mqtt_nodes, self.unanswered = connections, mqtt_nodes, unanswered
+        self.asked_within: list[float | None] = []
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, within: float | None = None) -> Any:
+        """The listing; ``unanswered``: no node answers (a node cut off, as in a partition)."""
+        self.asked_within.append(within)
+        if self.unanswered:
+            raise ManagementError(f"GET {path} failed: no management node could be reached (ReadTimeout)")
         if self.connections is None:
             raise AssertionError(f"not asked here: {path}")
         assert path.startswith("/api/connections?columns=node,connected_at,client_properties.client_id")
@@ -178,6 +184,9 @@ class FakeMqttClient:
 
     def is_connected(self) -> bool:
         return self.reached is not None
+
+    def watch_afresh(self) -> None:
+        self.watched_afresh = getattr(self, "watched_afresh", 0) + 1
 
     def username_pw_set(self, username: str | None, password: str | None = None) -> None:
         self.login = (username, password)

@@ -23,7 +23,7 @@ from smartclient.core.landing import (
     Reject,
     drive,
 )
-from smartclient.core.topology import Candidates, PlacementPolicy
+from smartclient.core.topology import Candidates, PlacementPolicy, Role
 
 N1, N2, N3 = (Address(f"n{i}", 5552) for i in (1, 2, 3))
 LB = Address("lb", 5552)
@@ -233,3 +233,32 @@ def test_a_client_that_holds_one_connection_dials_again_only_with_time_for_two_m
     now[0] = 8.0
     assert isinstance(plan.landed(step.target, LB, N1, N1), Keep)
     assert plan.next() == Done(N1, reused=True)  # 8 + 2 x 4 > 15: a miss now would leave it nothing
+
+
+def test_a_landing_whose_node_cannot_be_told_is_taken_only_where_any_node_will_do() -> None:
+    """A reconnect (every node a candidate) takes a connection whose node the management API did not tell in time;
+    a placement that needs a node it can name is told so by a typed error, never given an unknown node."""
+    candidates = Candidates("s", Role.CONSUMER, ((N2, N3), (N1,)))
+
+    class Untold:
+        def __init__(self) -> None:
+            self.dials = 0
+
+        def dial(self, target: Address) -> Reached[str]:
+            self.dials += 1
+            return Reached("connection", LB, None)
+
+        def keep(self, step: Keep[str]) -> None: ...
+
+        def reject(self, step: Reject[str]) -> None: ...
+
+        def sleep(self, seconds: float) -> None: ...
+
+        def attempted(self, attempt: Attempt) -> None: ...
+
+    shell = Untold()
+    plan: Placement[str] = Placement(candidates, RetryPolicy(), untold_ok=True)
+    assert drive(plan, shell) == Done("connection") and shell.dials == 1
+    assert "reached a node, accepted: its node could not be told" in str(plan.history[-1])
+    with pytest.raises(ValueError, match="whose node cannot be told"):
+        drive(Placement(candidates, RetryPolicy()), Untold())

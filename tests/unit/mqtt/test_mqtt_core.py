@@ -20,6 +20,7 @@ from smartclient import (
     HandleClosed,
     MessageDecodeError,
     NodeUnreachable,
+    NodeUntold,
     PlacementError,
     RetryPolicy,
 )
@@ -32,6 +33,7 @@ from smartclient.core.broker_nodes import (
     surplus,
 )
 from smartclient.mqtt.fleet import FleetReport, MqttFleet
+from smartclient.mqtt.placed import UNTOLD_AFTER
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
 from smartclient.mqtt.topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
 from smartclient.stream.codec import decode_amqp
@@ -136,7 +138,8 @@ def test_a_rebalance_moves_the_surplus_to_the_nodes_below_their_share() -> None:
 class _LbPlacer(MqttPlacer):
     """Through a load balancer, the node a connection reached as the management API would list it."""
 
-    def _identify(self, connection: Any, name: str, newer_than: int) -> tuple[str, int]:
+    def _identify(self, connection: Any, name: str, newer_than: int,
+                  untold_after: float | None = None) -> tuple[str, int]:
         assert connection.reached is not None
         return f"rabbit@{connection.reached.host}", newer_than + 1
 
@@ -210,6 +213,22 @@ def test_a_reconnect_through_a_balancer_that_never_reaches_a_cluster_node_is_nod
     client = FakeMqttClient(lambda dialled: Address("elsewhere", 1883), B)
     with pytest.raises(NodeUnreachable, match="never routes to a candidate"):
         mqtt_lb_placer().reconnect(client)  # type: ignore[arg-type]
+
+
+def test_a_reconnect_through_a_balancer_keeps_a_connection_whose_node_the_api_does_not_tell_in_time() -> None:
+    """A partition: the management API's listing waits for a node cut off.  Any node will do for a reconnect, so the
+    first connection made is kept at once, its node unknown, rather than dropped after each unanswered listing."""
+    api = FakeManagement(mqtt_nodes=(A, B, C), unanswered=True)
+    placer = MqttPlacer(api, settings=ClientSettings(resolver=LoadBalancer("lb:5552", mqtt=1883),  # type: ignore[arg-type]
+                                                     retry=FAST),
+                        options=replace(QUICK_RECONNECT, clean_start=False))  # (a persistent session: the listing)
+    client = FakeMqttClient(lambda dialled: C, B)
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert len(client.dials) == 1 and client.is_connected() and client.attempts == 1
+    assert client.node is None and client.dialled == Address("lb", 1883) and client.home is None
+    assert api.asked_within == [UNTOLD_AFTER]  # bounded; the first placement's listing (None) waits as before
+    with pytest.raises(NodeUntold, match="did not answer which node"):
+        placer._listing("dev-1", None, -1, untold_after=0.5)
 
 
 def _row(client_id: str, node: str, at: int) -> dict[str, Any]:

@@ -331,6 +331,25 @@ def test_the_silence_watch_pings_every_quarter_and_gives_up_two_seconds_before_d
     assert calls == ["close", "lost"]
 
 
+def test_the_silence_watch_starts_afresh_on_the_connection_a_placement_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A placement held paho's loop for 19 s while the management API was asked which node the connection reached:
+    the PINGRESP waiting unread in the socket must not make the connection kept look dead at once."""
+    client = PahoClient.create("placed", MQTTProtocolVersion.MQTTv311, clean_start=True)
+    client.dead_after = 10.0
+    client._keepalive = 60
+    calls: list[str] = []
+    monkeypatch.setattr(client, "is_connected", lambda: True)
+    monkeypatch.setattr(client, "_send_pingreq", lambda: calls.append("ping"))
+    monkeypatch.setattr(client, "_sock_close", lambda: calls.append("close"))
+    monkeypatch.setattr(client, "_do_on_disconnect", lambda **kw: calls.append("lost"))
+    monkeypatch.setattr(client, "_last_msg_out", time.monotonic())
+    client._ping_t = client._smartclient_pinged = time.monotonic() - 19.2  # pinged after the CONNACK
+    client._last_msg_in = client._last_bytes_received = time.monotonic() - 19.2
+    client.watch_afresh()
+    client._check_keepalive()
+    assert calls == []  # neither lost nor pinged again at once: a quarter of dead_after from now
+
+
 
 def test_a_publish_the_broker_does_not_acknowledge_for_dead_after_less_two_seconds_loses_the_connection(
         connack_broker: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> None:
