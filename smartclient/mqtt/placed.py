@@ -32,7 +32,7 @@ from smartclient.mqtt.handover import HandsOver, LoginSent, Reconnects
 from smartclient.mqtt.options import MqttOptions
 from smartclient.resolution import Route
 
-__all__ = ["Current", "PlacedMqttClient", "Placing", "Reconnecting"]
+__all__ = ["UNTOLD_AFTER", "UNTOLD_FOR", "Current", "PlacedMqttClient", "Placing", "Reconnecting"]
 
 log = logging.getLogger("smartclient.mqtt.placement")  # (its warnings, as before this module was split off)
 
@@ -62,6 +62,9 @@ SHORT_LIVED = 1.0
 #: it keeps the connection anyway (any node will do): the listing answers within milliseconds, but waits while a node
 #: is cut off, until its peers give it up (about a minute), as a partition's reconnects would too
 UNTOLD_AFTER = 2.0
+#: seconds after a listing went unanswered during which the placer's reconnects do not ask it again (each would wait
+#: :data:`UNTOLD_AFTER` more while the partition lasts)
+UNTOLD_FOR = 10.0
 
 
 class PlacedMqttClient(HandsOver):

@@ -32,6 +32,7 @@ from smartclient._errors import (
     AuthenticationFailed,
     ConfigurationError,
     NoCandidateNode,
+    NodeUntold,
     PlacementError,
     SmartClientError,
 )
@@ -44,7 +45,7 @@ from smartclient.core.validation import checked
 from smartclient.credentials import Refreshes
 from smartclient.mqtt.handover import SETTLE_GRACE, LoginSent, MqttCredentials
 from smartclient.mqtt.options import MqttOptions, mqtt_protocol
-from smartclient.mqtt.placed import UNTOLD_AFTER, PlacedMqttClient, Reconnecting
+from smartclient.mqtt.placed import UNTOLD_AFTER, UNTOLD_FOR, PlacedMqttClient, Reconnecting
 from smartclient.mqtt.topics import validate_filter
 from smartclient.mqtt.whereabouts import subscribed_node
 from smartclient.node_placement import NodePlacer
@@ -105,6 +106,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         #: told of every reconnect that ended (the Environment's recovery hooks: Environment.on_recovery)
         self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         self.token_refusals = 0  #: new tokens the broker refused at a hand-over (the old one kept)
+        self._untold_until = 0.0  # until when reconnects do not ask the listing (it went unanswered: UNTOLD_FOR)
 
     # -- where -------------------------------------------------------------------------------
     def targets(self) -> dict[Address, str | None]:
@@ -288,7 +290,16 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
                   untold_after: float | None = None) -> tuple[str, int]:
         ends = self.options.session_ends_with_connection  # its subscription's queue says (whereabouts), or the listing
         node = subscribed_node(self._api().queue_node_bound, connection, self.vhost) if ends else None
-        return (node, newer_than) if node else self._listing(name, None, newer_than, untold_after)
+        if node:
+            return node, newer_than
+        if untold_after is not None and time.monotonic() < self._untold_until:
+            raise NodeUntold(f"the management API's connection listing went unanswered less than {UNTOLD_FOR:g} s "
+                             f"ago (a node cut off?): not asked again yet")
+        try:
+            return self._listing(name, None, newer_than, untold_after)
+        except NodeUntold:
+            self._untold_until = time.monotonic() + UNTOLD_FOR
+            raise
 
     def _new_name(self, purpose: str) -> str:
         return f"smartclient-{purpose}-{uuid.uuid4().hex[:12]}"

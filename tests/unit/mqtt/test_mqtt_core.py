@@ -227,6 +227,8 @@ def test_a_reconnect_through_a_balancer_keeps_a_connection_whose_node_the_api_do
     assert len(client.dials) == 1 and client.is_connected() and client.attempts == 1
     assert client.node is None and client.dialled == Address("lb", 1883) and client.home is None
     assert api.asked_within == [UNTOLD_AFTER]  # bounded; the first placement's listing (None) waits as before
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert api.asked_within == [UNTOLD_AFTER] and client.is_connected()  # not asked again for UNTOLD_FOR s
     with pytest.raises(NodeUntold, match="did not answer which node"):
         placer._listing("dev-1", None, -1, untold_after=0.5)
 
