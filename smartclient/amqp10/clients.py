@@ -30,7 +30,7 @@ from smartclient.amqp10._rabbitmq_amqp import (
     refresh_token,
 )
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import Unreachable
+from smartclient.core.broker_nodes import LeftNodes, Unreachable
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import Backoff, RetryPolicy
 
@@ -51,6 +51,7 @@ class Placing(Protocol):
     recovery: RecoveryPolicy
     retry: RetryPolicy
     token_updates: int
+    left: LeftNodes  # per queue, the node a publisher lost its connection on lately
 
     def queue_topology(self, queue: str) -> QueueTopology: ...
 
@@ -181,8 +182,9 @@ class PlacedAmqp10Connection:
 
 #: how much later (in ``stall_check`` periods) a publisher that could not follow its leader n times looks again
 FOLLOW_AGAIN = Backoff(initial=1.0, factor=2.0, max=30.0)
-#: seconds a publisher that lost its connection on a node does not follow its leader back there: a node cut off from
-#: its peers still names itself the leader to a look-up that reaches it, and each write there would wait again
+#: seconds the queue's publishers do not go back to the node one lost its connection on (a recovery, a new publisher,
+#: a leader check): a node cut off from its peers still names itself the leader to a look-up that reaches it, and each
+#: write there would wait again (:class:`~smartclient.core.broker_nodes.LeftNodes`)
 LEFT_FOR = 30.0
 
 
@@ -201,7 +203,6 @@ class Amqp10Publisher:
     moves: int = 0  #: leaders followed while the connection was fine
     _checked: float = field(default_factory=time.monotonic, repr=False)
     _missed: int = field(default=0, repr=False)  # leaders it could not follow in a row: it waits longer each time
-    _left: tuple[str, float] | None = field(default=None, repr=False)  # the node it lost its connection on, and when
 
     @property
     def node(self) -> str:
@@ -245,7 +246,7 @@ class Amqp10Publisher:
         except SmartClientError as exc:
             log.debug("checking the leader of %r: %s", self.queue, exc)
             return
-        if leader is not None and leader != self.node and not self._left_lately(leader):
+        if leader is not None and leader != self.node and leader != self.placer.left.recent(self.queue):
             log.info("the leader of %r moved from %s to %s: following it", self.queue, self.node, leader)
             try:
                 moved = self.placer.publisher_on(self.queue, replace(self.placer.retry,
@@ -262,16 +263,12 @@ class Amqp10Publisher:
             self.moves += 1
         self._missed = 0
 
-    def _left_lately(self, node: str) -> bool:
-        """Whether the publisher lost its connection on ``node`` less than :data:`LEFT_FOR` s ago."""
-        return self._left is not None and self._left[0] == node and time.monotonic() - self._left[1] < LEFT_FOR
-
     def _recover(self, lost: ConnectionFailed) -> None:
         log.warning("AMQP 1.0 publisher of %r lost its connection on %s: %s", self.queue, self.node, lost)
         # another member first, which forwards the writes to the leader: the node lost may be cut off from its peers
         # (it names itself the leader still) or from the LB; the leader's own node once no other member is reached
-        self._left = (self.node, time.monotonic())
-        unreachable = Unreachable({self.node})
+        self.placer.left.add(self.queue, self.node)
+        unreachable = Unreachable()
         self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
                                         lambda retry: self.placer.publisher_on(self.queue, retry, unreachable),
                                         handle=self, before=self.node, after=lambda reopened: reopened[0].node))

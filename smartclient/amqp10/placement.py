@@ -44,9 +44,15 @@ from smartclient.amqp10._rabbitmq_amqp import (
     open_connection,
     queue_topology,
 )
-from smartclient.amqp10.clients import Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
+from smartclient.amqp10.clients import LEFT_FOR, Amqp10Consumer, Amqp10Publisher, PlacedAmqp10Connection
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode, Unreachable, queue_consumer_node, queue_publisher_node
+from smartclient.core.broker_nodes import (
+    BrokerNode,
+    LeftNodes,
+    Unreachable,
+    queue_consumer_node,
+    queue_publisher_node,
+)
 from smartclient.core.recovery import AttemptNow, Recovery, RecoveryEvent, RecoveryPolicy, Stop
 from smartclient.core.relogin import refusal
 from smartclient.core.retry import RetryPolicy
@@ -113,6 +119,8 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         self.on_recovery: Callable[[RecoveryEvent], None] | None = None
         self.token_failures = 0  #: new tokens it did not take (refused, or a broker without PUT /auth/tokens)
         self._look: PlacedAmqp10Connection | None = None  # where queues are looked up (any node)
+        #: per queue, the node a publisher lost its connection on lately: its publishers go elsewhere first meanwhile
+        self.left = LeftNodes(LEFT_FOR)
         self._closing = False
         self._lock = threading.Lock()  # the look-up connection: one thread at a time (proton's are not shared)
         self._attempt = threading.local()  # the placement under way on this thread: its time bound
@@ -267,7 +275,7 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
         (``unreachable``, which this attempt updates), on another member: the core decides
         (:func:`~smartclient.core.broker_nodes.queue_publisher_node`)."""
         topology = self.queue_topology(queue)
-        avoid = unreachable.nodes if unreachable is not None else ()
+        avoid = {*(unreachable.nodes if unreachable is not None else ()), *filter(None, [self.left.recent(queue)])}
         node = queue_publisher_node(queue, topology.leader, topology.members, self.clients_per_node(), avoid)
         placed = self._connect_avoiding(node, "publisher", retry, topology, unreachable)
         try:

@@ -16,8 +16,9 @@ one placement loop (:class:`~smartclient.core.landing.Placement`) drives: a flee
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from smartclient.core.topology import Candidates, Role
 
 __all__ = [
     "BrokerNode",
+    "LeftNodes",
     "Unreachable",
     "any_node_tiers",
     "evenly_spread",
@@ -191,6 +193,29 @@ class Unreachable:
 
     def placed(self) -> None:
         self.nodes.clear()
+
+
+class LeftNodes:
+    """The node a queue's publisher lost its connection on lately (within ``seconds``), per queue: a node cut off from
+    its peers still names itself the queue's leader to a look-up that reaches it, so the queue's next publishers (a
+    recovery, a new publisher the application makes, a leader check) go to another member first until then."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self._clock = seconds, clock
+        self._left: dict[str, tuple[str, float]] = {}
+
+    def add(self, queue: str, node: str) -> None:
+        self._left[queue] = (node, self._clock())
+
+    def recent(self, queue: str) -> str | None:
+        """The node ``queue``'s publisher left less than ``seconds`` ago, if any."""
+        entry = self._left.get(queue)
+        if entry is None:
+            return None
+        if self._clock() - entry[1] >= self.seconds:
+            self._left.pop(queue, None)
+            return None
+        return entry[0]
 
 
 def queue_publisher_node(queue: str, leader: str | None, members: Sequence[str], used: Mapping[str, int],

@@ -9,9 +9,9 @@ import pytest
 
 from smartclient import NodeUnreachable
 from smartclient.amqp10._rabbitmq_amqp import QueueTopology
-from smartclient.amqp10.clients import Amqp10Consumer
+from smartclient.amqp10.clients import LEFT_FOR, Amqp10Consumer
 from smartclient.amqp10.placement import Amqp10Placer
-from smartclient.core.broker_nodes import Unreachable
+from smartclient.core.broker_nodes import LeftNodes, Unreachable
 from smartclient.core.retry import RetryPolicy
 
 
@@ -19,6 +19,7 @@ def _placer(asked: list[str], used: dict[str, int]) -> Amqp10Placer:
     """A placer whose queue is a quorum queue on three nodes (led by a@h), behind a load balancer that reaches
     none of them: only what the placements ask of it."""
     placer = Amqp10Placer.__new__(Amqp10Placer)
+    placer.left = LeftNodes(LEFT_FOR)
     placer.queue_topology = lambda queue: QueueTopology(queue, "quorum", "a@h", ("a@h", "b@h", "c@h"))  # type: ignore[method-assign]
     placer.clients_per_node = lambda: used  # type: ignore[method-assign]
 

@@ -7,7 +7,7 @@ import pytest
 from smartclient import Address, ConfigurationError, NoCandidateNode
 from smartclient.amqp.rpc import Coverage
 from smartclient.amqp.streams import stream_qos
-from smartclient.core.broker_nodes import BrokerNode, node_host, nodes_from_overview, pick_node
+from smartclient.core.broker_nodes import BrokerNode, LeftNodes, node_host, nodes_from_overview, pick_node
 
 OVERVIEW = {"listeners": [
     {"node": "rabbit-2@host-b", "protocol": "amqp", "ip_address": "::", "port": 5672},
@@ -137,3 +137,14 @@ def test_any_node_tiers_put_the_avoided_nodes_last_and_keep_one_tier_when_nothin
     assert any_node_tiers(nodes, ()) == (("a1", "a2", "a3"),)
     assert any_node_tiers(nodes, {"rabbit-2"}) == (("a1", "a3"), ("a2",))
     assert any_node_tiers(nodes, {"rabbit-1", "rabbit-2", "rabbit-3"}) == (("a1", "a2", "a3"),)
+
+
+def test_a_node_left_is_remembered_per_queue_for_its_seconds_only() -> None:
+    now = [100.0]
+    left = LeftNodes(30.0, clock=lambda: now[0])
+    assert left.recent("q") is None
+    left.add("q", "rabbit-1@h")
+    now[0] = 129.9
+    assert left.recent("q") == "rabbit-1@h" and left.recent("other") is None
+    now[0] = 130.0
+    assert left.recent("q") is None
