@@ -228,6 +228,7 @@ class PahoClient(paho.Client):
         if (unacked := now - self.oldest_in_flight(now)) >= limit:  # the node answers, its queues cannot take it
             log.warning("MQTT client %s: no PUBACK for %.1f s (dead_after) while the broker answers: is its node cut "
                         "off from its peers? The connection is lost", self.client_id, unacked)
+            self.lost_cut_off = True
             self.lose_connection()
             return
         if 0 < self._keepalive <= every:
@@ -244,15 +245,13 @@ class PahoClient(paho.Client):
             self._send_pingreq()
 
     _smartclient_pinged = 0.0  # when the silence watch last sent a PINGREQ
+    lost_cut_off = False  #: the PUBACK watch ended the last connection: its node answers, its queues take nothing
 
     def watch_afresh(self) -> None:
-        """Start the silence watch afresh on the connection a placement just kept: while the placement held paho's
-        loop to learn which node it reached (seconds, through a load balancer), the answer to a PINGREQ the watch
-        sent after the CONNACK waited unread in the socket, and the watch took it for a ping unanswered all that
-        time (a partition run: "a ping unanswered for 19.2 s" on a connection 0 s old, lost at once)."""
-        now = time.monotonic()
-        self._ping_t = 0.0
-        self._smartclient_pinged = now
+        """Start the silence watch afresh on the connection a placement just kept: a PINGRESP may wait unread from
+        while the placement held paho's loop (seen: "a ping unanswered for 19.2 s" on a connection 0 s old)."""
+        now = self._smartclient_pinged = time.monotonic()
+        self._ping_t, self.lost_cut_off = 0.0, False
         with self._msgtime_mutex:
             self._last_bytes_received = now
 

@@ -229,8 +229,10 @@ class Reconnecting:
     client id has one), logs in with the current credentials (or ``login``), connects, and learns the node reached."""
 
     def __init__(self, placer: Placing, client: PlacedMqttClient, nodes: dict[Address, str | None],
-                 candidates: Candidates, login: LoginSent | None) -> None:
+                 candidates: Candidates, login: LoginSent | None, identify: bool = True) -> None:
         self.placer, self.client, self.nodes, self.candidates, self.login = placer, client, nodes, candidates, login
+        #: learn the node each landing reached (else the first connection made is kept, its node told later)
+        self.identify = identify
         self.current = Current(client)
         self.landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
         self.unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
@@ -261,6 +263,9 @@ class Reconnecting:
             raise
         except ConnectionFailed as exc:
             return Missed(route.dial, exc)
+        if not self.identify:  # any node that answers will do: its node is asked for later, not waited for
+            self.untold = (target, route.dial)
+            return Reached(client, route.dial, None)
         try:
             node, reported = placer._reached(client, target, self.nodes)
         except NodeUntold as exc:  # any node will do: connected now beats waiting for the API (a partition)

@@ -252,7 +252,12 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), own, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
-        shell = Reconnecting(self, client, nodes, candidates, login)
+        # through a load balancer, after a connection that died (silent, closed, its node gone) any node that answers
+        # is kept at once: the balancer's health checks steer clear of a node it cannot reach, and the management
+        # API lists a new connection only after its next statistics round (up to 5 s).  After the PUBACK watch (the
+        # node answers, but is cut off from its peers), and for a hand-over, each landing's node is learnt first.
+        identify = self.lb is None or handover or client.lost_cut_off or self.management is None
+        shell = Reconnecting(self, client, nodes, candidates, login, identify)
         plan: Placement[PlacedMqttClient] = Placement(candidates, policy, shell.current, holds_one=True,
                                                       untold_ok=True)
         try:
@@ -271,9 +276,23 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         client.attempts = plan.attempts
         client.watch_afresh()
         client.failovers += 0 if handover else 1
+        if shell.untold is not None and self.lb is not None:
+            threading.Thread(target=self._identify_later, args=(client, client.failovers),
+                             name=f"mqtt-identify-{client.client_id}", daemon=True).start()
         log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
                  "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
                  plan.attempts, last)
+
+    def _identify_later(self, client: PlacedMqttClient, failovers: int) -> None:
+        """The node of a connection a reconnect kept without learning it, once the management API lists it (on a
+        thread of its own); told to the client only if it has not reconnected since (``failovers``)."""
+        try:
+            node, listed_at = self._identify(client, client.client_id, client.listed_at, UNTOLD_AFTER)
+        except SmartClientError as exc:
+            log.info("MQTT client %s: its node is not known (%s)", client.client_id, exc)
+            return
+        if client.failovers == failovers and client.is_connected():
+            client.node, client.listed_at, client.home = node, listed_at, self.node_address(node)
 
     def _reached(self, client: PlacedMqttClient, target: Address,
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]:

@@ -279,6 +279,8 @@ def test_killed_node_the_client_fails_over_and_its_persistent_qos1_subscription_
         # at once.
         wait_until_sync(lambda: len(set(got)) >= sent, 90, lambda: f"{sent} messages ({len(set(got))} in)")
         assert sorted(set(got)) == list(range(sent))
+        # the reconnect kept the first node that answered; its name comes from the listing a moment later
+        wait_until_sync(lambda: sub.node is not None, 15, "the node it reconnected to, from the listing")
         assert sub.failovers >= 1 and sub.node in (bed.nodes[0].name, bed.nodes[1].name)
         assert sub.last_connack == (True, 0)  # the session was resumed, not recreated
         assert api.get(f"/api/queues/%2F/mqtt-subscription-{sub_id}qos1")["type"] == "quorum"
@@ -314,7 +316,9 @@ def test_stopped_app_behind_the_lb_the_3_1_1_client_reconnects_through_the_lb(
             pub.publish(f"fo311/{sub_id}", str(i), qos=1).wait_for_publish(10)
         wait_until_sync(lambda: set(got) >= set(range(150)), 30, lambda: f"150 messages ({len(set(got))} in)")
         assert sub.failovers >= 1 and sub.dialled == lb(bed).address_for("mqtt")
-        # the reconnect was checked: the management API named the node it reached, not the stopped one
+        # the reconnect kept the first node that answered (not the stopped one: it answers nothing), named by the
+        # management API a moment later
+        wait_until_sync(lambda: sub.node is not None, 15, "the node it reconnected to, from the listing")
         assert sub.node in (bed.nodes[0].name, bed.nodes[2].name)
     finally:
         bed.start_app(bed.nodes[1].name)

@@ -262,6 +262,7 @@ def test_an_mqtt_qos1_subscriber_whose_link_goes_silent_reconnects_within_dead_a
                 sent += 1
             wait_until_sync(lambda: set(got) >= set(range(sent)), 30, lambda: f"{sent} messages ({len(set(got))} in)")
             ended = lost[0] - cut
+            wait_until_sync(lambda: sub.node is not None, 15, "the node it reconnected to, from the listing")
             print(f"the MQTT subscriber on {bed.nodes[1].short} found its link silent {ended:.1f} s after the cut and "
                   f"reconnected {found:.1f} s after it (keepalive {placer.keepalive} s, dead_after {DEAD_AFTER:g} s), "
                   f"now on {sub.node}; {sent} QoS 1 messages, none lost ({len(got) - len(set(got))} redelivered)")

@@ -167,6 +167,9 @@ class FakeMqttClient:
         self.dials: list[tuple[Address, Address]] = []
         self.listed_at, self.failovers, self.attempts, self.node, self.dialled = 1, 0, 1, "n?", target
         self.home: Address | None = None
+        #: the PUBACK watch ended its connection (its node cut off from its peers): a reconnect through a load
+        #: balancer learns each landing's node (the checks of these tests); else it keeps the first that answers
+        self.lost_cut_off = True
         self.disconnect_asked = False
         self.slept: list[float] = []
 

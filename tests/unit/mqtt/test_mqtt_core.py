@@ -37,6 +37,7 @@ from smartclient.mqtt.placed import UNTOLD_AFTER
 from smartclient.mqtt.placement import MqttOptions, MqttPlacer, mqtt_protocol
 from smartclient.mqtt.topics import filter_to_binding_key, topic_to_routing_key, validate_filter, validate_topic
 from smartclient.stream.codec import decode_amqp
+from tests.conftest import wait_until_sync
 from tests.unit.fakes import QUICK_RECONNECT, FakeManagement, FakeMqttClient, direct_network
 
 # what RabbitMQ 4.0.5 stored in a stream for an MQTT QoS 1 publish to iot/dev-1/temp (captured)
@@ -231,6 +232,21 @@ def test_a_reconnect_through_a_balancer_keeps_a_connection_whose_node_the_api_do
     assert api.asked_within == [UNTOLD_AFTER] and client.is_connected()  # not asked again for UNTOLD_FOR s
     with pytest.raises(NodeUntold, match="did not answer which node"):
         placer._listing("dev-1", None, -1, untold_after=0.5)
+
+
+def test_a_reconnect_after_a_connection_that_died_keeps_the_first_landing_and_learns_its_node_later() -> None:
+    """Through a load balancer, after a connection that went silent or closed (not the PUBACK watch), the first
+    connection that answers is kept at once; its node is read from the listing afterwards, on another thread."""
+    api = FakeManagement([_row("dev-1", "rabbit@n2", 500)], mqtt_nodes=(A, B, C))
+    placer = MqttPlacer(api, settings=ClientSettings(resolver=LoadBalancer("lb:5552", mqtt=1883),  # type: ignore[arg-type]
+                                                     retry=FAST),
+                        options=replace(QUICK_RECONNECT, clean_start=False))
+    client = FakeMqttClient(lambda dialled: B, B)  # back on the node it had: it answers, so it will do
+    client.lost_cut_off = False
+    placer.reconnect(client)  # type: ignore[arg-type]
+    assert len(client.dials) == 1 and client.attempts == 1 and client.is_connected()
+    wait_until_sync(lambda: client.node == "rabbit@n2", 5, "the node learnt later")
+    assert client.listed_at == 500 and client.home == B
 
 
 def _row(client_id: str, node: str, at: int) -> dict[str, Any]:
