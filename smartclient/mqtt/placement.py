@@ -252,11 +252,13 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), own, what)
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
-        # through a load balancer, after a connection that died (silent, closed, its node gone) any node that answers
-        # is kept at once: the balancer's health checks steer clear of a node it cannot reach, and the management
-        # API lists a new connection only after its next statistics round (up to 5 s).  After the PUBACK watch (the
-        # node answers, but is cut off from its peers), and for a hand-over, each landing's node is learnt first.
-        identify = self.lb is None or handover or client.lost_cut_off or self.management is None
+        # through a load balancer, after a connection that died (silent, closed, its node gone), a persistent session
+        # keeps any node that answers at once: the balancer's health checks steer clear of a node it cannot reach,
+        # and the listing that names its node shows a new connection only after the broker's next statistics round
+        # (up to 5 s).  After the PUBACK watch (the node answers, but is cut off from its peers), for a hand-over,
+        # and for a session that ends with its connection (known at once: whereabouts), each landing is checked.
+        identify = (self.lb is None or handover or client.lost_cut_off or self.management is None
+                    or self.options.session_ends_with_connection)  # (its subscription's queue says, at once)
         shell = Reconnecting(self, client, nodes, candidates, login, identify)
         plan: Placement[PlacedMqttClient] = Placement(candidates, policy, shell.current, holds_one=True,
                                                       untold_ok=True)
@@ -285,9 +287,14 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
 
     def _identify_later(self, client: PlacedMqttClient, failovers: int) -> None:
         """The node of a connection a reconnect kept without learning it, once the management API lists it (on a
-        thread of its own); told to the client only if it has not reconnected since (``failovers``)."""
+        thread of its own: the listing only, which leaves the client's socket to paho's loop); told to the client
+        only if it has not reconnected since (``failovers``)."""
+        if (unanswered := self._untold_until - time.monotonic()) > 0:  # it went unanswered a moment ago: not yet
+            time.sleep(unanswered)
+        if client.failovers != failovers:
+            return
         try:
-            node, listed_at = self._identify(client, client.client_id, client.listed_at, UNTOLD_AFTER)
+            node, listed_at = self._listing(client.client_id, None, client.listed_at, UNTOLD_AFTER)
         except SmartClientError as exc:
             log.info("MQTT client %s: its node is not known (%s)", client.client_id, exc)
             return
