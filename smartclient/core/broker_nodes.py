@@ -213,7 +213,8 @@ class LeftNodes:
         if entry is None:
             return None
         if self._clock() - entry[1] >= self.seconds:
-            self._left.pop(queue, None)
+            if self._left.get(queue) is entry:  # (not one another thread added meanwhile)
+                self._left.pop(queue, None)
             return None
         return entry[0]
 

@@ -279,27 +279,33 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         client.watch_afresh()
         client.failovers += 0 if handover else 1
         if shell.untold is not None and self.lb is not None:
-            threading.Thread(target=self._identify_later, args=(client, client.failovers),
+            threading.Thread(target=self._identify_later, args=(client, (client.failovers, client.handovers)),
                              name=f"mqtt-identify-{client.client_id}", daemon=True).start()
         log.info("MQTT client %s: %s to %s (%s) after %d attempts, was on %s", client.client_id,
                  "handed over" if handover else "reconnected", client.node or client.target, client.dialled,
                  plan.attempts, last)
 
-    def _identify_later(self, client: PlacedMqttClient, failovers: int) -> None:
+    def _identify_later(self, client: PlacedMqttClient, placed: tuple[int, int]) -> None:
         """The node of a connection a reconnect kept without learning it, once the management API lists it (on a
         thread of its own: the listing only, which leaves the client's socket to paho's loop); told to the client
-        only if it has not reconnected since (``failovers``)."""
+        only if it has neither reconnected nor handed over since (``placed``: its failovers and hand-overs then),
+        under the lock its reconnects hold."""
         if (unanswered := self._untold_until - time.monotonic()) > 0:  # it went unanswered a moment ago: not yet
             time.sleep(unanswered)
-        if client.failovers != failovers:
+        if (client.failovers, client.handovers) != placed:
             return
         try:
             node, listed_at = self._listing(client.client_id, None, client.listed_at, UNTOLD_AFTER)
-        except SmartClientError as exc:
-            log.info("MQTT client %s: its node is not known (%s)", client.client_id, exc)
+        except Exception as exc:  # (a thread of its own: nothing to raise to; a closed management client too)
+            log.info("MQTT client %s: its node is not known (%s: %s)", client.client_id, type(exc).__name__, exc)
             return
-        if client.failovers == failovers and client.is_connected():
-            client.node, client.listed_at, client.home = node, listed_at, self.node_address(node)
+        if not client._sc_lock.acquire(timeout=5.0):  # a reconnect under way: it tells the node itself
+            return
+        try:
+            if (client.failovers, client.handovers) == placed and client.is_connected():
+                client.node, client.listed_at, client.home = node, listed_at, self.node_address(node)
+        finally:
+            client._sc_lock.release()
 
     def _reached(self, client: PlacedMqttClient, target: Address,
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]:

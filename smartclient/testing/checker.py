@@ -36,7 +36,8 @@ A history record is a dict with ``kind`` and ``t`` (seconds since the run starte
   ``back``, a write its probe had settled (:func:`~smartclient.testing.probe.queues_writable`, a fresh connection
   through the LB every quarter second, from a silent drop until after its heal): such a client's share of a silent
   drop is timed from the first such write once the drop was found (any client's finding before it progressed),
-  and is none if it progressed before that write (no fresh client could write sooner);
+  and is none if it progressed before that write (no fresh client could write sooner), and timed from the finding
+  if the probe wrote nothing after it (it had stopped);
 * ``found``: ``client``, ``started``: the ``t`` at which the client found its connection dead and began to recover
   (after a silent drop, :mod:`smartclient.testing.partition_run`): its own share of a fault's wait starts there at
   the earliest, and after a silent fault, at the last such finding of any client before its progress (a consumer
@@ -464,9 +465,11 @@ def check(history: Iterable[Mapping[str, Any]]) -> Report:
             if backs and any(at <= b <= resumed for b in backs):
                 # a queue client: from when a fresh client could write to its queue once the drop was found; none
                 # of it if it resumed before the probe's next write (no fresh client could write sooner: the probe
-                # tries again at once, several tries at a time, while none settles)
-                back = _first_since(backs, max([at, *later]))
-                ready = back if back is not None and back <= resumed else resumed
+                # tries again at once, several tries at a time, while none settles); from the finding if the probe
+                # wrote nothing after it (it had stopped: it says nothing then)
+                reference = max([at, *later])
+                back = _first_since(backs, reference)
+                ready = reference if back is None else back if back <= resumed else resumed
                 resumed = _first_since(times, ready)
             else:
                 if not any(began == at for began, _ in windows) and at in healed and healed[at] <= resumed:

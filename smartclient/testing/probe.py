@@ -143,15 +143,23 @@ async def queues_writable(bed: Any, queues: list[str], fault_t: float, history: 
     loop = asyncio.get_running_loop()
 
     async def probed(queue: str) -> float | None:
-        first: float | None = None
         tries: set[asyncio.Future[float]] = set()
+        try:
+            return await probing(queue, tries)
+        finally:  # what a try still in flight settles (within TRY_BOUND s) is not recorded, nor how it fails
+            for left in tries:
+                left.cancel()
+
+    async def probing(queue: str, tries: set[asyncio.Future[float]]) -> float | None:
+        first: float | None = None
         started = 0.0  # when the newest try in flight began
         while not over():
             if not tries or (len(tries) < QUEUE_HEDGES and time.monotonic() - started >= QUEUE_HEDGE_AFTER):
                 # another try beside those in flight: one that landed on a silent node holds for TRY_BOUND s
                 tries.add(loop.run_in_executor(pool, _settled, bed, queue, victim if gone() else "", history))
                 started = time.monotonic()
-            done, tries = await asyncio.wait(tries, timeout=QUEUE_HEDGE_AFTER, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tries, timeout=QUEUE_HEDGE_AFTER, return_when=asyncio.FIRST_COMPLETED)
+            tries.difference_update(done)
             backs = [t.result() for t in done if t.exception() is None]
             if not backs:  # no leader yet, the victim reached, the LB not routing: again
                 if done:
@@ -163,14 +171,13 @@ async def queues_writable(bed: Any, queues: list[str], fault_t: float, history: 
             if healed is None:
                 break
             await asyncio.sleep(QUEUE_EVERY)
-        for left in tries:  # (each ends within TRY_BOUND s; what it settles is not recorded)
-            left.cancel()
         return first
 
     try:
-        back = await asyncio.gather(*(probed(q) for q in queues))
+        back = await asyncio.gather(*(probed(q) for q in queues), return_exceptions=True)
     finally:
         pool.shutdown(wait=False)
+    back = [t if isinstance(t, float) else None for t in back]
     when = {q: t for q, t in zip(queues, back, strict=True) if t is not None}
     history.add("writable", fault_t=fault_t, target=victim, streams=when, missing=len(queues) - len(when))
 

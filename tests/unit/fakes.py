@@ -170,6 +170,8 @@ class FakeMqttClient:
         #: the PUBACK watch ended its connection (its node cut off from its peers): a reconnect through a load
         #: balancer learns each landing's node (the checks of these tests); else it keeps the first that answers
         self.lost_cut_off = True
+        self.handovers = 0
+        self._sc_lock = threading.Lock()  # (what a reconnect holds: the later identification writes under it)
         self.disconnect_asked = False
         self.slept: list[float] = []
 

@@ -249,6 +249,21 @@ def test_a_queue_client_that_resumed_before_its_probes_next_write_has_no_share_o
     assert report.ok and report.own == {"q": pytest.approx([0.0])}
 
 
+def test_a_queue_client_whose_probe_had_stopped_is_timed_from_its_finding() -> None:
+    """The probe wrote last at 44.9 s (15 s after the heal, it stops): q, which found its drop at 50 s and resumed at
+    80 s, is timed from its finding (30 s of its own), not let off because no probe write came after it."""
+    history = [{"kind": "uses", "t": 0.0, "client": "q", "stream": "qq"},
+               {"kind": "op", "t": 9.3, "client": "q", "ok": True},
+               {"kind": "fault", "t": 10.0, "what": "cut-lb", "target": "rabbit-1", "silent": True},
+               {"kind": "queue_back", "t": 10.5, "queue": "qq", "back": 10.5},
+               {"kind": "heal", "t": 30.0, "what": "cut-lb", "target": "rabbit-1"},
+               {"kind": "queue_back", "t": 44.9, "queue": "qq", "back": 44.9},
+               {"kind": "found", "t": 50.0, "client": "q", "wing": "amqp", "started": 50.0},
+               {"kind": "op", "t": 80.0, "client": "q", "ok": True}]
+    report = check(history)
+    assert report.ok and report.own == {"q": pytest.approx([30.0])}
+
+
 def test_a_later_faults_probe_counts_when_faults_overlap() -> None:
     """A connection close at 10, then a kill at 12 after which s1 took a write at 18: p's progress at 19 is 1 s of
     its own after either fault, not 9 s after the close."""
