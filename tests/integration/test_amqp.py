@@ -121,7 +121,9 @@ def test_a_node_without_server_gives_no_rpc_server_naming_it_and_nothing_hangs(
             assert time.monotonic() - started < 10  # the return, not the timeout
         with pytest.raises(NoRpcServer):
             RpcServer(placer, exchange, echo, nodes=covered, require_full_coverage=True).start()
-    assert coverage(placer.management, exchange).servers == {}  # exclusive queues went with the servers
+    # exclusive queues go with the servers, and the management API lists them gone a moment later
+    wait_until_sync(lambda: coverage(placer.management, exchange).servers == {}, 15,
+                    lambda: f"no RPC server listed on {exchange!r}: {coverage(placer.management, exchange).servers}")
     _delete_exchange(rabbitmq_testbed, exchange)
 
 
@@ -195,6 +197,11 @@ def amqp_stream(rabbitmq_testbed: TestBed, placer: AmqpPlacer, rabbitmq_unique_n
         channel.confirm_delivery()
         for i in range(30):
             channel.basic_publish("", rabbitmq_unique_name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+
+    def in_sync() -> bool:  # a confirm needs a quorum: a replica may still lack the tail ("next" would read it)
+        rows = rabbitmq_testbed.stream_status(rabbitmq_unique_name)
+        return len(rows) == 3 and all(r.get("offset") == 29 for r in rows)
+    wait_until_sync(in_sync, 30, lambda: f"every member of {rabbitmq_unique_name} to hold its 30 messages")
     yield rabbitmq_unique_name
     with rabbitmq_testbed.management() as api:
         api.delete(f"/api/queues/%2F/{rabbitmq_unique_name}")
