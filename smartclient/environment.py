@@ -34,6 +34,7 @@ from smartclient import _otel
 from smartclient._errors import ConfigurationError, HandleClosed
 from smartclient.core.address import Address
 from smartclient.core.batching import BatchingPolicy
+from smartclient.core.broker_nodes import CutOffNodes
 from smartclient.core.delivery import Chunk
 from smartclient.core.filters import StreamFilter
 from smartclient.core.flow import ConsumerFlow
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from smartclient.federation.topology import FederatedBroker
     from smartclient.mqtt.fleet import MqttFleet
     from smartclient.mqtt.placement import MqttOptions, MqttPlacer, PlacedMqttClient
+    from smartclient.node_placement import NodePlacer
     from smartclient.stream.consumer import Consumer
     from smartclient.stream.handles import Producer
     from smartclient.stream.super_stream import SuperStreamConsumer, SuperStreamProducer
@@ -77,7 +79,7 @@ __all__ = ["Environment"]
 
 log = logging.getLogger(__name__)
 E = TypeVar("E", bound="Environment")
-P = TypeVar("P")
+P = TypeVar("P", bound="NodePlacer[Any]")
 
 
 @runtime_checkable
@@ -193,6 +195,9 @@ class Environment:
         self._amqp10: Amqp10Placer | None = None
         self._mqtt: MqttPlacer | None = None
         self._mqtt_placers: weakref.WeakSet[MqttPlacer] = weakref.WeakSet()
+        #: the nodes found cut off lately, shared by the AMQP 0.9.1, AMQP 1.0 and MQTT wings: what one finds (its
+        #: queues take nothing there), the others' connections there leave, and their new ones avoid
+        self.cut_off = CutOffNodes()
 
     def __repr__(self) -> str:
         return (f"Environment(entry_points={[str(a) for a in self.streams.entry_points]}, "
@@ -220,7 +225,8 @@ class Environment:
 
     def _measured(self, placer: P) -> P:
         """``placer`` (an AMQP or MQTT placer of this Environment) measured with the telemetry's metrics, its
-        recoveries told to the recovery hooks."""
+        recoveries told to the recovery hooks, the nodes found cut off shared with the other wings."""
+        placer.cut_off = self.cut_off
         if isinstance(placer, RecoveryReporting):
             placer.on_recovery = self._recovered
         if self.instruments is not None:

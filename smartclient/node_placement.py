@@ -36,7 +36,7 @@ from smartclient._errors import (
     SmartClientError,
 )
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import BrokerNode, any_node_tiers, nodes_from_overview, pick_node
+from smartclient.core.broker_nodes import BrokerNode, CutOffNodes, any_node_tiers, nodes_from_overview, pick_node
 from smartclient.core.entry_points import EntryPoints
 from smartclient.core.landing import Attempt, Keep, KeptList, Missed, Placement, Reached, Reject, drive
 from smartclient.core.retry import Backoff, RetryPolicy
@@ -121,6 +121,9 @@ class NodePlacer(Generic[C]):
         self._named: dict[str, BrokerNode] = {}  # by name alone (see named_node)
         self.opened = 0
         self.live: weakref.WeakSet[Any] = weakref.WeakSet()  # what this placer placed (metrics: clients per node)
+        #: the nodes found cut off lately, which each wing's connections there leave and new ones avoid (its own, or
+        #: the one an Environment shares between its wings: what one wing finds, the others act on)
+        self.cut_off = CutOffNodes()
 
     def placed_now(self) -> list[Any]:
         """What this placer placed that is still alive: a copy of :attr:`live`, safe from another thread (the

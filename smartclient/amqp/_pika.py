@@ -48,6 +48,7 @@ from smartclient.core.relogin import certificate_alert
 from smartclient.credentials import Login
 
 __all__ = [
+    "DECLARE_WITHIN",
     "PIKA_INTERNALS",
     "PIKA_NAMES",
     "PIKA_SIGNATURES",
@@ -59,6 +60,7 @@ __all__ = [
     "pika_errors",
     "update_secret",
     "watch_close",
+    "watch_cut_off",
 ]
 
 log = logging.getLogger(__name__)
@@ -301,6 +303,14 @@ def open_connection(
 WATCHES: weakref.WeakKeyDictionary[Any, SilenceWatch] = weakref.WeakKeyDictionary()
 
 
+def watch_cut_off(connection: BlockingConnection, why: Callable[[], str | None]) -> None:
+    """End ``connection`` as cut off (:class:`NodeCutOff`) once ``why`` names what found its node cut off (asked at
+    each look of its silence watch, if it has one)."""
+    if (watch := WATCHES.get(connection)) is not None:
+        watch.cut_off = lambda: (f"its node was found cut off since it was placed there, by {found}"
+                                 if (found := why()) is not None else None)
+
+
 class _ProbeCookie:
     """Where ``BlockingConnection`` keeps a channel's ``BlockingChannel`` (``Channel._set_cookie``), for the watch's
     channel: ``close()`` closes open ones first (this one goes with the connection), events go to those with some."""
@@ -354,6 +364,8 @@ class SilenceWatch:
         self.probes = 0  #: questions asked (a channel opened, then basic.qos or a passive queue.declare)
         self.queues = QueueWatch(self.limit)  # its queues' leaders: confirms, consumers counted
         self.declaring: str | None = None  # the queue of the passive declare not answered yet
+        #: what found the connection's node cut off since it was placed there (another wing, say), if anything
+        self.cut_off: Callable[[], str | None] = lambda: None
         send, process = impl._send_method, impl._process_frame  # every method out, every frame in
 
         def sending(channel_number: int, method: Any, content: Any = None) -> None:
@@ -395,7 +407,7 @@ class SilenceWatch:
             self.impl._terminate_stream(px.AMQPHeartbeatTimeout(
                 f"{what} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return
-        if (stalled := None if self.blocked else self.queues.stalled(now)) is not None:
+        if (stalled := None if self.blocked else self.queues.stalled(now) or self.cut_off()) is not None:
             log.warning("AMQP connection: %s (dead_after %g s): ending it", stalled, self.limit + 2 * self.STEP)
             self.impl._terminate_stream(NodeCutOff(f"{stalled} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return

@@ -29,6 +29,7 @@ from smartclient._errors import (
     TokenRefused,
 )
 from smartclient.amqp._pika import (
+    DECLARE_WITHIN,
     BlockingConnection,
     NodeCutOff,
     close_quietly,
@@ -37,6 +38,7 @@ from smartclient.amqp._pika import (
     probe_node,
     update_secret,
     watch_close,
+    watch_cut_off,
 )
 from smartclient.core.address import Address
 from smartclient.core.relogin import refusal
@@ -52,11 +54,11 @@ if TYPE_CHECKING:
 __all__ = ["AmqpPlacer", "PlacedConnection"]
 
 _ids = itertools.count(1)
+#: seconds a new connection's exclusive queue may take to be declared while a node is found cut off: a landing that
+#: declares nothing that long is most likely on it (a node cut from its peers takes no metadata write; through the LB,
+#: a third of the landings go there), and a healthy node declares within milliseconds (DECLARE_WITHIN otherwise)
+DECLARE_WHILE_CUT = 0.5
 log = logging.getLogger(__name__)
-
-#: seconds a node found cut off from its queues' leaders is taken only as the fallback by ``connect()`` to any node
-CUT_OFF_AVOIDED = 30.0
-
 
 @dataclass(eq=False)
 class PlacedConnection:
@@ -132,9 +134,6 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         self._refreshes = signing.Refreshes(f"the AMQP connections of {self!r}", self.update_secrets)
         self.secret_updates = 0  #: new tokens the broker accepted on a live connection
         self.secret_failures = 0  #: new tokens it refused (each closes its connection: TokenRefused)
-        #: node -> until when ``connect()`` to any node takes another first: its queue watch found it cut off from
-        #: its queues' leaders (:class:`~smartclient.amqp._pika.QueueWatch`)
-        self.cut_off: dict[str, float] = {}
 
     def connect(self, node: str | None = None) -> PlacedConnection:
         """A connection on ``node`` (a full node name or the part before ``@``), or on any node if None.
@@ -145,10 +144,13 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
         self._login(self.connection_name)  # a provider that fails, or an expired token: raised now, not retried
-        now = time.monotonic()
-        landed = self.place(node, avoid={n for n, until in self.cut_off.items() if until > now})
+        # any node: not one found cut off lately (another first); the connection ends once its node is found cut off
+        # after it was placed, by any wing (its silence watch looks each second)
+        placed_at = time.monotonic()
+        landed = self.place(node, avoid=self.cut_off.avoided())
         placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
         watch_close(placed.connection, partial(self._closed, placed))
+        watch_cut_off(placed.connection, partial(self.cut_off.ends, placed.node, placed_at))
         self.live.add(placed)
         self._watch_credentials()
         return placed
@@ -205,8 +207,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             error.connection = placed.name
             signing.refused_token(self._credentials(), placed.token_on_its_way)  # the others go on with the old one
         placed.failure = error
-        if isinstance(error.__cause__, NodeCutOff):  # any node: another first, while the partition may last
-            self.cut_off[placed.node] = time.monotonic() + CUT_OFF_AVOIDED
+        if isinstance(error.__cause__, NodeCutOff):  # every wing: other nodes first, while the partition may last
+            self.cut_off.found(placed.node, f"the queue watch of AMQP connection {placed.name}")
         if isinstance(error, TokenExpired | TokenRefused):
             log.warning("AMQP connection %s on %s closed by the broker: %s", placed.name, placed.node, error)
 
@@ -235,7 +237,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         Where the queue cannot be declared (no configure permission on ``amq.gen-*``), the connection listing
         answers."""
         try:
-            node = probe_node(connection, lambda queue: self._api().queue_node(self.vhost, queue))
+            node = probe_node(connection, lambda queue: self._api().queue_node(self.vhost, queue),
+                              DECLARE_WHILE_CUT if self.cut_off.avoided() else DECLARE_WITHIN)
         except ConnectionFailed:
             if not connection.is_open:
                 raise

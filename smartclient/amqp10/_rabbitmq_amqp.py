@@ -85,6 +85,7 @@ __all__ = [
     "publish",
     "queue_topology",
     "refresh_token",
+    "timed_out",
 ]
 
 log = logging.getLogger(__name__)
@@ -479,6 +480,11 @@ def refresh_token(connection: Amqp10Connection, token: str, where: str, wait: fl
 def new_publisher(connection: Amqp10Connection, queue: str) -> Any:
     with amqp10_errors(f"opening a publisher to {queue!r}"):
         return connection.publisher(AddressHelper.queue_address(queue))
+
+
+def timed_out(error: BaseException) -> bool:
+    """``error`` (from :func:`amqp10_errors`) is the client's own timeout: the broker answered nothing in time."""
+    return isinstance(error.__cause__, Timeout)
 
 
 def publish(publisher: Any, body: bytes | Any, where: str, properties: dict[str, str] | None = None) -> None:

@@ -28,9 +28,10 @@ from smartclient.amqp10._rabbitmq_amqp import (
     new_consumer,
     publish,
     refresh_token,
+    timed_out,
 )
 from smartclient.core.address import Address
-from smartclient.core.broker_nodes import LeftNodes, Unreachable
+from smartclient.core.broker_nodes import CutOffNodes, LeftNodes, Unreachable
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import Backoff, RetryPolicy
 
@@ -52,6 +53,7 @@ class Placing(Protocol):
     retry: RetryPolicy
     token_updates: int
     left: LeftNodes  # per queue, the node a publisher lost its connection on lately
+    cut_off: CutOffNodes  # the nodes found cut off lately, by any wing
 
     def queue_topology(self, queue: str) -> QueueTopology: ...
 
@@ -268,6 +270,8 @@ class Amqp10Publisher:
         # another member first, which forwards the writes to the leader: the node lost may be cut off from its peers
         # (it names itself the leader still) or from the LB; the leader's own node once no other member is reached
         self.placer.left.add(self.queue, self.node)
+        if timed_out(lost):  # its node answered nothing in time: every wing leaves it
+            self.placer.cut_off.found(self.node, f"a publish to {self.queue!r} of AMQP 1.0 that timed out")
         unreachable = Unreachable()
         self._swap(*self.placer.recover(f"publisher of {self.queue!r}", lost,
                                         lambda retry: self.placer.publisher_on(self.queue, retry, unreachable),
@@ -350,6 +354,7 @@ class Amqp10Consumer:
             self.last_offset = int(offset)
 
     def _open(self, retry: RetryPolicy) -> tuple[PlacedAmqp10Connection, Any]:
+        placed_at = time.monotonic()
         placed = self.placer.consumer_on(self.queue, self.prefer, retry, self._unreachable)
         start = self.offset if self.last_offset is None else self.last_offset + 1
         try:
@@ -358,7 +363,13 @@ class Amqp10Consumer:
         except BaseException:
             placed.close()
             raise
-        loop.between = placed.take_token  # a new token, handed over on the consumer's own thread
+        cut_off = self.placer.cut_off
+
+        def between() -> None:  # on the consumer's own thread, after each pass (20 a second at least)
+            placed.take_token()  # a new token
+            if (why := cut_off.ends(placed.node, placed_at)) is not None:  # a node that hands over nothing now
+                raise ConnectionFailed(f"its node {placed.node} was found cut off from its peers, by {why}")
+        loop.between = between
         placed.wake = loop.wake
         placed.ready = True
         return placed, loop

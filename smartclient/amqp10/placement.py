@@ -272,10 +272,12 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
     def publisher_on(self, queue: str, retry: RetryPolicy, unreachable: Unreachable | None = None
                      ) -> tuple[PlacedAmqp10Connection, Any]:
         """A publisher to ``queue`` on its leader's node, or, during a recovery that could not reach it
-        (``unreachable``, which this attempt updates), on another member: the core decides
+        (``unreachable``, which this attempt updates), or while it is found cut off (by any wing) or was just lost,
+        on another member: the core decides
         (:func:`~smartclient.core.broker_nodes.queue_publisher_node`)."""
         topology = self.queue_topology(queue)
-        avoid = {*(unreachable.nodes if unreachable is not None else ()), *filter(None, [self.left.recent(queue)])}
+        avoid = {*(unreachable.nodes if unreachable is not None else ()), *filter(None, [self.left.recent(queue)]),
+                 *self.cut_off.avoided()}
         node = queue_publisher_node(queue, topology.leader, topology.members, self.clients_per_node(), avoid)
         placed = self._connect_avoiding(node, "publisher", retry, topology, unreachable)
         try:
@@ -355,10 +357,11 @@ class Amqp10Placer(NodePlacer[Amqp10Connection]):
     def consumer_on(self, queue: str, prefer: str, retry: RetryPolicy, unreachable: Unreachable | None = None
                     ) -> PlacedAmqp10Connection:
         """A connection for a consumer of ``queue`` on the node ``prefer`` chooses, not one a recovery could not
-        reach (``unreachable``, which this attempt updates) while another will do: the core decides
+        reach (``unreachable``, which this attempt updates) nor one found cut off (by any wing) while another will
+        do: the core decides
         (:func:`~smartclient.core.broker_nodes.queue_consumer_node`)."""
         topology = self.queue_topology(queue)
-        avoid = unreachable.nodes if unreachable is not None else ()
+        avoid = {*(unreachable.nodes if unreachable is not None else ()), *self.cut_off.avoided()}
         node = queue_consumer_node(topology.name, topology.leader, topology.members, prefer, self.clients_per_node(),
                                    avoid)
         return self._connect_avoiding(node, "consumer", retry, topology, unreachable)

@@ -28,6 +28,7 @@ from smartclient.core.topology import Candidates, Role
 
 __all__ = [
     "BrokerNode",
+    "CutOffNodes",
     "LeftNodes",
     "Unreachable",
     "any_node_tiers",
@@ -159,21 +160,25 @@ def spread_candidates(index: int, nodes: Sequence[Address], *, through_lb: bool,
     return Candidates(f"{what} #{index}", Role.CONNECTION, tiers)
 
 
-def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: str = "reconnect") -> Candidates:
+def reconnect_candidates(nodes: Sequence[Address], last: Address | None, what: str = "reconnect",
+                         avoid: Collection[Address] = ()) -> Candidates:
     """Where a connection that dropped off ``last`` may go: every other node, in turn from the one after
     ``last`` (tier 0), then ``last`` itself (tier 1).  So a reconnect moves on, as a node that dropped a
     connection may be going away; it goes back only when no other node answers (directly), or when a load
     balancer never routes elsewhere (the kept landing there is the fallback).  With ``last`` not among
-    ``nodes`` (or alone), any node.
+    ``nodes`` (or alone), any node.  The nodes in ``avoid`` (found cut off lately) go to the last tier too.
 
     :raises ConfigurationError: no nodes.
     """
     if not nodes:
         raise ConfigurationError(f"{what}: no node to reconnect to")
     if last is None or last not in nodes or len(nodes) == 1:
-        return Candidates(what, Role.CONNECTION, (tuple(nodes),))
-    others = rotated(nodes, list(nodes).index(last) + 1)[:-1]
-    return Candidates(what, Role.CONNECTION, (others, (last,)))
+        first, later = [n for n in nodes if n not in avoid], [n for n in nodes if n in avoid]
+    else:
+        others = rotated(nodes, list(nodes).index(last) + 1)[:-1]
+        first, later = [n for n in others if n not in avoid], [*(n for n in others if n in avoid), last]
+    return Candidates(what, Role.CONNECTION, (tuple(first), tuple(later)) if first and later
+                      else (tuple(first or later),))
 
 
 @dataclass
@@ -217,6 +222,47 @@ class LeftNodes:
                 self._left.pop(queue, None)
             return None
         return entry[0]
+
+
+class CutOffNodes:
+    """The nodes found cut off lately (within ``seconds``): a node that still answers its clients while its queues
+    take nothing (a partition's minority: AMQP 0.9.1's queue watch, MQTT's PUBACK watch), or whose link went silent
+    under a write (an AMQP 1.0 publish timed out).  One per Environment, shared by its wings: a consumer there hears
+    nothing, yet its link looks alive, so each wing ends its connections on such a node that it placed before the
+    finding (:meth:`ends`: they recover elsewhere) and places new ones elsewhere first (:meth:`avoided`).  A finding
+    within ``seconds`` of the first is the same one (the connections it ended find it again as they go): the time is
+    the first's, so a connection placed there since (the only node left, say) is not ended for it.  Thread-safe: each
+    wing reads it from its own threads."""
+
+    def __init__(self, seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds, self._clock = seconds, clock
+        self._found: dict[str, tuple[float, str]] = {}  # node -> (when, by what); replaced whole, read whole
+
+    def found(self, node: str | None, by: str) -> bool:
+        """``by`` (what found it: "the queue watch of AMQP connection X") found ``node`` cut off; True if this is a
+        new finding (none within ``seconds``).  None (a node not known) is nothing."""
+        if node is None or self._recent(node) is not None:
+            return False
+        self._found[node] = (self._clock(), by)
+        return True
+
+    def ends(self, node: str | None, placed_at: float) -> str | None:
+        """Why a connection placed on ``node`` at ``placed_at`` (this clock) is to end: what found the node cut off
+        after it was placed there; None if nothing did (or not lately)."""
+        entry = self._recent(node) if node is not None else None
+        return entry[1] if entry is not None and entry[0] > placed_at else None
+
+    def avoided(self) -> set[str]:
+        """The nodes found cut off lately: new connections go elsewhere first."""
+        return {node for node in list(self._found) if self._recent(node) is not None}
+
+    def _recent(self, node: str) -> tuple[float, str] | None:
+        entry = self._found.get(node)
+        if entry is None or self._clock() - entry[0] < self.seconds:
+            return entry
+        if self._found.get(node) is entry:  # (not one another thread added meanwhile)
+            self._found.pop(node, None)
+        return None
 
 
 def queue_publisher_node(queue: str, leader: str | None, members: Sequence[str], used: Mapping[str, int],

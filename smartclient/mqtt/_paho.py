@@ -69,7 +69,6 @@ _R = TypeVar("_R")
 
 class _Refused(Exception):
     """A CONNACK with a reason code other than 0 (raised and mapped here only)."""
-
     def __init__(self, code: int) -> None:
         super().__init__(f"CONNACK reason code {code}: {_connack_text(code)}")
         self.code = code
@@ -77,7 +76,6 @@ class _Refused(Exception):
 
 class _NoConnack(Exception):
     """No CONNACK within the connect timeout (raised and mapped here only)."""
-
     def __init__(self, timeout: float) -> None:
         super().__init__(f"no CONNACK within {timeout} s")
         self.timeout = timeout
@@ -225,9 +223,10 @@ class PahoClient(paho.Client):
         if not self.dead_after or not self.is_connected():
             return
         now = time.monotonic()  # (paho's clock)
-        if (unacked := now - self.oldest_in_flight(now)) >= limit:  # the node answers, its queues cannot take it
-            log.warning("MQTT client %s: no PUBACK for %.1f s (dead_after) while the broker answers: is its node cut "
-                        "off from its peers? The connection is lost", self.client_id, unacked)
+        unacked = now - self.oldest_in_flight(now)  # the node answers, its queues cannot take it; or another found
+        if (why := f"no PUBACK for {unacked:.1f} s (dead_after) while the broker answers" if unacked >= limit
+                else self.found_cut_off()) is not None:
+            log.warning("MQTT client %s: %s: is its node cut off? The connection is lost", self.client_id, why)
             self.lost_cut_off = True
             self.lose_connection()
             return
@@ -254,6 +253,9 @@ class PahoClient(paho.Client):
         self._ping_t, self.lost_cut_off = 0.0, False
         with self._msgtime_mutex:
             self._last_bytes_received = now
+
+    def found_cut_off(self) -> str | None:
+        return None  # (what another found this connection's node cut off by: a placed client asks its placer)
 
     def oldest_in_flight(self, now: float) -> float:
         """When the oldest QoS 1 or 2 message sent and not yet acknowledged was sent (paho's clock; sent again
@@ -303,8 +305,7 @@ class PahoClient(paho.Client):
     @property
     def tls_server_name(self) -> str | None:
         """The name TLS verifies on the next connect (None without TLS, or before the first)."""
-        context = self._ssl_context
-        return (context.server_name or None) if isinstance(context, NamedContext) else None
+        return (self._ssl_context.server_name or None) if isinstance(self._ssl_context, NamedContext) else None
 
     def aim_at(self, dialled: Address, server_name: str | None = None) -> None:
         """Make the next (re)connect dial ``dialled`` and, with TLS, verify ``server_name``."""

@@ -24,6 +24,7 @@ from smartclient._errors import (
     TokenProviderFailed,
 )
 from smartclient.core.address import Address
+from smartclient.core.broker_nodes import CutOffNodes
 from smartclient.core.landing import Attempt, Keep, Missed, Reached, Reject
 from smartclient.core.recovery import RecoveryEvent
 from smartclient.core.retry import Backoff, RetryPolicy
@@ -42,6 +43,7 @@ class Placing(Reconnects, Protocol):
 
     options: MqttOptions
     retry: RetryPolicy
+    cut_off: CutOffNodes
     on_recovery: Callable[[RecoveryEvent], None] | None
 
     def reconnect(self, client: PlacedMqttClient, *, handover: bool = False,
@@ -176,6 +178,13 @@ class PlacedMqttClient(HandsOver):
             held, self._held = self._held, None
         if held is not None:  # the CONNACK of the connection kept, told now (not those of the ones dropped)
             self._connack_received(*held)
+
+    def found_cut_off(self) -> str | None:
+        """What found this connection's node cut off since it was kept there (any wing: its placer's
+        :class:`~smartclient.core.broker_nodes.CutOffNodes`), asked by the silence watch: it ends the connection as
+        the PUBACK watch does, and the reconnect checks where it lands."""
+        why = self._placer.cut_off.ends(self.node, self._kept_at) if self._failover else None
+        return None if why is None else f"its node {self.node} was found cut off since it was kept there, by {why}"
 
     def _handing_over(self) -> Placing:
         return self._placer

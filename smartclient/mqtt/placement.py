@@ -249,7 +249,13 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         last = client.target
         what = f"{self.protocol} {'token hand-over' if handover else 'reconnect'} of {client.client_id}"
         own = None if login is not None else (client.home or last) if handover else last
-        candidates = (handover_candidates if handover else reconnect_candidates)(tuple(nodes), own, what)
+        if handover:
+            candidates = handover_candidates(tuple(nodes), own, what)
+        else:  # the other nodes first, and of those, not one found cut off lately (by any wing)
+            if client.lost_cut_off:  # (its own PUBACK watch, or another wing: then already found)
+                self.cut_off.found(client.node, f"the PUBACK watch of MQTT client {client.client_id}")
+            cut = self.cut_off.avoided()
+            candidates = reconnect_candidates(tuple(nodes), own, what, avoid={a for a, n in nodes.items() if n in cut})
         first, most = self.options.reconnect_delay
         policy = replace(self.retry, backoff_initial=first, backoff_max=most, backoff_factor=2.0)
         # through a load balancer, after a connection that died (silent, closed, its node gone), a persistent session

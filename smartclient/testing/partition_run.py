@@ -49,9 +49,10 @@ async def record_recoveries(run: Run) -> None:
 
 #: the logger of MQTT's silence watch (``PahoClient._check_keepalive``): "MQTT client %s: nothing received ..."
 MQTT_WATCH_LOGGER = "smartclient.mqtt._paho"
-#: how the watch's two endings begin: silence, and a publish unacknowledged for as long (a publisher, sending every
-#: 50 ms, has its oldest message unacknowledged since the cut as long as it has heard nothing: that check comes first)
-MQTT_WATCH_ENDINGS = ("MQTT client %s: nothing received", "MQTT client %s: no PUBACK for")
+#: how the watch's two endings begin, after "MQTT client <id>: ": silence, and a publish unacknowledged for as long
+#: (a publisher, sending every 50 ms, has its oldest message unacknowledged since the cut as long as it has heard
+#: nothing: that check comes first)
+MQTT_WATCH_ENDINGS = ("nothing received", "no PUBACK for")
 
 
 class _MqttFindings(logging.Handler):
@@ -65,7 +66,9 @@ class _MqttFindings(logging.Handler):
         self.history = history
 
     def emit(self, record: logging.LogRecord) -> None:
-        if str(record.msg).startswith(MQTT_WATCH_ENDINGS) and record.args:
+        said = f"MQTT client {record.args[0]}: " if isinstance(record.args, tuple) and record.args else None
+        if said is not None and (text := record.getMessage()).startswith(said) and text[len(said):].startswith(
+                MQTT_WATCH_ENDINGS):  # (not an ending for another wing's finding: that one is recorded by its wing)
             client = client_of(SimpleNamespace(client_id=str(record.args[0])))  # type: ignore[index]
             self.history.add("found", client=client, wing="mqtt" if client != "mqtt" else "mqtt-fleet",
                              started=round(record.created - time.time() + time.monotonic() - self.history.start, 4))

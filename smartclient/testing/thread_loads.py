@@ -245,7 +245,8 @@ def amqp_quorum_loop(env: Any, history: Any, halt: threading.Event, run_id: str)
                             break
             except Exception as exc:  # its connection lost: counted, then placed again
                 history.add("op", client="amqp-c", ok=False, error=type(exc).__name__)
-                found(history, "amqp-c", "amqp")
+                if "was found cut off since" not in str(exc):  # (another wing's finding, recorded there: not its own)
+                    found(history, "amqp-c", "amqp")
                 done.wait(0.5)
 
     def start() -> tuple[Any, Any]:

@@ -492,7 +492,7 @@ def test_amqp_quorum_clients_on_a_node_cut_from_its_peers_are_ended_by_the_queue
                 channel.basic_publish("", queue, b"20")
             found["publisher"] = time.monotonic() - cut
             reading.join(45)
-            assert placer.cut_off.keys() == {minority}
+            assert placer.cut_off.avoided() == {minority}
             publisher, consumer = placer.connect(), placer.connect()  # any node: not the one cut off
             moved = (publisher.node, consumer.node)
             channel = publisher.channel()
@@ -618,3 +618,82 @@ async def test_a_short_partition_run_loses_nothing_and_finds_each_silent_drop(
     assert report.lost == 0 and report.duplicated == 0 and report.consumer_gaps == 0, report.summary()
     assert found.times.get("stream"), "no silent drop was found on the streams"
     assert found.beyond == [], found.summary()  # every wing within dead_after
+
+
+def test_consumers_of_every_wing_leave_a_node_cut_from_its_peers_once_one_wing_finds_it(
+    rabbitmq_partitions: LocalTestBed, rabbitmq_unique_name: str
+) -> None:
+    """A quorum queue led on n1, with an AMQP 0.9.1 consumer, an AMQP 1.0 consumer and a persistent MQTT QoS 1
+    subscriber on n1, and an AMQP 0.9.1 publisher with confirms there too; then n1 is cut from its peers (the LB
+    still reaches it).  The consumers have nothing to compare (n1 leads their queue, and answers): only the
+    publisher's queue watch finds the cut, when its confirms stop.  Its finding is the Environment's
+    (``env.cut_off``): the other wings' connections on n1 end at their watches' next look, and recover on the
+    majority, where each gets what a publisher there sends, before the heal."""
+    bed = rabbitmq_partitions
+    host, port = bed.lb("stream")
+    lb = LoadBalancer(f"{host}:{port}", amqp=bed.lb("amqp")[1], mqtt=bed.lb("mqtt")[1])
+    queue, minority = rabbitmq_unique_name, bed.nodes[0]
+    topic, sub_id = f"cut/{queue[-6:]}", f"cut-{queue[-6:]}"
+    got: dict[str, set[int]] = {"amqp": set(), "amqp10": set(), "mqtt": set()}
+    with bed.management() as api:
+        env = Environment(bed.stream_uri(host, port), resolver=lb, management=api)  # (its AMQP and MQTT wings only)
+        with env.amqp.connect(minority.name) as leader:
+            leader.channel().queue_declare(queue, durable=True, arguments={
+                "x-queue-type": "quorum", "x-queue-leader-locator": "client-local"})
+        amqp10 = env.amqp10.consumer(queue, lambda m, accept: (got["amqp10"].add(int(bytes(m.body))), accept()),
+                                     prefer="leader")
+        sub = env.mqtt_placer(options=MqttOptions(clean_start=False)).connect(
+            sub_id, minority.short, subscriptions=[(topic, 1)],
+            setup=lambda c: setattr(c, "on_message", lambda cl, u, m: got["mqtt"].add(int(m.payload))))
+        mqtt_pub = env.mqtt.connect(f"{sub_id}-p", bed.nodes[1].short)
+        consumer = env.amqp.connect(minority.name)
+        reader = consumer.channel()
+        reader.basic_consume(queue, lambda ch, method, _p, body: (got["amqp"].add(int(body)), ch.basic_ack(
+            method.delivery_tag)))
+        publisher = env.amqp.connect(minority.name)
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        try:
+            assert amqp10.node == minority.name and sub.node == minority.name and consumer.node == minority.name
+            until_routed(mqtt_pub, topic, [])  # (its probes -1, -2: not counted)
+            cut = time.monotonic()
+            bed.partition("isolate-from-peers", minority.name)
+            with pytest.raises(pika.exceptions.AMQPError, match="no confirm"):
+                channel.basic_publish("", queue, b"-1")
+            found = time.monotonic() - cut
+            assert env.cut_off.avoided() == {minority.name}
+            with contextlib.suppress(pika.exceptions.AMQPError):  # its watch ends it at its next look
+                wait_until_sync(lambda: consumer.connection.process_data_events(0.2) or not consumer.connection.is_open,
+                                5, "the AMQP 0.9.1 consumer on the node found cut off to end")
+            assert not consumer.connection.is_open
+            consumer = env.amqp.connect()  # any node: not the one found cut off
+            reader = consumer.channel()
+            reader.basic_consume(queue, lambda ch, method, _p, body: (got["amqp"].add(int(body)), ch.basic_ack(
+                method.delivery_tag)))
+            wait_until_sync(lambda: amqp10.recoveries and sub.failovers, 10,
+                            lambda: f"the AMQP 1.0 consumer ({amqp10.recoveries}) and the MQTT subscriber "
+                                    f"({sub.failovers}) to leave {minority.short}")
+            left = time.monotonic() - cut
+            with env.amqp.connect() as writer:  # the majority, once it has elected the queue's leader
+                confirming = writer.channel()
+                confirming.confirm_delivery()
+                for i in range(10):
+                    confirming.basic_publish("", queue, str(i).encode())
+                    mqtt_pub.publish(topic, str(i), qos=1).wait_for_publish(10)
+            wait_until_sync(lambda: consumer.connection.process_data_events(0.1) or all(
+                len(ids) >= 5 for ids in got.values()), 30, lambda: f"each consumer to get messages: {got}")
+            on = (consumer.node, amqp10.node, sub.node)
+        finally:
+            bed.heal()
+            for placed in (consumer, publisher):
+                with contextlib.suppress(Exception):
+                    placed.close()
+            amqp10.close()
+            close(sub, mqtt_pub)
+            close(env.mqtt_placer(options=MqttOptions(clean_start=True)).connect(sub_id))
+            with contextlib.suppress(Exception):
+                api.delete(f"/api/queues/%2F/{queue}")
+    print(f"{minority.short} cut from its peers: the AMQP publisher found it {found:.1f} s after the cut, the other "
+          f"wings' consumers had left it {left:.1f} s after (now on {', '.join(str(n) for n in on)}); got "
+          f"{ {k: len(v) for k, v in got.items()} } before the heal")
+    assert minority.name not in on

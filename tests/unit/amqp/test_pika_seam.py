@@ -464,3 +464,31 @@ def test_a_stream_which_never_counts_consumers_and_a_cancelled_or_deleted_queue_
     impl._process_frame(_method(1, pika.spec.Basic.Cancel("ctag1")))  # the broker cancels its consumer
     _seconds(clock, watch, 30, hear)
     assert impl.ended is None
+
+
+def test_a_node_found_cut_off_by_another_wing_ends_the_connection_at_its_next_look(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer on a node cut from its peers hears the node and has nothing to compare: another wing's finding
+    (the placer's CutOffNodes) ends it as the queue watch would, at the next look; a finding before it was placed
+    does not."""
+    from smartclient.amqp._pika import WATCHES, NodeCutOff, watch_cut_off
+    from smartclient.core.broker_nodes import CutOffNodes
+
+    clock, impl, watch = _watched(monkeypatch)
+    cut = CutOffNodes(clock=lambda: clock[0])
+    connection = _Channel(None)  # (any object the watches are kept by)
+    WATCHES[connection] = watch
+    watch_cut_off(connection, lambda: cut.ends("a@h", 1000.0))
+    hear = lambda s: setattr(impl, "bytes_received", impl.bytes_received + 8)  # noqa: E731
+    _seconds(clock, watch, 5, hear)
+    assert impl.ended is None
+    cut.found("a@h", "the PUBACK watch of MQTT client m")
+    _seconds(clock, watch, 1, hear)
+    assert isinstance(impl.ended, NodeCutOff) and "by the PUBACK watch of MQTT client m" in str(impl.ended)
+
+    clock, impl, watch = _watched(monkeypatch)  # (its clock starts at 1000 again: the finding was at 1006)
+    WATCHES[connection] = watch
+    clock[0] = placed = 1010.0
+    watch_cut_off(connection, lambda: cut.ends("a@h", placed))  # placed after the finding: kept
+    _seconds(clock, watch, 5, hear)
+    assert impl.ended is None

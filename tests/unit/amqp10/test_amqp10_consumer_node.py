@@ -11,7 +11,7 @@ from smartclient import NodeUnreachable
 from smartclient.amqp10._rabbitmq_amqp import QueueTopology
 from smartclient.amqp10.clients import LEFT_FOR, Amqp10Consumer
 from smartclient.amqp10.placement import Amqp10Placer
-from smartclient.core.broker_nodes import LeftNodes, Unreachable
+from smartclient.core.broker_nodes import CutOffNodes, LeftNodes, Unreachable
 from smartclient.core.retry import RetryPolicy
 
 
@@ -19,7 +19,7 @@ def _placer(asked: list[str], used: dict[str, int]) -> Amqp10Placer:
     """A placer whose queue is a quorum queue on three nodes (led by a@h), behind a load balancer that reaches
     none of them: only what the placements ask of it."""
     placer = Amqp10Placer.__new__(Amqp10Placer)
-    placer.left = LeftNodes(LEFT_FOR)
+    placer.left, placer.cut_off = LeftNodes(LEFT_FOR), CutOffNodes()
     placer.queue_topology = lambda queue: QueueTopology(queue, "quorum", "a@h", ("a@h", "b@h", "c@h"))  # type: ignore[method-assign]
     placer.clients_per_node = lambda: used  # type: ignore[method-assign]
 
@@ -114,3 +114,29 @@ def test_a_new_publisher_goes_to_another_member_when_the_lb_never_reached_its_le
     finally:
         placement.new_publisher = original
     assert asked == ["a@h", "c@h"] and publisher.node == "c@h" and made == [("c@h", "publisher")]
+
+
+def test_a_consumer_on_a_node_found_cut_off_since_it_was_placed_ends_its_loop_and_its_recovery_goes_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another wing found the consumer's node cut off from its peers: the consumer's loop raises at its next pass (its
+    recovery follows), and the placement takes another member."""
+    from types import SimpleNamespace
+
+    from smartclient import ConnectionFailed
+    from smartclient.amqp10 import clients
+
+    asked: list[str] = []
+    placer = _placer(asked, {})
+    placer.connect = lambda node, purpose, retry: (  # type: ignore[method-assign]
+        asked.append(node) or SimpleNamespace(node=node, connection=None, take_token=lambda: None, wake=None))
+    monkeypatch.setattr(clients, "new_consumer", lambda *a, **k: SimpleNamespace(between=None, wake=None))
+    consumer = Amqp10Consumer("q", placer, lambda message, accept: None, prefer="leader")
+    placed, loop = consumer._open(RetryPolicy())
+    assert placed.node == "a@h"
+    loop.between()  # nothing found: a pass goes on
+    placer.cut_off.found("a@h", "the PUBACK watch of MQTT client m")
+    with pytest.raises(ConnectionFailed, match="a@h was found cut off from its peers, by the PUBACK watch of MQTT"):
+        loop.between()
+    placed, loop = consumer._open(RetryPolicy())  # its recovery: the leader's node is avoided while another will do
+    assert placed.node != "a@h" and asked == ["a@h", placed.node]
+    loop.between()  # placed after the finding: it stays

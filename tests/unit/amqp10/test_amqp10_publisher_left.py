@@ -17,7 +17,7 @@ from smartclient.amqp10 import placement as amqp10_placement
 from smartclient.amqp10._rabbitmq_amqp import QueueTopology
 from smartclient.amqp10.clients import LEFT_FOR, Amqp10Publisher
 from smartclient.amqp10.placement import Amqp10Placer
-from smartclient.core.broker_nodes import LeftNodes, Unreachable, queue_publisher_node
+from smartclient.core.broker_nodes import CutOffNodes, LeftNodes, Unreachable, queue_publisher_node
 from smartclient.core.recovery import RecoveryPolicy
 from smartclient.core.retry import RetryPolicy
 
@@ -98,7 +98,7 @@ def test_a_new_publisher_of_the_queue_avoids_the_node_one_left_lately(monkeypatc
     not to the leader a look-up still names, until LEFT_FOR passed."""
     now = [0.0]
     placer = Amqp10Placer.__new__(Amqp10Placer)
-    placer.left = LeftNodes(LEFT_FOR, clock=lambda: now[0])
+    placer.left, placer.cut_off = LeftNodes(LEFT_FOR, clock=lambda: now[0]), CutOffNodes()
     placer.queue_topology = lambda queue: QueueTopology(queue, "quorum", "a@h", MEMBERS)  # type: ignore[method-assign]
     placer.clients_per_node = lambda: {"b@h": 1}  # type: ignore[method-assign]
     placer.connect = lambda node, purpose, retry: _PublisherConnection(node)  # type: ignore[assignment,method-assign,return-value]

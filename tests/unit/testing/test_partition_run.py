@@ -72,8 +72,11 @@ def test_mqtts_silence_watch_is_a_finding_as_its_log_says() -> None:
                        "nemesis-7-3", 9.1)
         logger.warning("MQTT client %s: something else", "nemesis-7-q1-p")
         # a publisher's watch ends its connection on the PUBACK that does not come (that check comes first)
-        logger.warning("MQTT client %s: no PUBACK for %.1f s (dead_after) while the broker answers: is its node cut "
-                       "off from its peers? The connection is lost", "nemesis-7-q1-p", 8.0)
+        logger.warning("MQTT client %s: %s: is its node cut off? The connection is lost", "nemesis-7-q1-p",
+                       "no PUBACK for 8.0 s (dead_after) while the broker answers")
+        # another wing found its node cut off: not this watch's finding (that wing's is recorded)
+        logger.warning("MQTT client %s: %s: is its node cut off? The connection is lost", "nemesis-7-q1-s",
+                       "its node a@h was found cut off since it was kept there, by the queue watch of c1")
     finally:
         logger.removeHandler(watch)
     found = [(r["client"], r["wing"]) for r in history.records if r["kind"] == "found"]
@@ -90,4 +93,4 @@ def test_the_findings_prefixes_are_the_watchs_own_words() -> None:
 
     source = inspect.getsource(PahoClient._check_keepalive)
     for prefix in MQTT_WATCH_ENDINGS:
-        assert f'"{prefix}' in source, prefix
+        assert f'"MQTT client %s: {prefix}' in source or f'f"{prefix} ' in source, prefix
