@@ -227,7 +227,7 @@ class PahoClient(paho.Client):
         if (why := f"no PUBACK for {unacked:.1f} s (dead_after) while the broker answers" if unacked >= limit
                 else self.found_cut_off()) is not None:
             log.warning("MQTT client %s: %s: is its node cut off? The connection is lost", self.client_id, why)
-            self.lost_cut_off = True
+            self.lost_cut_off = unacked >= limit  # (its own finding: another wing's is that wing's)
             self.lose_connection()
             return
         if 0 < self._keepalive <= every:

@@ -182,8 +182,10 @@ class PlacedMqttClient(HandsOver):
     def found_cut_off(self) -> str | None:
         """What found this connection's node cut off since it was kept there (any wing: its placer's
         :class:`~smartclient.core.broker_nodes.CutOffNodes`), asked by the silence watch: it ends the connection as
-        the PUBACK watch does, and the reconnect checks where it lands."""
-        why = self._placer.cut_off.ends(self.node, self._kept_at) if self._failover else None
+        the PUBACK watch does, and the reconnect takes the other nodes first (through a load balancer it keeps the
+        first landing, as after a dead connection: while a node is cut off, the listing that would name it waits or
+        lags).  Not while a reconnect places it (its node is the one it left until then)."""
+        why = self._placer.cut_off.ends(self.node, self._kept_at) if self._failover and not self._placing else None
         return None if why is None else f"its node {self.node} was found cut off since it was kept there, by {why}"
 
     def _handing_over(self) -> Placing:

@@ -252,7 +252,7 @@ class MqttPlacer(NodePlacer[PlacedMqttClient]):
         if handover:
             candidates = handover_candidates(tuple(nodes), own, what)
         else:  # the other nodes first, and of those, not one found cut off lately (by any wing)
-            if client.lost_cut_off:  # (its own PUBACK watch, or another wing: then already found)
+            if client.lost_cut_off:  # its own PUBACK watch found it (another wing's finding is in already)
                 self.cut_off.found(client.node, f"the PUBACK watch of MQTT client {client.client_id}")
             cut = self.cut_off.avoided()
             candidates = reconnect_candidates(tuple(nodes), own, what, avoid={a for a, n in nodes.items() if n in cut})

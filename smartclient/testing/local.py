@@ -461,9 +461,10 @@ class LocalTestBed(PartitionableBed, LockedLocalBed):
                             held.append((row["node"], "whereis(osiris_server_sup)"))
                         except TestBedError as exc:
                             log.info("moving the leader of %s: %s is not held back (%s)", stream, row["node"], exc)
-                self._suspend(writer, _member(stream, vhost), 5.0)
+                self._suspend(writer, _member(stream, vhost), 7.0)
                 held.append((writer, _member(stream, vhost)))
-                wait_until(target_caught_up, 3, f"the member of {stream} on {target} to hold the writer's tail",
+                # (3 s was too short once in CI's waits stage, six tries in a row, under a producer at full speed)
+                wait_until(target_caught_up, 5, f"the member of {stream} on {target} to hold the writer's tail",
                            interval=0.05)
                 self.brokers[0].tool(
                     "rabbitmq-streams",
