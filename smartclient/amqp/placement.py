@@ -54,11 +54,13 @@ if TYPE_CHECKING:
 __all__ = ["AmqpPlacer", "PlacedConnection"]
 
 _ids = itertools.count(1)
+log = logging.getLogger(__name__)
+
 #: seconds a new connection's exclusive queue may take to be declared while a node is found cut off: a landing that
 #: declares nothing that long is most likely on it (a node cut from its peers takes no metadata write; through the LB,
 #: a third of the landings go there), and a healthy node declares within milliseconds (DECLARE_WITHIN otherwise)
 DECLARE_WHILE_CUT = 0.5
-log = logging.getLogger(__name__)
+
 
 @dataclass(eq=False)
 class PlacedConnection:
@@ -144,13 +146,15 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         :raises CertificateRejected: the TLS certificate does not verify (not retried).
         """
         self._login(self.connection_name)  # a provider that fails, or an expired token: raised now, not retried
-        # any node: not one found cut off lately (another first); the connection ends once its node is found cut off
-        # after it was placed, by any wing (its silence watch looks each second)
+        # any node: not one found cut off lately (another first), and the connection ends once its node is found cut
+        # off after it was placed, by any wing (its silence watch looks each second); one on a node asked for stays
+        # there (an RPC server of that node, say: its own watch judges it)
         placed_at = time.monotonic()
         landed = self.place(node, avoid=self.cut_off.avoided())
         placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
         watch_close(placed.connection, partial(self._closed, placed))
-        watch_cut_off(placed.connection, partial(self.cut_off.ends, placed.node, placed_at))
+        if node is None:
+            watch_cut_off(placed.connection, partial(self.cut_off.ends, placed.node, placed_at))
         self.live.add(placed)
         self._watch_credentials()
         return placed

@@ -33,7 +33,7 @@ from smartclient.mqtt.handover import HandsOver, LoginSent, Reconnects
 from smartclient.mqtt.options import MqttOptions
 from smartclient.resolution import Route
 
-__all__ = ["UNTOLD_AFTER", "UNTOLD_FOR", "Current", "PlacedMqttClient", "Placing", "Reconnecting"]
+__all__ = ["CONNACK_WHILE_CUT", "UNTOLD_AFTER", "UNTOLD_FOR", "Current", "PlacedMqttClient", "Placing", "Reconnecting"]
 
 log = logging.getLogger("smartclient.mqtt.placement")  # (its warnings, as before this module was split off)
 
@@ -54,6 +54,11 @@ class Placing(Reconnects, Protocol):
     def _reached(self, client: PlacedMqttClient, target: Address,
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]: ...
 
+
+#: seconds a reconnect's landing waits for its CONNACK while a node is found cut off (``connect_timeout`` otherwise): a
+#: node cut from its peers sends none (through the LB a third of the landings went there, 5 s each), a healthy one
+#: within milliseconds
+CONNACK_WHILE_CUT = 1.0
 
 #: a connection the broker ends this soon (seconds) after it was made makes the next reconnect wait, on the back-off
 #: of ``MqttOptions.reconnect_delay``: the broker closes a connection that publishes where it may not (a token without
@@ -267,7 +272,8 @@ class Reconnecting:
             return Missed(route.dial, exc)
         self.unsigned = None
         try:
-            client.reconnect_to(route.dial, route.tls_name, placer.options.connect_timeout)
+            client.reconnect_to(route.dial, route.tls_name, min(placer.options.connect_timeout, CONNACK_WHILE_CUT)
+                                if placer.cut_off.avoided() else placer.options.connect_timeout)
         except AuthenticationFailed as exc:
             raise placer.login.refused(client, exc) from exc
         except CertificateRejected:
