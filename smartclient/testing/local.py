@@ -463,9 +463,8 @@ class LocalTestBed(PartitionableBed, LockedLocalBed):
                             log.info("moving the leader of %s: %s is not held back (%s)", stream, row["node"], exc)
                 self._suspend(writer, _member(stream, vhost), 7.0)
                 held.append((writer, _member(stream, vhost)))
-                # (3 s was too short once in CI's waits stage, six tries in a row, under a producer at full speed)
                 wait_until(target_caught_up, 5, f"the member of {stream} on {target} to hold the writer's tail",
-                           interval=0.05)
+                           interval=0.05)  # (3 s was too short once in CI, six tries in a row)
                 self.brokers[0].tool(
                     "rabbitmq-streams",
                     ["restart_stream", "--vhost", vhost, stream, "--preferred-leader-node", target],
