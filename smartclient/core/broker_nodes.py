@@ -252,6 +252,13 @@ class CutOffNodes:
         entry = self._recent(node) if node is not None else None
         return entry[1] if entry is not None and entry[0] > placed_at else None
 
+    def any_after(self, placed_at: float) -> str | None:
+        """What found a node cut off after ``placed_at``, for a connection whose node is not known (it may be that
+        one: a reconnect through a load balancer kept its first landing unnamed); None if nothing did lately."""
+        found = [entry for node in list(self._found) if (entry := self._recent(node)) is not None
+                 and entry[0] > placed_at]
+        return max(found)[1] if found else None
+
     def avoided(self) -> set[str]:
         """The nodes found cut off lately: new connections go elsewhere first."""
         return {node for node in list(self._found) if self._recent(node) is not None}

@@ -189,9 +189,15 @@ class PlacedMqttClient(HandsOver):
         :class:`~smartclient.core.broker_nodes.CutOffNodes`), asked by the silence watch: it ends the connection as
         the PUBACK watch does, and the reconnect takes the other nodes first (through a load balancer it keeps the
         first landing, as after a dead connection: while a node is cut off, the listing that would name it waits or
-        lags).  Not while a reconnect places it (its node is the one it left until then)."""
-        why = self._placer.cut_off.ends(self.node, self._kept_at) if self._failover and not self._placing else None
-        return None if why is None else f"its node {self.node} was found cut off since it was kept there, by {why}"
+        lags).  A connection whose node is not known (a reconnect kept it unnamed) ends at any finding since it was
+        kept: it may be on that node, and a landing there then sends no CONNACK (:data:`CONNACK_WHILE_CUT`).  Not
+        while a reconnect places it (its node is the one it left until then)."""
+        if not self._failover or self._placing:
+            return None
+        cut = self._placer.cut_off  # a node not known (kept unnamed) may be the one: it ends too, and lands elsewhere
+        why = cut.ends(self.node, self._kept_at) if self.node is not None else cut.any_after(self._kept_at)
+        where = f"its node {self.node}" if self.node is not None else "a node (its own is not known)"
+        return None if why is None else f"{where} was found cut off since it was kept there, by {why}"
 
     def _handing_over(self) -> Placing:
         return self._placer

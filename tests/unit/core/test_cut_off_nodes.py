@@ -34,3 +34,17 @@ def test_a_reconnect_takes_a_node_found_cut_off_only_with_the_one_it_left() -> N
     assert reconnect_candidates((a, b, c), a, avoid={b, c}).tiers == ((b, c, a),)
     assert reconnect_candidates((a, b, c), None, avoid={b}).tiers == ((a, c), (b,))
     assert reconnect_candidates((a, b, c), None, avoid={a, b, c}).tiers == ((a, b, c),)
+
+
+def test_a_connection_whose_node_is_not_known_ends_at_any_finding_since_it_was_placed() -> None:
+    now = [100.0]
+    cut = CutOffNodes(30.0, clock=lambda: now[0])
+    assert cut.any_after(90.0) is None
+    cut.found("a@h", "the PUBACK watch of m")
+    now[0] = 110.0
+    cut.found("b@h", "the queue watch of c")
+    assert cut.any_after(105.0) == "the queue watch of c"  # the latest
+    assert cut.any_after(90.0) == "the queue watch of c"
+    assert cut.any_after(111.0) is None
+    now[0] = 135.0  # a@h's forgotten, b@h's not yet
+    assert cut.any_after(90.0) == "the queue watch of c"

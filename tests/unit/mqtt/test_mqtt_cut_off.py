@@ -27,5 +27,10 @@ def test_a_client_on_a_node_found_cut_off_since_it_was_kept_loses_its_connection
     client.lost_cut_off, client._kept_at = False, time.monotonic()  # kept there after the finding: stays
     client._check_keepalive()
     assert lost == [False] and client.found_cut_off() is None
-    client.node = None  # a node not known (a reconnect kept a landing the management API did not name): nothing
+    client.node = None  # a node not known (a reconnect kept a landing the LB chose): it may be that one
+    assert client.found_cut_off() is None  # (kept after the finding)
+    client._kept_at -= 60
+    assert client.found_cut_off() == ("a node (its own is not known) was found cut off since it was kept there, by "
+                                      "the queue watch of AMQP connection c1")
+    client._placing = True  # not while its reconnect places it
     assert client.found_cut_off() is None
