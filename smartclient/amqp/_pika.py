@@ -54,6 +54,7 @@ __all__ = [
     "PIKA_SIGNATURES",
     "BlockingConnection",
     "NodeCutOff",
+    "NodeFoundCutOff",
     "basic_properties",
     "close_quietly",
     "open_connection",
@@ -304,7 +305,7 @@ WATCHES: weakref.WeakKeyDictionary[Any, SilenceWatch] = weakref.WeakKeyDictionar
 
 
 def watch_cut_off(connection: BlockingConnection, why: Callable[[], str | None]) -> None:
-    """End ``connection`` as cut off (:class:`NodeCutOff`) once ``why`` names what found its node cut off (asked at
+    """End ``connection`` as cut off (:class:`NodeFoundCutOff`) once ``why`` names what found its node cut off (asked at
     each look of its silence watch, if it has one)."""
     if (watch := WATCHES.get(connection)) is not None:
         watch.cut_off = lambda: (f"its node was found cut off since it was placed there, by {found}"
@@ -323,6 +324,11 @@ class _ProbeCookie:
 
 class NodeCutOff(px.AMQPHeartbeatTimeout):  # type: ignore[misc]  # (pika is untyped)
     """The end :class:`QueueWatch` gives a connection whose node cannot reach its queues' leaders."""
+
+
+class NodeFoundCutOff(NodeCutOff):
+    """The end given a connection whose node another connection (of any wing) found cut off since it was placed:
+    not a finding of its own (see :func:`watch_cut_off`)."""
 
 
 class SilenceWatch:
@@ -407,9 +413,12 @@ class SilenceWatch:
             self.impl._terminate_stream(px.AMQPHeartbeatTimeout(
                 f"{what} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return
-        if (stalled := None if self.blocked else self.queues.stalled(now) or self.cut_off()) is not None:
-            log.warning("AMQP connection: %s (dead_after %g s): ending it", stalled, self.limit + 2 * self.STEP)
-            self.impl._terminate_stream(NodeCutOff(f"{stalled} (dead_after {self.limit + 2 * self.STEP:g} s)"))
+        stalled = None if self.blocked else self.queues.stalled(now)
+        told = None if self.blocked or stalled is not None else self.cut_off()  # another's finding: not its own
+        if (why := stalled or told) is not None:
+            log.warning("AMQP connection: %s (dead_after %g s): ending it", why, self.limit + 2 * self.STEP)
+            ending = NodeCutOff if stalled is not None else NodeFoundCutOff
+            self.impl._terminate_stream(ending(f"{why} (dead_after {self.limit + 2 * self.STEP:g} s)"))
             return
         if self.question is None:
             queue = self.queues.to_ask(now, self.every)

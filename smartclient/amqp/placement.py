@@ -32,6 +32,7 @@ from smartclient.amqp._pika import (
     DECLARE_WITHIN,
     BlockingConnection,
     NodeCutOff,
+    NodeFoundCutOff,
     close_quietly,
     open_connection,
     pika_errors,
@@ -153,7 +154,7 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
         landed = self.place(node, avoid=self.cut_off.avoided())
         placed = PlacedConnection(landed.connection, str(landed.node), landed.dialled, landed.name, landed.attempts)
         watch_close(placed.connection, partial(self._closed, placed))
-        if node is None:
+        if node is None and landed.node is not None:
             watch_cut_off(placed.connection, partial(self.cut_off.ends, placed.node, placed_at))
         self.live.add(placed)
         self._watch_credentials()
@@ -211,7 +212,8 @@ class AmqpPlacer(NodePlacer[BlockingConnection]):
             error.connection = placed.name
             signing.refused_token(self._credentials(), placed.token_on_its_way)  # the others go on with the old one
         placed.failure = error
-        if isinstance(error.__cause__, NodeCutOff):  # every wing: other nodes first, while the partition may last
+        if isinstance(error.__cause__, NodeCutOff) and not isinstance(error.__cause__, NodeFoundCutOff):  # its own:
+            # every wing goes to other nodes first, while the partition may last
             self.cut_off.found(placed.node, f"the queue watch of AMQP connection {placed.name}")
         if isinstance(error, TokenExpired | TokenRefused):
             log.warning("AMQP connection %s on %s closed by the broker: %s", placed.name, placed.node, error)

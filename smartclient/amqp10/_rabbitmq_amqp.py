@@ -1,12 +1,10 @@
 """The one seam between smartclient and the official AMQP 1.0 client, ``rabbitmq-amqp-python-client`` (and the
-python-qpid-proton under it).
-
-Only this module imports them, and only here do their exceptions become smartclient's errors
-(:func:`amqp10_errors`).  The wing (``placement.py``) opens connections with :func:`open_connection`, learns the
-node a connection reached with :func:`node_of` (the ``node`` property of the broker's Open frame: RabbitMQ 4.0
-and later, no management API needed), reads a queue's leader and members with :func:`queue_topology` (the
-broker's AMQP 1.0 management API, ``GET /queues/{name}``, on the connection itself: no HTTP port), and makes
-publishers and consumers with :func:`new_publisher` and :func:`new_consumer`.
+python-qpid-proton under it).  Only this module imports them, and only here do their exceptions become
+smartclient's errors (:func:`amqp10_errors`).  The wing (``placement.py``) opens connections with
+:func:`open_connection`, learns the node a connection reached with :func:`node_of` (the ``node`` property of the
+broker's Open frame: RabbitMQ 4.0 and later, no management API needed), reads a queue's leader and members with
+:func:`queue_topology` (the broker's AMQP 1.0 management API, ``GET /queues/{name}``, on the connection itself: no
+HTTP port), and makes publishers and consumers with :func:`new_publisher` and :func:`new_consumer`.
 
 What it relies on beyond the public API is listed in :data:`AMQP10_INTERNALS`; ``tests/unit/test_amqp10_seam.py``
 checks every entry against the installed client and greps the library for imports of it outside this file.
@@ -202,16 +200,15 @@ class _BlockingConnection(BlockingConnection):
                     f"does not exist or the user may not use it, or the node is going away)") from exc
             raise
 
-    def create_receiver(self, address: str | None = None, credit: int | None = None, dynamic: bool = False,
+    def create_receiver(self, address: str | None = None, credit: Any = None, dynamic: bool = False,
                         handler: Any = None, name: str | None = None, options: Any = None) -> Any:
         if handler is not None:
             return super().create_receiver(address, credit, dynamic, handler, name, options)
         blocking: Any = self  # (proton's own annotations are looser than its calls: these are its create_receiver's)
-        prefetch: Any = credit
-        fetcher = _Fetcher(blocking, prefetch)
+        fetcher = _Fetcher(blocking, credit)
         link = self.container.create_receiver(blocking.conn, address, name=name, dynamic=dynamic, handler=fetcher,
                                               options=options)
-        return BlockingReceiver(blocking, link, fetcher, credit=prefetch)
+        return BlockingReceiver(blocking, link, fetcher, credit=credit)
 
 
 class _Fetcher(_ProtonFetcher):
@@ -451,6 +448,18 @@ def queue_topology(connection: Amqp10Connection, queue: str) -> QueueTopology:
                          tuple(sorted(str(m) for m in members)))
 
 
+@contextlib.contextmanager
+def _bounded(connection: Amqp10Connection, within: float | None) -> Iterator[None]:
+    """``connection``'s blocking calls wait at most ``within`` seconds meanwhile (None: its own timeout)."""
+    blocking: Any = connection._conn
+    bound = blocking.timeout
+    blocking.timeout = min(bound, within or bound)
+    try:
+        yield
+    finally:
+        blocking.timeout = bound
+
+
 def refresh_token(connection: Amqp10Connection, token: str, where: str, wait: float) -> None:
     """Hand ``token`` to the broker on the live ``connection``: ``PUT /auth/tokens`` on its AMQP 1.0 management
     API (RabbitMQ 4.1+), from the thread that drives the connection, waiting at most ``wait`` seconds.
@@ -459,15 +468,8 @@ def refresh_token(connection: Amqp10Connection, token: str, where: str, wait: fl
     :raises FeatureNotSupported: the broker has no such request (RabbitMQ 4.0).
     :raises ConnectionFailed: the connection was lost, or did not answer within ``wait``.
     """
-    blocking: Any = connection._conn
-    bound = blocking.timeout
-    blocking.timeout = min(bound, wait)
-    try:
-        with amqp10_errors(f"renewing the token of {where}"):
-            answer = connection.management().request(token.encode(), "/auth/tokens", "PUT",
-                                                     [204, 400, 401, 403, 404])
-    finally:
-        blocking.timeout = bound
+    with _bounded(connection, wait), amqp10_errors(f"renewing the token of {where}"):
+        answer = connection.management().request(token.encode(), "/auth/tokens", "PUT", [204, 400, 401, 403, 404])
     code = str(answer.subject)
     if code in ("401", "403"):
         raise TokenRefused(f"the broker refused the new token on {where} ({code}): {answer.body!r}",
@@ -501,11 +503,12 @@ def publish(publisher: Any, body: bytes | Any, where: str, properties: dict[str,
 
 def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[[Any, Any, Any], None], *,
                  credit: int, offset: int | str | None = None, filter_values: Sequence[str] = (),
-                 sql: str | None = None) -> ConsumerLoop:
+                 sql: str | None = None, within: float | None = None) -> ConsumerLoop:
     """A consumer of ``queue`` handing each message (the client's ``Message``, a function that settles it as
     accepted and one that gives it back to the queue) to ``on_message`` from :meth:`run`'s thread.  With
     ``offset``, ``filter_values`` or ``sql``, the queue is a stream read from that offset (``"first"``,
-    ``"last"``, ``"next"`` or a number), through those filters.
+    ``"last"``, ``"next"`` or a number), through those filters.  Its link is attached within ``within`` seconds
+    if given (the connection's timeout otherwise).
 
     :raises FeatureNotSupported: the broker lacks a filter asked for (SQL filters: RabbitMQ 4.2)."""
 
@@ -521,7 +524,7 @@ def new_consumer(connection: Amqp10Connection, queue: str, on_message: Callable[
         filters = (StreamFilterOptions(values=list(filter_values) or None, sql=sql or "")
                    if filter_values or sql else None)
         options = StreamConsumerOptions(offset_specification=start, filter_options=filters)
-    with amqp10_errors(f"opening a consumer of {queue!r}"):
+    with _bounded(connection, within), amqp10_errors(f"opening a consumer of {queue!r}"):
         try:
             consumer = connection.consumer(AddressHelper.queue_address(queue), message_handler=Handler(),
                                            consumer_options=options, credit=credit)

@@ -188,6 +188,10 @@ FOLLOW_AGAIN = Backoff(initial=1.0, factor=2.0, max=30.0)
 #: a leader check): a node cut off from its peers still names itself the leader to a look-up that reaches it, and each
 #: write there would wait again (:class:`~smartclient.core.broker_nodes.LeftNodes`)
 LEFT_FOR = 30.0
+#: seconds a consumer's link may take to attach while a node is found cut off (the connection's timeout otherwise): a
+#: queue whose leader was on that node takes a consumer only once its new leader is elected, and an attach asked
+#: meanwhile waited 5 s after it in the partition run, where a new one would have been taken at once
+ATTACH_WHILE_CUT = 1.5
 
 
 @dataclass(eq=False)
@@ -359,7 +363,8 @@ class Amqp10Consumer:
         start = self.offset if self.last_offset is None else self.last_offset + 1
         try:
             loop = new_consumer(placed.connection, self.queue, self._hand, credit=self.credit, offset=start,
-                                filter_values=self.filter_values, sql=self.sql)
+                                filter_values=self.filter_values, sql=self.sql,
+                                within=ATTACH_WHILE_CUT if self.placer.cut_off.avoided() else None)
         except BaseException:
             placed.close()
             raise

@@ -16,6 +16,7 @@ one placement loop (:class:`~smartclient.core.landing.Placement`) drives: a flee
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -231,44 +232,52 @@ class CutOffNodes:
     nothing, yet its link looks alive, so each wing ends its connections on such a node that it placed before the
     finding (:meth:`ends`: they recover elsewhere) and places new ones elsewhere first (:meth:`avoided`).  A finding
     within ``seconds`` of the first is the same one (the connections it ended find it again as they go): the time is
-    the first's, so a connection placed there since (the only node left, say) is not ended for it.  Thread-safe: each
-    wing reads it from its own threads."""
+    the first's, so a connection placed there since (the only node left, say) is not ended for it.  Thread-safe (a
+    lock): each wing reads it from its own threads."""
 
     def __init__(self, seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds, self._clock = seconds, clock
-        self._found: dict[str, tuple[float, str]] = {}  # node -> (when, by what); replaced whole, read whole
+        self._found: dict[str, tuple[float, str]] = {}  # node -> (when, by what)
+        self._lock = threading.Lock()
 
     def found(self, node: str | None, by: str) -> bool:
         """``by`` (what found it: "the queue watch of AMQP connection X") found ``node`` cut off; True if this is a
         new finding (none within ``seconds``).  None (a node not known) is nothing."""
-        if node is None or self._recent(node) is not None:
+        if node is None:
             return False
-        self._found[node] = (self._clock(), by)
-        return True
+        with self._lock:
+            if self._recent(node) is not None:
+                return False
+            self._found[node] = (self._clock(), by)
+            return True
 
     def ends(self, node: str | None, placed_at: float) -> str | None:
         """Why a connection placed on ``node`` at ``placed_at`` (this clock) is to end: what found the node cut off
         after it was placed there; None if nothing did (or not lately)."""
-        entry = self._recent(node) if node is not None else None
+        if node is None:
+            return None
+        with self._lock:
+            entry = self._recent(node)
         return entry[1] if entry is not None and entry[0] > placed_at else None
 
     def any_after(self, placed_at: float) -> str | None:
         """What found a node cut off after ``placed_at``, for a connection whose node is not known (it may be that
         one: a reconnect through a load balancer kept its first landing unnamed); None if nothing did lately."""
-        found = [entry for node in list(self._found) if (entry := self._recent(node)) is not None
-                 and entry[0] > placed_at]
+        with self._lock:
+            found = [entry for node in list(self._found) if (entry := self._recent(node)) is not None
+                     and entry[0] > placed_at]
         return max(found)[1] if found else None
 
     def avoided(self) -> set[str]:
         """The nodes found cut off lately: new connections go elsewhere first."""
-        return {node for node in list(self._found) if self._recent(node) is not None}
+        with self._lock:
+            return {node for node in list(self._found) if self._recent(node) is not None}
 
-    def _recent(self, node: str) -> tuple[float, str] | None:
+    def _recent(self, node: str) -> tuple[float, str] | None:  # (under the lock)
         entry = self._found.get(node)
         if entry is None or self._clock() - entry[0] < self.seconds:
             return entry
-        if self._found.get(node) is entry:  # (not one another thread added meanwhile)
-            self._found.pop(node, None)
+        del self._found[node]
         return None
 
 

@@ -55,9 +55,9 @@ class Placing(Reconnects, Protocol):
                  nodes: dict[Address, str | None]) -> tuple[str | None, Address]: ...
 
 
-#: seconds a reconnect's landing waits for its CONNACK while a node is found cut off (``connect_timeout`` otherwise): a
-#: node cut from its peers sends none (through the LB a third of the landings went there, 5 s each), a healthy one
-#: within milliseconds
+#: seconds a reconnect's first two landings wait for their CONNACK while a node is found cut off (``connect_timeout``
+#: otherwise): a node cut from its peers sends none (through the LB a third of the landings went there, 5 s each), a
+#: healthy one within milliseconds
 CONNACK_WHILE_CUT = 1.0
 
 #: a connection the broker ends this soon (seconds) after it was made makes the next reconnect wait, on the back-off
@@ -259,6 +259,9 @@ class Reconnecting:
         self.landings: dict[Address, tuple[Address, Address, str | None]] = {}  # node -> (target, dialled, name)
         self.unsigned: TokenProviderFailed | None = None  # the last attempt could not log in: the provider failed
         self.untold: tuple[Address, Address] | None = None  # (target, dialled) of a landing whose node was not told
+        self.short = 2  # landings left that wait only CONNACK_WHILE_CUT while a node is found cut off (then the whole
+        # connect_timeout: a majority busy with elections may answer a resumed session late, and a reconnect that
+        # missed for RetryPolicy.max_time gives up for good)
 
     def dial(self, target: Address) -> Reached[PlacedMqttClient] | Missed:
         placer, client = self.placer, self.client
@@ -278,8 +281,10 @@ class Reconnecting:
             return Missed(route.dial, exc)
         self.unsigned = None
         try:
+            short = self.short > 0 and bool(placer.cut_off.avoided())
+            self.short -= short
             client.reconnect_to(route.dial, route.tls_name, min(placer.options.connect_timeout, CONNACK_WHILE_CUT)
-                                if placer.cut_off.avoided() else placer.options.connect_timeout)
+                                if short else placer.options.connect_timeout)
         except AuthenticationFailed as exc:
             raise placer.login.refused(client, exc) from exc
         except CertificateRejected:

@@ -48,3 +48,30 @@ def test_a_connection_whose_node_is_not_known_ends_at_any_finding_since_it_was_p
     assert cut.any_after(111.0) is None
     now[0] = 135.0  # a@h's forgotten, b@h's not yet
     assert cut.any_after(90.0) == "the queue watch of c"
+
+
+def test_findings_read_and_made_from_many_threads_neither_raise_nor_lose_a_finding() -> None:
+    import threading
+
+    now = [0.0]
+    cut = CutOffNodes(1.0, clock=lambda: now[0])  # every finding expires as the clock moves
+    errors: list[BaseException] = []
+
+    def hammer(i: int) -> None:
+        try:
+            for k in range(2000):
+                now[0] += 0.01
+                cut.found(f"n{k % 5}@h", f"t{i}")
+                cut.avoided()
+                cut.ends(f"n{(k + i) % 5}@h", now[0] - 0.5)
+                cut.any_after(now[0] - 0.5)
+        except BaseException as exc:  # (noted, then asserted on the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cut.found("fresh@h", "x") and cut.avoided() >= {"fresh@h"}  # a new finding is kept
