@@ -253,8 +253,9 @@ class CutOffNodes:
 
     def ends(self, node: str | None, placed_at: float) -> str | None:
         """Why a connection placed on ``node`` at ``placed_at`` (this clock) is to end: what found the node cut off
-        after it was placed there; None if nothing did (or not lately)."""
-        if node is None:
+        after it was placed there; None if nothing did (or not lately).  Asked on the deliver path (an AMQP 1.0
+        consumer after each pass, MQTT's loop): with nothing found, no lock is taken."""
+        if node is None or not self._found:
             return None
         with self._lock:
             entry = self._recent(node)
@@ -263,6 +264,8 @@ class CutOffNodes:
     def any_after(self, placed_at: float) -> str | None:
         """What found a node cut off after ``placed_at``, for a connection whose node is not known (it may be that
         one: a reconnect through a load balancer kept its first landing unnamed); None if nothing did lately."""
+        if not self._found:  # (as for ends: the usual answer, without the lock)
+            return None
         with self._lock:
             found = [entry for node in list(self._found) if (entry := self._recent(node)) is not None
                      and entry[0] > placed_at]
